@@ -1,0 +1,252 @@
+"""brokerd's options: one table of them, read from the command line and/or a TOML file.
+
+Every option is declared once in ``OPTIONS`` (name, type, default, help); argparse, the TOML reader,
+``--help`` and README's table all come from it, so they cannot disagree. A wrong option or value
+raises ``ConfigError`` whose message is one line naming the option; the CLI prints it and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import __version__
+
+
+class ConfigError(Exception):
+    """A bad option: the message names it."""
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("expected HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _size(value: str | int) -> int:
+    """Sizes accept plain bytes or a K/M/G suffix (powers of 1024): '64M', '1G'."""
+    if isinstance(value, int):
+        return value
+    v = value.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(v[-1:], 1)
+    if mult != 1:
+        v = v[:-1]
+    return int(float(v) * mult)
+
+
+def _on_off(value: str | bool) -> bool:
+    if isinstance(value, bool):
+        return value
+    v = value.lower()
+    if v in ("on", "true", "yes", "1"):
+        return True
+    if v in ("off", "false", "no", "0"):
+        return False
+    raise ValueError("expected on or off")
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # attribute and TOML key (underscores); the flag is --name-with-dashes
+    type: Callable[[Any], Any]
+    default: Any
+    help: str
+    metavar: str | None = None
+    repeat: bool = False
+    choices: tuple[str, ...] | None = None
+    check: Callable[[Any], str | None] | None = None  # returns an error text or None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+def _at_least(n: int) -> Callable[[Any], str | None]:
+    return lambda v: None if v >= n else f"must be at least {n}"
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("workers", int, os.cpu_count() or 1, "worker processes (one router each)", "N", check=_at_least(1)),
+    Option("listen", _host_port, ("0.0.0.0", 1883), "MQTT listener address", "HOST:PORT"),
+    Option("node_id", str, socket.gethostname().split(".")[0], "this node's name in the cluster", "ID"),
+    Option("mesh", _host_port, None, "where this node accepts mesh traffic from other nodes (enables multi-host)",
+           "HOST:PORT"),
+    Option("peer", _host_port, (), "another node's --mesh address (repeatable; one live peer is enough)",
+           "HOST:PORT", repeat=True),
+    Option("mesh_key", str, None, "CURVE secret key file of this node (from `brokerd keygen`); "
+           "enables authenticated, encrypted mesh traffic", "FILE"),
+    Option("mesh_hwm", int, 10_000, "mesh high-water mark in frames per peer (backpressure beyond it)", "N",
+           check=_at_least(1)),
+    Option("data_dir", str, "./data", "commit log directory (one log per router under DATA/<node>/<router>)",
+           "DIR"),
+    Option("log", _on_off, True, "commit log on/off", "on|off"),
+    Option("fsync", str, "interval", "fsync policy of the commit log", choices=("always", "interval", "never")),
+    Option("fsync_interval_ms", int, 1000, "fsync period with --fsync interval", "MS", check=_at_least(1)),
+    Option("segment_bytes", _size, 64 << 20, "commit log segment size", "BYTES", check=_at_least(4096)),
+    Option("retention_bytes", _size, 0, "delete old segments beyond this total size per router (0: no limit)",
+           "BYTES", check=_at_least(0)),
+    Option("retention_hours", float, 168.0, "delete segments older than this (0: keep forever)", "HOURS",
+           check=_at_least(0)),
+    Option("max_packet_size", _size, 1 << 20, "largest MQTT packet accepted (bigger: connection closed)",
+           "BYTES", check=_at_least(64)),
+    Option("max_inflight", int, 20, "unacknowledged QoS 1/2 messages per client on the wire", "N",
+           check=_at_least(1)),
+    Option("max_queued", int, 1000, "QoS 1/2 messages queued per offline or slow session (newer are dropped)",
+           "N", check=_at_least(0)),
+    Option("max_connections", int, 100_000, "client connections per node (beyond: CONNACK server unavailable)",
+           "N", check=_at_least(1)),
+    Option("max_client_buffer", _size, 1 << 20, "outgoing bytes buffered per client before QoS 0 messages "
+           "to it are dropped (slow consumer)", "BYTES", check=_at_least(4096)),
+    Option("stats_interval", float, 1.0, "seconds between stats snapshots", "SECONDS"),
+    Option("stats_port", int, None, "publish stats on tcp://HOST:PORT+i (router i) instead of ipc", "PORT"),
+    Option("metrics_port", int, None, "serve Prometheus /metrics on this port", "PORT"),
+    Option("sys_interval", float, 10.0, "seconds between $SYS topic updates (0: off)", "SECONDS"),
+    Option("log_level", str, "info", "logging level", choices=("debug", "info", "warning", "error")),
+)
+_BY_NAME = {o.name: o for o in OPTIONS}
+
+
+@dataclass
+class Config:
+    workers: int = 1
+    listen: tuple[str, int] = ("0.0.0.0", 1883)
+    node_id: str = "local"
+    mesh: tuple[str, int] | None = None
+    peer: tuple[tuple[str, int], ...] = ()
+    mesh_key: str | None = None
+    mesh_hwm: int = 10_000
+    data_dir: str = "./data"
+    log: bool = True
+    fsync: str = "interval"
+    fsync_interval_ms: int = 1000
+    segment_bytes: int = 64 << 20
+    retention_bytes: int = 0
+    retention_hours: float = 168.0
+    max_packet_size: int = 1 << 20
+    max_inflight: int = 20
+    max_queued: int = 1000
+    max_connections: int = 100_000
+    max_client_buffer: int = 1 << 20
+    stats_interval: float = 1.0
+    stats_port: int | None = None
+    metrics_port: int | None = None
+    sys_interval: float = 10.0
+    log_level: str = "info"
+    config_file: str | None = field(default=None)
+
+
+def _convert(opt: Option, raw: Any, source: str) -> Any:
+    try:
+        if opt.repeat:
+            items = raw if isinstance(raw, (list, tuple)) else [raw]
+            value: Any = tuple(opt.type(x) for x in items)
+        elif opt.type is str or isinstance(raw, str):
+            value = opt.type(raw)
+        elif opt.type is float and isinstance(raw, (int, float)):
+            value = float(raw)
+        elif opt.type is _host_port and isinstance(raw, str):
+            value = _host_port(raw)
+        else:
+            value = opt.type(raw)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{source}: invalid value {raw!r} ({exc})") from None
+    if opt.choices and value not in opt.choices:
+        raise ConfigError(f"{source}: invalid value {raw!r} (choose from {', '.join(opt.choices)})")
+    if opt.check and value is not None and not opt.repeat:
+        problem = opt.check(value)
+        if problem:
+            raise ConfigError(f"{source}: {problem}, got {raw!r}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="brokerd",
+        description="A multi-process, sharded MQTT broker cluster. Subcommands: "
+        "`brokerd stats`, `brokerd log tail|check`, `brokerd keygen` (each has --help).",
+    )
+    p.add_argument("--version", action="version", version=f"brokerd {__version__}")
+    p.add_argument("--config", metavar="FILE", help="read options from a TOML file (command line wins)")
+    p.add_argument("--port", type=int, metavar="P", help="short for --listen 0.0.0.0:P")
+    for opt in OPTIONS:
+        default = opt.default
+        if opt.name in ("listen", "mesh") and default:
+            default = f"{default[0]}:{default[1]}"
+        if opt.type is _on_off:
+            default = "on" if default else "off"
+        kwargs: dict[str, Any] = {"metavar": opt.metavar, "help": opt.help,
+                                  "default": argparse.SUPPRESS}
+        if opt.choices:
+            kwargs["choices"] = opt.choices
+            kwargs.pop("metavar")
+        if opt.repeat:
+            kwargs["action"] = "append"
+        p.add_argument(opt.flag, **kwargs)
+        # Show the default in --help without letting argparse fill it in (TOML must be able to set it).
+        p._actions[-1].help = f"{opt.help} (default: {default if default not in (None, ()) else 'none'})"
+    return p
+
+
+def load(argv: list[str]) -> Config:
+    """Command line → Config: defaults, overlaid by --config's TOML, overlaid by flags."""
+    args = vars(build_parser().parse_args(argv))
+    values: dict[str, Any] = {o.name: o.default for o in OPTIONS}
+    config_file = args.pop("config", None)
+    if config_file:
+        try:
+            with open(config_file, "rb") as f:
+                table = tomllib.load(f)
+        except OSError as exc:
+            raise ConfigError(f"--config: cannot read {config_file}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"--config: {config_file} is not valid TOML: {exc}") from None
+        for key, raw in table.items():
+            name = key.replace("-", "_")
+            if name == "port":
+                values["listen"] = _convert(_BY_NAME["listen"], f"0.0.0.0:{raw}", f"{config_file}: port")
+                continue
+            opt = _BY_NAME.get(name)
+            if opt is None:
+                raise ConfigError(f"{config_file}: unknown option {key!r}")
+            values[name] = _convert(opt, raw, f"{config_file}: {key}")
+    port = args.pop("port", None)
+    if port is not None:
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"--port: invalid value {port!r} (expected 0-65535)")
+        values["listen"] = ("0.0.0.0", port)
+    for name, raw in args.items():
+        opt = _BY_NAME[name]
+        values[name] = _convert(opt, raw, opt.flag)
+    cfg = Config(**values, config_file=config_file)
+    if cfg.peer and cfg.mesh is None:
+        raise ConfigError("--peer: needs --mesh HOST:PORT (where this node accepts mesh traffic)")
+    if not cfg.node_id or "/" in cfg.node_id or "+" in cfg.node_id or "#" in cfg.node_id:
+        raise ConfigError(f"--node-id: invalid value {cfg.node_id!r} (no '/', '+' or '#')")
+    return cfg
+
+
+def options_table() -> str:
+    """The README's option table, generated from OPTIONS."""
+    rows = ["| option | default | meaning |", "| --- | --- | --- |"]
+    for o in OPTIONS:
+        d = o.default
+        if o.name in ("listen", "mesh") and d:
+            d = f"{d[0]}:{d[1]}"
+        if o.type is _on_off:
+            d = "on" if d else "off"
+        if o.name == "workers":
+            d = "number of cores"
+        if o.name == "node_id":
+            d = "host name"
+        rows.append(f"| `{o.flag}` | {d if d not in (None, ()) else '—'} | {o.help} |")
+    return "\n".join(rows)

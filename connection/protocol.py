@@ -1,0 +1,261 @@
+"""The asyncio Protocol that drives the codec for one client connection.
+
+It owns what is true of every MQTT connection whatever the broker behind it: the first packet must
+be CONNECT and only the first, PINGREQ is answered, the keepalive is enforced at 1.5 times the
+client's interval, a malformed packet closes this connection (never another) with a log line that
+names the client and the rule, and output is batched per loop iteration. What the packets *mean* is
+the business of a ``Handler`` that the application (the router) hands over for each connection; this
+module knows nothing of routers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from typing import Protocol
+
+from .batching import EndOfTick
+from .codec import Decoder, encode, is_tls_client_hello
+from .packets import MQTT_5, Connack, Connect, Disconnect, Packet, Pingreq, Pingresp
+from .reasons import ProtocolError, Reason
+
+log = logging.getLogger(__name__)
+
+_PINGRESP = encode(Pingresp())
+CONNECT_TIMEOUT_S = 10.0
+
+
+class Handler(Protocol):
+    """What the application does with a connection's packets."""
+
+    def packet_received(self, packet: Packet) -> None: ...
+
+    def connection_lost(self, graceful: bool) -> None:
+        """The connection is gone; ``graceful`` when the client sent DISCONNECT first."""
+
+
+class ConnectionCounters:
+    """Per-connection byte counters, plain integers bumped in the hot path."""
+
+    __slots__ = ("bytes_in", "bytes_out", "msgs_in", "msgs_out")
+
+    def __init__(self) -> None:
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.msgs_in = 0
+        self.msgs_out = 0
+
+
+class MQTTConnection(asyncio.Protocol):
+    """One client connection: bytes → packets → handler; handler output → batched writes."""
+
+    def __init__(
+        self,
+        open_handler: Callable[[MQTTConnection], Handler],
+        batcher: EndOfTick,
+        *,
+        max_packet_size: int,
+        write_buffer_high: int = 1 << 20,
+    ) -> None:
+        self._open_handler = open_handler
+        self._batcher = batcher
+        self._decoder = Decoder(max_packet_size=max_packet_size)
+        self._write_buffer_high = write_buffer_high
+        self.transport: asyncio.Transport | None = None
+        self.handler: Handler | None = None
+        self.peer = "?"
+        self.client_id: str | None = None
+        self.protocol_level = 4
+        self.counters = ConnectionCounters()
+        self.write_paused = False  # transport above its high-water mark: a slow consumer
+        self.closing = False
+        self._connected = False
+        self._graceful = False
+        self._out: list[bytes] = []
+        self._keepalive = 0.0
+        self._last_rx = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_event_loop()
+        self._reading_paused_by: set[object] = set()
+
+    # -- asyncio.Protocol -------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self.peer = f"{peer[0]}:{peer[1]}"
+        transport.set_write_buffer_limits(high=self._write_buffer_high)
+        self._last_rx = self._loop.time()
+        self._timer = self._loop.call_later(CONNECT_TIMEOUT_S, self._connect_timeout)
+        self.handler = self._open_handler(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self.counters.bytes_in += len(data)
+        self._last_rx = self._loop.time()
+        if not self._connected and self._decoder.buffered == 0 and is_tls_client_hello(data):
+            log.warning("%s: TLS handshake on a plain MQTT listener; closing", self.peer)
+            self.abort()
+            return
+        try:
+            packets = self._decoder.feed(data)
+        except ProtocolError as exc:
+            self.protocol_violation(exc)
+            return
+        handler = self.handler
+        assert handler is not None
+        for packet in packets:
+            if self.closing:
+                return
+            if not self._connected:
+                if type(packet) is not Connect:
+                    self.protocol_violation(ProtocolError("MQTT-3.1.0-1 the first packet must be CONNECT",
+                                                          Reason.PROTOCOL_ERROR))
+                    return
+                self._connected = True
+                self.protocol_level = packet.protocol_level
+                self.client_id = packet.client_id or None
+                handler.packet_received(packet)
+                continue
+            cls = type(packet)
+            if cls is Pingreq:
+                self.send(_PINGRESP)
+            elif cls is Connect:
+                self.protocol_violation(ProtocolError("MQTT-3.1.0-2 a second CONNECT is a protocol violation",
+                                                      Reason.PROTOCOL_ERROR))
+                return
+            elif cls is Disconnect:
+                self._graceful = packet.reason_code != Reason.DISCONNECT_WITH_WILL
+                handler.packet_received(packet)
+                self.close()
+                return
+            else:
+                handler.packet_received(packet)
+
+    def eof_received(self) -> bool | None:
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._out.clear()
+        handler, self.handler = self.handler, None
+        if handler is not None:
+            handler.connection_lost(self._graceful)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+
+    # -- what the handler calls ---------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        """Queue bytes for this iteration's single write."""
+        out = self._out
+        if not out:
+            if self.closing:
+                return
+            self._batcher.mark(self)
+        out.append(data)
+
+    def flush(self) -> None:
+        out = self._out
+        if not out or self.transport is None:
+            return
+        self._out = []
+        if self.closing and self.transport.is_closing():
+            return
+        n = 0
+        for chunk in out:
+            n += len(chunk)
+        self.counters.bytes_out += n
+        if len(out) == 1:
+            self.transport.write(out[0])
+        else:
+            self.transport.write(b"".join(out))
+
+    def accept(self, keepalive: int, protocol_level: int) -> None:
+        """The handler accepted CONNECT: start enforcing the keepalive (MQTT-3.1.2-24: 1.5×)."""
+        self.protocol_level = protocol_level
+        self._decoder.protocol_level = protocol_level
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._keepalive = keepalive * 1.5
+        if keepalive:
+            self._timer = self._loop.call_later(self._keepalive, self._check_keepalive)
+
+    def close(self, reason: int | None = None) -> None:
+        """Close after flushing what is queued. MQTT 5 clients get DISCONNECT with ``reason``."""
+        if self.closing:
+            return
+        if reason is not None and self.protocol_level >= MQTT_5 and self._connected:
+            self.send(encode(Disconnect(reason_code=reason), MQTT_5))
+        self.flush()
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def protocol_violation(self, exc: ProtocolError) -> None:
+        log.warning("client %s (%s): %s; closing the connection",
+                    self.client_id or "-", self.peer, exc.rule)
+        if not self._connected and exc.reason == Reason.UNSUPPORTED_PROTOCOL_VERSION:
+            # MQTT-3.1.2-2: answer CONNACK 0x01 before closing.
+            self.send(encode(Connack(reason_code=1), 4))
+            self.flush()
+        else:
+            self.close(int(exc.reason))
+            return
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def pause_reading(self, by: object) -> None:
+        """Stop reading from this client (backpressure); several causes may hold it paused."""
+        if not self._reading_paused_by and self.transport is not None and not self.closing:
+            self.transport.pause_reading()
+        self._reading_paused_by.add(by)
+
+    def resume_reading(self, by: object) -> None:
+        self._reading_paused_by.discard(by)
+        if not self._reading_paused_by and self.transport is not None and not self.closing:
+            self.transport.resume_reading()
+
+    # -- timers ---------------------------------------------------------------------------------------
+
+    def _connect_timeout(self) -> None:
+        self._timer = None
+        if not self._connected and not self.closing:
+            log.info("%s: no CONNECT within %.0f s; closing", self.peer, CONNECT_TIMEOUT_S)
+            self.abort()
+
+    def _check_keepalive(self) -> None:
+        self._timer = None
+        if self.closing:
+            return
+        idle = self._loop.time() - self._last_rx
+        if idle >= self._keepalive:
+            log.info("client %s (%s): keepalive timeout after %.1f s; closing",
+                     self.client_id or "-", self.peer, idle)
+            self.close(Reason.KEEP_ALIVE_TIMEOUT)
+            return
+        self._timer = self._loop.call_later(self._keepalive - idle, self._check_keepalive)

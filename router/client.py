@@ -1,0 +1,308 @@
+"""What the packets of one client connection mean: CONNECT, PUBLISH, SUBSCRIBE ... in MQTT terms.
+
+``Client`` is the ``connection.protocol.Handler`` the router hands to each connection. It decides
+in MQTT 5 reason codes and lets the codec and ``connack_code`` express the decision in the client's
+protocol level. Connecting may wait for the cluster (a takeover of the same client id on another
+router); packets that arrive meanwhile are held and processed in order once the session is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import TYPE_CHECKING
+
+from connection.codec import encode
+from connection.packets import (
+    MQTT_5,
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    Prop,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Subscription,
+    Unsuback,
+    Unsubscribe,
+)
+from connection.reasons import ProtocolError, Reason, connack_code
+
+from .message import Message
+from .topics import valid_topic_filter
+
+if TYPE_CHECKING:
+    from connection.protocol import MQTTConnection
+
+    from .router import Router
+    from .session import Session
+
+log = logging.getLogger(__name__)
+
+TAKEOVER_TIMEOUT_S = 3.0
+
+
+def _ack(kind: int, pid: int) -> bytes:
+    # PUBACK/PUBREC/PUBCOMP with success: identical bytes in 3.1.1 and 5.0 (reason omitted).
+    return bytes((kind, 2, pid >> 8, pid & 0xFF))
+
+
+class Client:
+    __slots__ = ("conn", "router", "session", "client_id", "level", "will", "_pending", "_connecting",
+                 "_taken_over", "_max_qos")
+
+    def __init__(self, router: Router, conn: MQTTConnection) -> None:
+        self.router = router
+        self.conn = conn
+        self.session: Session | None = None
+        self.client_id = ""
+        self.level = 4
+        self.will: Message | None = None
+        self._pending: list[Packet] | None = None
+        self._connecting = False
+        self._taken_over = False
+        self._max_qos = 2
+
+    # -- Handler interface ----------------------------------------------------------------------------
+
+    def packet_received(self, packet: Packet) -> None:
+        if self.session is None:
+            if type(packet) is Connect and not self._connecting:
+                self._connecting = True
+                self._start_connect(packet)
+            elif self._pending is not None:
+                self._pending.append(packet)
+            return
+        cls = type(packet)
+        try:
+            if cls is Publish:
+                self._on_publish(packet)  # type: ignore[arg-type]
+            elif cls is Puback:
+                self.session.puback(packet.packet_id)  # type: ignore[union-attr]
+            elif cls is Pubrec:
+                self.session.pubrec(packet.packet_id)  # type: ignore[union-attr]
+            elif cls is Pubrel:
+                self.session.inbound_qos2.discard(packet.packet_id)  # type: ignore[union-attr]
+                self.conn.send(_ack(0x70, packet.packet_id))  # type: ignore[union-attr]
+            elif cls is Pubcomp:
+                self.session.pubcomp(packet.packet_id)  # type: ignore[union-attr]
+            elif cls is Subscribe:
+                self._on_subscribe(packet)  # type: ignore[arg-type]
+            elif cls is Unsubscribe:
+                self._on_unsubscribe(packet)  # type: ignore[arg-type]
+            elif cls is Disconnect:
+                if packet.reason_code != Reason.DISCONNECT_WITH_WILL:  # type: ignore[union-attr]
+                    self.will = None
+                if self.level >= MQTT_5 and Prop.SESSION_EXPIRY_INTERVAL in packet.properties:  # type: ignore[union-attr]
+                    self.session.expiry_s = packet.properties[Prop.SESSION_EXPIRY_INTERVAL]  # type: ignore[union-attr]
+            else:
+                raise ProtocolError(f"a client may not send {cls.__name__}", Reason.PROTOCOL_ERROR)
+        except ProtocolError as exc:
+            self.router.stats.protocol_errors += 1
+            self.conn.protocol_violation(exc)
+
+    def connection_lost(self, graceful: bool) -> None:
+        router = self.router
+        session = self.session
+        if session is not None and session.conn is self.conn:
+            router.stats.connections -= 1
+            session.detach()
+            if router.clients.get(self.client_id) is self:
+                del router.clients[self.client_id]
+            if session.persistent or session.expiry_s:
+                router.schedule_expiry(session)
+            else:
+                router.drop_session(session)
+        if not graceful and self.will is not None:
+            will, self.will = self.will, None
+            router.stats.wills_published += 1
+            router.publish(will)
+
+    # -- CONNECT --------------------------------------------------------------------------------------
+
+    def _refuse(self, reason: Reason, why: str) -> None:
+        log.info("client %r (%s) refused: %s", self.client_id, self.conn.peer, why)
+        self.conn.send(encode(Connack(False, connack_code(reason, self.level)), self.level))
+        self.conn.close()
+
+    def _start_connect(self, connect: Connect) -> None:
+        router = self.router
+        self.level = connect.protocol_level
+        client_id = connect.client_id
+        assigned = False
+        if not client_id:
+            if not connect.clean_start and self.level < MQTT_5:
+                self.client_id = ""
+                self._refuse(Reason.CLIENT_IDENTIFIER_NOT_VALID,
+                             "MQTT-3.1.3-8 empty client id requires clean session")
+                return
+            client_id = "auto-" + uuid.uuid4().hex
+            assigned = True
+        self.client_id = client_id
+        self.conn.client_id = client_id
+        if router.stats.connections >= router.config.max_connections:
+            router.stats.refused_connections += 1
+            self._refuse(Reason.SERVER_BUSY, f"max connections ({router.config.max_connections}) reached")
+            return
+        if connect.will is not None:
+            w = connect.will
+            self.will = Message(w.topic, w.payload, w.qos, w.retain, client_id, router.router_id,
+                                properties=w.properties or None)
+        self._pending = []
+        mesh = router.mesh
+        local = router.clients.get(client_id)
+        if local is not None:
+            local.taken_over()
+        if mesh is None:
+            self._finish_connect(connect, None, assigned)
+            return
+        # Another router may hold this client id: ask the cluster first (bounded wait).
+        router.clients[client_id] = self
+        asyncio.ensure_future(self._connect_via_cluster(connect, assigned))
+
+    async def _connect_via_cluster(self, connect: Connect, assigned: bool) -> None:
+        state = None
+        try:
+            state = await asyncio.wait_for(self.router.mesh.takeover(self.client_id), TAKEOVER_TIMEOUT_S)  # type: ignore[union-attr]
+        except asyncio.TimeoutError:
+            log.warning("client %s: takeover request timed out; continuing without remote session",
+                        self.client_id)
+        if self.conn.closing:
+            if self.router.clients.get(self.client_id) is self:
+                del self.router.clients[self.client_id]
+            return
+        self._finish_connect(connect, state, assigned)
+
+    def _finish_connect(self, connect: Connect, remote_state: dict | None, assigned: bool) -> None:
+        router = self.router
+        client_id = self.client_id
+        level = self.level
+        persistent = not connect.clean_start
+        expiry = 0
+        if level >= MQTT_5:
+            expiry = connect.properties.get(Prop.SESSION_EXPIRY_INTERVAL, 0)
+            persistent = expiry > 0
+        session = router.sessions.get(client_id)
+        if remote_state is not None and session is None:
+            session = router.import_session(client_id, remote_state)
+        if session is not None and connect.clean_start:
+            router.drop_session(session)
+            session = None
+        session_present = session is not None
+        if session is None:
+            session = router.new_session(client_id, persistent)
+        else:
+            session.persistent = persistent
+            router.cancel_expiry(client_id)
+        session.expiry_s = expiry
+        self.session = session
+        router.clients[client_id] = self
+        router.stats.connections += 1
+        router.stats.connects_total += 1
+        props: dict = {}
+        receive_max = None
+        if level >= MQTT_5:
+            receive_max = connect.properties.get(Prop.RECEIVE_MAXIMUM)
+            props = {
+                Prop.RETAIN_AVAILABLE: 1,
+                Prop.SHARED_SUBSCRIPTION_AVAILABLE: 0,
+                Prop.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 0,
+                Prop.MAXIMUM_PACKET_SIZE: router.config.max_packet_size,
+            }
+            if assigned:
+                props[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id
+        self.conn.accept(connect.keepalive, level)
+        self.conn.send(encode(Connack(session_present, 0, props), level))
+        session.attach(self.conn, receive_max)
+        pending, self._pending = self._pending, None
+        for packet in pending or ():
+            if self.conn.closing:
+                break
+            self.packet_received(packet)
+
+    def taken_over(self) -> None:
+        """The same client id connected elsewhere: close this connection (its will fires)."""
+        if self._taken_over:
+            return
+        self._taken_over = True
+        session = self.session
+        if session is not None and session.conn is self.conn:
+            self.router.stats.connections -= 1
+            session.detach()
+        if self.router.clients.get(self.client_id) is self:
+            del self.router.clients[self.client_id]
+        self.session = None
+        log.info("client %s (%s): session taken over by a new connection", self.client_id, self.conn.peer)
+        self.conn.close(Reason.SESSION_TAKEN_OVER)
+
+    # -- PUBLISH --------------------------------------------------------------------------------------
+
+    def _on_publish(self, p: Publish) -> None:
+        qos = p.qos
+        if qos > self._max_qos:
+            raise ProtocolError("MQTT-3.2.2-11 QoS above the maximum", Reason.QOS_NOT_SUPPORTED)
+        if p.properties and Prop.TOPIC_ALIAS in p.properties:
+            raise ProtocolError("topic alias not allowed: topic alias maximum is 0", Reason.TOPIC_ALIAS_INVALID)
+        router = self.router
+        self.conn.counters.msgs_in += 1
+        msg = Message(p.topic, p.payload, qos, p.retain, self.client_id, router.router_id,
+                      properties=p.properties or None)
+        if qos == 0:
+            router.publish(msg)
+        elif qos == 1:
+            router.publish(msg)
+            self.conn.send(_ack(0x40, p.packet_id))  # type: ignore[arg-type]
+        else:
+            inbound = self.session.inbound_qos2  # type: ignore[union-attr]
+            pid = p.packet_id
+            if pid not in inbound:  # a DUP of a PUBLISH we already took is not published again
+                inbound.add(pid)  # type: ignore[arg-type]
+                router.publish(msg)
+            self.conn.send(_ack(0x50, pid))  # type: ignore[arg-type]
+
+    # -- SUBSCRIBE / UNSUBSCRIBE ----------------------------------------------------------------------
+
+    def _on_subscribe(self, p: Subscribe) -> None:
+        router = self.router
+        session = self.session
+        assert session is not None
+        codes: list[int] = []
+        retained_out: list[tuple[Subscription, bool]] = []
+        for sub in p.subscriptions:
+            f = sub.topic_filter
+            if not valid_topic_filter(f):
+                log.info("client %s: invalid topic filter %r refused", self.client_id, f)
+                codes.append(0x80 if self.level < MQTT_5 else Reason.TOPIC_FILTER_INVALID)
+                continue
+            if f.startswith("$share/"):
+                codes.append(0x80 if self.level < MQTT_5 else Reason.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED)
+                continue
+            granted = min(sub.qos, self._max_qos)
+            if granted != sub.qos:
+                sub = Subscription(f, granted, sub.no_local, sub.retain_as_published, sub.retain_handling)
+            new = router.subscribe(session, sub)
+            codes.append(granted)
+            retained_out.append((sub, new))
+        self.conn.send(encode(Suback(p.packet_id, codes), self.level))
+        for sub, new in retained_out:
+            if sub.retain_handling == 2 or (sub.retain_handling == 1 and not new):
+                continue
+            for msg in router.retained.match(sub.topic_filter):
+                session.deliver(msg, min(msg.qos, sub.qos), True)
+
+    def _on_unsubscribe(self, p: Unsubscribe) -> None:
+        session = self.session
+        assert session is not None
+        codes = []
+        for f in p.topic_filters:
+            existed = self.router.unsubscribe(session, f)
+            codes.append(Reason.SUCCESS if existed else Reason.NO_SUBSCRIPTION_EXISTED)
+        self.conn.send(encode(Unsuback(p.packet_id, codes), self.level))
+
+

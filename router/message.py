@@ -1,0 +1,72 @@
+"""A published message as it travels through routers, with its encoded forms cached.
+
+A message fanned out to many subscribers is encoded once per variant (protocol level, QoS, RETAIN
+flag) and the bytes are shared by every send: QoS 0 sends the whole packet as one bytes object;
+QoS > 0 sends ``head + packet id + tail`` so only two bytes differ per subscriber.
+"""
+
+from __future__ import annotations
+
+import time
+
+from connection.codec import publish_parts
+from connection.packets import MQTT_5, Prop
+
+# Properties a broker forwards unchanged to MQTT 5 subscribers (spec 3.3.2.3); Topic Alias and
+# Subscription Identifier are per connection and never forwarded.
+_FORWARDED = frozenset({
+    Prop.PAYLOAD_FORMAT_INDICATOR, Prop.MESSAGE_EXPIRY_INTERVAL, Prop.CONTENT_TYPE,
+    Prop.RESPONSE_TOPIC, Prop.CORRELATION_DATA, Prop.USER_PROPERTY,
+})
+
+encode_count = 0  # how many encodes happened: the unit test of "encode once" reads it
+
+
+class Message:
+    __slots__ = ("topic", "payload", "qos", "retain", "client_id", "origin_router", "origin_offset",
+                 "properties", "timestamp_ms", "_enc", "_topic_bytes")
+
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int = 0,
+        retain: bool = False,
+        client_id: str = "",
+        origin_router: str = "",
+        origin_offset: int = -1,
+        properties: dict | None = None,
+        timestamp_ms: int | None = None,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.client_id = client_id
+        self.origin_router = origin_router
+        self.origin_offset = origin_offset
+        self.properties = properties or None
+        self.timestamp_ms = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+        self._enc: dict[int, tuple[bytes, bytes]] = {}
+        self._topic_bytes: bytes | None = None
+
+    def encoded(self, level: int, qos: int, retain: bool) -> tuple[bytes, bytes]:
+        """(head, tail) of the PUBLISH for this variant; QoS 0: head + tail is the whole packet."""
+        key = (level << 3) | (qos << 1) | retain
+        parts = self._enc.get(key)
+        if parts is None:
+            global encode_count
+            encode_count += 1
+            if self._topic_bytes is None:
+                self._topic_bytes = self.topic.encode()
+            props = None
+            if level >= MQTT_5 and self.properties:
+                props = {k: v for k, v in self.properties.items() if k in _FORWARDED} or None
+            parts = publish_parts(self._topic_bytes, self.payload, qos, retain, level, props)
+            if qos == 0:
+                parts = (parts[0] + parts[1], b"")
+            self._enc[key] = parts
+        return parts
+
+    def __repr__(self) -> str:
+        return f"Message({self.topic!r}, {len(self.payload)} B, qos={self.qos}, retain={self.retain})"

@@ -1,0 +1,114 @@
+"""Retained messages: one per topic, found by walking a trie of topic levels with a filter.
+
+Subscribing to ``sensors/+/temp`` must find retained messages without scanning every retained topic,
+so topics are stored level by level and the filter walks the trie ('+' fans out one level, '#' takes
+the whole subtree, '$' topics are hidden from a leading wildcard as in subscriptions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from .message import Message
+
+
+class _Node:
+    __slots__ = ("children", "msg")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node] = {}
+        self.msg: Message | None = None
+
+
+class RetainedStore:
+    def __init__(self) -> None:
+        self._root = _Node()
+        self.count = 0
+
+    def set(self, msg: Message) -> None:
+        """Store ``msg`` for its topic; an empty payload clears it (MQTT-3.3.1-10/11)."""
+        if not msg.payload:
+            self.clear(msg.topic)
+            return
+        node = self._root
+        for level in msg.topic.split("/"):
+            nxt = node.children.get(level)
+            if nxt is None:
+                nxt = node.children[level] = _Node()
+            node = nxt
+        if node.msg is None:
+            self.count += 1
+        node.msg = msg
+
+    def clear(self, topic: str) -> None:
+        path: list[tuple[_Node, str]] = []
+        node = self._root
+        for level in topic.split("/"):
+            nxt = node.children.get(level)
+            if nxt is None:
+                return
+            path.append((node, level))
+            node = nxt
+        if node.msg is None:
+            return
+        node.msg = None
+        self.count -= 1
+        for parent, level in reversed(path):
+            child = parent.children[level]
+            if child.msg is not None or child.children:
+                break
+            del parent.children[level]
+
+    def get(self, topic: str) -> Message | None:
+        node = self._root
+        for level in topic.split("/"):
+            node = node.children.get(level)  # type: ignore[assignment]
+            if node is None:
+                return None
+        return node.msg
+
+    def match(self, topic_filter: str) -> list[Message]:
+        out: list[Message] = []
+        self._walk(self._root, topic_filter.split("/"), 0, out)
+        return out
+
+    def _walk(self, node: _Node, levels: list[str], i: int, out: list[Message]) -> None:
+        if i == len(levels):
+            if node.msg is not None:
+                out.append(node.msg)
+            return
+        level = levels[i]
+        if level == "#":
+            # '#' also matches the parent level itself ("a/#" matches "a").
+            if node.msg is not None and i > 0:
+                out.append(node.msg)
+            for name, child in node.children.items():
+                if i == 0 and name.startswith("$"):
+                    continue
+                self._all(child, out)
+            return
+        if level == "+":
+            for name, child in node.children.items():
+                if i == 0 and name.startswith("$"):
+                    continue
+                self._walk(child, levels, i + 1, out)
+            return
+        child = node.children.get(level)
+        if child is not None:
+            self._walk(child, levels, i + 1, out)
+
+    def _all(self, node: _Node, out: list[Message]) -> None:
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if n.msg is not None:
+                out.append(n.msg)
+            stack.extend(n.children.values())
+
+    def __iter__(self) -> Iterator[Message]:
+        out: list[Message] = []
+        self._all(self._root, out)
+        return iter(out)
+
+    def __len__(self) -> int:
+        return self.count

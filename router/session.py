@@ -1,0 +1,211 @@
+"""A client's session: its subscriptions, outgoing QoS 1/2 state and the queue behind it.
+
+A session outlives its connection when the client asked for it (clean session 0 / MQTT 5 session
+expiry). Delivery is bounded everywhere: at most ``max_inflight`` unacknowledged QoS 1/2 messages on
+the wire, at most ``max_queued`` waiting behind them (or while offline), and QoS 0 messages to a
+client whose socket is not draining are dropped and counted rather than buffered. A subscriber that
+does not read therefore costs a bounded amount of memory and never slows anyone else.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from connection.codec import encode, with_dup
+from connection.packets import Pubrel, Subscription
+
+from .message import Message
+
+if TYPE_CHECKING:
+    from connection.protocol import MQTTConnection
+
+    from .stats import RouterStats
+
+# Inflight states
+AWAIT_ACK = 0  # PUBLISH sent, waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
+AWAIT_COMP = 1  # PUBREL sent, waiting for PUBCOMP
+
+
+@dataclass(slots=True)
+class SessionLimits:
+    max_inflight: int = 20
+    max_queued: int = 1000
+
+
+class Inflight:
+    __slots__ = ("msg", "qos", "retain", "state")
+
+    def __init__(self, msg: Message, qos: int, retain: bool) -> None:
+        self.msg = msg
+        self.qos = qos
+        self.retain = retain
+        self.state = AWAIT_ACK
+
+
+class Session:
+    __slots__ = ("client_id", "persistent", "subscriptions", "conn", "inflight", "queue",
+                 "inbound_qos2", "limits", "stats", "_next_pid", "receive_max", "expiry_s",
+                 "will", "dropped")
+
+    def __init__(self, client_id: str, persistent: bool, limits: SessionLimits, stats: RouterStats) -> None:
+        self.client_id = client_id
+        self.persistent = persistent
+        self.subscriptions: dict[str, Subscription] = {}
+        self.conn: MQTTConnection | None = None
+        self.inflight: dict[int, Inflight] = {}
+        self.queue: deque[tuple[Message, int, bool]] = deque()
+        self.inbound_qos2: set[int] = set()  # QoS 2 packet ids received, PUBREL not yet seen
+        self.limits = limits
+        self.stats = stats
+        self._next_pid = 1
+        self.receive_max = limits.max_inflight
+        self.expiry_s = 0
+        self.will = None
+        self.dropped = 0
+
+    # -- delivery -------------------------------------------------------------------------------------
+
+    def deliver(self, msg: Message, qos: int, retain: bool) -> None:
+        """Send now if the window allows, else queue (bounded); QoS 0 never waits."""
+        conn = self.conn
+        if qos == 0:
+            if conn is None:
+                return
+            if conn.write_paused:
+                self.stats.drop_slow_consumer += 1
+                self.dropped += 1
+                return
+            conn.send(msg.encoded(conn.protocol_level, 0, retain)[0])
+            conn.counters.msgs_out += 1
+            self.stats.msgs_out += 1
+            return
+        if conn is not None and not self.queue and len(self.inflight) < self.receive_max:
+            self._send_new(conn, msg, qos, retain)
+            return
+        if len(self.queue) >= self.limits.max_queued:
+            self.stats.drop_queue_full += 1
+            self.dropped += 1
+            return
+        self.queue.append((msg, qos, retain))
+
+    def _alloc_pid(self) -> int:
+        pid = self._next_pid
+        inflight = self.inflight
+        while pid in inflight:
+            pid = pid + 1 if pid < 65535 else 1
+        self._next_pid = pid + 1 if pid < 65535 else 1
+        return pid
+
+    def _send_new(self, conn: MQTTConnection, msg: Message, qos: int, retain: bool) -> None:
+        pid = self._alloc_pid()
+        self.inflight[pid] = Inflight(msg, qos, retain)
+        head, tail = msg.encoded(conn.protocol_level, qos, retain)
+        # Three shared/tiny chunks; the connection joins a tick's chunks once, so the payload is
+        # copied once, on its way to the socket.
+        conn.send(head)
+        conn.send(pid.to_bytes(2, "big"))
+        conn.send(tail)
+        conn.counters.msgs_out += 1
+        self.stats.msgs_out += 1
+
+    def pump(self) -> None:
+        """Move queued messages into the inflight window as it opens."""
+        conn = self.conn
+        queue = self.queue
+        while conn is not None and queue and len(self.inflight) < self.receive_max:
+            msg, qos, retain = queue.popleft()
+            self._send_new(conn, msg, qos, retain)
+
+    # -- acknowledgements from the client -----------------------------------------------------------
+
+    def puback(self, pid: int) -> bool:
+        entry = self.inflight.get(pid)
+        if entry is None or entry.qos != 1:
+            return False
+        del self.inflight[pid]
+        if self.queue:
+            self.pump()
+        return True
+
+    def pubrec(self, pid: int) -> bool:
+        entry = self.inflight.get(pid)
+        if entry is None or entry.qos != 2:
+            return False
+        entry.state = AWAIT_COMP
+        entry.msg = None  # type: ignore[assignment]  # the payload is no longer needed
+        if self.conn is not None:
+            self.conn.send(encode(Pubrel(pid), self.conn.protocol_level))
+        return True
+
+    def pubcomp(self, pid: int) -> bool:
+        entry = self.inflight.get(pid)
+        if entry is None or entry.state != AWAIT_COMP:
+            return False
+        del self.inflight[pid]
+        if self.queue:
+            self.pump()
+        return True
+
+    # -- connection changes ---------------------------------------------------------------------------
+
+    def attach(self, conn: MQTTConnection, receive_max: int | None = None) -> None:
+        """A connection takes this session: resend what is unacknowledged (DUP), then the queue."""
+        self.conn = conn
+        self.receive_max = min(self.limits.max_inflight, receive_max or self.limits.max_inflight)
+        level = conn.protocol_level
+        for pid, entry in self.inflight.items():
+            if entry.state == AWAIT_ACK:
+                head, tail = entry.msg.encoded(level, entry.qos, entry.retain)
+                conn.send(with_dup(head) + pid.to_bytes(2, "big") + tail)
+            else:
+                conn.send(encode(Pubrel(pid), level))
+        self.pump()
+
+    def detach(self) -> None:
+        self.conn = None
+
+    # -- transfer (takeover across routers, persistence) ---------------------------------------------
+
+    def export_state(self) -> dict:
+        """Everything a new owner needs, as plain values (msgpack-able)."""
+        return {
+            "client_id": self.client_id,
+            "persistent": self.persistent,
+            "expiry_s": self.expiry_s,
+            "subs": [(s.topic_filter, s.qos, s.no_local, s.retain_as_published, s.retain_handling)
+                     for s in self.subscriptions.values()],
+            "inflight": [(pid, e.qos, e.retain, e.state, _msg_state(e.msg))
+                         for pid, e in self.inflight.items()],
+            "queue": [(qos, retain, _msg_state(m)) for m, qos, retain in self.queue],
+            "inbound_qos2": sorted(self.inbound_qos2),
+            "next_pid": self._next_pid,
+        }
+
+    def import_state(self, state: dict) -> None:
+        """Load the state exported by another router (subscriptions are indexed by the caller)."""
+        self.persistent = state["persistent"]
+        self.expiry_s = state.get("expiry_s", 0)
+        for pid, qos, retain, st, m in state["inflight"]:
+            entry = Inflight(_msg_from_state(m), qos, retain) if m is not None else Inflight(None, qos, retain)  # type: ignore[arg-type]
+            entry.state = st
+            self.inflight[pid] = entry
+        for qos, retain, m in state["queue"]:
+            self.queue.append((_msg_from_state(m), qos, retain))
+        self.inbound_qos2.update(state["inbound_qos2"])
+        self._next_pid = state.get("next_pid", 1)
+
+
+def _msg_state(msg: Message | None) -> list | None:
+    if msg is None:
+        return None
+    return [msg.topic, msg.payload, msg.qos, msg.retain, msg.client_id, msg.origin_router,
+            msg.origin_offset, msg.properties, msg.timestamp_ms]
+
+
+def _msg_from_state(m: list) -> Message:
+    topic, payload, qos, retain, client_id, origin_router, origin_offset, props, ts = m
+    if props:
+        props = {int(k): v for k, v in props.items()}
+    return Message(topic, payload, qos, retain, client_id, origin_router, origin_offset, props, ts)

@@ -1,0 +1,24 @@
+"""A router's counters: plain integers bumped in the hot path, read once a second for snapshots.
+
+No locks and no allocation per message: the router runs on one event loop, so ``+= 1`` is safe.
+"""
+
+from __future__ import annotations
+
+
+class RouterStats:
+    __slots__ = (
+        "msgs_in", "msgs_out", "bytes_in", "bytes_out", "connections", "connects_total",
+        "drop_queue_full", "drop_slow_consumer", "drop_too_large", "drop_mesh_backpressure",
+        "drop_expired", "refused_connections", "refused_log_unavailable", "protocol_errors",
+        "mesh_msgs_out", "mesh_msgs_in", "mesh_bytes_out", "mesh_bytes_in", "mesh_frames_out",
+        "mesh_frames_in", "log_records", "log_bytes", "retained_count", "wills_published",
+        "takeovers",
+    )
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
