@@ -11,8 +11,9 @@ import argparse
 import os
 import socket
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from . import __version__
 

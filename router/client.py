@@ -170,7 +170,7 @@ class Client:
         state = None
         try:
             state = await asyncio.wait_for(self.router.mesh.takeover(self.client_id), TAKEOVER_TIMEOUT_S)  # type: ignore[union-attr]
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("client %s: takeover request timed out; continuing without remote session",
                         self.client_id)
         if self.conn.closing:

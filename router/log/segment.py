@@ -1,0 +1,454 @@
+"""One segment on disk: listing, scanning (recovery, check, index rebuild), index lookup and reads.
+
+Shared by the writer-side ``CommitLog`` and the read-only ``LogReader`` so both read the same way:
+positional reads (``os.pread``) on descriptors opened once — never seek+read, which would race between
+readers sharing a descriptor and would never be safe next to the writer thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import zlib
+from dataclasses import dataclass, field
+
+from router.log.errors import CorruptRecord, LogFormatError
+from router.log.format import (
+    FILE_HEADER_SIZE,
+    INDEX_ENTRY,
+    INDEX_ENTRY_SIZE,
+    MAGIC_INDEX,
+    MAGIC_LOG,
+    READ_CHUNK,
+    RECORD_FIXED_BODY,
+    RECORD_HEADER,
+    RECORD_HEADER_SIZE,
+    Record,
+    decode_records,
+    index_name,
+    pack_file_header,
+    parse_segment_name,
+    record_size_at,
+    segment_name,
+    skip_to_offset,
+    unpack_file_header,
+)
+
+log = logging.getLogger(__name__)
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+NO_INDEX_YET = -(1 << 62)  # "last indexed position" of a segment without entries: next record is indexed
+
+
+def list_segment_files(directory: str) -> tuple[list[int], list[int]]:
+    """Sorted base offsets of the ``.log`` files and of the ``.index`` files in ``directory``."""
+    logs: list[int] = []
+    indexes: list[int] = []
+    for name in os.listdir(directory):
+        parsed = parse_segment_name(name)
+        if parsed is not None:
+            (logs if parsed[1] == "log" else indexes).append(parsed[0])
+    logs.sort()
+    indexes.sort()
+    return logs, indexes
+
+
+@dataclass(slots=True)
+class ScanResult:
+    """What a record-by-record scan of (part of) a segment found."""
+
+    end: int                      # position the scan was asked to reach
+    valid_end: int                # position after the last good record
+    records: int = 0
+    first_offset: int | None = None
+    last_offset: int | None = None
+    first_timestamp: int | None = None
+    max_timestamp: int | None = None
+    index: bytearray = field(default_factory=bytearray)  # entries (no header) for the scanned part
+    last_index_pos: int = NO_INDEX_YET
+    error: str | None = None      # why it stopped before ``end``; None if it reached it cleanly
+    incomplete: bool = False      # the error is an incomplete record at the very end
+    index_mismatch: str | None = None  # set when ``check_index`` was given and did not match
+
+    @property
+    def clean(self) -> bool:
+        return self.error is None
+
+
+def scan_segment(fd: int, base: int, end: int, *, start_pos: int = FILE_HEADER_SIZE,
+                 expect_offset: int | None = None, max_timestamp: int | None = None,
+                 index_interval: int | None = None, last_index_pos: int = NO_INDEX_YET,
+                 check_index: dict[int, tuple[int, int]] | None = None,
+                 chunk_size: int = READ_CHUNK) -> ScanResult:
+    """Check records from ``start_pos`` to ``end``: header lengths, CRC and consecutive offsets.
+
+    This is the recovery and ``check`` primitive; it builds no Record objects, so a 64 MiB tail is
+    verified at CRC speed plus one ``unpack_from`` per record. With ``index_interval`` it also produces
+    the index entries the writer would have written (same rule: the first record, then any record
+    starting at least ``index_interval`` bytes after the last indexed one). ``check_index`` maps index
+    positions to (relative offset, max timestamp) as found in an index file; each is verified.
+    """
+    res = ScanResult(end=end, valid_end=start_pos, max_timestamp=max_timestamp,
+                     last_index_pos=last_index_pos)
+    expect = base if expect_offset is None else expect_offset
+    max_ts = max_timestamp
+    unpack = RECORD_HEADER.unpack_from
+    pack_entry = INDEX_ENTRY.pack
+    crc32 = zlib.crc32
+    pos = start_pos
+    need = 0
+    matched: set[int] = set()
+    while pos < end:
+        want = min(end - pos, max(chunk_size, need))
+        data = os.pread(fd, want, pos)
+        n = len(data)
+        mv = memoryview(data)
+        p = 0
+        while p + RECORD_HEADER_SIZE <= n:
+            length, crc, off, ts, _oo, _fl, _r, ol, cl, tl, pl, yl = unpack(data, p)
+            if length != RECORD_FIXED_BODY + ol + cl + tl + pl + yl:
+                res.error = f"record length {length} does not match its field lengths"
+                break
+            rend = p + 8 + length
+            if rend > n:
+                break
+            if crc32(mv[p + 8:rend]) != crc:
+                res.error = "CRC mismatch"
+                break
+            if off != expect:
+                res.error = f"offset {off} where {expect} was expected"
+                break
+            if max_ts is None or ts > max_ts:
+                max_ts = ts
+            if res.first_offset is None:
+                res.first_offset = off
+                res.first_timestamp = ts
+            fpos = pos + p
+            if index_interval is not None and fpos - res.last_index_pos >= index_interval:
+                res.index += pack_entry(off - base, fpos, max_ts)
+                res.last_index_pos = fpos
+            if check_index is not None:
+                entry = check_index.get(fpos)
+                if entry is not None:
+                    matched.add(fpos)
+                    if entry != (off - base, max_ts) and res.index_mismatch is None:
+                        res.index_mismatch = (f"entry at position {fpos} says offset {base + entry[0]} / "
+                                              f"max timestamp {entry[1]}, record has {off} / {max_ts}")
+            expect = off + 1
+            res.records += 1
+            res.last_offset = off
+            p = rend
+        pos += p
+        res.valid_end = pos
+        res.max_timestamp = max_ts
+        if res.error is not None:
+            break
+        if p == n and n == want:
+            need = 0
+            continue
+        # A partial record remains: read it whole next time, unless the data ends here.
+        if n < want or pos + (n - p) >= end:
+            res.error = f"incomplete record ({end - pos} bytes at the end)"
+            res.incomplete = True
+            break
+        size = record_size_at(data, p)
+        need = max(size or 0, RECORD_HEADER_SIZE)
+    if check_index is not None and res.index_mismatch is None and len(matched) != len(check_index):
+        # Entries past a corrupt record cannot be verified; anything else unmatched is wrong.
+        stray = sorted(p for p in check_index
+                       if p not in matched and (p < res.valid_end or res.error is None or res.incomplete))
+        if stray:
+            res.index_mismatch = f"{len(stray)} entries do not point at a record (first at position {stray[0]})"
+    return res
+
+
+def read_index_entries(ifd: int) -> list[tuple[int, int, int]]:
+    """All entries of an index file (after validating nothing but the size being whole entries)."""
+    size = os.fstat(ifd).st_size
+    data = os.pread(ifd, size - FILE_HEADER_SIZE, FILE_HEADER_SIZE) if size > FILE_HEADER_SIZE else b""
+    whole = len(data) - len(data) % INDEX_ENTRY_SIZE
+    return [INDEX_ENTRY.unpack_from(data, i) for i in range(0, whole, INDEX_ENTRY_SIZE)]
+
+
+def write_index(directory: str, base: int, entries: bytes | bytearray, *, fsync: bool = True) -> None:
+    """Replace a segment's index atomically (temp file + rename), so a reader never sees half of it."""
+    path = os.path.join(directory, index_name(base))
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+    try:
+        data = pack_file_header(MAGIC_INDEX, base) + bytes(entries)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+@dataclass(slots=True)
+class SegmentSummary:
+    """Cheap facts about a segment, from its first record header, last index entry and tail."""
+
+    first_timestamp: int | None
+    last_offset: int | None
+    max_timestamp: int | None
+    tail_error: str | None  # the tail scan stopped early (corrupt, or incomplete on a live segment)
+
+
+class SegmentReader:
+    """Reads one segment file by positional reads on descriptors opened once (lazily).
+
+    Not thread-safe by design: each reader (the log's event loop, a LogReader) owns its own instances.
+    Keeps a hint (next offset → position) so that consecutive reads continue where the last one ended
+    without an index lookup.
+    """
+
+    __slots__ = ("base", "path", "index_path", "_fd", "_ifd", "_hint", "_reported", "_index_bad")
+
+    def __init__(self, directory: str, base: int) -> None:
+        self.base = base
+        self.path = os.path.join(directory, segment_name(base))
+        self.index_path = os.path.join(directory, index_name(base))
+        self._fd: int | None = None
+        self._ifd: int | None = None
+        self._hint: tuple[int, int] | None = None
+        self._reported: set[int] = set()
+        self._index_bad = False  # an entry did not point at its record: scan instead until reopened
+
+    # -- descriptors
+
+    def fd(self) -> int:
+        """The segment's read descriptor; raises OSError (e.g. deleted) or LogFormatError (bad header)."""
+        if self._fd is None:
+            fd = os.open(self.path, os.O_RDONLY | _O_CLOEXEC)
+            try:
+                unpack_file_header(os.pread(fd, FILE_HEADER_SIZE, 0), MAGIC_LOG, self.path)
+            except (ValueError, LogFormatError) as exc:
+                os.close(fd)
+                raise LogFormatError(str(exc)) from None
+            self._fd = fd
+        return self._fd
+
+    def _index_fd(self) -> int | None:
+        if self._ifd is None:
+            try:
+                ifd = os.open(self.index_path, os.O_RDONLY | _O_CLOEXEC)
+            except FileNotFoundError:
+                return None
+            try:
+                base = unpack_file_header(os.pread(ifd, FILE_HEADER_SIZE, 0), MAGIC_INDEX, self.index_path)
+            except (ValueError, LogFormatError):
+                os.close(ifd)
+                return None
+            if base != self.base:
+                os.close(ifd)
+                return None
+            self._ifd = ifd
+        return self._ifd
+
+    def reopen_index(self) -> None:
+        """Forget the index descriptor (the index was rewritten by rename)."""
+        if self._ifd is not None:
+            os.close(self._ifd)
+            self._ifd = None
+        self._hint = None
+        self._index_bad = False
+
+    def size(self) -> int:
+        return os.fstat(self.fd()).st_size
+
+    def close(self) -> None:
+        for fd in (self._fd, self._ifd):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._ifd = None
+        self._hint = None
+
+    # -- index
+
+    def index_entry_count(self) -> int:
+        ifd = None if self._index_bad else self._index_fd()
+        if ifd is None:
+            return 0
+        return max(0, (os.fstat(ifd).st_size - FILE_HEADER_SIZE) // INDEX_ENTRY_SIZE)
+
+    def index_entry(self, i: int) -> tuple[int, int, int] | None:
+        ifd = self._index_fd()
+        if ifd is None:
+            return None
+        data = os.pread(ifd, INDEX_ENTRY_SIZE, FILE_HEADER_SIZE + i * INDEX_ENTRY_SIZE)
+        if len(data) < INDEX_ENTRY_SIZE:
+            return None
+        return INDEX_ENTRY.unpack(data)
+
+    def lookup(self, offset: int, end_pos: int) -> tuple[int, int | None]:
+        """(position, offset of the record there) of a record at or before ``offset``: binary search
+        of the sparse index, one 16-byte pread per probe. Falls back to the first record (offset
+        None: not known) when there is no usable entry. The caller verifies the record found there."""
+        if self._hint is not None and self._hint[0] == offset and self._hint[1] <= end_pos:
+            return self._hint[1], offset
+        rel = offset - self.base
+        lo, hi = 0, self.index_entry_count()
+        best: tuple[int, int | None] = (FILE_HEADER_SIZE, None)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            entry = self.index_entry(mid)
+            if entry is None:
+                hi = mid
+                continue
+            if entry[0] <= rel:
+                if FILE_HEADER_SIZE <= entry[1] < end_pos:
+                    best = (entry[1], self.base + entry[0])
+                lo = mid + 1
+            else:
+                hi = mid
+        return best
+
+    def time_lookup(self, timestamp_ms: int, end_pos: int) -> int:
+        """Position from which to scan for the first record with timestamp >= ``timestamp_ms``: the
+        last indexed record whose running max timestamp is still below it (all before it are too)."""
+        lo, hi = 0, self.index_entry_count()
+        best: tuple[int, int | None] = (FILE_HEADER_SIZE, None)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            entry = self.index_entry(mid)
+            if entry is None:
+                hi = mid
+                continue
+            if entry[2] < timestamp_ms:
+                if FILE_HEADER_SIZE <= entry[1] < end_pos:
+                    best = (entry[1], self.base + entry[0])
+                lo = mid + 1
+            else:
+                hi = mid
+        return self._verified(*best)
+
+    def locate(self, offset: int, end_pos: int) -> int:
+        """Position of a record at or before ``offset``, verified to be a record boundary."""
+        return self._verified(*self.lookup(offset, end_pos))
+
+    def _verified(self, pos: int, expect: int | None) -> int:
+        if expect is None or _record_header_is(os.pread(self.fd(), RECORD_HEADER_SIZE, pos), expect):
+            return pos
+        self._index_bad = True
+        self._hint = None
+        return FILE_HEADER_SIZE
+
+    # -- reading
+
+    def read(self, from_offset: int, end_pos: int, *, max_records: int, max_bytes: int,
+             final: bool) -> tuple[list[Record], int, bool]:
+        """Records with offset >= ``from_offset`` up to byte ``end_pos``; returns (records, their
+        encoded size, stopped).
+
+        ``stopped`` is True when reading hit a corrupt record: the caller goes on with the next
+        segment (the corruption is logged once per position). ``final`` says the segment is complete
+        up to ``end_pos``, so an incomplete record there is damage; otherwise (a live tail seen by
+        another process) it is just not written yet.
+        """
+        fd = self.fd()
+        start, expect = self.lookup(from_offset, end_pos)
+        pos = start
+        out: list[Record] = []
+        nbytes = 0
+        need = 0
+        chunk = 65536  # grows while a call keeps reading, so small reads stay small
+        skipping = True
+        stopped = False
+        while pos < end_pos:
+            want = min(end_pos - pos, max(need, min(chunk, max(max_bytes - nbytes, 4096))))
+            chunk = min(chunk * 4, READ_CHUNK)
+            data = os.pread(fd, want, pos)
+            n = len(data)
+            p = 0
+            if expect is not None and pos == start:
+                if not _record_header_is(data, expect):
+                    # The index (or hint) does not point at the record it names: it is stale or
+                    # damaged. Scan from the start, and ignore the index until it is reopened.
+                    if start == FILE_HEADER_SIZE:
+                        expect = None
+                    else:
+                        self._index_bad = True
+                        self._hint = None
+                        start = pos = FILE_HEADER_SIZE
+                        expect = None
+                        continue
+                expect = None
+            if skipping:
+                p, _first, found = skip_to_offset(data, 0, n, from_offset)
+                skipping = not found
+            if not skipping:
+                try:
+                    records, consumed = decode_records(data, p, max_records=max_records - len(out),
+                                                       max_bytes=max_bytes - nbytes)
+                except CorruptRecord as exc:
+                    out += exc.records
+                    nbytes += exc.consumed
+                    pos += exc.position
+                    self._report(pos, exc.reason)
+                    stopped = True
+                    break
+                out += records
+                nbytes += consumed
+                p += consumed
+                if records and (len(out) >= max_records or (p < n and _whole_record_at(data, p))):
+                    pos += p
+                    break  # a limit stopped the decode
+            pos += p
+            if p == n:
+                if n < want:
+                    break  # the file is shorter than end_pos said (truncated under us)
+                need = 0
+                continue
+            # A partial record remains: read it whole next time, unless the data ends with it.
+            if n < want or pos + (n - p) >= end_pos:
+                if final:
+                    self._report(pos, f"incomplete record ({end_pos - pos} bytes at the end)")
+                    stopped = True
+                break
+            need = max(record_size_at(data, p) or 0, RECORD_HEADER_SIZE)
+        if out:
+            self._hint = (out[-1].offset + 1, pos)
+        return out, nbytes, stopped
+
+    def _report(self, position: int, reason: str) -> None:
+        if position not in self._reported:
+            self._reported.add(position)
+            log.warning("%s: corrupt record at position %d (%s); skipping to the next segment",
+                        self.path, position, reason)
+
+    def summary(self, end_pos: int) -> SegmentSummary:
+        """First timestamp, last offset and max timestamp, from the last index entry and the tail
+        after it (at most one index interval plus a record): cheap enough to do per segment."""
+        fd = self.fd()
+        first_ts: int | None = None
+        head = os.pread(fd, RECORD_HEADER_SIZE, FILE_HEADER_SIZE)
+        if len(head) == RECORD_HEADER_SIZE and end_pos > FILE_HEADER_SIZE:
+            first_ts = RECORD_HEADER.unpack(head)[3]
+        n = self.index_entry_count()
+        entry = self.index_entry(n - 1) if n else None
+        res: ScanResult | None = None
+        if entry is not None and FILE_HEADER_SIZE <= entry[1] < end_pos:
+            res = scan_segment(fd, self.base, end_pos, start_pos=entry[1],
+                               expect_offset=self.base + entry[0], max_timestamp=entry[2])
+            if res.records == 0:
+                res = None  # the entry does not point at a good record: do not trust it
+        if res is None:
+            res = scan_segment(fd, self.base, end_pos)
+        return SegmentSummary(first_ts, res.last_offset, res.max_timestamp, res.error)
+
+
+def _record_header_is(data: bytes, offset: int) -> bool:
+    """True when ``data`` starts with a plausible header of the record ``offset``."""
+    if len(data) < RECORD_HEADER_SIZE:
+        return False
+    length, _crc, off, _ts, _oo, _fl, _r, ol, cl, tl, pl, yl = RECORD_HEADER.unpack_from(data, 0)
+    return off == offset and length == RECORD_FIXED_BODY + ol + cl + tl + pl + yl
+
+
+def _whole_record_at(data: bytes, pos: int) -> bool:
+    """True when a whole record starts at ``pos`` in ``data`` (so a decode stopped for a limit)."""
+    size = record_size_at(data, pos)
+    return size is not None and pos + size <= len(data)

@@ -1,0 +1,33 @@
+# Sourced by scripts/run and scripts/test: make sure .venv exists and holds the project.
+# Usage: ensure_venv [EXTRAS]   (EXTRAS like "test,pipeline"; empty for the broker alone)
+# Installs only when pyproject.toml or the extras asked for changed since the last install.
+
+find_python() {
+    for py in python3.13 python3.12 python3.11 python3; do
+        if command -v "$py" >/dev/null 2>&1 &&
+            "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+            echo "$py"; return 0
+        fi
+    done
+    echo "brokerd needs Python >= 3.11 (none found on PATH)" >&2
+    return 1
+}
+
+ensure_venv() {
+    local extras="${1:-}" py hash stamp=".venv/.brokerd-installed"
+    if [ ! -x .venv/bin/python ]; then
+        py="$(find_python)" || return 1
+        echo "creating .venv with $py" >&2
+        "$py" -m venv .venv
+    fi
+    hash="$(sha256sum pyproject.toml | cut -c1-16)"
+    # The broker alone is satisfied by any install of this pyproject; extras need their own line.
+    if [ -f "$stamp" ] && { [ -z "$extras" ] && grep -q "^$hash " "$stamp" || grep -qx "$hash $extras" "$stamp"; }; then
+        return 0
+    fi
+    echo "installing brokerd into .venv${extras:+ (with $extras)}" >&2
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras:+[$extras]}" >&2
+    grep -s "^$hash " "$stamp" > "$stamp.new" || true
+    echo "$hash $extras" >> "$stamp.new"
+    mv "$stamp.new" "$stamp"
+}

@@ -1,0 +1,41 @@
+"""Fixtures shared by every test directory: real brokerd processes on free loopback ports."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.helpers import Broker, free_port
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def start_broker(xprocess, tmp_path) -> Iterator[Callable[..., Broker]]:
+    """Start brokerd with the given arguments; every broker started is stopped after the test.
+
+    Defaults: one worker on 127.0.0.1, a free port, the data directory in the test's tmp_path.
+    """
+    started: list[Broker] = []
+
+    def start(*args: str, workers: int = 1, host: str = "127.0.0.1", port: int | None = None,
+              data_dir: str | None = None, node_id: str = "t") -> Broker:
+        port = port or free_port(host)
+        argv = ["--workers", str(workers), "--listen", f"{host}:{port}", "--node-id", node_id,
+                "--data-dir", data_dir or str(tmp_path / "data"), *args]
+        broker = Broker(xprocess, f"brokerd-{next(_names)}-{port}", argv, host, port)
+        started.append(broker)
+        return broker.start()
+
+    yield start
+    for broker in started:
+        info = xprocess.getinfo(broker.name)
+        if info.isrunning():
+            info.terminate(timeout=15)
+
+
+@pytest.fixture
+def broker(start_broker) -> Broker:
+    return start_broker()

@@ -1,0 +1,285 @@
+"""Test helpers: real brokerd processes (pytest-xprocess), real paho clients, raw sockets.
+
+Every wait here is bounded and waits for an event (a message, a CONNACK, a log line), not a time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+
+ROOT = Path(__file__).resolve().parent.parent
+BROKERD = str(Path(sys.executable).with_name("brokerd"))
+WAIT = 10.0  # the bound of every wait for an event
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = WAIT, what: str = "condition") -> object:
+    """Poll a condition owned by another process (a counter, a file) until true, bounded."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+@dataclass
+class Broker:
+    """A running brokerd started through pytest-xprocess."""
+
+    xprocess: object
+    name: str
+    args: list[str]
+    host: str
+    port: int
+    logfile: Path | None = None
+    pid: int = 0
+    _starts: int = 0
+    env: dict = field(default_factory=dict)
+
+    def start(self) -> Broker:
+        from xprocess import ProcessStarter
+
+        broker = self
+
+        class Starter(ProcessStarter):
+            pattern = "brokerd ready"
+            args = [BROKERD, *broker.args]
+            timeout = 30
+            terminate_on_interrupt = True
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", **broker.env}
+            max_read_lines = 10_000
+
+        self._starts += 1
+        pid, logfile = self.xprocess.ensure(self.name, Starter, restart=True)  # type: ignore[attr-defined]
+        self.pid = pid
+        self.logfile = Path(logfile)
+        return self
+
+    def log_text(self) -> str:
+        return self.logfile.read_text(errors="replace") if self.logfile else ""
+
+    def wait_log(self, text: str, timeout: float = WAIT) -> None:
+        wait_for(lambda: text in self.log_text(), timeout, f"log line {text!r}")
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM (graceful stop) and wait; returns the exit status."""
+        os.kill(self.pid, signal.SIGTERM)
+        return self._wait_exit(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the supervisor and every worker (a crash of the whole broker)."""
+        pids = [self.pid, *worker_pids(self.pid)]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._wait_exit(10.0)
+        for pid in pids[1:]:
+            wait_for(lambda p=pid: not _alive(p), 10.0, f"worker {pid} gone")
+
+    def _wait_exit(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                # Not our child (xprocess may detach): poll for existence instead.
+                if not _alive(self.pid):
+                    return 0
+                time.sleep(0.02)
+                continue
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+            time.sleep(0.02)
+        raise AssertionError(f"brokerd pid {self.pid} did not exit within {timeout} s")
+
+    def workers(self) -> list[int]:
+        return worker_pids(self.pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def worker_pids(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+class Client:
+    """A paho client with blocking, bounded helpers and a record of what it received."""
+
+    def __init__(self, port: int, client_id: str = "", *, clean: bool = True, host: str = "127.0.0.1",
+                 protocol: int = mqtt.MQTTv311, keepalive: int = 60,
+                 will: tuple[str, bytes, int, bool] | None = None, properties: object = None) -> None:
+        kwargs = {"clean_session": clean} if protocol != mqtt.MQTTv5 else {}
+        self.c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol, **kwargs)
+        self.host, self.port, self.keepalive = host, port, keepalive
+        self.protocol = protocol
+        self.clean = clean
+        self.connect_properties = properties
+        if will:
+            self.c.will_set(*will)
+        self.messages: list[mqtt.MQTTMessage] = []
+        self.cond = threading.Condition()
+        self.connack: tuple[int, bool] | None = None
+        self.subacks: dict[int, list[int]] = {}
+        self.disconnected = threading.Event()
+        self.c.on_message = self._on_message
+        self.c.on_connect = self._on_connect
+        self.c.on_subscribe = self._on_subscribe
+        self.c.on_disconnect = self._on_disconnect
+        self.c.on_unsubscribe = lambda *a: None
+
+    def _on_message(self, c, u, msg) -> None:
+        with self.cond:
+            self.messages.append(msg)
+            self.cond.notify_all()
+
+    def _on_connect(self, c, u, flags, rc, props) -> None:
+        with self.cond:
+            self.connack = (rc.value, bool(flags.session_present))
+            self.cond.notify_all()
+
+    def _on_subscribe(self, c, u, mid, rcs, props) -> None:
+        with self.cond:
+            self.subacks[mid] = [r.value for r in rcs]
+            self.cond.notify_all()
+
+    def _on_disconnect(self, c, u, flags, rc, props) -> None:
+        self.disconnected.set()
+
+    def _wait(self, pred: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+        with self.cond:
+            if not self.cond.wait_for(pred, timeout):
+                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+    def connect(self, expect_rc: int = 0) -> Client:
+        kwargs = {}
+        if self.protocol == mqtt.MQTTv5:
+            kwargs["clean_start"] = self.clean
+            if self.connect_properties is not None:
+                kwargs["properties"] = self.connect_properties
+        self.c.connect(self.host, self.port, self.keepalive, **kwargs)
+        self.c.loop_start()
+        self._wait(lambda: self.connack is not None, "CONNACK")
+        assert self.connack is not None and self.connack[0] == expect_rc, self.connack
+        return self
+
+    @property
+    def session_present(self) -> bool:
+        assert self.connack is not None
+        return self.connack[1]
+
+    def subscribe(self, topic: str | list[tuple[str, int]], qos: int = 0) -> list[int]:
+        result, mid = self.c.subscribe(topic, qos)
+        assert result == mqtt.MQTT_ERR_SUCCESS
+        self._wait(lambda: mid in self.subacks, "SUBACK")
+        return self.subacks[mid]
+
+    def unsubscribe(self, topic: str) -> None:
+        done = threading.Event()
+        self.c.on_unsubscribe = lambda *a: done.set()
+        self.c.unsubscribe(topic)
+        assert done.wait(WAIT), "UNSUBACK"
+
+    def publish(self, topic: str, payload: bytes | str, qos: int = 0, retain: bool = False) -> None:
+        info = self.c.publish(topic, payload, qos, retain)
+        info.wait_for_publish(WAIT)
+        assert info.is_published(), f"publish to {topic} not acknowledged"
+
+    def wait_messages(self, n: int, timeout: float = WAIT) -> list[mqtt.MQTTMessage]:
+        self._wait(lambda: len(self.messages) >= n, f"{n} messages (have {len(self.messages)})", timeout)
+        return list(self.messages)
+
+    def wait_topic(self, topic: str, timeout: float = WAIT) -> mqtt.MQTTMessage:
+        self._wait(lambda: any(m.topic == topic for m in self.messages), f"a message on {topic}", timeout)
+        return next(m for m in self.messages if m.topic == topic)
+
+    def disconnect(self) -> None:
+        self.c.disconnect()
+        self.disconnected.wait(WAIT)
+        self.c.loop_stop()
+
+    def drop(self) -> None:
+        """Close the socket without DISCONNECT (an abnormal close: the will fires)."""
+        self.c.loop_stop()
+        sock = self.c.socket()
+        if sock is not None:
+            sock.close()
+
+
+class RawClient:
+    """A plain TCP socket for the tests that must send exact bytes (malformed packets ...)."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        self.sock = socket.create_connection((host, port), timeout=WAIT)
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def recv_until_closed(self, timeout: float = WAIT) -> bytes:
+        """Read until the broker closes the connection (bounded); returns what it sent."""
+        self.sock.settimeout(timeout)
+        chunks = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                data = self.sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+        else:
+            raise AssertionError("the broker did not close the connection")
+        return b"".join(chunks)
+
+    def recv_exact(self, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            data = self.sock.recv(n - len(buf))
+            if not data:
+                raise AssertionError(f"connection closed after {len(buf)} of {n} bytes")
+            buf += data
+        return buf
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def connect_packet(client_id: str = "raw", keepalive: int = 60, clean: bool = True, level: int = 4,
+                   name: bytes = b"MQTT", flags: int | None = None) -> bytes:
+    cid = client_id.encode()
+    if flags is None:
+        flags = 0x02 if clean else 0
+    var = len(name).to_bytes(2, "big") + name + bytes([level, flags]) + keepalive.to_bytes(2, "big")
+    body = var + len(cid).to_bytes(2, "big") + cid
+    return bytes([0x10, len(body)]) + body

@@ -1,0 +1,133 @@
+"""CONNECT rules, protocol violations, keepalive, TLS on the plain port: each closes only that client."""
+
+from __future__ import annotations
+
+import ssl
+import uuid
+
+import paho.mqtt.client as mqtt
+
+from tests.helpers import Client, RawClient, connect_packet
+
+
+def cid(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def test_unsupported_protocol_level_gets_connack_1_then_close(broker):
+    raw = RawClient(broker.port)
+    raw.send(connect_packet("v9", level=9))
+    assert raw.recv_until_closed() == b"\x20\x02\x00\x01"
+
+
+def test_wrong_protocol_name_is_refused(broker):
+    raw = RawClient(broker.port)
+    raw.send(connect_packet("nm", name=b"MQTX"))
+    assert raw.recv_until_closed() == b"\x20\x02\x00\x01"
+
+
+def test_empty_client_id_without_clean_session_is_identifier_rejected(broker):
+    raw = RawClient(broker.port)
+    raw.send(connect_packet("", clean=False))
+    assert raw.recv_until_closed() == b"\x20\x02\x00\x02"
+
+
+def test_empty_client_id_with_clean_session_is_assigned_one(broker):
+    raw = RawClient(broker.port)
+    raw.send(connect_packet("", clean=True))
+    assert raw.recv_exact(4) == b"\x20\x02\x00\x00"
+    raw.close()
+
+
+def test_reserved_connect_flag_closes_the_connection(broker):
+    raw = RawClient(broker.port)
+    raw.send(connect_packet("rsv", flags=0x03))
+    assert raw.recv_until_closed() == b""
+    broker.wait_log("reserved")
+
+
+def test_second_connect_is_a_protocol_violation(broker):
+    raw = RawClient(broker.port)
+    raw.send(connect_packet("twice"))
+    assert raw.recv_exact(4) == b"\x20\x02\x00\x00"
+    raw.send(connect_packet("twice"))
+    assert raw.recv_until_closed() == b""
+    broker.wait_log("MQTT-3.1.0-2")
+
+
+def test_first_packet_must_be_connect(broker):
+    raw = RawClient(broker.port)
+    raw.send(b"\xc0\x00")  # PINGREQ
+    assert raw.recv_until_closed() == b""
+    broker.wait_log("MQTT-3.1.0-1")
+
+
+def test_malformed_packet_closes_only_that_client(broker):
+    good = Client(broker.port, cid("good")).connect()
+    good.subscribe("m/#", 1)
+    raw = RawClient(broker.port)
+    raw.send(connect_packet(cid("evil")))
+    assert raw.recv_exact(4) == b"\x20\x02\x00\x00"
+    raw.send(b"\x82\x06\x00\x01\x00\x10ab")  # SUBSCRIBE whose filter length overruns the packet
+    assert raw.recv_until_closed() == b""
+    pub = Client(broker.port, cid("p")).connect()
+    pub.publish("m/ok", b"still fine", qos=1)
+    assert good.wait_topic("m/ok").payload == b"still fine"
+    broker.wait_log("evil")  # the log line names the client
+
+
+def test_tls_client_hello_on_plain_port_is_named_in_the_log(broker):
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    import socket
+
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as s:
+        try:
+            with ctx.wrap_socket(s, server_hostname="localhost"):
+                raise AssertionError("TLS handshake should not succeed")
+        except (ssl.SSLError, ConnectionResetError, OSError):
+            pass
+    broker.wait_log("TLS handshake on a plain MQTT listener")
+
+
+def test_keepalive_enforced_at_one_and_a_half_times_and_fires_the_will(broker):
+    watcher = Client(broker.port, cid("watch")).connect()
+    watcher.subscribe("will/ka", 1)
+    raw = RawClient(broker.port)
+    # CONNECT with keepalive 1 s and a will, then silence.
+    cid_b, wt, wm = b"ka-client", b"will/ka", b"gone"
+    flags = 0x02 | 0x04 | (1 << 3)  # clean, will, will qos 1
+    body = (b"\x00\x04MQTT\x04" + bytes([flags]) + (1).to_bytes(2, "big")
+            + len(cid_b).to_bytes(2, "big") + cid_b + len(wt).to_bytes(2, "big") + wt
+            + len(wm).to_bytes(2, "big") + wm)
+    raw.send(bytes([0x10, len(body)]) + body)
+    assert raw.recv_exact(4) == b"\x20\x02\x00\x00"
+    import time
+
+    t0 = time.monotonic()
+    raw.recv_until_closed(timeout=10)
+    elapsed = time.monotonic() - t0
+    assert 1.4 <= elapsed < 4.0, elapsed
+    assert watcher.wait_topic("will/ka").payload == b"gone"
+
+
+def test_max_packet_size_closes_the_connection(start_broker):
+    broker = start_broker("--max-packet-size", "1024")
+    sub = Client(broker.port, cid("s")).connect()
+    sub.subscribe("big/#", 0)
+    pub = Client(broker.port, cid("big")).connect()
+    pub.c.publish("big/x", b"x" * 2000)
+    assert pub.disconnected.wait(10)
+    broker.wait_log("exceeds the maximum packet size")
+    ok = Client(broker.port, cid("ok")).connect()
+    ok.publish("big/y", b"y" * 500, qos=1)
+    assert sub.wait_topic("big/y").payload == b"y" * 500
+    assert [m.topic for m in sub.messages] == ["big/y"]
+
+
+def test_mqtt5_client_connects_and_gets_v5_connack(broker):
+    c = Client(broker.port, cid("v5"), protocol=mqtt.MQTTv5).connect()
+    c.subscribe("v5/t", 1)
+    c.publish("v5/t", b"hi", qos=1)
+    assert c.wait_topic("v5/t").payload == b"hi"
