@@ -82,6 +82,7 @@ class Supervisor:
         if not self._await_ready(pipes):
             self._stop_all()
             return 1
+        self._start_aux()
         host, port = cfg.listen
         log.info("brokerd ready: node %s listening on %s:%d with %d worker%s", cfg.node_id, host, port,
                  cfg.workers, "s" if cfg.workers != 1 else "")
@@ -96,6 +97,14 @@ class Supervisor:
             if not self._reap_and_restart():
                 self._stop_all()
                 return 1
+
+    # -- auxiliary processes (cluster/metrics.py owns what happens here) -----------------------------
+
+    def _start_aux(self) -> None:
+        """Start the node's auxiliary processes (stats aggregation, /metrics, $SYS) after the workers."""
+
+    def _stop_aux(self) -> None:
+        """Stop the auxiliary processes."""
 
     def _await_ready(self, pipes: dict[int, tuple[int, int]]) -> bool:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -144,6 +153,7 @@ class Supervisor:
             os.close(r)
 
     def _stop_all(self) -> None:
+        self._stop_aux()
         for pid in self.pids:
             try:
                 os.kill(pid, signal.SIGTERM)

@@ -73,6 +73,15 @@ class Worker:
         self.server = await self.loop.create_server(self._protocol, host, port, reuse_port=True, backlog=4096)
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stop.set)
+        self._start_stats()
+
+    # -- stats (cluster/stats.py owns what happens here) -------------------------------------------
+
+    def _start_stats(self) -> None:
+        """Start this router's stats publisher (PUB socket, snapshots, $SYS topics)."""
+
+    def _stop_stats(self) -> None:
+        """Stop the stats publisher (close its socket)."""
 
     async def run(self, ready_fd: int | None) -> None:
         await self.start()
@@ -88,6 +97,7 @@ class Worker:
             self.server.close()
         for conn in list(self.connections):
             conn.close(0x8B)  # MQTT 5: server shutting down
+        self._stop_stats()
         if self.mesh is not None:
             await self.mesh.stop()
         await asyncio.sleep(0)  # let the transports flush their closing writes
