@@ -120,6 +120,10 @@ class _TrackedClient(Client):
 
 def worker_main(config: Config, index: int, ready_fd: int | None) -> int:
     """Entry point in the forked child."""
+    for handler in logging.getLogger().handlers:  # name the router in every log line
+        fmt = handler.formatter._fmt if handler.formatter else "%(message)s"  # type: ignore[union-attr]
+        handler.setFormatter(logging.Formatter(fmt.replace(f"[{config.node_id}]",
+                                                           f"[{config.node_id}/{router_name(index)}]")))
     try:
         import uvloop
 

@@ -253,17 +253,18 @@ class Client:
         self.conn.counters.msgs_in += 1
         msg = Message(p.topic, p.payload, qos, p.retain, self.client_id, router.router_id,
                       properties=p.properties or None)
+        conn = self.conn
         if qos == 0:
-            router.publish(msg)
+            router.publish(msg, conn)
         elif qos == 1:
-            router.publish(msg)
+            router.publish(msg, conn)
             self.conn.send(_ack(0x40, p.packet_id))  # type: ignore[arg-type]
         else:
             inbound = self.session.inbound_qos2  # type: ignore[union-attr]
             pid = p.packet_id
             if pid not in inbound:  # a DUP of a PUBLISH we already took is not published again
                 inbound.add(pid)  # type: ignore[arg-type]
-                router.publish(msg)
+                router.publish(msg, conn)
             self.conn.send(_ack(0x50, pid))  # type: ignore[arg-type]
 
     # -- SUBSCRIBE / UNSUBSCRIBE ----------------------------------------------------------------------
@@ -289,7 +290,26 @@ class Client:
             new = router.subscribe(session, sub)
             codes.append(granted)
             retained_out.append((sub, new))
-        self.conn.send(encode(Suback(p.packet_id, codes), self.level))
+        suback = encode(Suback(p.packet_id, codes), self.level)
+        waits = [router.interest_pending[s.topic_filter] for s, _ in retained_out
+                 if s.topic_filter in router.interest_pending]
+        if waits:
+            # Other routers have not confirmed this interest yet: SUBACK once they have, so that
+            # whatever is published anywhere after the SUBACK reaches this subscriber.
+            asyncio.ensure_future(self._suback_when_acked(waits, suback, retained_out))
+            return
+        self._suback(suback, retained_out)
+
+    async def _suback_when_acked(self, waits: list, suback: bytes, retained_out: list) -> None:
+        await asyncio.gather(*waits, return_exceptions=True)
+        if not self.conn.closing and self.session is not None:
+            self._suback(suback, retained_out)
+
+    def _suback(self, suback: bytes, retained_out: list[tuple[Subscription, bool]]) -> None:
+        self.conn.send(suback)
+        router = self.router
+        session = self.session
+        assert session is not None
         for sub, new in retained_out:
             if sub.retain_handling == 2 or (sub.retain_handling == 1 and not new):
                 continue

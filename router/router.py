@@ -36,11 +36,13 @@ log = logging.getLogger(__name__)
 class MeshPort(Protocol):
     """What a router needs from the cluster: implemented by ``cluster.mesh.Mesh``."""
 
-    def forward(self, router_id: str, msg: Message) -> None:
-        """Queue ``msg`` for one peer router (batched per loop iteration)."""
+    def forward(self, router_id: str, msg: Message, source: Any = None) -> None:
+        """Queue ``msg`` for one peer router (batched per loop iteration). ``source`` is the client
+        connection it came from: the mesh pauses reading from it while that peer is backed up."""
 
-    def announce_interest(self, topic_filter: str, add: bool) -> None:
-        """Tell every peer router that this router gained / lost its interest in a filter."""
+    def announce_interest(self, topic_filter: str, add: bool) -> Awaitable[None] | None:
+        """Tell every peer router that this router gained / lost its interest in a filter; for a
+        gain, an awaitable that completes when every live peer has acknowledged it."""
 
     def retained_update(self, msg: Message) -> None:
         """Tell every peer router about a retained message (an empty payload clears it)."""
@@ -68,6 +70,7 @@ class Router:
         self.clients: dict[str, Client] = {}  # client id → the live connection's handler
         self.subs: TopicIndex[Session, Subscription] = TopicIndex()
         self.local_filters: dict[str, int] = {}  # filter → number of local sessions subscribed
+        self.interest_pending: dict[str, Awaitable[None]] = {}  # announced, not yet acknowledged
         self.interest: TopicIndex[str, None] = TopicIndex()  # peers' filters → router ids
         self.retained = RetainedStore()
         # Folded routes per topic: [(session, qos cap, no_local, retain_as_published)] and the peer
@@ -79,7 +82,7 @@ class Router:
 
     # -- publishing ---------------------------------------------------------------------------------
 
-    def publish(self, msg: Message) -> None:
+    def publish(self, msg: Message, source: Any = None) -> None:
         """A message published by a client of this router (or a will): retain, deliver, forward."""
         self.stats.msgs_in += 1
         if msg.retain:
@@ -95,7 +98,7 @@ class Router:
             if peers:
                 mesh = self.mesh
                 for router_id in peers:
-                    mesh.forward(router_id, msg)
+                    mesh.forward(router_id, msg, source)
 
     def deliver_remote(self, msg: Message) -> None:
         """A message another router forwarded here because this router announced interest."""
@@ -163,7 +166,10 @@ class Router:
         if count > 0:
             self.local_filters[topic_filter] = count
             if count == 1 and delta > 0 and self.mesh is not None:
-                self.mesh.announce_interest(topic_filter, True)
+                ack = self.mesh.announce_interest(topic_filter, True)
+                if ack is not None:
+                    self.interest_pending[topic_filter] = ack
+                    ack.add_done_callback(lambda _f, f=topic_filter: self.interest_pending.pop(f, None))  # type: ignore[attr-defined]
         else:
             self.local_filters.pop(topic_filter, None)
             if self.mesh is not None:

@@ -1,0 +1,666 @@
+"""The mesh between routers: ZeroMQ PUSH/PULL, msgpack frames, batched per loop iteration.
+
+Every router binds one PULL socket: ipc:// in the node's run directory for the routers of the same
+node, and also tcp://HOST:PORT+i when the node has ``--mesh HOST:PORT``. It holds one PUSH socket
+per peer router. Everything a router says to a peer travels on that one PUSH socket, so frames
+between two routers arrive in the order they were sent.
+
+Frames are msgpack lists ``[MESH_VERSION, kind, sender_router_id, sender_incarnation, body]``; a
+frame of another version is refused with a log line naming the sender. Publishes for one peer
+collected during one loop iteration travel as one frame.
+
+Membership is gossip: every router says HELLO to every link twice a second with the routers it
+knows; a HELLO with an unknown router makes us link to it, so one live ``--peer`` is enough to join.
+A router silent for ``DEAD_AFTER_S`` (or that said GOODBYE, or came back with a new incarnation) is
+gone: its interest is dropped, its queued frames discarded, and it is synced again when it returns.
+
+Consistency points:
+- SUBACK waits (bounded) until every live peer has acknowledged a new interest, so a publish on any
+  router after the SUBACK reaches the new subscriber.
+- A CONNECT waits (bounded) until every live peer has answered a takeover request, so an existing
+  session anywhere in the cluster is moved, not duplicated.
+- Backpressure: a peer whose PUSH socket is at its high-water mark gets no more frames; the frames
+  wait in a list and the client connections whose publishes are waiting stop being read until the
+  peer drains. Local delivery and other peers carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import zmq
+
+from router.message import Message
+
+from .config import Config
+from .paths import ensure_run_dir, mesh_ipc
+
+if TYPE_CHECKING:
+    from router.router import Router
+
+log = logging.getLogger(__name__)
+
+MESH_VERSION = 1
+HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE = range(1, 10)
+KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST_ACK: "interest-ack",
+              RETAINED: "retained", TAKEOVER_REQ: "takeover-request", TAKEOVER_RESP: "takeover",
+              SYNC_REQ: "sync-request", GOODBYE: "goodbye"}
+
+HELLO_INTERVAL_S = 0.5
+DEAD_AFTER_S = 3.0
+ACK_TIMEOUT_S = 2.0
+MAX_PENDING_FRAMES = 100_000  # per blocked peer, for frames with no connection to pause (wills ...)
+RECV_BATCH = 512
+
+
+def _msg_tuple(m: Message) -> list:
+    return [m.topic, m.payload, m.qos, m.retain, m.client_id, m.origin_router, m.origin_offset,
+            m.properties, m.timestamp_ms]
+
+
+def _msg_from(t: list) -> Message:
+    topic, payload, qos, retain, client_id, origin_router, origin_offset, props, ts = t
+    return Message(topic, payload, qos, retain, client_id, origin_router, origin_offset, props, ts)
+
+
+class Link:
+    """One PUSH socket to one endpoint, with the frames waiting for it to drain."""
+
+    __slots__ = ("endpoint", "sock", "pending", "paused", "mesh")
+
+    def __init__(self, mesh: Mesh, endpoint: str) -> None:
+        self.mesh = mesh
+        self.endpoint = endpoint
+        self.pending: list[bytes] = []
+        self.paused: set[Any] = set()  # client connections not read until this link drains
+        self.sock = mesh._push(endpoint)
+
+    def send(self, frame: bytes, sources: Any = ()) -> bool:
+        """Send or keep ``frame``; False if the link is blocked (frame kept, ``sources`` paused).
+
+        A frame with no client connection behind it (a will, a control frame) is dropped and
+        counted once this many frames are waiting: nothing can be paused to bound it otherwise.
+        """
+        if not self.pending:
+            try:
+                self.sock.send(frame, zmq.NOBLOCK)
+                return True
+            except zmq.Again:
+                self.mesh._blocked(self)
+        if not sources and len(self.pending) >= MAX_PENDING_FRAMES:
+            self.mesh.router.stats.drop_mesh_backpressure += 1
+            return False
+        self.pending.append(frame)
+        for src in sources:
+            if src not in self.paused:
+                self.paused.add(src)
+                src.pause_reading(self)
+        return False
+
+    def drain(self) -> bool:
+        """Push waiting frames; True when none are left (paused connections resume)."""
+        pending = self.pending
+        sent = 0
+        try:
+            for frame in pending:
+                self.sock.send(frame, zmq.NOBLOCK)
+                sent += 1
+        except zmq.Again:
+            pass
+        if sent:
+            del pending[:sent]
+        if pending:
+            return False
+        self.resume()
+        return True
+
+    def resume(self) -> None:
+        for conn in self.paused:
+            conn.resume_reading(self)
+        self.paused.clear()
+
+    def reset(self) -> None:
+        """Drop queued frames (the peer is gone): a new socket with nothing queued."""
+        self.pending.clear()
+        self.resume()
+        self.sock.close(linger=0)
+        self.sock = self.mesh._push(self.endpoint)
+
+    def close(self) -> None:
+        self.resume()
+        self.sock.close(linger=0)
+
+
+class Peer:
+    """Another router: its identity, how to reach it, and what we are about to send it."""
+
+    __slots__ = ("router_id", "node_id", "ipc", "tcp", "incarnation", "last_seen", "alive", "link",
+                 "batch", "batch_sources", "stats")
+
+    def __init__(self, router_id: str, node_id: str, ipc: str | None, tcp: str | None) -> None:
+        self.router_id = router_id
+        self.node_id = node_id
+        self.ipc = ipc
+        self.tcp = tcp
+        self.incarnation: int | None = None
+        self.last_seen = 0.0
+        self.alive = False
+        self.link: Link | None = None
+        self.batch: list[list] = []
+        self.batch_sources: set[Any] = set()
+        self.stats = [0, 0, 0, 0]  # msgs out, bytes out, msgs in, bytes in
+
+
+class _Waiter:
+    """A request answered by every live peer (interest acks, takeover answers)."""
+
+    __slots__ = ("future", "waiting", "result")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, peers: set[str]) -> None:
+        self.future: asyncio.Future = loop.create_future()
+        self.waiting = peers
+        self.result: Any = None
+
+    def answer(self, router_id: str, result: Any = None) -> None:
+        self.waiting.discard(router_id)
+        if result is not None and self.result is None:
+            self.result = result
+        if not self.waiting and not self.future.done():
+            self.future.set_result(self.result)
+
+
+class Mesh:
+    """Implements ``router.router.MeshPort`` for one router."""
+
+    def __init__(self, config: Config, index: int, router: Router, loop: asyncio.AbstractEventLoop) -> None:
+        self.config = config
+        self.index = index
+        self.router = router
+        self.loop = loop
+        self.router_id = router.router_id
+        self.node_id = config.node_id
+        self.incarnation = int.from_bytes(os.urandom(6), "big")
+        self.ctx: zmq.Context | None = None
+        self.pull: zmq.Socket | None = None
+        self.ipc = mesh_ipc(config, index)
+        self.tcp: str | None = None
+        self.peers: dict[str, Peer] = {}
+        self.links: dict[str, Link] = {}
+        self.seeds: list[Link] = []
+        self._dirty = False
+        self._interest_batch: list[tuple[str, bool]] = []
+        self._interest_waiter: _Waiter | None = None
+        self._waiters: dict[int, _Waiter] = {}
+        self._req_ids = itertools.count(1)
+        self._timer: asyncio.TimerHandle | None = None
+        self._drain_timer: asyncio.TimerHandle | None = None
+        self._blocked_links: set[Link] = set()
+        self._retained_synced = False
+        self._version_warned: set[str] = set()
+        self._auth: Any = None
+        self._curve: tuple[bytes, bytes] | None = None
+        self._monitors: list[zmq.Socket] = []
+        self._tcp_pull: zmq.Socket | None = None
+        self.peer_stats: dict[str, list[int]] = {}
+        router.mesh_peer_stats = self.peer_stats  # type: ignore[attr-defined]
+        self._packer = msgpack.Packer(use_bin_type=True)
+
+    # -- sockets --------------------------------------------------------------------------------------
+
+    def _push(self, endpoint: str) -> zmq.Socket:
+        assert self.ctx is not None
+        s = self.ctx.socket(zmq.PUSH)
+        s.setsockopt(zmq.SNDHWM, self.config.mesh_hwm)
+        s.setsockopt(zmq.LINGER, 1000)
+        s.setsockopt(zmq.RECONNECT_IVL, 50)
+        s.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        if self._curve is not None and endpoint.startswith("tcp://"):
+            public, secret = self._curve
+            s.curve_secretkey = secret
+            s.curve_publickey = public
+            s.curve_serverkey = public
+            self._monitor(s, f"link to {endpoint}")
+        s.connect(endpoint)
+        return s
+
+    def _monitor(self, s: zmq.Socket, what: str) -> None:
+        """Log CURVE handshake failures: a node with another key is refused, and says so."""
+        mon = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+        self._monitors.append(mon)
+        self.loop.add_reader(mon.FD, self._on_monitor, mon, what)
+
+    def _on_monitor(self, mon: zmq.Socket, what: str) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        while True:
+            try:
+                ev = recv_monitor_message(mon, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                return
+            log.error("mesh: %s: CURVE handshake failed (%s): the other side does not hold this "
+                      "cluster's --mesh-key; refused", what, _event_name(ev["event"]))
+
+    async def start(self) -> None:
+        self.ctx = zmq.Context()
+        ensure_run_dir(self.config)
+        if self.config.mesh_key:
+            self._setup_curve(self.config.mesh_key)
+        pull = self.ctx.socket(zmq.PULL)
+        pull.setsockopt(zmq.RCVHWM, self.config.mesh_hwm)
+        pull.setsockopt(zmq.LINGER, 0)
+        path = self.ipc[len("ipc://"):]
+        if os.path.exists(path):
+            os.unlink(path)  # left by a crashed incarnation of this router
+        pull.bind(self.ipc)
+        if self.config.mesh is not None:
+            host, port = self.config.mesh
+            tcp_pull = pull
+            if self._curve is not None:
+                # The ipc endpoint stays plain (same host, private directory); tcp is CURVE.
+                tcp_pull = self.ctx.socket(zmq.PULL)
+                tcp_pull.setsockopt(zmq.RCVHWM, self.config.mesh_hwm)
+                tcp_pull.setsockopt(zmq.LINGER, 0)
+                tcp_pull.curve_server = True
+                tcp_pull.curve_secretkey = self._curve[1]
+                tcp_pull.curve_publickey = self._curve[0]
+                self._monitor(tcp_pull, f"mesh listener {host}:{port + self.index}")
+                self._tcp_pull = tcp_pull
+                self.loop.add_reader(tcp_pull.FD, self._on_readable, tcp_pull)
+            try:
+                tcp_pull.bind(f"tcp://{host}:{port + self.index}")
+            except zmq.ZMQError as exc:
+                raise OSError(f"--mesh: cannot bind {host}:{port + self.index}: {exc}") from None
+            advertised = host if host not in ("0.0.0.0", "::", "") else socket.getfqdn()
+            self.tcp = f"tcp://{advertised}:{port + self.index}"
+        self.pull = pull
+        self.loop.add_reader(pull.FD, self._on_readable, pull)
+        for j in range(self.config.workers):
+            if j != self.index:
+                self.seeds.append(self._link(mesh_ipc(self.config, j)))
+        for host, port in self.config.peer:
+            endpoint = f"tcp://{host}:{port}"
+            if endpoint != self.tcp:
+                self.seeds.append(self._link(endpoint))
+        self._heartbeat()
+        # Serve only once the routers of this node know each other (bounded): a client that
+        # subscribes on one worker right after start must be reachable from every other.
+        deadline = time.monotonic() + 10.0
+        local = {f"{self.node_id}/w{j}" for j in range(self.config.workers)} - {self.router_id}
+        while time.monotonic() < deadline:
+            if all(rid in self.peers and self.peers[rid].alive for rid in local):
+                break
+            await asyncio.sleep(0.02)
+        else:
+            log.warning("mesh: not every local router answered within 10 s; serving anyway")
+
+    def _setup_curve(self, path: str) -> None:
+        import zmq.auth
+        from zmq.auth.asyncio import AsyncioAuthenticator
+
+        try:
+            public, secret = zmq.auth.load_certificate(path)
+        except (OSError, ValueError) as exc:
+            raise OSError(f"--mesh-key: cannot load {path}: {exc}") from None
+        if secret is None:
+            raise OSError(f"--mesh-key: {path} holds no secret key (use the .key_secret file)")
+        self._curve = (public, secret)
+        auth = AsyncioAuthenticator(self.ctx)
+        auth.start()
+
+        class _OnlyClusterKey:
+            def callback(self, domain: str, key: bytes) -> bool:
+                ok = key == public
+                if not ok:
+                    log.error("mesh: refused a node whose CURVE key is not this cluster's --mesh-key")
+                return ok
+
+        auth.configure_curve_callback(domain="*", credentials_provider=_OnlyClusterKey())
+        self._auth = auth
+
+    def _link(self, endpoint: str) -> Link:
+        link = self.links.get(endpoint)
+        if link is None:
+            link = self.links[endpoint] = Link(self, endpoint)
+        return link
+
+    async def stop(self) -> None:
+        self._flush()
+        frame = self._frame(GOODBYE, None)
+        for peer in self.peers.values():
+            if peer.alive and peer.link is not None:
+                try:
+                    peer.link.sock.send(frame, zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+        for s in [self.pull, self._tcp_pull, *self._monitors]:
+            if s is not None:
+                try:
+                    self.loop.remove_reader(s.FD)
+                except (ValueError, zmq.ZMQError):
+                    pass
+        for link in self.links.values():
+            link.sock.close(linger=200)  # let the goodbye and the last frames out
+        if self.pull is not None:
+            self.pull.close(linger=0)
+        if self._tcp_pull is not None:
+            self._tcp_pull.close(linger=0)
+        for mon in self._monitors:
+            mon.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()
+        if self.ctx is not None:
+            self.ctx.term()
+
+    # -- frames ---------------------------------------------------------------------------------------
+
+    def _frame(self, kind: int, body: Any) -> bytes:
+        return self._packer.pack([MESH_VERSION, kind, self.router_id, self.incarnation, body])
+
+    def _send(self, peer: Peer, kind: int, body: Any) -> None:
+        if peer.link is not None:
+            peer.link.send(self._frame(kind, body))
+
+    def _mark(self) -> None:
+        if not self._dirty:
+            self._dirty = True
+            self.loop.call_soon(self._flush)
+
+    def flush(self) -> None:
+        self._flush()
+
+    def _flush(self) -> None:
+        """End of the loop iteration: one publish frame per peer, one interest frame for all."""
+        self._dirty = False
+        stats = self.router.stats
+        for peer in self.peers.values():
+            batch = peer.batch
+            if not batch:
+                continue
+            peer.batch = []
+            sources = peer.batch_sources
+            peer.batch_sources = set()
+            if not peer.alive or peer.link is None:
+                continue
+            frame = self._frame(PUBLISH, batch)
+            n = len(batch)
+            peer.stats[0] += n
+            peer.stats[1] += len(frame)
+            stats.mesh_msgs_out += n
+            stats.mesh_bytes_out += len(frame)
+            stats.mesh_frames_out += 1
+            peer.link.send(frame, sources)
+        if self._interest_batch:
+            changes, self._interest_batch = self._interest_batch, []
+            waiter, self._interest_waiter = self._interest_waiter, None
+            seq = None
+            if waiter is not None:
+                seq = next(self._req_ids)
+                self._waiters[seq] = waiter
+                self.loop.call_later(ACK_TIMEOUT_S, self._expire_waiter, seq, "interest")
+            frame = self._frame(INTEREST, [seq, changes])
+            for peer in self.peers.values():
+                if peer.alive and peer.link is not None:
+                    peer.link.send(frame)
+
+    # -- MeshPort -------------------------------------------------------------------------------------
+
+    def forward(self, router_id: str, msg: Message, source: Any = None) -> None:
+        peer = self.peers.get(router_id)
+        if peer is None or not peer.alive:
+            return
+        peer.batch.append(_msg_tuple(msg))
+        if source is not None:
+            peer.batch_sources.add(source)
+        if not self._dirty:
+            self._dirty = True
+            self.loop.call_soon(self._flush)
+
+    def announce_interest(self, topic_filter: str, add: bool) -> asyncio.Future | None:
+        self._interest_batch.append((topic_filter, add))
+        self._mark()
+        if not add:
+            return None
+        alive = {rid for rid, p in self.peers.items() if p.alive}
+        if not alive:
+            return None
+        if self._interest_waiter is None:
+            self._interest_waiter = _Waiter(self.loop, alive)
+        return self._interest_waiter.future
+
+    def retained_update(self, msg: Message) -> None:
+        if self._dirty:
+            self._flush()  # retained updates travel after this tick's publishes, in order
+        frame = self._frame(RETAINED, [_msg_tuple(msg)])
+        for peer in self.peers.values():
+            if peer.alive and peer.link is not None:
+                peer.link.send(frame)
+
+    def takeover(self, client_id: str) -> asyncio.Future:
+        alive = {rid for rid, p in self.peers.items() if p.alive}
+        waiter = _Waiter(self.loop, alive)
+        if not alive:
+            waiter.future.set_result(None)
+            return waiter.future
+        req = next(self._req_ids)
+        self._waiters[req] = waiter
+        self._flush()
+        frame = self._frame(TAKEOVER_REQ, [req, client_id])
+        for rid in alive:
+            link = self.peers[rid].link
+            if link is not None:
+                link.send(frame)
+        self.loop.call_later(ACK_TIMEOUT_S + 1.0, self._expire_waiter, req, "takeover")
+        return waiter.future
+
+    def _expire_waiter(self, req: int, what: str) -> None:
+        waiter = self._waiters.pop(req, None)
+        if waiter is not None and not waiter.future.done():
+            log.warning("mesh: %s request %d unanswered by %s; continuing", what, req,
+                        ", ".join(sorted(waiter.waiting)))
+            waiter.future.set_result(waiter.result)
+
+    # -- receiving ------------------------------------------------------------------------------------
+
+    def _on_readable(self, sock: zmq.Socket) -> None:
+        n = 0
+        unpackb = msgpack.unpackb
+        try:
+            while n < RECV_BATCH:
+                try:
+                    data = sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    return
+                n += 1
+                try:
+                    frame = unpackb(data, raw=False, strict_map_key=False)
+                    version, kind, sender, inc, body = frame
+                except (ValueError, TypeError, msgpack.UnpackException):
+                    log.error("mesh: dropped an undecodable frame of %d bytes", len(data))
+                    continue
+                if version != MESH_VERSION:
+                    if sender not in self._version_warned:
+                        self._version_warned.add(str(sender))
+                        log.error("mesh: refusing frames from %s: mesh version %s, this node speaks %d "
+                                  "(run the same brokerd version on every node)", sender, version,
+                                  MESH_VERSION)
+                    continue
+                self._handle(kind, sender, inc, body, len(data))
+        except zmq.ZMQError:
+            return
+        # More may be waiting: ZeroMQ's descriptor is edge-triggered, so come back without it.
+        self.loop.call_soon(self._on_readable, sock)
+
+    def _handle(self, kind: int, sender: str, inc: int, body: Any, size: int) -> None:
+        peer = self.peers.get(sender)
+        if kind == HELLO:
+            self._on_hello(sender, inc, body)
+            return
+        if peer is None or peer.incarnation != inc:
+            if kind != GOODBYE:
+                # A frame from an incarnation we have not met yet: wait for its hello, which the
+                # other side sends first on every new link.
+                log.debug("mesh: %s frame from unknown %s; ignored", KIND_NAMES.get(kind), sender)
+            return
+        peer.last_seen = time.monotonic()
+        router = self.router
+        if kind == PUBLISH:
+            stats = router.stats
+            stats.mesh_frames_in += 1
+            stats.mesh_msgs_in += len(body)
+            stats.mesh_bytes_in += size
+            peer.stats[2] += len(body)
+            peer.stats[3] += size
+            deliver = router.deliver_remote
+            for t in body:
+                deliver(_msg_from(t))
+        elif kind == INTEREST:
+            seq, changes = body
+            for topic_filter, add in changes:
+                router.peer_interest(sender, topic_filter, add)
+            if seq is not None:
+                self._send(peer, INTEREST_ACK, seq)
+        elif kind == INTEREST_ACK:
+            waiter = self._waiters.get(body)
+            if waiter is not None:
+                waiter.answer(sender)
+                if waiter.future.done():
+                    self._waiters.pop(body, None)
+        elif kind == RETAINED:
+            for t in body:
+                router.peer_retained(_msg_from(t))
+        elif kind == TAKEOVER_REQ:
+            req, client_id = body
+            state = router.release_session(client_id)
+            self._flush()
+            self._send(peer, TAKEOVER_RESP, [req, state])
+        elif kind == TAKEOVER_RESP:
+            req, state = body
+            waiter = self._waiters.get(req)
+            if waiter is not None:
+                waiter.answer(sender, state)
+                if waiter.future.done():
+                    self._waiters.pop(req, None)
+        elif kind == SYNC_REQ:
+            snapshot = router.retained_snapshot()
+            for i in range(0, len(snapshot), 1000):
+                self._send(peer, RETAINED, [_msg_tuple(m) for m in snapshot[i:i + 1000]])
+        elif kind == GOODBYE:
+            self._gone(peer, "said goodbye")
+
+    # -- membership -----------------------------------------------------------------------------------
+
+    def _hello_body(self) -> dict:
+        known = [[p.router_id, p.node_id, p.ipc, p.tcp] for p in self.peers.values() if p.alive]
+        return {"node": self.node_id, "ipc": self.ipc, "tcp": self.tcp, "peers": known}
+
+    def _on_hello(self, sender: str, inc: int, body: dict) -> None:
+        if sender == self.router_id:
+            return
+        peer = self.peers.get(sender)
+        if peer is None:
+            peer = Peer(sender, body["node"], body.get("ipc"), body.get("tcp"))
+            self.peers[sender] = peer
+            self.peer_stats[sender] = peer.stats
+        peer.ipc, peer.tcp = body.get("ipc"), body.get("tcp")
+        if peer.link is None:
+            endpoint = peer.ipc if peer.node_id == self.node_id else peer.tcp
+            if endpoint is None:
+                log.warning("mesh: router %s of node %s has no --mesh address; cannot reach it", sender,
+                            peer.node_id)
+                return
+            peer.link = self._link(endpoint)
+        if peer.incarnation != inc:
+            if peer.incarnation is not None:
+                self._gone(peer, "restarted")
+            peer.incarnation = inc
+            self._joined(peer)
+        peer.last_seen = time.monotonic()
+        for rid, node, ipc, tcp in body.get("peers", ()):
+            if rid != self.router_id and rid not in self.peers:
+                endpoint = ipc if node == self.node_id else tcp
+                if endpoint:
+                    self._send_hello(self._link(endpoint))
+
+    def _joined(self, peer: Peer) -> None:
+        """A router (re)appeared: greet it, tell it our interest, fetch retained messages once."""
+        peer.alive = True
+        log.info("mesh: router %s joined (%s)", peer.router_id, peer.link.endpoint if peer.link else "?")
+        assert peer.link is not None
+        self._send_hello(peer.link)
+        filters = list(self.router.local_filters)
+        for i in range(0, len(filters), 5000):
+            self._send(peer, INTEREST, [None, [(f, True) for f in filters[i:i + 5000]]])
+        if not self._retained_synced:
+            self._retained_synced = True
+            self._send(peer, SYNC_REQ, None)
+
+    def _gone(self, peer: Peer, why: str) -> None:
+        if not peer.alive:
+            return
+        peer.alive = False
+        peer.batch.clear()
+        peer.batch_sources.clear()
+        log.info("mesh: router %s left (%s)", peer.router_id, why)
+        self.router.peer_left(peer.router_id)
+        if peer.link is not None:
+            peer.link.reset()
+            self._blocked_links.discard(peer.link)
+        for req, waiter in list(self._waiters.items()):
+            waiter.answer(peer.router_id)
+            if waiter.future.done():
+                self._waiters.pop(req, None)
+        if self._interest_waiter is not None:
+            self._interest_waiter.answer(peer.router_id)
+
+    def _send_hello(self, link: Link) -> None:
+        try:
+            link.sock.send(self._frame(HELLO, self._hello_body()), zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # a blocked or absent peer: the next heartbeat tries again
+
+    def _heartbeat(self) -> None:
+        now = time.monotonic()
+        for peer in list(self.peers.values()):
+            if peer.alive and now - peer.last_seen > DEAD_AFTER_S:
+                self._gone(peer, f"silent for {DEAD_AFTER_S:.0f} s")
+        for link in self.links.values():
+            self._send_hello(link)
+        self._timer = self.loop.call_later(HELLO_INTERVAL_S, self._heartbeat)
+
+    # -- backpressure ---------------------------------------------------------------------------------
+
+    def _blocked(self, link: Link) -> None:
+        self._blocked_links.add(link)
+        if self._drain_timer is None:
+            self._drain_timer = self.loop.call_later(0.005, self._drain)
+
+    def _drain(self) -> None:
+        self._drain_timer = None
+        for link in list(self._blocked_links):
+            if link.drain():
+                self._blocked_links.discard(link)
+        if self._blocked_links:
+            self._drain_timer = self.loop.call_later(0.005, self._drain)
+
+
+def _event_name(event: int) -> str:
+    for name in ("EVENT_HANDSHAKE_FAILED_AUTH", "EVENT_HANDSHAKE_FAILED_PROTOCOL",
+                 "EVENT_HANDSHAKE_FAILED_NO_DETAIL"):
+        if getattr(zmq, name, None) == event:
+            return name[len("EVENT_"):].lower()
+    return str(event)
+
