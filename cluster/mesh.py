@@ -206,7 +206,8 @@ class Mesh:
         self._version_warned: set[str] = set()
         self._auth: Any = None
         self._curve: tuple[bytes, bytes] | None = None
-        self._monitors: list[zmq.Socket] = []
+        self._monitors: list[tuple[zmq.Socket, str]] = []
+        self._refused_logged: dict[str, float] = {}
         self._tcp_pull: zmq.Socket | None = None
         self.peer_stats: dict[str, list[int]] = {}
         router.mesh_peer_stats = self.peer_stats  # type: ignore[attr-defined]
@@ -234,21 +235,24 @@ class Mesh:
         """Log CURVE handshake failures: a node with another key is refused, and says so."""
         mon = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-        self._monitors.append(mon)
-        self.loop.add_reader(mon.FD, self._on_monitor, mon, what)
+        self._monitors.append((mon, what))
 
-    def _on_monitor(self, mon: zmq.Socket, what: str) -> None:
+    def _poll_monitors(self) -> None:
+        """Read handshake failures (from the heartbeat: rare events, no descriptor juggling) and
+        log them at most every 30 s per link, since ZeroMQ retries the handshake continuously."""
         from zmq.utils.monitor import recv_monitor_message
 
-        while True:
-            try:
-                ev = recv_monitor_message(mon, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            except zmq.ZMQError:
-                return
-            log.error("mesh: %s: CURVE handshake failed (%s): the other side does not hold this "
-                      "cluster's --mesh-key; refused", what, _event_name(ev["event"]))
+        now = time.monotonic()
+        for mon, what in self._monitors:
+            while True:
+                try:
+                    ev = recv_monitor_message(mon, zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    break
+                if now - self._refused_logged.get(what, -1e9) >= 30.0:
+                    self._refused_logged[what] = now
+                    log.error("mesh: %s: CURVE handshake failed (%s): the other side does not hold "
+                              "this cluster's --mesh-key; refused", what, _event_name(ev["event"]))
 
     async def start(self) -> None:
         self.ctx = zmq.Context()
@@ -346,7 +350,7 @@ class Mesh:
             self._timer.cancel()
         if self._drain_timer is not None:
             self._drain_timer.cancel()
-        for s in [self.pull, self._tcp_pull, *self._monitors]:
+        for s in [self.pull, self._tcp_pull]:
             if s is not None:
                 try:
                     self.loop.remove_reader(s.FD)
@@ -358,7 +362,7 @@ class Mesh:
             self.pull.close(linger=0)
         if self._tcp_pull is not None:
             self._tcp_pull.close(linger=0)
-        for mon in self._monitors:
+        for mon, _ in self._monitors:
             mon.close(linger=0)
         if self._auth is not None:
             self._auth.stop()
@@ -639,6 +643,8 @@ class Mesh:
                 self._gone(peer, f"silent for {DEAD_AFTER_S:.0f} s")
         for link in self.links.values():
             self._send_hello(link)
+        if self._monitors:
+            self._poll_monitors()
         self._timer = self.loop.call_later(HELLO_INTERVAL_S, self._heartbeat)
 
     # -- backpressure ---------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Union
+from typing import Any
 
 MQTT_3_1 = 3
 MQTT_3_1_1 = 4
@@ -203,7 +203,7 @@ class Auth:
     properties: Properties = field(default_factory=dict)
 
 
-Packet = Union[
-    Connect, Connack, Publish, Puback, Pubrec, Pubrel, Pubcomp, Subscribe, Suback,
-    Unsubscribe, Unsuback, Pingreq, Pingresp, Disconnect, Auth,
-]
+Packet = (
+    Connect | Connack | Publish | Puback | Pubrec | Pubrel | Pubcomp | Subscribe | Suback
+    | Unsubscribe | Unsuback | Pingreq | Pingresp | Disconnect | Auth
+)
