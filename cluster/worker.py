@@ -86,7 +86,10 @@ class Worker:
     async def run(self, ready_fd: int | None) -> None:
         await self.start()
         if ready_fd is not None:
-            os.write(ready_fd, b"1")
+            try:
+                os.write(ready_fd, b"1")
+            except OSError:
+                pass  # a restarted worker: nobody waits for its readiness
             os.close(ready_fd)
         await self._stop.wait()
         await self.stop()

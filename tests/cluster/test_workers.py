@@ -1,0 +1,199 @@
+"""brokerd --workers 3: one broker across worker processes (real processes, real clients)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+import uuid
+
+import pytest
+
+from tests.cluster.conftest import client_worker, spread, worker_of
+from tests.helpers import Client, RawClient, connect_packet, wait_for
+
+
+def uid() -> str:
+    return uuid.uuid4().hex[:6]
+
+
+@pytest.fixture
+def cluster(start_broker):
+    return start_broker(workers=3)
+
+
+def test_every_qos_across_workers_in_order(cluster):
+    u = uid()
+    subs, subs_by = spread(cluster, f"s{u}-", 12)
+    pubs, pubs_by = spread(cluster, f"p{u}-", 6)
+    assert len(subs_by) >= 2, "subscribers did not spread over workers"
+    # Some publisher sits on a worker where at least one subscriber does not.
+    assert any(set(subs_by) - {w} for w in pubs_by)
+    for s in subs:
+        s.subscribe(f"cw{u}/#", 2)
+    n = 40
+    for i in range(n):
+        for j, p in enumerate(pubs):
+            p.c.publish(f"cw{u}/{j}", str(i), qos=j % 3)
+    for p in pubs:
+        p.publish(f"cw{u}/end", b"end", qos=1)
+    for s in subs:
+        s.wait_messages(n * len(pubs) + len(pubs), timeout=20)
+        for j in range(len(pubs)):
+            got = [(int(m.payload), m.qos) for m in s.messages if m.topic == f"cw{u}/{j}"]
+            assert got == [(i, j % 3) for i in range(n)]
+
+
+def test_wildcards_and_overlap_across_workers(cluster):
+    u = uid()
+    subs, by = spread(cluster, f"o{u}-", 6)
+    for s in subs:
+        assert s.subscribe([(f"ov{u}/#", 0), (f"ov{u}/+/x", 1), (f"+/{u}", 2)]) == [0, 1, 2]
+    pubs, _ = spread(cluster, f"q{u}-", 3)
+    for p in pubs:
+        p.publish(f"ov{u}/a/x", b"1", qos=2)
+    for s in subs:
+        s.wait_messages(3)
+    pubs[0].publish(f"zz/{u}", b"end", qos=2)
+    for s in subs:
+        s.wait_topic(f"zz/{u}")
+        assert [(m.topic, m.qos) for m in s.messages] == [(f"ov{u}/a/x", 1)] * 3 + [(f"zz/{u}", 2)]
+
+
+def test_retained_visible_from_every_worker(cluster):
+    u = uid()
+    pub = Client(cluster.port, f"rp{u}").connect()
+    pub.publish(f"ret{u}/a", b"kept", qos=1, retain=True)
+    pub.publish(f"ret{u}/b", b"kept-b", qos=0, retain=True)
+    subs, by = spread(cluster, f"rs{u}-", 9)
+    assert len(by) >= 2
+    for s in subs:
+        s.subscribe(f"ret{u}/+", 1)
+        msgs = s.wait_messages(2)
+        assert sorted((m.topic, m.payload, m.retain) for m in msgs) == [
+            (f"ret{u}/a", b"kept", True), (f"ret{u}/b", b"kept-b", True)]
+    pub.publish(f"ret{u}/a", b"", qos=1, retain=True)  # cleared everywhere
+    later, _ = spread(cluster, f"rl{u}-", 6)
+    for s in later:
+        s.subscribe(f"ret{u}/+", 1)
+        s.wait_messages(1)
+        assert [m.topic for m in s.messages] == [f"ret{u}/b"]
+
+
+def test_will_reaches_subscribers_on_every_worker(cluster):
+    u = uid()
+    subs, by = spread(cluster, f"ws{u}-", 9)
+    assert len(by) >= 2
+    for s in subs:
+        s.subscribe(f"will{u}", 1)
+    dying = Client(cluster.port, f"wd{u}", will=(f"will{u}", b"gone", 1, False)).connect()
+    dying.drop()
+    for s in subs:
+        assert s.wait_topic(f"will{u}").payload == b"gone"
+
+
+def _read_packet(raw: RawClient) -> bytes:
+    head = raw.recv_exact(2)
+    assert head[1] < 128
+    return head + raw.recv_exact(head[1])
+
+
+def test_takeover_across_workers_moves_subscriptions_and_queued_messages(cluster):
+    u = uid()
+    name = f"mover{u}"
+    first = Client(cluster.port, name, clean=False).connect()
+    first.subscribe(f"tk{u}/#", 1)
+    home = client_worker(cluster, first)
+    first.disconnect()
+    pub = Client(cluster.port, f"tp{u}").connect()
+    for i in range(25):
+        pub.publish(f"tk{u}/x", str(i), qos=1)  # queued in the offline session on `home`
+    # Open raw connections until one lands on another worker, then CONNECT there.
+    for _ in range(60):
+        raw = RawClient(cluster.port)
+        if worker_of(cluster, raw.sock.getsockname()[1]) != home:
+            break
+        raw.close()
+    else:
+        pytest.fail("no connection landed on another worker in 60 tries")
+    raw.send(connect_packet(name, clean=False))
+    assert raw.recv_exact(4) == b"\x20\x02\x01\x00"  # session present: it moved
+    got = []
+    for _ in range(25):
+        p = _read_packet(raw)
+        assert p[0] & 0xF0 == 0x30
+        pid = p[4 + len(f"tk{u}/x"): 6 + len(f"tk{u}/x")]
+        got.append(int(p[6 + len(f"tk{u}/x"):]))
+        raw.send(b"\x40\x02" + pid)
+    assert got == list(range(25))
+    # The subscription moved too: live messages arrive on the new worker.
+    pub.publish(f"tk{u}/x", b"live", qos=1)
+    assert _read_packet(raw).endswith(b"live")
+    raw.close()
+
+
+def test_takeover_of_a_live_connection_on_another_worker_closes_it(cluster):
+    u = uid()
+    name = f"live{u}"
+    old = Client(cluster.port, name, clean=False).connect()
+    old.c.reconnect_delay_set(60, 120)
+    old.subscribe(f"lv{u}", 1)
+    home = client_worker(cluster, old)
+    for _ in range(60):
+        raw = RawClient(cluster.port)
+        if worker_of(cluster, raw.sock.getsockname()[1]) != home:
+            break
+        raw.close()
+    else:
+        pytest.fail("no connection landed on another worker in 60 tries")
+    raw.send(connect_packet(name, clean=False))
+    assert raw.recv_exact(4) == b"\x20\x02\x01\x00"
+    assert old.disconnected.wait(10)
+    raw.close()
+
+
+def test_killed_worker_is_restarted_and_serves_again(cluster):
+    before = set(cluster.workers())
+    assert len(before) == 3
+    victim = sorted(before)[1]
+    t0 = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: len(set(cluster.workers()) - before) == 1 and len(cluster.workers()) == 3, 5.0,
+             "a new worker")
+    restarted_in = time.monotonic() - t0
+    assert restarted_in < 1.0, restarted_in
+    new_pid = (set(cluster.workers()) - before).pop()
+    cluster.wait_log("joined")
+    # The restarted worker serves: connect until a client lands on it, then pub/sub across workers.
+    u = uid()
+    subs, by = [], {}
+    for i in range(60):
+        c = Client(cluster.port, f"k{u}-{i}").connect()
+        subs.append(c)
+        by.setdefault(client_worker(cluster, c), []).append(c)
+        if new_pid in by and len(by) >= 2:
+            break
+    assert new_pid in by, "no client landed on the restarted worker"
+
+    def roundtrip() -> None:
+        for s in subs:
+            s.subscribe(f"kw{u}", 1)
+        others = [c for w, cs in by.items() if w != new_pid for c in cs]
+        others[0].publish(f"kw{u}", b"from-old", qos=1)
+        by[new_pid][0].publish(f"kw{u}", b"from-new", qos=1)
+        for s in subs:
+            s.wait_messages(2)
+            assert sorted(m.payload for m in s.messages) == [b"from-new", b"from-old"]
+
+    roundtrip()
+
+
+def test_listen_port_is_shared_by_all_workers(cluster):
+    pids = set()
+    for _ in range(30):
+        with socket.create_connection(("127.0.0.1", cluster.port)) as s:
+            pids.add(worker_of(cluster, s.getsockname()[1]))
+        if len(pids) == 3:
+            break
+    assert len(pids) >= 2
