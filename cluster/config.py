@@ -83,6 +83,8 @@ OPTIONS: tuple[Option, ...] = (
            "enables authenticated, encrypted mesh traffic", "FILE"),
     Option("mesh_hwm", int, 10_000, "mesh high-water mark in frames per peer (backpressure beyond it)", "N",
            check=_at_least(1)),
+    Option("mesh_timeout", float, 3.0, "seconds of silence after which a peer router counts as gone", "SECONDS",
+           check=lambda v: None if v > 0 else "must be positive"),
     Option("data_dir", str, "./data", "commit log directory (one log per router under DATA/<node>/<router>)",
            "DIR"),
     Option("log", _on_off, True, "commit log on/off", "on|off"),
@@ -121,6 +123,7 @@ class Config:
     peer: tuple[tuple[str, int], ...] = ()
     mesh_key: str | None = None
     mesh_hwm: int = 10_000
+    mesh_timeout: float = 3.0
     data_dir: str = "./data"
     log: bool = True
     fsync: str = "interval"

@@ -11,7 +11,7 @@ collected during one loop iteration travel as one frame.
 
 Membership is gossip: every router says HELLO to every link twice a second with the routers it
 knows; a HELLO with an unknown router makes us link to it, so one live ``--peer`` is enough to join.
-A router silent for ``DEAD_AFTER_S`` (or that said GOODBYE, or came back with a new incarnation) is
+A router silent for ``--mesh-timeout`` seconds (or that said GOODBYE, or came back with a new incarnation) is
 gone: its interest is dropped, its queued frames discarded, and it is synced again when it returns.
 
 Consistency points:
@@ -54,7 +54,6 @@ KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST
               SYNC_REQ: "sync-request", GOODBYE: "goodbye"}
 
 HELLO_INTERVAL_S = 0.5
-DEAD_AFTER_S = 3.0
 ACK_TIMEOUT_S = 2.0
 MAX_PENDING_FRAMES = 100_000  # per blocked peer, for frames with no connection to pause (wills ...)
 RECV_BATCH = 512
@@ -639,8 +638,8 @@ class Mesh:
     def _heartbeat(self) -> None:
         now = time.monotonic()
         for peer in list(self.peers.values()):
-            if peer.alive and now - peer.last_seen > DEAD_AFTER_S:
-                self._gone(peer, f"silent for {DEAD_AFTER_S:.0f} s")
+            if peer.alive and now - peer.last_seen > self.config.mesh_timeout:
+                self._gone(peer, f"silent for {self.config.mesh_timeout:g} s")
         for link in self.links.values():
             self._send_hello(link)
         if self._monitors:
