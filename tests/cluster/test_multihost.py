@@ -32,7 +32,7 @@ def start_nodes(start_broker, *extra_by_node: list[str]):
     nodes = []
     # a peers with b, b with a, c with b only: c learns of a through b.
     peers = [[1], [0], [1]]
-    for i, (h, name) in enumerate(zip(hosts, "abc")):
+    for i, (h, name) in enumerate(zip(hosts, "abc", strict=True)):
         args = ["--mesh", f"{h}:{mports[i]}"]
         for j in peers[i]:
             args += ["--peer", f"{hosts[j]}:{mports[j]}"]
