@@ -1,0 +1,178 @@
+"""The router with fake connections: delivery rules and the encode-once promise."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import router.message as message_mod
+from connection.codec import Decoder
+from connection.packets import Publish, Subscription
+from connection.protocol import ConnectionCounters
+from router.message import Message
+from router.router import Router, RouterConfig
+from router.session import SessionLimits
+
+
+class FakeConn:
+    """Stands in for the socket side only: collects what the router writes."""
+
+    def __init__(self, level: int = 4) -> None:
+        self.protocol_level = level
+        self.write_paused = False
+        self.closing = False
+        self.counters = ConnectionCounters()
+        self.chunks: list[bytes] = []
+
+    def send(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+    def packets(self) -> list:
+        d = Decoder(protocol_level=self.protocol_level)
+        return d.feed(b"".join(self.chunks))
+
+
+@pytest.fixture
+def router():
+    return Router(RouterConfig(session=SessionLimits(max_inflight=5, max_queued=3)))
+
+
+def online(router: Router, cid: str, *subs: tuple[str, int], level: int = 4):
+    s = router.new_session(cid, False)
+    conn = FakeConn(level)
+    s.attach(conn)  # type: ignore[arg-type]
+    for f, q in subs:
+        router.subscribe(s, Subscription(f, q))
+    return s, conn
+
+
+def test_fanout_encodes_once_per_variant(router):
+    conns = [online(router, f"c{i}", ("t/#", 1))[1] for i in range(50)]
+    conns += [online(router, f"z{i}", ("t/x", 0))[1] for i in range(50)]
+    before = message_mod.encode_count
+    router.publish(Message("t/x", b"p" * 100, qos=1))
+    assert message_mod.encode_count - before == 2  # (v4, qos1) and (v4, qos0)
+    tails = {id(c.chunks[-1]) for c in conns[:50]}
+    assert len(tails) == 1  # the same tail bytes object for every QoS 1 subscriber
+    pids = set()
+    for c in conns[:50]:
+        [p] = c.packets()
+        assert isinstance(p, Publish) and p.qos == 1 and p.payload == b"p" * 100
+        pids.add(p.packet_id)
+    for c in conns[50:]:
+        [p] = c.packets()
+        assert p.qos == 0
+
+
+def test_overlap_once_at_highest_qos(router):
+    _, conn = online(router, "o", ("a/#", 0), ("a/+", 2), ("a/b", 1))
+    router.publish(Message("a/b", b"x", qos=2))
+    [p] = conn.packets()
+    assert p.qos == 2
+
+
+def test_window_then_queue_then_drop(router):
+    s, conn = online(router, "w", ("q", 1))
+    for i in range(10):
+        router.publish(Message("q", str(i).encode(), qos=1))
+    assert len(s.inflight) == 5 and len(s.queue) == 3
+    assert router.stats.drop_queue_full == 2
+    first = min(s.inflight)
+    assert s.puback(first)
+    assert len(s.inflight) == 5 and len(s.queue) == 2
+
+
+def test_qos0_to_a_slow_consumer_is_dropped_and_counted(router):
+    s, conn = online(router, "slow", ("s", 0))
+    conn.write_paused = True
+    router.publish(Message("s", b"x"))
+    assert conn.chunks == [] and router.stats.drop_slow_consumer == 1
+
+
+def test_no_local(router):
+    s = router.new_session("me", False)
+    conn = FakeConn(5)
+    s.attach(conn)  # type: ignore[arg-type]
+    router.subscribe(s, Subscription("nl", 1, no_local=True))
+    router.publish(Message("nl", b"mine", qos=1, client_id="me"))
+    router.publish(Message("nl", b"theirs", qos=1, client_id="other"))
+    assert [p.payload for p in conn.packets()] == [b"theirs"]
+
+
+def test_interest_announced_on_first_and_withdrawn_on_last(router):
+    class Mesh:
+        def __init__(self):
+            self.calls = []
+
+        def announce_interest(self, f, add):
+            self.calls.append((f, add))
+
+        def forward(self, *a):
+            pass
+
+        def retained_update(self, m):
+            pass
+
+    mesh = Mesh()
+    router.mesh = mesh  # type: ignore[assignment]
+    a, _ = online(router, "a", ("x/#", 0))
+    b, _ = online(router, "b", ("x/#", 1))
+    assert mesh.calls == [("x/#", True)]
+    router.unsubscribe(a, "x/#")
+    assert mesh.calls == [("x/#", True)]
+    router.drop_session(b)
+    assert mesh.calls == [("x/#", True), ("x/#", False)] and router.local_filters == {}
+
+
+def test_forward_once_per_peer_router(router):
+    sent = []
+
+    class Mesh:
+        def forward(self, rid, msg, source=None):
+            sent.append(rid)
+
+        def announce_interest(self, f, add):
+            return None
+
+        def retained_update(self, m):
+            pass
+
+    router.mesh = Mesh()  # type: ignore[assignment]
+    router.peer_interest("r2", "x/#", True)
+    router.peer_interest("r2", "x/+", True)
+    router.peer_interest("r3", "y", True)
+    router.publish(Message("x/1", b""))
+    assert sent == ["r2"]
+    router.peer_left("r2")
+    router.publish(Message("x/1", b""))
+    assert sent == ["r2"] and len(router.interest) == 1
+
+
+def test_session_export_import_round_trip(router):
+    s, conn = online(router, "m", ("e/#", 2))
+    for i in range(8):
+        router.publish(Message("e/x", bytes([i]), qos=2))
+    state = s.export_state()
+    other = Router(RouterConfig(router_id="r9"))
+    moved = other.import_session("m", state)
+    assert list(moved.subscriptions) == ["e/#"]
+    assert list(moved.inflight) == list(s.inflight)
+    assert [m.payload for m, _, _ in moved.queue] == [m.payload for m, _, _ in s.queue]
+
+
+def test_expiry_drops_offline_session():
+    async def run():
+        r = Router(RouterConfig())
+        s = r.new_session("exp", True)
+        s.expiry_s = 0.05
+        r.subscribe(s, Subscription("a", 1))
+        r.schedule_expiry(s)
+        for _ in range(200):  # the expiry timer fires after 50 ms; bounded at 2 s
+            if "exp" not in r.sessions:
+                break
+            await asyncio.sleep(0.01)
+        return r
+
+    r = asyncio.run(run())
+    assert "exp" not in r.sessions and len(r.subs) == 0
