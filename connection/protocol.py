@@ -110,8 +110,14 @@ class MQTTConnection(asyncio.Protocol):
         try:
             packets = self._decoder.feed(data)
         except ProtocolError as exc:
-            self.protocol_violation(exc)
+            # The packets before the bad one were valid: they count, then the connection goes.
+            self._dispatch(getattr(exc, "packets", None) or [])
+            if not self.closing:
+                self.protocol_violation(exc)
             return
+        self._dispatch(packets)
+
+    def _dispatch(self, packets: list[Packet]) -> None:
         handler = self.handler
         assert handler is not None
         for packet in packets:
