@@ -71,9 +71,24 @@ class Supervisor:
         finally:
             s.close()
 
+    def _check_data_dir(self) -> None:
+        """Fail fast, naming the option, when the commit log directory cannot be written."""
+        path = os.path.join(self.config.data_dir, self.config.node_id)
+        try:
+            os.makedirs(path, exist_ok=True)
+            probe = os.path.join(path, ".write-test")
+            with open(probe, "wb") as f:
+                f.write(b"ok")
+            os.unlink(probe)
+        except OSError as exc:
+            raise SystemExit(f"brokerd: error: --data-dir: cannot write {path}: {exc.strerror} "
+                             "(or run with --log off)") from None
+
     def run(self) -> int:
         cfg = self.config
         self._check_listen()
+        if cfg.log:
+            self._check_data_dir()
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD, signal.SIGTERM, signal.SIGINT])
         pipes = {}
         for i in range(cfg.workers):
@@ -102,9 +117,21 @@ class Supervisor:
 
     def _start_aux(self) -> None:
         """Start the node's auxiliary processes (stats aggregation, /metrics, $SYS) after the workers."""
+        from .metrics import AuxProcess
+
+        self.aux: AuxProcess | None = AuxProcess(self.config)
+        problem = self.aux.check()
+        if problem is not None:
+            self._stop_all()
+            raise SystemExit(f"brokerd: error: {problem}")
+        self.aux.start(wait=True)
 
     def _stop_aux(self) -> None:
         """Stop the auxiliary processes."""
+        aux = getattr(self, "aux", None)
+        if aux is not None:
+            self.aux = None
+            aux.stop()
 
     def _await_ready(self, pipes: dict[int, tuple[int, int]]) -> bool:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -136,6 +163,10 @@ class Supervisor:
                 return True
             index = self.pids.pop(pid, None)
             if index is None:
+                # Not a worker: the stats process (cluster/metrics.py) restarts itself, within limits.
+                aux = getattr(self, "aux", None)
+                if aux is not None and aux.pid == pid:
+                    aux.exited(status)
                 continue
             how = (f"signal {signal.Signals(-os.waitstatus_to_exitcode(status)).name}"
                    if os.WIFSIGNALED(status) else f"exit code {os.waitstatus_to_exitcode(status)}")

@@ -79,9 +79,26 @@ class Worker:
 
     def _start_stats(self) -> None:
         """Start this router's stats publisher (PUB socket, snapshots, $SYS topics)."""
+        from .stats import ConnectionSet, StatsPublisher
+
+        # A connection set that banks the counters of each connection leaving it, so that router
+        # totals outlive connections at no per-message cost; connections accepted before this call
+        # are moved over (their handlers leave the set they were given).
+        tracked = ConnectionSet(self.connections)
+        for conn in self.connections:
+            if isinstance(conn.handler, _TrackedClient):
+                conn.handler._registry = tracked
+        self.connections = tracked
+        self.stats_publisher: StatsPublisher | None = StatsPublisher(
+            self.config, self.index, self.router, tracked, self.loop)  # type: ignore[arg-type]
+        self.stats_publisher.start()
 
     def _stop_stats(self) -> None:
         """Stop the stats publisher (close its socket)."""
+        publisher = getattr(self, "stats_publisher", None)
+        if publisher is not None:
+            self.stats_publisher = None
+            publisher.stop()
 
     async def run(self, ready_fd: int | None) -> None:
         await self.start()

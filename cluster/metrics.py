@@ -1,0 +1,462 @@
+"""The node's stats process: aggregates its routers for Prometheus (/metrics) and $SYS/broker.
+
+Why a process of its own: the supervisor must not hold a ZeroMQ context or an event loop while it
+forks workers (a forked copy of either is broken), and the routers must not serve HTTP. So after the
+workers are up, the supervisor forks ``brokerd-stats``. It
+
+* subscribes to every router's stats socket (``cluster.stats.router_endpoint``) and keeps the latest
+  snapshot of each;
+* serves them on ``http://<--listen host>:<--metrics-port>/metrics`` with ``prometheus_client``
+  (one series per router: ``router`` and ``node`` labels; conventional names and units);
+* publishes the node aggregate (sums over routers; counters of a router's previous incarnations are
+  carried, so node totals do not fall back when a worker restarts) once per interval on
+  ``ipc://<run dir>/node.stats``, from which every router serves ``$SYS/broker/...`` to its clients.
+
+It exits when the supervisor stops it (SIGTERM), or when the supervisor is gone. The supervisor
+restarts it when it dies, at most ``AUX_CRASH_LIMIT`` times in ``AUX_CRASH_WINDOW_S``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from . import __version__
+from .config import Config
+from .paths import ensure_run_dir
+from .stats import (
+    DROP_REASONS,
+    SCHEMA_VERSION,
+    TOPIC_NODE,
+    TOPIC_SNAPSHOT,
+    effective_interval,
+    node_endpoint,
+    router_endpoint,
+)
+
+log = logging.getLogger(__name__)
+
+AUX_CRASH_LIMIT = 5
+AUX_CRASH_WINDOW_S = 60.0
+AUX_STOP_GRACE_S = 5.0
+AUX_READY_TIMEOUT_S = 10.0
+PROCESS_NAME = "brokerd-stats"
+
+
+# -- aggregation (pure: unit-tested without processes) ----------------------------------------------
+
+def sum_trees(trees: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Add up nested dicts of numbers key by key (missing keys count as 0)."""
+    out: dict[str, Any] = {}
+    for tree in trees:
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                out[key] = sum_trees([out.get(key, {}), value])
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[key] = out.get(key, 0) + value
+    return out
+
+
+def counters_of(snap: dict[str, Any]) -> dict[str, Any]:
+    """The monotonic counters of a router snapshot (what a restarted router must not lose)."""
+    t = snap["traffic"]
+    mesh = {k: v for k, v in t["mesh"].items() if k != "peers"}
+    c = snap["clients"]
+    return {
+        "traffic": {"clients": dict(t["clients"]), "mesh": mesh, "log": dict(t["log"])},
+        "drops": dict(snap["drops"]),
+        "clients": {k: c[k] for k in ("connects_total", "refused_total", "protocol_errors_total")},
+    }
+
+
+def gauges_of(snap: dict[str, Any]) -> dict[str, Any]:
+    """What a live router has now (meaningless once it is gone)."""
+    c = snap["clients"]
+    return {
+        "clients": {k: c[k] for k in ("connected", "sockets", "sessions")},
+        "subscriptions": snap["subscriptions"],
+        "filters": snap["filters"],
+        "inflight": snap["inflight"],
+        "queued": snap["queued"],
+        "rates": snap["rates"],
+        "process": {k: snap["process"][k] for k in ("cpu_percent", "rss_bytes")},
+    }
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for key, value in b.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+class NodeStats:
+    """The latest snapshot of each router of one node, and their aggregate."""
+
+    def __init__(self, node: str, routers: int, interval: float, started: float | None = None) -> None:
+        self.node = node
+        self.routers = routers
+        self.interval = interval
+        self.started = time.time() if started is None else started
+        self.latest: dict[str, dict[str, Any]] = {}
+        self.seen: dict[str, float] = {}  # router → monotonic time of its last snapshot
+        self.carry: dict[str, Any] = {}  # counters of routers' previous incarnations
+        self.lock = threading.Lock()  # the HTTP thread reads while the main loop updates
+
+    def update(self, snap: dict[str, Any], now: float | None = None) -> bool:
+        if snap.get("v") != SCHEMA_VERSION or snap.get("kind") != "router":
+            return False
+        name = snap["router"]
+        with self.lock:
+            prev = self.latest.get(name)
+            if prev is not None and prev["pid"] != snap["pid"]:
+                self.carry = sum_trees([self.carry, counters_of(prev)])
+            self.latest[name] = snap
+            self.seen[name] = time.monotonic() if now is None else now
+        return True
+
+    def stale_after(self) -> float:
+        return 3 * self.interval + 1.0
+
+    def current(self, now: float | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(every router's latest snapshot, the fresh ones), sorted by router index."""
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            snaps = sorted(self.latest.values(), key=lambda s: s["index"])
+            fresh = [s for s in snaps if now - self.seen[s["router"]] <= self.stale_after()]
+        return snaps, fresh
+
+    def aggregate(self, now: float | None = None) -> dict[str, Any]:
+        """The node snapshot (schema: docs/stats.md, "Node aggregate")."""
+        snaps, fresh = self.current(now)
+        counters = sum_trees([self.carry, *(counters_of(s) for s in snaps)])
+        gauges = sum_trees(gauges_of(s) for s in fresh)
+        node = _merge(counters, gauges)
+        for key, default in (("subscriptions", 0), ("filters", 0), ("inflight", 0), ("queued", 0),
+                             ("rates", {}), ("process", {"cpu_percent": 0.0, "rss_bytes": 0})):
+            node.setdefault(key, default)
+        node["clients"] = {"connected": 0, "sockets": 0, "sessions": 0, "connects_total": 0, "refused_total": 0,
+                           "protocol_errors_total": 0, **node.get("clients", {})}
+        node["drops"] = {reason: 0 for reason in DROP_REASONS} | node.get("drops", {})
+        node.setdefault("traffic", {})
+        for part, keys in (("clients", ("msgs_in", "msgs_out", "bytes_in", "bytes_out")),
+                           ("mesh", ("msgs_in", "msgs_out", "bytes_in", "bytes_out")),
+                           ("log", ("records", "bytes", "read_records", "read_bytes", "disk_bytes"))):
+            node["traffic"][part] = dict.fromkeys(keys, 0) | node["traffic"].get(part, {})
+        node.update({
+            "v": SCHEMA_VERSION, "kind": "node", "node": self.node, "version": __version__, "ts": time.time(),
+            "uptime": time.time() - self.started, "routers": self.routers,
+            "routers_reporting": [s["router"] for s in fresh],
+            # Every router holds the whole cluster's retained messages: the node has as many as one.
+            "retained": max((s["retained"] for s in fresh), default=0),
+        })
+        return node
+
+
+# -- Prometheus ---------------------------------------------------------------------------------------
+
+class SnapshotCollector:
+    """A prometheus_client collector over the routers' latest snapshots (read at scrape time)."""
+
+    def __init__(self, stats: NodeStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        snaps, fresh = self.stats.current()
+        names = {s["router"] for s in fresh}
+        lbl = ["node", "router"]
+
+        def gauge(name: str, doc: str, value: Any, labels: list[str] = lbl) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            for s in fresh:
+                g.add_metric([s["node"], s["router"]], value(s))
+            return g
+
+        def counter(name: str, doc: str, value: Any) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=lbl)
+            for s in fresh:
+                c.add_metric([s["node"], s["router"]], value(s))
+            return c
+
+        info = GaugeMetricFamily("brokerd_info", "brokerd version of this node", labels=["node", "version"])
+        info.add_metric([self.stats.node, __version__], 1)
+        yield info
+        up = GaugeMetricFamily("brokerd_router_up", "1 while the router's stats snapshots arrive", labels=lbl)
+        for s in snaps:
+            up.add_metric([s["node"], s["router"]], 1 if s["router"] in names else 0)
+        yield up
+        yield gauge("brokerd_router_uptime_seconds", "seconds since the router started", lambda s: s["uptime"])
+        yield gauge("brokerd_clients_connected", "clients connected (past CONNECT)",
+                    lambda s: s["clients"]["connected"])
+        yield gauge("brokerd_sockets_open", "open client TCP connections, also before CONNECT",
+                    lambda s: s["clients"]["sockets"])
+        yield gauge("brokerd_sessions", "sessions held, connected or offline", lambda s: s["clients"]["sessions"])
+        yield counter("brokerd_connects", "clients accepted (CONNACK 0)", lambda s: s["clients"]["connects_total"])
+        yield counter("brokerd_connections_refused", "connections refused (limits)",
+                      lambda s: s["clients"]["refused_total"])
+        yield counter("brokerd_protocol_errors", "connections closed for a protocol violation",
+                      lambda s: s["clients"]["protocol_errors_total"])
+        yield gauge("brokerd_subscriptions", "subscriptions (filter, session) on the router",
+                    lambda s: s["subscriptions"])
+        yield gauge("brokerd_retained_messages", "retained messages held by the router", lambda s: s["retained"])
+        t = "traffic"
+        yield counter("brokerd_client_messages_received", "PUBLISH packets received from clients",
+                      lambda s: s[t]["clients"]["msgs_in"])
+        yield counter("brokerd_client_messages_sent", "PUBLISH packets sent to clients",
+                      lambda s: s[t]["clients"]["msgs_out"])
+        yield counter("brokerd_client_received_bytes", "bytes read from client sockets",
+                      lambda s: s[t]["clients"]["bytes_in"])
+        yield counter("brokerd_client_sent_bytes", "bytes written to client sockets",
+                      lambda s: s[t]["clients"]["bytes_out"])
+        mesh = [("brokerd_mesh_messages_sent", "messages forwarded to a peer router", "msgs_out"),
+                ("brokerd_mesh_messages_received", "messages received from a peer router", "msgs_in"),
+                ("brokerd_mesh_sent_bytes", "bytes of mesh publish frames sent to a peer router", "bytes_out"),
+                ("brokerd_mesh_received_bytes", "bytes of mesh publish frames from a peer router", "bytes_in")]
+        for name, doc, key in mesh:
+            c = CounterMetricFamily(name, doc, labels=[*lbl, "peer"])
+            for s in fresh:
+                for peer, values in sorted(s[t]["mesh"]["peers"].items()):
+                    c.add_metric([s["node"], s["router"], peer], values[key])
+            yield c
+        yield counter("brokerd_log_records", "records appended to the commit log", lambda s: s[t]["log"]["records"])
+        yield counter("brokerd_log_written_bytes", "bytes appended to the commit log", lambda s: s[t]["log"]["bytes"])
+        yield counter("brokerd_log_read_records", "records read from the commit log",
+                      lambda s: s[t]["log"]["read_records"])
+        yield gauge("brokerd_log_size_bytes", "commit log size on disk", lambda s: s[t]["log"]["disk_bytes"])
+        yield gauge("brokerd_inflight_messages", "QoS 1/2 messages sent, not yet acknowledged",
+                    lambda s: s["inflight"])
+        yield gauge("brokerd_queued_messages", "QoS 1/2 messages queued in sessions", lambda s: s["queued"])
+        drops = CounterMetricFamily("brokerd_dropped_messages", "messages dropped, by reason",
+                                    labels=[*lbl, "reason"])
+        for s in fresh:
+            for reason, n in s["drops"].items():
+                drops.add_metric([s["node"], s["router"], reason], n)
+        yield drops
+        yield counter("brokerd_process_cpu_seconds", "CPU time of the worker process (user + system)",
+                      lambda s: s["process"]["cpu_seconds"])
+        yield gauge("brokerd_process_resident_memory_bytes", "resident memory of the worker process",
+                    lambda s: s["process"]["rss_bytes"])
+        yield gauge("brokerd_event_loop_lag_seconds", "how late the router's stats timer fired",
+                    lambda s: s["loop_lag"])
+
+
+def metrics_text(stats: NodeStats) -> bytes:
+    """The /metrics body (what the HTTP server returns), for tests and tools."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(stats))
+    return generate_latest(registry)
+
+
+def metrics_address(config: Config) -> tuple[str, int]:
+    assert config.metrics_port is not None
+    return config.listen[0], config.metrics_port
+
+
+def check_metrics_port(config: Config) -> str | None:
+    """Whether --metrics-port can be bound: an error text naming the option, or None."""
+    if not config.metrics_port:
+        return None
+    host, port = metrics_address(config)
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+    except OSError as exc:
+        return f"--metrics-port: cannot bind {host}:{port}: {exc.strerror}"
+    finally:
+        s.close()
+    return None
+
+
+# -- the process --------------------------------------------------------------------------------------
+
+def aux_main(config: Config, supervisor_pid: int, ready_fd: int | None = None) -> int:
+    """The stats process's loop: read snapshots, publish the node aggregate, serve /metrics.
+
+    Writes to ``ready_fd`` once /metrics is served, so that "brokerd ready" means it is."""
+    import msgpack
+    import zmq
+
+    stopping = False
+
+    def stop(signum: int, frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    interval = effective_interval(config)
+    try:
+        import psutil
+
+        started = psutil.Process(supervisor_pid).create_time()
+    except Exception:  # noqa: BLE001 - uptime from our own start then
+        started = time.time()
+    stats = NodeStats(config.node_id, config.workers, interval, started)
+    server = None
+    if config.metrics_port:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(SnapshotCollector(stats))
+        host, port = metrics_address(config)
+        try:
+            server, _ = start_http_server(port, host, registry=registry)
+        except OSError as exc:
+            log.error("--metrics-port: cannot serve on %s:%d: %s", host, port, exc.strerror)
+            return 2
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.IPV6, 1)
+    sub.setsockopt(zmq.SUBSCRIBE, TOPIC_SNAPSHOT)
+    for i in range(config.workers):
+        sub.connect(router_endpoint(config, i))
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    ensure_run_dir(config)
+    pub.bind(node_endpoint(config))
+    packer = msgpack.Packer(use_bin_type=True)
+    if ready_fd is not None:
+        os.write(ready_fd, b"1")
+        os.close(ready_fd)
+    poller = zmq.Poller()
+    poller.register(sub, zmq.POLLIN)
+    next_publish = time.monotonic() + interval
+    log.debug("stats process: %d routers, /metrics %s", config.workers,
+              f"on port {config.metrics_port}" if config.metrics_port else "off")
+    try:
+        while not stopping and os.getppid() == supervisor_pid:
+            timeout = max(0.0, min(next_publish - time.monotonic(), 0.5))
+            if poller.poll(int(timeout * 1000)):
+                while True:
+                    try:
+                        _, data = sub.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    try:
+                        stats.update(msgpack.unpackb(data, raw=False))
+                    except (ValueError, KeyError, TypeError, msgpack.UnpackException):
+                        log.warning("stats process: a malformed snapshot was ignored")
+            now = time.monotonic()
+            if now >= next_publish:
+                next_publish = max(next_publish + interval, now)
+                if stats.latest:
+                    pub.send_multipart([TOPIC_NODE, packer.pack(stats.aggregate())])
+    finally:
+        if server is not None:
+            server.shutdown()
+        sub.close(0)
+        pub.close(0)
+        ctx.term()
+        try:
+            os.unlink(node_endpoint(config)[len("ipc://"):])
+        except OSError:
+            pass
+    return 0
+
+
+class AuxProcess:
+    """The supervisor's handle on the stats process: fork, restart within limits, stop."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.pid: int | None = None
+        self.starts: deque[float] = deque()
+        self.given_up = False
+
+    def check(self) -> str | None:
+        return check_metrics_port(self.config)
+
+    def start(self, wait: bool = False) -> None:
+        """Fork the stats process; with ``wait``, until it serves (bounded by AUX_READY_TIMEOUT_S)."""
+        now = time.monotonic()
+        self.starts.append(now)
+        while self.starts and now - self.starts[0] > AUX_CRASH_WINDOW_S:
+            self.starts.popleft()
+        if len(self.starts) > AUX_CRASH_LIMIT:
+            log.error("%s keeps dying (%d starts in %.0f s); /metrics and $SYS/broker are off",
+                      PROCESS_NAME, len(self.starts), AUX_CRASH_WINDOW_S)
+            self.given_up = True
+            self.pid = None
+            return
+        supervisor = os.getpid()
+        r, w = os.pipe() if wait else (None, None)
+        pid = os.fork()
+        if pid == 0:  # child
+            code = 1
+            try:
+                if r is not None:
+                    os.close(r)
+                signal.pthread_sigmask(signal.SIG_SETMASK, [])
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+                    signal.signal(sig, signal.SIG_DFL)
+                _name_process()
+                code = aux_main(self.config, supervisor, w)
+            except BaseException:  # noqa: BLE001 - a child must never return into the parent's code
+                logging.getLogger(__name__).exception("%s crashed", PROCESS_NAME)
+            finally:
+                logging.shutdown()
+                os._exit(code)
+        self.pid = pid
+        if r is not None and w is not None:
+            os.close(w)
+            try:
+                if not select.select([r], [], [], AUX_READY_TIMEOUT_S)[0]:
+                    log.warning("%s did not start within %.0f s", PROCESS_NAME, AUX_READY_TIMEOUT_S)
+            finally:
+                os.close(r)
+
+    def exited(self, status: int) -> None:
+        """The supervisor reaped our pid: log it and start a new one."""
+        how = (f"signal {signal.Signals(-os.waitstatus_to_exitcode(status)).name}"
+               if os.WIFSIGNALED(status) else f"exit code {os.waitstatus_to_exitcode(status)}")
+        log.warning("%s (pid %s) died (%s); restarting it", PROCESS_NAME, self.pid, how)
+        self.pid = None
+        self.start()
+
+    def stop(self) -> None:
+        pid, self.pid = self.pid, None
+        if pid is None:
+            return
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + AUX_STOP_GRACE_S
+        while time.monotonic() < deadline:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if done:
+                return
+            time.sleep(0.01)
+        log.warning("%s (pid %d) did not stop in %.0f s; killing it", PROCESS_NAME, pid, AUX_STOP_GRACE_S)
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+def _name_process() -> None:
+    try:
+        with open(f"/proc/{os.getpid()}/comm", "w") as f:
+            f.write(PROCESS_NAME)
+    except OSError:
+        pass
+    sys.argv[0] = PROCESS_NAME

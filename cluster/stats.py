@@ -1,0 +1,591 @@
+"""Per-router stats: the router's counters, once per interval, as a msgpack snapshot on a PUB socket.
+
+Why it is shaped this way: the hot path only bumps plain integers that already exist (the router's
+``RouterStats``, each connection's ``ConnectionCounters``, the mesh's per-peer lists). Everything
+else (sums over connections, rates, the top connections, CPU and memory) is computed here, once per
+``--stats-interval``, from a ``loop.call_at`` callback on the worker's own event loop: no thread, no
+lock, no allocation per message. How late that callback fires is the event-loop lag we report.
+
+Sockets (``docs/stats.md`` has the operator's view):
+
+* ``ipc://<run dir>/w<i>.stats`` (``cluster.paths.stats_endpoint``), or ``tcp://HOST:(P+i)`` with
+  ``--stats-port P`` (HOST is the ``--listen`` host). A ZeroMQ XPUB socket: subscribers see plain
+  PUB behaviour, and the router learns whether anybody wants the (larger) connection list.
+* Two-frame messages ``[topic, msgpack body]``. Topic ``snap``: the router snapshot, every interval.
+  Topic ``conns``: the full connection list, every interval, built only while some subscriber is
+  subscribed to ``conns`` (``brokerd stats --connections``).
+
+Snapshot schema, version 1 (``v``). Counters count since the router started (they restart from 0
+with a restarted worker: ``pid`` changes); rates are per second; sizes are bytes; times are seconds::
+
+    v              1
+    kind           "router"
+    node           node id (--node-id)
+    router         router name, "w<i>"
+    router_id      "<node>/<router>", the name peers use (mesh peer keys)
+    index          i
+    routers        number of routers of this node (--workers): lets a reader find the others
+    version        brokerd version
+    pid            worker process id
+    seq            snapshot number since the router started (gaps: snapshots a reader missed)
+    ts             wall-clock time of the snapshot (Unix seconds, float)
+    uptime         seconds since the router started
+    interval       seconds between snapshots
+    clients        {connected, sockets, sessions, connects_total, refused_total, protocol_errors_total}
+                   connected: clients past CONNECT; sockets: open TCP connections (also those that
+                   have not sent CONNECT yet); sessions: sessions held, connected or offline
+    subscriptions  (filter, session) pairs on this router
+    filters        distinct topic filters of local subscribers (what the router announces to peers)
+    retained       retained messages held
+    traffic        clients: {msgs_in, msgs_out, bytes_in, bytes_out}
+                     PUBLISH packets from / to this router's clients (wills and $SYS excluded from
+                     msgs_in) and every byte read from / written to their sockets, headers included;
+                     closed connections stay counted
+                   mesh: {msgs_in, msgs_out, bytes_in, bytes_out, peers: {peer router id:
+                          {msgs_in, msgs_out, bytes_in, bytes_out}}}
+                     messages forwarded to / from other routers and the bytes of the frames that
+                     carried them; only routers that exchanged traffic appear in peers
+                   log: {records, bytes, read_records, read_bytes, disk_bytes}
+                     commit log appends and reads; disk_bytes is the log's current size
+    rates          {"1s" | "1min" | "5min" | "15min": {msgs_in, msgs_out, bytes_in, bytes_out,
+                    mesh_msgs_in, mesh_msgs_out, mesh_bytes_in, mesh_bytes_out, log_records,
+                    log_bytes, connects}}, per second, averaged over the window (over the uptime
+                   while it is shorter)
+    inflight       QoS 1/2 messages sent and not yet acknowledged, all sessions
+    queued         QoS 1/2 messages waiting behind the inflight window or for an offline session
+    drops          {queue_full, too_large, slow_consumer, mesh_backpressure, expired}
+    process        {cpu_percent, cpu_seconds, rss_bytes} of the worker process (psutil);
+                   cpu_percent over the last interval, 100 = one core
+    loop_lag       how late this snapshot's timer fired, seconds
+    top            up to 10 connections with the most bytes in + out: [{client_id, peer, protocol,
+                   bytes_in, bytes_out, msgs_in, msgs_out, queued, inflight}]
+
+Connection list (topic ``conns``)::
+
+    v, kind="connections", node, router, router_id, index, ts
+    total          connected clients on this router
+    connections    up to 10 000 of them, most bytes first, each as in ``top``
+
+$SYS: every ``--sys-interval`` the router publishes its own values under
+``$SYS/brokerd/<node>/<router>/...`` (retained, through ``router.publish``: they reach subscribers
+on every router and node), and the node's aggregate under Mosquitto's ``$SYS/broker/...`` names,
+delivered to this router's own subscribers only, so that the routers of a node each serve the same
+node-wide values and nodes do not overwrite each other's. The node aggregate comes from the stats
+process (``cluster.metrics``) on ``ipc://<run dir>/node.stats``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+import os
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import psutil
+import zmq
+
+from connection.protocol import ConnectionCounters
+from router.message import Message
+
+from . import __version__
+from .config import Config
+from .paths import ensure_run_dir, run_dir, stats_endpoint
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from connection.protocol import MQTTConnection
+    from router.client import Client
+    from router.router import Router
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+TOPIC_SNAPSHOT = b"snap"
+TOPIC_CONNECTIONS = b"conns"
+TOPIC_NODE = b"node"
+TOP_N = 10
+CONNECTIONS_MAX = 10_000
+MIN_INTERVAL = 0.1  # seconds: bounds the rate ring (15 min / interval samples) and the CPU we spend
+WINDOWS: tuple[tuple[str, float], ...] = (("1s", 1.0), ("1min", 60.0), ("5min", 300.0), ("15min", 900.0))
+RATE_KEYS = ("msgs_in", "msgs_out", "bytes_in", "bytes_out", "mesh_msgs_in", "mesh_msgs_out",
+             "mesh_bytes_in", "mesh_bytes_out", "log_records", "log_bytes", "connects")
+DROP_REASONS = ("queue_full", "too_large", "slow_consumer", "mesh_backpressure", "expired")
+SYS_CLIENT_ID = "$SYS"
+
+
+# -- addresses --------------------------------------------------------------------------------------
+
+def zmq_host(host: str, *, bind: bool) -> str:
+    """A --listen host as ZeroMQ wants it: wildcards connect to loopback, IPv6 in brackets."""
+    if host in ("", "0.0.0.0"):
+        return "0.0.0.0" if bind else "127.0.0.1"
+    if host == "::":
+        return "[::]" if bind else "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def router_endpoint(config: Config, index: int, *, bind: bool = False, host: str | None = None) -> str:
+    """Router ``index``'s stats socket; ``host`` overrides the --listen host (remote nodes)."""
+    if not config.stats_port:
+        return stats_endpoint(config, index)
+    return stats_endpoint(config, index, zmq_host(host or config.listen[0], bind=bind))
+
+
+def node_endpoint(config: Config) -> str:
+    """The stats process's node aggregate (always local: only this node's routers read it)."""
+    return f"ipc://{run_dir(config)}/node.stats"
+
+
+def effective_interval(config: Config) -> float:
+    return max(MIN_INTERVAL, config.stats_interval)
+
+
+# -- counting what closed connections carried -------------------------------------------------------
+
+class ConnectionSet(set):
+    """The worker's set of live connections, banking each leaving connection's counters.
+
+    Router totals are (sum over live connections) + ``closed``; the cost is one method call per
+    closed connection, nothing per message.
+    """
+
+    __slots__ = ("closed",)
+
+    def __init__(self, items: Iterable[MQTTConnection] = ()) -> None:
+        super().__init__(items)
+        self.closed = ConnectionCounters()
+
+    def discard(self, conn: MQTTConnection) -> None:  # type: ignore[override]
+        if conn in self:
+            super().discard(conn)
+            c, closed = conn.counters, self.closed
+            closed.bytes_in += c.bytes_in
+            closed.bytes_out += c.bytes_out
+            closed.msgs_in += c.msgs_in
+            closed.msgs_out += c.msgs_out
+
+
+# -- rates ------------------------------------------------------------------------------------------
+
+class RateRing:
+    """Counter samples of the last 15 minutes, one per snapshot: rates over any window in O(1)."""
+
+    def __init__(self, interval: float, keys: tuple[str, ...] = RATE_KEYS) -> None:
+        self.interval = interval
+        self.keys = keys
+        self._ring: deque[tuple[float, tuple[int, ...]]] = deque(
+            maxlen=math.ceil(WINDOWS[-1][1] / interval) + 2)
+
+    def push(self, t: float, values: tuple[int, ...]) -> None:
+        self._ring.append((t, values))
+
+    def rates(self) -> dict[str, dict[str, float]]:
+        ring = self._ring
+        out: dict[str, dict[str, float]] = {}
+        if not ring:
+            return {name: dict.fromkeys(self.keys, 0.0) for name, _ in WINDOWS}
+        t1, v1 = ring[-1]
+        last = len(ring) - 1
+        for name, seconds in WINDOWS:
+            t0, v0 = ring[max(0, last - max(1, round(seconds / self.interval)))]
+            dt = t1 - t0
+            out[name] = {k: ((b - a) / dt if dt > 0 else 0.0) for k, a, b in zip(self.keys, v0, v1, strict=True)}
+        return out
+
+
+# -- the publisher ----------------------------------------------------------------------------------
+
+def _client_bytes(client: Client) -> int:
+    c = client.conn.counters
+    return c.bytes_in + c.bytes_out
+
+
+def _client_row(client: Client) -> dict[str, Any]:
+    conn = client.conn
+    c = conn.counters
+    session = client.session
+    return {"client_id": client.client_id, "peer": conn.peer, "protocol": conn.protocol_level,
+            "bytes_in": c.bytes_in, "bytes_out": c.bytes_out, "msgs_in": c.msgs_in, "msgs_out": c.msgs_out,
+            "queued": len(session.queue) if session is not None else 0,
+            "inflight": len(session.inflight) if session is not None else 0}
+
+
+class StatsPublisher:
+    """One per worker: snapshots on the router's stats socket, and the $SYS topics."""
+
+    def __init__(self, config: Config, index: int, router: Router, connections: ConnectionSet,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self.config = config
+        self.index = index
+        self.router = router
+        self.connections = connections
+        self.loop = loop
+        self.name = f"w{index}"
+        self.interval = effective_interval(config)
+        self.endpoint = router_endpoint(config, index, bind=True)
+        self.started = time.monotonic()
+        self.seq = 0
+        self.rates = RateRing(self.interval)
+        self.process = psutil.Process()
+        self.process.cpu_percent(None)  # the first call only starts the measurement
+        self.ctx: zmq.Context | None = None
+        self.pub: zmq.Socket | None = None
+        self.node_sub: zmq.Socket | None = None
+        self.node_latest: dict[str, Any] | None = None
+        self.subscribed: set[bytes] = set()
+        self._due = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._sys_due = 0.0
+        self._sys_last: dict[str, bytes] = {}
+        self._log_base: tuple[int, int] | None = None
+        self._errors_logged = 0
+        self._packer = msgpack.Packer(use_bin_type=True)
+
+    # -- life cycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Bind the stats socket and start the periodic snapshot (raises OSError naming the option)."""
+        self.ctx = zmq.Context()
+        if self.endpoint.startswith("ipc://"):
+            ensure_run_dir(self.config)
+        pub = self.ctx.socket(zmq.XPUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.setsockopt(zmq.SNDHWM, 100)
+        pub.setsockopt(zmq.IPV6, 1)
+        try:
+            pub.bind(self.endpoint)
+        except zmq.ZMQError as exc:
+            pub.close()
+            self.ctx.term()
+            self.ctx = None
+            option = "--stats-port" if self.config.stats_port else "stats socket"
+            raise OSError(f"{option}: cannot bind {self.endpoint}: {exc.strerror}") from None
+        self.pub = pub
+        if self.config.sys_interval > 0:
+            sub = self.ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RCVHWM, 16)
+            sub.setsockopt(zmq.SUBSCRIBE, TOPIC_NODE)
+            sub.connect(node_endpoint(self.config))
+            self.node_sub = sub
+        now = self.loop.time()
+        self.rates.push(time.monotonic(), self._rate_values(self._totals()))
+        self._due = now + self.interval
+        self._sys_due = time.monotonic()  # $SYS at the first tick, then every --sys-interval
+        self._timer = self.loop.call_at(self._due, self._tick)
+        log.debug("stats for %s on %s every %.2f s", self.router.router_id, self.endpoint, self.interval)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for sock in (self.pub, self.node_sub):
+            if sock is not None:
+                sock.close(0)
+        self.pub = self.node_sub = None
+        if self.ctx is not None:
+            self.ctx.term()
+            self.ctx = None
+        if self.endpoint.startswith("ipc://"):
+            try:
+                os.unlink(self.endpoint[len("ipc://"):])
+            except OSError:
+                pass
+
+    # -- the periodic callback --------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        now = self.loop.time()
+        lag = max(0.0, now - self._due)
+        try:
+            self._read_control()
+            snap = self.snapshot(lag)
+            assert self.pub is not None
+            self.pub.send_multipart([TOPIC_SNAPSHOT, self._packer.pack(snap)], zmq.NOBLOCK)
+            if self._wants(TOPIC_CONNECTIONS):
+                self.pub.send_multipart([TOPIC_CONNECTIONS, self._packer.pack(self.connection_list())],
+                                        zmq.NOBLOCK)
+            if self.config.sys_interval > 0 and time.monotonic() >= self._sys_due:
+                self._sys_due = time.monotonic() + self.config.sys_interval
+                self.publish_sys(snap)
+        except zmq.Again:
+            pass  # no subscriber keeps up: PUB drops, and so do we
+        except Exception:  # noqa: BLE001 - stats must never take the router down
+            self._errors_logged += 1
+            if self._errors_logged <= 3:
+                log.exception("stats snapshot failed")
+        finally:
+            self._due += self.interval
+            if self._due <= now:  # blocked for longer than an interval: start afresh
+                self._due = now + self.interval
+            if self.pub is not None:
+                self._timer = self.loop.call_at(self._due, self._tick)
+
+    def _read_control(self) -> None:
+        """XPUB subscription changes (who wants ``conns``) and the node aggregate for $SYS."""
+        pub = self.pub
+        assert pub is not None
+        while True:
+            try:
+                event = pub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if event[:1] == b"\x01":
+                self.subscribed.add(event[1:])
+            elif event[:1] == b"\x00":
+                self.subscribed.discard(event[1:])
+        sub = self.node_sub
+        if sub is not None:
+            data = None
+            while True:
+                try:
+                    _, data = sub.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+            if data is not None:
+                node = msgpack.unpackb(data, raw=False)
+                if node.get("v") == SCHEMA_VERSION:
+                    self.node_latest = node
+
+    def _wants(self, topic: bytes) -> bool:
+        return any(topic.startswith(prefix) for prefix in self.subscribed)
+
+    # -- what a snapshot holds ----------------------------------------------------------------------
+
+    def _totals(self) -> tuple[int, int, int, int]:
+        """Client traffic: live connections plus what closed ones carried (msgs in, out, bytes in, out)."""
+        mi = mo = bi = bo = 0
+        for conn in self.connections:
+            c = conn.counters
+            mi += c.msgs_in
+            mo += c.msgs_out
+            bi += c.bytes_in
+            bo += c.bytes_out
+        closed = self.connections.closed
+        return mi + closed.msgs_in, mo + closed.msgs_out, bi + closed.bytes_in, bo + closed.bytes_out
+
+    def _log(self) -> dict[str, int]:
+        st = self.router.stats
+        records, written = st.log_records, st.log_bytes
+        disk = 0
+        cl = getattr(self.router, "commit_log", None)
+        info = getattr(cl, "stats", None)
+        if callable(info):
+            try:
+                s = info()
+                disk = int(s.get("bytes", 0))
+                if not records:  # the log does not bump the router's counters: derive from offsets
+                    if self._log_base is None:
+                        self._log_base = (int(s.get("next_offset", 0)), disk)
+                    records = int(s.get("next_offset", 0)) - self._log_base[0]
+                    written = max(0, disk - self._log_base[1])
+            except Exception:  # noqa: BLE001 - a log in trouble must not stop the stats
+                pass
+        return {"records": records, "bytes": written, "read_records": st.log_read_records,
+                "read_bytes": st.log_read_bytes, "disk_bytes": disk}
+
+    def _rate_values(self, totals: tuple[int, int, int, int], log_: dict[str, int] | None = None) -> tuple[int, ...]:
+        st = self.router.stats
+        log_ = log_ or {"records": 0, "bytes": 0}
+        return (*totals, st.mesh_msgs_in, st.mesh_msgs_out, st.mesh_bytes_in, st.mesh_bytes_out,
+                log_["records"], log_["bytes"], st.connects_total)
+
+    def snapshot(self, lag: float = 0.0) -> dict[str, Any]:
+        router = self.router
+        st = router.stats
+        now = time.monotonic()
+        totals = self._totals()
+        log_ = self._log()
+        self.rates.push(now, self._rate_values(totals, log_))
+        inflight = queued = 0
+        for session in router.sessions.values():
+            inflight += len(session.inflight)
+            queued += len(session.queue)
+        peers = {
+            peer: {"msgs_out": s[0], "bytes_out": s[1], "msgs_in": s[2], "bytes_in": s[3]}
+            for peer, s in list(getattr(router, "mesh_peer_stats", {}).items())
+        }
+        try:
+            mem = self.process.memory_info().rss
+            cpu_times = self.process.cpu_times()
+            cpu_seconds = cpu_times.user + cpu_times.system
+            cpu_percent = self.process.cpu_percent(None)
+        except psutil.Error:
+            mem, cpu_seconds, cpu_percent = 0, 0.0, 0.0
+        self.seq += 1
+        return {
+            "v": SCHEMA_VERSION,
+            "kind": "router",
+            "node": self.config.node_id,
+            "router": self.name,
+            "router_id": router.router_id,
+            "index": self.index,
+            "routers": self.config.workers,
+            "version": __version__,
+            "pid": os.getpid(),
+            "seq": self.seq,
+            "ts": time.time(),
+            "uptime": now - self.started,
+            "interval": self.interval,
+            "clients": {
+                "connected": st.connections,
+                "sockets": len(self.connections),
+                "sessions": len(router.sessions),
+                "connects_total": st.connects_total,
+                "refused_total": st.refused_connections,
+                "protocol_errors_total": st.protocol_errors,
+            },
+            "subscriptions": len(router.subs),
+            "filters": len(router.local_filters),
+            "retained": len(router.retained),
+            "traffic": {
+                "clients": {"msgs_in": totals[0], "msgs_out": totals[1],
+                            "bytes_in": totals[2], "bytes_out": totals[3]},
+                "mesh": {"msgs_in": st.mesh_msgs_in, "msgs_out": st.mesh_msgs_out,
+                         "bytes_in": st.mesh_bytes_in, "bytes_out": st.mesh_bytes_out, "peers": peers},
+                "log": log_,
+            },
+            "rates": self.rates.rates(),
+            "inflight": inflight,
+            "queued": queued,
+            "drops": {reason: getattr(st, f"drop_{reason}") for reason in DROP_REASONS},
+            "process": {"cpu_percent": cpu_percent, "cpu_seconds": cpu_seconds, "rss_bytes": mem},
+            "loop_lag": lag,
+            "top": [_client_row(c) for c in heapq.nlargest(TOP_N, router.clients.values(), key=_client_bytes)],
+        }
+
+    def connection_list(self) -> dict[str, Any]:
+        clients = self.router.clients.values()
+        chosen = heapq.nlargest(CONNECTIONS_MAX, clients, key=_client_bytes)
+        return {"v": SCHEMA_VERSION, "kind": "connections", "node": self.config.node_id, "router": self.name,
+                "router_id": self.router.router_id, "index": self.index, "ts": time.time(), "total": len(clients),
+                "connections": [_client_row(c) for c in chosen]}
+
+    # -- $SYS -------------------------------------------------------------------------------------
+
+    def publish_sys(self, snap: dict[str, Any]) -> None:
+        """Per-router topics cluster-wide (changed values only); node topics to local subscribers."""
+        router = self.router
+        prefix = f"$SYS/brokerd/{self.config.node_id}/{self.name}/"
+        last = self._sys_last
+        with _unlogged(router):
+            for suffix, value in router_sys_values(snap):
+                topic = prefix + suffix
+                payload = value.encode()
+                if last.get(topic) != payload:
+                    last[topic] = payload
+                    router.publish(Message(topic, payload, 0, True, SYS_CLIENT_ID, router.router_id))
+            if self.node_latest is not None:
+                # Node-wide values: this router's retained store and subscribers only (each router of
+                # the node does the same), so that the nodes of a cluster keep their own $SYS/broker.
+                for suffix, value in broker_sys_values(self.node_latest):
+                    msg = Message("$SYS/broker/" + suffix, value.encode(), 0, True, SYS_CLIENT_ID,
+                                  router.router_id)
+                    router.peer_retained(msg)
+                    router.deliver_remote(msg)
+
+
+@contextmanager
+def _unlogged(router: Router) -> Iterator[None]:
+    """$SYS values are not data: keep them out of the commit log (and so out of what a restarted
+    router recovers from it). The router logs what ``publish``/``deliver_remote`` see whenever it has
+    a log, so it has none while we call them (one event loop: nothing else runs meanwhile)."""
+    log_ = router.commit_log
+    router.commit_log = None
+    try:
+        yield
+    finally:
+        router.commit_log = log_
+
+
+# -- $SYS topic values ------------------------------------------------------------------------------
+
+_LOADS = (("1min", "1min"), ("5min", "5min"), ("15min", "15min"))
+
+
+def _per_minute(rates: dict[str, dict[str, float]], key: str) -> Iterator[tuple[str, float]]:
+    for window, suffix in _LOADS:
+        yield suffix, rates.get(window, {}).get(key, 0.0) * 60.0
+
+
+def _load_topics(rates: dict[str, dict[str, float]], names: Iterable[tuple[str, str]]) -> Iterator[tuple[str, str]]:
+    """Mosquitto's load/*: the count per minute, averaged over 1, 5 and 15 minutes ("%.2f")."""
+    for topic, key in names:
+        for suffix, value in _per_minute(rates, key):
+            yield f"load/{topic}/{suffix}", f"{value:.2f}"
+
+
+def router_sys_values(snap: dict[str, Any]) -> list[tuple[str, str]]:
+    """``$SYS/brokerd/<node>/<router>/<suffix>`` values of one router snapshot (plain numbers)."""
+    t = snap["traffic"]
+    c, m, lg = t["clients"], t["mesh"], t["log"]
+    out = [
+        ("version", f"brokerd {snap['version']}"),
+        ("uptime", str(int(snap["uptime"]))),
+        ("pid", str(snap["pid"])),
+        ("clients/connected", str(snap["clients"]["connected"])),
+        ("clients/sessions", str(snap["clients"]["sessions"])),
+        ("subscriptions/count", str(snap["subscriptions"])),
+        ("retained messages/count", str(snap["retained"])),
+        ("messages/received", str(c["msgs_in"])),
+        ("messages/sent", str(c["msgs_out"])),
+        ("bytes/received", str(c["bytes_in"])),
+        ("bytes/sent", str(c["bytes_out"])),
+        ("messages/inflight", str(snap["inflight"])),
+        ("messages/queued", str(snap["queued"])),
+        ("mesh/messages/received", str(m["msgs_in"])),
+        ("mesh/messages/sent", str(m["msgs_out"])),
+        ("mesh/bytes/received", str(m["bytes_in"])),
+        ("mesh/bytes/sent", str(m["bytes_out"])),
+        ("log/records", str(lg["records"])),
+        ("log/bytes", str(lg["bytes"])),
+        ("cpu/percent", f"{snap['process']['cpu_percent']:.1f}"),
+        ("memory/rss", str(snap["process"]["rss_bytes"])),
+        ("loop/lag", f"{snap['loop_lag']:.4f}"),
+    ]
+    out += [(f"drops/{reason}", str(n)) for reason, n in snap["drops"].items()]
+    out += _load_topics(snap["rates"], (("messages/received", "msgs_in"), ("messages/sent", "msgs_out"),
+                                        ("bytes/received", "bytes_in"), ("bytes/sent", "bytes_out")))
+    return out
+
+
+def broker_sys_values(node: dict[str, Any]) -> list[tuple[str, str]]:
+    """``$SYS/broker/<suffix>`` values of a node aggregate, with Mosquitto's names and formats.
+
+    messages/* and publish/messages/* both count PUBLISH packets (Mosquitto's messages/* counts
+    every packet type).
+    """
+    c = node["traffic"]["clients"]
+    clients = node["clients"]
+    connected, sessions = clients["connected"], clients["sessions"]
+    out = [
+        ("version", f"brokerd {node['version']}"),
+        ("uptime", f"{int(node['uptime'])} seconds"),
+        ("clients/connected", str(connected)),
+        ("clients/active", str(connected)),
+        ("clients/disconnected", str(max(0, sessions - connected))),
+        ("clients/total", str(sessions)),
+        ("messages/received", str(c["msgs_in"])),
+        ("messages/sent", str(c["msgs_out"])),
+        ("publish/messages/received", str(c["msgs_in"])),
+        ("publish/messages/sent", str(c["msgs_out"])),
+        ("publish/messages/dropped", str(sum(node["drops"].values()))),
+        ("bytes/received", str(c["bytes_in"])),
+        ("bytes/sent", str(c["bytes_out"])),
+        ("subscriptions/count", str(node["subscriptions"])),
+        ("retained messages/count", str(node["retained"])),
+        ("messages/inflight", str(node["inflight"])),
+        ("messages/queued", str(node["queued"])),
+    ]
+    out += _load_topics(node["rates"], (
+        ("messages/received", "msgs_in"), ("messages/sent", "msgs_out"),
+        ("publish/received", "msgs_in"), ("publish/sent", "msgs_out"),
+        ("bytes/received", "bytes_in"), ("bytes/sent", "bytes_out"), ("connections", "connects")))
+    return out

@@ -1,0 +1,413 @@
+"""Stats against real `brokerd --workers 2`: snapshots, `brokerd stats` (table, --json, --watch,
+--connections, --node), Prometheus /metrics and $SYS agree with the traffic the test sent."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pty
+import re
+import select
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from typing import Any
+
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cluster.config import load
+from cluster.stats_cli import StatsReader
+from tests.helpers import BROKERD, WAIT, Broker, Client, free_port, wait_for
+
+WORKERS = 2
+INTERVAL = "0.2"
+FAST = ("--stats-interval", INTERVAL, "--sys-interval", "0.5")
+# What a message may cost on the wire beyond topic + payload (fixed header, lengths, packet id), and
+# what a connection costs beyond its messages (CONNECT/CONNACK, SUBSCRIBE/SUBACK, PUBACKs, DISCONNECT).
+MSG_OVERHEAD = 8
+CONN_OVERHEAD = 128
+needs_mesh = pytest.mark.skipif(not importlib.util.find_spec("cluster.mesh"),
+                                reason="the mesh (cluster/mesh.py) is not there yet")
+
+
+def locator(broker: Broker, workers: int | None = WORKERS) -> list[str]:
+    """The options that find the broker's stats sockets (the same as the broker's own)."""
+    args = ["--node-id", "t", "--listen", f"{broker.host}:{broker.port}", "--stats-interval", INTERVAL]
+    return [*args, "--workers", str(workers)] if workers else args
+
+
+def stats_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([BROKERD, "stats", *args], capture_output=True, text=True, timeout=timeout)
+
+
+class Snapshots:
+    """A live view of every router's latest snapshot (and connection list), read like `brokerd stats`."""
+
+    def __init__(self, broker: Broker, workers: int = WORKERS) -> None:
+        self.reader = StatsReader(load(locator(broker, workers)), connections=True, workers=workers)
+        self.snaps: dict[str, dict[str, Any]] = {}
+        self.lists: dict[str, dict[str, Any]] = {}
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def _read(self, timeout: float) -> None:
+        for topic, body in self.reader.receive(timeout):
+            (self.snaps if topic == b"snap" else self.lists)[body["router"]] = body
+
+    def until(self, predicate: Any, what: str, timeout: float = WAIT) -> dict[str, dict[str, Any]]:
+        """Fresh snapshots until ``predicate(snaps)`` holds (bounded): counters settle at their value."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self._read(min(0.5, max(0.0, deadline - time.monotonic())))
+            if len(self.snaps) == self.reader.routers and predicate(self.snaps):
+                return self.snaps
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {self.summary()}")
+
+    def summary(self) -> dict[str, Any]:
+        return {r: s["traffic"] for r, s in sorted(self.snaps.items())}
+
+    def router_of(self, client_ids: list[str]) -> dict[str, str]:
+        """Which router holds each client (from the routers' connection lists)."""
+        wanted = set(client_ids)
+
+        def placed() -> bool:
+            return wanted <= {c["client_id"] for cl in self.lists.values() for c in cl["connections"]}
+
+        self.until(lambda _: len(self.lists) == self.reader.routers and placed(), "connection lists")
+        return {c["client_id"]: cl["router"] for cl in self.lists.values() for c in cl["connections"]
+                if c["client_id"] in wanted}
+
+
+def total(snaps: dict[str, dict[str, Any]], part: str, key: str) -> int:
+    return sum(s["traffic"][part][key] for s in snaps.values())
+
+
+def spread(broker: Broker, view: Snapshots, prefix: str, n: int, routers: int = WORKERS,
+           limit: int = 48) -> tuple[list[Client], dict[str, list[Client]]]:
+    """Connect ``n`` clients, and more (at most ``limit``) until every router holds one; the kernel
+    (SO_REUSEPORT) decides where each lands, the routers' connection lists say where it did."""
+    ids: dict[str, Client] = {}
+
+    def connect(count: int) -> None:
+        for _ in range(count):
+            client_id = f"{prefix}{len(ids)}"
+            ids[client_id] = Client(broker.port, client_id).connect()
+
+    connect(n)
+    while True:
+        where = view.router_of(list(ids))
+        placed: dict[str, list[Client]] = {}
+        for client_id, client in ids.items():
+            placed.setdefault(where[client_id], []).append(client)
+        if len(placed) == routers or len(ids) >= limit:
+            assert len(placed) == routers, f"{len(ids)} clients all landed on {sorted(placed)}"
+            return list(ids.values()), placed
+        connect(4)
+
+
+def scrape(port: int) -> dict[str, dict[tuple, float]]:
+    """/metrics as {sample name: {labels (sorted items): value}}, parsed by prometheus_client."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT) as r:
+        text = r.read().decode()
+    out: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def scrape_or_none(port: int) -> dict[str, dict[tuple, float]] | None:
+    """/metrics, or None while nothing serves it (the stats process is restarting)."""
+    try:
+        return scrape(port)
+    except OSError:
+        return None
+
+
+def by_router(samples: dict[tuple, float]) -> dict[str, float]:
+    return {dict(labels)["router"]: v for labels, v in samples.items()}
+
+
+def test_counters_match_in_snapshots_metrics_and_sys(start_broker):
+    mport = free_port()
+    broker = start_broker(*FAST, "--metrics-port", str(mport), workers=WORKERS)
+    view = Snapshots(broker)
+    try:
+        subs, placed = spread(broker, view, "sub", 6)
+        for s in subs:
+            s.subscribe("count/t", 0)
+        pub = Client(broker.port, "pub").connect()
+        n, payload = 40, b"x" * 100
+        for _ in range(n):
+            pub.publish("count/t", payload, qos=1)
+        for s in subs:
+            s.wait_messages(n)
+        clients = len(subs) + 1
+        msgs_out = n * len(subs)
+        per_msg = len(payload) + len("count/t")
+
+        snaps = view.until(lambda s: total(s, "clients", "msgs_in") == n and total(s, "clients", "msgs_out") == msgs_out,
+                           f"msgs_in == {n} and msgs_out == {msgs_out}")
+        bytes_in, bytes_out = total(snaps, "clients", "bytes_in"), total(snaps, "clients", "bytes_out")
+        assert n * per_msg <= bytes_in <= n * (per_msg + MSG_OVERHEAD) + clients * CONN_OVERHEAD
+        assert msgs_out * per_msg <= bytes_out <= msgs_out * (per_msg + MSG_OVERHEAD) + clients * CONN_OVERHEAD
+        assert sum(s["clients"]["connected"] for s in snaps.values()) == clients
+        assert sum(s["subscriptions"] for s in snaps.values()) == len(subs)
+        # Every router had subscribers: each one's deliveries match its own subscribers exactly.
+        for router, members in placed.items():
+            assert snaps[router]["traffic"]["clients"]["msgs_out"] == n * len(members), router
+        # The publisher's router forwarded each message once to the other router (interest).
+        origin = view.router_of(["pub"])["pub"]
+        other = next(r for r in snaps if r != origin)
+        peers = snaps[origin]["traffic"]["mesh"]["peers"]
+        assert peers[f"t/{other}"]["msgs_out"] == n
+        assert snaps[other]["traffic"]["mesh"]["peers"][f"t/{origin}"]["msgs_in"] == n
+
+        def metrics_settled() -> dict[str, dict[tuple, float]] | None:
+            m = scrape(mport)
+            got = by_router(m.get("brokerd_client_messages_received_total", {}))
+            sent = by_router(m.get("brokerd_client_messages_sent_total", {}))
+            return m if sum(got.values()) == n and sum(sent.values()) == msgs_out else None
+
+        m = wait_for(metrics_settled, what="/metrics to count the messages")
+        assert set(by_router(m["brokerd_client_messages_received_total"])) == {f"w{i}" for i in range(WORKERS)}
+        assert n * per_msg <= sum(m["brokerd_client_received_bytes_total"].values()) <= \
+            n * (per_msg + MSG_OVERHEAD) + clients * CONN_OVERHEAD
+        assert sum(m["brokerd_client_sent_bytes_total"].values()) >= msgs_out * per_msg
+        assert sum(m["brokerd_clients_connected"].values()) == clients
+        mesh = {(dict(k)["router"], dict(k)["peer"]): v for k, v in m["brokerd_mesh_messages_sent_total"].items()}
+        assert mesh[(origin, f"t/{other}")] == n
+
+        # $SYS: the node-wide Mosquitto names and the per-router topics, retained.
+        sys_reader = Client(broker.port, "sys-reader").connect()
+        sys_reader.subscribe([("$SYS/broker/#", 0), ("$SYS/brokerd/t/+/messages/received", 0)])
+        latest: dict[str, str] = {}
+
+        def sys_values() -> dict[str, str]:
+            with sys_reader.cond:
+                for msg in sys_reader.messages:
+                    latest[msg.topic] = msg.payload.decode()
+                delivered = len(sys_reader.messages)
+            latest["(delivered)"] = str(delivered)
+            return latest
+
+        wait_for(lambda: sys_values().get("$SYS/broker/messages/received") == str(n)
+                 and sys_values().get("$SYS/broker/clients/connected") == str(clients + 1)
+                 and sum(int(v) for k, v in latest.items() if k.startswith("$SYS/brokerd/t/")) == n,
+                 what="$SYS values to count the messages")
+        v = sys_values()
+        assert v["$SYS/broker/publish/messages/received"] == str(n)
+        assert int(v["$SYS/broker/bytes/received"]) >= n * per_msg
+        # messages/sent also counts the $SYS messages delivered to sys-reader itself, nothing else.
+        assert msgs_out <= int(v["$SYS/broker/messages/sent"]) <= msgs_out + int(v["(delivered)"])
+        assert v["$SYS/broker/subscriptions/count"] == str(len(subs) + 2)
+        assert re.fullmatch(r"\d+ seconds", v["$SYS/broker/uptime"])
+        assert v["$SYS/broker/version"].startswith("brokerd ")
+        for window in ("1min", "5min", "15min"):
+            assert float(v[f"$SYS/broker/load/messages/received/{window}"]) > 0
+        assert {k.split("/")[3] for k in v if k.startswith("$SYS/brokerd/t/")} == {f"w{i}" for i in range(WORKERS)}
+    finally:
+        view.close()
+
+
+@needs_mesh
+def test_mesh_counters_only_between_routers_with_interest(start_broker):
+    workers = 3
+    mport = free_port()
+    broker = start_broker("--stats-interval", INTERVAL, "--sys-interval", "0", "--metrics-port", str(mport),
+                          workers=workers)
+    view = Snapshots(broker, workers)
+    try:
+        _, placed = spread(broker, view, "m", 24, routers=workers)
+        (r0, (pub, *_)), (r1, (sub, *_)), (r2, (quiet, *_)) = sorted(placed.items())
+        sub.subscribe("interest/t", 1)
+        n, m = 25, 10
+        for i in range(n):
+            pub.publish("interest/t", f"{i}".encode() * 10, qos=1)
+        for _ in range(m):
+            quiet.publish("nobody/t", b"y" * 50, qos=1)  # nobody anywhere subscribes: no mesh traffic
+        sub.wait_messages(n)
+
+        def peer(snaps: dict, a: str, b: str, key: str) -> int:
+            return snaps[a]["traffic"]["mesh"]["peers"].get(f"t/{b}", {}).get(key, 0)
+
+        snaps = view.until(lambda s: total(s, "clients", "msgs_in") == n + m and peer(s, r1, r0, "msgs_in") == n,
+                           "the publishes to be counted")
+        assert peer(snaps, r0, r1, "msgs_out") == n and peer(snaps, r0, r1, "bytes_out") > n * len("interest/t")
+        assert peer(snaps, r1, r0, "msgs_in") == n and peer(snaps, r1, r0, "bytes_in") > 0
+        for a in (r0, r1, r2):
+            for b in (r0, r1, r2):
+                if (a, b) != (r0, r1):
+                    assert peer(snaps, a, b, "msgs_out") == 0 and peer(snaps, a, b, "bytes_out") == 0, (a, b)
+                if (a, b) != (r1, r0):
+                    assert peer(snaps, a, b, "msgs_in") == 0, (a, b)
+
+        def mesh_metrics() -> dict | None:
+            sent = scrape(mport).get("brokerd_mesh_messages_sent_total", {})
+            pairs = {(dict(k)["router"], dict(k)["peer"]): v for k, v in sent.items()}
+            return pairs if pairs.get((r0, f"t/{r1}")) == n else None
+
+        pairs = wait_for(mesh_metrics, what="/metrics mesh counters")
+        assert all(v == 0 for k, v in pairs.items() if k != (r0, f"t/{r1}")), pairs
+    finally:
+        view.close()
+
+
+def test_stats_json_returns_one_object_per_router(start_broker):
+    broker = start_broker(*FAST, workers=WORKERS)
+    routers = {f"w{i}" for i in range(WORKERS)}
+    for args in (locator(broker), locator(broker, workers=None)):  # told the router count, or finding it
+        r = stats_cli("--json", *args)
+        assert r.returncode == 0, r.stderr
+        objects = [json.loads(line) for line in r.stdout.splitlines()]
+        assert len(objects) == WORKERS and {o["router"] for o in objects} == routers
+        for o in objects:
+            assert o["v"] == 1 and o["kind"] == "router" and o["node"] == "t" and o["routers"] == WORKERS
+            for key in ("uptime", "clients", "subscriptions", "traffic", "rates", "inflight", "queued", "drops",
+                        "process", "loop_lag", "top"):
+                assert key in o, key
+            assert set(o["rates"]) == {"1s", "1min", "5min", "15min"}
+            assert o["process"]["rss_bytes"] > 0
+
+
+def test_stats_table_shows_every_router_and_a_total(start_broker):
+    broker = start_broker(*FAST, workers=WORKERS)
+    r = stats_cli(*locator(broker))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert any(line.startswith("ROUTER") and "CLIENTS" in line and "CPU%" in line for line in lines)
+    for i in range(WORKERS):
+        assert any(line.startswith(f"w{i} ") for line in lines), r.stdout
+    assert any(line.startswith("TOTAL") for line in lines)
+
+
+def test_stats_for_a_node_that_is_not_there_fails_clearly():
+    r = stats_cli("--node-id", "t", "--listen", f"127.0.0.1:{free_port()}", "--stats-interval", "0.1")
+    assert r.returncode == 1 and "no snapshot" in r.stderr and "w0" in r.stderr
+    r = stats_cli("--node", "nonsense")
+    assert r.returncode == 2 and "--node" in r.stderr
+
+
+def test_stats_watch_redraws_every_router_in_a_terminal(start_broker):
+    broker = start_broker(*FAST, workers=WORKERS)
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([BROKERD, "stats", "--watch", *locator(broker)], stdin=slave, stdout=slave,
+                            stderr=slave, close_fds=True)
+    os.close(slave)
+    out = b""
+    try:
+        deadline = time.monotonic() + WAIT
+
+        def screens() -> list[bytes]:
+            return out.split(b"\x1b[H\x1b[2J")[1:]
+
+        def complete(screen: bytes) -> bool:
+            return all(re.search(rb"^w%d " % i, screen, re.M) for i in range(WORKERS)) and b"TOTAL" in screen
+
+        while sum(1 for s in screens() if complete(s)) < 2:  # drawn, then redrawn
+            assert time.monotonic() < deadline, f"--watch did not draw every router twice: {out[-2000:]!r}"
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                out += os.read(master, 65536)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(WAIT) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(WAIT)
+        os.close(master)
+
+
+def test_connections_view_lists_clients_with_router_sorted_by_bytes(start_broker):
+    broker = start_broker(*FAST, workers=WORKERS)
+    clients = [Client(broker.port, f"conn-{i}").connect() for i in range(8)]
+    clients[3].publish("big/t", b"z" * 20_000, qos=1)  # the most bytes in, by far
+    r = stats_cli("--connections", *locator(broker))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("CLIENT"))
+    assert all(h in lines[header] for h in ("ROUTER", "BYTES IN", "BYTES OUT", "QUEUED", "INFLIGHT"))
+    rows = [line.split() for line in lines[header + 1:] if line.startswith("conn-")]
+    assert {row[0] for row in rows} == {f"conn-{i}" for i in range(8)}
+    assert rows[0][0] == "conn-3"
+    assert all(row[1] in {f"w{i}" for i in range(WORKERS)} for row in rows)
+    r = stats_cli("--connections", "--json", *locator(broker))
+    assert r.returncode == 0, r.stderr
+    lists = [json.loads(line) for line in r.stdout.splitlines()]
+    assert {cl["router"] for cl in lists} == {f"w{i}" for i in range(WORKERS)}
+    where = {c["client_id"]: cl["router"] for cl in lists for c in cl["connections"]}
+    assert {row[0]: row[1] for row in rows} == where
+    big = next(c for cl in lists for c in cl["connections"] if c["client_id"] == "conn-3")
+    assert big["bytes_in"] >= 20_000 and big["msgs_in"] == 1
+
+
+def _two_free_ports() -> int:
+    """A port P with P+1 free too (router i's stats on P+i)."""
+    for _ in range(50):
+        p = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+            except OSError:
+                continue
+        return p
+    raise AssertionError("no two consecutive free ports")
+
+
+def test_stats_of_a_node_over_tcp(start_broker):
+    port = _two_free_ports()
+    start_broker(*FAST, "--stats-port", str(port), workers=WORKERS)
+    r = stats_cli("--json", "--node", f"127.0.0.1:{port}")
+    assert r.returncode == 0, r.stderr
+    assert sorted(json.loads(line)["router"] for line in r.stdout.splitlines()) == [f"w{i}" for i in range(WORKERS)]
+
+
+def _stats_process(broker: Broker) -> psutil.Process | None:
+    for child in psutil.Process(broker.pid).children():
+        try:
+            if child.name() == "brokerd-stats":
+                return child
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def test_stats_process_restarts_and_stops_with_the_broker(start_broker):
+    mport = free_port()
+    broker = start_broker(*FAST, "--metrics-port", str(mport), workers=WORKERS)
+    aux = wait_for(lambda: _stats_process(broker), what="the brokerd-stats process")
+    assert "brokerd_info" in scrape(mport)  # served once brokerd is ready; routers with their snapshots
+    wait_for(lambda: len(scrape(mport).get("brokerd_router_up", {})) == WORKERS, what="routers on /metrics")
+    aux.kill()
+    wait_for(lambda: (p := _stats_process(broker)) is not None and p.pid != aux.pid, what="a new brokerd-stats")
+    new = _stats_process(broker)
+    assert new is not None
+    wait_for(lambda: len((scrape_or_none(mport) or {}).get("brokerd_router_up", {})) == WORKERS,
+             what="/metrics again")
+    assert broker.stop() == 0
+
+    def gone() -> bool:
+        try:
+            return new.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_for(gone, what="brokerd-stats to exit")
+
+
+def test_metrics_port_in_use_stops_startup_naming_the_option(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        r = subprocess.run([BROKERD, "--workers", "1", "--listen", f"127.0.0.1:{free_port()}", "--node-id", "t",
+                            "--data-dir", str(tmp_path), "--metrics-port", str(busy)],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--metrics-port" in r.stderr

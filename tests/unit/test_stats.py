@@ -1,0 +1,259 @@
+"""Stats without processes: snapshots of a real Router with fake connections, rates, aggregation,
+the Prometheus text (parsed back with prometheus_client's parser), $SYS values, the CLI's tables."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cluster.config import Config
+from cluster.metrics import NodeStats, metrics_text, sum_trees
+from cluster.stats import (
+    SCHEMA_VERSION,
+    ConnectionSet,
+    RateRing,
+    StatsPublisher,
+    broker_sys_values,
+    router_endpoint,
+    router_sys_values,
+)
+from cluster.stats_cli import human_bytes, human_count, human_duration, render_connections, render_routers
+from connection.protocol import ConnectionCounters
+from router.router import Router, RouterConfig
+
+
+class FakeConn:
+    """What the stats read of an MQTTConnection (hashable, like the real one)."""
+
+    def __init__(self, counters: ConnectionCounters, peer: str) -> None:
+        self.counters = counters
+        self.peer = peer
+        self.protocol_level = 4
+
+
+def fake_conn(bytes_in: int = 0, bytes_out: int = 0, msgs_in: int = 0, msgs_out: int = 0,
+              peer: str = "127.0.0.1:1") -> FakeConn:
+    c = ConnectionCounters()
+    c.bytes_in, c.bytes_out, c.msgs_in, c.msgs_out = bytes_in, bytes_out, msgs_in, msgs_out
+    return FakeConn(c, peer)
+
+
+def publisher(node: str = "n", index: int = 0, workers: int = 2) -> tuple[StatsPublisher, Router, ConnectionSet]:
+    config = Config(node_id=node, workers=workers, stats_interval=1.0)
+    router = Router(RouterConfig(router_id=f"{node}/w{index}", node_id=node))
+    conns = ConnectionSet()
+    return StatsPublisher(config, index, router, conns, loop=None), router, conns  # type: ignore[arg-type]
+
+
+def add_client(router: Router, conns: ConnectionSet, client_id: str, **counters: int) -> FakeConn:
+    conn = fake_conn(**counters)
+    conns.add(conn)  # type: ignore[arg-type]
+    session = router.new_session(client_id, False)
+    router.clients[client_id] = SimpleNamespace(conn=conn, session=session, client_id=client_id)  # type: ignore[assignment]
+    router.stats.connections += 1
+    return conn
+
+
+def test_connection_set_banks_what_closed_connections_carried():
+    conns = ConnectionSet()
+    a, b = fake_conn(10, 20, 1, 2), fake_conn(100, 200, 3, 4)
+    conns.add(a)  # type: ignore[arg-type]
+    conns.add(b)  # type: ignore[arg-type]
+    conns.discard(a)  # type: ignore[arg-type]
+    conns.discard(a)  # type: ignore[arg-type]  # twice: counted once
+    assert b in conns and a not in conns
+    closed = conns.closed
+    assert (closed.bytes_in, closed.bytes_out, closed.msgs_in, closed.msgs_out) == (10, 20, 1, 2)
+
+
+def test_snapshot_counts_live_and_closed_connections_and_sessions():
+    pub, router, conns = publisher()
+    add_client(router, conns, "big", bytes_in=5000, bytes_out=100, msgs_in=7)
+    add_client(router, conns, "small", bytes_in=10, bytes_out=10, msgs_out=3)
+    gone = fake_conn(1000, 2000, 4, 5)
+    conns.add(gone)  # type: ignore[arg-type]
+    conns.discard(gone)  # type: ignore[arg-type]
+    router.sessions["big"].queue.extend([(None, 1, False)] * 3)
+    router.sessions["small"].inflight[1] = None  # type: ignore[assignment]
+    router.stats.drop_queue_full = 2
+    router.mesh_peer_stats = {"n/w1": [4, 400, 1, 100]}  # type: ignore[attr-defined]
+    router.stats.mesh_msgs_out, router.stats.mesh_bytes_out = 4, 400
+    snap = pub.snapshot(0.003)
+    assert snap["v"] == SCHEMA_VERSION and snap["kind"] == "router"
+    assert (snap["node"], snap["router"], snap["router_id"], snap["routers"]) == ("n", "w0", "n/w0", 2)
+    assert snap["traffic"]["clients"] == {"msgs_in": 7 + 4, "msgs_out": 3 + 5, "bytes_in": 5010 + 1000,
+                                          "bytes_out": 110 + 2000}
+    assert snap["traffic"]["mesh"]["peers"] == {"n/w1": {"msgs_out": 4, "bytes_out": 400, "msgs_in": 1,
+                                                         "bytes_in": 100}}
+    assert snap["clients"]["connected"] == 2 and snap["clients"]["sockets"] == 2
+    assert snap["clients"]["sessions"] == 2
+    assert (snap["queued"], snap["inflight"]) == (3, 1)
+    assert snap["drops"]["queue_full"] == 2 and set(snap["drops"]) == {
+        "queue_full", "too_large", "slow_consumer", "mesh_backpressure", "expired"}
+    assert [c["client_id"] for c in snap["top"]] == ["big", "small"]
+    assert snap["top"][0]["queued"] == 3 and snap["top"][1]["inflight"] == 1
+    assert snap["loop_lag"] == 0.003 and snap["process"]["rss_bytes"] > 0
+    assert set(snap["rates"]) == {"1s", "1min", "5min", "15min"}
+    conns_list = pub.connection_list()
+    assert conns_list["total"] == 2 and [c["client_id"] for c in conns_list["connections"]] == ["big", "small"]
+
+
+def test_top_keeps_the_ten_busiest():
+    pub, router, conns = publisher()
+    for i in range(25):
+        add_client(router, conns, f"c{i}", bytes_in=i * 10)
+    top = pub.snapshot()["top"]
+    assert [c["client_id"] for c in top] == [f"c{i}" for i in range(24, 14, -1)]
+
+
+def test_rates_over_windows():
+    ring = RateRing(1.0, ("n",))
+    for t in range(0, 121):
+        ring.push(float(t), (t * 10,))
+    rates = ring.rates()
+    assert rates["1s"]["n"] == pytest.approx(10.0)
+    assert rates["1min"]["n"] == pytest.approx(10.0)
+    assert rates["15min"]["n"] == pytest.approx(10.0)  # over the 120 s there are
+    ring.push(121.0, (1210 + 50,))
+    assert ring.rates()["1s"]["n"] == pytest.approx(60.0)
+    assert RateRing(0.5, ("n",)).rates()["1s"]["n"] == 0.0
+
+
+def test_node_aggregate_sums_routers_and_carries_restarted_counters():
+    snaps = []
+    for i in range(2):
+        pub, router, conns = publisher(index=i)
+        add_client(router, conns, f"c{i}", bytes_in=100, msgs_in=10, msgs_out=20)
+        snaps.append(pub.snapshot())
+    node = NodeStats("n", 2, 1.0)
+    for s in snaps:
+        node.update(s, now=0.0)
+    agg = node.aggregate(now=1.0)
+    assert agg["kind"] == "node" and agg["routers_reporting"] == ["w0", "w1"]
+    assert agg["traffic"]["clients"]["msgs_in"] == 20 and agg["clients"]["connected"] == 2
+    # w1 restarts (new pid) with fresh counters: the node total keeps what the old w1 counted.
+    restarted = dict(snaps[1], pid=snaps[1]["pid"] + 1,
+                     traffic={**snaps[1]["traffic"], "clients": {"msgs_in": 1, "msgs_out": 0, "bytes_in": 5,
+                                                                 "bytes_out": 0}})
+    node.update(restarted, now=1.0)
+    agg = node.aggregate(now=1.5)
+    assert agg["traffic"]["clients"]["msgs_in"] == 10 + 10 + 1
+    # A silent router's gauges leave the aggregate; its counters stay.
+    agg = node.aggregate(now=1.0 + node.stale_after() + 0.5)
+    assert agg["clients"]["connected"] == 0 and agg["traffic"]["clients"]["msgs_in"] == 21
+
+
+def test_sum_trees():
+    assert sum_trees([{"a": 1, "b": {"c": 2}}, {"a": 2, "b": {"c": 3, "d": 1.5}, "s": "x"}]) == {
+        "a": 3, "b": {"c": 5, "d": 1.5}}
+
+
+def test_metrics_text_parses_with_router_labels():
+    node = NodeStats("n", 2, 1.0)
+    for i in range(2):
+        pub, router, conns = publisher(index=i)
+        add_client(router, conns, f"c{i}", bytes_in=1000 * (i + 1), msgs_in=3 * (i + 1))
+        router.mesh_peer_stats = {f"n/w{1 - i}": [5, 500, 0, 0]}  # type: ignore[attr-defined]
+        router.stats.drop_slow_consumer = i
+        node.update(pub.snapshot())
+    families = {f.name: f for f in text_string_to_metric_families(metrics_text(node).decode())}
+    received = {s.labels["router"]: s.value for s in families["brokerd_client_messages_received"].samples
+                if s.name == "brokerd_client_messages_received_total"}
+    assert received == {"w0": 3, "w1": 6}
+    nbytes = {s.labels["router"]: s.value for s in families["brokerd_client_received_bytes"].samples
+              if s.name.endswith("_total")}
+    assert nbytes == {"w0": 1000, "w1": 2000}
+    mesh = {(s.labels["router"], s.labels["peer"]): s.value for s in families["brokerd_mesh_messages_sent"].samples
+            if s.name.endswith("_total")}
+    assert mesh == {("w0", "n/w1"): 5, ("w1", "n/w0"): 5}
+    drops = {(s.labels["router"], s.labels["reason"]): s.value for s in families["brokerd_dropped_messages"].samples
+             if s.name.endswith("_total")}
+    assert drops[("w1", "slow_consumer")] == 1 and drops[("w0", "slow_consumer")] == 0
+    assert families["brokerd_client_received_bytes"].type == "counter"
+    assert families["brokerd_process_resident_memory_bytes"].type == "gauge"
+    assert {s.labels["router"] for s in families["brokerd_router_up"].samples} == {"w0", "w1"}
+
+
+def test_sys_values_use_mosquitto_names():
+    pub, router, conns = publisher()
+    add_client(router, conns, "c", bytes_in=10, bytes_out=20, msgs_in=1, msgs_out=2)
+    snap = pub.snapshot()
+    per_router = dict(router_sys_values(snap))
+    assert per_router["messages/received"] == "1" and per_router["bytes/sent"] == "20"
+    assert "load/messages/received/15min" in per_router and "drops/queue_full" in per_router
+    node = NodeStats("n", 1, 1.0)
+    node.update(snap)
+    broker = dict(broker_sys_values(node.aggregate()))
+    for name in ("clients/connected", "messages/received", "messages/sent", "bytes/received", "bytes/sent",
+                 "load/messages/received/1min", "load/messages/received/5min", "load/messages/received/15min",
+                 "load/bytes/sent/1min", "subscriptions/count", "uptime", "version"):
+        assert name in broker, name
+    assert broker["messages/received"] == "1" and broker["clients/connected"] == "1"
+    assert broker["uptime"].endswith(" seconds") and broker["version"].startswith("brokerd ")
+
+
+def test_publish_sys_sends_router_topics_cluster_wide_and_node_topics_locally():
+    pub, router, conns = publisher()
+    sent: list = []
+    local: list = []
+    commit_log = object()
+    router.commit_log = commit_log
+
+    def publish(msg, source=None) -> None:
+        assert router.commit_log is None, "$SYS must not reach the commit log"
+        sent.append(msg)
+
+    def deliver_remote(msg) -> None:
+        assert router.commit_log is None, "$SYS must not reach the commit log"
+        local.append(msg)
+
+    router.publish = publish  # type: ignore[method-assign]
+    router.deliver_remote = deliver_remote  # type: ignore[method-assign]
+    snap = pub.snapshot()
+    pub.publish_sys(snap)
+    assert sent and all(m.topic.startswith("$SYS/brokerd/n/w0/") and m.retain for m in sent)
+    assert not local  # no node aggregate yet
+    n = len(sent)
+    pub.node_latest = NodeStats("n", 1, 1.0).aggregate()
+    pub.publish_sys(snap)
+    assert len(sent) == n  # unchanged per-router values are not published again
+    assert local and all(m.topic.startswith("$SYS/broker/") for m in local)
+    assert router.retained.match("$SYS/broker/version")
+    assert router.commit_log is commit_log
+
+
+def test_endpoints():
+    ipc = Config(node_id="n", listen=("0.0.0.0", 1883))
+    assert router_endpoint(ipc, 1).startswith("ipc://") and router_endpoint(ipc, 1).endswith("/w1.stats")
+    tcp = Config(node_id="n", listen=("0.0.0.0", 1883), stats_port=9900)
+    assert router_endpoint(tcp, 2) == "tcp://127.0.0.1:9902"
+    assert router_endpoint(tcp, 0, bind=True) == "tcp://0.0.0.0:9900"
+    assert router_endpoint(tcp, 0, host="10.1.2.3") == "tcp://10.1.2.3:9900"
+    assert router_endpoint(Config(listen=("::", 1), stats_port=5), 0) == "tcp://[::1]:5"
+
+
+def test_human_units():
+    assert human_count(999) == "999" and human_count(1234) == "1.2k" and human_count(2_500_000) == "2.5M"
+    assert human_count(2.25) == "2.2" and human_count(0.0) == "0"
+    assert human_bytes(512) == "512B" and human_bytes(1536) == "1.5K" and human_bytes(3 << 30) == "3.0G"
+    assert human_duration(59) == "59s" and human_duration(3725) == "1h02m" and human_duration(90000) == "1d01h"
+
+
+def test_render_tables():
+    snaps = []
+    lists = []
+    for i in range(2):
+        pub, router, conns = publisher(index=i)
+        add_client(router, conns, f"client-{i}", bytes_in=100 * (i + 1))
+        snaps.append(pub.snapshot())
+        lists.append(pub.connection_list())
+    table = render_routers(snaps)
+    lines = table.splitlines()
+    assert any(line.startswith("ROUTER") for line in lines)
+    assert any(line.startswith("w0 ") for line in lines) and any(line.startswith("w1 ") for line in lines)
+    assert any(line.startswith("TOTAL") for line in lines)
+    text = render_connections(lists)
+    rows = [line for line in text.splitlines() if line.startswith("client-")]
+    assert rows[0].split()[:2] == ["client-1", "w1"] and rows[1].split()[:2] == ["client-0", "w0"]
