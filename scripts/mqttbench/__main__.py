@@ -1,0 +1,191 @@
+"""``./scripts/bench``: run the scenarios against brokerd and/or Mosquitto and print one table.
+
+Every run starts a fresh broker on a free 127.0.0.1 port, runs one scenario with a bounded duration,
+and stops the broker. With ``--against mosquitto`` the brokers alternate run by run (and the order
+flips every repetition), so drift on a shared machine hits both alike; the table shows medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from . import report, runner
+from .brokers import BrokerKind, BrokerUnavailable, RunningBroker, check_brokerd, mosquitto_executable
+from .loadgen import raise_fd_limit
+from .runner import RunResult, Timing
+from .scenarios import PAYLOAD_SCENARIOS, SCENARIOS, Sizes, build
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _scenarios(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown scenario(s) {unknown}; known: {','.join(SCENARIOS)}")
+    return names
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    d = Sizes()
+    ap = argparse.ArgumentParser(
+        prog="./scripts/bench",
+        description="MQTT broker benchmark (Open MQTT Benchmark Suite scenarios) for brokerd and Mosquitto. "
+        "Loopback only; every run is bounded in time.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    ap.add_argument("--scenarios", type=_scenarios, default=list(SCENARIOS), help="comma-separated subset of " + ",".join(SCENARIOS))
+    ap.add_argument("--payload", type=_ints, default=[16, 1024], help="payload sizes in bytes (conn ignores it)")
+    ap.add_argument("--duration", type=float, default=5.0, help="measuring window per run, seconds")
+    ap.add_argument("--warmup", type=float, default=1.0, help="load before the window opens, seconds")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions; tables show medians")
+    ap.add_argument("--broker", choices=("brokerd", "mosquitto"), default="brokerd", help="broker to measure")
+    ap.add_argument("--against", choices=("mosquitto",), help="also run Mosquitto, alternating, and print ratios")
+    ap.add_argument("--workers", type=_ints, default=[1], help="brokerd worker counts (scaling runs)")
+    ap.add_argument("--procs", type=int, default=1, help="load-generator processes")
+    ap.add_argument("--json", type=Path, help="write every run and the summary to this file")
+    g = ap.add_argument_group("sizes")
+    g.add_argument("--pairs", type=int, default=d.pairs, help="p2p/qos1/latency: publisher-subscriber pairs")
+    g.add_argument("--subscribers", type=int, default=d.subscribers, help="fanout: subscribers of one publisher")
+    g.add_argument("--publishers", type=int, default=d.publishers, help="fanin: publishers to one wildcard subscriber")
+    g.add_argument("--connections", type=int, default=d.connections, help="conn: idle connections")
+    g.add_argument("--window", type=int, default=d.window, help="flow control: messages per subscriber in flight")
+    g.add_argument("--inflight", type=int, default=d.inflight, help="qos1: unacknowledged PUBLISHes per publisher")
+    g.add_argument("--latency-rate", type=float, default=d.latency_rate, help="side-channel messages per second")
+    g.add_argument("--latency-load", type=float, default=d.latency_load, help="latency: p2p msg/s offered meanwhile")
+    args = ap.parse_args(argv)
+    if args.reps < 1 or args.procs < 1 or args.duration <= 0 or args.duration > 600 or args.warmup < 0:
+        ap.error("need --reps >= 1, --procs >= 1, 0 < --duration <= 600, --warmup >= 0")
+    if min(args.pairs, args.subscribers, args.publishers, args.connections, args.window, args.inflight) < 1:
+        ap.error("sizes must be positive")
+    return args
+
+
+def _kinds(args: argparse.Namespace) -> list[BrokerKind]:
+    if args.against:
+        return [*(BrokerKind("brokerd", w) for w in args.workers), BrokerKind("mosquitto")]
+    if args.broker == "mosquitto":
+        return [BrokerKind("mosquitto")]
+    return [BrokerKind("brokerd", w) for w in args.workers]
+
+
+def _progress(r: RunResult, rep: int, reps: int) -> str:
+    head = f"[rep {rep + 1}/{reps}] {r.scenario:8s} {('-' if r.scenario == 'conn' else f'{r.payload}B'):>6s} {r.broker}/{r.workers}w"
+    if not r.ok:
+        return f"{head}: FAILED {r.error}"
+    cpu = "/".join(f"{c:.0%}" for c in r.loadgen_cpu)
+    if r.scenario == "conn":
+        return (
+            f"{head}: {r.connections} conns, {r.connects_per_s:,.0f} conn/s, "
+            f"{(r.rss_per_conn_bytes or 0) / 1024:.1f} KiB RSS/conn, broker {r.broker_cpu_share:.2f} cores, loadgen {cpu}"
+            + (f"  ({r.error})" if r.error else "")
+        )
+    lat = f"p50 {r.lat_p50_ms:.2f} p99 {r.lat_p99_ms:.2f} ms" if r.lat_p50_ms is not None else "no latency samples"
+    flags = " LOADGEN SATURATED" if r.loadgen_saturated else ""
+    return (
+        f"{head}: {r.delivered_per_s:,.0f} dlv/s {r.published_per_s:,.0f} pub/s loss {r.loss:.2%} "
+        f"{r.msgs_per_cpu_s or 0:,.0f} msg/CPU-s broker {r.broker_cpu_share:.2f} cores {lat} loadgen {cpu}"
+        f"{' stalls ' + str(r.stalls) if r.stalls else ''}{flags}"
+    )
+
+
+def run_one(kind: BrokerKind, scenario: str, payload: int, rep: int, args: argparse.Namespace, sizes: Sizes) -> RunResult:
+    result = RunResult(scenario, payload, kind.name, kind.workers, rep)
+    plan = build(scenario, payload, args.procs, sizes)
+    try:
+        with RunningBroker(kind) as broker:
+            if plan.is_conn:
+                runner.run_conn(plan, broker, result)
+            else:
+                runner.run_load(plan, broker, Timing(args.warmup, args.duration), result)
+            if not broker.alive():
+                result.ok = False
+                result.error = f"broker exited during the run: {broker.log_tail()}"
+    except (BrokerUnavailable, RuntimeError, OSError) as exc:
+        result.ok = False
+        result.error = str(exc)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = Sizes(
+        pairs=args.pairs, subscribers=args.subscribers, publishers=args.publishers, connections=args.connections,
+        window=args.window, inflight=args.inflight, latency_rate=args.latency_rate, latency_load=args.latency_load,
+    )
+    fd_limit = raise_fd_limit()
+    if "conn" in args.scenarios and fd_limit < sizes.connections + 256:
+        print(f"warning: open-file limit {fd_limit} is low for {sizes.connections} connections", file=sys.stderr)
+    kinds = _kinds(args)
+    if any(k.name == "brokerd" for k in kinds):
+        reason = check_brokerd()
+        if reason:
+            print(reason, file=sys.stderr)
+            kinds = [k for k in kinds if k.name != "brokerd"]
+            if not kinds:
+                return 2
+    if any(k.name == "mosquitto" for k in kinds):
+        try:
+            mosquitto_executable()
+        except BrokerUnavailable as exc:
+            print(exc, file=sys.stderr)
+            return 2
+
+    info = report.machine_info()
+    print(f"machine: {report.machine_line(info)}", file=sys.stderr)
+    results: list[RunResult] = []
+    started = time.monotonic()
+    interrupted = False
+    try:
+        for rep in range(args.reps):
+            order = kinds if rep % 2 == 0 else list(reversed(kinds))
+            for scenario in args.scenarios:
+                payloads = args.payload if scenario in PAYLOAD_SCENARIOS else [0]
+                for payload in payloads:
+                    for kind in order:
+                        r = run_one(kind, scenario, payload, rep, args, sizes)
+                        results.append(r)
+                        print(_progress(r, rep, args.reps), file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        interrupted = True  # the broker of the current run was stopped on the way out
+        print("interrupted: the table below holds the runs that finished", file=sys.stderr)
+
+    rows = report.summarize(results)
+    scenario_order = {s: i for i, s in enumerate(args.scenarios)}
+    rows.sort(key=lambda r: (scenario_order[r["scenario"]], r["payload"], r["broker"] != "brokerd", r["workers"]))
+    print()
+    print(f"Machine: {report.machine_line(info)}")
+    print(f"Command: `{report.command_line()}` ({time.monotonic() - started:.0f} s; medians of {args.reps} reps, "
+          f"{args.duration:g} s windows, {args.procs} generator process(es))")
+    print()
+    if args.against:
+        print(report.comparison_table(rows, args.workers))
+        print()
+    print(report.single_table(rows))
+    if any(r["loadgen_saturated"] for r in rows):
+        print("\nA generator process used > 90% of a core in some runs: those figures may measure the generator; "
+              "retry with --procs 2 or more.")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "command": report.command_line(), "machine": info, "args": {k: str(v) for k, v in vars(args).items()},
+            "summary": rows, "runs": [r.to_dict() for r in results],
+        }, indent=2))
+    if interrupted:
+        return 130
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

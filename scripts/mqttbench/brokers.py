@@ -1,0 +1,260 @@
+"""The brokers under test: start one on a free loopback port, measure its processes, stop it.
+
+Each run gets a fresh broker in a temporary directory (brokerd's ./data and logs land there, not in
+the repository), bound to 127.0.0.1 only. Broker CPU and RSS are read from the broker's process tree
+with psutil: brokerd forks workers, Mosquitto is one process; both are measured the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from . import mqtt_wire as wire
+
+HOST = "127.0.0.1"
+START_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 5.0
+REPO = Path(__file__).resolve().parents[2]
+
+
+class BrokerUnavailable(RuntimeError):
+    """The broker cannot be run here; the message says why and, where it can, how to fix it."""
+
+
+@dataclass(frozen=True)
+class BrokerKind:
+    name: str  # "brokerd" or "mosquitto"
+    workers: int = 1
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}/{self.workers}w" if self.name == "brokerd" else self.name
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def brokerd_executable() -> Path:
+    venv_bin = Path(sys.executable).parent
+    for candidate in (venv_bin / "brokerd", REPO / ".venv" / "bin" / "brokerd"):
+        if candidate.exists():
+            return candidate
+    found = shutil.which("brokerd")
+    if found:
+        return Path(found)
+    raise BrokerUnavailable("brokerd not available: no brokerd executable in .venv/bin (pip install -e .)")
+
+
+def mosquitto_executable(install: bool = True) -> Path:
+    """Mosquitto's binary; installs the Debian package when missing and running as root."""
+    for candidate in (shutil.which("mosquitto"), "/usr/sbin/mosquitto"):
+        if candidate and Path(candidate).exists():
+            return Path(candidate)
+    if not install or os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise BrokerUnavailable("mosquitto not installed: run `sudo apt-get install -y mosquitto`")
+    print("mosquitto missing: apt-get install -y mosquitto", file=sys.stderr, flush=True)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", "mosquitto"]):
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
+            raise BrokerUnavailable(f"mosquitto install failed ({' '.join(cmd)}): {tail[0]}")
+    if Path("/usr/sbin/mosquitto").exists():
+        return Path("/usr/sbin/mosquitto")
+    raise BrokerUnavailable("mosquitto install finished but no mosquitto binary was found")
+
+
+def mosquitto_version() -> str:
+    try:
+        exe = mosquitto_executable(install=False)
+        out = subprocess.run([str(exe), "-h"], capture_output=True, text=True, timeout=10).stdout
+    except (BrokerUnavailable, OSError, subprocess.TimeoutExpired):
+        return "not installed"
+    first = out.strip().splitlines()[:1]
+    return first[0].replace("mosquitto version ", "") if first else "unknown"
+
+
+def check_brokerd() -> str | None:
+    """None when brokerd can be started, else the reason it cannot (so runs skip it cleanly)."""
+    try:
+        exe = brokerd_executable()
+    except BrokerUnavailable as exc:
+        return str(exc)
+    try:
+        proc = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=30, cwd=tempfile.gettempdir())
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"brokerd not available: `brokerd --help` failed: {exc}"
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        return f"brokerd not available: `brokerd --help` exited {proc.returncode}: {lines[-1] if lines else ''}"
+    for flag in ("--workers", "--listen", "--log"):
+        if flag not in proc.stdout:
+            return f"brokerd not available: `brokerd --help` does not list {flag}"
+    return None
+
+
+def mqtt_probe(port: int, timeout: float = 1.0) -> bool:
+    """One CONNECT/CONNACK round trip: the broker accepts and speaks MQTT."""
+    try:
+        with socket.create_connection((HOST, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            s.sendall(wire.connect(f"bench-probe-{os.getpid()}-{time.monotonic_ns()}"))
+            data = b""
+            while len(data) < 4:
+                chunk = s.recv(4 - len(data))
+                if not chunk:
+                    return False
+                data += chunk
+            ok = data[0] >> 4 == wire.CONNACK and data[3] == 0
+            s.sendall(wire.DISCONNECT_PACKET)
+            return ok
+    except OSError:
+        return False
+
+
+class RunningBroker:
+    """A broker process tree started for one run; use as a context manager so it always stops."""
+
+    def __init__(self, kind: BrokerKind) -> None:
+        self.kind = kind
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix=f"bench-{kind.name}-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.root: psutil.Process | None = None
+
+    def command(self) -> list[str]:
+        if self.kind.name == "brokerd":
+            return [
+                str(brokerd_executable()), "--workers", str(self.kind.workers),
+                "--listen", f"{HOST}:{self.port}", "--log", "off",
+            ]
+        conf = self.dir / "mosquitto.conf"
+        conf.write_text(
+            "\n".join([
+                f"listener {self.port} {HOST}",
+                "allow_anonymous true",
+                "persistence false",
+                "max_queued_messages 1000",
+                "max_connections -1",
+                "set_tcp_nodelay true",  # brokerd (asyncio) sets TCP_NODELAY too: same footing for latency
+                "log_dest none",
+                "",
+            ])
+        )
+        os.chmod(self.dir, 0o755)  # mosquitto drops root privileges to its own user
+        os.chmod(conf, 0o644)
+        return [str(mosquitto_executable()), "-c", str(conf)]
+
+    def __enter__(self) -> RunningBroker:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()  # __exit__ does not run when __enter__ raises
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        cmd = self.command()
+        log = open(self.dir / "broker.log", "wb")  # noqa: SIM115 - the child keeps it open
+        try:
+            self.proc = subprocess.Popen(
+                cmd, cwd=self.dir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+        self.root = psutil.Process(self.proc.pid)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        # brokerd's workers share the port: several successful probes before the run starts.
+        needed = 2 * self.kind.workers if self.kind.name == "brokerd" else 1
+        successes = 0
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise BrokerUnavailable(
+                    f"{self.kind.label} exited with {self.proc.returncode} at start: {self.log_tail()}"
+                )
+            if mqtt_probe(self.port):
+                successes += 1
+                if successes >= needed:
+                    return
+                continue
+            time.sleep(0.05)
+        raise BrokerUnavailable(f"{self.kind.label} did not accept MQTT on {HOST}:{self.port} in {START_TIMEOUT_S:.0f} s")
+
+    def log_tail(self, lines: int = 3) -> str:
+        try:
+            text = (self.dir / "broker.log").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return " | ".join(text[-lines:])
+
+    def processes(self) -> list[psutil.Process]:
+        if self.root is None:
+            return []
+        try:
+            return [self.root, *self.root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def cpu_seconds(self) -> float:
+        """User+system CPU of the broker tree so far, reaped workers included."""
+        total = 0.0
+        for p in self.processes():
+            try:
+                t = p.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += t.user + t.system
+            if p is self.root:
+                total += t.children_user + t.children_system
+        return total
+
+    def rss_bytes(self) -> int:
+        total = 0
+        for p in self.processes():
+            try:
+                total += p.memory_info().rss
+            except psutil.NoSuchProcess:
+                continue
+        return total
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL to the whole (own) process group after STOP_TIMEOUT_S."""
+        if self.proc is not None:
+            pgid = self.proc.pid  # start_new_session: the broker leads its own group
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    pass
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pass
+            self.proc = None
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,130 @@
+"""The scenarios, named after the Open MQTT Benchmark Suite, as plans the load generator executes.
+
+A plan is plain data (picklable, handed to forked generator processes): groups of publishers and
+subscribers that share a flow-control window, and the clients with the process each runs in.
+Keeping the shape here and the mechanics in ``loadgen`` lets a scenario be read in a few lines.
+
+Flow control: a group may have at most ``window`` messages per subscriber published but not yet
+delivered. That keeps the broker in steady state (no unbounded queues, no drops from queue limits)
+while still letting publishers write in large pipelined batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SCENARIOS = ("p2p", "fanout", "fanin", "qos1", "conn", "latency")
+# sharedsub needs MQTT 5 shared subscriptions ($share/...): added once the generator speaks MQTT 5.
+PAYLOAD_SCENARIOS = frozenset({"p2p", "fanout", "fanin", "qos1", "latency"})
+
+LATENCY_GROUP_TOPIC = "bench/lat/side"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each scenario is; defaults fit a 2-core machine and a run of a few minutes."""
+
+    pairs: int = 10
+    subscribers: int = 50
+    publishers: int = 20
+    connections: int = 2000
+    window: int = 500
+    inflight: int = 100
+    latency_rate: float = 100.0
+    latency_load: float = 10_000.0
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Publishers and subscribers that share one flow-control window.
+
+    ``fan`` is the number of deliveries one publish should cause (subscribers matching it);
+    ``rate`` (msg/s for the whole group, 0 = as fast as the window allows) makes an open-loop load.
+    ``side`` marks the latency side channel, which is timed, not counted in throughput.
+    """
+
+    gid: int
+    fan: int
+    qos: int
+    window: int
+    rate: float = 0.0
+    side: bool = False
+
+
+@dataclass(frozen=True)
+class ClientSpec:
+    """One connection: ``role`` is pub, sub, lat_pub, lat_sub or idle; ``topic`` is the topic it
+    publishes to or the filter it subscribes to."""
+
+    role: str
+    gid: int
+    topic: str
+    proc: int
+
+
+@dataclass
+class Plan:
+    scenario: str
+    payload: int
+    procs: int
+    groups: list[GroupSpec] = field(default_factory=list)
+    clients: list[ClientSpec] = field(default_factory=list)
+    inflight: int = 100
+    connect_concurrency: int = 100
+
+    @property
+    def is_conn(self) -> bool:
+        return self.scenario == "conn"
+
+    def clients_of(self, proc: int) -> list[ClientSpec]:
+        return [c for c in self.clients if c.proc == proc]
+
+
+def _add_side_channel(plan: Plan, sizes: Sizes) -> None:
+    """A low-rate publisher/subscriber pair in process 0 whose payloads carry send timestamps."""
+    if sizes.latency_rate <= 0:
+        return
+    gid = len(plan.groups)
+    plan.groups.append(GroupSpec(gid, fan=1, qos=0, window=0, rate=sizes.latency_rate, side=True))
+    plan.clients.append(ClientSpec("lat_sub", gid, LATENCY_GROUP_TOPIC, 0))
+    plan.clients.append(ClientSpec("lat_pub", gid, LATENCY_GROUP_TOPIC, 0))
+
+
+def _p2p(plan: Plan, sizes: Sizes, qos: int, total_rate: float) -> None:
+    per_pair = total_rate / sizes.pairs if total_rate else 0.0
+    for i in range(sizes.pairs):
+        gid = len(plan.groups)
+        proc = i % plan.procs
+        topic = f"bench/p2p/{i}"
+        plan.groups.append(GroupSpec(gid, fan=1, qos=qos, window=sizes.window, rate=per_pair))
+        plan.clients.append(ClientSpec("sub", gid, topic, proc))
+        plan.clients.append(ClientSpec("pub", gid, topic, proc))
+
+
+def build(scenario: str, payload: int, procs: int, sizes: Sizes) -> Plan:
+    """The plan for one scenario run. Subscribers are listed before publishers so they subscribe first."""
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
+    plan = Plan(scenario, payload if scenario in PAYLOAD_SCENARIOS else 0, max(1, procs), inflight=sizes.inflight)
+    if scenario == "p2p":
+        _p2p(plan, sizes, qos=0, total_rate=0.0)
+    elif scenario == "qos1":
+        _p2p(plan, sizes, qos=1, total_rate=0.0)
+    elif scenario == "latency":
+        _p2p(plan, sizes, qos=0, total_rate=sizes.latency_load)
+    elif scenario == "fanout":
+        plan.groups.append(GroupSpec(0, fan=sizes.subscribers, qos=0, window=sizes.window))
+        for i in range(sizes.subscribers):
+            plan.clients.append(ClientSpec("sub", 0, "bench/fanout", i % plan.procs))
+        plan.clients.append(ClientSpec("pub", 0, "bench/fanout", 0))
+    elif scenario == "fanin":
+        plan.groups.append(GroupSpec(0, fan=1, qos=0, window=sizes.window))
+        plan.clients.append(ClientSpec("sub", 0, "bench/fanin/#", 0))
+        for i in range(sizes.publishers):
+            plan.clients.append(ClientSpec("pub", 0, f"bench/fanin/{i}", i % plan.procs))
+    elif scenario == "conn":
+        for i in range(sizes.connections):
+            plan.clients.append(ClientSpec("idle", -1, "", i % plan.procs))
+        return plan
+    _add_side_channel(plan, sizes)
+    return plan

@@ -1,0 +1,159 @@
+"""The benchmark's own MQTT bytes and flow control: if these are wrong, every figure is wrong.
+
+No processes, no sockets: packets are checked against hand-computed bytes, the subscriber's counter
+against arbitrary splits of a stream, and the publisher's window against a fake transport.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+from mqttbench import mqtt_wire as wire  # noqa: E402
+from mqttbench.loadgen import Conn, Group, Publisher, Subscriber  # noqa: E402
+from mqttbench.runner import percentile  # noqa: E402
+from mqttbench.scenarios import GroupSpec, Sizes, build  # noqa: E402
+
+
+@pytest.mark.parametrize("n", [0, 1, 127, 128, 16_383, 16_384, 2_097_151, 2_097_152, 268_435_455])
+def test_remaining_length_round_trip(n: int) -> None:
+    enc = wire.encode_remaining_length(n)
+    assert len(enc) == 1 + (n > 127) + (n > 16_383) + (n > 2_097_151)
+    assert wire.decode_remaining_length(b"\x30" + enc, 1) == (n, 1 + len(enc))
+    assert wire.decode_remaining_length(b"\x30" + enc[:-1], 1) is None
+
+
+def test_connect_bytes() -> None:
+    assert wire.connect("a") == bytes.fromhex("100d00044d51545404020000") + b"\x00\x01a"
+
+
+def test_subscribe_and_publish_bytes() -> None:
+    assert wire.subscribe(1, "t/#", 1) == bytes.fromhex("82080001") + b"\x00\x03t/#\x01"
+    assert wire.publish("t", b"xy") == b"\x30\x05\x00\x01txy"
+    assert wire.publish("t", b"xy", qos=1, packet_id=258) == b"\x32\x07\x00\x01t\x01\x02xy"
+    assert wire.PUBACKS[258] == b"\x40\x02\x01\x02"
+    big = wire.publish("t", b"z" * 1024)
+    assert big[:3] == b"\x30\x83\x08" and len(big) == 3 + 3 + 1024
+
+
+def _stream() -> tuple[bytes, int]:
+    rng = random.Random(7)
+    packets = [
+        wire.publish(f"bench/p2p/{rng.randrange(100)}", b"p" * rng.choice([16, 1024, 200_000]), qos=rng.choice([0, 1]),
+                     packet_id=rng.randrange(1, 65536))
+        for _ in range(300)
+    ]
+    return b"".join(packets), len(packets)
+
+
+def test_count_packets_over_any_split() -> None:
+    stream, total = _stream()
+    rng = random.Random(11)
+    for _ in range(20):
+        counted, buf, pos = 0, b"", 0
+        while pos < len(stream):
+            step = rng.choice([1, 2, 3, 50, 1500, 65536, 300_000])
+            buf += stream[pos : pos + step]
+            pos += step
+            n, used = wire.count_packets(buf)
+            counted += n
+            buf = buf[used:]
+        assert counted == total and buf == b""
+
+
+def test_publish_topic() -> None:
+    pkt = wire.publish("bench/fanin/3", b"x" * 1024)
+    assert wire.publish_topic(pkt) == b"bench/fanin/3"
+    assert wire.publish_topic(pkt[:5]) is None
+    assert wire.publish_topic(wire.puback(1)) == b""
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def _conn() -> tuple[Conn, FakeTransport]:
+    conn = Conn(lambda c, e: None)
+    t = FakeTransport()
+    conn.transport = t  # type: ignore[assignment]
+    return conn, t
+
+
+def test_publisher_respects_window_and_resumes_on_delivery() -> None:
+    group = Group(GroupSpec(0, fan=2, qos=0, window=10), 0, 1, True, None, None)
+    conn, t = _conn()
+    pub = Publisher(conn, group, "t", b"0123456789abcdef", qos=0, inflight=0, rate=0.0)
+    group.publishers.append(pub)
+    plen = len(wire.publish("t", b"0123456789abcdef"))
+    pub.start(0.0)
+    assert len(t.data) == 10 * plen and group.pub == 10
+    group.add_dlv(8)  # fan 2: 8 deliveries are 4 publishes done
+    assert group.pub == 14 and wire.count_packets(bytes(t.data)) == (14, len(t.data))
+    conn.paused = True
+    group.add_dlv(20)
+    assert group.pub == 14  # paused transport: nothing written
+    conn.resume_writing()
+    assert group.pub == 24
+
+
+def test_qos1_publisher_inflight_and_subscriber_acks() -> None:
+    group = Group(GroupSpec(0, fan=1, qos=1, window=1000), 0, 1, True, None, None)
+    pconn, pt = _conn()
+    pub = Publisher(pconn, group, "q", b"x" * 16, qos=1, inflight=5, rate=0.0)
+    group.publishers.append(pub)
+    pub.start(0.0)
+    assert pub.sent == 5
+    sconn, st = _conn()
+    sub = Subscriber(sconn, group, 1, "q")
+    sent = bytes(pt.data)
+    sconn.data_received(sent[:7])  # partial packet first
+    sconn.data_received(sent[7:])
+    assert sub.received == 5 and sub.bad == 0
+    assert bytes(st.data) == b"".join(wire.puback(i) for i in range(1, 6))
+    pconn.data_received(bytes(st.data))  # the broker's PUBACKs free the inflight window
+    assert pub.acked == 5 and pub.sent == 10
+
+
+def test_subscriber_flags_foreign_stream() -> None:
+    group = Group(GroupSpec(0, fan=1, qos=0, window=10), 0, 1, True, None, None)
+    sconn, _ = _conn()
+    sub = Subscriber(sconn, group, 0, "bench/p2p/1")
+    sconn.data_received(wire.publish("other", b"x"))
+    assert sub.bad == 1 and sub.received == 1
+
+
+def test_scenarios_shape() -> None:
+    sizes = Sizes()
+    p2p = build("p2p", 16, 2, sizes)
+    assert sum(c.role == "pub" for c in p2p.clients) == sizes.pairs
+    assert {c.proc for c in p2p.clients} == {0, 1}
+    fanout = build("fanout", 1024, 1, sizes)
+    assert fanout.groups[0].fan == sizes.subscribers
+    fanin = build("fanin", 16, 1, sizes)
+    assert sum(c.role == "pub" for c in fanin.clients) == sizes.publishers
+    assert any(c.topic == "bench/fanin/#" for c in fanin.clients)
+    conn = build("conn", 16, 3, sizes)
+    assert conn.payload == 0 and len(conn.clients) == sizes.connections and not conn.groups
+    lat = build("latency", 16, 1, sizes)
+    assert sum(g.rate for g in lat.groups if not g.side) == pytest.approx(sizes.latency_load)
+    assert [c.role for c in lat.clients if lat.groups[c.gid].side] == ["lat_sub", "lat_pub"]
+
+
+def test_percentile_nearest_rank() -> None:
+    values = list(range(1, 101))
+    assert percentile(values, 50) == 50
+    assert percentile(values, 99) == 99
+    assert percentile(values, 100) == 100
+    assert percentile([5], 99) == 5
