@@ -211,6 +211,7 @@ class Mesh:
         self.peer_stats: dict[str, list[int]] = {}
         router.mesh_peer_stats = self.peer_stats  # type: ignore[attr-defined]
         self._packer = msgpack.Packer(use_bin_type=True)
+        self.closed = False  # after stop(): whatever the router still says goes nowhere
 
     # -- sockets --------------------------------------------------------------------------------------
 
@@ -338,6 +339,7 @@ class Mesh:
 
     async def stop(self) -> None:
         self._flush()
+        self.closed = True
         frame = self._frame(GOODBYE, None)
         for peer in self.peers.values():
             if peer.alive and peer.link is not None:
@@ -378,7 +380,7 @@ class Mesh:
             peer.link.send(self._frame(kind, body))
 
     def _mark(self) -> None:
-        if not self._dirty:
+        if not self._dirty and not self.closed:
             self._dirty = True
             self.loop.call_soon(self._flush)
 
@@ -388,6 +390,8 @@ class Mesh:
     def _flush(self) -> None:
         """End of the loop iteration: one publish frame per peer, one interest frame for all."""
         self._dirty = False
+        if self.closed:
+            return
         stats = self.router.stats
         for peer in self.peers.values():
             batch = peer.batch
@@ -423,7 +427,7 @@ class Mesh:
 
     def forward(self, router_id: str, msg: Message, source: Any = None) -> None:
         peer = self.peers.get(router_id)
-        if peer is None or not peer.alive:
+        if peer is None or not peer.alive or self.closed:
             return
         peer.batch.append(_msg_tuple(msg))
         if source is not None:
@@ -445,6 +449,8 @@ class Mesh:
         return self._interest_waiter.future
 
     def retained_update(self, msg: Message) -> None:
+        if self.closed:
+            return
         if self._dirty:
             self._flush()  # retained updates travel after this tick's publishes, in order
         frame = self._frame(RETAINED, [_msg_tuple(msg)])
@@ -453,7 +459,7 @@ class Mesh:
                 peer.link.send(frame)
 
     def takeover(self, client_id: str) -> asyncio.Future:
-        alive = {rid for rid, p in self.peers.items() if p.alive}
+        alive = {rid for rid, p in self.peers.items() if p.alive and not self.closed}
         waiter = _Waiter(self.loop, alive)
         if not alive:
             waiter.future.set_result(None)

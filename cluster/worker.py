@@ -40,6 +40,8 @@ class Worker:
         self.server: asyncio.base_events.Server | None = None
         self.mesh: Any = None
         self.connections: set[MQTTConnection] = set()
+        self.commit_log: Any = None
+        self._log_timer: asyncio.TimerHandle | None = None
         self._stop = asyncio.Event()
 
     def _router_config(self) -> RouterConfig:
@@ -63,6 +65,8 @@ class Worker:
     async def start(self) -> None:
         c = self.config
         self.router = Router(self._router_config())
+        if c.log:
+            self._open_log()
         if c.workers > 1 or c.mesh is not None:
             from .mesh import Mesh
 
@@ -74,6 +78,61 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stop.set)
         self._start_stats()
+
+    # -- commit log -----------------------------------------------------------------------------------
+
+    def _open_log(self) -> None:
+        from router.log import CommitLog
+        from router.persistence import StateStore
+
+        c = self.config
+        router = self.router
+        assert router is not None
+        directory = os.path.join(c.data_dir, c.node_id, self.name)
+        os.makedirs(directory, exist_ok=True)
+        self.commit_log = CommitLog(
+            directory, router_id=self.router_id, loop=self.loop, fsync=c.fsync,
+            fsync_interval_ms=c.fsync_interval_ms, segment_bytes=c.segment_bytes,
+            retention_bytes=c.retention_bytes or None, retention_hours=c.retention_hours or None)
+        router.attach_log(self.commit_log, c.fsync == "always")
+        router.state = StateStore(router, directory)
+        sessions, retained = router.state.load()
+        router.state.write_now()
+        log.info("commit log %s: offsets %d..%d, %d persistent sessions, %d retained messages restored",
+                 directory, self.commit_log.start_offset, self.commit_log.next_offset - 1, sessions, retained)
+        self.commit_log.on_error(self._log_error)
+        self._log_timer = self.loop.call_later(1.0, self._log_tick, 0)
+
+    def _log_error(self, error: OSError | None) -> None:
+        if error is None:
+            log.warning("commit log writable again: QoS 1/2 publishes accepted")
+        else:
+            log.error("commit log unavailable (%s): QoS 1/2 publishes are refused until it recovers", error)
+
+    def _log_tick(self, n: int) -> None:
+        """Once a second: snapshot positions, retry a failed log; once a minute: retention."""
+        router = self.router
+        assert router is not None
+        commit_log = self.commit_log
+        router.state.periodic()
+        if commit_log.error is not None:
+            commit_log.try_recover()
+        if n % 60 == 59:
+            deleted = commit_log.enforce_retention()
+            if deleted:
+                log.info("retention deleted %d segment(s) of %s", len(deleted), commit_log.directory)
+        self._log_timer = self.loop.call_later(1.0, self._log_tick, n + 1)
+
+    async def _close_log(self) -> None:
+        if self.commit_log is None:
+            return
+        self._log_timer.cancel()
+        assert self.router is not None
+        try:
+            self.router.state.write_now()
+        except OSError as exc:
+            log.error("cannot write the session snapshot: %s", exc)
+        await self.commit_log.aclose()
 
     # -- stats (cluster/stats.py owns what happens here) -------------------------------------------
 
@@ -121,6 +180,7 @@ class Worker:
         if self.mesh is not None:
             await self.mesh.stop()
         await asyncio.sleep(0)  # let the transports flush their closing writes
+        await self._close_log()
         log.info("router %s stopped", self.router_id)
 
 

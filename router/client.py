@@ -34,6 +34,7 @@ from connection.packets import (
 )
 from connection.reasons import ProtocolError, Reason, connack_code
 
+from .log.errors import LogUnavailable
 from .message import Message
 from .topics import valid_topic_filter
 
@@ -254,18 +255,43 @@ class Client:
         msg = Message(p.topic, p.payload, qos, p.retain, self.client_id, router.router_id,
                       properties=p.properties or None)
         conn = self.conn
-        if qos == 0:
-            router.publish(msg, conn)
-        elif qos == 1:
-            router.publish(msg, conn)
-            self.conn.send(_ack(0x40, p.packet_id))  # type: ignore[arg-type]
-        else:
-            inbound = self.session.inbound_qos2  # type: ignore[union-attr]
-            pid = p.packet_id
-            if pid not in inbound:  # a DUP of a PUBLISH we already took is not published again
-                inbound.add(pid)  # type: ignore[arg-type]
+        try:
+            if qos == 0:
                 router.publish(msg, conn)
-            self.conn.send(_ack(0x50, pid))  # type: ignore[arg-type]
+            elif qos == 1:
+                router.publish(msg, conn)
+                self._ack(_ack(0x40, p.packet_id), msg)  # type: ignore[arg-type]
+            else:
+                inbound = self.session.inbound_qos2  # type: ignore[union-attr]
+                pid = p.packet_id
+                if pid in inbound:  # a DUP of a PUBLISH we already took is not published again
+                    conn.send(_ack(0x50, pid))  # type: ignore[arg-type]
+                    return
+                router.publish(msg, conn)
+                inbound.add(pid)  # type: ignore[arg-type]
+                self._ack(_ack(0x50, pid), msg)  # type: ignore[arg-type]
+        except LogUnavailable as exc:
+            self._refuse_publish(p, exc)
+
+    def _ack(self, ack: bytes, msg: Message) -> None:
+        router = self.router
+        if router.ack_when_durable and msg.log_offset >= 0:
+            router.defer_ack(msg.log_offset, self.conn, ack)
+        else:
+            self.conn.send(ack)
+
+    def _refuse_publish(self, p: Publish, exc: Exception) -> None:
+        """The log cannot take a QoS 1/2 message: never acknowledge what would be lost.
+        MQTT 5 gets a negative acknowledgement; MQTT 3.1.1 has none, so the connection is closed
+        and the client resends after reconnecting."""
+        if self.level >= MQTT_5:
+            ack = Puback if p.qos == 1 else Pubrec
+            self.conn.send(encode(ack(p.packet_id, Reason.IMPLEMENTATION_SPECIFIC_ERROR,  # type: ignore[arg-type]
+                                      {Prop.REASON_STRING: "commit log unavailable"}), self.level))
+            return
+        log.warning("client %s (%s): QoS %d publish refused, commit log unavailable (%s); closing",
+                    self.client_id, self.conn.peer, p.qos, exc)
+        self.conn.close()
 
     # -- SUBSCRIBE / UNSUBSCRIBE ----------------------------------------------------------------------
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+import msgpack
+
 from connection.codec import publish_parts
 from connection.packets import MQTT_5, Prop
 
@@ -24,7 +26,7 @@ encode_count = 0  # how many encodes happened: the unit test of "encode once" re
 
 class Message:
     __slots__ = ("topic", "payload", "qos", "retain", "client_id", "origin_router", "origin_offset",
-                 "properties", "timestamp_ms", "_enc", "_topic_bytes")
+                 "properties", "timestamp_ms", "log_offset", "_enc", "_topic_bytes")
 
     def __init__(
         self,
@@ -47,8 +49,27 @@ class Message:
         self.origin_offset = origin_offset
         self.properties = properties or None
         self.timestamp_ms = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+        self.log_offset = -1  # where this router's commit log holds it (-1: not logged)
         self._enc: dict[int, tuple[bytes, bytes]] = {}
         self._topic_bytes: bytes | None = None
+
+    @property
+    def topic_bytes(self) -> bytes:
+        if self._topic_bytes is None:
+            self._topic_bytes = self.topic.encode()
+        return self._topic_bytes
+
+    @classmethod
+    def from_record(cls, rec) -> Message:  # noqa: ANN001 - router.log.Record
+        """A message read back from the commit log (session catch-up, retained recovery)."""
+        props = msgpack.unpackb(rec.properties, strict_map_key=False) if rec.properties else None
+        msg = cls(rec.topic, rec.payload, rec.qos, rec.retain, rec.client_id, rec.origin_router,
+                  rec.origin_offset, props, rec.timestamp_ms)
+        msg.log_offset = rec.offset
+        return msg
+
+    def packed_properties(self) -> bytes:
+        return msgpack.packb(self.properties) if self.properties else b""
 
     def encoded(self, level: int, qos: int, retain: bool) -> tuple[bytes, bytes]:
         """(head, tail) of the PUBLISH for this variant; QoS 0: head + tail is the whole packet."""
@@ -57,12 +78,10 @@ class Message:
         if parts is None:
             global encode_count
             encode_count += 1
-            if self._topic_bytes is None:
-                self._topic_bytes = self.topic.encode()
             props = None
             if level >= MQTT_5 and self.properties:
                 props = {k: v for k, v in self.properties.items() if k in _FORWARDED} or None
-            parts = publish_parts(self._topic_bytes, self.payload, qos, retain, level, props)
+            parts = publish_parts(self.topic_bytes, self.payload, qos, retain, level, props)
             if qos == 0:
                 parts = (parts[0] + parts[1], b"")
             self._enc[key] = parts

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from connection.packets import Subscription
 
+from .log.errors import LogUnavailable
 from .message import Message
 from .retained import RetainedStore
 from .session import Session, SessionLimits
@@ -78,12 +80,30 @@ class Router:
         self._routes: dict[str, list[tuple[Session, int, bool, bool]]] = {}
         self._peer_routes: dict[str, tuple[str, ...]] = {}
         self._expiry: dict[str, asyncio.TimerHandle] = {}
-        self.commit_log: Any = None  # router.log.CommitLog when the log is on (set by the worker)
+        self.commit_log: Any = None  # router.log.CommitLog when the log is on (attach_log)
+        self.ack_when_durable = False
+        self.state: Any = None  # router.persistence.StateStore when the log is on
+        self._deferred_acks: deque[tuple[int, Any, bytes]] = deque()
 
     # -- publishing ---------------------------------------------------------------------------------
 
     def publish(self, msg: Message, source: Any = None) -> None:
-        """A message published by a client of this router (or a will): retain, deliver, forward."""
+        """A message published by a client of this router (or a will): log, retain, deliver, forward.
+
+        Raises ``LogUnavailable`` for a QoS 1/2 message the log cannot take (full or unwritable
+        disk): the caller refuses it instead of acknowledging it. QoS 0 still flows, unlogged.
+        """
+        log_ = self.commit_log
+        if log_ is not None:
+            try:
+                msg.log_offset = msg.origin_offset = log_.append(
+                    msg.topic_bytes, msg.payload, qos=msg.qos, retain=msg.retain, client_id=msg.client_id,
+                    properties=msg.packed_properties() if msg.properties else b"",
+                    timestamp_ms=msg.timestamp_ms)
+            except LogUnavailable:
+                self.stats.refused_log_unavailable += 1
+                if msg.qos:
+                    raise
         self.stats.msgs_in += 1
         if msg.retain:
             self.retained.set(msg)
@@ -101,8 +121,43 @@ class Router:
                     mesh.forward(router_id, msg, source)
 
     def deliver_remote(self, msg: Message) -> None:
-        """A message another router forwarded here because this router announced interest."""
+        """A message another router forwarded here because this router announced interest.
+
+        Logged here too (with its origin), so that this router's sessions can catch up from their
+        own log and readers can count each message once by its origin."""
+        log_ = self.commit_log
+        if log_ is not None:
+            try:
+                msg.log_offset = log_.append(
+                    msg.topic_bytes, msg.payload, qos=msg.qos, retain=msg.retain, client_id=msg.client_id,
+                    properties=msg.packed_properties() if msg.properties else b"",
+                    origin_router=msg.origin_router, origin_offset=msg.origin_offset,
+                    timestamp_ms=msg.timestamp_ms)
+            except LogUnavailable:
+                self.stats.refused_log_unavailable += 1
         self._deliver_local(msg)
+
+    # -- acknowledgements that wait for the disk (--fsync always) ------------------------------------
+
+    def attach_log(self, log_: Any, ack_when_durable: bool) -> None:
+        self.commit_log = log_
+        self.ack_when_durable = ack_when_durable
+        if ack_when_durable:
+            log_.on_durable(self._durable)
+
+    def defer_ack(self, offset: int, conn: Any, ack: bytes) -> None:
+        """Send ``ack`` once the record at ``offset`` is durable."""
+        if offset <= self.commit_log.durable_offset:
+            conn.send(ack)
+        else:
+            self._deferred_acks.append((offset, conn, ack))
+
+    def _durable(self, durable: int) -> None:
+        acks = self._deferred_acks
+        while acks and acks[0][0] <= durable:
+            _, conn, ack = acks.popleft()
+            if not conn.closing:
+                conn.send(ack)
 
     def _deliver_local(self, msg: Message) -> None:
         routes = self._routes.get(msg.topic)
@@ -147,6 +202,8 @@ class Router:
         """Index one subscription; True if it is new for this session (not a replacement)."""
         new = sub.topic_filter not in session.subscriptions
         session.subscriptions[sub.topic_filter] = sub
+        if session.persistent and self.state is not None:
+            self.state.mark(soon=True)
         self.subs.add(sub.topic_filter, session, sub)
         self._routes.clear()
         if new:
@@ -156,6 +213,8 @@ class Router:
     def unsubscribe(self, session: Session, topic_filter: str) -> bool:
         if session.subscriptions.pop(topic_filter, None) is None:
             return False
+        if session.persistent and self.state is not None:
+            self.state.mark(soon=True)
         self.subs.remove(topic_filter, session)
         self._routes.clear()
         self._ref_filter(topic_filter, -1)
@@ -179,6 +238,7 @@ class Router:
 
     def new_session(self, client_id: str, persistent: bool) -> Session:
         session = Session(client_id, persistent, self.config.session, self.stats)
+        session.log = self.commit_log
         self.sessions[client_id] = session
         return session
 
@@ -248,6 +308,10 @@ class Router:
         self._peer_routes.clear()
 
     def peer_retained(self, msg: Message) -> None:
+        """A retained update from another router; the newer of two versions of a topic wins."""
+        current = self.retained.get(msg.topic)
+        if current is not None and current.timestamp_ms > msg.timestamp_ms:
+            return
         self.retained.set(msg)
         self.stats.retained_count = len(self.retained)
 

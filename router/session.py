@@ -9,14 +9,16 @@ does not read therefore costs a bounded amount of memory and never slows anyone 
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from connection.codec import encode, with_dup
 from connection.packets import Pubrel, Subscription
 
 from .message import Message
+from .topics import filter_matches
 
 if TYPE_CHECKING:
     from connection.protocol import MQTTConnection
@@ -47,7 +49,7 @@ class Inflight:
 class Session:
     __slots__ = ("client_id", "persistent", "subscriptions", "conn", "inflight", "queue",
                  "inbound_qos2", "limits", "stats", "_next_pid", "receive_max", "expiry_s",
-                 "will", "dropped")
+                 "will", "dropped", "log", "cursor")
 
     def __init__(self, client_id: str, persistent: bool, limits: SessionLimits, stats: RouterStats) -> None:
         self.client_id = client_id
@@ -64,6 +66,10 @@ class Session:
         self.expiry_s = 0
         self.will = None
         self.dropped = 0
+        # With the commit log on, a persistent session that is offline (or catching up) keeps a
+        # position in its router's log instead of copies: ``cursor`` is the next offset to read.
+        self.log: Any = None
+        self.cursor: int | None = None
 
     # -- delivery -------------------------------------------------------------------------------------
 
@@ -81,6 +87,8 @@ class Session:
             conn.counters.msgs_out += 1
             self.stats.msgs_out += 1
             return
+        if self.cursor is not None and msg.log_offset >= 0:
+            return  # the log holds it at or after the cursor: catch-up delivers it, in order
         if conn is not None and not self.queue and len(self.inflight) < self.receive_max:
             self._send_new(conn, msg, qos, retain)
             return
@@ -111,12 +119,52 @@ class Session:
         self.stats.msgs_out += 1
 
     def pump(self) -> None:
-        """Move queued messages into the inflight window as it opens."""
+        """Move queued messages (then log records, when catching up) into the inflight window."""
         conn = self.conn
         queue = self.queue
-        while conn is not None and queue and len(self.inflight) < self.receive_max:
+        refills = 0
+        while conn is not None and len(self.inflight) < self.receive_max:
+            if not queue:
+                if self.cursor is None:
+                    return
+                if refills == 16:  # a long catch-up: let other connections run, then go on
+                    asyncio.get_event_loop().call_soon(self.pump)
+                    return
+                refills += 1
+                self._refill()
+                continue
             msg, qos, retain = queue.popleft()
             self._send_new(conn, msg, qos, retain)
+
+    def _refill(self, batch: int = 256) -> None:
+        """Read the next records after ``cursor`` and queue those this session subscribes to."""
+        records = self.log.read(self.cursor, max_records=batch)
+        if not records:
+            self.cursor = None  # caught up: from here on, live delivery
+            return
+        subs = self.subscriptions.values()
+        me = self.client_id
+        for rec in records:
+            best = -1
+            topic = rec.topic
+            for sub in subs:
+                if sub.qos > best and filter_matches(sub.topic_filter, topic) and not (
+                        sub.no_local and rec.client_id == me):
+                    best = sub.qos
+            if best > 0 and rec.qos > 0:
+                self.queue.append((Message.from_record(rec), min(best, rec.qos), False))
+        self.cursor = records[-1].offset + 1
+
+    def position(self) -> int | None:
+        """Where a catch-up must start to lose nothing unacknowledged (for snapshots)."""
+        if self.log is None:
+            return None
+        offsets = [e.msg.log_offset for e in self.inflight.values() if e.state == AWAIT_ACK]
+        offsets += [m.log_offset for m, _, _ in self.queue]
+        if self.cursor is not None:
+            offsets.append(self.cursor)
+        offsets = [o for o in offsets if o >= 0]
+        return min(offsets) if offsets else self.log.next_offset
 
     # -- acknowledgements from the client -----------------------------------------------------------
 
@@ -125,7 +173,7 @@ class Session:
         if entry is None or entry.qos != 1:
             return False
         del self.inflight[pid]
-        if self.queue:
+        if self.queue or self.cursor is not None:
             self.pump()
         return True
 
@@ -144,7 +192,7 @@ class Session:
         if entry is None or entry.state != AWAIT_COMP:
             return False
         del self.inflight[pid]
-        if self.queue:
+        if self.queue or self.cursor is not None:
             self.pump()
         return True
 
@@ -164,12 +212,25 @@ class Session:
         self.pump()
 
     def detach(self) -> None:
+        """The connection is gone. A persistent session with a healthy log drops its queue and
+        keeps a log position instead, so what it can catch up on is bounded by log retention."""
         self.conn = None
+        log = self.log
+        if not self.persistent or log is None or log.error is not None:
+            return
+        if any(m.log_offset < 0 for m, _, _ in self.queue):
+            return  # something not in the log (written while it failed): keep the copies
+        if self.cursor is None:
+            self.cursor = self.queue[0][0].log_offset if self.queue else log.next_offset
+        self.queue.clear()
 
     # -- transfer (takeover across routers, persistence) ---------------------------------------------
 
-    def export_state(self) -> dict:
-        """Everything a new owner needs, as plain values (msgpack-able)."""
+    def export_state(self, max_catch_up: int = 100_000) -> dict:
+        """Everything a new owner needs, as plain values (msgpack-able). A log position is turned
+        into copies (the new owner has another log), at most ``max_catch_up`` of them."""
+        while self.cursor is not None and len(self.queue) < max_catch_up:
+            self._refill()
         return {
             "client_id": self.client_id,
             "persistent": self.persistent,

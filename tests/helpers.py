@@ -77,8 +77,10 @@ class Broker:
         self.logfile = Path(logfile)
         return self
 
-    def log_text(self) -> str:
-        return self.logfile.read_text(errors="replace") if self.logfile else ""
+    def log_text(self, this_run: bool = False) -> str:
+        """The broker's output; ``this_run``: only since the latest (re)start."""
+        text = self.logfile.read_text(errors="replace") if self.logfile else ""
+        return text.rsplit("@@__xproc_block_delimiter__@@", 1)[-1] if this_run else text
 
     def wait_log(self, text: str, timeout: float = WAIT) -> None:
         wait_for(lambda: text in self.log_text(), timeout, f"log line {text!r}")

@@ -26,7 +26,7 @@ def test_max_connections_refuses_with_server_unavailable(start_broker):
 
 
 def test_offline_queue_is_bounded_and_keeps_the_oldest(start_broker):
-    broker = start_broker("--max-queued", "5")
+    broker = start_broker("--max-queued", "5", "--log", "off")  # memory only: the queue is the bound
     name = cid("bounded")
     c = Client(broker.port, name, clean=False).connect()
     c.subscribe("bq/t", 1)
@@ -69,3 +69,23 @@ def test_a_subscriber_that_does_not_read_does_not_stall_others(start_broker):
     assert [int.from_bytes(m.payload[:4], "big") for m in msgs] == list(range(n))
     stuck0.close()
     stuck1.close()
+
+
+def test_with_the_log_an_offline_session_catches_up_beyond_the_queue_limit(start_broker):
+    broker = start_broker("--max-queued", "5")  # log on (the default)
+    name = cid("catchup")
+    c = Client(broker.port, name, clean=False).connect()
+    c.subscribe("cu/#", 1)
+    c.disconnect()
+    pub = Client(broker.port, cid("p")).connect()
+    for i in range(300):
+        pub.publish(f"cu/{i % 3}", str(i), qos=1 + i % 2)
+    pub.publish("other", b"not subscribed", qos=1)
+    c2 = Client(broker.port, name, clean=False).connect()
+    assert c2.session_present
+    msgs = c2.wait_messages(300)
+    assert [int(m.payload) for m in msgs] == list(range(300))  # granted QoS 1: all at QoS 1, in order
+    assert {m.qos for m in msgs} == {1}
+    pub.publish("cu/live", b"live", qos=1)
+    assert c2.wait_topic("cu/live").payload == b"live"
+    assert len(c2.messages) == 301

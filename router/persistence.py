@@ -1,0 +1,185 @@
+"""What must survive a restart besides the log itself: persistent sessions and retained messages.
+
+The commit log holds every message; this module keeps the small state around it, Kafka style: a
+snapshot file per router (``state.msgpack``, written atomically: temporary file, fsync, rename)
+with the persistent sessions (subscriptions, log position, QoS 2 packet ids) and the retained
+messages, plus the log offset the snapshot is consistent with. On start, the snapshot is loaded and
+the log records after that offset are replayed for retained messages, so a crash loses nothing the
+log kept. Sessions come back offline, with a position in the log: a client that reconnects catches
+up from there (at least once: a message it received after the last snapshot may come again).
+
+Snapshots are written on a timer when something changed, after every subscription change of a
+persistent session (soon, not per packet), and at a graceful stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from connection.packets import Subscription
+
+from .message import Message
+from .session import AWAIT_COMP, Inflight
+
+if TYPE_CHECKING:
+    from .router import Router
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT = "state.msgpack"
+SNAPSHOT_VERSION = 1
+
+
+def _msg(m: Message) -> list:
+    return [m.topic, m.payload, m.qos, m.client_id, m.origin_router, m.origin_offset, m.properties,
+            m.timestamp_ms]
+
+
+class StateStore:
+    def __init__(self, router: Router, directory: str, interval_s: float = 1.0) -> None:
+        self.router = router
+        self.path = os.path.join(directory, SNAPSHOT)
+        self.interval_s = interval_s
+        self._timer: asyncio.TimerHandle | None = None
+        self._writing = False
+        self.dirty = False
+
+    # -- writing --------------------------------------------------------------------------------------
+
+    def snapshot(self) -> bytes:
+        router = self.router
+        log_ = router.commit_log
+        sessions = {}
+        for cid, s in router.sessions.items():
+            if not s.persistent:
+                continue
+            sessions[cid] = {
+                "expiry": s.expiry_s,
+                "subs": [(x.topic_filter, x.qos, x.no_local, x.retain_as_published, x.retain_handling)
+                         for x in s.subscriptions.values()],
+                "position": s.position(),
+                "qos2_in": sorted(s.inbound_qos2),
+                "pubrel": sorted(pid for pid, e in s.inflight.items() if e.state == 1),
+            }
+        return msgpack.packb({
+            "version": SNAPSHOT_VERSION,
+            "router": router.router_id,
+            "log_offset": log_.next_offset if log_ is not None else 0,
+            "sessions": sessions,
+            "retained": [_msg(m) for m in router.retained],
+        })
+
+    def write_now(self) -> None:
+        """Write synchronously (start-up, graceful stop)."""
+        _atomic_write(self.path, self.snapshot())
+        self.dirty = False
+
+    def mark(self, soon: bool = False) -> None:
+        """Something changed: write within ``interval_s`` (``soon``: at the next iteration)."""
+        self.dirty = True
+        if soon and self._timer is not None and not self._writing:
+            self._timer.cancel()
+            self._timer = None
+        if self._timer is None and not self._writing:
+            loop = asyncio.get_event_loop()
+            self._timer = loop.call_later(0 if soon else self.interval_s, self._write_async)
+
+    def _write_async(self) -> None:
+        self._timer = None
+        if not self.dirty:
+            return
+        data = self.snapshot()  # built on the loop: the state is the loop's
+        self.dirty = False
+        self._writing = True
+        loop = asyncio.get_event_loop()
+        fut = loop.run_in_executor(None, _atomic_write, self.path, data)
+        fut.add_done_callback(self._written)
+
+    def _written(self, fut: asyncio.Future) -> None:
+        self._writing = False
+        exc = fut.exception()
+        if exc is not None:
+            log.error("cannot write the session snapshot %s: %s", self.path, exc)
+            self.dirty = True
+        if self.dirty:
+            self.mark()
+
+    def periodic(self) -> None:
+        """Positions move with every acknowledgement: refresh the snapshot while sessions exist."""
+        if any(s.persistent for s in self.router.sessions.values()):
+            self.mark()
+
+    # -- loading --------------------------------------------------------------------------------------
+
+    def load(self) -> tuple[int, int]:
+        """Restore sessions and retained messages; returns (sessions, retained) counts."""
+        router = self.router
+        state: dict[str, Any] = {}
+        try:
+            with open(self.path, "rb") as f:
+                state = msgpack.unpackb(f.read(), strict_map_key=False)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, msgpack.UnpackException) as exc:
+            log.error("session snapshot %s unreadable (%s): starting without it", self.path, exc)
+        if state and state.get("version") != SNAPSHOT_VERSION:
+            log.error("session snapshot %s has version %s, expected %d: ignored", self.path,
+                      state.get("version"), SNAPSHOT_VERSION)
+            state = {}
+        for m in state.get("retained", ()):
+            topic, payload, qos, cid, origin, origin_offset, props, ts = m
+            router.retained.set(Message(topic, payload, qos, True, cid, origin, origin_offset, props, ts))
+        log_ = router.commit_log
+        replayed = 0
+        if log_ is not None:
+            # Retained messages logged after the snapshot: replay them in order.
+            offset = max(state.get("log_offset", 0), log_.start_offset)
+            while True:
+                records = log_.read(offset, max_records=4096)
+                if not records:
+                    break
+                for rec in records:
+                    if rec.retain:
+                        router.retained.set(Message.from_record(rec))
+                        replayed += 1
+                offset = records[-1].offset + 1
+        router.stats.retained_count = len(router.retained)
+        for cid, st in state.get("sessions", {}).items():
+            session = router.new_session(cid, True)
+            session.expiry_s = st.get("expiry", 0)
+            for f, qos, nl, rap, rh in st["subs"]:
+                router.subscribe(session, Subscription(f, qos, nl, rap, rh))
+            session.inbound_qos2.update(st.get("qos2_in", ()))
+            for pid in st.get("pubrel", ()):  # PUBREL must be sent again on reconnect
+                entry = Inflight(None, 2, False)  # type: ignore[arg-type]
+                entry.state = AWAIT_COMP
+                session.inflight[pid] = entry
+            pos = st.get("position")
+            if log_ is not None and pos is not None:
+                session.cursor = max(pos, log_.start_offset)
+            router.schedule_expiry(session)
+        return len(state.get("sessions", {})), len(router.retained)
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
