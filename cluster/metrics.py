@@ -12,12 +12,14 @@ workers are up, the supervisor forks ``brokerd-stats``. It
   carried, so node totals do not fall back when a worker restarts) once per interval on
   ``ipc://<run dir>/node.stats``, from which every router serves ``$SYS/broker/...`` to its clients.
 
-It exits when the supervisor stops it (SIGTERM), or when the supervisor is gone. The supervisor
+It runs only when there is something to serve (``--metrics-port`` or ``--sys-interval`` > 0), and
+exits when the supervisor stops it (SIGTERM), or when the supervisor is gone. The supervisor
 restarts it when it dies, at most ``AUX_CRASH_LIMIT`` times in ``AUX_CRASH_WINDOW_S``.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import select
@@ -99,6 +101,19 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_TRAFFIC = ("msgs_in", "msgs_out", "bytes_in", "bytes_out")
+# What a node aggregate holds when no router has reported (yet): every key, at zero.
+_ZERO_NODE: dict[str, Any] = {
+    "clients": dict.fromkeys(("connected", "sockets", "sessions", "connects_total", "refused_total",
+                              "protocol_errors_total"), 0),
+    "subscriptions": 0, "filters": 0, "inflight": 0, "queued": 0, "rates": {},
+    "process": {"cpu_percent": 0.0, "rss_bytes": 0},
+    "drops": dict.fromkeys(DROP_REASONS, 0),
+    "traffic": {"clients": dict.fromkeys(_TRAFFIC, 0), "mesh": dict.fromkeys(_TRAFFIC, 0),
+                "log": dict.fromkeys(("records", "bytes", "read_records", "read_bytes", "disk_bytes"), 0)},
+}
+
+
 class NodeStats:
     """The latest snapshot of each router of one node, and their aggregate."""
 
@@ -140,18 +155,7 @@ class NodeStats:
         snaps, fresh = self.current(now)
         counters = sum_trees([self.carry, *(counters_of(s) for s in snaps)])
         gauges = sum_trees(gauges_of(s) for s in fresh)
-        node = _merge(counters, gauges)
-        for key, default in (("subscriptions", 0), ("filters", 0), ("inflight", 0), ("queued", 0),
-                             ("rates", {}), ("process", {"cpu_percent": 0.0, "rss_bytes": 0})):
-            node.setdefault(key, default)
-        node["clients"] = {"connected": 0, "sockets": 0, "sessions": 0, "connects_total": 0, "refused_total": 0,
-                           "protocol_errors_total": 0, **node.get("clients", {})}
-        node["drops"] = {reason: 0 for reason in DROP_REASONS} | node.get("drops", {})
-        node.setdefault("traffic", {})
-        for part, keys in (("clients", ("msgs_in", "msgs_out", "bytes_in", "bytes_out")),
-                           ("mesh", ("msgs_in", "msgs_out", "bytes_in", "bytes_out")),
-                           ("log", ("records", "bytes", "read_records", "read_bytes", "disk_bytes"))):
-            node["traffic"][part] = dict.fromkeys(keys, 0) | node["traffic"].get(part, {})
+        node = _merge(copy.deepcopy(_ZERO_NODE), _merge(counters, gauges))
         node.update({
             "v": SCHEMA_VERSION, "kind": "node", "node": self.node, "version": __version__, "ts": time.time(),
             "uptime": time.time() - self.started, "routers": self.routers,
@@ -177,8 +181,8 @@ class SnapshotCollector:
         names = {s["router"] for s in fresh}
         lbl = ["node", "router"]
 
-        def gauge(name: str, doc: str, value: Any, labels: list[str] = lbl) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=labels)
+        def gauge(name: str, doc: str, value: Any) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=lbl)
             for s in fresh:
                 g.add_metric([s["node"], s["router"]], value(s))
             return g
@@ -376,13 +380,15 @@ class AuxProcess:
         self.config = config
         self.pid: int | None = None
         self.starts: deque[float] = deque()
-        self.given_up = False
 
     def check(self) -> str | None:
         return check_metrics_port(self.config)
 
     def start(self, wait: bool = False) -> None:
-        """Fork the stats process; with ``wait``, until it serves (bounded by AUX_READY_TIMEOUT_S)."""
+        """Fork the stats process; with ``wait``, until it serves (bounded by AUX_READY_TIMEOUT_S).
+        Nothing to do without --metrics-port and $SYS: `brokerd stats` reads the routers directly."""
+        if not self.config.metrics_port and self.config.sys_interval <= 0:
+            return
         now = time.monotonic()
         self.starts.append(now)
         while self.starts and now - self.starts[0] > AUX_CRASH_WINDOW_S:
@@ -390,7 +396,6 @@ class AuxProcess:
         if len(self.starts) > AUX_CRASH_LIMIT:
             log.error("%s keeps dying (%d starts in %.0f s); /metrics and $SYS/broker are off",
                       PROCESS_NAME, len(self.starts), AUX_CRASH_WINDOW_S)
-            self.given_up = True
             self.pid = None
             return
         supervisor = os.getpid()

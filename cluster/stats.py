@@ -315,8 +315,6 @@ class StatsPublisher:
             if self.config.sys_interval > 0 and time.monotonic() >= self._sys_due:
                 self._sys_due = time.monotonic() + self.config.sys_interval
                 self.publish_sys(snap)
-        except zmq.Again:
-            pass  # no subscriber keeps up: PUB drops, and so do we
         except Exception:  # noqa: BLE001 - stats must never take the router down
             self._errors_logged += 1
             if self._errors_logged <= 3:

@@ -411,3 +411,10 @@ def test_metrics_port_in_use_stops_startup_naming_the_option(tmp_path):
                             "--data-dir", str(tmp_path), "--metrics-port", str(busy)],
                            capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "--metrics-port" in r.stderr
+
+
+def test_no_stats_process_without_metrics_or_sys(start_broker):
+    broker = start_broker("--sys-interval", "0", workers=WORKERS)
+    assert _stats_process(broker) is None
+    r = stats_cli("--json", *locator(broker))  # brokerd stats reads the routers themselves
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == WORKERS, r.stderr
