@@ -94,7 +94,7 @@ class Router:
         disk): the caller refuses it instead of acknowledging it. QoS 0 still flows, unlogged.
         """
         log_ = self.commit_log
-        if log_ is not None:
+        if log_ is not None and not msg.topic.startswith("$SYS/"):  # broker metrics stay out of the log
             try:
                 msg.log_offset = msg.origin_offset = log_.append(
                     msg.topic_bytes, msg.payload, qos=msg.qos, retain=msg.retain, client_id=msg.client_id,
@@ -126,7 +126,7 @@ class Router:
         Logged here too (with its origin), so that this router's sessions can catch up from their
         own log and readers can count each message once by its origin."""
         log_ = self.commit_log
-        if log_ is not None:
+        if log_ is not None and not msg.topic.startswith("$SYS/"):
             try:
                 msg.log_offset = log_.append(
                     msg.topic_bytes, msg.payload, qos=msg.qos, retain=msg.retain, client_id=msg.client_id,
