@@ -83,7 +83,6 @@ import os
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -473,34 +472,20 @@ class StatsPublisher:
         router = self.router
         prefix = f"$SYS/brokerd/{self.config.node_id}/{self.name}/"
         last = self._sys_last
-        with _unlogged(router):
-            for suffix, value in router_sys_values(snap):
-                topic = prefix + suffix
-                payload = value.encode()
-                if last.get(topic) != payload:
-                    last[topic] = payload
-                    router.publish(Message(topic, payload, 0, True, SYS_CLIENT_ID, router.router_id))
-            if self.node_latest is not None:
-                # Node-wide values: this router's retained store and subscribers only (each router of
-                # the node does the same), so that the nodes of a cluster keep their own $SYS/broker.
-                for suffix, value in broker_sys_values(self.node_latest):
-                    msg = Message("$SYS/broker/" + suffix, value.encode(), 0, True, SYS_CLIENT_ID,
-                                  router.router_id)
-                    router.peer_retained(msg)
-                    router.deliver_remote(msg)
-
-
-@contextmanager
-def _unlogged(router: Router) -> Iterator[None]:
-    """$SYS values are not data: keep them out of the commit log (and so out of what a restarted
-    router recovers from it). The router logs what ``publish``/``deliver_remote`` see whenever it has
-    a log, so it has none while we call them (one event loop: nothing else runs meanwhile)."""
-    log_ = router.commit_log
-    router.commit_log = None
-    try:
-        yield
-    finally:
-        router.commit_log = log_
+        # The router keeps $SYS/ topics out of its commit log (they are not data).
+        for suffix, value in router_sys_values(snap):
+            topic = prefix + suffix
+            payload = value.encode()
+            if last.get(topic) != payload:
+                last[topic] = payload
+                router.publish(Message(topic, payload, 0, True, SYS_CLIENT_ID, router.router_id))
+        if self.node_latest is not None:
+            # Node-wide values: this router's retained store and subscribers only (each router of the
+            # node does the same), so that the nodes of a cluster keep their own $SYS/broker.
+            for suffix, value in broker_sys_values(self.node_latest):
+                msg = Message("$SYS/broker/" + suffix, value.encode(), 0, True, SYS_CLIENT_ID, router.router_id)
+                router.peer_retained(msg)
+                router.deliver_remote(msg)
 
 
 # -- $SYS topic values ------------------------------------------------------------------------------
