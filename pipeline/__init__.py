@@ -19,13 +19,11 @@ __all__ = ["register"]
 
 
 def register(spark: SparkSession) -> None:
-    """Make ``format("brokerlog")`` available in this session.
+    """Make ``format("brokerlog")`` available in this session (batch and streaming reads).
 
-    Also turns on ``spark.sql.python.filterPushdown.enabled``: the reader uses pushed-down filters on
-    offset, timestamp, node and router to skip whole segments, and Spark refuses to plan a Python
-    source that implements ``pushFilters`` while that setting is off.
+    Registration is per session because Spark keeps Python data sources in the session state; the
+    pipeline's own jobs call this themselves.
     """
     from pipeline.source import BrokerLogDataSource
 
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(BrokerLogDataSource)
