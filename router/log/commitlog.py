@@ -197,7 +197,9 @@ class CommitLog:
 
         self._error: OSError | None = None
         self._closed = False
-        self._refuse: LogUnavailable | None = None  # what append raises; None when healthy
+        # Why append refuses (None when healthy). A fresh exception per raise: re-raising one instance
+        # would grow its traceback on every refused publish.
+        self._refuse: str | None = None
         self._durable_cbs: list[Callable[[int], Any]] = []
         self._error_cbs: list[Callable[[OSError | None], Any]] = []
         self._waiters: list[tuple[int, int, asyncio.Future[int], bool]] = []
@@ -280,7 +282,7 @@ class CommitLog:
         Raises LogUnavailable in the failed or closed state, ValueError for out-of-range fields.
         """
         if self._refuse is not None:
-            raise self._refuse
+            raise LogUnavailable(self._refuse, self._error)
         offset = self._next_offset
         if timestamp_ms is None:
             timestamp_ms = _time_ns() // 1_000_000
@@ -426,7 +428,7 @@ class CommitLog:
         if self._durable_offset >= offset:
             return self._durable_offset
         if fail_on_error and self._refuse is not None:
-            raise self._refuse
+            raise LogUnavailable(self._refuse, self._error)
         if self._loop is None:
             raise RuntimeError("wait_durable needs a CommitLog opened with a loop")
         fut: asyncio.Future[int] = self._loop.create_future()
@@ -486,11 +488,11 @@ class CommitLog:
 
     def _enter_failed(self, error: OSError) -> None:
         self._error = error
-        self._refuse = LogUnavailable(f"commit log {self._dir} unavailable: {error}", error)
+        self._refuse = f"commit log {self._dir} unavailable: {error}"
         log.error("commit log %s: write failed (%s); refusing appends until a retry succeeds; "
                   "%d records are kept in memory, not durable", self._dir, error,
                   self._next_offset - 1 - self._durable_offset)
-        self._fail_waiters(self._refuse, only_fail_on_error=True)
+        self._fail_waiters(LogUnavailable(self._refuse, error), only_fail_on_error=True)
         self._call_error_cbs(error)
 
     def _fail_waiters(self, exc: LogUnavailable, *, only_fail_on_error: bool) -> None:
@@ -560,7 +562,7 @@ class CommitLog:
                 if seg.written_end <= FILE_HEADER_SIZE:
                     continue
                 try:
-                    recs, nbytes, _stopped = seg.reader.read(
+                    recs, nbytes, limited = seg.reader.read(
                         max(from_offset, seg.base), seg.written_end, max_records=max_records - len(out),
                         max_bytes=bytes_left, final=True)
                 except LogFormatError as exc:
@@ -574,7 +576,7 @@ class CommitLog:
                 bytes_left -= nbytes
                 if recs:
                     from_offset = recs[-1].offset + 1
-                if len(out) >= max_records or bytes_left <= 0:
+                if limited or len(out) >= max_records or bytes_left <= 0:
                     return out
         from_offset = max(from_offset, self._written_offset + 1)
         for buf, _first, last in self._pending_buffers():
@@ -584,9 +586,10 @@ class CommitLog:
                                         at_least_one=not out)
             out += recs
             bytes_left -= nbytes
-            if recs:
-                from_offset = recs[-1].offset + 1
-            if len(out) >= max_records or bytes_left <= 0 or (not recs and out):
+            if not recs or recs[-1].offset < last:
+                break  # a limit stopped it inside this buffer
+            from_offset = last + 1
+            if len(out) >= max_records or bytes_left <= 0:
                 break
         return out
 
@@ -699,7 +702,7 @@ class CommitLog:
             except LogUnavailable:
                 pass
         self._closed = True
-        self._refuse = LogUnavailable(f"commit log {self._dir} is closed")
+        self._refuse = f"commit log {self._dir} is closed"
 
     def _end_close(self, report: Report | None) -> None:
         if report is not None:

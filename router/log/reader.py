@@ -184,7 +184,7 @@ class LogReader:
             size = self._size(base)
             if size is None:
                 continue
-            recs, nbytes, _stopped = self._readers[base].read(
+            recs, nbytes, limited = self._readers[base].read(
                 max(from_offset, base), size, max_records=max_records - len(out), max_bytes=bytes_left,
                 final=j != last_i)
             if out and nbytes > bytes_left:
@@ -193,7 +193,7 @@ class LogReader:
             bytes_left -= nbytes
             if recs:
                 from_offset = recs[-1].offset + 1
-            if len(out) >= max_records or bytes_left <= 0:
+            if limited or len(out) >= max_records or bytes_left <= 0:
                 break
         return out
 

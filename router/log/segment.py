@@ -341,12 +341,14 @@ class SegmentReader:
     def read(self, from_offset: int, end_pos: int, *, max_records: int, max_bytes: int,
              final: bool) -> tuple[list[Record], int, bool]:
         """Records with offset >= ``from_offset`` up to byte ``end_pos``; returns (records, their
-        encoded size, stopped).
+        encoded size, limited).
 
-        ``stopped`` is True when reading hit a corrupt record: the caller goes on with the next
-        segment (the corruption is logged once per position). ``final`` says the segment is complete
-        up to ``end_pos``, so an incomplete record there is damage; otherwise (a live tail seen by
-        another process) it is just not written yet.
+        ``limited`` is True when ``max_records``/``max_bytes`` stopped the read before ``end_pos``:
+        the caller must stop there too. Otherwise the segment has nothing more for this read — its
+        end was reached, or a corrupt record ends it (logged once per position) — and the caller goes
+        on with the next segment. ``final`` says the segment is complete up to ``end_pos``, so an
+        incomplete record there is damage; otherwise (a live tail seen by another process) it is
+        just not written yet.
         """
         fd = self.fd()
         start, expect = self.lookup(from_offset, end_pos)
@@ -356,8 +358,8 @@ class SegmentReader:
         need = 0
         chunk = 65536  # grows while a call keeps reading, so small reads stay small
         skipping = True
-        stopped = False
-        while pos < end_pos:
+        limited = False
+        while pos < end_pos and len(out) < max_records and nbytes < max_bytes:
             want = min(end_pos - pos, max(need, min(chunk, max(max_bytes - nbytes, 4096))))
             chunk = min(chunk * 4, READ_CHUNK)
             data = os.pread(fd, want, pos)
@@ -388,13 +390,13 @@ class SegmentReader:
                     nbytes += exc.consumed
                     pos += exc.position
                     self._report(pos, exc.reason)
-                    stopped = True
                     break
                 out += records
                 nbytes += consumed
                 p += consumed
                 if records and (len(out) >= max_records or (p < n and _whole_record_at(data, p))):
                     pos += p
+                    limited = True
                     break  # a limit stopped the decode
             pos += p
             if p == n:
@@ -406,12 +408,13 @@ class SegmentReader:
             if n < want or pos + (n - p) >= end_pos:
                 if final:
                     self._report(pos, f"incomplete record ({end_pos - pos} bytes at the end)")
-                    stopped = True
                 break
             need = max(record_size_at(data, p) or 0, RECORD_HEADER_SIZE)
+        else:
+            limited = pos < end_pos  # the loop condition: a limit was reached before the end
         if out:
             self._hint = (out[-1].offset + 1, pos)
-        return out, nbytes, stopped
+        return out, nbytes, limited
 
     def _report(self, position: int, reason: str) -> None:
         if position not in self._reported:

@@ -233,6 +233,12 @@ class WriterCore:
 
     def _delete(self, base: int) -> None:
         self._drop(base)
+        self._created.discard(base)
+        # A batch held for rewriting after a failed fsync may still name this segment: it is gone
+        # now, so that part must not be rewritten (the open would fail forever without O_CREAT).
+        for batch in (*self._backlog, *self._unsynced):
+            if any(c.base == base for c in batch.chunks):
+                batch.chunks = [c for c in batch.chunks if c.base != base]
         # The .log first: a reader lists segments by their .log, so the segment disappears at once;
         # an index left behind by a crash here is an orphan that the next open removes.
         for name in (segment_name(base), index_name(base)):
