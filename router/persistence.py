@@ -71,7 +71,7 @@ class StateStore:
             "router": router.router_id,
             "log_offset": log_.next_offset if log_ is not None else 0,
             "sessions": sessions,
-            "retained": [_msg(m) for m in router.retained],
+            "retained": [_msg(m) for m in router.retained if not m.topic.startswith("$SYS/")],
         })
 
     def write_now(self) -> None:

@@ -144,6 +144,7 @@ class Router:
         self.ack_when_durable = ack_when_durable
         if ack_when_durable:
             log_.on_durable(self._durable)
+            log_.on_error(self._log_failed)
 
     def defer_ack(self, offset: int, conn: Any, ack: bytes) -> None:
         """Send ``ack`` once the record at ``offset`` is durable."""
@@ -151,6 +152,17 @@ class Router:
             conn.send(ack)
         else:
             self._deferred_acks.append((offset, conn, ack))
+
+    def _log_failed(self, error: OSError | None) -> None:
+        """Records waiting to become durable never will: refuse them by closing their connections
+        (the clients resend after reconnecting); never acknowledge them."""
+        if error is None:
+            return
+        acks, self._deferred_acks = self._deferred_acks, deque()
+        for conn in {id(c): c for _, c, _ in acks}.values():
+            log.warning("client %s (%s): closing, %d publish(es) could not be made durable: %s",
+                        conn.client_id, conn.peer, sum(1 for _, c, _ in acks if c is conn), error)
+            conn.close(0x83)  # MQTT 5: implementation specific error
 
     def _durable(self, durable: int) -> None:
         acks = self._deferred_acks

@@ -131,8 +131,17 @@ def _alive(pid: int) -> bool:
 
 
 def worker_pids(pid: int) -> list[int]:
+    """The supervisor's worker processes (its children except the brokerd-stats process)."""
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(x) for x in out.split()]
+    return [int(x) for x in out.split() if _comm(int(x)) != "brokerd-stats"]
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 class Client:
