@@ -205,7 +205,7 @@ def test_full_disk_refuses_qos1_instead_of_acknowledging_and_losing(start_broker
         broker.wait_log("commit log unavailable")
         # Every acknowledged message was delivered. (The one refused may have reached subscribers
         # before its write failed: not acknowledged, the publisher sends it again: at least once.)
-        msgs = sub.wait_messages(acked)
+        sub.wait_messages(acked)
         marker = Client(broker.port, f"m{u}").connect()
         marker.publish(f"fill{u}", b"qos0-still-flows", qos=0)
         sub._wait(lambda: sub.messages[-1].payload == b"qos0-still-flows", "the QoS 0 marker")
