@@ -441,6 +441,7 @@ class StatsPublisher:
             },
             "subscriptions": len(router.subs),
             "filters": len(router.local_filters),
+            "interest": len(router.interest),  # (filter, peer router) pairs this router forwards by
             "retained": len(router.retained),
             "traffic": {
                 "clients": {"msgs_in": totals[0], "msgs_out": totals[1],
