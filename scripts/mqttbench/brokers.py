@@ -8,6 +8,7 @@ with psutil: brokerd forks workers, Mosquitto is one process; both are measured 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -141,6 +142,7 @@ class RunningBroker:
             return [
                 str(brokerd_executable()), "--workers", str(self.kind.workers),
                 "--listen", f"{HOST}:{self.port}", "--log", "off",
+                *shlex.split(os.environ.get("BROKERD_BENCH_ARGS", "")),  # e.g. "--log on" (last wins)
             ]
         conf = self.dir / "mosquitto.conf"
         conf.write_text(
