@@ -224,6 +224,9 @@ class MQTTConnection(asyncio.Protocol):
     def protocol_violation(self, exc: ProtocolError) -> None:
         log.warning("client %s (%s): %s; closing the connection",
                     self.client_id or "-", self.peer, exc.rule)
+        counted = getattr(self.handler, "violation", None)
+        if counted is not None:
+            counted(exc)
         if not self._connected and exc.reason == Reason.UNSUPPORTED_PROTOCOL_VERSION:
             # MQTT-3.1.2-2: answer CONNACK 0x01 before closing.
             self.send(encode(Connack(reason_code=1), 4))

@@ -105,8 +105,14 @@ class Client:
             else:
                 raise ProtocolError(f"a client may not send {cls.__name__}", Reason.PROTOCOL_ERROR)
         except ProtocolError as exc:
-            self.router.stats.protocol_errors += 1
             self.conn.protocol_violation(exc)
+
+    def violation(self, exc: ProtocolError) -> None:
+        """The connection is being closed for breaking a rule: count it (and why)."""
+        stats = self.router.stats
+        stats.protocol_errors += 1
+        if exc.reason == Reason.PACKET_TOO_LARGE:
+            stats.drop_too_large += 1
 
     def connection_lost(self, graceful: bool) -> None:
         router = self.router
