@@ -73,6 +73,11 @@ class Worker:
             self.mesh = Mesh(self.config, self.index, self.router, self.loop)
             self.router.mesh = self.mesh
             await self.mesh.start()
+            if self.commit_log is not None:
+                # The other local routers have opened (recovered) their logs: they answered the mesh.
+                from router.persistence import restore_missing_copies
+
+                restore_missing_copies(self.router, os.path.join(c.data_dir, c.node_id), self.name)
         host, port = c.listen
         self.server = await self.loop.create_server(self._protocol, host, port, reuse_port=True, backlog=4096)
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -183,3 +183,67 @@ def _atomic_write(path: str, data: bytes) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
+
+
+def restore_missing_copies(router: Router, node_dir: str, own_name: str, margin_ms: int = 2000) -> int:
+    """After a crash, put back the copies this router's log should hold but does not.
+
+    A message published on another worker of this node is acknowledged once *that* router's log
+    has it; the copy forwarded here is logged a moment later. A crash in between loses the copy,
+    and with it what an offline persistent session here would catch up from, although the original
+    is safe in the other router's log. So, at start, read the other local routers' logs (read-only,
+    from disk) from shortly before the oldest catch-up position on, and append every original that
+    a persistent session here subscribes to and that this log lacks. Returns how many were restored.
+    """
+    from .log import LogReader
+    from .topics import filter_matches
+
+    log_ = router.commit_log
+    sessions = [s for s in router.sessions.values() if s.persistent and s.subscriptions]
+    if log_ is None or not sessions:
+        return 0
+    cursors = [s.cursor for s in sessions if s.cursor is not None]
+    start = min(cursors) if cursors else log_.next_offset
+    # What is already here (copies by origin), and from when on messages can be missing.
+    have: set[tuple[str, int]] = set()
+    since_ms = 0
+    before = log_.read(max(start - 1, log_.start_offset), max_records=1)
+    if before and before[0].offset < start:
+        since_ms = before[0].timestamp_ms - margin_ms
+    offset = max(start - 10_000, log_.start_offset)
+    while True:
+        records = log_.read(offset, max_records=4096)
+        if not records:
+            break
+        have.update((r.origin_router, r.origin_offset) for r in records)
+        offset = records[-1].offset + 1
+    filters = {f for s in sessions for f in s.subscriptions}
+    node = router.router_id.rsplit("/", 1)[0]
+    restored = 0
+    for name in sorted(os.listdir(node_dir)):
+        path = os.path.join(node_dir, name)
+        if name == own_name or not os.path.isdir(path):
+            continue
+        origin = f"{node}/{name}"
+        try:
+            reader = LogReader(path)
+        except OSError:
+            continue
+        with reader:
+            pos = reader.offset_for_time(since_ms) if since_ms else reader.start_offset
+            while pos is not None:
+                records = reader.read(pos, max_records=4096)
+                if not records:
+                    break
+                for r in records:
+                    if (r.origin_router == origin and (origin, r.origin_offset) not in have and r.qos
+                            and any(filter_matches(f, r.topic) for f in filters)):
+                        log_.append(r.topic, r.payload, qos=r.qos, retain=r.retain, client_id=r.client_id,
+                                    properties=r.properties, origin_router=origin,
+                                    origin_offset=r.origin_offset, timestamp_ms=r.timestamp_ms)
+                        restored += 1
+                pos = records[-1].offset + 1
+    if restored:
+        log.warning("restored %d message(s) acknowledged by other workers whose copies this log lost "
+                    "in a crash", restored)
+    return restored
