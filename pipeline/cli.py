@@ -107,7 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         if created:
-            spark.stop()
+            try:
+                spark.stop()
+            except Exception as exc:  # the JVM may already be gone after SIGTERM to the process group
+                logging.getLogger(__name__).debug("spark.stop: %s", exc)
 
 
 if __name__ == "__main__":

@@ -285,11 +285,11 @@ class Slice:
 
     path: str
     start_pos: int
-    end_pos: int | None  # None: to the end of the file as found when read
+    end_pos: int
 
     @property
     def nbytes(self) -> int:
-        return (self.end_pos or 0) - self.start_pos
+        return self.end_pos - self.start_pos
 
 
 class LogPartition(InputPartition):
