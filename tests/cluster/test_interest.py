@@ -36,7 +36,8 @@ def test_one_copy_per_router_however_many_subscribers_it_has(start_broker):
         pub.publish("copies/t", b"x" * 100, qos=1)
         for s in subs:
             s.wait_messages(1)
-        snaps = view.until(lambda s: peer(s, r_sub, r_pub, "msgs_in") >= 1, "the copy to arrive")
+        snaps = view.until(lambda s: peer(s, r_sub, r_pub, "msgs_in") >= 1 and peer(s, r_pub, r_sub, "msgs_out") >= 1,
+                           "both routers to count the copy")
         assert peer(snaps, r_pub, r_sub, "msgs_out") == 1  # one copy, not 100
         assert peer(snaps, r_sub, r_pub, "msgs_in") == 1
         assert peer(snaps, r_pub, r_sub, "bytes_out") < 1000
