@@ -183,11 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE", help="read options from a TOML file (command line wins)")
     p.add_argument("--port", type=int, metavar="P", help="short for --listen 0.0.0.0:P")
     for opt in OPTIONS:
-        default = opt.default
-        if opt.name in ("listen", "mesh") and default:
-            default = f"{default[0]}:{default[1]}"
-        if opt.type is _on_off:
-            default = "on" if default else "off"
+        default = _shown_default(opt)
         kwargs: dict[str, Any] = {"metavar": opt.metavar, "help": opt.help,
                                   "default": argparse.SUPPRESS}
         if opt.choices:
@@ -197,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
             kwargs["action"] = "append"
         p.add_argument(opt.flag, **kwargs)
         # Show the default in --help without letting argparse fill it in (TOML must be able to set it).
-        p._actions[-1].help = f"{opt.help} (default: {default if default not in (None, ()) else 'none'})"
+        p._actions[-1].help = f"{opt.help} (default: {default or 'none'})"
     return p
 
 
@@ -242,15 +238,19 @@ def load(argv: list[str]) -> Config:
 def options_table() -> str:
     """The README's option table, generated from OPTIONS."""
     rows = ["| option | default | meaning |", "| --- | --- | --- |"]
+    names = {"workers": "number of cores", "node_id": "host name"}
     for o in OPTIONS:
-        d = o.default
-        if o.name in ("listen", "mesh") and d:
-            d = f"{d[0]}:{d[1]}"
-        if o.type is _on_off:
-            d = "on" if d else "off"
-        if o.name == "workers":
-            d = "number of cores"
-        if o.name == "node_id":
-            d = "host name"
-        rows.append(f"| `{o.flag}` | {d if d not in (None, ()) else '—'} | {o.help} |")
+        rows.append(f"| `{o.flag}` | {names.get(o.name) or _shown_default(o) or '—'} | {o.help} |")
     return "\n".join(rows)
+
+
+def _shown_default(opt: Option) -> str:
+    """An option's default as a user writes it ('' when there is none)."""
+    d = opt.default
+    if d in (None, ()):
+        return ""
+    if opt.name in ("listen", "mesh"):
+        return f"{d[0]}:{d[1]}"
+    if opt.type is _on_off:
+        return "on" if d else "off"
+    return str(d)

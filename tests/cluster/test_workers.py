@@ -93,6 +93,16 @@ def test_will_reaches_subscribers_on_every_worker(cluster):
         assert s.wait_topic(f"will{u}").payload == b"gone"
 
 
+def _connection_elsewhere(cluster, home: int) -> RawClient:
+    """Open raw connections until one lands on a worker other than ``home`` (bounded)."""
+    for _ in range(60):
+        raw = RawClient(cluster.port)
+        if worker_of(cluster, raw.sock.getsockname()[1]) != home:
+            return raw
+        raw.close()
+    pytest.fail("no connection landed on another worker in 60 tries")
+
+
 def _read_packet(raw: RawClient) -> bytes:
     head = raw.recv_exact(2)
     assert head[1] < 128
@@ -109,14 +119,7 @@ def test_takeover_across_workers_moves_subscriptions_and_queued_messages(cluster
     pub = Client(cluster.port, f"tp{u}").connect()
     for i in range(25):
         pub.publish(f"tk{u}/x", str(i), qos=1)  # queued in the offline session on `home`
-    # Open raw connections until one lands on another worker, then CONNECT there.
-    for _ in range(60):
-        raw = RawClient(cluster.port)
-        if worker_of(cluster, raw.sock.getsockname()[1]) != home:
-            break
-        raw.close()
-    else:
-        pytest.fail("no connection landed on another worker in 60 tries")
+    raw = _connection_elsewhere(cluster, home)
     raw.send(connect_packet(name, clean=False))
     assert raw.recv_exact(4) == b"\x20\x02\x01\x00"  # session present: it moved
     got = []
@@ -140,13 +143,7 @@ def test_takeover_of_a_live_connection_on_another_worker_closes_it(cluster):
     old.c.reconnect_delay_set(60, 120)
     old.subscribe(f"lv{u}", 1)
     home = client_worker(cluster, old)
-    for _ in range(60):
-        raw = RawClient(cluster.port)
-        if worker_of(cluster, raw.sock.getsockname()[1]) != home:
-            break
-        raw.close()
-    else:
-        pytest.fail("no connection landed on another worker in 60 tries")
+    raw = _connection_elsewhere(cluster, home)
     raw.send(connect_packet(name, clean=False))
     assert raw.recv_exact(4) == b"\x20\x02\x01\x00"
     assert old.disconnected.wait(10)
