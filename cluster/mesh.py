@@ -57,6 +57,7 @@ HELLO_INTERVAL_S = 0.5
 ACK_TIMEOUT_S = 2.0
 MAX_PENDING_FRAMES = 100_000  # per blocked peer, for frames with no connection to pause (wills ...)
 RECV_BATCH = 512
+SYNC_WINDOW_S = 30.0  # after start, fetch the retained messages of every router that joins
 
 
 def _msg_tuple(m: Message) -> list:
@@ -201,7 +202,7 @@ class Mesh:
         self._timer: asyncio.TimerHandle | None = None
         self._drain_timer: asyncio.TimerHandle | None = None
         self._blocked_links: set[Link] = set()
-        self._retained_synced = False
+        self._started = time.monotonic()
         self._version_warned: set[str] = set()
         self._auth: Any = None
         self._curve: tuple[bytes, bytes] | None = None
@@ -613,8 +614,10 @@ class Mesh:
         filters = list(self.router.local_filters)
         for i in range(0, len(filters), 5000):
             self._send(peer, INTEREST, [None, [(f, True) for f in filters[i:i + 5000]]])
-        if not self._retained_synced:
-            self._retained_synced = True
+        if time.monotonic() - self._started < SYNC_WINDOW_S:
+            # Starting up: merge the retained set of every router we meet (newest version of a
+            # topic wins), so a retained update that only reached some routers before a crash of
+            # the whole node comes back from any one of them.
             self._send(peer, SYNC_REQ, None)
 
     def _gone(self, peer: Peer, why: str) -> None:

@@ -194,3 +194,17 @@ def test_listen_port_is_shared_by_all_workers(cluster):
         if len(pids) == 3:
             break
     assert len(pids) >= 2
+
+
+def test_retained_survives_a_crash_of_the_whole_node_on_every_worker(cluster):
+    u = uid()
+    pub = Client(cluster.port, f"rk{u}").connect()
+    pub.publish(f"crashret{u}", b"still here", qos=1, retain=True)
+    cluster.kill()  # before any snapshot: only the publisher's router log has it
+    cluster.start()
+    subs, by = spread(cluster, f"rc{u}-", 9)
+    assert len(by) >= 2
+    for s in subs:
+        s.subscribe(f"crashret{u}", 1)
+        m = s.wait_topic(f"crashret{u}")
+        assert (m.payload, m.retain) == (b"still here", True)
