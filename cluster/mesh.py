@@ -60,16 +60,6 @@ RECV_BATCH = 512
 SYNC_WINDOW_S = 30.0  # after start, fetch the retained messages of every router that joins
 
 
-def _msg_tuple(m: Message) -> list:
-    return [m.topic, m.payload, m.qos, m.retain, m.client_id, m.origin_router, m.origin_offset,
-            m.properties, m.timestamp_ms]
-
-
-def _msg_from(t: list) -> Message:
-    topic, payload, qos, retain, client_id, origin_router, origin_offset, props, ts = t
-    return Message(topic, payload, qos, retain, client_id, origin_router, origin_offset, props, ts)
-
-
 class Link:
     """One PUSH socket to one endpoint, with the frames waiting for it to drain."""
 
@@ -430,7 +420,7 @@ class Mesh:
         peer = self.peers.get(router_id)
         if peer is None or not peer.alive or self.closed:
             return
-        peer.batch.append(_msg_tuple(msg))
+        peer.batch.append(msg.to_list())
         if source is not None:
             peer.batch_sources.add(source)
         if not self._dirty:
@@ -454,7 +444,7 @@ class Mesh:
             return
         if self._dirty:
             self._flush()  # retained updates travel after this tick's publishes, in order
-        frame = self._frame(RETAINED, [_msg_tuple(msg)])
+        frame = self._frame(RETAINED, [msg.to_list()])
         for peer in self.peers.values():
             if peer.alive and peer.link is not None:
                 peer.link.send(frame)
@@ -536,7 +526,7 @@ class Mesh:
             peer.stats[3] += size
             deliver = router.deliver_remote
             for t in body:
-                deliver(_msg_from(t))
+                deliver(Message.from_list(t))
         elif kind == INTEREST:
             seq, changes = body
             for topic_filter, add in changes:
@@ -551,7 +541,7 @@ class Mesh:
                     self._waiters.pop(body, None)
         elif kind == RETAINED:
             for t in body:
-                router.peer_retained(_msg_from(t))
+                router.peer_retained(Message.from_list(t))
         elif kind == TAKEOVER_REQ:
             req, client_id = body
             state = router.release_session(client_id)
@@ -567,7 +557,7 @@ class Mesh:
         elif kind == SYNC_REQ:
             snapshot = router.retained_snapshot()
             for i in range(0, len(snapshot), 1000):
-                self._send(peer, RETAINED, [_msg_tuple(m) for m in snapshot[i:i + 1000]])
+                self._send(peer, RETAINED, [m.to_list() for m in snapshot[i:i + 1000]])
         elif kind == GOODBYE:
             self._gone(peer, "said goodbye")
 

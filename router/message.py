@@ -68,6 +68,18 @@ class Message:
         msg.log_offset = rec.offset
         return msg
 
+    def to_list(self) -> list:
+        """The message as plain values (msgpack-able): mesh frames, session transfer, snapshots."""
+        return [self.topic, self.payload, self.qos, self.retain, self.client_id, self.origin_router,
+                self.origin_offset, self.properties, self.timestamp_ms]
+
+    @classmethod
+    def from_list(cls, values: list) -> Message:
+        topic, payload, qos, retain, client_id, origin_router, origin_offset, props, ts = values
+        if props:  # msgpack may hand back the property ids as they were packed: ints
+            props = {int(k): v for k, v in props.items()}
+        return cls(topic, payload, qos, retain, client_id, origin_router, origin_offset, props, ts)
+
     def packed_properties(self) -> bytes:
         return msgpack.packb(self.properties) if self.properties else b""
 

@@ -32,12 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SNAPSHOT = "state.msgpack"
-SNAPSHOT_VERSION = 1
-
-
-def _msg(m: Message) -> list:
-    return [m.topic, m.payload, m.qos, m.client_id, m.origin_router, m.origin_offset, m.properties,
-            m.timestamp_ms]
+SNAPSHOT_VERSION = 2  # 2: retained messages stored as Message.to_list()
 
 
 class StateStore:
@@ -71,7 +66,7 @@ class StateStore:
             "router": router.router_id,
             "log_offset": log_.next_offset if log_ is not None else 0,
             "sessions": sessions,
-            "retained": [_msg(m) for m in router.retained if not m.topic.startswith("$SYS/")],
+            "retained": [m.to_list() for m in router.retained if not m.topic.startswith("$SYS/")],
         })
 
     def write_now(self) -> None:
@@ -131,9 +126,8 @@ class StateStore:
             log.error("session snapshot %s has version %s, expected %d: ignored", self.path,
                       state.get("version"), SNAPSHOT_VERSION)
             state = {}
-        for m in state.get("retained", ()):
-            topic, payload, qos, cid, origin, origin_offset, props, ts = m
-            router.retained.set(Message(topic, payload, qos, True, cid, origin, origin_offset, props, ts))
+        for values in state.get("retained", ()):
+            router.retained.set(Message.from_list(values))
         log_ = router.commit_log
         replayed = 0
         if log_ is not None:

@@ -237,9 +237,9 @@ class Session:
             "expiry_s": self.expiry_s,
             "subs": [(s.topic_filter, s.qos, s.no_local, s.retain_as_published, s.retain_handling)
                      for s in self.subscriptions.values()],
-            "inflight": [(pid, e.qos, e.retain, e.state, _msg_state(e.msg))
+            "inflight": [(pid, e.qos, e.retain, e.state, e.msg.to_list() if e.msg is not None else None)
                          for pid, e in self.inflight.items()],
-            "queue": [(qos, retain, _msg_state(m)) for m, qos, retain in self.queue],
+            "queue": [(qos, retain, m.to_list()) for m, qos, retain in self.queue],
             "inbound_qos2": sorted(self.inbound_qos2),
             "next_pid": self._next_pid,
         }
@@ -249,24 +249,11 @@ class Session:
         self.persistent = state["persistent"]
         self.expiry_s = state.get("expiry_s", 0)
         for pid, qos, retain, st, m in state["inflight"]:
-            entry = Inflight(_msg_from_state(m), qos, retain) if m is not None else Inflight(None, qos, retain)  # type: ignore[arg-type]
+            entry = Inflight(Message.from_list(m) if m is not None else None, qos, retain)  # type: ignore[arg-type]
             entry.state = st
             self.inflight[pid] = entry
         for qos, retain, m in state["queue"]:
-            self.queue.append((_msg_from_state(m), qos, retain))
+            self.queue.append((Message.from_list(m), qos, retain))
         self.inbound_qos2.update(state["inbound_qos2"])
         self._next_pid = state.get("next_pid", 1)
 
-
-def _msg_state(msg: Message | None) -> list | None:
-    if msg is None:
-        return None
-    return [msg.topic, msg.payload, msg.qos, msg.retain, msg.client_id, msg.origin_router,
-            msg.origin_offset, msg.properties, msg.timestamp_ms]
-
-
-def _msg_from_state(m: list) -> Message:
-    topic, payload, qos, retain, client_id, origin_router, origin_offset, props, ts = m
-    if props:
-        props = {int(k): v for k, v in props.items()}
-    return Message(topic, payload, qos, retain, client_id, origin_router, origin_offset, props, ts)
