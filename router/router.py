@@ -93,13 +93,9 @@ class Router:
         Raises ``LogUnavailable`` for a QoS 1/2 message the log cannot take (full or unwritable
         disk): the caller refuses it instead of acknowledging it. QoS 0 still flows, unlogged.
         """
-        log_ = self.commit_log
-        if log_ is not None and not msg.topic.startswith("$SYS/"):  # broker metrics stay out of the log
+        if self.commit_log is not None and not msg.topic.startswith("$SYS/"):  # metrics stay out
             try:
-                msg.log_offset = msg.origin_offset = log_.append(
-                    msg.topic_bytes, msg.payload, qos=msg.qos, retain=msg.retain, client_id=msg.client_id,
-                    properties=msg.packed_properties() if msg.properties else b"",
-                    timestamp_ms=msg.timestamp_ms)
+                msg.origin_offset = self._log(msg, forwarded=False)
             except LogUnavailable:
                 self.stats.refused_log_unavailable += 1
                 if msg.qos:
@@ -125,17 +121,22 @@ class Router:
 
         Logged here too (with its origin), so that this router's sessions can catch up from their
         own log and readers can count each message once by its origin."""
-        log_ = self.commit_log
-        if log_ is not None and not msg.topic.startswith("$SYS/"):
+        if self.commit_log is not None and not msg.topic.startswith("$SYS/"):
             try:
-                msg.log_offset = log_.append(
-                    msg.topic_bytes, msg.payload, qos=msg.qos, retain=msg.retain, client_id=msg.client_id,
-                    properties=msg.packed_properties() if msg.properties else b"",
-                    origin_router=msg.origin_router, origin_offset=msg.origin_offset,
-                    timestamp_ms=msg.timestamp_ms)
+                self._log(msg, forwarded=True)
             except LogUnavailable:
                 self.stats.refused_log_unavailable += 1
         self._deliver_local(msg)
+
+    def _log(self, msg: Message, forwarded: bool) -> int:
+        """Append ``msg`` to this router's log; a forwarded copy keeps its origin. Returns and
+        records the offset; raises ``LogUnavailable`` when the log cannot take it."""
+        msg.log_offset = self.commit_log.append(
+            msg.topic_bytes, msg.payload, qos=msg.qos, retain=msg.retain, client_id=msg.client_id,
+            properties=msg.packed_properties(), timestamp_ms=msg.timestamp_ms,
+            origin_router=msg.origin_router if forwarded else None,
+            origin_offset=msg.origin_offset if forwarded else None)
+        return msg.log_offset
 
     # -- acknowledgements that wait for the disk (--fsync always) ------------------------------------
 
