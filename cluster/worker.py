@@ -20,6 +20,7 @@ from router.router import Router, RouterConfig
 from router.session import SessionLimits
 
 from .config import Config
+from .stats import ConnectionSet
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,9 @@ class Worker:
         self.router: Router | None = None
         self.server: asyncio.base_events.Server | None = None
         self.mesh: Any = None
-        self.connections: set[MQTTConnection] = set()
+        # Banks each leaving connection's counters, so router totals outlive connections at no
+        # per-message cost (read by the stats publisher).
+        self.connections = ConnectionSet()
         self.commit_log: Any = None
         self._log_timer: asyncio.TimerHandle | None = None
         self._stop = asyncio.Event()
@@ -143,18 +146,10 @@ class Worker:
 
     def _start_stats(self) -> None:
         """Start this router's stats publisher (PUB socket, snapshots, $SYS topics)."""
-        from .stats import ConnectionSet, StatsPublisher
+        from .stats import StatsPublisher
 
-        # A connection set that banks the counters of each connection leaving it, so that router
-        # totals outlive connections at no per-message cost; connections accepted before this call
-        # are moved over (their handlers leave the set they were given).
-        tracked = ConnectionSet(self.connections)
-        for conn in self.connections:
-            if isinstance(conn.handler, _TrackedClient):
-                conn.handler._registry = tracked
-        self.connections = tracked
         self.stats_publisher: StatsPublisher | None = StatsPublisher(
-            self.config, self.index, self.router, tracked, self.loop)  # type: ignore[arg-type]
+            self.config, self.index, self.router, self.connections, self.loop)  # type: ignore[arg-type]
         self.stats_publisher.start()
 
     def _stop_stats(self) -> None:
