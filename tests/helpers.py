@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -284,6 +285,27 @@ class RawClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def cid(prefix: str) -> str:
+    """A client id unique to this test run (tests share brokers' session tables otherwise)."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def subscribe_packet(pid: int, filters: list[tuple[str, int]]) -> bytes:
+    """SUBSCRIBE with exact bytes (paho refuses invalid filters); remaining length < 128."""
+    body = pid.to_bytes(2, "big")
+    for f, q in filters:
+        fb = f.encode()
+        body += len(fb).to_bytes(2, "big") + fb + bytes([q])
+    return bytes([0x82, len(body)]) + body
+
+
+def read_packet(raw: RawClient) -> bytes:
+    """One whole packet of remaining length < 128 from a raw client."""
+    head = raw.recv_exact(2)
+    assert head[1] < 128
+    return head + raw.recv_exact(head[1])
 
 
 def connect_packet(client_id: str = "raw", keepalive: int = 60, clean: bool = True, level: int = 4,

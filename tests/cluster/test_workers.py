@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from tests.cluster.conftest import client_worker, spread, worker_of
-from tests.helpers import Client, RawClient, connect_packet, wait_for
+from tests.helpers import Client, RawClient, connect_packet, read_packet, wait_for
 
 
 def uid() -> str:
@@ -103,11 +103,6 @@ def _connection_elsewhere(cluster, home: int) -> RawClient:
     pytest.fail("no connection landed on another worker in 60 tries")
 
 
-def _read_packet(raw: RawClient) -> bytes:
-    head = raw.recv_exact(2)
-    assert head[1] < 128
-    return head + raw.recv_exact(head[1])
-
 
 def test_takeover_across_workers_moves_subscriptions_and_queued_messages(cluster):
     u = uid()
@@ -124,7 +119,7 @@ def test_takeover_across_workers_moves_subscriptions_and_queued_messages(cluster
     assert raw.recv_exact(4) == b"\x20\x02\x01\x00"  # session present: it moved
     got = []
     for _ in range(25):
-        p = _read_packet(raw)
+        p = read_packet(raw)
         assert p[0] & 0xF0 == 0x30
         pid = p[4 + len(f"tk{u}/x"): 6 + len(f"tk{u}/x")]
         got.append(int(p[6 + len(f"tk{u}/x"):]))
@@ -132,7 +127,7 @@ def test_takeover_across_workers_moves_subscriptions_and_queued_messages(cluster
     assert got == list(range(25))
     # The subscription moved too: live messages arrive on the new worker.
     pub.publish(f"tk{u}/x", b"live", qos=1)
-    assert _read_packet(raw).endswith(b"live")
+    assert read_packet(raw).endswith(b"live")
     raw.close()
 
 

@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import ssl
-import uuid
 
 import paho.mqtt.client as mqtt
 
-from tests.helpers import Client, RawClient, connect_packet
-
-
-def cid(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+from tests.helpers import Client, RawClient, cid, connect_packet
 
 
 def test_unsupported_protocol_level_gets_connack_1_then_close(broker):

@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import socket
-import uuid
 
-from tests.helpers import Client, RawClient, connect_packet
-
-
-def cid(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+from tests.helpers import Client, RawClient, cid, connect_packet, subscribe_packet
 
 
 def test_max_connections_refuses_with_server_unavailable(start_broker):
@@ -48,8 +43,7 @@ def _raw_subscriber(port: int, topic: bytes, qos: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.sendall(connect_packet(cid("stuck")))
-    body = b"\x00\x01" + len(topic).to_bytes(2, "big") + topic + bytes([qos])
-    sock.sendall(bytes([0x82, len(body)]) + body)
+    sock.sendall(subscribe_packet(1, [(topic.decode(), qos)]))
     return sock
 
 

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
-from tests.helpers import Client, RawClient, connect_packet
-
-
-def cid(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+from tests.helpers import Client, RawClient, cid, connect_packet, subscribe_packet
 
 
 @pytest.mark.parametrize("pub_qos", [0, 1, 2])
@@ -69,20 +63,13 @@ def test_overlapping_subscriptions_deliver_once_at_highest_qos(broker):
     assert [(m.topic, m.qos) for m in sub.messages] == [("o/a", 2), ("o/b", 2)]
 
 
-def _subscribe(pid: int, filters: list[tuple[str, int]]) -> bytes:
-    body = pid.to_bytes(2, "big")
-    for f, q in filters:
-        fb = f.encode()
-        body += len(fb).to_bytes(2, "big") + fb + bytes([q])
-    return bytes([0x82, len(body)]) + body
-
 
 def test_invalid_filters_get_0x80_and_valid_ones_in_the_same_subscribe_work(broker):
     # paho refuses to send invalid filters, so this client speaks raw bytes.
     raw = RawClient(broker.port)
     raw.send(connect_packet(cid("bad")))
     assert raw.recv_exact(4) == b"\x20\x02\x00\x00"
-    raw.send(_subscribe(3, [("a/#/b", 1), ("ok/+", 1), ("a+", 0), ("#x", 0), ("s/#", 2)]))
+    raw.send(subscribe_packet(3, [("a/#/b", 1), ("ok/+", 1), ("a+", 0), ("#x", 0), ("s/#", 2)]))
     assert raw.recv_exact(9) == b"\x90\x07\x00\x03" + bytes([0x80, 1, 0x80, 0x80, 2])
     pub = Client(broker.port, cid("p")).connect()
     pub.publish("ok/1", b"y", qos=0)

@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
-
-from tests.helpers import Client
-
-
-def cid(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+from tests.helpers import Client, cid
 
 
 def test_retained_stored_replaced_and_cleared(broker):

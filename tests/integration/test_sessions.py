@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
-
-from tests.helpers import Client, RawClient, connect_packet
-
-
-def cid(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+from tests.helpers import Client, RawClient, cid, connect_packet, read_packet, subscribe_packet
 
 
 def test_persistent_session_keeps_subscriptions_and_queues_qos1_qos2(broker):
@@ -47,40 +41,29 @@ def test_clean_session_discards_the_old_one(broker):
     assert not c3.session_present
 
 
-def _subscribe_packet(pid: int, topic: str, qos: int) -> bytes:
-    t = topic.encode()
-    body = pid.to_bytes(2, "big") + len(t).to_bytes(2, "big") + t + bytes([qos])
-    return bytes([0x82, len(body)]) + body
-
-
-def _read_packet(raw: RawClient) -> bytes:
-    head = raw.recv_exact(2)
-    assert head[1] < 128
-    return head + raw.recv_exact(head[1])
-
 
 def test_unacknowledged_messages_redelivered_with_dup_on_reconnect(broker):
     name = cid("redeliver")
     raw = RawClient(broker.port)
     raw.send(connect_packet(name, clean=False))
     assert raw.recv_exact(4) == b"\x20\x02\x00\x00"
-    raw.send(_subscribe_packet(1, "rd/t", 1))
+    raw.send(subscribe_packet(1, [("rd/t", 1)]))
     assert raw.recv_exact(5) == b"\x90\x03\x00\x01\x01"
     pub = Client(broker.port, cid("p")).connect()
     pub.publish("rd/t", b"unacked", qos=1)
-    first = _read_packet(raw)
+    first = read_packet(raw)
     assert first[0] == 0x32 and first.endswith(b"unacked")  # QoS 1, DUP 0
     pid = first[2 + 2 + 4: 2 + 2 + 4 + 2]
     raw.close()  # no PUBACK
     raw2 = RawClient(broker.port)
     raw2.send(connect_packet(name, clean=False))
     assert raw2.recv_exact(4) == b"\x20\x02\x01\x00"  # session present
-    again = _read_packet(raw2)
+    again = read_packet(raw2)
     assert again[0] == 0x3A  # QoS 1 with DUP set
     assert again[8:10] == pid and again.endswith(b"unacked")
     raw2.send(b"\x40\x02" + pid)
     pub.publish("rd/t", b"next", qos=1)
-    nxt = _read_packet(raw2)
+    nxt = read_packet(raw2)
     assert nxt[0] == 0x32 and nxt.endswith(b"next")
     raw2.close()
 
