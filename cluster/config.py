@@ -235,14 +235,6 @@ def load(argv: list[str]) -> Config:
     return cfg
 
 
-def options_table() -> str:
-    """The README's option table, generated from OPTIONS."""
-    rows = ["| option | default | meaning |", "| --- | --- | --- |"]
-    names = {"workers": "number of cores", "node_id": "host name"}
-    for o in OPTIONS:
-        rows.append(f"| `{o.flag}` | {names.get(o.name) or _shown_default(o) or '—'} | {o.help} |")
-    return "\n".join(rows)
-
 
 def _shown_default(opt: Option) -> str:
     """An option's default as a user writes it ('' when there is none)."""

@@ -266,7 +266,7 @@ class Client:
                 router.publish(msg, conn)
             elif qos == 1:
                 router.publish(msg, conn)
-                self._ack(_ack(0x40, p.packet_id), msg)  # type: ignore[arg-type]
+                self._acknowledge(_ack(0x40, p.packet_id), msg)  # type: ignore[arg-type]
             else:
                 inbound = self.session.inbound_qos2  # type: ignore[union-attr]
                 pid = p.packet_id
@@ -275,11 +275,11 @@ class Client:
                     return
                 router.publish(msg, conn)
                 inbound.add(pid)  # type: ignore[arg-type]
-                self._ack(_ack(0x50, pid), msg)  # type: ignore[arg-type]
+                self._acknowledge(_ack(0x50, pid), msg)  # type: ignore[arg-type]
         except LogUnavailable as exc:
             self._refuse_publish(p, exc)
 
-    def _ack(self, ack: bytes, msg: Message) -> None:
+    def _acknowledge(self, ack: bytes, msg: Message) -> None:
         router = self.router
         if router.ack_when_durable and msg.log_offset >= 0:
             router.defer_ack(msg.log_offset, self.conn, ack)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 class RouterStats:
     __slots__ = (
-        "msgs_in", "msgs_out", "bytes_in", "bytes_out", "connections", "connects_total",
+        "msgs_in", "msgs_out", "connections", "connects_total",
         "drop_queue_full", "drop_slow_consumer", "drop_too_large", "drop_mesh_backpressure",
         "drop_expired", "refused_connections", "refused_log_unavailable", "protocol_errors",
         "mesh_msgs_out", "mesh_msgs_in", "mesh_bytes_out", "mesh_bytes_in", "mesh_frames_out",
@@ -20,5 +20,3 @@ class RouterStats:
         for name in self.__slots__:
             setattr(self, name, 0)
 
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
