@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -132,16 +133,10 @@ class StateStore:
         replayed = 0
         if log_ is not None:
             # Retained messages logged after the snapshot: replay them in order.
-            offset = max(state.get("log_offset", 0), log_.start_offset)
-            while True:
-                records = log_.read(offset, max_records=4096)
-                if not records:
-                    break
-                for rec in records:
-                    if rec.retain:
-                        router.retained.set(Message.from_record(rec))
-                        replayed += 1
-                offset = records[-1].offset + 1
+            for rec in _records(log_, max(state.get("log_offset", 0), log_.start_offset)):
+                if rec.retain:
+                    router.retained.set(Message.from_record(rec))
+                    replayed += 1
         router.stats.retained_count = len(router.retained)
         for cid, st in state.get("sessions", {}).items():
             session = router.new_session(cid, True)
@@ -158,6 +153,16 @@ class StateStore:
                 session.cursor = max(pos, log_.start_offset)
             router.schedule_expiry(session)
         return len(state.get("sessions", {})), len(router.retained)
+
+
+def _records(source: Any, offset: int, batch: int = 4096) -> Iterator[Any]:
+    """Every record of a ``CommitLog`` or ``LogReader`` from ``offset`` on, read in batches."""
+    while True:
+        records = source.read(offset, max_records=batch)
+        if not records:
+            return
+        yield from records
+        offset = records[-1].offset + 1
 
 
 def _atomic_write(path: str, data: bytes) -> None:
@@ -204,13 +209,7 @@ def restore_missing_copies(router: Router, node_dir: str, own_name: str, margin_
     before = log_.read(max(start - 1, log_.start_offset), max_records=1)
     if before and before[0].offset < start:
         since_ms = before[0].timestamp_ms - margin_ms
-    offset = max(start - 10_000, log_.start_offset)
-    while True:
-        records = log_.read(offset, max_records=4096)
-        if not records:
-            break
-        have.update((r.origin_router, r.origin_offset) for r in records)
-        offset = records[-1].offset + 1
+    have.update((r.origin_router, r.origin_offset) for r in _records(log_, max(start - 10_000, log_.start_offset)))
     filters = {f for s in sessions for f in s.subscriptions}
     node = router.router_id.rsplit("/", 1)[0]
     restored = 0
@@ -225,18 +224,11 @@ def restore_missing_copies(router: Router, node_dir: str, own_name: str, margin_
             continue
         with reader:
             pos = reader.offset_for_time(since_ms) if since_ms else reader.start_offset
-            while pos is not None:
-                records = reader.read(pos, max_records=4096)
-                if not records:
-                    break
-                for r in records:
-                    if (r.origin_router == origin and (origin, r.origin_offset) not in have and r.qos
-                            and any(filter_matches(f, r.topic) for f in filters)):
-                        log_.append(r.topic, r.payload, qos=r.qos, retain=r.retain, client_id=r.client_id,
-                                    properties=r.properties, origin_router=origin,
-                                    origin_offset=r.origin_offset, timestamp_ms=r.timestamp_ms)
-                        restored += 1
-                pos = records[-1].offset + 1
+            for r in _records(reader, pos) if pos is not None else ():
+                if (r.origin_router == origin and (origin, r.origin_offset) not in have and r.qos
+                        and any(filter_matches(f, r.topic) for f in filters)):
+                    log_.append_record(r)
+                    restored += 1
     if restored:
         log.warning("restored %d message(s) acknowledged by other workers whose copies this log lost "
                     "in a crash", restored)
