@@ -375,9 +375,6 @@ class Mesh:
             self._dirty = True
             self.loop.call_soon(self._flush)
 
-    def flush(self) -> None:
-        self._flush()
-
     def _flush(self) -> None:
         """End of the loop iteration: one publish frame per peer, one interest frame for all."""
         self._dirty = False
@@ -534,11 +531,7 @@ class Mesh:
             if seq is not None:
                 self._send(peer, INTEREST_ACK, seq)
         elif kind == INTEREST_ACK:
-            waiter = self._waiters.get(body)
-            if waiter is not None:
-                waiter.answer(sender)
-                if waiter.future.done():
-                    self._waiters.pop(body, None)
+            self._answer(body, sender)
         elif kind == RETAINED:
             for t in body:
                 router.peer_retained(Message.from_list(t))
@@ -549,17 +542,21 @@ class Mesh:
             self._send(peer, TAKEOVER_RESP, [req, state])
         elif kind == TAKEOVER_RESP:
             req, state = body
-            waiter = self._waiters.get(req)
-            if waiter is not None:
-                waiter.answer(sender, state)
-                if waiter.future.done():
-                    self._waiters.pop(req, None)
+            self._answer(req, sender, state)
         elif kind == SYNC_REQ:
             snapshot = router.retained_snapshot()
             for i in range(0, len(snapshot), 1000):
                 self._send(peer, RETAINED, [m.to_list() for m in snapshot[i:i + 1000]])
         elif kind == GOODBYE:
             self._gone(peer, "said goodbye")
+
+    def _answer(self, req: int, router_id: str, result: Any = None) -> None:
+        """``router_id`` answered request ``req`` (or left: counts as an empty answer)."""
+        waiter = self._waiters.get(req)
+        if waiter is not None:
+            waiter.answer(router_id, result)
+            if waiter.future.done():
+                del self._waiters[req]
 
     # -- membership -----------------------------------------------------------------------------------
 
@@ -621,10 +618,8 @@ class Mesh:
         if peer.link is not None:
             peer.link.reset()
             self._blocked_links.discard(peer.link)
-        for req, waiter in list(self._waiters.items()):
-            waiter.answer(peer.router_id)
-            if waiter.future.done():
-                self._waiters.pop(req, None)
+        for req in list(self._waiters):
+            self._answer(req, peer.router_id)
         if self._interest_waiter is not None:
             self._interest_waiter.answer(peer.router_id)
 
