@@ -142,6 +142,14 @@ def _read_u16(data: bytes, p: int, stop: int, what: str) -> int:
     return data[p] << 8 | data[p + 1]
 
 
+def _read_pid(data: bytes, p: int, stop: int) -> int:
+    """A packet identifier where one is required: present and non-zero (MQTT-2.3.1-1)."""
+    pid = _read_u16(data, p, stop, "packet identifier")
+    if not pid:
+        raise ProtocolError("MQTT-2.3.1-1 packet identifier must be non-zero", _PROTOCOL_ERROR)
+    return pid
+
+
 def _read_str(data: bytes, p: int, stop: int) -> tuple[str, int]:
     """A UTF-8 encoded string: valid UTF-8 (MQTT-1.5.3-1) without U+0000 (MQTT-1.5.3-2).
 
@@ -631,9 +639,7 @@ class Decoder:
         return _decode_ack(Pubcomp, "PUBCOMP", data, p, stop, v5)
 
     def _subscribe(self, data: bytes, p: int, stop: int, v5: bool) -> Subscribe:
-        pid = _read_u16(data, p, stop, "packet identifier")
-        if not pid:
-            raise ProtocolError("MQTT-2.3.1-1 packet identifier must be non-zero", _PROTOCOL_ERROR)
+        pid = _read_pid(data, p, stop)
         p += 2
         props: Properties = {}
         if v5:
@@ -672,9 +678,7 @@ class Decoder:
         return Suback(pid, list(data[p:stop]), props)
 
     def _unsubscribe(self, data: bytes, p: int, stop: int, v5: bool) -> Unsubscribe:
-        pid = _read_u16(data, p, stop, "packet identifier")
-        if not pid:
-            raise ProtocolError("MQTT-2.3.1-1 packet identifier must be non-zero", _PROTOCOL_ERROR)
+        pid = _read_pid(data, p, stop)
         p += 2
         props: Properties = {}
         if v5:
@@ -762,9 +766,7 @@ def _check_end(p: int, stop: int, what: str) -> None:
 
 def _decode_ack(cls: type[_AckT], what: str, data: bytes, p: int, stop: int, v5: bool) -> _AckT:
     """PUBACK, PUBREC, PUBREL, PUBCOMP: packet id, then (v5) optional reason code and properties."""
-    pid = _read_u16(data, p, stop, "packet identifier")
-    if not pid:
-        raise ProtocolError("MQTT-2.3.1-1 packet identifier must be non-zero", _PROTOCOL_ERROR)
+    pid = _read_pid(data, p, stop)
     p += 2
     if not v5:
         _check_end(p, stop, what)
