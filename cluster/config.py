@@ -105,6 +105,9 @@ OPTIONS: tuple[Option, ...] = (
            "N", check=_at_least(1)),
     Option("max_client_buffer", _size, 1 << 20, "outgoing bytes buffered per client before QoS 0 messages "
            "to it are dropped (slow consumer)", "BYTES", check=_at_least(4096)),
+    Option("read_budget", int, 16, "packets of one client handled per loop iteration before the rest of its "
+           "read waits a turn (fairness for quiet clients; higher: more batching, longer tail latency)", "N",
+           check=_at_least(1)),
     Option("stats_interval", float, 1.0, "seconds between stats snapshots", "SECONDS"),
     Option("stats_port", int, None, "publish stats on tcp://HOST:PORT+i (router i) instead of ipc", "PORT"),
     Option("metrics_port", int, None, "serve Prometheus /metrics on this port", "PORT"),
@@ -136,6 +139,7 @@ class Config:
     max_queued: int = 1000
     max_connections: int = 100_000
     max_client_buffer: int = 1 << 20
+    read_budget: int = 16
     stats_interval: float = 1.0
     stats_port: int | None = None
     metrics_port: int | None = None

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 _PINGRESP = encode(Pingresp())
 CONNECT_TIMEOUT_S = 10.0
+_BUDGET = object()  # the pause_reading cause while a read's remaining packets wait
 
 
 class Handler(Protocol):
@@ -58,8 +59,14 @@ class MQTTConnection(asyncio.Protocol):
         *,
         max_packet_size: int,
         write_buffer_high: int = 1 << 20,
+        read_budget: int = 16,
     ) -> None:
+        """``read_budget``: most packets of one connection handled per loop iteration; the rest of
+        a read waits for the next iteration with reading paused. Without it one read of a pipelining
+        publisher (hundreds of packets) is handled in one go and every other connection - a quiet
+        device's command among them - waits behind it: fairness costs a little batching."""
         self._open_handler = open_handler
+        self._budget = max(1, read_budget)
         self._batcher = batcher
         self._decoder = Decoder(max_packet_size=max_packet_size)
         self._write_buffer_high = write_buffer_high
@@ -79,6 +86,7 @@ class MQTTConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_event_loop()
         self._reading_paused_by: set[object] = set()
+        self._deferred: list[Packet] = []
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
 
@@ -111,15 +119,20 @@ class MQTTConnection(asyncio.Protocol):
             packets = self._decoder.feed(data)
         except ProtocolError as exc:
             # The packets before the bad one were valid: they count, then the connection goes.
-            self._dispatch(getattr(exc, "packets", None) or [])
+            self._dispatch(getattr(exc, "packets", None) or [], budget=False)
             if not self.closing:
                 self.protocol_violation(exc)
             return
         self._dispatch(packets)
 
-    def _dispatch(self, packets: list[Packet]) -> None:
+    def _dispatch(self, packets: list[Packet], budget: bool = True) -> None:
         handler = self.handler
         assert handler is not None
+        if budget and len(packets) > self._budget and self._connected:
+            self._deferred = packets[self._budget:]
+            packets = packets[:self._budget]
+            self.pause_reading(_BUDGET)
+            self._loop.call_soon(self._dispatch_deferred)
         for packet in packets:
             if self.closing:
                 return
@@ -147,6 +160,20 @@ class MQTTConnection(asyncio.Protocol):
                 return
             else:
                 handler.packet_received(packet)
+
+    def _dispatch_deferred(self) -> None:
+        """The next budget's worth of a long read, one loop iteration later."""
+        packets, self._deferred = self._deferred, []
+        if self.closing or self.handler is None:
+            return
+        n = self._budget
+        if len(packets) > n:
+            self._deferred = packets[n:]
+            self._loop.call_soon(self._dispatch_deferred)
+            self._dispatch(packets[:n], budget=False)
+        else:
+            self._dispatch(packets, budget=False)
+            self.resume_reading(_BUDGET)
 
     def eof_received(self) -> bool | None:
         return False  # close our side too
