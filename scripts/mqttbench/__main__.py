@@ -17,7 +17,7 @@ from . import report, runner
 from .brokers import BrokerKind, BrokerUnavailable, RunningBroker, check_brokerd, mosquitto_executable
 from .loadgen import raise_fd_limit
 from .runner import RunResult, Timing
-from .scenarios import PAYLOAD_SCENARIOS, SCENARIOS, Sizes, build
+from .scenarios import PAYLOAD_SCENARIOS, PLACED_SCENARIOS, PLACEMENTS, SCENARIOS, Sizes, build
 
 
 def _ints(text: str) -> list[int]:
@@ -55,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--against", choices=("mosquitto",), help="also run Mosquitto, alternating, and print ratios")
     ap.add_argument("--workers", type=_ints, default=[1], help="brokerd worker counts (scaling runs)")
     ap.add_argument("--procs", type=int, default=1, help="load-generator processes")
+    ap.add_argument("--placement", choices=PLACEMENTS, default="any",
+                    help="brokerd --workers >= 2, p2p/qos1/latency: publisher on its subscriber's worker (same) "
+                    "or another (cross); Mosquitto runs ignore it")
     ap.add_argument("--json", type=Path, help="write every run and the summary to this file")
     g = ap.add_argument_group("sizes")
     g.add_argument("--pairs", type=int, default=d.pairs, help="p2p/qos1/latency: publisher-subscriber pairs")
@@ -104,6 +107,8 @@ def _progress(r: RunResult, rep: int, reps: int) -> str:
 def run_one(kind: BrokerKind, scenario: str, payload: int, rep: int, args: argparse.Namespace, sizes: Sizes) -> RunResult:
     result = RunResult(scenario, payload, kind.name, kind.workers, rep)
     plan = build(scenario, payload, args.procs, sizes)
+    if kind.name == "brokerd" and kind.workers > 1 and scenario in PLACED_SCENARIOS:
+        plan.placement = args.placement
     try:
         with RunningBroker(kind) as broker:
             if plan.is_conn:

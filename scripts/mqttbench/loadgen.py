@@ -25,11 +25,14 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+import psutil
+
 from . import mqtt_wire as wire
 from .scenarios import ClientSpec, GroupSpec, Plan
 
 WRITE_HIGH_WATER = 256 * 1024
 BATCH_BYTES = 64 * 1024
+PLACE_ATTEMPTS = 40  # reconnect rounds to put publishers where --placement wants them
 STALL_S = 0.5  # no delivery for this long while blocked: count the window as lost and go on
 DRAIN_QUIET_S = 0.3
 DRAIN_MAX_S = 3.0
@@ -482,6 +485,8 @@ class Worker:
         pubs = [(i, c) for i, c in mine if c.role in ("pub", "lat_pub")]
         sub_conns = await asyncio.gather(*(self.connect(c, i, sem) for i, c in subs))
         pub_conns = await asyncio.gather(*(self.connect(c, i, sem) for i, c in pubs))
+        if self.plan.placement != "any":
+            await self._place(subs, sub_conns, pubs, pub_conns, sem)
         lat_pub = lat_sub = None
         for (_, spec), conn in zip(subs, sub_conns, strict=True):
             group = self.groups[spec.gid]
@@ -508,6 +513,47 @@ class Worker:
         if lat_pub is not None and lat_sub is not None:
             conn, spec, group = lat_sub
             self.probe = LatencyProbe(lat_pub, conn, spec.topic, max(8, self.plan.payload), group.spec.rate)
+
+    def _owners(self) -> dict[int, int]:
+        """Client-side port -> pid of the broker process holding that connection."""
+        owners: dict[int, int] = {}
+        for pid in self.plan.broker_pids:
+            try:
+                conns = psutil.Process(pid).net_connections(kind="tcp")
+            except psutil.Error:
+                continue
+            for c in conns:
+                if c.raddr and c.laddr and c.laddr.port == self.port:
+                    owners[c.raddr.port] = pid
+        return owners
+
+    async def _place(self, subs: list[tuple[int, ClientSpec]], sub_conns: list[Conn],
+                     pubs: list[tuple[int, ClientSpec]], pub_conns: list[Conn], sem: asyncio.Semaphore) -> None:
+        """Reconnect load publishers until each sits on its subscriber's worker ("same") or on
+        another one ("cross"): the kernel spreads connections over the workers by a hash the
+        generator cannot choose, so it asks the broker's processes where each one landed."""
+        sub_of = {spec.gid: conn for (_, spec), conn in zip(subs, sub_conns, strict=True) if spec.role == "sub"}
+        want_same = self.plan.placement == "same"
+        for _attempt in range(PLACE_ATTEMPTS):
+            owners = self._owners()
+            wrong = []
+            for k, ((_, spec), conn) in enumerate(zip(pubs, pub_conns, strict=True)):
+                sub = sub_of.get(spec.gid)
+                if spec.role != "pub" or sub is None:
+                    continue
+                pub_w, sub_w = owners.get(_local_port(conn)), owners.get(_local_port(sub))
+                if pub_w is None or sub_w is None or (pub_w == sub_w) != want_same:
+                    wrong.append(k)
+            if not wrong:
+                return
+            for k in wrong:
+                pub_conns[k].close()
+                self.conns.remove(pub_conns[k])
+            fresh = await asyncio.gather(*(self.connect(pubs[k][1], pubs[k][0], sem) for k in wrong))
+            for k, conn in zip(wrong, fresh, strict=True):
+                pub_conns[k] = conn
+        raise RuntimeError(f"could not place publishers {self.plan.placement!r} in {PLACE_ATTEMPTS} attempts "
+                           "(one broker worker only?)")
 
     def _snapshot(self) -> dict[str, Any]:
         return {
@@ -638,6 +684,11 @@ class Worker:
             except Exception:  # noqa: BLE001 - closing is best effort at the end of a run
                 pass
         await asyncio.sleep(0.05)
+
+
+def _local_port(conn: Conn) -> int:
+    assert conn.transport is not None
+    return conn.transport.get_extra_info("sockname")[1]
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:

@@ -135,6 +135,8 @@ def _sleep_until(t: float) -> None:
 
 def run_load(plan: Plan, broker: RunningBroker, timing: Timing, result: RunResult) -> None:
     connect_budget = 30.0 + len(plan.clients) / 50.0
+    if plan.placement != "any":
+        plan.broker_pids = tuple(p.pid for p in broker.processes())
     gens = Generators(plan, broker.port)
     try:
         gens.gather("ready", connect_budget)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+PLACEMENTS = ("any", "same", "cross")
+PLACED_SCENARIOS = frozenset({"p2p", "qos1", "latency"})
 SCENARIOS = ("p2p", "fanout", "fanin", "qos1", "conn", "latency")
 # sharedsub needs MQTT 5 shared subscriptions ($share/...): added once the generator speaks MQTT 5.
 PAYLOAD_SCENARIOS = frozenset({"p2p", "fanout", "fanin", "qos1", "latency"})
@@ -71,6 +73,10 @@ class Plan:
     clients: list[ClientSpec] = field(default_factory=list)
     inflight: int = 100
     connect_concurrency: int = 100
+    # p2p/qos1/latency on a multi-worker brokerd: "same" puts each publisher on its subscriber's
+    # worker, "cross" on another one (what cross-worker delivery costs); "any": where the kernel puts it.
+    placement: str = "any"
+    broker_pids: tuple[int, ...] = ()
 
     @property
     def is_conn(self) -> bool:
