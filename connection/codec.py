@@ -543,7 +543,10 @@ class Decoder:
                         raise ProtocolError(
                             "MQTT-4.7.3-1 PUBLISH topic name must not be empty", Reason.TOPIC_NAME_INVALID
                         )
-                append(Publish(topic, data[p:stop], qos, b0 & 1 == 1, b0 & 8 == 8, pid, props))
+                if b0 == 0x30 and not props:
+                    append(Publish(topic, data[p:stop], 0, False, False, None, props, data[pos:stop]))
+                else:
+                    append(Publish(topic, data[p:stop], qos, b0 & 1 == 1, b0 & 8 == 8, pid, props))
             elif b0 == 0x40 and rl == 2:
                 # PUBACK without reason code or properties (any level), inline: one per QoS 1 message.
                 pid = data[start] << 8 | data[start + 1]

@@ -110,6 +110,10 @@ class Publish:
     dup: bool = False
     packet_id: int | None = None
     properties: Properties = field(default_factory=dict)
+    # The packet's own bytes when they are also what a subscriber of the same protocol level gets
+    # at QoS 0 (QoS 0, no RETAIN/DUP, no properties): set by the decoder so the router can forward
+    # them as they came instead of encoding the same bytes again. Not part of equality.
+    raw: bytes | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)

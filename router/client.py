@@ -261,6 +261,8 @@ class Client:
         msg = Message(p.topic, p.payload, qos, p.retain, self.client_id, router.router_id,
                       properties=p.properties or None)
         conn = self.conn
+        if p.raw is not None:
+            msg.received_as(conn.protocol_level, p.raw)
         try:
             if qos == 0:
                 router.publish(msg, conn)

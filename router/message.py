@@ -83,6 +83,16 @@ class Message:
     def packed_properties(self) -> bytes:
         return msgpack.packb(self.properties) if self.properties else b""
 
+    def received_as(self, level: int, packet: bytes) -> None:
+        """``packet`` (a QoS 0 PUBLISH without flags or properties, as a client of protocol ``level``
+        sent it) is byte for byte what subscribers of that level get at QoS 0: keep it as that
+        variant's encoding, so the commonest delivery copies no bytes and encodes nothing."""
+        parts = (packet, b"")
+        if level >= MQTT_5:
+            self._enc[MQTT_5 << 3] = parts
+        else:  # 3.1 and 3.1.1 share the PUBLISH wire form
+            self._enc[3 << 3] = self._enc[4 << 3] = parts
+
     def encoded(self, level: int, qos: int, retain: bool) -> tuple[bytes, bytes]:
         """(head, tail) of the PUBLISH for this variant; QoS 0: head + tail is the whole packet."""
         key = (level << 3) | (qos << 1) | retain

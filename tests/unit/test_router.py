@@ -65,6 +65,29 @@ def test_fanout_encodes_once_per_variant(router):
         assert p.qos == 0
 
 
+def test_a_qos0_publish_reaches_same_level_subscribers_as_it_came(router):
+    v4 = [online(router, f"r4{i}", ("r/#", 0))[1] for i in range(3)]
+    v5 = online(router, "r5", ("r/#", 0), level=5)[1]
+    raw = bytes([0x30, 2 + 3 + 5]) + b"\x00\x03r/x" + b"hello"
+    [p] = Decoder(protocol_level=4).feed(raw)
+    assert p.raw == raw  # QoS 0, no flags: the decoder hands the packet bytes over
+    msg = Message(p.topic, p.payload, 0)
+    msg.received_as(4, p.raw)
+    before = message_mod.encode_count
+    router.publish(msg)
+    assert message_mod.encode_count - before == 1  # only the MQTT 5 subscriber's form is encoded
+    assert all(c.chunks == [raw] for c in v4)
+    [q] = v5.packets()
+    assert (q.topic, q.payload, q.qos) == ("r/x", b"hello", 0)
+
+
+@pytest.mark.parametrize("first", [0x31, 0x32, 0x3B])
+def test_publishes_with_flags_carry_no_raw_bytes(first):
+    body = b"\x00\x01t" + (b"\x00\x07" if first & 6 else b"") + b"p"
+    [p] = Decoder(protocol_level=4).feed(bytes([first, len(body)]) + body)
+    assert p.raw is None
+
+
 def test_overlap_once_at_highest_qos(router):
     _, conn = online(router, "o", ("a/#", 0), ("a/+", 2), ("a/b", 1))
     router.publish(Message("a/b", b"x", qos=2))
