@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import zmq
 
+from connection.reasons import ProtocolError
 from router.message import Message
 
 from .config import Config
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MESH_VERSION = 1
+MESH_VERSION = 2
 HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE = range(1, 10)
 KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST_ACK: "interest-ack",
               RETAINED: "retained", TAKEOVER_REQ: "takeover-request", TAKEOVER_RESP: "takeover",
@@ -417,7 +418,7 @@ class Mesh:
         peer = self.peers.get(router_id)
         if peer is None or not peer.alive or self.closed:
             return
-        peer.batch.append(msg.to_list())
+        peer.batch.append(msg.to_mesh())
         if source is not None:
             peer.batch_sources.add(source)
         if not self._dirty:
@@ -523,7 +524,12 @@ class Mesh:
             peer.stats[3] += size
             deliver = router.deliver_remote
             for t in body:
-                deliver(Message.from_list(t))
+                try:
+                    msg = Message.from_mesh(t)
+                except (ProtocolError, ValueError, TypeError, IndexError):
+                    log.error("mesh: dropped a malformed message from %s", sender)
+                    continue
+                deliver(msg)
         elif kind == INTEREST:
             seq, changes = body
             for topic_filter, add in changes:

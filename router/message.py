@@ -11,7 +11,7 @@ import time
 
 import msgpack
 
-from connection.codec import publish_parts
+from connection.codec import plain_publish_parts, publish_parts
 from connection.packets import MQTT_5, Prop
 
 # Properties a broker forwards unchanged to MQTT 5 subscribers (spec 3.3.2.3); Topic Alias and
@@ -79,6 +79,28 @@ class Message:
         if props:  # msgpack may hand back the property ids as they were packed: ints
             props = {int(k): v for k, v in props.items()}
         return cls(topic, payload, qos, retain, client_id, origin_router, origin_offset, props, ts)
+
+    def to_mesh(self) -> list:
+        """The form of a forwarded message: ``to_list()``, except that when this message's MQTT
+        3.1.1 QoS 0 packet is at hand (it came so from its publisher, or a local subscriber needed
+        it) the packet stands in place of topic and payload, so the receiving router hands it to
+        its subscribers as it is instead of encoding the same bytes again."""
+        parts = self._enc.get(4 << 3)
+        if parts is None:
+            return self.to_list()
+        return [parts[0], None, self.qos, self.retain, self.client_id, self.origin_router,
+                self.origin_offset, self.properties, self.timestamp_ms]
+
+    @classmethod
+    def from_mesh(cls, values: list) -> Message:
+        """The inverse of ``to_mesh``; raises ProtocolError on a packet that is not a plain PUBLISH."""
+        packet = values[0]
+        if type(packet) is not bytes:
+            return cls.from_list(values)
+        values[0], values[1] = plain_publish_parts(packet)
+        msg = cls.from_list(values)
+        msg.received_as(4, packet)
+        return msg
 
     def packed_properties(self) -> bytes:
         return msgpack.packb(self.properties) if self.properties else b""

@@ -199,3 +199,41 @@ def test_expiry_drops_offline_session():
 
     r = asyncio.run(run())
     assert "exp" not in r.sessions and len(r.subs) == 0
+
+
+@pytest.mark.parametrize("payload", [b"", b"x" * 10, b"y" * 300])  # 1- and 2-byte remaining lengths
+def test_a_forwarded_message_carries_its_packet_and_comes_back_whole(payload):
+    import msgpack
+
+    [p] = Decoder(protocol_level=4).feed(_plain_publish(b"m/a", payload))
+    msg = Message(p.topic, p.payload, 0, False, "c1", "n/w0", 7, None, 1234)
+    msg.received_as(4, p.raw)
+    wire = msgpack.unpackb(msgpack.packb(msg.to_mesh()), raw=False)
+    assert wire[0] == p.raw and wire[1] is None  # the packet stands in for topic and payload
+    back = Message.from_mesh(wire)
+    assert (back.topic, back.payload, back.client_id, back.origin_router, back.origin_offset, back.timestamp_ms) == (
+        "m/a", payload, "c1", "n/w0", 7, 1234)
+    before = message_mod.encode_count
+    assert back.encoded(4, 0, False)[0] == p.raw
+    assert message_mod.encode_count == before  # the receiver encodes nothing for 3.1.1 QoS 0
+
+
+def test_a_message_without_its_packet_is_forwarded_as_values():
+    msg = Message("m/b", b"v", 1, True, "c", "n/w0", 3, None, 99)
+    assert msg.to_mesh() == msg.to_list()
+    back = Message.from_mesh(msg.to_mesh())
+    assert (back.topic, back.payload, back.qos, back.retain) == ("m/b", b"v", 1, True)
+
+
+@pytest.mark.parametrize("packet", [b"\x32\x05\x00\x01tpp", b"\x30\x05\x00\x09tpp", b"\x30"])
+def test_a_malformed_forwarded_packet_is_refused(packet):
+    from connection.reasons import ProtocolError
+
+    with pytest.raises(ProtocolError):
+        Message.from_mesh([packet, None, 0, False, "c", "n/w0", 1, None, 1])
+
+
+def _plain_publish(topic: bytes, payload: bytes) -> bytes:
+    from connection.codec import encode
+
+    return encode(Publish(topic.decode(), payload), 4)
