@@ -32,7 +32,7 @@ from .scenarios import ClientSpec, GroupSpec, Plan
 
 WRITE_HIGH_WATER = 256 * 1024
 BATCH_BYTES = 64 * 1024
-PLACE_ATTEMPTS = 40  # reconnect rounds to put publishers where --placement wants them
+PLACE_ROUNDS_PER_WORKER = 40  # reconnect rounds (per broker worker) to place clients for --placement
 STALL_S = 0.5  # no delivery for this long while blocked: count the window as lost and go on
 DRAIN_QUIET_S = 0.3
 DRAIN_MAX_S = 3.0
@@ -514,8 +514,10 @@ class Worker:
             conn, spec, group = lat_sub
             self.probe = LatencyProbe(lat_pub, conn, spec.topic, max(8, self.plan.payload), group.spec.rate)
 
-    def _owners(self) -> dict[int, int]:
-        """Client-side port -> pid of the broker process holding that connection."""
+    def _owners(self) -> tuple[list[int], dict[int, int]]:
+        """The broker's worker pids (those listening on the port) and, per client-side port, the
+        pid of the worker holding that connection."""
+        workers: list[int] = []
         owners: dict[int, int] = {}
         for pid in self.plan.broker_pids:
             try:
@@ -523,37 +525,45 @@ class Worker:
             except psutil.Error:
                 continue
             for c in conns:
-                if c.raddr and c.laddr and c.laddr.port == self.port:
-                    owners[c.raddr.port] = pid
-        return owners
+                if c.laddr and c.laddr.port == self.port:
+                    if c.raddr:
+                        owners[c.raddr.port] = pid
+                    elif c.status == psutil.CONN_LISTEN and pid not in workers:
+                        workers.append(pid)
+        return sorted(workers), owners
 
     async def _place(self, subs: list[tuple[int, ClientSpec]], sub_conns: list[Conn],
                      pubs: list[tuple[int, ClientSpec]], pub_conns: list[Conn], sem: asyncio.Semaphore) -> None:
-        """Reconnect load publishers until each sits on its subscriber's worker ("same") or on
-        another one ("cross"): the kernel spreads connections over the workers by a hash the
-        generator cannot choose, so it asks the broker's processes where each one landed."""
-        sub_of = {spec.gid: conn for (_, spec), conn in zip(subs, sub_conns, strict=True) if spec.role == "sub"}
-        want_same = self.plan.placement == "same"
-        for _attempt in range(PLACE_ATTEMPTS):
-            owners = self._owners()
+        """Reconnect load clients until pair g's subscriber sits on worker g mod W and its publisher
+        on the same worker ("same") or the next one ("cross"), so pairs are also spread evenly.
+        The kernel spreads connections over the workers by a hash the generator cannot choose, so
+        it asks the broker's processes where each one landed and retries the misplaced ones."""
+        want_next = 0 if self.plan.placement == "same" else 1
+        clients = [(spec, conns, k) for spec_list, conns in ((subs, sub_conns), (pubs, pub_conns))
+                   for k, (_, spec) in enumerate(spec_list) if spec.role in ("sub", "pub")]
+        attempts = 0
+        while True:
+            workers, owners = self._owners()
+            if len(workers) < 2:
+                raise RuntimeError(f"--placement {self.plan.placement} needs a broker with 2 or more workers")
             wrong = []
-            for k, ((_, spec), conn) in enumerate(zip(pubs, pub_conns, strict=True)):
-                sub = sub_of.get(spec.gid)
-                if spec.role != "pub" or sub is None:
-                    continue
-                pub_w, sub_w = owners.get(_local_port(conn)), owners.get(_local_port(sub))
-                if pub_w is None or sub_w is None or (pub_w == sub_w) != want_same:
-                    wrong.append(k)
+            for spec, conns, k in clients:
+                want = workers[(spec.gid + (want_next if spec.role == "pub" else 0)) % len(workers)]
+                if owners.get(_local_port(conns[k])) != want:
+                    wrong.append((spec, conns, k))
             if not wrong:
                 return
-            for k in wrong:
-                pub_conns[k].close()
-                self.conns.remove(pub_conns[k])
-            fresh = await asyncio.gather(*(self.connect(pubs[k][1], pubs[k][0], sem) for k in wrong))
-            for k, conn in zip(wrong, fresh, strict=True):
-                pub_conns[k] = conn
-        raise RuntimeError(f"could not place publishers {self.plan.placement!r} in {PLACE_ATTEMPTS} attempts "
-                           "(one broker worker only?)")
+            attempts += 1
+            if attempts > PLACE_ROUNDS_PER_WORKER * len(workers):
+                raise RuntimeError(f"could not place {len(wrong)} clients {self.plan.placement!r} "
+                                   f"in {attempts - 1} reconnect rounds")
+            for _, conns, k in wrong:
+                conns[k].close()
+                self.conns.remove(conns[k])
+            index = {id(spec): i for i, spec in (*subs, *pubs)}
+            fresh = await asyncio.gather(*(self.connect(spec, index[id(spec)], sem) for spec, _, _ in wrong))
+            for (_, conns, k), conn in zip(wrong, fresh, strict=True):
+                conns[k] = conn
 
     def _snapshot(self) -> dict[str, Any]:
         return {
