@@ -71,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.reps < 1 or args.procs < 1 or args.duration <= 0 or args.duration > 600 or args.warmup < 0:
         ap.error("need --reps >= 1, --procs >= 1, 0 < --duration <= 600, --warmup >= 0")
+    if args.placement != "any" and min(args.workers) < 2:
+        ap.error(f"--placement {args.placement} needs --workers 2 or more (one worker holds every connection)")
     if min(args.pairs, args.subscribers, args.publishers, args.connections, args.window, args.inflight) < 1:
         ap.error("sizes must be positive")
     return args

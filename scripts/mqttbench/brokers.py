@@ -184,21 +184,31 @@ class RunningBroker:
             log.close()
         self.root = psutil.Process(self.proc.pid)
         deadline = time.monotonic() + START_TIMEOUT_S
-        # brokerd's workers share the port: several successful probes before the run starts.
-        needed = 2 * self.kind.workers if self.kind.name == "brokerd" else 1
-        successes = 0
+        # brokerd's workers share the port (SO_REUSEPORT): the run starts once every worker
+        # listens, or the kernel hands the first connections to the workers that are up already
+        # and a scaling run measures fewer workers than it names.
+        listeners = self.kind.workers if self.kind.name == "brokerd" else 1
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise BrokerUnavailable(
                     f"{self.kind.label} exited with {self.proc.returncode} at start: {self.log_tail()}"
                 )
-            if mqtt_probe(self.port):
-                successes += 1
-                if successes >= needed:
-                    return
-                continue
+            if self.listening() >= listeners and mqtt_probe(self.port):
+                return
             time.sleep(0.05)
         raise BrokerUnavailable(f"{self.kind.label} did not accept MQTT on {HOST}:{self.port} in {START_TIMEOUT_S:.0f} s")
+
+    def listening(self) -> int:
+        """How many of the broker's processes listen on its port."""
+        count = 0
+        for p in self.processes():
+            try:
+                if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port
+                       for c in p.net_connections(kind="tcp")):
+                    count += 1
+            except psutil.Error:
+                continue
+        return count
 
     def log_tail(self, lines: int = 3) -> str:
         try:
