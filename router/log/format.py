@@ -140,13 +140,23 @@ def unpack_file_header(data: bytes, magic: bytes, what: str = "file") -> int:
 
 # --------------------------------------------------------------------------------------------- encode
 
-def encode_record_parts(offset: int, timestamp_ms: int, origin_router: bytes, origin_offset: int,
-                        client_id: bytes, topic: bytes, qos: int, retain: bool, properties: bytes,
-                        payload: bytes) -> tuple[bytes, bytes]:
-    """(length+crc prefix, body) of one record; the append path extends its batch buffer with both.
+_pack_body = _RECORD_BODY.pack
+_pack_length_crc = _LENGTH_CRC.pack
+_join = b"".join
+_crc32 = zlib.crc32
 
-    One ``b"".join`` and one CRC call measured faster than CRC-ing the pieces one by one or packing
-    into the buffer and CRC-ing a memoryview. Raises ValueError for out-of-range fields.
+
+def encode_record_into(parts: list[bytes], offset: int, timestamp_ms: int, origin_router: bytes,
+                       origin_offset: int, client_id: bytes, topic: bytes, qos: int, retain: bool,
+                       properties: bytes, payload: bytes) -> int:
+    """Encode one record as two pieces appended to ``parts`` (the length+CRC prefix and the body,
+    which the log joins per batch) and return its size; ``parts`` is untouched on error.
+
+    This runs once per PUBLISH on the broker's event loop, so it is one function with no tuple
+    returned and no keyword arguments: one ``b"".join`` of the body, one CRC over it, two list
+    appends. That measured faster than CRC-ing the pieces one by one, than packing into a
+    preallocated buffer through a memoryview, and than deferring the encoding to flush time (which
+    costs a tuple per record to keep the fields). Raises ValueError for out-of-range fields.
     """
     if qos not in (0, 1, 2):
         raise ValueError(f"qos must be 0, 1 or 2, not {qos!r}")
@@ -156,26 +166,27 @@ def encode_record_parts(offset: int, timestamp_ms: int, origin_router: bytes, or
     pl = len(properties)
     yl = len(payload)
     try:
-        body = b"".join((
-            _RECORD_BODY.pack(offset, timestamp_ms, origin_offset, qos | RETAIN_FLAG if retain else qos,
-                              0, ol, cl, tl, pl, yl),
-            origin_router, client_id, topic, properties, payload,
-        ))
-        prefix = _LENGTH_CRC.pack(RECORD_FIXED_BODY + ol + cl + tl + pl + yl, zlib.crc32(body))
+        body = _join((_pack_body(offset, timestamp_ms, origin_offset, qos | RETAIN_FLAG if retain else qos,
+                                 0, ol, cl, tl, pl, yl),
+                      origin_router, client_id, topic, properties, payload))
+        n = len(body)
+        prefix = _pack_length_crc(n, _crc32(body))
     except struct.error as exc:
         raise ValueError(f"record field out of range: {exc} (strings are at most 65535 bytes, "
                          f"properties and payload under 4 GiB)") from None
-    return prefix, body
+    parts.append(prefix)
+    parts.append(body)
+    return n + 8
 
 
 def encode_record(offset: int, timestamp_ms: int, origin_router: str | bytes, origin_offset: int,
                   client_id: str | bytes, topic: str | bytes, qos: int = 0, retain: bool = False,
                   properties: bytes = b"", payload: bytes = b"") -> bytes:
     """The bytes of one record, for tools and tests (the log's append path uses the same code)."""
-    prefix, body = encode_record_parts(
-        offset, timestamp_ms, _utf8(origin_router), origin_offset, _utf8(client_id), _utf8(topic),
-        qos, retain, bytes(properties), bytes(payload))
-    return prefix + body
+    parts: list[bytes] = []
+    encode_record_into(parts, offset, timestamp_ms, _utf8(origin_router), origin_offset, _utf8(client_id),
+                       _utf8(topic), qos, retain, bytes(properties), bytes(payload))
+    return b"".join(parts)
 
 
 def _utf8(value: str | bytes) -> bytes:

@@ -26,13 +26,18 @@ from router.log.format import MAGIC_INDEX, MAGIC_LOG, index_name, pack_file_head
 log = logging.getLogger(__name__)
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_FADVISE = getattr(os, "posix_fadvise", None)  # Linux; elsewhere the page cache is left alone
+_PAGE_MASK = ~4095
+# The page cache behind the writer is released in steps of at least this many bytes: one
+# ``posix_fadvise`` per MiB written keeps the syscall out of the per-batch cost.
+DROP_STEP = 1 << 20
 
 
 class FsyncPolicy(StrEnum):
     """When written data is fsynced (and so reported durable)."""
 
     ALWAYS = "always"      # every batch fsynced before it is reported durable (QoS 1/2 acked after)
-    INTERVAL = "interval"  # at most every fsync_interval_ms
+    INTERVAL = "interval"  # every fsync_interval_ms, sooner once max_unsynced_bytes are waiting
     NEVER = "never"        # left to the OS; durable_offset only moves on an explicit flush(fsync=True)
 
 
@@ -52,7 +57,7 @@ class Chunk:
 
 @dataclass(slots=True, eq=False)
 class Batch:
-    buf: bytearray
+    buf: bytes
     chunks: list[Chunk]
     first_offset: int
     last_offset: int
@@ -73,6 +78,26 @@ class _SegFds:
     fd: int
     ifd: int
     closed: bool = False  # no longer the active segment: fsync once more, then close
+    end: int = 0          # end of the bytes written through these descriptors
+    released: int = 0     # page cache given back (or its writeback started) below this position
+    released_prev: int = 0  # where the previous release started: each range is asked for twice
+
+
+_MAX_IOV = 512  # chunks per write group: each run's pwritev stays under IOV_MAX (1024 on Linux)
+
+
+@dataclass(slots=True)
+class _Run:
+    """Chunks of consecutive batches that continue each other in one segment: one ``pwritev``."""
+
+    base: int
+    new_segment: bool
+    file_pos: int
+    end: int
+    data: list[memoryview]
+    index_pos: int
+    index_end: int
+    index: list[bytes]
 
 
 @dataclass(slots=True)
@@ -81,6 +106,20 @@ class WriterCore:
 
     State lives here only, so the loop and the thread never share mutable state: the loop hands over
     batches (which it no longer mutates) and reads back ``Report`` tuples.
+
+    ``page_cache_bytes`` (None: leave the page cache to the kernel) is how much of the newest written
+    data of the active segment stays in the page cache; older pages are handed back with
+    ``posix_fadvise(DONTNEED)`` once written back (the first call on a range starts its writeback,
+    the next one drops it). Why: a log only ever appends, so without this every write lands on a
+    page the kernel has to allocate, and allocating a never-used (or long-freed) page dominated the
+    cost of writing (2.3 ms of system time per MiB measured on the benchmark VM, 0.3 ms per MiB
+    when the writer recycles the pages it released a moment ago); it also keeps a busy log from
+    pushing everything else out of memory. Readers of older records read them from the disk.
+
+    ``max_unsynced_bytes``: with ``interval``, fsync as soon as this much is written but not yet
+    fsynced, not only when the interval is up. Batches are kept until they are durable (to re-write
+    them after a failed fsync), so this bounds that memory, and it makes the written pages clean
+    soon enough to be released; under light load the interval still decides.
     """
 
     directory: str
@@ -88,6 +127,8 @@ class WriterCore:
     interval_s: float
     written_offset: int
     durable_offset: int
+    page_cache_bytes: int | None = None
+    max_unsynced_bytes: int = 4 << 20
     error: OSError | None = None
     _backlog: deque[Batch] = field(default_factory=deque)   # not yet written (or to rewrite)
     _unsynced: list[Batch] = field(default_factory=list)     # written, not yet fsynced
@@ -97,6 +138,7 @@ class WriterCore:
     _dir_dirty: bool = False
     _dirty: bool = False                                      # data written since the last fsync
     _last_sync: float = field(default_factory=time.monotonic)
+    _unsynced_bytes: int = 0                                  # size of the batches in _unsynced
 
     def process(self, batches: list[Batch], *, force_sync: bool = False, recover: bool = False,
                 deletes: list[int] | None = None, stop: bool = False) -> Report:
@@ -111,7 +153,10 @@ class WriterCore:
                     self._sync()
                 elif self.policy is FsyncPolicy.NEVER:
                     self._unsynced.clear()  # nothing will be re-done for a never-fsynced batch
+                    self._unsynced_bytes = 0
                     self._close_retired(sync=False)
+                    if self.page_cache_bytes is not None:
+                        self._release_behind(self.page_cache_bytes)
                 self.error = None
             except OSError as exc:
                 self._fail(exc)
@@ -149,24 +194,63 @@ class WriterCore:
         return fds
 
     def _write_backlog(self) -> None:
+        """Write every queued batch; with ``interval``, fsync in between each time
+        ``max_unsynced_bytes`` have been written (see the class docstring)."""
         backlog = self._backlog
         while backlog:
-            batch = backlog[0]
-            for chunk in batch.chunks:
-                self._write_chunk(batch, chunk)
-            backlog.popleft()
-            self._unsynced.append(batch)
-            if batch.last_offset > self.written_offset:
-                self.written_offset = batch.last_offset
+            group = self._write_group()
+            for batch in group:
+                backlog.popleft()
+                self._unsynced.append(batch)
+                self._unsynced_bytes += len(batch.buf)
+                if batch.last_offset > self.written_offset:
+                    self.written_offset = batch.last_offset
             self._dirty = True
+            if self.policy is FsyncPolicy.INTERVAL and self._unsynced_bytes >= self.max_unsynced_bytes:
+                self._sync()
 
-    def _write_chunk(self, batch: Batch, chunk: Chunk) -> None:
-        base = chunk.base
+    def _write_group(self) -> list[Batch]:
+        """Write batches from the head of the backlog (not removing them) and return them.
+
+        The loop hands over one batch per loop iteration, so a busy writer finds many queued, each
+        continuing the previous one in the same segment: they go out as one ``pwritev`` per segment
+        (and one for their index entries) rather than a ``pwrite`` per batch, because every
+        syscall also releases and re-takes the GIL, which the busy event loop holds.
+        """
+        group: list[Batch] = []
+        runs: list[_Run] = []
+        nchunks = nbytes = 0
+        for batch in self._backlog:
+            if group and (nchunks + len(batch.chunks) > _MAX_IOV or nbytes >= self.max_unsynced_bytes):
+                break
+            group.append(batch)
+            nchunks += len(batch.chunks)
+            nbytes += len(batch.buf)
+            view = memoryview(batch.buf)
+            for c in batch.chunks:
+                run = runs[-1] if runs else None
+                if (run is None or run.base != c.base or run.end != c.file_pos
+                        or (c.index and run.index and run.index_end != c.index_pos)):
+                    run = _Run(c.base, c.new_segment, c.file_pos, c.file_pos, [], c.index_pos, c.index_pos, [])
+                    runs.append(run)
+                run.data.append(view[c.buf_start:c.buf_end])
+                run.end += c.buf_end - c.buf_start
+                if c.index:
+                    if not run.index:
+                        run.index_pos = run.index_end = c.index_pos
+                    run.index.append(c.index)
+                    run.index_end += len(c.index)
+        for run in runs:
+            self._write_run(run)
+        return group
+
+    def _write_run(self, run: _Run) -> None:
+        base = run.base
         if base != self._active:
             if self._active is not None and self._active in self._fds:
                 self._fds[self._active].closed = True
             self._active = base
-        create = chunk.new_segment and base not in self._created
+        create = run.new_segment and base not in self._created
         fds = self._open(base, create)
         try:
             if create:
@@ -174,9 +258,11 @@ class WriterCore:
                 _pwrite_all(fds.ifd, pack_file_header(MAGIC_INDEX, base), 0)
                 self._created.add(base)
                 self._dir_dirty = True
-            _pwrite_all(fds.fd, memoryview(batch.buf)[chunk.buf_start:chunk.buf_end], chunk.file_pos)
-            if chunk.index:
-                _pwrite_all(fds.ifd, chunk.index, chunk.index_pos)
+            _pwritev_all(fds.fd, run.data, run.file_pos)
+            if run.end > fds.end:
+                fds.end = run.end
+            if run.index:
+                _pwritev_all(fds.ifd, run.index, run.index_pos)
         except OSError:
             if create:
                 # Forget a half-created segment's descriptors so a retry opens the path again.
@@ -199,7 +285,10 @@ class WriterCore:
             self._dir_dirty = False
         self._close_retired(sync=False)
         self._unsynced.clear()
+        self._unsynced_bytes = 0
         self._dirty = False
+        if self.page_cache_bytes is not None:
+            self._release_behind(self.page_cache_bytes)  # everything written is clean now
         self._last_sync = time.monotonic()
         self.durable_offset = self.written_offset
 
@@ -208,7 +297,18 @@ class WriterCore:
             if fds.closed:
                 if sync:
                     os.fsync(fds.fd)
+                if self.page_cache_bytes is not None:
+                    _release(fds.fd, fds.released_prev, 0)  # 0: to the end of the file
                 self._drop(base)
+
+    def _release_behind(self, keep: int) -> None:
+        """Give the page cache of the active segment back, except its newest ``keep`` bytes."""
+        for fds in self._fds.values():
+            limit = (fds.end - keep) & _PAGE_MASK
+            if limit - fds.released >= DROP_STEP:
+                _release(fds.fd, fds.released_prev, limit - fds.released_prev)
+                fds.released_prev = fds.released
+                fds.released = limit
 
     def _fail(self, exc: OSError) -> None:
         # Everything not known durable is written again on recovery: after a failed write or fsync
@@ -216,6 +316,7 @@ class WriterCore:
         if self.policy is not FsyncPolicy.NEVER:
             self._backlog.extendleft(reversed(self._unsynced))
             self._unsynced.clear()
+            self._unsynced_bytes = 0
         self.error = exc
         for base in list(self._fds):
             self._drop(base)
@@ -252,6 +353,32 @@ class WriterCore:
     def _close_all(self) -> None:
         for base in list(self._fds):
             self._drop(base)
+
+
+def _release(fd: int, start: int, length: int) -> None:
+    """Drop clean cached pages of ``fd`` (and start the writeback of dirty ones); advisory only, so
+    a failure is not the log's failure."""
+    if _FADVISE is None:  # pragma: no cover - not Linux
+        return
+    try:
+        _FADVISE(fd, start, length, os.POSIX_FADV_DONTNEED)
+    except OSError as exc:  # pragma: no cover - Linux accepts it on every regular file
+        log.debug("posix_fadvise(DONTNEED) failed: %s", exc)
+
+
+def _pwritev_all(fd: int, views: list[memoryview] | list[bytes], pos: int) -> None:
+    """``pwritev`` all of ``views`` at ``pos``; a short write is finished piece by piece."""
+    if len(views) == 1:
+        _pwrite_all(fd, views[0], pos)
+        return
+    done = os.pwritev(fd, views, pos)
+    for v in views:
+        size = len(v)
+        if done < size:
+            _pwrite_all(fd, memoryview(v)[done:], pos + done)
+            done = size
+        done -= size
+        pos += size
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, pos: int) -> None:

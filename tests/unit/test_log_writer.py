@@ -1,0 +1,233 @@
+"""Commit log write path: the positional append the broker uses, batches written together with
+pwritev, fsync by size under ``interval``, and the page cache released behind the writer.
+
+Real files in tmp_path; the page cache is observed with mincore(2) on a mapping of the segment.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from router.log import CommitLog, LogReader, check, encode_record
+from router.log.format import FILE_HEADER_SIZE, encode_record_into
+from router.log.writer import DROP_STEP, Report, _pwritev_all
+
+T0 = 1_700_000_000_000
+
+
+def fields(i: int) -> tuple:
+    """Positional ``append_bytes`` arguments for offset i, sizes varied so chunks straddle pages."""
+    return (f"t/{i % 5}/x".encode(), bytes([i % 251]) * (i * 53 % 900), i % 3, i % 4 == 0,
+            f"client-{i % 7}".encode(), b"" if i % 3 else b"\x01p", T0 + i)
+
+
+def files(directory) -> dict[str, bytes]:
+    return {name: open(os.path.join(directory, name), "rb").read() for name in sorted(os.listdir(directory))}
+
+
+def test_append_bytes_writes_what_append_writes(tmp_path):
+    a = CommitLog(tmp_path / "a", router_id="r1", segment_bytes=8192, index_interval_bytes=512)
+    b = CommitLog(tmp_path / "b", router_id="r1", segment_bytes=8192, index_interval_bytes=512)
+    for i in range(200):
+        topic, payload, qos, retain, client, props, ts = fields(i)
+        assert a.append(topic.decode(), payload, qos=qos, retain=retain, client_id=client.decode(),
+                        properties=props, timestamp_ms=ts) == i
+        assert b.append_bytes(topic, payload, qos, retain, client, props, ts) == i
+    assert a.append("fw", b"x", client_id="c", origin_router="r9", origin_offset=77, timestamp_ms=T0) == 200
+    assert b.append_bytes(b"fw", b"x", 0, False, b"c", b"", T0, b"r9", 77) == 200
+    a.close()
+    b.close()
+    assert files(tmp_path / "a") == files(tmp_path / "b")
+    with LogReader(tmp_path / "b") as reader:
+        last = reader.read(200)[0]
+    assert (last.origin_router, last.origin_offset) == ("r9", 77)
+    assert encode_record(3, T0, "r1", 3, "c", "t", 1, True, b"pp", b"pay") == _one(3)
+
+
+def _one(offset: int) -> bytes:
+    parts = [b"keep"]
+    n = encode_record_into(parts, offset, T0, b"r1", offset, b"c", b"t", 1, True, b"pp", b"pay")
+    assert parts[0] == b"keep" and len(parts) == 3 and len(parts[1]) + len(parts[2]) == n
+    return b"".join(parts[1:])
+
+
+def test_append_bytes_validation_leaves_the_batch_untouched(tmp_path):
+    log = CommitLog(tmp_path, router_id="r1")
+    log.append_bytes(b"t", b"ok", 0, False, b"c", b"", T0)
+    with pytest.raises(ValueError):
+        log.append_bytes(b"t", b"bad", 3, False, b"c", b"", T0)
+    with pytest.raises(ValueError):
+        log.append_bytes(b"t" * 70_000, b"bad", 0, False, b"c", b"", T0)
+    assert log.append_bytes(b"t", b"ok2", 1, False, b"c", b"", T0) == 1
+    log.close()
+    with LogReader(tmp_path) as reader:
+        assert [r.payload for r in reader.read(0)] == [b"ok", b"ok2"]
+
+
+class _Collect:
+    """Stands in for the writer core so that several flushed batches reach it in one round."""
+
+    def __init__(self) -> None:
+        self.batches: list = []
+
+    def process(self, batches, **_kw) -> Report:
+        self.batches += batches
+        return Report(-1, -1, None, False)
+
+
+def test_batches_written_together_equal_batches_written_one_by_one(tmp_path, monkeypatch):
+    """A busy writer finds many batches queued and writes each run of them with one pwritev; the
+    files must be byte for byte what writing them one at a time gives, across segment rolls."""
+    kw = dict(router_id="r1", segment_bytes=48 << 10, index_interval_bytes=700, fsync="never")
+    one = CommitLog(tmp_path / "one", **kw)
+    grouped = CommitLog(tmp_path / "grouped", **kw)
+    core = grouped._core
+    grouped._core = _Collect()  # type: ignore[assignment]
+    for i in range(400):
+        one.append_bytes(*fields(i))
+        grouped.append_bytes(*fields(i))
+        if i % 9 == 8:
+            one.flush()
+            grouped.flush()
+    one.flush()
+    grouped.flush()
+    batches = grouped._core.batches
+    assert len(batches) > 40
+    calls = []
+    real = _pwritev_all
+
+    def counting(fd, views, pos):
+        calls.append(len(views))
+        real(fd, views, pos)
+
+    monkeypatch.setattr("router.log.writer._pwritev_all", counting)
+    grouped._core = core
+    grouped._apply_report(core.process(batches))
+    assert grouped.written_offset == 399
+    chunks = sum(len(b.chunks) for b in batches)
+    assert len(grouped.segments()) >= 3
+    assert len(calls) <= 2 * len(grouped.segments())  # one pwritev of data, one of index, per segment
+    assert sum(calls) >= chunks
+    one.close()
+    grouped.close()
+    assert files(tmp_path / "one") == files(tmp_path / "grouped")
+    assert check(tmp_path / "grouped").ok
+
+
+def test_pwritev_all_finishes_a_short_write(tmp_path, monkeypatch):
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        real = os.pwritev
+        monkeypatch.setattr(os, "pwritev", lambda fd_, views, pos: real(fd_, [bytes(views[0][:3])], pos))
+        _pwritev_all(fd, [memoryview(b"abcdef"), memoryview(b"ghij"), b"klm"], 10)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"\0" * 10 + b"abcdefghijklm"
+
+
+def test_interval_fsyncs_once_max_unsynced_bytes_are_written(tmp_path):
+    log = CommitLog(tmp_path, router_id="r1", fsync="interval", fsync_interval_ms=3_600_000,
+                    max_unsynced_bytes=64 << 10)
+    for _ in range(50):
+        log.append_bytes(b"t", b"x" * 1000, 1, False, b"c", b"", T0)
+    log.flush()
+    assert log.durable_offset == -1  # 50 KiB: below the threshold, the hour has not passed
+    for _ in range(50):
+        log.append_bytes(b"t", b"x" * 1000, 1, False, b"c", b"", T0)
+        log.flush()
+    # fsynced as soon as 64 KiB (62 records of 1052 B) were waiting, without a request
+    assert 61 <= log.durable_offset < 99
+    log.close()
+    with pytest.raises(ValueError):
+        CommitLog(tmp_path, max_unsynced_bytes=0)
+    with pytest.raises(ValueError):
+        CommitLog(tmp_path, page_cache_bytes=-1)
+
+
+# ------------------------------------------------------------------------------ page cache release
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def resident(path) -> list[bool]:
+    """Which pages of ``path`` are in the page cache (mincore over a private read mapping)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as mm:
+        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vec = (ctypes.c_ubyte * pages)()
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+        try:
+            if _libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) != 0:
+                raise OSError(ctypes.get_errno(), "mincore")
+        finally:
+            del addr
+        return [bool(v & 1) for v in vec]
+
+
+def _release_works(directory) -> bool:
+    """DONTNEED drops clean pages on disk file systems, not on tmpfs (its pages are the file)."""
+    path = os.path.join(directory, "probe")
+    with open(path, "wb") as f:
+        f.write(b"x" * (1 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    try:
+        return not any(resident(path))
+    finally:
+        os.unlink(path)
+
+
+@pytest.fixture
+def cache_dir(tmp_path) -> Iterator[str]:
+    if not hasattr(os, "posix_fadvise"):
+        pytest.skip("no posix_fadvise")
+    if not _release_works(tmp_path):
+        pytest.skip("this file system keeps pages after POSIX_FADV_DONTNEED (tmpfs?)")
+    yield str(tmp_path / "log")
+
+
+@pytest.mark.parametrize("fsync", ["always", "interval", "never"])
+def test_page_cache_is_released_behind_the_writer(cache_dir, fsync):
+    keep = 1 << 20
+    log = CommitLog(cache_dir, router_id="r1", fsync=fsync, page_cache_bytes=keep,
+                    max_unsynced_bytes=256 << 10)
+    payload = os.urandom(4000)
+    for i in range(1600):  # ~6.3 MiB in 64 KiB batches
+        log.append_bytes(b"t", payload, 1, False, b"c", b"", T0)
+        if i % 16 == 15:
+            log.flush(fsync=fsync == "never" and i % 512 == 511)
+    log.flush()
+    seg = log.segments()[-1]
+    pages = resident(seg.path)
+    size = seg.written_size
+    newest = (size - keep) // mmap.PAGESIZE + 1
+    assert all(pages[newest:]), "the newest page_cache_bytes stay cached for readers"
+    released = pages[:(size - keep - DROP_STEP) // mmap.PAGESIZE]
+    if fsync == "never":
+        # Without fsync a range is dropped once its writeback, started by the first request, is
+        # done: most of it is, by the next request a MiB later.
+        assert released.count(True) < len(released) // 2
+    else:
+        assert not any(released), "written-back pages older than the window are released"
+    # Reading released records goes to the disk and gives the same bytes.
+    recs = log.read(0, max_records=2000, max_bytes=64 << 20)
+    assert len(recs) == 1600 and all(r.payload == payload for r in recs)
+    log.close()
+
+
+def test_page_cache_left_alone_when_disabled(cache_dir):
+    log = CommitLog(cache_dir, router_id="r1", fsync="always", page_cache_bytes=None)
+    for _ in range(1000):
+        log.append_bytes(b"t", b"y" * 4000, 1, False, b"c", b"", T0)
+        log.flush()
+    pages = resident(log.segments()[-1].path)
+    log.close()
+    assert all(pages[FILE_HEADER_SIZE // mmap.PAGESIZE:])
