@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MESH_VERSION = 2
+MESH_VERSION = 3
 HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE = range(1, 10)
 KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST_ACK: "interest-ack",
               RETAINED: "retained", TAKEOVER_REQ: "takeover-request", TAKEOVER_RESP: "takeover",
@@ -525,7 +525,7 @@ class Mesh:
             deliver = router.deliver_remote
             for t in body:
                 try:
-                    msg = Message.from_mesh(t)
+                    msg = Message.from_mesh(t, sender)
                 except (ProtocolError, ValueError, TypeError, IndexError):
                     log.error("mesh: dropped a malformed message from %s", sender)
                     continue

@@ -209,8 +209,8 @@ def test_a_forwarded_message_carries_its_packet_and_comes_back_whole(payload):
     msg = Message(p.topic, p.payload, 0, False, "c1", "n/w0", 7, None, 1234)
     msg.received_as(4, p.raw)
     wire = msgpack.unpackb(msgpack.packb(msg.to_mesh()), raw=False)
-    assert wire[0] == p.raw and wire[1] is None  # the packet stands in for topic and payload
-    back = Message.from_mesh(wire)
+    assert wire == [p.raw, "c1", 7, 1234]  # the packet stands in for topic, payload and flags
+    back = Message.from_mesh(wire, "n/w0")  # the origin router is the frame's sender
     assert (back.topic, back.payload, back.client_id, back.origin_router, back.origin_offset, back.timestamp_ms) == (
         "m/a", payload, "c1", "n/w0", 7, 1234)
     before = message_mod.encode_count
@@ -218,11 +218,14 @@ def test_a_forwarded_message_carries_its_packet_and_comes_back_whole(payload):
     assert message_mod.encode_count == before  # the receiver encodes nothing for 3.1.1 QoS 0
 
 
-def test_a_message_without_its_packet_is_forwarded_as_values():
-    msg = Message("m/b", b"v", 1, True, "c", "n/w0", 3, None, 99)
+@pytest.mark.parametrize("qos,retain,props", [(1, False, None), (0, True, None), (0, False, {3: "text/plain"})])
+def test_other_messages_are_forwarded_as_values(qos, retain, props):
+    msg = Message("m/b", b"v", qos, retain, "c", "n/w0", 3, props, 99)
+    msg.encoded(4, 0, False)  # even with the 3.1.1 QoS 0 packet at hand
     assert msg.to_mesh() == msg.to_list()
-    back = Message.from_mesh(msg.to_mesh())
-    assert (back.topic, back.payload, back.qos, back.retain) == ("m/b", b"v", 1, True)
+    back = Message.from_mesh(msg.to_mesh(), "n/w9")
+    assert (back.topic, back.payload, back.qos, back.retain, back.properties, back.origin_router) == (
+        "m/b", b"v", qos, retain, props, "n/w0")
 
 
 @pytest.mark.parametrize("packet", [b"\x32\x05\x00\x01tpp", b"\x30\x05\x00\x09tpp", b"\x30"])
@@ -230,7 +233,7 @@ def test_a_malformed_forwarded_packet_is_refused(packet):
     from connection.reasons import ProtocolError
 
     with pytest.raises(ProtocolError):
-        Message.from_mesh([packet, None, 0, False, "c", "n/w0", 1, None, 1])
+        Message.from_mesh([packet, "c", 1, 1], "n/w0")
 
 
 def _plain_publish(topic: bytes, payload: bytes) -> bytes:
