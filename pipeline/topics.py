@@ -29,21 +29,31 @@ def check_filter(topic_filter: str) -> str:
 
 
 def filter_regex(topic_filter: str) -> str:
-    """An anchored RE2/Python pattern that matches exactly the topics ``topic_filter`` matches."""
+    """An anchored RE2/Java pattern that matches exactly the topics ``topic_filter`` matches.
+
+    It ends with ``\\z`` (end of text in RE2 and Java), not ``$``, which in Java (Spark's
+    ``rlike``) and Python also matches before a final newline: ``a/b`` would match "a/b\\n".
+    Python spells ``\\z`` as ``\\Z``: see ``python_regex``.
+    """
     levels = check_filter(topic_filter).split("/")
     parts: list[str] = []
     for i, level in enumerate(levels):
         if level == "#":
             if i == 0:
-                return r"(?s)^[^$].*$"
+                return r"(?s)^[^$].*\z"
             # "a/#" matches "a" itself too (MQTT 4.7.1.2): the separator and the rest are optional.
-            return "(?s)^" + "/".join(parts) + "(?:/.*)?$"
+            return "(?s)^" + "/".join(parts) + r"(?:/.*)?\z"
         if level == "+":
             # A first-level wildcard must not match "$SYS"-style topics; it does match an empty level.
             parts.append(r"(?:[^$/][^/]*)?" if i == 0 else r"[^/]*")
         else:
             parts.append(re.escape(level))
-    return "(?s)^" + "/".join(parts) + "$"
+    return "(?s)^" + "/".join(parts) + r"\z"
+
+
+def python_regex(pattern: str) -> str:
+    """``filter_regex``'s pattern for Python's ``re`` (which has no ``\\z`` before 3.14)."""
+    return pattern.replace(r"\z", r"\Z")
 
 
 def wildcard_levels(topic_filter: str) -> list[int]:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.topics import TopicFilterError, filter_regex, wildcard_levels
+from pipeline.topics import TopicFilterError, filter_regex, python_regex, wildcard_levels
 from router.topics import filter_matches, valid_topic_filter
 
 LEVELS = st.sampled_from(["a", "b", "", "$SYS", "x.y", "(", "é", "a b", "*", "\\", "\n"])
@@ -22,11 +22,21 @@ FILTERS = st.lists(st.one_of(LEVELS, st.just("+"), st.just("#")), min_size=1, ma
 def test_regex_agrees_with_the_broker_matcher(topic_filter, topics):
     pattern = filter_regex(topic_filter)
     want = [filter_matches(topic_filter, t) for t in topics]
-    assert [re.search(pattern, t) is not None for t in topics] == want
+    assert [re.search(python_regex(pattern), t) is not None for t in topics] == want
     pa = pytest.importorskip("pyarrow")
     import pyarrow.compute as pc
 
     assert pc.match_substring_regex(pa.array(topics), pattern).to_pylist() == want
+
+
+@pytest.mark.parametrize("topic_filter,topic", [("+/", "a/\n"), ("a/b", "a/b\n"), ("a/+", "a/b\n/c")])
+def test_a_final_newline_is_part_of_the_topic(topic_filter, topic):
+    assert not filter_matches(topic_filter, topic)
+    assert re.search(python_regex(filter_regex(topic_filter)), topic) is None
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.compute as pc
+
+    assert pc.match_substring_regex(pa.array([topic]), filter_regex(topic_filter)).to_pylist() == [False]
 
 
 def test_invalid_filters_are_refused():
