@@ -89,7 +89,7 @@ OPTIONS: tuple[Option, ...] = (
            "DIR"),
     Option("log", _on_off, True, "commit log on/off", "on|off"),
     Option("fsync", str, "interval", "fsync policy of the commit log", choices=("always", "interval", "never")),
-    Option("fsync_interval_ms", int, 1000, "fsync period with --fsync interval", "MS", check=_at_least(1)),
+    Option("fsync_interval_ms", int, 1000, "fsync period with --fsync interval (sooner once 4 MiB wait for it)", "MS", check=_at_least(1)),
     Option("segment_bytes", _size, 64 << 20, "commit log segment size", "BYTES", check=_at_least(4096)),
     Option("retention_bytes", _size, 0, "delete old segments beyond this total size per router (0: no limit)",
            "BYTES", check=_at_least(0)),
