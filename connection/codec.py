@@ -436,14 +436,22 @@ class Decoder:
     violation, in case the caller wants to act on them (for example a DISCONNECT before garbage).
     """
 
-    __slots__ = ("max_packet_size", "protocol_level", "_buf", "_need", "_connect_seen")
+    __slots__ = ("max_packet_size", "protocol_level", "limit", "_buf", "_need", "_connect_seen", "_rest",
+                 "_rest_pos")
 
-    def __init__(self, max_packet_size: int = MAX_REMAINING_LENGTH, protocol_level: int | None = None) -> None:
+    def __init__(self, max_packet_size: int = MAX_REMAINING_LENGTH, protocol_level: int | None = None,
+                 limit: int = 0) -> None:
+        """``limit``: most packets one ``feed`` or ``more`` decodes (0: all). The rest of the data
+        stays here, undecoded and uncopied, until ``more`` is called (see ``has_more``): a reader
+        that handles a bounded number of packets per turn also decodes only that many."""
         self.max_packet_size = max_packet_size
         self.protocol_level = protocol_level
+        self.limit = limit
         self._buf = bytearray()  # the start of a packet not yet complete
         self._need = 0  # total size of that packet once its fixed header is known, else 0
         self._connect_seen = False
+        self._rest: bytes | None = None  # data beyond the limit, from _rest_pos on
+        self._rest_pos = 0
 
     @property
     def buffered(self) -> int:
@@ -457,6 +465,9 @@ class Decoder:
         """
         if type(data) is not bytes:
             data = bytes(data)
+        if self._rest is not None:  # fed before ``more`` drained the last read: keep the order
+            data = self._rest[self._rest_pos:] + data
+            self._rest = None
         out: list[Packet] = []
         pos = 0
         buf = self._buf
@@ -488,12 +499,36 @@ class Decoder:
             buf += memoryview(data)[pos:]
         return out
 
+    @property
+    def has_more(self) -> bool:
+        """Complete packets may wait beyond the last call's ``limit``."""
+        return self._rest is not None
+
+    def more(self) -> list[Packet]:
+        """The next ``limit`` packets of what ``feed`` left undecoded (ProtocolError as ``feed``)."""
+        data, pos = self._rest, self._rest_pos
+        if data is None:
+            return []
+        self._rest = None
+        out: list[Packet] = []
+        try:
+            pos = self._decode(data, pos, out)
+        except ProtocolError as exc:
+            exc.packets = out  # type: ignore[attr-defined]
+            raise
+        if pos < len(data):
+            self._buf += memoryview(data)[pos:]
+        return out
+
     def _decode(self, data: bytes, pos: int, out: list[Packet]) -> int:
         """Decode packets from ``data[pos:]`` into ``out``; return where the first incomplete one starts.
 
-        Sets ``_need`` to the size of that incomplete packet when its fixed header is complete.
+        Sets ``_need`` to the size of that incomplete packet when its fixed header is complete. With
+        a ``limit``, stops after that many packets in ``out``, keeps the rest as ``_rest`` and returns
+        the end of ``data`` (nothing of it is to be buffered).
         """
         end = len(data)
+        limit = self.limit
         level = self.protocol_level
         v5 = level == MQTT_5
         valid = _VALID_B0_V5 if v5 else _VALID_B0_V3
@@ -580,6 +615,10 @@ class Decoder:
                     v5 = level == MQTT_5
                     valid = _VALID_B0_V5 if v5 else _VALID_B0_V3
             pos = stop
+            if limit and len(out) >= limit and pos < end:
+                self._rest = data
+                self._rest_pos = pos
+                return end
         return pos
 
     # -- one method per packet type: (data, start of body, end of body, v5) -> packet --------------

@@ -61,14 +61,14 @@ class MQTTConnection(asyncio.Protocol):
         write_buffer_high: int = 1 << 20,
         read_budget: int = 16,
     ) -> None:
-        """``read_budget``: most packets of one connection handled per loop iteration; the rest of
-        a read waits for the next iteration with reading paused. Without it one read of a pipelining
-        publisher (hundreds of packets) is handled in one go and every other connection - a quiet
-        device's command among them - waits behind it: fairness costs a little batching."""
+        """``read_budget``: most packets of one connection decoded and handled per loop iteration;
+        the rest of a read stays undecoded, with reading paused, until the next iteration. Without
+        it one read of a pipelining publisher (a 256 KiB read: hundreds of packets) is decoded and
+        handled in one go and every other connection - a quiet device's command among them -
+        waits behind it: fairness costs a little batching."""
         self._open_handler = open_handler
-        self._budget = max(1, read_budget)
         self._batcher = batcher
-        self._decoder = Decoder(max_packet_size=max_packet_size)
+        self._decoder = Decoder(max_packet_size=max_packet_size, limit=max(1, read_budget))
         self._write_buffer_high = write_buffer_high
         self.transport: asyncio.Transport | None = None
         self.handler: Handler | None = None
@@ -86,7 +86,6 @@ class MQTTConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_event_loop()
         self._reading_paused_by: set[object] = set()
-        self._deferred: list[Packet] = []
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
 
@@ -115,24 +114,32 @@ class MQTTConnection(asyncio.Protocol):
             log.warning("%s: TLS handshake on a plain MQTT listener; closing", self.peer)
             self.abort()
             return
+        self._decoded(self._decoder.feed, data)
+
+    def _decoded(self, decode: Callable[..., list[Packet]], *data: bytes) -> None:
+        """Decode (at most the budget), handle the packets, and pause reading while more of the
+        read is waiting: ``_read_more`` goes on with it in the next loop iteration."""
         try:
-            packets = self._decoder.feed(data)
+            packets = decode(*data)
         except ProtocolError as exc:
             # The packets before the bad one were valid: they count, then the connection goes.
-            self._dispatch(getattr(exc, "packets", None) or [], budget=False)
+            self._dispatch(getattr(exc, "packets", None) or [])
             if not self.closing:
                 self.protocol_violation(exc)
             return
+        if self._decoder.has_more:
+            # Scheduled before this turn's packets make output, so that the next turn runs ahead
+            # of the end-of-tick flush and its output shares those writes.
+            if _BUDGET not in self._reading_paused_by:
+                self.pause_reading(_BUDGET)
+            self._loop.call_soon(self._read_more)
+        elif _BUDGET in self._reading_paused_by:
+            self.resume_reading(_BUDGET)
         self._dispatch(packets)
 
-    def _dispatch(self, packets: list[Packet], budget: bool = True) -> None:
+    def _dispatch(self, packets: list[Packet]) -> None:
         handler = self.handler
         assert handler is not None
-        if budget and len(packets) > self._budget and self._connected:
-            self._deferred = packets[self._budget:]
-            packets = packets[:self._budget]
-            self.pause_reading(_BUDGET)
-            self._loop.call_soon(self._dispatch_deferred)
         for packet in packets:
             if self.closing:
                 return
@@ -161,19 +168,10 @@ class MQTTConnection(asyncio.Protocol):
             else:
                 handler.packet_received(packet)
 
-    def _dispatch_deferred(self) -> None:
+    def _read_more(self) -> None:
         """The next budget's worth of a long read, one loop iteration later."""
-        packets, self._deferred = self._deferred, []
-        if self.closing or self.handler is None:
-            return
-        n = self._budget
-        if len(packets) > n:
-            self._deferred = packets[n:]
-            self._loop.call_soon(self._dispatch_deferred)
-            self._dispatch(packets[:n], budget=False)
-        else:
-            self._dispatch(packets, budget=False)
-            self.resume_reading(_BUDGET)
+        if not self.closing and self.handler is not None:
+            self._decoded(self._decoder.more)
 
     def eof_received(self) -> bool | None:
         return False  # close our side too

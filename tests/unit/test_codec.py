@@ -653,3 +653,37 @@ def test_repeated_topics_share_one_str_and_bad_ones_stay_bad() -> None:
     long_topic = "x" * 1000
     [p] = Decoder(protocol_level=4).feed(encode(Publish(long_topic)))
     assert p.topic == long_topic  # type: ignore[union-attr]
+
+
+def test_a_limit_decodes_a_read_in_turns_without_losing_or_reordering():
+    packets = [Publish(f"t/{i}", b"p" * i, 0) for i in range(10)]
+    data = b"".join(encode(p, 4) for p in packets)
+    d = Decoder(protocol_level=4, limit=3)
+    got = d.feed(data[:-2])  # the last packet arrives incomplete
+    assert [p.topic for p in got] == ["t/0", "t/1", "t/2"] and d.has_more
+    while d.has_more:
+        got += d.more()
+    assert [p.topic for p in got] == [f"t/{i}" for i in range(9)]
+    assert d.buffered > 0  # the incomplete one waits for the rest of its bytes
+    got += d.feed(data[-2:])
+    assert got == packets
+
+
+def test_feeding_before_more_keeps_the_order():
+    packets = [Publish(f"o/{i}", b"x", 0) for i in range(6)]
+    data = b"".join(encode(p, 4) for p in packets)
+    d = Decoder(protocol_level=4, limit=2)
+    got = d.feed(data[: len(data) // 2])
+    got += d.feed(data[len(data) // 2 :])  # a caller that did not drain with more() first
+    while d.has_more:
+        got += d.more()
+    assert got == packets
+
+
+def test_a_violation_beyond_the_limit_surfaces_in_more_with_the_packets_before_it():
+    good = b"".join(encode(Publish(f"v/{i}", b"", 0), 4) for i in range(3))
+    d = Decoder(protocol_level=4, limit=2)
+    assert len(d.feed(good + b"\xf0\x00")) == 2  # 0xF0: AUTH, not a 3.1.1 packet
+    with pytest.raises(ProtocolError) as err:
+        d.more()
+    assert [p.topic for p in err.value.packets] == ["v/2"]
