@@ -14,7 +14,7 @@ import os
 import signal
 from typing import Any
 
-from connection.batching import EndOfTick
+from connection.batching import EndOfTick, TurnBudget
 from connection.protocol import MQTTConnection
 from router.client import Client
 from router.router import Router, RouterConfig
@@ -38,6 +38,7 @@ class Worker:
         self.router_id = f"{config.node_id}/{self.name}"
         self.loop = asyncio.get_event_loop()
         self.batcher = EndOfTick(self.loop)
+        self.turn = TurnBudget(self.loop, config.turn_budget) if config.turn_budget else None
         self.router: Router | None = None
         self.server: asyncio.base_events.Server | None = None
         self.mesh: Any = None
@@ -65,7 +66,7 @@ class Worker:
     def _protocol(self) -> MQTTConnection:
         return MQTTConnection(self._open, self.batcher, max_packet_size=self.config.max_packet_size,
                               write_buffer_high=self.config.max_client_buffer,
-                              read_budget=self.config.read_budget)
+                              read_budget=self.config.read_budget, turn=self.turn)
 
     async def start(self) -> None:
         c = self.config

@@ -39,3 +39,38 @@ class EndOfTick:
             for item in dirty:
                 item.flush()
         self._scheduled = False
+
+
+class TurnBudget:
+    """How many packets all of a worker's connections together may decode and handle in one loop
+    iteration before each busy connection is cut to a few (``MIN_SHARE``) per turn.
+
+    A per-connection budget bounds a turn by ``busy connections x budget``; with twenty busy QoS 1
+    clients that is still hundreds of packets ahead of a quiet client's one. This bounds the turn
+    itself, so a quiet client's message waits about the same whatever the number of busy ones.
+    The count starts over once per iteration (a ``call_soon`` scheduled by the first share taken).
+    """
+
+    MIN_SHARE = 4  # every connection still makes progress every turn
+    __slots__ = ("_loop", "per_turn", "left", "_scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, per_turn: int) -> None:
+        self._loop = loop
+        self.per_turn = per_turn
+        self.left = per_turn
+        self._scheduled = False
+
+    def share(self, cap: int) -> int:
+        """Packets the calling connection may take now (at most ``cap``); it subtracts what it took
+        from ``left``."""
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._start_over)
+        left = self.left
+        if left >= cap:
+            return cap
+        return left if left > self.MIN_SHARE else self.MIN_SHARE
+
+    def _start_over(self) -> None:
+        self.left = self.per_turn
+        self._scheduled = False

@@ -16,7 +16,7 @@ import socket
 from collections.abc import Callable
 from typing import Protocol
 
-from .batching import EndOfTick
+from .batching import EndOfTick, TurnBudget
 from .codec import Decoder, encode, is_tls_client_hello
 from .packets import MQTT_5, Connack, Connect, Disconnect, Packet, Pingreq, Pingresp
 from .reasons import ProtocolError, Reason
@@ -60,6 +60,7 @@ class MQTTConnection(asyncio.Protocol):
         max_packet_size: int,
         write_buffer_high: int = 1 << 20,
         read_budget: int = 16,
+        turn: TurnBudget | None = None,
     ) -> None:
         """``read_budget``: most packets of one connection decoded and handled per loop iteration;
         the rest of a read stays undecoded, with reading paused, until the next iteration. Without
@@ -67,6 +68,8 @@ class MQTTConnection(asyncio.Protocol):
         handled in one go and every other connection - a quiet device's command among them -
         waits behind it: fairness costs a little batching."""
         self._open_handler = open_handler
+        self._cap = max(1, read_budget)
+        self._turn = turn  # the worker's budget for all connections in one turn, if any
         self._batcher = batcher
         self._decoder = Decoder(max_packet_size=max_packet_size, limit=max(1, read_budget))
         self._write_buffer_high = write_buffer_high
@@ -119,6 +122,9 @@ class MQTTConnection(asyncio.Protocol):
     def _decoded(self, decode: Callable[..., list[Packet]], *data: bytes) -> None:
         """Decode (at most the budget), handle the packets, and pause reading while more of the
         read is waiting: ``_read_more`` goes on with it in the next loop iteration."""
+        turn = self._turn
+        if turn is not None:
+            self._decoder.limit = turn.share(self._cap)
         try:
             packets = decode(*data)
         except ProtocolError as exc:
@@ -127,6 +133,8 @@ class MQTTConnection(asyncio.Protocol):
             if not self.closing:
                 self.protocol_violation(exc)
             return
+        if turn is not None:
+            turn.left -= len(packets)
         if self._decoder.has_more:
             # Scheduled before this turn's packets make output, so that the next turn runs ahead
             # of the end-of-tick flush and its output shares those writes.
