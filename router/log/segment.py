@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from router.log.errors import CorruptRecord, LogFormatError
@@ -290,6 +291,19 @@ class SegmentReader:
         if self._hint is not None and self._hint[0] == offset and self._hint[1] <= end_pos:
             return self._hint[1], offset
         rel = offset - self.base
+        return self._last_entry_before(lambda entry: entry[0] <= rel, end_pos)
+
+    def time_lookup(self, timestamp_ms: int, end_pos: int) -> int:
+        """Position from which to scan for the first record with timestamp >= ``timestamp_ms``: the
+        last indexed record whose running max timestamp is still below it (all before it are too)."""
+        return self._verified(*self._last_entry_before(lambda entry: entry[2] < timestamp_ms, end_pos))
+
+    def _last_entry_before(self, before: Callable[[tuple[int, int, int]], bool],
+                           end_pos: int) -> tuple[int, int | None]:
+        """Binary search of the sparse index (one 16-byte pread per probe) for the last entry for
+        which ``before`` holds (it must hold for a prefix of the entries) and whose position lies
+        before ``end_pos``: (position, offset of the record there), or the first record (offset
+        None: not known) when there is none."""
         lo, hi = 0, self.index_entry_count()
         best: tuple[int, int | None] = (FILE_HEADER_SIZE, None)
         while lo < hi:
@@ -298,32 +312,13 @@ class SegmentReader:
             if entry is None:
                 hi = mid
                 continue
-            if entry[0] <= rel:
+            if before(entry):
                 if FILE_HEADER_SIZE <= entry[1] < end_pos:
                     best = (entry[1], self.base + entry[0])
                 lo = mid + 1
             else:
                 hi = mid
         return best
-
-    def time_lookup(self, timestamp_ms: int, end_pos: int) -> int:
-        """Position from which to scan for the first record with timestamp >= ``timestamp_ms``: the
-        last indexed record whose running max timestamp is still below it (all before it are too)."""
-        lo, hi = 0, self.index_entry_count()
-        best: tuple[int, int | None] = (FILE_HEADER_SIZE, None)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            entry = self.index_entry(mid)
-            if entry is None:
-                hi = mid
-                continue
-            if entry[2] < timestamp_ms:
-                if FILE_HEADER_SIZE <= entry[1] < end_pos:
-                    best = (entry[1], self.base + entry[0])
-                lo = mid + 1
-            else:
-                hi = mid
-        return self._verified(*best)
 
     def locate(self, offset: int, end_pos: int) -> int:
         """Position of a record at or before ``offset``, verified to be a record boundary."""
