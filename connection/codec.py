@@ -150,6 +150,18 @@ def _read_pid(data: bytes, p: int, stop: int) -> int:
     return pid
 
 
+def _read_pid_props(data: bytes, p: int, stop: int, v5: bool, allowed: frozenset[int],
+                    required: bool = True) -> tuple[int, Properties, int]:
+    """The opening of SUBSCRIBE, SUBACK and UNSUBSCRIBE: a packet identifier (non-zero where
+    ``required``), then the MQTT 5 properties. Returns (packet id, properties, where the rest starts)."""
+    pid = _read_pid(data, p, stop) if required else _read_u16(data, p, stop, "packet identifier")
+    p += 2
+    props: Properties = {}
+    if v5:
+        props, p = _read_props(data, p, stop, allowed)
+    return pid, props, p
+
+
 def _read_str(data: bytes, p: int, stop: int) -> tuple[str, int]:
     """A UTF-8 encoded string: valid UTF-8 (MQTT-1.5.3-1) without U+0000 (MQTT-1.5.3-2).
 
@@ -701,11 +713,7 @@ class Decoder:
         return _decode_ack(Pubcomp, "PUBCOMP", data, p, stop, v5)
 
     def _subscribe(self, data: bytes, p: int, stop: int, v5: bool) -> Subscribe:
-        pid = _read_pid(data, p, stop)
-        p += 2
-        props: Properties = {}
-        if v5:
-            props, p = _read_props(data, p, stop, _SUBSCRIBE_PROPS)
+        pid, props, p = _read_pid_props(data, p, stop, v5, _SUBSCRIBE_PROPS)
         subs: list[Subscription] = []
         while p < stop:
             topic_filter, p = _read_str(data, p, stop)
@@ -732,19 +740,11 @@ class Decoder:
         return Subscribe(pid, subs, props)
 
     def _suback(self, data: bytes, p: int, stop: int, v5: bool) -> Suback:
-        pid = _read_u16(data, p, stop, "packet identifier")
-        p += 2
-        props: Properties = {}
-        if v5:
-            props, p = _read_props(data, p, stop, _ACK_PROPS)
+        pid, props, p = _read_pid_props(data, p, stop, v5, _ACK_PROPS, required=False)
         return Suback(pid, list(data[p:stop]), props)
 
     def _unsubscribe(self, data: bytes, p: int, stop: int, v5: bool) -> Unsubscribe:
-        pid = _read_pid(data, p, stop)
-        p += 2
-        props: Properties = {}
-        if v5:
-            props, p = _read_props(data, p, stop, _UNSUBSCRIBE_PROPS)
+        pid, props, p = _read_pid_props(data, p, stop, v5, _UNSUBSCRIBE_PROPS)
         filters: list[str] = []
         while p < stop:
             topic_filter, p = _read_str(data, p, stop)
