@@ -39,7 +39,6 @@ class Message:
         origin_offset: int = -1,
         properties: dict | None = None,
         timestamp_ms: int | None = None,
-        encoded: dict[int, tuple[bytes, bytes]] | None = None,
     ) -> None:
         self.topic = topic
         self.payload = payload
@@ -51,7 +50,7 @@ class Message:
         self.properties = properties or None
         self.timestamp_ms = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         self.log_offset = -1  # where this router's commit log holds it (-1: not logged)
-        self._enc: dict[int, tuple[bytes, bytes]] = {} if encoded is None else encoded
+        self._enc: dict[int, tuple[bytes, bytes]] = {}
         self._topic_bytes: bytes | None = None
 
     @property
@@ -102,9 +101,9 @@ class Message:
             return cls.from_list(values)
         packet, client_id, origin_offset, ts = values
         topic, payload = plain_publish_parts(packet)
-        parts = (packet, b"")
-        return cls(topic, payload, 0, False, client_id, sender, origin_offset, None, ts,
-                   {3 << 3: parts, 4 << 3: parts})
+        msg = cls(topic, payload, 0, False, client_id, sender, origin_offset, None, ts)
+        msg.received_as(4, packet)
+        return msg
 
     def packed_properties(self) -> bytes:
         return msgpack.packb(self.properties) if self.properties else b""
