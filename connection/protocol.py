@@ -138,8 +138,7 @@ class MQTTConnection(asyncio.Protocol):
         if self._decoder.has_more:
             # Scheduled before this turn's packets make output, so that the next turn runs ahead
             # of the end-of-tick flush and its output shares those writes.
-            if _BUDGET not in self._reading_paused_by:
-                self.pause_reading(_BUDGET)
+            self.pause_reading(_BUDGET)  # a no-op while it is paused already
             self._loop.call_soon(self._read_more)
         elif _BUDGET in self._reading_paused_by:
             self.resume_reading(_BUDGET)
