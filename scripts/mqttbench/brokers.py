@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,26 @@ class BrokerKind:
     @property
     def label(self) -> str:
         return f"{self.name}/{self.workers}w" if self.name == "brokerd" else self.name
+
+
+def port_sockets(pids: Iterable[int], port: int) -> tuple[list[int], dict[int, int]]:
+    """Of the processes ``pids``: those listening on ``port`` (sorted), and for each connection
+    accepted on it the client-side port -> pid holding it. brokerd's workers share the port
+    (SO_REUSEPORT), so only the kernel knows which worker took which connection."""
+    listeners: list[int] = []
+    owners: dict[int, int] = {}
+    for pid in pids:
+        try:
+            conns = psutil.Process(pid).net_connections(kind="tcp")
+        except psutil.Error:
+            continue
+        for c in conns:
+            if c.laddr and c.laddr.port == port:
+                if c.raddr:
+                    owners[c.raddr.port] = pid
+                elif c.status == psutil.CONN_LISTEN and pid not in listeners:
+                    listeners.append(pid)
+    return sorted(listeners), owners
 
 
 def free_port() -> int:
@@ -200,15 +221,7 @@ class RunningBroker:
 
     def listening(self) -> int:
         """How many of the broker's processes listen on its port."""
-        count = 0
-        for p in self.processes():
-            try:
-                if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port
-                       for c in p.net_connections(kind="tcp")):
-                    count += 1
-            except psutil.Error:
-                continue
-        return count
+        return len(port_sockets([p.pid for p in self.processes()], self.port)[0])
 
     def log_tail(self, lines: int = 3) -> str:
         try:

@@ -25,9 +25,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-import psutil
-
 from . import mqtt_wire as wire
+from .brokers import port_sockets
 from .scenarios import ClientSpec, GroupSpec, Plan
 
 WRITE_HIGH_WATER = 256 * 1024
@@ -514,24 +513,6 @@ class Worker:
             conn, spec, group = lat_sub
             self.probe = LatencyProbe(lat_pub, conn, spec.topic, max(8, self.plan.payload), group.spec.rate)
 
-    def _owners(self) -> tuple[list[int], dict[int, int]]:
-        """The broker's worker pids (those listening on the port) and, per client-side port, the
-        pid of the worker holding that connection."""
-        workers: list[int] = []
-        owners: dict[int, int] = {}
-        for pid in self.plan.broker_pids:
-            try:
-                conns = psutil.Process(pid).net_connections(kind="tcp")
-            except psutil.Error:
-                continue
-            for c in conns:
-                if c.laddr and c.laddr.port == self.port:
-                    if c.raddr:
-                        owners[c.raddr.port] = pid
-                    elif c.status == psutil.CONN_LISTEN and pid not in workers:
-                        workers.append(pid)
-        return sorted(workers), owners
-
     async def _place(self, subs: list[tuple[int, ClientSpec]], sub_conns: list[Conn],
                      pubs: list[tuple[int, ClientSpec]], pub_conns: list[Conn], sem: asyncio.Semaphore) -> None:
         """Reconnect load clients until pair g's subscriber sits on worker g mod W and its publisher
@@ -539,30 +520,30 @@ class Worker:
         The kernel spreads connections over the workers by a hash the generator cannot choose, so
         it asks the broker's processes where each one landed and retries the misplaced ones."""
         want_next = 0 if self.plan.placement == "same" else 1
-        clients = [(spec, conns, k) for spec_list, conns in ((subs, sub_conns), (pubs, pub_conns))
-                   for k, (_, spec) in enumerate(spec_list) if spec.role in ("sub", "pub")]
+        clients = [(i, spec, conns, k) for spec_list, conns in ((subs, sub_conns), (pubs, pub_conns))
+                   for k, (i, spec) in enumerate(spec_list) if spec.role in ("sub", "pub")]
         attempts = 0
         while True:
-            workers, owners = self._owners()
+            workers, owners = port_sockets(self.plan.broker_pids, self.port)
             if len(workers) < 2:
                 raise RuntimeError(f"--placement {self.plan.placement} needs a broker with 2 or more workers")
             wrong = []
-            for spec, conns, k in clients:
+            for client in clients:
+                _, spec, conns, k = client
                 want = workers[(spec.gid + (want_next if spec.role == "pub" else 0)) % len(workers)]
                 if owners.get(_local_port(conns[k])) != want:
-                    wrong.append((spec, conns, k))
+                    wrong.append(client)
             if not wrong:
                 return
             attempts += 1
             if attempts > PLACE_ROUNDS_PER_WORKER * len(workers):
                 raise RuntimeError(f"could not place {len(wrong)} clients {self.plan.placement!r} "
                                    f"in {attempts - 1} reconnect rounds")
-            for _, conns, k in wrong:
+            for _, _, conns, k in wrong:
                 conns[k].close()
                 self.conns.remove(conns[k])
-            index = {id(spec): i for i, spec in (*subs, *pubs)}
-            fresh = await asyncio.gather(*(self.connect(spec, index[id(spec)], sem) for spec, _, _ in wrong))
-            for (_, conns, k), conn in zip(wrong, fresh, strict=True):
+            fresh = await asyncio.gather(*(self.connect(spec, i, sem) for i, spec, _, _ in wrong))
+            for (_, _, conns, k), conn in zip(wrong, fresh, strict=True):
                 conns[k] = conn
 
     def _snapshot(self) -> dict[str, Any]:
