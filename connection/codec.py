@@ -396,26 +396,6 @@ _TOPICS_MAX = 10_000
 _TOPIC_CACHE_LEN = 256
 
 
-def plain_publish_parts(packet: bytes) -> tuple[str, bytes]:
-    """Topic and payload of a whole QoS 0 PUBLISH in the MQTT 3.1.1 form (no properties), such as a
-    peer router forwards in place of topic and payload. The topic is checked and interned as a
-    client's would be; a packet that is not such a PUBLISH raises ProtocolError."""
-    if len(packet) < 4 or packet[0] != 0x30:
-        raise ProtocolError("not a QoS 0 PUBLISH", _MALFORMED)
-    i = 1
-    while packet[i] & 0x80:
-        i += 1
-    start = i + 1
-    p = start + 2 + (packet[start] << 8 | packet[start + 1])
-    if p > len(packet):
-        raise _truncated("PUBLISH topic")
-    raw_topic = packet[start + 2 : p]
-    topic = _TOPICS.get(raw_topic)
-    if topic is None:
-        topic = _new_topic(raw_topic)
-    return topic, packet[p:]
-
-
 def _new_topic(raw: bytes) -> str:
     """Decode and check a PUBLISH topic name not in the cache, then cache it."""
     try:

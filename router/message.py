@@ -11,8 +11,9 @@ import time
 
 import msgpack
 
-from connection.codec import plain_publish_parts, publish_parts
+from connection.codec import publish_parts
 from connection.packets import MQTT_5, Prop
+from connection.reasons import ProtocolError, Reason
 
 # Properties a broker forwards unchanged to MQTT 5 subscribers (spec 3.3.2.3); Topic Alias and
 # Subscription Identifier are per connection and never forwarded.
@@ -21,11 +22,12 @@ _FORWARDED = frozenset({
     Prop.RESPONSE_TOPIC, Prop.CORRELATION_DATA, Prop.USER_PROPERTY,
 })
 
+_new = object.__new__
 encode_count = 0  # how many encodes happened: the unit test of "encode once" reads it
 
 
 class Message:
-    __slots__ = ("topic", "payload", "qos", "retain", "client_id", "origin_router", "origin_offset",
+    __slots__ = ("topic", "_payload", "qos", "retain", "client_id", "origin_router", "origin_offset",
                  "properties", "timestamp_ms", "log_offset", "_enc", "_topic_bytes")
 
     def __init__(
@@ -41,7 +43,7 @@ class Message:
         timestamp_ms: int | None = None,
     ) -> None:
         self.topic = topic
-        self.payload = payload
+        self._payload = payload
         self.qos = qos
         self.retain = retain
         self.client_id = client_id
@@ -52,6 +54,15 @@ class Message:
         self.log_offset = -1  # where this router's commit log holds it (-1: not logged)
         self._enc: dict[int, tuple[bytes, bytes]] = {}
         self._topic_bytes: bytes | None = None
+
+    @property
+    def payload(self) -> bytes:
+        """The payload; a message forwarded as its packet cuts it out of the packet only when
+        something asks (the commit log, an MQTT 5 or QoS > 0 subscriber, a retained store)."""
+        payload = self._payload
+        if payload is None:
+            self._payload = payload = _payload_of(self._enc[4 << 3][0], len(self.topic_bytes))
+        return payload
 
     @property
     def topic_bytes(self) -> bytes:
@@ -83,26 +94,44 @@ class Message:
     def to_mesh(self) -> list:
         """The form of a forwarded message. A plain QoS 0 message (no RETAIN, no properties) whose
         MQTT 3.1.1 packet is at hand - it came so from its publisher, or a local subscriber needed
-        it - travels as ``[packet, client_id, origin_offset, timestamp_ms]``: the receiving router
-        hands the packet to its subscribers as it is instead of encoding it again, and msgpack
-        handles four values instead of nine (unpacking was the largest cost of a cross-worker
-        delivery). Its origin router is the frame's sender. Anything else is ``to_list()``."""
+        it - travels as ``[packet, topic, client_id, origin_offset, timestamp_ms]``: the receiving
+        router hands the packet to its subscribers as it is instead of encoding it again, and
+        routes by the topic beside it instead of parsing the packet (parsing in Python cost more
+        than msgpack spends on the topic). Its origin router is the frame's sender. Anything else
+        is ``to_list()`` (nine values)."""
         if self.qos == 0 and not self.retain and self.properties is None:
             parts = self._enc.get(4 << 3)
             if parts is not None:
-                return [parts[0], self.client_id, self.origin_offset, self.timestamp_ms]
+                return [parts[0], self.topic, self.client_id, self.origin_offset, self.timestamp_ms]
         return self.to_list()
 
     @classmethod
     def from_mesh(cls, values: list, sender: str) -> Message:
         """The inverse of ``to_mesh`` for a frame from router ``sender``; raises ProtocolError on a
-        packet that is not a plain QoS 0 PUBLISH, ValueError on a list of the wrong shape."""
-        if len(values) != 4:
+        packet that is not a QoS 0 PUBLISH, ValueError or TypeError on values of the wrong shape.
+
+        Once per forwarded message on the receiving router, so it fills the slots itself: the
+        constructor's defaults and keyword handling cost more than the message's whole delivery
+        to one subscriber. The payload stays inside the packet until asked for."""
+        if len(values) != 5:
             return cls.from_list(values)
-        packet, client_id, origin_offset, ts = values
-        topic, payload = plain_publish_parts(packet)
-        msg = cls(topic, payload, 0, False, client_id, sender, origin_offset, None, ts)
-        msg.received_as(4, packet)
+        packet, topic, client_id, origin_offset, ts = values
+        if packet[0] != 0x30 or topic.__class__ is not str:
+            raise ProtocolError("forwarded packet is not a QoS 0 PUBLISH", Reason.MALFORMED_PACKET)
+        msg = _new(cls)
+        msg.topic = topic
+        msg._payload = None
+        msg.qos = 0
+        msg.retain = False
+        msg.client_id = client_id
+        msg.origin_router = sender
+        msg.origin_offset = origin_offset
+        msg.properties = None
+        msg.timestamp_ms = ts
+        msg.log_offset = -1
+        parts = (packet, b"")
+        msg._enc = {3 << 3: parts, 4 << 3: parts}  # as received_as(4, packet)
+        msg._topic_bytes = None
         return msg
 
     def packed_properties(self) -> bytes:
@@ -136,3 +165,11 @@ class Message:
 
     def __repr__(self) -> str:
         return f"Message({self.topic!r}, {len(self.payload)} B, qos={self.qos}, retain={self.retain})"
+
+
+def _payload_of(packet: bytes, topic_len: int) -> bytes:
+    """The payload of a QoS 0 PUBLISH without properties whose topic is ``topic_len`` bytes."""
+    i = 1
+    while packet[i] & 0x80:  # the remaining length's bytes
+        i += 1
+    return packet[i + 3 + topic_len:]

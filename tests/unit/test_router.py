@@ -209,10 +209,11 @@ def test_a_forwarded_message_carries_its_packet_and_comes_back_whole(payload):
     msg = Message(p.topic, p.payload, 0, False, "c1", "n/w0", 7, None, 1234)
     msg.received_as(4, p.raw)
     wire = msgpack.unpackb(msgpack.packb(msg.to_mesh()), raw=False)
-    assert wire == [p.raw, "c1", 7, 1234]  # the packet stands in for topic, payload and flags
+    assert wire == [p.raw, "m/a", "c1", 7, 1234]  # the packet stands in for payload and flags
     back = Message.from_mesh(wire, "n/w0")  # the origin router is the frame's sender
     assert (back.topic, back.payload, back.client_id, back.origin_router, back.origin_offset, back.timestamp_ms) == (
-        "m/a", payload, "c1", "n/w0", 7, 1234)
+        "m/a", payload, "c1", "n/w0", 7, 1234)  # the payload is cut out of the packet when asked
+    assert back.topic_bytes == b"m/a" and back.to_list() == msg.to_list()[:5] + ["n/w0", 7, None, 1234]
     before = message_mod.encode_count
     assert back.encoded(4, 0, False)[0] == p.raw
     assert message_mod.encode_count == before  # the receiver encodes nothing for 3.1.1 QoS 0
@@ -228,12 +229,14 @@ def test_other_messages_are_forwarded_as_values(qos, retain, props):
         "m/b", b"v", qos, retain, props, "n/w0")
 
 
-@pytest.mark.parametrize("packet", [b"\x32\x05\x00\x01tpp", b"\x30\x05\x00\x09tpp", b"\x30"])
-def test_a_malformed_forwarded_packet_is_refused(packet):
+@pytest.mark.parametrize("packet,topic", [(b"\x32\x05\x00\x01tpp", "t"), (b"\x30\x05\x00\x03tpp", b"tpp"),
+                                          (b"", "t"), (b"\x30\x05\x00\x03tpp", 7)])
+def test_a_malformed_forwarded_message_is_refused(packet, topic):
+    """Not a QoS 0 PUBLISH, or no topic string: the mesh drops it (ProtocolError, IndexError)."""
     from connection.reasons import ProtocolError
 
-    with pytest.raises(ProtocolError):
-        Message.from_mesh([packet, "c", 1, 1], "n/w0")
+    with pytest.raises((ProtocolError, IndexError)):
+        Message.from_mesh([packet, topic, "c", 1, 1], "n/w0")
 
 
 def _plain_publish(topic: bytes, payload: bytes) -> bytes:
