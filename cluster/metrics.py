@@ -109,7 +109,7 @@ _ZERO_NODE: dict[str, Any] = {
     "subscriptions": 0, "filters": 0, "inflight": 0, "queued": 0, "rates": {},
     "process": {"cpu_percent": 0.0, "rss_bytes": 0},
     "drops": dict.fromkeys(DROP_REASONS, 0),
-    "traffic": {"clients": dict.fromkeys(_TRAFFIC, 0), "mesh": dict.fromkeys(_TRAFFIC, 0),
+    "traffic": {"clients": dict.fromkeys(_TRAFFIC, 0), "mesh": dict.fromkeys((*_TRAFFIC, "frames_in", "frames_out"), 0),
                 "log": dict.fromkeys(("records", "bytes", "read_records", "read_bytes", "disk_bytes"), 0)},
 }
 

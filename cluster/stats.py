@@ -41,10 +41,11 @@ with a restarted worker: ``pid`` changes); rates are per second; sizes are bytes
                      PUBLISH packets from / to this router's clients (wills and $SYS excluded from
                      msgs_in) and every byte read from / written to their sockets, headers included;
                      closed connections stay counted
-                   mesh: {msgs_in, msgs_out, bytes_in, bytes_out, peers: {peer router id:
-                          {msgs_in, msgs_out, bytes_in, bytes_out}}}
-                     messages forwarded to / from other routers and the bytes of the frames that
-                     carried them; only routers that exchanged traffic appear in peers
+                   mesh: {msgs_in, msgs_out, bytes_in, bytes_out, frames_in, frames_out,
+                          peers: {peer router id: {msgs_in, msgs_out, bytes_in, bytes_out}}}
+                     messages forwarded to / from other routers, the bytes and the number of the
+                     frames that carried them (messages per frame is how well forwarding batches);
+                     only routers that exchanged traffic appear in peers
                    log: {records, bytes, read_records, read_bytes, disk_bytes}
                      commit log appends and reads; disk_bytes is the log's current size
     rates          {"1s" | "1min" | "5min" | "15min": {msgs_in, msgs_out, bytes_in, bytes_out,
@@ -447,7 +448,8 @@ class StatsPublisher:
                 "clients": {"msgs_in": totals[0], "msgs_out": totals[1],
                             "bytes_in": totals[2], "bytes_out": totals[3]},
                 "mesh": {"msgs_in": st.mesh_msgs_in, "msgs_out": st.mesh_msgs_out,
-                         "bytes_in": st.mesh_bytes_in, "bytes_out": st.mesh_bytes_out, "peers": peers},
+                         "bytes_in": st.mesh_bytes_in, "bytes_out": st.mesh_bytes_out,
+                         "frames_in": st.mesh_frames_in, "frames_out": st.mesh_frames_out, "peers": peers},
                 "log": log_,
             },
             "rates": self.rates.rates(),

@@ -169,6 +169,9 @@ def test_counters_match_in_snapshots_metrics_and_sys(start_broker):
         peers = snaps[origin]["traffic"]["mesh"]["peers"]
         assert peers[f"t/{other}"]["msgs_out"] == n
         assert snaps[other]["traffic"]["mesh"]["peers"][f"t/{origin}"]["msgs_in"] == n
+        # ... in frames of one or more messages, each frame counted once on either side.
+        sent, got = snaps[origin]["traffic"]["mesh"], snaps[other]["traffic"]["mesh"]
+        assert 1 <= sent["frames_out"] <= n and got["frames_in"] == sent["frames_out"]
 
         def metrics_settled() -> dict[str, dict[tuple, float]] | None:
             m = scrape(mport)
