@@ -523,9 +523,10 @@ class Mesh:
             peer.stats[2] += len(body)
             peer.stats[3] += size
             deliver = router.deliver_remote
+            from_mesh = Message.from_mesh
             for t in body:
                 try:
-                    msg = Message.from_mesh(t, sender)
+                    msg = from_mesh(t, sender)
                 except (ProtocolError, ValueError, TypeError, IndexError):
                     log.error("mesh: dropped a malformed message from %s", sender)
                     continue

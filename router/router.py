@@ -106,11 +106,16 @@ class Router:
             self.stats.retained_count = len(self.retained)
             if self.mesh is not None:
                 self.mesh.retained_update(msg)
-        self._deliver_local(msg)
+        topic = msg.topic
+        routes = self._routes.get(topic)
+        if routes is None:
+            routes = self._fold_routes(topic)
+        if routes:
+            self._deliver(msg, routes)
         if self.mesh is not None:
-            peers = self._peer_routes.get(msg.topic)
+            peers = self._peer_routes.get(topic)
             if peers is None:
-                peers = self._fold_peers(msg.topic)
+                peers = self._fold_peers(topic)
             if peers:
                 mesh = self.mesh
                 for router_id in peers:
@@ -121,12 +126,17 @@ class Router:
 
         Logged here too (with its origin), so that this router's sessions can catch up from their
         own log and readers can count each message once by its origin."""
-        if self.commit_log is not None and not msg.topic.startswith("$SYS/"):
+        topic = msg.topic
+        if self.commit_log is not None and not topic.startswith("$SYS/"):
             try:
                 self._log(msg, True)
             except LogUnavailable:
                 self.stats.refused_log_unavailable += 1
-        self._deliver_local(msg)
+        routes = self._routes.get(topic)
+        if routes is None:
+            routes = self._fold_routes(topic)
+        if routes:
+            self._deliver(msg, routes)
 
     def _log(self, msg: Message, forwarded: bool) -> int:
         """Append ``msg`` to this router's log; a forwarded copy keeps its origin. Returns and
@@ -175,12 +185,10 @@ class Router:
             if not conn.closing:
                 conn.send(ack)
 
-    def _deliver_local(self, msg: Message) -> None:
-        routes = self._routes.get(msg.topic)
-        if routes is None:
-            routes = self._fold_routes(msg.topic)
-        if not routes:
-            return
+    def _deliver(self, msg: Message, routes: list[tuple[Session, int, bool, bool]]) -> None:
+        """Hand ``msg`` to this router's subscribers of its topic (``routes``, folded). The callers
+        look the routes up themselves: a forwarding router mostly finds none, and the call is
+        skipped."""
         qos = msg.qos
         retain = msg.retain
         publisher = msg.client_id
