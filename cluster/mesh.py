@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import zmq
 
-from connection.reasons import ProtocolError
 from router.message import Message
 
 from .config import Config
@@ -522,15 +521,9 @@ class Mesh:
             stats.mesh_bytes_in += size
             peer.stats[2] += len(body)
             peer.stats[3] += size
-            deliver = router.deliver_remote
-            from_mesh = Message.from_mesh
-            for t in body:
-                try:
-                    msg = from_mesh(t, sender)
-                except (ProtocolError, ValueError, TypeError, IndexError):
-                    log.error("mesh: dropped a malformed message from %s", sender)
-                    continue
-                deliver(msg)
+            bad = router.deliver_forwarded(body, sender)
+            if bad:
+                log.error("mesh: dropped %d malformed message(s) from %s", bad, sender)
         elif kind == INTEREST:
             seq, changes = body
             for topic_filter, add in changes:

@@ -363,7 +363,8 @@ def _read_props(data: bytes, p: int, stop: int, allowed: frozenset[int]) -> tupl
 def _header_length(data: bytes, pos: int, end: int) -> tuple[int, int]:
     """Remaining length of the packet at ``pos`` and where its body starts; (-1, -1) if incomplete.
 
-    Only called when the length takes more than one byte (the loop handles one-byte lengths inline).
+    Only called when the length takes more than two bytes or is cut off (the loop handles one- and
+    two-byte lengths inline).
     """
     value = 0
     shift = 0
@@ -536,6 +537,9 @@ class Decoder:
             rl = data[pos + 1]
             if rl < 0x80:
                 start = pos + 2
+            elif pos + 2 < end and data[pos + 2] < 0x80:  # 128 B to 16 KiB: two bytes, inline too
+                rl = (rl & 0x7F) | data[pos + 2] << 7
+                start = pos + 3
             else:
                 rl, start = _header_length(data, pos, end)
                 if start < 0:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from connection.packets import Subscription
+from connection.reasons import ProtocolError
 
 from .log.errors import LogUnavailable
 from .message import Message
@@ -137,6 +138,31 @@ class Router:
             routes = self._fold_routes(topic)
         if routes:
             self._deliver(msg, routes)
+
+    def deliver_forwarded(self, body: list, sender: str) -> int:
+        """The messages of one mesh frame from router ``sender``, in order, each as
+        ``deliver_remote`` would. One loop per frame instead of two calls per message: a frame
+        carries tens of messages and this is the receiving half of every cross-router delivery.
+        Returns how many were malformed and dropped."""
+        from_mesh = Message.from_mesh
+        routes_get = self._routes.get  # _fold_routes clears this dict in place, never replaces it
+        logged = self.commit_log is not None
+        bad = 0
+        for values in body:
+            try:
+                msg = from_mesh(values, sender)
+            except (ProtocolError, ValueError, TypeError, IndexError):
+                bad += 1
+                continue
+            if logged:
+                self.deliver_remote(msg)
+                continue
+            routes = routes_get(msg.topic)
+            if routes is None:
+                routes = self._fold_routes(msg.topic)
+            if routes:
+                self._deliver(msg, routes)
+        return bad
 
     def _log(self, msg: Message, forwarded: bool) -> int:
         """Append ``msg`` to this router's log; a forwarded copy keeps its origin. Returns and

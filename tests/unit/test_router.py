@@ -243,3 +243,12 @@ def _plain_publish(topic: bytes, payload: bytes) -> bytes:
     from connection.codec import encode
 
     return encode(Publish(topic.decode(), payload), 4)
+
+
+def test_a_forwarded_frame_is_delivered_in_order_and_a_malformed_message_dropped(router):
+    _, conn = online(router, "sub", ("f/#", 0))
+    packets = [_plain_publish(f"f/{i}".encode(), b"p%d" % i) for i in range(3)]
+    body = [[packets[0], "f/0", "c", 1, 1], [b"\x32\x00", "f/x", "c", 2, 1],  # not a QoS 0 PUBLISH
+            Message("f/q", b"one", 1, False, "c", "n/w0", 3, None, 1).to_list(), [packets[2], "f/2", "c", 4, 1]]
+    assert router.deliver_forwarded(body, "n/w0") == 1
+    assert [(p.topic, p.payload) for p in conn.packets()] == [("f/0", b"p0"), ("f/q", b"one"), ("f/2", b"p2")]
