@@ -99,6 +99,27 @@ class Message:
         packet that is not a plain QoS 0 PUBLISH, ValueError on a list of the wrong shape."""
         if len(values) != 4:
             return cls.from_list(values)
+        return cls.from_plain_mesh(values, sender)
+
+    def to_mesh_shared(self, groups: list[str]) -> list:
+        """``to_mesh()`` plus the shared subscriptions the receiving router was chosen for, as a
+        last element: 5 values for the plain QoS 0 form, 10 for the full one. Only messages that
+        some shared subscription matches pay for it; the 4-value hot form is unchanged."""
+        values = self.to_mesh()
+        values.append(groups)
+        return values
+
+    @classmethod
+    def from_mesh_shared(cls, values: list, sender: str) -> tuple[Message, list[str]]:
+        """The inverse of ``to_mesh_shared``: the message and its shared subscriptions."""
+        groups = values[-1]
+        base = values[:-1]
+        msg = cls.from_plain_mesh(base, sender) if len(base) == 4 else cls.from_list(base)
+        return msg, [str(g) for g in groups]
+
+    @classmethod
+    def from_plain_mesh(cls, values: list, sender: str) -> Message:
+        """The 4-value plain QoS 0 form of ``to_mesh`` (the caller checked the length)."""
         packet, client_id, origin_offset, ts = values
         topic, payload = plain_publish_parts(packet)
         msg = cls(topic, payload, 0, False, client_id, sender, origin_offset, None, ts)
