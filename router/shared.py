@@ -50,13 +50,12 @@ def is_shared(topic_filter: str) -> bool:
 class SharedGroup:
     """This router's members of one shared subscription, and the turn of the round robin."""
 
-    __slots__ = ("key", "members", "_turn", "online")
+    __slots__ = ("key", "members", "_turn")
 
     def __init__(self, key: str) -> None:
         self.key = key
         self.members: list[tuple[Session, Subscription]] = []
         self._turn = 0
-        self.online = 0  # connected members, kept by the router on attach / detach
 
     def add(self, session: Session, sub: Subscription) -> bool:
         """Add or replace a member's subscription; True if the member is new."""
