@@ -11,8 +11,8 @@ filters in a second ``TopicIndex`` and forwards a publish to a peer only when on
 filters matches, once per peer however many subscribers it has there.
 
 Shared subscriptions (``router.shared``) ride on the same interest announcements, keyed by the
-``$share/group/filter`` string with a presence level; the publisher's router picks one router per
-group and tells that router, in the one copy it sends, which groups it was picked for.
+``$share/group/filter`` string with a presence (connected members); the publisher's router picks one
+router per group, weighted by presence, and tells that router, in the one copy it sends, which groups it was picked for.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class MeshPort(Protocol):
 
     def announce_interest(self, topic_filter: str, add: bool | int) -> Awaitable[None] | None:
         """Tell every peer router that this router gained / lost its interest in a filter (for a
-        ``$share/`` key: its presence level, 0 = none); for a gain, an awaitable that completes
+        ``$share/`` key: its presence, 0 = none); for a gain, an awaitable that completes
         when every live peer has acknowledged it."""
 
     def forward_shared(self, router_id: str, msg: Message, groups: list[str], source: Any = None) -> None:
@@ -320,33 +320,33 @@ class Router:
         return True
 
     def shared_presence(self, session: Session) -> None:
-        """``session`` connected or went offline: its groups may change presence level."""
+        """``session`` connected or went offline: the presence in its groups changes."""
         for key in session.shared:
             self._local_presence(key)
 
     def _local_presence(self, key: str) -> None:
-        """Recompute this router's presence level in group ``key``; announce it if it changed."""
+        """Recompute this router's presence in group ``key``; announce it if it changed."""
         group = self.shared_local.get(key)
-        level = group.level() if group is not None else NONE
+        presence = group.presence() if group is not None else NONE
         route = self.shared_routes.get(key)
-        if level == (route.routers.get(self.router_id, NONE) if route is not None else NONE):
+        if presence == (route.routers.get(self.router_id, NONE) if route is not None else NONE):
             return
-        self._route_level(key, self.router_id, level)
+        self._route_presence(key, self.router_id, presence)
         if self.mesh is not None:
-            self._interest_ack(key, self.mesh.announce_interest(key, level))
+            self._interest_ack(key, self.mesh.announce_interest(key, presence))
 
-    def _route_level(self, key: str, router_id: str, level: int) -> None:
-        """Record one router's presence level in group ``key``; drop the route when nobody is left."""
+    def _route_presence(self, key: str, router_id: str, presence: int) -> None:
+        """Record one router's presence in group ``key``; drop the route when nobody is left."""
         route = self.shared_routes.get(key)
         if route is None:
-            parsed = parse_share(key) if level != NONE else None
+            parsed = parse_share(key) if presence != NONE else None
             if parsed is None:
                 return
             route = self.shared_routes[key] = SharedRoute(key, *parsed)
             self.shared_index.add(route.topic_filter, route.group, route)
             self._shared_cache.clear()
             self.has_shared = True
-        route.set_level(router_id, level)
+        route.set_presence(router_id, presence)
         if not route.routers:
             del self.shared_routes[key]
             self.shared_index.remove(route.topic_filter, route.group)
@@ -476,7 +476,7 @@ class Router:
 
     def peer_interest(self, router_id: str, topic_filter: str, add: bool | int) -> None:
         if is_shared(topic_filter):
-            self._route_level(topic_filter, router_id, int(add))
+            self._route_presence(topic_filter, router_id, int(add))
             return
         if add:
             self.interest.add(topic_filter, router_id, None)
@@ -491,7 +491,7 @@ class Router:
                 self.interest.remove(topic_filter, rid)
         self._peer_routes.clear()
         for key in [k for k, route in self.shared_routes.items() if router_id in route.routers]:
-            self._route_level(key, router_id, NONE)
+            self._route_presence(key, router_id, NONE)
 
     def peer_retained(self, msg: Message) -> None:
         """A retained update from another router; the newer of two versions of a topic wins."""

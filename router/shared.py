@@ -3,17 +3,20 @@
 A message matching a shared subscription goes to exactly one member of its group, cluster-wide.
 The choice is made in two steps, so that a message still crosses the mesh once per router:
 
-- the publisher's router picks one *router* per group (``SharedRoute.choose``): round robin over
-  the routers that hold members of the group, preferring routers with a connected member over
-  routers whose members are all offline; the publisher's router may pick itself;
+- the publisher's router picks one *router* per group (``SharedRoute.choose``): a weighted round
+  robin over the routers that hold connected members of the group, weighted by how many each
+  holds, so every connected member gets about the same share wherever it is connected (a plain
+  round robin over routers would give a router's lone member as much as ten members elsewhere);
+  routers whose members are all offline only when no member is connected anywhere; the
+  publisher's router may pick itself;
 - the chosen router picks one local *member* (``SharedGroup.pick``): round robin, preferring a
   connected session with room in its window or queue, then any connected one, then an offline
   persistent session (whose queue then holds the message as for any offline session).
 
-A router tells its peers, per group, one of three presence levels: ``ONLINE`` (some member
-connected), ``OFFLINE`` (members, none connected) or ``NONE``. The levels travel as interest
-announcements keyed by the shared subscription string itself, so a group costs nothing on the
-mesh until its presence changes.
+A router tells its peers, per group, its *presence*: the number of its connected members, or minus
+the number of its members when none is connected, 0 when it has none. Presence travels as an
+interest announcement keyed by the shared subscription string itself: a member joining, leaving,
+connecting or going offline costs one entry in the next interest frame, and nothing per message.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ if TYPE_CHECKING:
     from .session import Session
 
 SHARE_PREFIX = "$share/"
-NONE, OFFLINE, ONLINE = 0, 1, 2
+NONE = 0
+SCHEDULE_MAX = 256  # the longest round-robin schedule over routers (weights scale down beyond)
 
 
 def parse_share(topic_filter: str) -> tuple[str, str] | None:
@@ -73,10 +77,11 @@ class SharedGroup:
                 return True
         return False
 
-    def level(self) -> int:
-        if not self.members:
-            return NONE
-        return ONLINE if any(s.conn is not None for s, _ in self.members) else OFFLINE
+    def presence(self) -> int:
+        """What this router announces for the group: its connected members, or minus its
+        members when none is connected (they are chosen only if nobody is connected anywhere)."""
+        online = sum(1 for s, _ in self.members if s.conn is not None)
+        return online if online else -len(self.members)
 
     def pick(self, qos: int) -> tuple[Session, Subscription] | None:
         """The next member in turn that can take a message of ``qos`` now; failing that the next
@@ -116,31 +121,54 @@ def _has_room(session: Session, conn: object, qos: int) -> bool:
 
 class SharedRoute:
     """Which routers (this one included) hold members of one shared subscription, with their
-    presence level, and the turn of the round robin over the best of them."""
+    presence, and the weighted round-robin schedule over them. The schedule is rebuilt when a
+    presence changes, so choosing costs one index per message."""
 
-    __slots__ = ("key", "group", "topic_filter", "routers", "candidates", "_turn")
+    __slots__ = ("key", "group", "topic_filter", "routers", "schedule", "_turn")
 
     def __init__(self, key: str, group: str, topic_filter: str) -> None:
         self.key = key
         self.group = group
         self.topic_filter = topic_filter
         self.routers: dict[str, int] = {}
-        self.candidates: tuple[str, ...] = ()
+        self.schedule: tuple[str, ...] = ()
         self._turn = 0
 
-    def set_level(self, router_id: str, level: int) -> None:
-        if level == NONE:
+    def set_presence(self, router_id: str, presence: int) -> None:
+        if presence == NONE:
             self.routers.pop(router_id, None)
         else:
-            self.routers[router_id] = level
-        best = max(self.routers.values(), default=NONE)
-        self.candidates = tuple(sorted(r for r, lv in self.routers.items() if lv == best))
+            self.routers[router_id] = presence
+        weights = {r: p for r, p in self.routers.items() if p > 0}
+        if not weights:  # nobody connected anywhere: the offline members, by number
+            weights = {r: -p for r, p in self.routers.items()}
+        self.schedule = smooth_schedule(weights)
 
     def choose(self) -> str | None:
-        """The router that gets this group's copy of the next message (round robin)."""
-        candidates = self.candidates
-        if not candidates:
+        """The router that gets this group's copy of the next message."""
+        schedule = self.schedule
+        if not schedule:
             return None
         turn = self._turn
         self._turn = turn + 1
-        return candidates[turn % len(candidates)]
+        return schedule[turn % len(schedule)]
+
+
+def smooth_schedule(weights: dict[str, int], limit: int = SCHEDULE_MAX) -> tuple[str, ...]:
+    """One cycle of smooth weighted round robin (as nginx does it): each key appears ``weight``
+    times, spread out rather than in runs (weights 3, 1 give a a b a, not a a a b), so a short
+    burst is shared too. Weights scale down (each at least 1) when they sum beyond ``limit``."""
+    total = sum(weights.values())
+    if total > limit:
+        weights = {k: max(1, w * limit // total) for k, w in weights.items()}
+        total = sum(weights.values())
+    keys = sorted(weights)
+    current = dict.fromkeys(keys, 0)
+    out = []
+    for _ in range(total):
+        for k in keys:
+            current[k] += weights[k]
+        best = max(keys, key=current.__getitem__)
+        current[best] -= total
+        out.append(best)
+    return tuple(out)

@@ -50,6 +50,26 @@ def test_members_on_three_workers_get_every_message_exactly_once(start_broker):
     assert all(m.messages for m in everyone), [len(m.messages) for m in everyone]
 
 
+def test_members_share_evenly_however_they_are_spread_over_workers(start_broker):
+    """Three members on one worker and one on the other: each gets about a quarter, not the lone
+    member a half (routers are chosen by their number of connected members)."""
+    broker = start_broker(workers=2)
+    placed = by_worker(broker, "m", 2, per_worker=3)
+    (_, crowd), (_, (lone, *extra)) = sorted(placed.items(), key=lambda kv: kv[1][0].c._client_id)
+    for c in extra:
+        c.disconnect()
+    members = [*crowd, lone]
+    for m in members:
+        m.subscribe("$share/g/even/t", 1)
+    pub = Client(broker.port, f"pub-{uuid.uuid4().hex[:6]}").connect()
+    n = 80
+    for i in range(n):
+        pub.publish("even/t", f"{i}", qos=1)
+    wait_total(members, n)
+    assert payloads(members) == Counter(f"{i}".encode() for i in range(n))
+    assert all(10 <= len(m.messages) <= 30 for m in members), [len(m.messages) for m in members]
+
+
 def test_a_member_leaving_mid_stream_loses_nothing_its_router_can_still_place(start_broker):
     broker = start_broker(workers=2)
     placed = by_worker(broker, "m", 2, per_worker=2)

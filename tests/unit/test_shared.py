@@ -3,6 +3,7 @@ what a router sends its peers (a fake mesh records it)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import msgpack
@@ -13,7 +14,7 @@ from connection.packets import Publish, Subscription
 from router.message import Message
 from router.router import Router, RouterConfig
 from router.session import SessionLimits
-from router.shared import NONE, OFFLINE, ONLINE, SharedRoute, parse_share
+from router.shared import NONE, SharedRoute, parse_share, smooth_schedule
 from tests.unit.test_router import FakeConn
 
 
@@ -70,18 +71,24 @@ def test_share_names_and_filters(text, expected):
     assert parse_share(text) == expected
 
 
-def test_router_choice_is_round_robin_over_the_best_presence_level():
+def test_router_choice_is_weighted_by_connected_members():
     route = SharedRoute("$share/g/t", "g", "t")
     assert route.choose() is None
-    route.set_level("b", OFFLINE)
-    assert [route.choose() for _ in range(2)] == ["b", "b"]  # offline only: still chosen
-    route.set_level("a", ONLINE)
-    route.set_level("c", ONLINE)
-    picks = [route.choose() for _ in range(6)]
-    assert sorted(picks) == ["a", "a", "a", "c", "c", "c"]  # b only has offline members
-    route.set_level("a", NONE)
-    route.set_level("c", OFFLINE)
-    assert {route.choose() for _ in range(4)} == {"b", "c"}
+    route.set_presence("b", -2)  # two members, both offline
+    assert [route.choose() for _ in range(2)] == ["b", "b"]  # nobody connected: still chosen
+    route.set_presence("a", 3)
+    route.set_presence("c", 1)
+    picks = [route.choose() for _ in range(40)]
+    assert Counter(picks) == {"a": 30, "c": 10}  # b only has offline members
+    assert max(len(run) for run in "".join(picks).replace("c", " ").split()) <= 3  # spread, not a block
+    route.set_presence("a", NONE)
+    route.set_presence("c", -1)
+    assert Counter(route.choose() for _ in range(30)) == {"b": 20, "c": 10}
+
+
+def test_a_long_schedule_is_scaled_down_but_keeps_every_router():
+    schedule = smooth_schedule({"big": 10_000, "small": 1})
+    assert len(schedule) <= 257 and "small" in schedule
 
 
 def test_each_message_goes_to_exactly_one_member_in_turn(router):
@@ -128,7 +135,7 @@ def test_unsubscribe_and_drop_withdraw_presence():
     mesh: FakeMesh = r.mesh  # type: ignore[assignment]
     a, _ = member(r, "a", "$share/g/t")
     b, _ = member(r, "b", "$share/g/t")
-    assert mesh.announced == [("$share/g/t", ONLINE)]  # once, for the first member
+    assert mesh.announced == [("$share/g/t", 1), ("$share/g/t", 2)]  # connected members here
     assert r.unsubscribe_shared(a, "$share/g/t") and not r.unsubscribe_shared(a, "$share/g/t")
     r.drop_session(b)
     assert mesh.announced[-1] == ("$share/g/t", NONE)
@@ -138,8 +145,8 @@ def test_unsubscribe_and_drop_withdraw_presence():
 def test_the_origin_sends_one_copy_per_router_naming_its_groups():
     r = Router(RouterConfig(router_id="n/w0"), FakeMesh())  # type: ignore[arg-type]
     mesh: FakeMesh = r.mesh  # type: ignore[assignment]
-    r.peer_interest("n/w1", "$share/g/t/#", ONLINE)
-    r.peer_interest("n/w2", "$share/g/t/#", ONLINE)
+    r.peer_interest("n/w1", "$share/g/t/#", 1)
+    r.peer_interest("n/w2", "$share/g/t/#", 1)
     r.peer_interest("n/w1", "t/x", True)  # a normal subscriber on w1 too
     for _ in range(4):
         r.publish(Message("t/x", b"p"))
@@ -208,3 +215,15 @@ def test_catch_up_never_replays_a_group_message():
     conn = FakeConn()
     s.attach(conn)  # type: ignore[arg-type]
     assert received(conn) == [b"live"]  # the logged record matches only the group: not replayed
+
+
+def test_the_origin_shares_by_connected_members_itself_included():
+    r = Router(RouterConfig(router_id="n/w0"), FakeMesh())  # type: ignore[arg-type]
+    mesh: FakeMesh = r.mesh  # type: ignore[assignment]
+    _, here = member(r, "local", "$share/g/w")  # one connected member on the publisher's router
+    r.peer_interest("n/w1", "$share/g/w", 2)
+    r.peer_interest("n/w2", "$share/g/w", -5)  # offline members only: not while others are connected
+    for _ in range(30):
+        r.publish(Message("w", b"p"))
+    assert len(received(here)) == 10
+    assert Counter(rid for rid, _, _ in mesh.forwards) == {"n/w1": 20}
