@@ -15,7 +15,9 @@ from paho.mqtt.properties import Properties
 from tests.cluster.conftest import client_worker
 from tests.cluster.test_multihost import start_nodes, wait_mesh_complete
 from tests.helpers import WAIT, Broker, Client
-from tests.integration.test_shared import payloads, wait_total
+from tests.integration.test_shared import closes_clients, payloads, wait_total
+
+__all__ = ["closes_clients"]  # the autouse fixture applies here too
 
 
 def by_worker(broker: Broker, prefix: str, want: int, per_worker: int = 1, limit: int = 60) -> dict[int, list[Client]]:

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Iterator
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -18,6 +19,29 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from tests.helpers import WAIT, Client, RawClient, cid, connect_packet, read_packet, subscribe_packet
 
 V5 = mqtt.MQTTv5
+
+
+@pytest.fixture(autouse=True)
+def closes_clients(monkeypatch, start_broker) -> Iterator[None]:
+    """Close every client a test connected, before its broker stops: paho waits in select(), which
+    fails once a process holds 1024 descriptors, and a whole suite's worth of leaked clients gets
+    there (later tests then never see their CONNACK). It asks for ``start_broker`` so that it is
+    torn down first, while the brokers still answer the DISCONNECT."""
+    opened: list[Client] = []
+    connect = Client.connect
+
+    def tracked(self: Client, *args: object, **kwargs: object) -> Client:
+        opened.append(self)
+        return connect(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Client, "connect", tracked)
+    yield
+    for c in opened:
+        c.c.disconnect()
+        c.c.loop_stop()
+        sock = c.c.socket()
+        if sock is not None:
+            sock.close()
 
 
 def payloads(clients: list[Client]) -> Counter:
