@@ -9,7 +9,8 @@ Frames are msgpack lists ``[MESH_VERSION, kind, sender_router_id, sender_incarna
 frame of another version is refused with a log line naming the sender. Publishes for one peer
 collected during one loop iteration travel as one frame. A message in it is ``Message.to_mesh()``
 (4 values for a plain QoS 0 message, 9 otherwise), or that plus a last element naming the shared
-subscriptions the receiver was chosen for (5 or 10 values).
+subscriptions the receiver was chosen for (5 or 10 values): a list, or ``{"only": list}`` for a
+message handed on from a member whose session ended, which is for those groups alone.
 
 Membership is gossip: every router says HELLO to every link twice a second with the routers it
 knows; a HELLO with an unknown router makes us link to it, so one live ``--peer`` is enough to join.
@@ -427,11 +428,12 @@ class Mesh:
             self._dirty = True
             self.loop.call_soon(self._flush)
 
-    def forward_shared(self, router_id: str, msg: Message, groups: list[str], source: Any = None) -> None:
+    def forward_shared(self, router_id: str, msg: Message, groups: list[str], source: Any = None,
+                       only: bool = False) -> None:
         peer = self.peers.get(router_id)
         if peer is None or not peer.alive or self.closed:
             return
-        peer.batch.append(msg.to_mesh_shared(groups))
+        peer.batch.append(msg.to_mesh_shared(groups, only))
         if source is not None:
             peer.batch_sources.add(source)
         self._mark()
@@ -543,8 +545,8 @@ class Mesh:
                     elif n == 9:
                         msg = Message.from_list(t)
                     else:
-                        msg, groups = Message.from_mesh_shared(t, sender)
-                        router.deliver_remote_shared(msg, groups)
+                        msg, groups, only = Message.from_mesh_shared(t, sender)
+                        router.deliver_remote_shared(msg, groups, only)
                         continue
                 except (ProtocolError, ValueError, TypeError, IndexError):
                     log.error("mesh: dropped a malformed message from %s", sender)

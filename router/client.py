@@ -128,7 +128,7 @@ class Client:
                 if session.shared:
                     router.shared_presence(session)
             else:
-                router.drop_session(session)
+                router.end_session(session)
         if not graceful and self.will is not None:
             will, self.will = self.will, None
             router.stats.wills_published += 1
@@ -202,7 +202,7 @@ class Client:
         if remote_state is not None and session is None:
             session = router.import_session(client_id, remote_state)
         if session is not None and connect.clean_start:
-            router.drop_session(session)
+            router.end_session(session)
             session = None
         session_present = session is not None
         if session is None:

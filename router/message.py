@@ -101,21 +101,26 @@ class Message:
             return cls.from_list(values)
         return cls.from_plain_mesh(values, sender)
 
-    def to_mesh_shared(self, groups: list[str]) -> list:
+    def to_mesh_shared(self, groups: list[str], only: bool = False) -> list:
         """``to_mesh()`` plus the shared subscriptions the receiving router was chosen for, as a
-        last element: 5 values for the plain QoS 0 form, 10 for the full one. Only messages that
-        some shared subscription matches pay for it; the 4-value hot form is unchanged."""
+        last element: 5 values for the plain QoS 0 form, 10 for the full one (``only``: the
+        groups as ``{"only": groups}``, the message is for them alone). Only messages that some
+        shared subscription matches pay for it; the 4-value hot form is unchanged."""
         values = self.to_mesh()
-        values.append(groups)
+        values.append({"only": groups} if only else groups)
         return values
 
     @classmethod
-    def from_mesh_shared(cls, values: list, sender: str) -> tuple[Message, list[str]]:
-        """The inverse of ``to_mesh_shared``: the message and its shared subscriptions."""
+    def from_mesh_shared(cls, values: list, sender: str) -> tuple[Message, list[str], bool]:
+        """The inverse of ``to_mesh_shared``: the message, its shared subscriptions, and whether
+        it is for them alone."""
         groups = values[-1]
+        only = isinstance(groups, dict)
+        if only:
+            groups = groups["only"]
         base = values[:-1]
         msg = cls.from_plain_mesh(base, sender) if len(base) == 4 else cls.from_list(base)
-        return msg, [str(g) for g in groups]
+        return msg, [str(g) for g in groups], only
 
     @classmethod
     def from_plain_mesh(cls, values: list, sender: str) -> Message:

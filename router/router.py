@@ -52,8 +52,11 @@ class MeshPort(Protocol):
         ``$share/`` key: its presence, 0 = none); for a gain, an awaitable that completes
         when every live peer has acknowledged it."""
 
-    def forward_shared(self, router_id: str, msg: Message, groups: list[str], source: Any = None) -> None:
-        """``forward``, naming the shared subscriptions that router was chosen for."""
+    def forward_shared(self, router_id: str, msg: Message, groups: list[str], source: Any = None,
+                       only: bool = False) -> None:
+        """``forward``, naming the shared subscriptions that router was chosen for; ``only``: for
+        them alone (a message handed on from a member whose session ended: that router's normal
+        subscribers and its log had their copy already)."""
 
     def retained_update(self, msg: Message) -> None:
         """Tell every peer router about a retained message (an empty payload clears it)."""
@@ -152,10 +155,11 @@ class Router:
                 self.stats.refused_log_unavailable += 1
         self._deliver_local(msg)
 
-    def deliver_remote_shared(self, msg: Message, groups: list[str]) -> None:
+    def deliver_remote_shared(self, msg: Message, groups: list[str], only: bool = False) -> None:
         """``deliver_remote`` for a message this router was also chosen for by the shared
-        subscriptions ``groups``: one local member of each gets it."""
-        self.deliver_remote(msg)
+        subscriptions ``groups``: one local member of each gets it (``only``: nobody else)."""
+        if not only:
+            self.deliver_remote(msg)
         for key in groups:
             self._deliver_shared(msg, key)
 
@@ -291,6 +295,18 @@ class Router:
         qos = msg.qos
         session.deliver_shared(msg, qos if qos < sub.qos else sub.qos, msg.retain and sub.retain_as_published)
 
+    def _hand_on(self, msg: Message, key: str) -> None:
+        """Deliver ``msg`` to another member of group ``key``, wherever the choice falls, and to
+        nobody else (its member's session ended before acknowledging it)."""
+        route = self.shared_routes.get(key)
+        rid = route.choose() if route is not None else None
+        if rid == self.router_id:
+            self._deliver_shared(msg, key)
+        elif rid is not None and self.mesh is not None:
+            self.mesh.forward_shared(rid, msg, [key], None, True)
+        else:
+            self.stats.shared_no_member += 1
+
     # -- shared subscriptions: membership and presence ------------------------------------------------
 
     def subscribe_shared(self, session: Session, sub: Subscription) -> bool:
@@ -419,6 +435,15 @@ class Router:
         self.sessions[client_id] = session
         return session
 
+    def end_session(self, session: Session) -> None:
+        """A session ends for good (clean disconnect, expiry, a clean start replacing it): drop it,
+        then hand the QoS 1/2 group messages it had not acknowledged to other members of their
+        groups (MQTT 5.0 section 4.8.2: SHOULD). A takeover moves a session instead: not here."""
+        orphans = session.group_orphans() if session.shared else []
+        self.drop_session(session)
+        for msg, key in orphans:
+            self._hand_on(msg, key)
+
     def drop_session(self, session: Session) -> None:
         """Forget a session and everything it subscribed to."""
         for topic_filter in list(session.subscriptions):
@@ -446,7 +471,7 @@ class Router:
         self._expiry.pop(session.client_id, None)
         if session.conn is None and self.sessions.get(session.client_id) is session:
             log.info("session %s expired", session.client_id)
-            self.drop_session(session)
+            self.end_session(session)
 
     def import_session(self, client_id: str, state: dict) -> Session:
         """A session handed over by another router (takeover) becomes ours."""

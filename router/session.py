@@ -242,6 +242,28 @@ class Session:
             self.cursor = self.queue[0][0].log_offset if self.queue else log.next_offset
         self.queue.clear()
 
+    def group_orphans(self) -> list[tuple[Message, str]]:
+        """The QoS 1/2 messages sent or queued to this session as a group member and not yet
+        received (no PUBACK / PUBREC), with their group, for handing on when the session ends.
+
+        Group deliveries are not marked (that would cost every delivery): a message counts as a
+        group's when no normal subscription of this session matches it, so that a normal copy is
+        never handed to a group; each (message, group) pair is taken once per copy held."""
+        held = [e.msg for e in self.inflight.values() if e.state == AWAIT_ACK and e.msg is not None]
+        held += [m for m, qos, _ in self.queue if qos]
+        out: list[tuple[Message, str]] = []
+        taken: set[tuple[int, str]] = set()
+        for msg in held:
+            topic = msg.topic
+            if any(filter_matches(f, topic) for f in self.subscriptions):
+                continue
+            for key in self.shared:
+                if (id(msg), key) not in taken and filter_matches(key.split("/", 2)[2], topic):
+                    taken.add((id(msg), key))
+                    out.append((msg, key))
+                    break
+        return out
+
     # -- transfer (takeover across routers, persistence) ---------------------------------------------
 
     def export_state(self, max_catch_up: int = 100_000) -> dict:

@@ -12,10 +12,10 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from tests.cluster.conftest import client_worker
+from tests.cluster.conftest import client_worker, worker_of
 from tests.cluster.test_multihost import start_nodes, wait_mesh_complete
 from tests.helpers import WAIT, Broker, Client
-from tests.integration.test_shared import closes_clients, payloads, wait_total
+from tests.integration.test_shared import closes_clients, payloads, silent_member, wait_total
 
 __all__ = ["closes_clients"]  # the autouse fixture applies here too
 
@@ -153,3 +153,37 @@ def test_group_spread_over_two_nodes(start_broker):
     wait_total([ma, mb], n)
     assert payloads([ma, mb]) == Counter(f"{i}".encode() for i in range(n))
     assert ma.messages and mb.messages
+
+
+def test_a_vanished_members_messages_cross_to_a_member_elsewhere_and_only_to_it(start_broker):
+    broker = start_broker(workers=2)
+    [[other]] = list(by_worker(broker, "o", 1).values())
+    home = client_worker(broker, other)
+    for _ in range(40):  # a silent member on the other worker
+        silent = silent_member(broker.port, "$share/g/x/t")
+        if worker_of(broker, silent.sock.getsockname()[1]) != home:
+            break
+        silent.close()
+    else:
+        raise AssertionError("every silent member landed on the other member's worker")
+    other.subscribe("$share/g/x/t", 1)
+    for _ in range(40):  # a normal subscriber beside the other member: the hand-on must skip it
+        normal = Client(broker.port, f"n-{uuid.uuid4().hex[:6]}").connect()
+        if client_worker(broker, normal) == home:
+            break
+        normal.disconnect()
+    else:
+        raise AssertionError("no normal subscriber landed on the other member's worker")
+    normal.subscribe("x/t", 1)
+    pub = Client(broker.port, f"p-{uuid.uuid4().hex[:6]}").connect()
+    n = 30
+    for i in range(n):
+        pub.publish("x/t", f"{i}", qos=1)
+    normal.wait_messages(n)
+    silent.close()
+    other.wait_messages(n)
+    want = Counter(f"{i}".encode() for i in range(n))
+    assert payloads([other]) == want
+    pub.publish("x/t", "end", qos=1)
+    normal.wait_messages(n + 1)
+    assert payloads([normal]) == want + Counter([b"end"])  # no second copy from the hand-on

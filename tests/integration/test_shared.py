@@ -48,6 +48,14 @@ def payloads(clients: list[Client]) -> Counter:
     return Counter(m.payload for c in clients for m in c.messages)
 
 
+def publish_numbered(port: int, topic: str, n: int, prefix: str = "") -> Counter:
+    """Publish ``prefix0`` .. ``prefix<n-1>`` at QoS 1 from a new client; returns what was sent."""
+    pub = Client(port, cid("p")).connect()
+    for i in range(n):
+        pub.publish(topic, f"{prefix}{i}", qos=1)
+    return Counter(f"{prefix}{i}".encode() for i in range(n))
+
+
 def wait_total(clients: list[Client], n: int) -> None:
     """Until the clients together hold ``n`` messages (each client's own wait is bounded)."""
     deadline = time.monotonic() + WAIT
@@ -125,15 +133,13 @@ def test_normal_and_shared_subscribers_of_one_topic(broker):
     both.subscribe([("mix/t", 1), ("$share/g/mix/t", 1)])
     other = Client(broker.port, cid("o")).connect()
     other.subscribe("$share/g/mix/t", 1)
-    pub = Client(broker.port, cid("p")).connect()
     n = 20
-    for i in range(n):
-        pub.publish("mix/t", f"x{i}", qos=1)
+    sent = publish_numbered(broker.port, "mix/t", n, "x")
     normal.wait_messages(n)
     wait_total([both, other], 2 * n)  # both: n normal copies + its share of the group's n
-    assert payloads([normal]) == Counter(f"x{i}".encode() for i in range(n))
+    assert payloads([normal]) == sent
     group = payloads([both, other]) - payloads([normal])  # what the group got beyond both's normal copies
-    assert group == Counter(f"x{i}".encode() for i in range(n))
+    assert group == sent
     assert len(other.messages) > 0 and len(both.messages) > n
 
 
@@ -209,3 +215,23 @@ def test_mosquitto_sub_as_a_group_member(broker):
     finally:
         sub.kill()
         sub.wait(5)
+
+
+def silent_member(port: int, key: str) -> RawClient:
+    """A member that subscribes at QoS 1 and never acknowledges anything it is sent."""
+    raw = RawClient(port)
+    raw.send(connect_packet(cid("silent")))
+    assert read_packet(raw)[:2] == b"\x20\x02"
+    raw.send(subscribe_packet(1, [(key, 1)]))
+    assert read_packet(raw)[0] == 0x90
+    return raw
+
+
+def test_what_a_vanished_member_left_unacknowledged_goes_to_another(broker):
+    silent = silent_member(broker.port, "$share/g/ho/t")
+    other = Client(broker.port, cid("o")).connect()
+    other.subscribe("$share/g/ho/t", 1)
+    sent = publish_numbered(broker.port, "ho/t", 30)
+    silent.close()  # its clean session ends with its share unacknowledged: handed to the other
+    other.wait_messages(30)
+    assert payloads([other]) == sent

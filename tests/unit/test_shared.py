@@ -24,12 +24,16 @@ class FakeMesh:
     def __init__(self) -> None:
         self.forwards: list[tuple[str, str, list[str] | None]] = []
         self.announced: list[tuple[str, Any]] = []
+        self.only: list[tuple[str, bytes, list[str]]] = []
 
     def forward(self, router_id: str, msg: Message, source: Any = None) -> None:
         self.forwards.append((router_id, msg.topic, None))
 
-    def forward_shared(self, router_id: str, msg: Message, groups: list[str], source: Any = None) -> None:
+    def forward_shared(self, router_id: str, msg: Message, groups: list[str], source: Any = None,
+                       only: bool = False) -> None:
         self.forwards.append((router_id, msg.topic, groups))
+        if only:
+            self.only.append((router_id, msg.payload, groups))
 
     def announce_interest(self, topic_filter: str, add: Any) -> None:
         self.announced.append((topic_filter, add))
@@ -172,7 +176,8 @@ def test_the_chosen_router_delivers_to_one_local_member(router):
     conns = [member(router, f"m{i}", "$share/g/t")[1] for i in range(2)]
     msg = Message("t", b"q", 0, False, "pub", "n/w1")
     wire = msgpack.unpackb(msgpack.packb(msg.to_mesh_shared(["$share/g/t"])), raw=False)
-    back, groups = Message.from_mesh_shared(wire, "n/w1")
+    back, groups, only = Message.from_mesh_shared(wire, "n/w1")
+    assert not only
     router.deliver_remote_shared(back, groups)
     router.deliver_remote(Message("t", b"not-for-the-group"))
     assert sorted(p for c in conns for p in received(c)) == [b"q"]
@@ -227,3 +232,49 @@ def test_the_origin_shares_by_connected_members_itself_included():
         r.publish(Message("w", b"p"))
     assert len(received(here)) == 10
     assert Counter(rid for rid, _, _ in mesh.forwards) == {"n/w1": 20}
+
+
+def test_an_ended_members_unacknowledged_messages_go_to_another_member(router):
+    a, _ = member(router, "a", "$share/g/h", qos=1)
+    b, conn_b = member(router, "b", "$share/g/h", qos=1)
+    for i in range(6):
+        router.publish(Message("h", b"%d" % i, qos=1))
+    assert len(a.inflight) == 3  # never acknowledged
+    router.end_session(a)
+    queued = [m.payload for m, _, _ in b.queue]  # b's window is 5
+    assert sorted(received(conn_b) + queued) == [b"%d" % i for i in range(6)]
+
+
+def test_a_normal_copy_is_not_handed_to_the_group(router):
+    a, _ = member(router, "a", "$share/g/n", qos=1)
+    router.subscribe(a, Subscription("n", 1))  # a normal subscriber of the same topic too
+    _, conn_b = member(router, "b", "$share/g/n", qos=1)
+    router.publish(Message("n", b"x", qos=1))
+    router.end_session(a)  # a held its normal copy (and maybe the group's): nothing is handed on
+    assert len(received(conn_b)) <= 1
+
+
+def test_handing_on_to_another_router_is_for_the_group_alone():
+    r = Router(RouterConfig(router_id="n/w0"), FakeMesh())  # type: ignore[arg-type]
+    mesh: FakeMesh = r.mesh  # type: ignore[assignment]
+    a, _ = member(r, "a", "$share/g/o", qos=1)
+    r.publish(Message("o", b"m", qos=1))  # chosen here: the only member
+    r.peer_interest("n/w1", "$share/g/o", 1)
+    r.end_session(a)
+    assert mesh.only == [("n/w1", b"m", ["$share/g/o"])]
+    wire = msgpack.unpackb(msgpack.packb(Message("o", b"m", 1).to_mesh_shared(["$share/g/o"], True)), raw=False)
+    back, groups, only = Message.from_mesh_shared(wire, "n/w0")
+    assert (back.payload, groups, only) == (b"m", ["$share/g/o"], True)
+    r2 = Router(RouterConfig(router_id="n/w1"))
+    _, normal = online_normal(r2, "o")
+    _, conn = member(r2, "m", "$share/g/o", qos=1)
+    r2.deliver_remote_shared(back, groups, only)
+    assert received(conn) == [b"m"] and received(normal) == []  # the normal subscriber had its copy
+
+
+def online_normal(router: Router, topic_filter: str):
+    s = router.new_session(f"n-{topic_filter}", False)
+    conn = FakeConn()
+    s.attach(conn)  # type: ignore[arg-type]
+    router.subscribe(s, Subscription(topic_filter, 1))
+    return s, conn
