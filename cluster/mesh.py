@@ -7,7 +7,10 @@ between two routers arrive in the order they were sent.
 
 Frames are msgpack lists ``[MESH_VERSION, kind, sender_router_id, sender_incarnation, body]``; a
 frame of another version is refused with a log line naming the sender. Publishes for one peer
-collected during one loop iteration travel as one frame.
+collected during one loop iteration travel as one frame. A message in it is ``Message.to_mesh()``
+(5 values for a plain QoS 0 message, 9 otherwise), or that plus a last element naming the shared
+subscriptions the receiver was chosen for (6 or 10 values): a list, or ``{"only": list}`` for a
+message handed on from a member whose session ended, which is for those groups alone.
 
 Membership is gossip: every router says HELLO to every link twice a second with the routers it
 knows; a HELLO with an unknown router makes us link to it, so one live ``--peer`` is enough to join.
@@ -47,7 +50,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MESH_VERSION = 4  # 4: a plain QoS 0 message carries its topic beside its packet
+MESH_VERSION = 4  # 4: the topic beside a plain QoS 0 packet; shared subscriptions name their groups
 HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE = range(1, 10)
 KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST_ACK: "interest-ack",
               RETAINED: "retained", TAKEOVER_REQ: "takeover-request", TAKEOVER_RESP: "takeover",
@@ -424,7 +427,17 @@ class Mesh:
             self._dirty = True
             self.loop.call_soon(self._flush)
 
-    def announce_interest(self, topic_filter: str, add: bool) -> asyncio.Future | None:
+    def forward_shared(self, router_id: str, msg: Message, groups: list[str], source: Any = None,
+                       only: bool = False) -> None:
+        peer = self.peers.get(router_id)
+        if peer is None or not peer.alive or self.closed:
+            return
+        peer.batch.append(msg.to_mesh_shared(groups, only))
+        if source is not None:
+            peer.batch_sources.add(source)
+        self._mark()
+
+    def announce_interest(self, topic_filter: str, add: bool | int) -> asyncio.Future | None:
         self._interest_batch.append((topic_filter, add))
         self._mark()
         if not add:
@@ -598,9 +611,9 @@ class Mesh:
         log.info("mesh: router %s joined (%s)", peer.router_id, peer.link.endpoint if peer.link else "?")
         assert peer.link is not None
         self._send_hello(peer.link)
-        filters = list(self.router.local_filters)
-        for i in range(0, len(filters), 5000):
-            self._send(peer, INTEREST, [None, [(f, True) for f in filters[i:i + 5000]]])
+        changes = self.router.interest_announcements()
+        for i in range(0, len(changes), 5000):
+            self._send(peer, INTEREST, [None, changes[i:i + 5000]])
         if time.monotonic() - self._started < SYNC_WINDOW_S:
             # Starting up: merge the retained set of every router we meet (newest version of a
             # topic wins), so a retained update that only reached some routers before a crash of

@@ -36,6 +36,9 @@ with a restarted worker: ``pid`` changes); rates are per second; sizes are bytes
                    have not sent CONNECT yet); sessions: sessions held, connected or offline
     subscriptions  (filter, session) pairs on this router
     filters        distinct topic filters of local subscribers (what the router announces to peers)
+    shared         {groups, members, routes, no_member_total}: shared subscriptions with local
+                   members, their (member, subscription) pairs, shared subscriptions with members
+                   anywhere in the cluster, and group copies that found no member here
     retained       retained messages held
     traffic        clients: {msgs_in, msgs_out, bytes_in, bytes_out}
                      PUBLISH packets from / to this router's clients (wills and $SYS excluded from
@@ -443,6 +446,9 @@ class StatsPublisher:
             "subscriptions": len(router.subs),
             "filters": len(router.local_filters),
             "interest": len(router.interest),  # (filter, peer router) pairs this router forwards by
+            "shared": {"groups": len(router.shared_local),
+                       "members": sum(len(g.members) for g in router.shared_local.values()),
+                       "routes": len(router.shared_routes), "no_member_total": st.shared_no_member},
             "retained": len(router.retained),
             "traffic": {
                 "clients": {"msgs_in": totals[0], "msgs_out": totals[1],

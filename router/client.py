@@ -36,6 +36,7 @@ from connection.reasons import ProtocolError, Reason, connack_code
 
 from .log.errors import LogUnavailable
 from .message import Message
+from .shared import is_shared, parse_share
 from .topics import valid_topic_filter
 
 if TYPE_CHECKING:
@@ -124,8 +125,10 @@ class Client:
                 del router.clients[self.client_id]
             if session.persistent or session.expiry_s:
                 router.schedule_expiry(session)
+                if session.shared:
+                    router.shared_presence(session)
             else:
-                router.drop_session(session)
+                router.end_session(session)
         if not graceful and self.will is not None:
             will, self.will = self.will, None
             router.stats.wills_published += 1
@@ -199,7 +202,7 @@ class Client:
         if remote_state is not None and session is None:
             session = router.import_session(client_id, remote_state)
         if session is not None and connect.clean_start:
-            router.drop_session(session)
+            router.end_session(session)
             session = None
         session_present = session is not None
         if session is None:
@@ -218,7 +221,7 @@ class Client:
             receive_max = connect.properties.get(Prop.RECEIVE_MAXIMUM)
             props = {
                 Prop.RETAIN_AVAILABLE: 1,
-                Prop.SHARED_SUBSCRIPTION_AVAILABLE: 0,
+                Prop.SHARED_SUBSCRIPTION_AVAILABLE: 1,
                 Prop.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 0,
                 Prop.MAXIMUM_PACKET_SIZE: router.config.max_packet_size,
             }
@@ -227,6 +230,8 @@ class Client:
         self.conn.accept(connect.keepalive, level)
         self.conn.send(encode(Connack(session_present, 0, props), level))
         session.attach(self.conn, receive_max)
+        if session.shared:
+            router.shared_presence(session)
         pending, self._pending = self._pending, None
         for packet in pending or ():
             if self.conn.closing:
@@ -242,6 +247,8 @@ class Client:
         if session is not None and session.conn is self.conn:
             self.router.stats.connections -= 1
             session.detach()
+            if session.shared:
+                self.router.shared_presence(session)
         if self.router.clients.get(self.client_id) is self:
             del self.router.clients[self.client_id]
         self.session = None
@@ -309,24 +316,30 @@ class Client:
         assert session is not None
         codes: list[int] = []
         retained_out: list[tuple[Subscription, bool]] = []
+        announced: list[str] = []
+        if any(s.no_local and is_shared(s.topic_filter) for s in p.subscriptions):
+            # Checked before any filter of the packet takes effect: the whole packet is refused.
+            raise ProtocolError("MQTT-3.8.3-4 No Local set on a shared subscription", Reason.PROTOCOL_ERROR)
         for sub in p.subscriptions:
             f = sub.topic_filter
-            if not valid_topic_filter(f):
+            shared = is_shared(f)
+            if not valid_topic_filter(f) or (shared and parse_share(f) is None):
                 log.info("client %s: invalid topic filter %r refused", self.client_id, f)
                 codes.append(0x80 if self.level < MQTT_5 else Reason.TOPIC_FILTER_INVALID)
-                continue
-            if f.startswith("$share/"):
-                codes.append(0x80 if self.level < MQTT_5 else Reason.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED)
                 continue
             granted = min(sub.qos, self._max_qos)
             if granted != sub.qos:
                 sub = Subscription(f, granted, sub.no_local, sub.retain_as_published, sub.retain_handling)
-            new = router.subscribe(session, sub)
             codes.append(granted)
+            announced.append(f)
+            if shared:  # no retained messages on establishing a shared subscription (MQTT 4.8.2)
+                router.subscribe_shared(session, sub)
+                continue
+            new = router.subscribe(session, sub)
             retained_out.append((sub, new))
         suback = encode(Suback(p.packet_id, codes), self.level)
-        waits = [router.interest_pending[s.topic_filter] for s, _ in retained_out
-                 if s.topic_filter in router.interest_pending]
+        pending = router.interest_pending
+        waits = [pending[f] for f in announced if f in pending]
         if waits:
             # Other routers have not confirmed this interest yet: SUBACK once they have, so that
             # whatever is published anywhere after the SUBACK reaches this subscriber.
@@ -355,7 +368,10 @@ class Client:
         assert session is not None
         codes = []
         for f in p.topic_filters:
-            existed = self.router.unsubscribe(session, f)
+            if is_shared(f):
+                existed = self.router.unsubscribe_shared(session, f)
+            else:
+                existed = self.router.unsubscribe(session, f)
             codes.append(Reason.SUCCESS if existed else Reason.NO_SUBSCRIPTION_EXISTED)
         self.conn.send(encode(Unsuback(p.packet_id, codes), self.level))
 

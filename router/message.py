@@ -134,6 +134,25 @@ class Message:
         msg._topic_bytes = None
         return msg
 
+    def to_mesh_shared(self, groups: list[str], only: bool = False) -> list:
+        """``to_mesh()`` plus the shared subscriptions the receiving router was chosen for, as a
+        last element: 6 values for the plain QoS 0 form, 10 for the full one (``only``: the
+        groups as ``{"only": groups}``, the message is for them alone). Only messages that some
+        shared subscription matches pay for it; the 5-value hot form is unchanged."""
+        values = self.to_mesh()
+        values.append({"only": groups} if only else groups)
+        return values
+
+    @classmethod
+    def from_mesh_shared(cls, values: list, sender: str) -> tuple[Message, list[str], bool]:
+        """The inverse of ``to_mesh_shared``: the message, its shared subscriptions, and whether
+        it is for them alone."""
+        groups = values[-1]
+        only = isinstance(groups, dict)
+        if only:
+            groups = groups["only"]
+        return cls.from_mesh(values[:-1], sender), [str(g) for g in groups], only
+
     def packed_properties(self) -> bytes:
         return msgpack.packb(self.properties) if self.properties else b""
 

@@ -58,6 +58,8 @@ class StateStore:
                 "expiry": s.expiry_s,
                 "subs": [(x.topic_filter, x.qos, x.no_local, x.retain_as_published, x.retain_handling)
                          for x in s.subscriptions.values()],
+                "shared": [(x.topic_filter, x.qos, x.no_local, x.retain_as_published, x.retain_handling)
+                           for x in s.shared.values()],
                 "position": s.position(),
                 "qos2_in": sorted(s.inbound_qos2),
                 "pubrel": sorted(pid for pid, e in s.inflight.items() if e.state == 1),
@@ -143,6 +145,8 @@ class StateStore:
             session.expiry_s = st.get("expiry", 0)
             for f, qos, nl, rap, rh in st["subs"]:
                 router.subscribe(session, Subscription(f, qos, nl, rap, rh))
+            for key, qos, nl, rap, rh in st.get("shared", ()):
+                router.subscribe_shared(session, Subscription(key, qos, nl, rap, rh))
             session.inbound_qos2.update(st.get("qos2_in", ()))
             for pid in st.get("pubrel", ()):  # PUBREL must be sent again on reconnect
                 entry = Inflight(None, 2, False)  # type: ignore[arg-type]

@@ -9,6 +9,10 @@ Routing is by interest: the router counts its local subscribers per filter, anno
 its peers when the first one arrives and withdraws it when the last one leaves; it keeps the peers'
 filters in a second ``TopicIndex`` and forwards a publish to a peer only when one of the peer's
 filters matches, once per peer however many subscribers it has there.
+
+Shared subscriptions (``router.shared``) ride on the same interest announcements, keyed by the
+``$share/group/filter`` string with a presence (connected members); the publisher's router picks one
+router per group, weighted by presence, and tells that router, in the one copy it sends, which groups it was picked for.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from .log.errors import LogUnavailable
 from .message import Message
 from .retained import RetainedStore
 from .session import Session, SessionLimits
+from .shared import NONE, SharedGroup, SharedRoute, is_shared, parse_share
 from .stats import RouterStats
 from .topics import TopicIndex
 
@@ -43,9 +48,16 @@ class MeshPort(Protocol):
         """Queue ``msg`` for one peer router (batched per loop iteration). ``source`` is the client
         connection it came from: the mesh pauses reading from it while that peer is backed up."""
 
-    def announce_interest(self, topic_filter: str, add: bool) -> Awaitable[None] | None:
-        """Tell every peer router that this router gained / lost its interest in a filter; for a
-        gain, an awaitable that completes when every live peer has acknowledged it."""
+    def announce_interest(self, topic_filter: str, add: bool | int) -> Awaitable[None] | None:
+        """Tell every peer router that this router gained / lost its interest in a filter (for a
+        ``$share/`` key: its presence, 0 = none); for a gain, an awaitable that completes
+        when every live peer has acknowledged it."""
+
+    def forward_shared(self, router_id: str, msg: Message, groups: list[str], source: Any = None,
+                       only: bool = False) -> None:
+        """``forward``, naming the shared subscriptions that router was chosen for; ``only``: for
+        them alone (a message handed on from a member whose session ended: that router's normal
+        subscribers and its log had their copy already)."""
 
     def retained_update(self, msg: Message) -> None:
         """Tell every peer router about a retained message (an empty payload clears it)."""
@@ -81,6 +93,14 @@ class Router:
         self._routes: dict[str, list[tuple[Session, int, bool, bool]]] = {}
         self._peer_routes: dict[str, tuple[str, ...]] = {}
         self._expiry: dict[str, asyncio.TimerHandle] = {}
+        # Shared subscriptions: this router's members per key, every router's presence per key
+        # (this one's included), and the routes matching each topic. ``has_shared`` keeps the
+        # publish path of a cluster without any shared subscription to one attribute test.
+        self.shared_local: dict[str, SharedGroup] = {}
+        self.shared_routes: dict[str, SharedRoute] = {}
+        self.shared_index: TopicIndex[str, SharedRoute] = TopicIndex()
+        self._shared_cache: dict[str, tuple[SharedRoute, ...]] = {}
+        self.has_shared = False
         self.commit_log: Any = None  # router.log.CommitLog when the log is on (attach_log)
         self.ack_when_durable = False
         self.state: Any = None  # router.persistence.StateStore when the log is on
@@ -113,6 +133,13 @@ class Router:
             routes = self._fold_routes(topic)
         if routes:
             self._deliver(msg, routes)
+        if self.has_shared:
+            shared = self._shared_cache.get(topic)
+            if shared is None:
+                shared = self._fold_shared(topic)
+            if shared:
+                self._publish_shared(msg, shared, source)
+                return
         if self.mesh is not None:
             peers = self._peer_routes.get(topic)
             if peers is None:
@@ -150,9 +177,17 @@ class Router:
         bad = 0
         for values in body:
             try:
-                msg = from_mesh(values, sender)
-            except (ProtocolError, ValueError, TypeError, IndexError):
+                n = len(values)
+                if n == 5 or n == 9:
+                    msg = from_mesh(values, sender)
+                    groups = None
+                else:  # it names the shared subscriptions this router was chosen for
+                    msg, groups, only = Message.from_mesh_shared(values, sender)
+            except (ProtocolError, ValueError, TypeError, IndexError, KeyError):
                 bad += 1
+                continue
+            if groups is not None:
+                self.deliver_remote_shared(msg, groups, only)
                 continue
             if logged:
                 self.deliver_remote(msg)
@@ -163,6 +198,14 @@ class Router:
             if routes:
                 self._deliver(msg, routes)
         return bad
+
+    def deliver_remote_shared(self, msg: Message, groups: list[str], only: bool = False) -> None:
+        """``deliver_remote`` for a message this router was also chosen for by the shared
+        subscriptions ``groups``: one local member of each gets it (``only``: nobody else)."""
+        if not only:
+            self.deliver_remote(msg)
+        for key in groups:
+            self._deliver_shared(msg, key)
 
     def _log(self, msg: Message, forwarded: bool) -> int:
         """Append ``msg`` to this router's log; a forwarded copy keeps its origin. Returns and
@@ -246,14 +289,142 @@ class Router:
         self._peer_routes[topic] = peers
         return peers
 
+    # -- shared subscriptions: publishing -------------------------------------------------------------
+
+    def _fold_shared(self, topic: str) -> tuple[SharedRoute, ...]:
+        routes = tuple(route for _, route in self.shared_index.match(topic))
+        if len(self._shared_cache) > 65536:
+            self._shared_cache.clear()
+        self._shared_cache[topic] = routes
+        return routes
+
+    def _publish_shared(self, msg: Message, routes: tuple[SharedRoute, ...], source: Any) -> None:
+        """Pick one router per group; each peer still gets one copy, naming its groups if any."""
+        me = self.router_id
+        picked: dict[str, list[str]] = {}
+        for route in routes:
+            rid = route.choose()
+            if rid == me:
+                self._deliver_shared(msg, route.key)
+            elif rid is not None:
+                picked.setdefault(rid, []).append(route.key)
+        mesh = self.mesh
+        if mesh is None:
+            return
+        peers = self._peer_routes.get(msg.topic)
+        if peers is None:
+            peers = self._fold_peers(msg.topic)
+        for rid in peers:
+            groups = picked.pop(rid, None)
+            if groups is None:
+                mesh.forward(rid, msg, source)
+            else:
+                mesh.forward_shared(rid, msg, groups, source)
+        for rid, groups in picked.items():
+            mesh.forward_shared(rid, msg, groups, source)
+
+    def _deliver_shared(self, msg: Message, key: str) -> None:
+        """One local member of shared subscription ``key`` gets ``msg`` (none left: nobody)."""
+        group = self.shared_local.get(key)
+        if group is None:
+            self.stats.shared_no_member += 1
+            return
+        picked = group.pick(msg.qos)
+        if picked is None:
+            self.stats.shared_no_member += 1
+            return
+        session, sub = picked
+        qos = msg.qos
+        session.deliver_shared(msg, qos if qos < sub.qos else sub.qos, msg.retain and sub.retain_as_published)
+
+    def _hand_on(self, msg: Message, key: str) -> None:
+        """Deliver ``msg`` to another member of group ``key``, wherever the choice falls, and to
+        nobody else (its member's session ended before acknowledging it)."""
+        route = self.shared_routes.get(key)
+        rid = route.choose() if route is not None else None
+        if rid == self.router_id:
+            self._deliver_shared(msg, key)
+        elif rid is not None and self.mesh is not None:
+            self.mesh.forward_shared(rid, msg, [key], None, True)
+        else:
+            self.stats.shared_no_member += 1
+
+    # -- shared subscriptions: membership and presence ------------------------------------------------
+
+    def subscribe_shared(self, session: Session, sub: Subscription) -> bool:
+        """Make ``session`` a member of the shared subscription ``sub.topic_filter`` (the whole
+        ``$share/group/filter``); True if it was not one already."""
+        key = sub.topic_filter
+        new = key not in session.shared
+        session.shared[key] = sub
+        self._session_changed(session)
+        group = self.shared_local.get(key)
+        if group is None:
+            group = self.shared_local[key] = SharedGroup(key)
+        group.add(session, sub)
+        self._local_presence(key)
+        return new
+
+    def unsubscribe_shared(self, session: Session, key: str) -> bool:
+        if session.shared.pop(key, None) is None:
+            return False
+        self._session_changed(session)
+        group = self.shared_local.get(key)
+        if group is not None:
+            group.remove(session)
+            if not group.members:
+                del self.shared_local[key]
+        self._local_presence(key)
+        return True
+
+    def shared_presence(self, session: Session) -> None:
+        """``session`` connected or went offline: the presence in its groups changes."""
+        for key in session.shared:
+            self._local_presence(key)
+
+    def _local_presence(self, key: str) -> None:
+        """Recompute this router's presence in group ``key``; announce it if it changed."""
+        group = self.shared_local.get(key)
+        presence = group.presence() if group is not None else NONE
+        route = self.shared_routes.get(key)
+        if presence == (route.routers.get(self.router_id, NONE) if route is not None else NONE):
+            return
+        self._route_presence(key, self.router_id, presence)
+        if self.mesh is not None:
+            self._interest_ack(key, self.mesh.announce_interest(key, presence))
+
+    def _route_presence(self, key: str, router_id: str, presence: int) -> None:
+        """Record one router's presence in group ``key``; drop the route when nobody is left."""
+        route = self.shared_routes.get(key)
+        if route is None:
+            parsed = parse_share(key) if presence != NONE else None
+            if parsed is None:
+                return
+            route = self.shared_routes[key] = SharedRoute(key, *parsed)
+            self.shared_index.add(route.topic_filter, route.group, route)
+            self._shared_cache.clear()
+            self.has_shared = True
+        route.set_presence(router_id, presence)
+        if not route.routers:
+            del self.shared_routes[key]
+            self.shared_index.remove(route.topic_filter, route.group)
+            self._shared_cache.clear()
+            self.has_shared = bool(self.shared_routes)
+
+    def interest_announcements(self) -> list[tuple[str, bool | int]]:
+        """Everything this router announces, for a peer that (re)joins: filters and presence."""
+        me = self.router_id
+        out: list[tuple[str, bool | int]] = [(f, True) for f in self.local_filters]
+        out += [(key, route.routers[me]) for key, route in self.shared_routes.items() if me in route.routers]
+        return out
+
     # -- subscriptions --------------------------------------------------------------------------------
 
     def subscribe(self, session: Session, sub: Subscription) -> bool:
         """Index one subscription; True if it is new for this session (not a replacement)."""
         new = sub.topic_filter not in session.subscriptions
         session.subscriptions[sub.topic_filter] = sub
-        if session.persistent and self.state is not None:
-            self.state.mark(soon=True)
+        self._session_changed(session)
         self.subs.add(sub.topic_filter, session, sub)
         self._routes.clear()
         if new:
@@ -263,8 +434,7 @@ class Router:
     def unsubscribe(self, session: Session, topic_filter: str) -> bool:
         if session.subscriptions.pop(topic_filter, None) is None:
             return False
-        if session.persistent and self.state is not None:
-            self.state.mark(soon=True)
+        self._session_changed(session)
         self.subs.remove(topic_filter, session)
         self._routes.clear()
         self._ref_filter(topic_filter, -1)
@@ -275,14 +445,29 @@ class Router:
         if count > 0:
             self.local_filters[topic_filter] = count
             if count == 1 and delta > 0 and self.mesh is not None:
-                ack = self.mesh.announce_interest(topic_filter, True)
-                if ack is not None:
-                    self.interest_pending[topic_filter] = ack
-                    ack.add_done_callback(lambda _f, f=topic_filter: self.interest_pending.pop(f, None))  # type: ignore[attr-defined]
+                self._interest_ack(topic_filter, self.mesh.announce_interest(topic_filter, True))
         else:
             self.local_filters.pop(topic_filter, None)
             if self.mesh is not None:
                 self.mesh.announce_interest(topic_filter, False)
+
+    def _session_changed(self, session: Session) -> None:
+        """A persistent session's subscriptions changed: snapshot soon, not per packet."""
+        if session.persistent and self.state is not None:
+            self.state.mark(soon=True)
+
+    def _interest_ack(self, key: str, ack: Awaitable[None] | None) -> None:
+        """Remember an announcement the peers have not acknowledged yet (a SUBACK waits for it)."""
+        if ack is None:
+            return
+        self.interest_pending[key] = ack
+        pending = self.interest_pending
+
+        def done(_f: object, key: str = key, ack: Awaitable[None] = ack) -> None:
+            if pending.get(key) is ack:
+                del pending[key]
+
+        ack.add_done_callback(done)  # type: ignore[attr-defined]
 
     # -- sessions -------------------------------------------------------------------------------------
 
@@ -292,10 +477,21 @@ class Router:
         self.sessions[client_id] = session
         return session
 
+    def end_session(self, session: Session) -> None:
+        """A session ends for good (clean disconnect, expiry, a clean start replacing it): drop it,
+        then hand the QoS 1/2 group messages it had not acknowledged to other members of their
+        groups (MQTT 5.0 section 4.8.2: SHOULD). A takeover moves a session instead: not here."""
+        orphans = session.group_orphans() if session.shared else []
+        self.drop_session(session)
+        for msg, key in orphans:
+            self._hand_on(msg, key)
+
     def drop_session(self, session: Session) -> None:
         """Forget a session and everything it subscribed to."""
         for topic_filter in list(session.subscriptions):
             self.unsubscribe(session, topic_filter)
+        for key in list(session.shared):
+            self.unsubscribe_shared(session, key)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         timer = self._expiry.pop(session.client_id, None)
@@ -317,7 +513,7 @@ class Router:
         self._expiry.pop(session.client_id, None)
         if session.conn is None and self.sessions.get(session.client_id) is session:
             log.info("session %s expired", session.client_id)
-            self.drop_session(session)
+            self.end_session(session)
 
     def import_session(self, client_id: str, state: dict) -> Session:
         """A session handed over by another router (takeover) becomes ours."""
@@ -325,6 +521,8 @@ class Router:
         session.import_state(state)
         for topic_filter, qos, no_local, rap, rh in state["subs"]:
             self.subscribe(session, Subscription(topic_filter, qos, no_local, rap, rh))
+        for key, qos, no_local, rap, rh in state.get("shared", ()):
+            self.subscribe_shared(session, Subscription(key, qos, no_local, rap, rh))
         return session
 
     def release_session(self, client_id: str) -> dict | None:
@@ -343,7 +541,10 @@ class Router:
 
     # -- the other routers ----------------------------------------------------------------------------
 
-    def peer_interest(self, router_id: str, topic_filter: str, add: bool) -> None:
+    def peer_interest(self, router_id: str, topic_filter: str, add: bool | int) -> None:
+        if is_shared(topic_filter):
+            self._route_presence(topic_filter, router_id, int(add))
+            return
         if add:
             self.interest.add(topic_filter, router_id, None)
         else:
@@ -356,6 +557,8 @@ class Router:
             if rid == router_id:
                 self.interest.remove(topic_filter, rid)
         self._peer_routes.clear()
+        for key in [k for k, route in self.shared_routes.items() if router_id in route.routers]:
+            self._route_presence(key, router_id, NONE)
 
     def peer_retained(self, msg: Message) -> None:
         """A retained update from another router; the newer of two versions of a topic wins."""

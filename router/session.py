@@ -49,7 +49,7 @@ class Inflight:
 class Session:
     __slots__ = ("client_id", "persistent", "subscriptions", "conn", "inflight", "queue",
                  "inbound_qos2", "limits", "stats", "_next_pid", "receive_max", "expiry_s",
-                 "will", "dropped", "log", "cursor")
+                 "will", "dropped", "log", "cursor", "shared")
 
     def __init__(self, client_id: str, persistent: bool, limits: SessionLimits, stats: RouterStats) -> None:
         self.client_id = client_id
@@ -70,6 +70,9 @@ class Session:
         # position in its router's log instead of copies: ``cursor`` is the next offset to read.
         self.log: Any = None
         self.cursor: int | None = None
+        # Shared subscriptions ($share/group/filter → subscription), apart from ``subscriptions``
+        # so that catching up from the log never replays a group's messages: other members got them.
+        self.shared: dict[str, Subscription] = {}
 
     # -- delivery -------------------------------------------------------------------------------------
 
@@ -92,11 +95,24 @@ class Session:
         if conn is not None and not self.queue and len(self.inflight) < self.receive_max:
             self._send_new(conn, msg, qos, retain)
             return
+        self._enqueue(msg, qos, retain)
+
+    def _enqueue(self, msg: Message, qos: int, retain: bool) -> None:
+        """Behind the window or offline: queue, bounded by ``max_queued`` (newer are dropped)."""
         if len(self.queue) >= self.limits.max_queued:
             self.stats.drop_queue_full += 1
             self.dropped += 1
             return
         self.queue.append((msg, qos, retain))
+
+    def deliver_shared(self, msg: Message, qos: int, retain: bool) -> None:
+        """A message this session was chosen for as a member of a shared subscription. Unlike
+        ``deliver``, a QoS 1/2 message is kept even while the session reads from the log (offline
+        or catching up): catch-up replays only normal subscriptions, so the log is no copy of it."""
+        if qos == 0 or self.cursor is None:
+            self.deliver(msg, qos, retain)
+            return
+        self._enqueue(msg, qos, retain)
 
     def _alloc_pid(self) -> int:
         pid = self._next_pid
@@ -218,11 +234,35 @@ class Session:
         log = self.log
         if not self.persistent or log is None or log.error is not None:
             return
+        if self.shared:
+            return  # group messages are in no catch-up: keep copies (bounded by max_queued)
         if any(m.log_offset < 0 for m, _, _ in self.queue):
             return  # something not in the log (written while it failed): keep the copies
         if self.cursor is None:
             self.cursor = self.queue[0][0].log_offset if self.queue else log.next_offset
         self.queue.clear()
+
+    def group_orphans(self) -> list[tuple[Message, str]]:
+        """The QoS 1/2 messages sent or queued to this session as a group member and not yet
+        received (no PUBACK / PUBREC), with their group, for handing on when the session ends.
+
+        Group deliveries are not marked (that would cost every delivery): a message counts as a
+        group's when no normal subscription of this session matches it, so that a normal copy is
+        never handed to a group; each (message, group) pair is taken once per copy held."""
+        held = [e.msg for e in self.inflight.values() if e.state == AWAIT_ACK and e.msg is not None]
+        held += [m for m, qos, _ in self.queue if qos]
+        out: list[tuple[Message, str]] = []
+        taken: set[tuple[int, str]] = set()
+        for msg in held:
+            topic = msg.topic
+            if any(filter_matches(f, topic) for f in self.subscriptions):
+                continue
+            for key in self.shared:
+                if (id(msg), key) not in taken and filter_matches(key.split("/", 2)[2], topic):
+                    taken.add((id(msg), key))
+                    out.append((msg, key))
+                    break
+        return out
 
     # -- transfer (takeover across routers, persistence) ---------------------------------------------
 
@@ -242,6 +282,8 @@ class Session:
             "queue": [(qos, retain, m.to_list()) for m, qos, retain in self.queue],
             "inbound_qos2": sorted(self.inbound_qos2),
             "next_pid": self._next_pid,
+            "shared": [(s.topic_filter, s.qos, s.no_local, s.retain_as_published, s.retain_handling)
+                       for s in self.shared.values()],
         }
 
     def import_state(self, state: dict) -> None:

@@ -13,7 +13,7 @@ class RouterStats:
         "drop_expired", "refused_connections", "refused_log_unavailable", "protocol_errors",
         "mesh_msgs_out", "mesh_msgs_in", "mesh_bytes_out", "mesh_bytes_in", "mesh_frames_out",
         "mesh_frames_in", "log_records", "log_bytes", "retained_count", "wills_published",
-        "takeovers", "log_read_records", "log_read_bytes",
+        "takeovers", "log_read_records", "log_read_bytes", "shared_no_member",
     )
 
     def __init__(self) -> None:

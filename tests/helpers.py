@@ -164,6 +164,8 @@ class Client:
         self.connack: tuple[int, bool] | None = None
         self.subacks: dict[int, list[int]] = {}
         self.disconnected = threading.Event()
+        self.connack_properties: object = None
+        self.disconnect_reason: int | None = None
         self.c.on_message = self._on_message
         self.c.on_connect = self._on_connect
         self.c.on_subscribe = self._on_subscribe
@@ -178,6 +180,7 @@ class Client:
     def _on_connect(self, c, u, flags, rc, props) -> None:
         with self.cond:
             self.connack = (rc.value, bool(flags.session_present))
+            self.connack_properties = props
             self.cond.notify_all()
 
     def _on_subscribe(self, c, u, mid, rcs, props) -> None:
@@ -186,6 +189,7 @@ class Client:
             self.cond.notify_all()
 
     def _on_disconnect(self, c, u, flags, rc, props) -> None:
+        self.disconnect_reason = rc.value
         self.disconnected.set()
 
     def _wait(self, pred: Callable[[], bool], what: str, timeout: float = WAIT) -> None:

@@ -62,7 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g = ap.add_argument_group("sizes")
     g.add_argument("--pairs", type=int, default=d.pairs, help="p2p/qos1/latency: publisher-subscriber pairs")
     g.add_argument("--subscribers", type=int, default=d.subscribers, help="fanout: subscribers of one publisher")
-    g.add_argument("--publishers", type=int, default=d.publishers, help="fanin: publishers to one wildcard subscriber")
+    g.add_argument("--publishers", type=int, default=d.publishers,
+                   help="fanin: publishers to one wildcard subscriber; sharedsub: publishers to the group")
+    g.add_argument("--members", type=int, default=d.members, help="sharedsub: members of the one shared subscription group")
     g.add_argument("--connections", type=int, default=d.connections, help="conn: idle connections")
     g.add_argument("--window", type=int, default=d.window, help="flow control: messages per subscriber in flight")
     g.add_argument("--inflight", type=int, default=d.inflight, help="qos1: unacknowledged PUBLISHes per publisher")
@@ -73,7 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("need --reps >= 1, --procs >= 1, 0 < --duration <= 600, --warmup >= 0")
     if args.placement != "any" and min(args.workers) < 2:
         ap.error(f"--placement {args.placement} needs --workers 2 or more (one worker holds every connection)")
-    if min(args.pairs, args.subscribers, args.publishers, args.connections, args.window, args.inflight) < 1:
+    if min(args.pairs, args.subscribers, args.publishers, args.members, args.connections, args.window,
+           args.inflight) < 1:
         ap.error("sizes must be positive")
     return args
 
@@ -100,7 +103,7 @@ def _progress(r: RunResult, rep: int, reps: int) -> str:
     lat = f"p50 {r.lat_p50_ms:.2f} p99 {r.lat_p99_ms:.2f} ms" if r.lat_p50_ms is not None else "no latency samples"
     flags = " LOADGEN SATURATED" if r.loadgen_saturated else ""
     return (
-        f"{head}: {r.delivered_per_s:,.0f} dlv/s {r.published_per_s:,.0f} pub/s loss {r.loss:.2%} "
+        f"{head}: {r.delivered_per_s:,.0f} dlv/s {r.published_per_s:,.0f} pub/s loss {r.loss:.2%} dup {r.duplicates:.2%} "
         f"{r.msgs_per_cpu_s or 0:,.0f} msg/CPU-s broker {r.broker_cpu_share:.2f} cores {lat} loadgen {cpu}"
         f"{' stalls ' + str(r.stalls) if r.stalls else ''}{flags}"
     )
@@ -129,7 +132,8 @@ def run_one(kind: BrokerKind, scenario: str, payload: int, rep: int, args: argpa
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = Sizes(
-        pairs=args.pairs, subscribers=args.subscribers, publishers=args.publishers, connections=args.connections,
+        pairs=args.pairs, subscribers=args.subscribers, publishers=args.publishers, members=args.members,
+        connections=args.connections,
         window=args.window, inflight=args.inflight, latency_rate=args.latency_rate, latency_load=args.latency_load,
     )
     fd_limit = raise_fd_limit()

@@ -306,6 +306,8 @@ class Subscriber:
         self.group = group
         self.buf = conn.take_buffer()
         self.received = 0
+        if topic_filter.startswith("$share/"):  # deliveries carry the topic, not the share name
+            topic_filter = topic_filter.split("/", 2)[2]
         self.prefix = topic_filter.rstrip("#").encode()
         self.bad = 0
         conn.on_data = self._qos1 if qos else self._qos0
@@ -609,6 +611,7 @@ class Worker:
             "lost_connections": self.lost_connections,
             "bad_reads": sum(s.bad for s in self.subscribers),
             "publisher_sent": [p.sent for p in self.publishers],
+            "subscriber_received": [s.received for s in self.subscribers],
             "latency_ns": self.probe.samples if self.probe else [],
             "latency_sent": self.probe.sent if self.probe else 0,
             "latency_received": self.probe.received if self.probe else 0,

@@ -19,7 +19,7 @@ from .brokers import mosquitto_version
 from .runner import RunResult
 
 MEDIAN_FIELDS = (
-    "delivered_per_s", "published_per_s", "loss", "msgs_per_cpu_s", "broker_cpu_share", "lat_p50_ms",
+    "delivered_per_s", "published_per_s", "loss", "duplicates", "subscriber_balance", "msgs_per_cpu_s", "broker_cpu_share", "lat_p50_ms",
     "lat_p99_ms", "lat_max_ms", "connects_per_s", "rss_per_conn_bytes", "broker_rss_mb",
 )
 
@@ -120,8 +120,15 @@ def notes(row: dict[str, Any]) -> str:
     out = []
     if row["loadgen_saturated"]:
         out.append(f"loadgen saturated ({row['loadgen_cpu_max']:.0%} of a core)")
-    if row["loss"]:
-        out.append(f"loss {row['loss']:.2%}")
+    if row["scenario"] == "sharedsub":  # exactly-once per group is the point: always say it
+        balance = row["subscriber_balance"]
+        out.append(f"loss {row['loss'] or 0:.2%}, duplicates {row['duplicates'] or 0:.2%}"
+                   + (f", least/most per member {balance:.2f}" if balance is not None else ""))
+    else:
+        if row["loss"]:
+            out.append(f"loss {row['loss']:.2%}")
+        if row["duplicates"]:
+            out.append(f"duplicates {row['duplicates']:.2%}")
     if row["stalls"]:
         out.append(f"{row['stalls']} window stalls")
     if row["lost_connections"]:

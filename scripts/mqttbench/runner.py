@@ -40,6 +40,7 @@ class RunResult:
     delivered_per_s: float = 0.0
     published_per_s: float = 0.0
     loss: float = 0.0
+    duplicates: float = 0.0  # deliveries beyond published x fan, as a share of published x fan
     broker_cpu_s: float = 0.0
     msgs_per_cpu_s: float | None = 0.0
     broker_cpu_share: float = 0.0  # broker CPU seconds per wall second in the window (cores used)
@@ -57,6 +58,7 @@ class RunResult:
     lost_connections: int = 0
     bad_reads: int = 0  # reads that did not begin with a PUBLISH on the subscribed topic
     publisher_balance: float | None = None  # least / most messages sent by one publisher (1.0 = even)
+    subscriber_balance: float | None = None  # least / most messages received by one subscriber
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,6 +169,9 @@ def _reduce_load(plan: Plan, reports: list[dict[str, Any]], cpu: float, wall: fl
     sent = [n for r in reports for n in r["publisher_sent"]]
     if sent and max(sent) > 0:
         result.publisher_balance = round(min(sent) / max(sent), 3)
+    got = [n for r in reports for n in r.get("subscriber_received", ())]
+    if got and max(got) > 0:
+        result.subscriber_balance = round(min(got) / max(got), 3)
     for r in reports:
         span = r["w1"]["t"] - r["w0"]["t"]
         dp = sum(r["w1"]["dlv"].values()) - sum(r["w0"]["dlv"].values())
@@ -191,6 +196,7 @@ def _reduce_load(plan: Plan, reports: list[dict[str, Any]], cpu: float, wall: fl
     result.delivered_per_s = delivered_rate
     result.published_per_s = published_rate
     result.loss = max(0.0, 1.0 - delivered_total / expected_total) if expected_total else 0.0
+    result.duplicates = max(0.0, delivered_total / expected_total - 1.0) if expected_total else 0.0
     result.broker_cpu_s = cpu
     result.broker_cpu_share = cpu / wall if wall > 0 else 0.0
     result.msgs_per_cpu_s = delivered_win / cpu if cpu >= 0.02 else None  # below that: clock-tick noise

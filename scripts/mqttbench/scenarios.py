@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 PLACEMENTS = ("any", "same", "cross")
 PLACED_SCENARIOS = frozenset({"p2p", "qos1", "latency"})
-SCENARIOS = ("p2p", "fanout", "fanin", "qos1", "conn", "latency")
-# sharedsub needs MQTT 5 shared subscriptions ($share/...): added once the generator speaks MQTT 5.
-PAYLOAD_SCENARIOS = frozenset({"p2p", "fanout", "fanin", "qos1", "latency"})
+SCENARIOS = ("p2p", "fanout", "fanin", "qos1", "conn", "latency", "sharedsub")
+PAYLOAD_SCENARIOS = frozenset({"p2p", "fanout", "fanin", "qos1", "latency", "sharedsub"})
+SHARED_GROUP = "bench"  # sharedsub: members subscribe $share/bench/bench/shared/# (MQTT 3.1.1 is enough)
 
 LATENCY_GROUP_TOPIC = "bench/lat/side"
 
@@ -29,6 +29,7 @@ class Sizes:
     pairs: int = 10
     subscribers: int = 50
     publishers: int = 20
+    members: int = 5
     connections: int = 2000
     window: int = 500
     inflight: int = 100
@@ -107,6 +108,16 @@ def _p2p(plan: Plan, sizes: Sizes, qos: int, total_rate: float) -> None:
         plan.clients.append(ClientSpec("pub", gid, topic, proc))
 
 
+def _sharedsub(plan: Plan, sizes: Sizes) -> None:
+    """P publishers on their own topics, one shared subscription group of S members: each message
+    should reach exactly one member (fan 1), so the window counts messages, not deliveries x S."""
+    plan.groups.append(GroupSpec(0, fan=1, qos=0, window=sizes.window))
+    for i in range(sizes.members):
+        plan.clients.append(ClientSpec("sub", 0, f"$share/{SHARED_GROUP}/bench/shared/#", i % plan.procs))
+    for i in range(sizes.publishers):
+        plan.clients.append(ClientSpec("pub", 0, f"bench/shared/{i}", i % plan.procs))
+
+
 def build(scenario: str, payload: int, procs: int, sizes: Sizes) -> Plan:
     """The plan for one scenario run. Subscribers are listed before publishers so they subscribe first."""
     if scenario not in SCENARIOS:
@@ -128,6 +139,8 @@ def build(scenario: str, payload: int, procs: int, sizes: Sizes) -> Plan:
         plan.clients.append(ClientSpec("sub", 0, "bench/fanin/#", 0))
         for i in range(sizes.publishers):
             plan.clients.append(ClientSpec("pub", 0, f"bench/fanin/{i}", i % plan.procs))
+    elif scenario == "sharedsub":
+        _sharedsub(plan, sizes)
     elif scenario == "conn":
         for i in range(sizes.connections):
             plan.clients.append(ClientSpec("idle", -1, "", i % plan.procs))

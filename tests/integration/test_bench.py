@@ -42,6 +42,16 @@ def test_qos1_and_fanout_on_one_worker(tmp_path):
         assert run["delivered_per_s"] > 0 and run["loss"] == 0.0
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sharedsub_delivers_each_message_once(tmp_path, workers):
+    report = _bench(tmp_path, "--scenarios", "sharedsub", "--payload", "16", "--workers", workers,
+                    "--publishers", "4", "--members", "3")
+    [run] = report["runs"]
+    assert run["ok"], run["error"]
+    assert run["delivered_per_s"] > 0 and run["loss"] == 0.0 and run["duplicates"] == 0.0
+    assert run["bad_reads"] == 0 and run["subscriber_balance"] > 0  # every member got some
+
+
 def test_placement_on_one_worker_is_refused_not_ignored():
     proc = subprocess.run([str(ROOT / "scripts" / "bench"), "--placement", "cross", "--workers", "1,2"],
                           capture_output=True, text=True, timeout=60)

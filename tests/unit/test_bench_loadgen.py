@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -126,10 +127,14 @@ def test_qos1_publisher_inflight_and_subscriber_acks() -> None:
     assert pub.acked == 5 and pub.sent == 10
 
 
-def test_subscriber_flags_foreign_stream() -> None:
+def _qos0_subscriber(topic_filter: str) -> tuple[Subscriber, Any]:
     group = Group(GroupSpec(0, fan=1, qos=0, window=10), 0, 1, True, None, None)
     sconn, _ = _conn()
-    sub = Subscriber(sconn, group, 0, "bench/p2p/1")
+    return Subscriber(sconn, group, 0, topic_filter), sconn
+
+
+def test_subscriber_flags_foreign_stream() -> None:
+    sub, sconn = _qos0_subscriber("bench/p2p/1")
     sconn.data_received(wire.publish("other", b"x"))
     assert sub.bad == 1 and sub.received == 1
 
@@ -149,6 +154,19 @@ def test_scenarios_shape() -> None:
     lat = build("latency", 16, 1, sizes)
     assert sum(g.rate for g in lat.groups if not g.side) == pytest.approx(sizes.latency_load)
     assert [c.role for c in lat.clients if lat.groups[c.gid].side] == ["lat_sub", "lat_pub"]
+    shared = build("sharedsub", 1024, 2, sizes)
+    assert shared.payload == 1024 and shared.groups[0].fan == 1  # one delivery per message per group
+    subs = [c for c in shared.clients if c.role == "sub"]
+    assert len(subs) == sizes.members and {c.topic for c in subs} == {"$share/bench/bench/shared/#"}
+    assert sum(c.role == "pub" for c in shared.clients) == sizes.publishers
+
+
+def test_a_group_member_checks_topics_against_the_filter_inside_the_share() -> None:
+    sub, sconn = _qos0_subscriber("$share/bench/bench/shared/#")
+    sconn.data_received(wire.publish("bench/shared/3", b"x"))
+    assert sub.bad == 0 and sub.received == 1
+    sconn.data_received(wire.publish("other", b"x"))
+    assert sub.bad == 1
 
 
 def test_percentile_nearest_rank() -> None:

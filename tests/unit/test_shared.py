@@ -1,0 +1,282 @@
+"""Shared subscriptions without processes: share names, the choice of router and of member, and
+what a router sends its peers (a fake mesh records it)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import msgpack
+import pytest
+
+from connection.codec import Decoder
+from connection.packets import Publish, Subscription
+from router.message import Message
+from router.router import Router, RouterConfig
+from router.session import SessionLimits
+from router.shared import NONE, SharedRoute, parse_share, smooth_schedule
+from tests.unit.test_router import FakeConn
+
+
+class FakeMesh:
+    """Records what the router hands the mesh; every announcement is acknowledged at once."""
+
+    def __init__(self) -> None:
+        self.forwards: list[tuple[str, str, list[str] | None]] = []
+        self.announced: list[tuple[str, Any]] = []
+        self.only: list[tuple[str, bytes, list[str]]] = []
+
+    def forward(self, router_id: str, msg: Message, source: Any = None) -> None:
+        self.forwards.append((router_id, msg.topic, None))
+
+    def forward_shared(self, router_id: str, msg: Message, groups: list[str], source: Any = None,
+                       only: bool = False) -> None:
+        self.forwards.append((router_id, msg.topic, groups))
+        if only:
+            self.only.append((router_id, msg.payload, groups))
+
+    def announce_interest(self, topic_filter: str, add: Any) -> None:
+        self.announced.append((topic_filter, add))
+
+    def retained_update(self, msg: Message) -> None:
+        pass
+
+
+@pytest.fixture
+def router() -> Router:
+    return Router(RouterConfig(router_id="n/w0", session=SessionLimits(max_inflight=5, max_queued=3)))
+
+
+def member(router: Router, cid: str, key: str, qos: int = 0, online: bool = True, persistent: bool = False):
+    s = router.new_session(cid, persistent)
+    conn = FakeConn()
+    if online:
+        s.attach(conn)  # type: ignore[arg-type]
+    router.subscribe_shared(s, Subscription(key, qos))
+    return s, conn
+
+
+def received(conn: FakeConn) -> list[bytes]:
+    return [p.payload for p in conn.packets() if isinstance(p, Publish)]
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("$share/g/t", ("g", "t")),
+    ("$share/g/a/+/#", ("g", "a/+/#")),
+    ("$share/g//", ("g", "/")),
+    ("$share//t", None),  # empty ShareName
+    ("$share/g+/t", None),
+    ("$share/#/t", None),
+    ("$share/g", None),  # no filter
+    ("$share/g/", None),  # empty filter
+    ("$share/g/a/#/b", None),
+])
+def test_share_names_and_filters(text, expected):
+    assert parse_share(text) == expected
+
+
+def test_router_choice_is_weighted_by_connected_members():
+    route = SharedRoute("$share/g/t", "g", "t")
+    assert route.choose() is None
+    route.set_presence("b", -2)  # two members, both offline
+    assert [route.choose() for _ in range(2)] == ["b", "b"]  # nobody connected: still chosen
+    route.set_presence("a", 3)
+    route.set_presence("c", 1)
+    picks = [route.choose() for _ in range(40)]
+    assert Counter(picks) == {"a": 30, "c": 10}  # b only has offline members
+    assert max(len(run) for run in "".join(picks).replace("c", " ").split()) <= 3  # spread, not a block
+    route.set_presence("a", NONE)
+    route.set_presence("c", -1)
+    assert Counter(route.choose() for _ in range(30)) == {"b": 20, "c": 10}
+
+
+def test_a_long_schedule_is_scaled_down_but_keeps_every_router():
+    schedule = smooth_schedule({"big": 10_000, "small": 1})
+    assert len(schedule) <= 257 and "small" in schedule
+
+
+def test_each_message_goes_to_exactly_one_member_in_turn(router):
+    conns = [member(router, f"m{i}", "$share/g/s/#")[1] for i in range(3)]
+    for i in range(30):
+        router.publish(Message(f"s/{i % 2}", str(i).encode()))
+    got = [received(c) for c in conns]
+    assert sorted(p for g in got for p in g) == sorted(str(i).encode() for i in range(30))
+    assert [len(g) for g in got] == [10, 10, 10]
+
+
+def test_members_whose_socket_is_backed_up_are_skipped(router):
+    (_, c0), (_, c1) = member(router, "a", "$share/g/t"), member(router, "b", "$share/g/t")
+    c0.write_paused = True
+    for i in range(4):
+        router.publish(Message("t", b"%d" % i))
+    assert received(c0) == [] and len(received(c1)) == 4
+    assert router.stats.drop_slow_consumer == 0
+
+
+def test_an_offline_member_is_chosen_only_when_no_member_is_online(router):
+    off, _ = member(router, "off", "$share/g/t", qos=1, online=False, persistent=True)
+    _, on = member(router, "on", "$share/g/t", qos=1)
+    for i in range(3):
+        router.publish(Message("t", b"%d" % i, qos=1))
+    assert len(received(on)) == 3 and not off.queue
+    router.sessions["on"].detach()
+    router.shared_presence(router.sessions["on"])
+    router.publish(Message("t", b"x", qos=1))
+    assert len(off.queue) + len(router.sessions["on"].queue) == 1  # queued for one offline member
+
+
+def test_normal_and_shared_subscriptions_both_deliver(router):
+    s, conn = member(router, "both", "$share/g/t")
+    router.subscribe(s, Subscription("t", 0))
+    _, other = member(router, "other", "$share/h/t")
+    router.publish(Message("t", b"x"))
+    assert received(conn) == [b"x", b"x"]  # its normal copy and group g's copy
+    assert received(other) == [b"x"]  # group h's copy
+
+
+def test_unsubscribe_and_drop_withdraw_presence():
+    r = Router(RouterConfig(router_id="n/w0"), FakeMesh())  # type: ignore[arg-type]
+    mesh: FakeMesh = r.mesh  # type: ignore[assignment]
+    a, _ = member(r, "a", "$share/g/t")
+    b, _ = member(r, "b", "$share/g/t")
+    assert mesh.announced == [("$share/g/t", 1), ("$share/g/t", 2)]  # connected members here
+    assert r.unsubscribe_shared(a, "$share/g/t") and not r.unsubscribe_shared(a, "$share/g/t")
+    r.drop_session(b)
+    assert mesh.announced[-1] == ("$share/g/t", NONE)
+    assert not r.has_shared and not r.shared_local and not r.shared_routes
+
+
+def test_the_origin_sends_one_copy_per_router_naming_its_groups():
+    r = Router(RouterConfig(router_id="n/w0"), FakeMesh())  # type: ignore[arg-type]
+    mesh: FakeMesh = r.mesh  # type: ignore[assignment]
+    r.peer_interest("n/w1", "$share/g/t/#", 1)
+    r.peer_interest("n/w2", "$share/g/t/#", 1)
+    r.peer_interest("n/w1", "t/x", True)  # a normal subscriber on w1 too
+    for _ in range(4):
+        r.publish(Message("t/x", b"p"))
+    assert len(mesh.forwards) == 6  # 4 copies to w1 (normal subscriber), 2 to w2
+    per_router = {rid: [g for x, _, g in mesh.forwards if x == rid] for rid in ("n/w1", "n/w2")}
+    assert len(per_router["n/w1"]) == 4  # every message (normal subscriber), group named in 2
+    assert sum(1 for g in per_router["n/w1"] if g) == 2
+    assert per_router["n/w2"] == [["$share/g/t/#"]] * 2  # only the messages it was chosen for
+    mesh.forwards.clear()
+    r.peer_left("n/w2")
+    r.publish(Message("t/x", b"p"))
+    assert mesh.forwards == [("n/w1", "t/x", ["$share/g/t/#"])]
+
+
+def test_no_shared_subscription_keeps_the_plain_path():
+    r = Router(RouterConfig(router_id="n/w0"), FakeMesh())  # type: ignore[arg-type]
+    r.peer_interest("n/w1", "t/#", True)
+    r.publish(Message("t/x", b"p"))
+    assert not r.has_shared and r.mesh.forwards == [("n/w1", "t/x", None)]  # type: ignore[union-attr]
+
+
+def test_the_chosen_router_delivers_to_one_local_member(router):
+    conns = [member(router, f"m{i}", "$share/g/t")[1] for i in range(2)]
+    msg = Message("t", b"q", 0, False, "pub", "n/w1")
+    wire = msgpack.unpackb(msgpack.packb(msg.to_mesh_shared(["$share/g/t"])), raw=False)
+    back, groups, only = Message.from_mesh_shared(wire, "n/w1")
+    assert not only
+    router.deliver_remote_shared(back, groups)
+    router.deliver_remote(Message("t", b"not-for-the-group"))
+    assert sorted(p for c in conns for p in received(c)) == [b"q"]
+    router.deliver_remote_shared(Message("t", b"gone"), ["$share/other/t"])
+    assert router.stats.shared_no_member == 1
+
+
+def test_the_compact_form_gains_a_sixth_element_only_with_groups():
+    raw = bytes([0x30, 2 + 1 + 1]) + b"\x00\x01tp"
+    [p] = Decoder(protocol_level=4).feed(raw)
+    msg = Message(p.topic, p.payload, 0, False, "c", "n/w0", 5, None, 7)
+    msg.received_as(4, p.raw)
+    assert len(msg.to_mesh()) == 5
+    assert msg.to_mesh_shared(["$share/g/t"]) == [raw, "t", "c", 5, 7, ["$share/g/t"]]
+    back, groups, only = Message.from_mesh_shared(msg.to_mesh_shared(["$share/g/t"], only=True), "n/w0")
+    assert (back.topic, back.payload, groups, only) == ("t", b"p", ["$share/g/t"], True)
+    full = Message("t", b"p", 1, False, "c", "n/w0", 5, None, 7)
+    assert len(full.to_mesh_shared(["$share/g/t"])) == 10
+
+
+def test_catch_up_never_replays_a_group_message():
+    """A persistent member reads its log for its normal subscriptions only."""
+
+    class Log:
+        error = None
+        next_offset = 0
+
+        def read(self, offset: int, max_records: int) -> list:
+            return [Rec(offset)] if offset == 0 else []
+
+    class Rec:
+        topic, qos, retain, client_id, origin_router, origin_offset, properties = "t", 1, False, "p", "n", 0, b""
+        payload, timestamp_ms = b"logged", 1
+
+        def __init__(self, offset: int) -> None:
+            self.offset = offset
+
+    r = Router(RouterConfig(router_id="n/w0"))
+    s, _ = member(r, "p", "$share/g/t", qos=1, online=False, persistent=True)
+    s.log, s.cursor = Log(), 0
+    r.publish(Message("t", b"live", qos=1))  # chosen while offline and reading the log: kept
+    conn = FakeConn()
+    s.attach(conn)  # type: ignore[arg-type]
+    assert received(conn) == [b"live"]  # the logged record matches only the group: not replayed
+
+
+def test_the_origin_shares_by_connected_members_itself_included():
+    r = Router(RouterConfig(router_id="n/w0"), FakeMesh())  # type: ignore[arg-type]
+    mesh: FakeMesh = r.mesh  # type: ignore[assignment]
+    _, here = member(r, "local", "$share/g/w")  # one connected member on the publisher's router
+    r.peer_interest("n/w1", "$share/g/w", 2)
+    r.peer_interest("n/w2", "$share/g/w", -5)  # offline members only: not while others are connected
+    for _ in range(30):
+        r.publish(Message("w", b"p"))
+    assert len(received(here)) == 10
+    assert Counter(rid for rid, _, _ in mesh.forwards) == {"n/w1": 20}
+
+
+def test_an_ended_members_unacknowledged_messages_go_to_another_member(router):
+    a, _ = member(router, "a", "$share/g/h", qos=1)
+    b, conn_b = member(router, "b", "$share/g/h", qos=1)
+    for i in range(6):
+        router.publish(Message("h", b"%d" % i, qos=1))
+    assert len(a.inflight) == 3  # never acknowledged
+    router.end_session(a)
+    queued = [m.payload for m, _, _ in b.queue]  # b's window is 5
+    assert sorted(received(conn_b) + queued) == [b"%d" % i for i in range(6)]
+
+
+def test_a_normal_copy_is_not_handed_to_the_group(router):
+    a, _ = member(router, "a", "$share/g/n", qos=1)
+    router.subscribe(a, Subscription("n", 1))  # a normal subscriber of the same topic too
+    _, conn_b = member(router, "b", "$share/g/n", qos=1)
+    router.publish(Message("n", b"x", qos=1))
+    router.end_session(a)  # a held its normal copy (and maybe the group's): nothing is handed on
+    assert len(received(conn_b)) <= 1
+
+
+def test_handing_on_to_another_router_is_for_the_group_alone():
+    r = Router(RouterConfig(router_id="n/w0"), FakeMesh())  # type: ignore[arg-type]
+    mesh: FakeMesh = r.mesh  # type: ignore[assignment]
+    a, _ = member(r, "a", "$share/g/o", qos=1)
+    r.publish(Message("o", b"m", qos=1))  # chosen here: the only member
+    r.peer_interest("n/w1", "$share/g/o", 1)
+    r.end_session(a)
+    assert mesh.only == [("n/w1", b"m", ["$share/g/o"])]
+    wire = msgpack.unpackb(msgpack.packb(Message("o", b"m", 1).to_mesh_shared(["$share/g/o"], True)), raw=False)
+    back, groups, only = Message.from_mesh_shared(wire, "n/w0")
+    assert (back.payload, groups, only) == (b"m", ["$share/g/o"], True)
+    r2 = Router(RouterConfig(router_id="n/w1"))
+    _, normal = online_normal(r2, "o")
+    _, conn = member(r2, "m", "$share/g/o", qos=1)
+    r2.deliver_remote_shared(back, groups, only)
+    assert received(conn) == [b"m"] and received(normal) == []  # the normal subscriber had its copy
+
+
+def online_normal(router: Router, topic_filter: str):
+    s = router.new_session(f"n-{topic_filter}", False)
+    conn = FakeConn()
+    s.attach(conn)  # type: ignore[arg-type]
+    router.subscribe(s, Subscription(topic_filter, 1))
+    return s, conn
