@@ -34,9 +34,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import msgpack
+
 from router.log.errors import LogFormatError, LogUnavailable
 from router.log.format import (
+    BATCH_HEADER_SIZE,
     FILE_HEADER_SIZE,
+    FORMAT_VERSION,
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE,
     MAGIC_INDEX,
@@ -44,11 +48,13 @@ from router.log.format import (
     MAX_SEGMENT_POSITION,
     Record,
     decode_records,
+    encode_batch,
     encode_record_into,
+    nominal_size,
     pack_file_header,
+    read_file_header,
     segment_name,
     skip_to_offset,
-    unpack_file_header,
 )
 from router.log.segment import (
     NO_INDEX_YET,
@@ -75,6 +81,9 @@ log = logging.getLogger(__name__)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NO_TS = -(1 << 63)
 _time_ns = time.time_ns
+_packb = msgpack.packb
+_first_item = operator.itemgetter(0)
+_new_tuple = tuple.__new__
 
 
 class DeletedSegment(NamedTuple):
@@ -131,6 +140,10 @@ class CommitLog:
       hands older pages back to the kernel (see ``WriterCore``). ``None``: leave it to the kernel.
     * ``autoflush``: with a loop, schedule ``flush`` with ``call_soon`` after the first append of a
       batch, so the batch is one loop iteration's worth of appends.
+    * ``format_version``: 2 (default; one CRC and one msgpack body per batch, see FORMAT.md) or 1
+      (a header and a CRC per record: for readers that only know version 1, e.g. a pipeline not yet
+      upgraded). Segments of either version are read whatever this says; an active segment of
+      the other version is closed and the next flush starts a new segment.
 
     Opening recovers the directory (see ``FORMAT.md``): blocking work, so an async caller should use
     ``await CommitLog.open_async(...)``.
@@ -152,6 +165,7 @@ class CommitLog:
         max_unsynced_bytes: int = 4 << 20,
         page_cache_bytes: int | None = 16 << 20,
         autoflush: bool = True,
+        format_version: int = FORMAT_VERSION,
     ) -> None:
         try:
             self._policy = FsyncPolicy(fsync)
@@ -171,6 +185,11 @@ class CommitLog:
             raise ValueError("max_unsynced_bytes must be positive")
         if page_cache_bytes is not None and page_cache_bytes < 0:
             raise ValueError("page_cache_bytes must be >= 0")
+        if format_version not in (1, 2):
+            raise ValueError("format_version must be 1 or 2")
+        self._version = format_version
+        if format_version == 1:
+            self.append_fields = self._append_fields_v1  # type: ignore[method-assign]
         self._dir = os.fspath(directory)
         self.router_id = router_id
         self._router_b = router_id.encode()
@@ -194,11 +213,14 @@ class CommitLog:
         self._last_index_pos = NO_INDEX_YET
         self._seg_max_ts = _NO_TS
         # The batch being filled, and the chunk (part of it for one segment) being filled.
-        # The batch being filled is a list of encoded pieces joined once at flush: a growing bytearray
-        # is re-allocated (and, in a fragmented heap, copied) every 12.5 % of growth, which made
-        # memmove the biggest log cost on the loop at 1 KiB payloads.
-        self._buf: list[bytes] = []
+        # Version 1: the batch being filled is a list of encoded pieces joined once at flush (a growing
+        # bytearray is re-allocated, and in a fragmented heap copied, every 12.5 % of growth, which
+        # made memmove the biggest log cost on the loop at 1 KiB payloads); ``_buf_len`` its bytes.
+        # Version 2: the records' field tuples, encoded at flush (``_flush_v2``); ``_buf_len`` the
+        # bytes of their payloads, what ``max_batch_bytes`` is compared with.
+        self._buf: list[Any] = []
         self._buf_len = 0
+        self._must_roll = False  # the active segment is of the other format version: never append to it
         self._buf_first = 0
         self._chunks: list[Chunk] = []
         self._chunk_buf_start = 0
@@ -225,7 +247,8 @@ class CommitLog:
         self._written_offset = self._durable_offset = self._next_offset - 1
         self._core = WriterCore(self._dir, self._policy, self._interval_s,
                                 written_offset=self._written_offset, durable_offset=self._durable_offset,
-                                page_cache_bytes=page_cache_bytes, max_unsynced_bytes=max_unsynced_bytes)
+                                page_cache_bytes=page_cache_bytes, max_unsynced_bytes=max_unsynced_bytes,
+                                version=format_version)
         self._thread: WriterThread | None = None
         if loop is not None:
             self._thread = WriterThread(self._core, self._report_threadsafe,
@@ -247,6 +270,11 @@ class CommitLog:
     @property
     def fsync_policy(self) -> FsyncPolicy:
         return self._policy
+
+    @property
+    def format_version(self) -> int:
+        """The format version of the segments this log writes (1 or 2)."""
+        return self._version
 
     @property
     def next_offset(self) -> int:
@@ -303,14 +331,64 @@ class CommitLog:
             origin_router.encode() if type(origin_router) is str else origin_router,  # type: ignore[union-attr,arg-type]
             origin_offset)
 
+    def append_fields(self, timestamp_ms: int, origin_router: str | None, origin_offset: int | None,
+                      client_id: str, topic: str, qos: int, retain: bool, properties: bytes,
+                      payload: bytes) -> int:
+        """The broker's per-PUBLISH append: positional, in ``Record``'s field order, strings as the
+        message holds them (``str``), ``origin_router``/``origin_offset`` None for this log's router
+        and the new offset. No validation: the caller passes what the MQTT codec checked (QoS 0-2,
+        strings under 64 KiB); ``append``/``append_bytes`` validate.
+
+        It runs once per message on the event loop, where each Python-level call shows in the
+        broker's CPU per message, so it only keeps a tuple of the fields: the batch is encoded at
+        flush, all records with one ``msgpack.packb`` and one CRC (``_flush_v2``). The tuple holds
+        references to immutable values, so nothing the caller does later changes the record.
+        """
+        if self._refuse is not None:
+            raise LogUnavailable(self._refuse, self._error)
+        offset = self._next_offset
+        self._next_offset = offset + 1
+        buf = self._buf
+        buf.append((timestamp_ms, self.router_id if origin_router is None else origin_router,
+                    offset if origin_offset is None else origin_offset, client_id, topic, qos, retain,
+                    properties, payload))
+        n = self._buf_len = self._buf_len + len(payload)
+        if len(buf) == 1:
+            if self._autoflush:
+                self._loop.call_soon(self._autoflush_cb)  # type: ignore[union-attr]
+        elif n >= self._max_batch:
+            self.flush()
+        return offset
+
+    def _append_fields_v1(self, timestamp_ms: int, origin_router: str | None, origin_offset: int | None,
+                          client_id: str, topic: str, qos: int, retain: bool, properties: bytes,
+                          payload: bytes) -> int:
+        """``append_fields`` of a log that writes version 1."""
+        return self._append_v1(topic.encode(), payload, qos, retain, client_id.encode(), properties,
+                               timestamp_ms, None if origin_router is None else origin_router.encode(),
+                               origin_offset)
+
     def append_bytes(self, topic: bytes, payload: bytes, qos: int, retain: bool, client_id: bytes,
                      properties: bytes, timestamp_ms: int, origin_router: bytes | None = None,
                      origin_offset: int | None = None) -> int:
-        """``append`` for the broker's per-PUBLISH path: positional arguments, strings already UTF-8,
-        a timestamp given. It runs once per message on the event loop, where every call level and
-        keyword argument shows in the broker's CPU per message, so it encodes straight into the
-        batch buffer and keeps its bookkeeping to a few integer updates.
-        """
+        """``append`` with positional arguments, strings as UTF-8 bytes and a timestamp given; checks
+        the fields (ValueError, nothing appended) where ``append_fields`` trusts its caller."""
+        if self._version == 1:
+            return self._append_v1(topic, payload, qos, retain, client_id, properties, timestamp_ms,
+                                   origin_router, origin_offset)
+        if self._refuse is not None:
+            raise LogUnavailable(self._refuse, self._error)
+        _check_fields(qos, (topic, client_id, b"" if origin_router is None else origin_router),
+                      (properties, payload))
+        return self.append_fields(timestamp_ms, None if origin_router is None else bytes(origin_router).decode(),
+                                  origin_offset, bytes(client_id).decode(), bytes(topic).decode(), qos,
+                                  bool(retain), bytes(properties), bytes(payload))
+
+    def _append_v1(self, topic: bytes, payload: bytes, qos: int, retain: bool, client_id: bytes,
+                   properties: bytes, timestamp_ms: int, origin_router: bytes | None = None,
+                   origin_offset: int | None = None) -> int:
+        """Version 1 append: encodes the record straight into the batch buffer and does the segment
+        bookkeeping (roll, index entry) per record."""
         if self._refuse is not None:
             raise LogUnavailable(self._refuse, self._error)
         offset = self._next_offset
@@ -320,7 +398,7 @@ class CommitLog:
                                offset if origin_offset is None else origin_offset,
                                client_id, topic, qos, retain, properties, payload)
         pos = self._seg_size
-        if pos + n > self._segment_bytes and pos > FILE_HEADER_SIZE:
+        if (pos + n > self._segment_bytes and pos > FILE_HEADER_SIZE) or self._must_roll:
             self._roll(offset, start)  # the record just encoded at ``start`` opens the new segment
             pos = FILE_HEADER_SIZE
         if timestamp_ms > self._seg_max_ts:
@@ -342,10 +420,9 @@ class CommitLog:
     def append_record(self, record: Record) -> int:
         """Append a decoded record (e.g. one read from another log), keeping its origin and
         timestamp; it gets this log's next offset."""
-        return self.append(record.topic, record.payload, qos=record.qos, retain=record.retain,
-                           client_id=record.client_id, properties=record.properties,
-                           origin_router=record.origin_router, origin_offset=record.origin_offset,
-                           timestamp_ms=record.timestamp_ms)
+        return self.append_fields(record.timestamp_ms, record.origin_router, record.origin_offset,
+                                  record.client_id, record.topic, record.qos, record.retain,
+                                  record.properties, record.payload)
 
     def _roll(self, offset: int, buf_pos: int) -> None:
         """Start a new segment at ``offset``; its file is created by the writer with the first chunk."""
@@ -367,6 +444,7 @@ class CommitLog:
         self._chunk_file_pos = FILE_HEADER_SIZE
         self._chunk_index_pos = FILE_HEADER_SIZE
         self._chunk_new = True
+        self._must_roll = False
 
     def _close_chunk(self, buf_end: int) -> None:
         """End the chunk being filled at ``buf_end`` of the batch buffer; the next one continues the
@@ -396,7 +474,10 @@ class CommitLog:
         if self._closed:
             return
         batch = None
-        if self._buf:
+        if self._buf and self._version != 1:
+            batch = self._flush_v2()
+            self._inflight.append(batch)
+        elif self._buf:
             self._close_chunk(self._buf_len)
             if self._segs:
                 active = self._segs[-1]
@@ -424,6 +505,84 @@ class CommitLog:
             if report.error is not None:
                 raise LogUnavailable(f"commit log {self._dir}: write failed: {report.error}",
                                      report.error) from report.error
+
+    def _flush_v2(self) -> Batch:
+        """Encode the pending records as version 2 batches and place them in the segments.
+
+        Normally that is one ``msgpack.packb`` of all the records (C), one CRC, a few struct packs
+        and one index entry at most: the per-record cost of the log on the loop is then the tuple
+        ``append_fields`` kept plus the packing, and nothing else. Only when the batch does not fit
+        the active segment are the records packed one by one to cut it at segment boundaries.
+        """
+        recs = self._buf
+        first = self._buf_first
+        self._buf = []
+        self._buf_len = 0
+        self._buf_first = self._next_offset
+        pieces: list[bytes] = []
+        chunks: list[Chunk] = []
+        body = _packb(recs)
+        if not self._must_roll and (self._seg_size + BATCH_HEADER_SIZE + len(body) <= self._segment_bytes
+                                    or (len(recs) == 1 and self._seg_size == FILE_HEADER_SIZE)):
+            self._place_batch(first, recs, body, pieces, chunks)
+        else:
+            self._place_split(first, recs, pieces, chunks)
+        active = self._segs[-1]
+        active.size = self._seg_size
+        active.last_offset = self._next_offset - 1
+        active.max_ts = self._seg_max_ts
+        return Batch(pieces[0] if len(pieces) == 1 else b"".join(pieces), chunks, first,
+                     self._next_offset - 1)
+
+    def _place_split(self, first: int, recs: list[Any], pieces: list[bytes], chunks: list[Chunk]) -> None:
+        """Cut ``recs`` into batches that fit their segments, rolling as needed; a record bigger
+        than a segment gets a segment (and a batch) of its own."""
+        sizes = [len(_packb(r)) for r in recs]
+        i, n = 0, len(recs)
+        while i < n:
+            if self._must_roll:
+                self._roll_v2(first + i)
+            room = self._segment_bytes - self._seg_size - BATCH_HEADER_SIZE - 5  # 5: array header
+            j = i
+            while j < n and sizes[j] <= room:
+                room -= sizes[j]
+                j += 1
+            if j == i:
+                if self._seg_size > FILE_HEADER_SIZE:
+                    self._roll_v2(first + i)
+                    continue
+                j = i + 1
+            part = recs[i:j]
+            self._place_batch(first + i, part, _packb(part), pieces, chunks)
+            i = j
+
+    def _place_batch(self, base: int, recs: list[Any], body: bytes, pieces: list[bytes],
+                     chunks: list[Chunk]) -> None:
+        """Put one batch at the end of the active segment: header, index entry, chunk."""
+        max_ts = max(map(_first_item, recs))
+        header, body = encode_batch(base, recs, body, max_ts)
+        pos = self._seg_size
+        size = len(header) + len(body)
+        if max_ts > self._seg_max_ts:
+            self._seg_max_ts = max_ts
+        index = b""
+        index_pos = self._seg_index_size
+        if pos - self._last_index_pos >= self._index_interval:
+            index = INDEX_ENTRY.pack(base - self._seg_base, pos, self._seg_max_ts)
+            self._last_index_pos = pos
+            self._seg_index_size += INDEX_ENTRY_SIZE
+        buf_start = sum(map(len, pieces))
+        pieces.append(header)
+        pieces.append(body)
+        chunks.append(Chunk(self._seg_base, pos, buf_start, buf_start + size, index, index_pos,
+                            self._chunk_new))
+        self._chunk_new = False
+        self._seg_size = pos + size
+
+    def _roll_v2(self, offset: int) -> None:
+        """Start a new segment at ``offset`` (version 2: no chunk is open between flushes)."""
+        self._chunk_buf_start = 0
+        self._roll(offset, 0)
 
     # ---------------------------------------------------------------------------------- durability
 
@@ -603,8 +762,12 @@ class CommitLog:
         for buf, _first, last in self._pending_buffers():
             if last < from_offset:
                 continue
-            recs, nbytes = _read_buffer(buf, from_offset, max_records - len(out), bytes_left,
-                                        at_least_one=not out)
+            if type(buf) is list:  # version 2 records not flushed yet: their field tuples
+                recs, nbytes = _take([_new_tuple(Record, (_first + i, *t)) for i, t in enumerate(buf)],
+                                     from_offset, max_records - len(out), bytes_left, at_least_one=not out)
+            else:
+                recs, nbytes = _read_buffer(buf, from_offset, max_records - len(out), bytes_left,
+                                            at_least_one=not out, version=self._version)
             out += recs
             bytes_left -= nbytes
             if not recs or recs[-1].offset < last:
@@ -614,10 +777,13 @@ class CommitLog:
                 break
         return out
 
-    def _pending_buffers(self) -> list[tuple[bytes, int, int]]:
-        bufs = [(b.buf, b.first_offset, b.last_offset) for b in self._inflight]
+    def _pending_buffers(self) -> list[tuple[Any, int, int]]:
+        """(bytes, first, last) of each batch handed to the writer but not reported written, then
+        what is not flushed yet: version 1 bytes, version 2 the list of field tuples."""
+        bufs: list[tuple[Any, int, int]] = [(b.buf, b.first_offset, b.last_offset) for b in self._inflight]
         if self._buf:
-            bufs.append((b"".join(self._buf), self._buf_first, self._next_offset - 1))
+            pending = b"".join(self._buf) if self._version == 1 else self._buf
+            bufs.append((pending, self._buf_first, self._next_offset - 1))
         return bufs
 
     # ----------------------------------------------------------------------------------- retention
@@ -802,16 +968,16 @@ class CommitLog:
             last = reader.index_entry(n - 1) if n else None
             if last is not None:
                 res = scan_segment(fd, base, size, start_pos=last[1], expect_offset=base + last[0],
-                                   max_timestamp=last[2])
+                                   max_timestamp=last[2], version=reader.version)
                 if res.records == 0:
                     problem, res = "last entry does not point at a good record", None
             elif size > FILE_HEADER_SIZE:
                 problem = "no entries"
         if res is None:
-            res = scan_segment(fd, base, size, index_interval=self._index_interval)
+            res = scan_segment(fd, base, size, index_interval=self._index_interval, version=reader.version)
             if problem is not None:
                 log.warning("commit log %s: index of segment %d rebuilt (%s)", self._dir, base, problem)
-                write_index(self._dir, base, res.index)
+                write_index(self._dir, base, res.index, version=reader.version)
                 reader.reopen_index()
         if res.error is not None:
             log.warning("commit log %s: segment %d has a bad record at position %d (%s); %d bytes after "
@@ -830,10 +996,13 @@ class CommitLog:
         except FileNotFoundError:
             return "missing"
         try:
-            if unpack_file_header(data, MAGIC_INDEX, reader.index_path) != reader.base:
-                return "header names another segment"
+            ibase, iversion = read_file_header(data, MAGIC_INDEX, reader.index_path)
         except (ValueError, LogFormatError) as exc:
             return f"bad header: {exc}"
+        if ibase != reader.base:
+            return "header names another segment"
+        if iversion != reader.version:
+            return f"index of format version {iversion} for a version {reader.version} segment"
         body = memoryview(data)[FILE_HEADER_SIZE:]
         if len(body) % INDEX_ENTRY_SIZE:
             return "partial entry"
@@ -864,17 +1033,27 @@ class CommitLog:
                 log.warning("commit log %s: segment %d has a partial header (%d bytes); rewritten",
                             self._dir, base, size)
                 os.ftruncate(fd, 0)
-                os.pwrite(fd, pack_file_header(MAGIC_LOG, base), 0)
+                os.pwrite(fd, pack_file_header(MAGIC_LOG, base, self._version), 0)
                 size = FILE_HEADER_SIZE
+                version = self._version
             else:
-                got = unpack_file_header(os.pread(fd, FILE_HEADER_SIZE, 0), MAGIC_LOG, path)
+                got, version = read_file_header(os.pread(fd, FILE_HEADER_SIZE, 0), MAGIC_LOG, path)
                 if got != base:
                     raise LogFormatError(f"{path}: header says base offset {got}")
-            res = scan_segment(fd, base, size, index_interval=self._index_interval)
+            res = scan_segment(fd, base, size, index_interval=self._index_interval, version=version)
             if res.error is not None:
                 log.warning("commit log %s: segment %s: truncated at position %d, %d bytes dropped (%s)",
                             self._dir, segment_name(base), res.valid_end, size - res.valid_end, res.error)
                 os.ftruncate(fd, res.valid_end)
+            if version != self._version:
+                if res.last_offset is None:
+                    # Empty: it becomes a segment of the version this log writes.
+                    os.pwrite(fd, pack_file_header(MAGIC_LOG, base, self._version), 0)
+                    version = self._version
+                else:
+                    # Written in the other version (an upgrade, or format_version changed): closed as
+                    # it is; the next flush starts a new segment.
+                    self._must_roll = True
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -884,9 +1063,8 @@ class CommitLog:
         try:
             with open(ipath, "rb") as f:
                 data = f.read()
-            unpack_file_header(data, MAGIC_INDEX, ipath)
+            ok_header = read_file_header(data, MAGIC_INDEX, ipath)[1] == version
             existing = data[FILE_HEADER_SIZE:]
-            ok_header = True
         except (OSError, ValueError, LogFormatError):
             ok_header = False
         if not ok_header or existing != bytes(res.index):
@@ -895,7 +1073,7 @@ class CommitLog:
             else:
                 log.warning("commit log %s: index of segment %d did not match its records; rebuilt",
                             self._dir, base)
-            write_index(self._dir, base, res.index)
+            write_index(self._dir, base, res.index, version=version)
         _fsync_dir(self._dir)
         seg = _Seg(self._dir, base, res.valid_end, res.valid_end, res.last_offset, res.max_timestamp)
         self._add_seg(seg)
@@ -911,8 +1089,12 @@ class CommitLog:
 
 
 def _read_buffer(buf: bytes, from_offset: int, max_records: int, max_bytes: int, *,
-                 at_least_one: bool) -> tuple[list[Record], int]:
-    """Decode records >= ``from_offset`` from a pending batch buffer (records back to back)."""
+                 at_least_one: bool, version: int = 1) -> tuple[list[Record], int]:
+    """Decode records >= ``from_offset`` from a pending batch buffer (records, or version 2
+    batches, back to back)."""
+    if version != 1:
+        recs, _ = decode_records(buf, verify=False, version=version)
+        return _take(recs, from_offset, max_records, max_bytes, at_least_one=at_least_one)
     end = len(buf)
     pos, _first, found = skip_to_offset(buf, 0, end, from_offset)
     if not found:
@@ -923,6 +1105,33 @@ def _read_buffer(buf: bytes, from_offset: int, max_records: int, max_bytes: int,
     if recs and consumed > max_bytes and not at_least_one:
         return [], 0
     return recs, consumed
+
+
+def _take(recs: list[Record], from_offset: int, max_records: int, max_bytes: int, *,
+          at_least_one: bool) -> tuple[list[Record], int]:
+    """The records >= ``from_offset`` of ``recs`` within the limits, ``max_bytes`` counted in
+    ``nominal_size`` (what a version 1 record takes, as segment reads count); (records, bytes)."""
+    out: list[Record] = []
+    nbytes = 0
+    for r in recs:
+        if r.offset < from_offset:
+            continue
+        size = nominal_size(r)
+        if len(out) >= max_records or (nbytes + size > max_bytes and (out or not at_least_one)):
+            break
+        out.append(r)
+        nbytes += size
+    return out, nbytes
+
+
+def _check_fields(qos: int, strings: tuple[bytes, ...], blobs: tuple[bytes, ...]) -> None:
+    """The limits version 1 has in its header (and MQTT has anyway), kept for every version so a
+    log's appends take the same values whatever it writes. Raises ValueError."""
+    if qos not in (0, 1, 2):
+        raise ValueError(f"qos must be 0, 1 or 2, not {qos!r}")
+    if any(len(v) > 0xFFFF for v in strings) or any(len(v) > 0xFFFFFFFF for v in blobs):
+        raise ValueError("record field out of range (strings are at most 65535 bytes, properties "
+                         "and payload under 4 GiB)")
 
 
 def _remove(lst: list[Any], item: Any) -> None:

@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
-from router.log.format import MAGIC_INDEX, MAGIC_LOG, index_name, pack_file_header, segment_name
+from router.log.format import (
+    FORMAT_VERSION,
+    MAGIC_INDEX,
+    MAGIC_LOG,
+    index_name,
+    pack_file_header,
+    segment_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +136,7 @@ class WriterCore:
     durable_offset: int
     page_cache_bytes: int | None = None
     max_unsynced_bytes: int = 4 << 20
+    version: int = FORMAT_VERSION  # of the segments (and indexes) this core creates
     error: OSError | None = None
     _backlog: deque[Batch] = field(default_factory=deque)   # not yet written (or to rewrite)
     _unsynced: list[Batch] = field(default_factory=list)     # written, not yet fsynced
@@ -254,8 +262,8 @@ class WriterCore:
         fds = self._open(base, create)
         try:
             if create:
-                _pwrite_all(fds.fd, pack_file_header(MAGIC_LOG, base), 0)
-                _pwrite_all(fds.ifd, pack_file_header(MAGIC_INDEX, base), 0)
+                _pwrite_all(fds.fd, pack_file_header(MAGIC_LOG, base, self.version), 0)
+                _pwrite_all(fds.ifd, pack_file_header(MAGIC_INDEX, base, self.version), 0)
                 self._created.add(base)
                 self._dir_dirty = True
             _pwritev_all(fds.fd, run.data, run.file_pos)
