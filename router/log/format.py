@@ -9,11 +9,11 @@ All integers are little-endian.
 File header (16 bytes, at position 0 of every ``.log`` and ``.index`` file)::
 
     magic        4s   b"BKLG" (segment) or b"BKIX" (index)
-    version      u8   FORMAT_VERSION (1)
+    version      u8   1 or 2 (FORMAT_VERSION, 2, is what a CommitLog writes; see "version 2" below)
     reserved     3x   zero
     base_offset  u64  offset of the first record of the segment (also in the file name)
 
-Record (48-byte fixed header, then the variable fields in this order)::
+Record of a version 1 segment (48-byte fixed header, then the variable fields in this order)::
 
     length         u32  bytes after the crc field (40 + sum of the five variable lengths)
     crc            u32  zlib.crc32 of those ``length`` bytes (everything after this field)
