@@ -486,7 +486,9 @@ class WriterThread:
             deletes: list[int] = []
             force = recover = stop = False
             for it in items:
-                if isinstance(it, Batch):
+                if type(it) is list:
+                    batches += it
+                elif isinstance(it, Batch):
                     batches.append(it)
                 elif it is SYNC:
                     force = True

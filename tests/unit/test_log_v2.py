@@ -23,6 +23,7 @@ from router.log import (
     check,
     decode_records,
     iter_records,
+    segment_name,
 )
 from router.log.format import (
     BATCH_HEADER,
@@ -318,3 +319,45 @@ def test_nothing_acknowledged_under_fsync_always_is_lost_in_a_crash(tmp_path):
         assert log.next_offset > acked
         assert log.read(0, 10_000, 1 << 30) == [expected(i) for i in range(log.next_offset)]
     assert check(crash).ok
+
+
+# ----------------------------------------------------------------------------------------- linger
+
+def test_linger_holds_flushed_batches_and_hands_them_over_together(tmp_path):
+    """With a loop and fsync interval, the batches of several loop iterations reach the writer
+    together after linger_ms; reads see them meanwhile; fsync, commands and close do not wait."""
+
+    async def until(cond) -> None:
+        for _ in range(5000):
+            if cond():
+                return
+            await asyncio.sleep(0.001)
+        raise AssertionError("timed out")
+
+    async def main() -> None:
+        log = await CommitLog.open_async(tmp_path, router_id="r1", linger_ms=300)
+        for i in range(30):
+            log.append_fields(*fields(i))
+            if i % 10 == 9:
+                await asyncio.sleep(0)  # a loop iteration: its appends are flushed as one batch
+        assert len(log._held) == 3 and log.written_offset == -1
+        assert log.read(0, 100) == [expected(i) for i in range(30)]
+        with LogReader(tmp_path) as reader:
+            assert reader.read(0) == []  # not written yet
+        await until(lambda: log.written_offset == 29)
+        assert not log._held
+        assert len(batch_positions(tmp_path / segment_name(0))) == 3  # one batch per iteration
+        log.append_fields(*fields(30))
+        log.flush(fsync=True)  # an fsync request does not linger
+        assert await asyncio.wait_for(log.wait_durable(30), 5) == 30
+        log.append_fields(*fields(31))
+        await asyncio.sleep(0)
+        assert log._held
+        await log.aclose()  # close writes what lingers
+        assert log.written_offset == 31
+
+    asyncio.run(main())
+    with LogReader(tmp_path) as reader:
+        assert reader.read(0, 100) == [expected(i) for i in range(32)]
+    with CommitLog(tmp_path, router_id="r1", fsync="always", linger_ms=300) as log:
+        assert log._linger_s == 0  # acknowledgements wait for the write: never linger
