@@ -139,14 +139,16 @@ class CommitLog:
     * ``max_unsynced_bytes``: with ``interval``, also fsync once this many bytes wait for it.
     * ``page_cache_bytes``: how much of the newest written data stays in the page cache; the writer
       hands older pages back to the kernel (see ``WriterCore``). ``None``: leave it to the kernel.
-    * ``autoflush``: with a loop, schedule ``flush`` with ``call_soon`` after the first append of a
-      batch, so the batch is one loop iteration's worth of appends.
-    * ``linger_ms``: with a loop and fsync ``interval``/``never``, flushed batches wait up to this
-      long (or until ``max_batch_bytes`` of them wait) before they go to the writer thread together;
-      ``0`` hands each over at once (what ``always`` does anyway: acks wait for the write). Why: a
-      hand-over wakes the writer thread, and each of its rounds is a ``pwritev`` (on ext4 a
-      journalled inode update for every write that extends the file), a GIL round trip and a report
-      to the loop; one round per loop iteration cost about as much as encoding the records.
+    * ``autoflush``: with a loop, schedule ``flush`` after the first append of a batch: ``linger_ms``
+      later, or with ``call_soon`` (the batch is one loop iteration's worth of appends).
+    * ``linger_ms``: with a loop and fsync ``interval``/``never``, the automatic flush comes this long
+      after the first append of a batch (sooner once ``max_batch_bytes`` wait), not at the end of
+      that loop iteration; ``0``: at the end of the iteration (what ``always`` does anyway: acks
+      wait for the write). Why: each flush costs the same whatever its size (a msgpack call, a
+      header, a batch to place, a writer round: a thread wake-up, a GIL round trip, a ``pwritev``
+      and a report to the loop), and a busy loop iteration holds only tens of PUBLISHes; one flush
+      per couple of milliseconds spreads that over hundreds. Appended records are readable from
+      memory meanwhile.
     * ``format_version``: 2 (default; one CRC and one msgpack body per batch, see FORMAT.md) or 1
       (a header and a CRC per record: for readers that only know version 1, e.g. a pipeline not yet
       upgraded). Segments of either version are read whatever this says; an active segment of
@@ -242,11 +244,13 @@ class CommitLog:
         self._chunk_index_pos = FILE_HEADER_SIZE
         self._chunk_new = False
         self._inflight: deque[Batch] = deque()  # flushed, not yet reported written
-        # Flushed batches not yet handed to the writer (linger_ms); they are in _inflight too.
-        self._linger_s = linger_ms / 1000.0 if self._policy is not FsyncPolicy.ALWAYS else 0.0
-        self._held: list[Batch] = []
-        self._held_bytes = 0
-        self._linger_timer: asyncio.TimerHandle | None = None
+        linger_s = linger_ms / 1000.0 if self._policy is not FsyncPolicy.ALWAYS else 0.0
+        self._linger_s = linger_s
+        # What the first append of a batch calls to have the batch flushed (no method call between).
+        self._arm_flush: Callable[[], object] = (
+            functools.partial(loop.call_later, linger_s, self._autoflush_cb) if loop is not None and linger_s
+            else functools.partial(loop.call_soon, self._autoflush_cb) if loop is not None
+            else _nothing)
 
         self._error: OSError | None = None
         self._closed = False
@@ -312,7 +316,7 @@ class CommitLog:
     @property
     def start_offset(self) -> int:
         """First offset still in the log (retention moves it forward)."""
-        return self._segs[0].base if self._segs else self._next_offset
+        return self._segs[0].base if self._segs else self._buf_first  # records not flushed yet count
 
     @property
     def error(self) -> OSError | None:
@@ -373,7 +377,7 @@ class CommitLog:
         n = self._buf_len = self._buf_len + len(payload)
         if len(buf) == 1:
             if self._autoflush:
-                self._loop.call_soon(self._autoflush_cb)  # type: ignore[union-attr]
+                self._arm_flush()
         elif n >= self._max_batch:
             self.flush()
         return offset
@@ -430,7 +434,7 @@ class CommitLog:
         self._next_offset = offset + 1
         if start == 0:
             if self._autoflush:
-                self._loop.call_soon(self._autoflush_cb)  # type: ignore[union-attr]
+                self._arm_flush()
         elif start + n >= self._max_batch:
             self.flush()
         return offset
@@ -514,35 +518,15 @@ class CommitLog:
             return
         if self._thread is not None:
             if batch is not None:
-                self._held.append(batch)
-                self._held_bytes += batch.size
-                if fsync or not self._linger_s or self._held_bytes >= self._max_batch:
-                    self._handoff()
-                elif self._linger_timer is None:
-                    self._linger_timer = self._loop.call_later(self._linger_s, self._handoff)  # type: ignore[union-attr]
+                self._thread.put(batch)
             if fsync:
-                self._put(SYNC)
+                self._thread.put(SYNC)
         else:
             report = self._core.process([batch] if batch is not None else [], force_sync=fsync)
             self._apply_report(report)
             if report.error is not None:
                 raise LogUnavailable(f"commit log {self._dir}: write failed: {report.error}",
                                      report.error) from report.error
-
-    def _handoff(self) -> None:
-        """Give the held batches to the writer thread, all in one queue item."""
-        if self._linger_timer is not None:
-            self._linger_timer.cancel()
-            self._linger_timer = None
-        if self._held:
-            self._thread.put(self._held)  # type: ignore[union-attr]
-            self._held = []
-            self._held_bytes = 0
-
-    def _put(self, item: object) -> None:
-        """Queue a command for the writer after the batches flushed before it."""
-        self._handoff()
-        self._thread.put(item)  # type: ignore[union-attr]
 
     def _flush_v2(self) -> Batch:
         """Encode the pending records as version 2 batches and place them in the segments.
@@ -739,7 +723,7 @@ class CommitLog:
         if self._thread is None:
             self._apply_report(self._core.process([], recover=True))
             return self._error is None
-        self._put(RECOVER)
+        self._thread.put(RECOVER)
         return False
 
     async def recover(self) -> bool:
@@ -748,7 +732,7 @@ class CommitLog:
             return self.try_recover()
         fut: asyncio.Future[bool] = self._loop.create_future()  # type: ignore[union-attr]
         self._recover_futs.append(fut)
-        self._put(RECOVER)
+        self._thread.put(RECOVER)
         return await fut
 
     # ---------------------------------------------------------------------------------------- read
@@ -854,7 +838,7 @@ class CommitLog:
         if deleted:
             bases = [d.base_offset for d in deleted]
             if self._thread is not None:
-                self._put(delete_item(bases))
+                self._thread.put(delete_item(bases))
             else:
                 self._core.process([], deletes=bases)
             log.info("commit log %s: retention deleted %d segment(s), offsets %d..%s", self._dir,
@@ -896,7 +880,7 @@ class CommitLog:
             return
         self._begin_close()
         if self._thread is not None:
-            self._put(STOP)
+            self._thread.put(STOP)
             self._thread.join()
             report = self._thread.last_report
         else:
@@ -909,7 +893,7 @@ class CommitLog:
             return
         self._begin_close()
         if self._thread is not None:
-            self._put(STOP)
+            self._thread.put(STOP)
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
             report = self._thread.last_report
         else:
@@ -1166,6 +1150,10 @@ def _check_fields(qos: int, strings: tuple[bytes, ...], blobs: tuple[bytes, ...]
     if any(len(v) > 0xFFFF for v in strings) or any(len(v) > 0xFFFFFFFF for v in blobs):
         raise ValueError("record field out of range (strings are at most 65535 bytes, properties "
                          "and payload under 4 GiB)")
+
+
+def _nothing() -> None:
+    pass
 
 
 def _remove(lst: list[Any], item: Any) -> None:

@@ -486,9 +486,7 @@ class WriterThread:
             deletes: list[int] = []
             force = recover = stop = False
             for it in items:
-                if type(it) is list:
-                    batches += it
-                elif isinstance(it, Batch):
+                if isinstance(it, Batch):
                     batches.append(it)
                 elif it is SYNC:
                     force = True

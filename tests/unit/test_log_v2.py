@@ -323,9 +323,9 @@ def test_nothing_acknowledged_under_fsync_always_is_lost_in_a_crash(tmp_path):
 
 # ----------------------------------------------------------------------------------------- linger
 
-def test_linger_holds_flushed_batches_and_hands_them_over_together(tmp_path):
-    """With a loop and fsync interval, the batches of several loop iterations reach the writer
-    together after linger_ms; reads see them meanwhile; fsync, commands and close do not wait."""
+def test_linger_makes_one_batch_of_several_loop_iterations(tmp_path):
+    """With a loop and fsync interval, the appends of several loop iterations are flushed together
+    linger_ms after the first; reads see them meanwhile; an explicit flush and close do not wait."""
 
     async def until(cond) -> None:
         for _ in range(5000):
@@ -339,20 +339,19 @@ def test_linger_holds_flushed_batches_and_hands_them_over_together(tmp_path):
         for i in range(30):
             log.append_fields(*fields(i))
             if i % 10 == 9:
-                await asyncio.sleep(0)  # a loop iteration: its appends are flushed as one batch
-        assert len(log._held) == 3 and log.written_offset == -1
+                await asyncio.sleep(0)  # a loop iteration ends
+        assert log.pending_records == 30 and not log._inflight  # not even flushed yet
         assert log.read(0, 100) == [expected(i) for i in range(30)]
         with LogReader(tmp_path) as reader:
             assert reader.read(0) == []  # not written yet
         await until(lambda: log.written_offset == 29)
-        assert not log._held
-        assert len(batch_positions(tmp_path / segment_name(0))) == 3  # one batch per iteration
+        assert len(batch_positions(tmp_path / segment_name(0))) == 1  # one batch for the 30
         log.append_fields(*fields(30))
-        log.flush(fsync=True)  # an fsync request does not linger
+        log.flush(fsync=True)  # an explicit flush does not linger
         assert await asyncio.wait_for(log.wait_durable(30), 5) == 30
         log.append_fields(*fields(31))
         await asyncio.sleep(0)
-        assert log._held
+        assert log.pending_records == 1
         await log.aclose()  # close writes what lingers
         assert log.written_offset == 31
 
