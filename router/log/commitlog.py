@@ -47,6 +47,7 @@ from router.log.format import (
     INDEX_ENTRY_SIZE,
     MAGIC_INDEX,
     MAGIC_LOG,
+    MAX_ARRAY_HEADER,
     MAX_SEGMENT_POSITION,
     Record,
     decode_records,
@@ -563,7 +564,7 @@ class CommitLog:
         while i < n:
             if self._must_roll:
                 self._roll_v2(first + i)
-            room = self._segment_bytes - self._seg_size - BATCH_HEADER_SIZE - 5  # 5: array header
+            room = self._segment_bytes - self._seg_size - BATCH_HEADER_SIZE - MAX_ARRAY_HEADER
             j = i
             while j < n and sizes[j] <= room:
                 room -= sizes[j]

@@ -329,7 +329,7 @@ BATCH_FIXED_BODY = BATCH_HEADER_SIZE - 8  # 32: what ``length`` counts besides t
 _BATCH_HEAD_FIELDS = struct.Struct("<IQqqI")  # what head_crc covers: length, base, first_ts, max_ts, count
 _BATCH_REST = struct.Struct("<QqqII")         # the header after length and crc
 _LENGTH_CRC_V2 = struct.Struct("<II")
-_MAX_ARRAY_HEADER = 5  # bytes of a msgpack array header, at most
+MAX_ARRAY_HEADER = 5  # bytes of a msgpack array header, at most (what a batch's body adds to its records)
 assert BATCH_HEADER_SIZE == 40
 
 _packb = msgpack.packb
