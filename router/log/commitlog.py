@@ -341,11 +341,29 @@ class CommitLog:
                timestamp_ms: int | None = None) -> int:
         """Add a record to the current batch and return its offset. No I/O happens here.
 
-        String fields may be given as UTF-8 bytes (what the MQTT codec already has) to skip an
-        encode. ``origin_router``/``origin_offset`` default to this log's router and the new offset;
-        a forwarded record passes its origin so readers can count each message once.
+        String fields may be given as ``str`` or UTF-8 bytes. ``origin_router``/``origin_offset``
+        default to this log's router and the new offset; a forwarded record passes its origin so
+        readers can count each message once.
         Raises LogUnavailable in the failed or closed state, ValueError for out-of-range fields.
         """
+        if self._version != 1:
+            # Version 2 keeps strings as str: no encode here and decode in append_bytes.
+            if self._refuse is not None:
+                raise LogUnavailable(self._refuse, self._error)
+            t = topic if type(topic) is str else bytes(topic).decode()
+            c = client_id if type(client_id) is str else bytes(client_id).decode()
+            o = origin_router if origin_router is None or type(origin_router) is str \
+                else bytes(origin_router).decode()
+            if (qos.__class__ is not int or not 0 <= qos <= 2 or len(t) > 0x3FFF or len(c) > 0x3FFF
+                    or (o is not None and len(o) > 0x3FFF)
+                    or len(payload) > 0xFFFFFFFF or len(properties) > 0xFFFFFFFF):
+                # Rare: measure the strings in UTF-8 (a character takes at most 4 bytes, so shorter
+                # strings cannot pass the 65535-byte limit) and raise what is wrong.
+                _check_fields(qos, (len(t.encode()), len(c.encode()), len((o or "").encode())),
+                              (len(properties), len(payload)))
+            return self.append_fields(_time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms,
+                                      o, origin_offset, c, t, int(qos), bool(retain), bytes(properties),
+                                      bytes(payload))
         return self.append_bytes(
             topic.encode() if type(topic) is str else topic,  # type: ignore[union-attr]
             payload, qos, retain,
@@ -401,10 +419,10 @@ class CommitLog:
                                    origin_router, origin_offset)
         if self._refuse is not None:
             raise LogUnavailable(self._refuse, self._error)
-        _check_fields(qos, (topic, client_id, b"" if origin_router is None else origin_router),
-                      (properties, payload))
+        _check_fields(qos, (len(topic), len(client_id), 0 if origin_router is None else len(origin_router)),
+                      (len(properties), len(payload)))
         return self.append_fields(timestamp_ms, None if origin_router is None else bytes(origin_router).decode(),
-                                  origin_offset, bytes(client_id).decode(), bytes(topic).decode(), qos,
+                                  origin_offset, bytes(client_id).decode(), bytes(topic).decode(), int(qos),
                                   bool(retain), bytes(properties), bytes(payload))
 
     def _append_v1(self, topic: bytes, payload: bytes, qos: int, retain: bool, client_id: bytes,
@@ -1143,12 +1161,13 @@ def _take(recs: list[Record], from_offset: int, max_records: int, max_bytes: int
     return out, nbytes
 
 
-def _check_fields(qos: int, strings: tuple[bytes, ...], blobs: tuple[bytes, ...]) -> None:
+def _check_fields(qos: int, strings: tuple[int, ...], blobs: tuple[int, ...]) -> None:
     """The limits version 1 has in its header (and MQTT has anyway), kept for every version so a
-    log's appends take the same values whatever it writes. Raises ValueError."""
+    log's appends take the same values whatever it writes; given the fields' byte lengths.
+    Raises ValueError."""
     if qos not in (0, 1, 2):
         raise ValueError(f"qos must be 0, 1 or 2, not {qos!r}")
-    if any(len(v) > 0xFFFF for v in strings) or any(len(v) > 0xFFFFFFFF for v in blobs):
+    if any(n > 0xFFFF for n in strings) or any(n > 0xFFFFFFFF for n in blobs):
         raise ValueError("record field out of range (strings are at most 65535 bytes, properties "
                          "and payload under 4 GiB)")
 

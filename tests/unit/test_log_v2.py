@@ -188,6 +188,18 @@ def test_append_fields_writes_what_append_writes(tmp_path):
         assert open(tmp_path / "a" / name, "rb").read() == open(tmp_path / "b" / name, "rb").read()
 
 
+def test_append_checks_fields_without_appending(tmp_path):
+    with open_log(tmp_path) as log:
+        assert log.append("t", b"ok", timestamp_ms=T0) == 0
+        for bad in (dict(qos=3), dict(client_id="c" * 70_000), dict(origin_router=b"r" * 65_536)):
+            with pytest.raises(ValueError):
+                log.append("t", b"bad", **bad)
+        with pytest.raises(ValueError):
+            log.append("é" * 40_000, b"bad")  # 80,000 bytes of UTF-8 in 40,000 characters
+        assert log.append("é" * 30_000, b"ok", timestamp_ms=T0) == 1  # 60,000 bytes: fine
+        assert [r.payload for r in log.read(0)] == [b"ok", b"ok"]
+
+
 # ------------------------------------------------------------------------ version 1 still readable
 
 def test_version_1_segments_are_read_and_the_log_goes_on_in_version_2(tmp_path):
