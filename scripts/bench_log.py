@@ -99,7 +99,7 @@ def bench_decode(directory: str, seconds: float) -> dict:
         while time.perf_counter() - t < seconds:
             pos = 16
             while pos < len(data):
-                recs, consumed = decode_records(data[pos:pos + (4 << 20)], verify=verify)
+                recs, consumed = decode_records(data[pos:pos + (4 << 20)], verify=verify, version=data[4])
                 if not recs:
                     break
                 n += len(recs)

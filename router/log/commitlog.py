@@ -2,8 +2,10 @@
 
 Why it is shaped this way:
 
-* ``append`` runs once per PUBLISH on the event loop, so it only encodes the record into an in-memory
-  batch buffer and does its bookkeeping (offset, segment roll, index entry) in Python — no syscall.
+* ``append_fields`` runs once per PUBLISH on the event loop, so it only keeps a tuple of the record's
+  fields and counts the offset — no encoding, no syscall. ``flush`` encodes the whole batch at once
+  (format version 2: one ``msgpack.packb`` and one CRC) and places it (segment roll, index entry).
+  A log writing version 1 encodes each record at append instead (its format has a CRC per record).
 * ``flush`` (scheduled automatically once per loop iteration that appended something) hands the batch
   to ONE background thread that does ``pwrite`` and, per the fsync policy, ``fsync``, then reports back
   with ``loop.call_soon_threadsafe``. The loop never waits for the disk; batches that queue up during
@@ -34,21 +36,28 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import msgpack
+
 from router.log.errors import LogFormatError, LogUnavailable
 from router.log.format import (
+    BATCH_HEADER_SIZE,
     FILE_HEADER_SIZE,
+    FORMAT_VERSION,
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE,
     MAGIC_INDEX,
     MAGIC_LOG,
+    MAX_ARRAY_HEADER,
     MAX_SEGMENT_POSITION,
     Record,
     decode_records,
+    encode_batch,
     encode_record_into,
+    nominal_size,
     pack_file_header,
+    read_file_header,
     segment_name,
     skip_to_offset,
-    unpack_file_header,
 )
 from router.log.segment import (
     NO_INDEX_YET,
@@ -75,6 +84,8 @@ log = logging.getLogger(__name__)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NO_TS = -(1 << 63)
 _time_ns = time.time_ns
+_first_item = operator.itemgetter(0)
+_new_tuple = tuple.__new__
 
 
 class DeletedSegment(NamedTuple):
@@ -129,8 +140,20 @@ class CommitLog:
     * ``max_unsynced_bytes``: with ``interval``, also fsync once this many bytes wait for it.
     * ``page_cache_bytes``: how much of the newest written data stays in the page cache; the writer
       hands older pages back to the kernel (see ``WriterCore``). ``None``: leave it to the kernel.
-    * ``autoflush``: with a loop, schedule ``flush`` with ``call_soon`` after the first append of a
-      batch, so the batch is one loop iteration's worth of appends.
+    * ``autoflush``: with a loop, schedule ``flush`` after the first append of a batch: ``linger_ms``
+      later, or with ``call_soon`` (the batch is one loop iteration's worth of appends).
+    * ``linger_ms``: with a loop and fsync ``interval``/``never``, the automatic flush comes this long
+      after the first append of a batch (sooner once ``max_batch_bytes`` wait), not at the end of
+      that loop iteration; ``0``: at the end of the iteration (what ``always`` does anyway: acks
+      wait for the write). Why: each flush costs the same whatever its size (a msgpack call, a
+      header, a batch to place, a writer round: a thread wake-up, a GIL round trip, a ``pwritev``
+      and a report to the loop), and a busy loop iteration holds only tens of PUBLISHes; one flush
+      per couple of milliseconds spreads that over hundreds. Appended records are readable from
+      memory meanwhile.
+    * ``format_version``: 2 (default; one CRC and one msgpack body per batch, see FORMAT.md) or 1
+      (a header and a CRC per record: for readers that only know version 1, e.g. a pipeline not yet
+      upgraded). Segments of either version are read whatever this says; an active segment of
+      the other version is closed and the next flush starts a new segment.
 
     Opening recovers the directory (see ``FORMAT.md``): blocking work, so an async caller should use
     ``await CommitLog.open_async(...)``.
@@ -152,6 +175,8 @@ class CommitLog:
         max_unsynced_bytes: int = 4 << 20,
         page_cache_bytes: int | None = 16 << 20,
         autoflush: bool = True,
+        format_version: int = FORMAT_VERSION,
+        linger_ms: float = 2.0,
     ) -> None:
         try:
             self._policy = FsyncPolicy(fsync)
@@ -171,6 +196,13 @@ class CommitLog:
             raise ValueError("max_unsynced_bytes must be positive")
         if page_cache_bytes is not None and page_cache_bytes < 0:
             raise ValueError("page_cache_bytes must be >= 0")
+        if format_version not in (1, 2):
+            raise ValueError("format_version must be 1 or 2")
+        if not 0 <= linger_ms <= 1000:
+            raise ValueError("linger_ms must be between 0 and 1000")
+        self._version = format_version
+        if format_version == 1:
+            self.append_fields = self._append_fields_v1  # type: ignore[method-assign]
         self._dir = os.fspath(directory)
         self.router_id = router_id
         self._router_b = router_id.encode()
@@ -194,11 +226,17 @@ class CommitLog:
         self._last_index_pos = NO_INDEX_YET
         self._seg_max_ts = _NO_TS
         # The batch being filled, and the chunk (part of it for one segment) being filled.
-        # The batch being filled is a list of encoded pieces joined once at flush: a growing bytearray
-        # is re-allocated (and, in a fragmented heap, copied) every 12.5 % of growth, which made
-        # memmove the biggest log cost on the loop at 1 KiB payloads.
-        self._buf: list[bytes] = []
+        # Version 1: the batch being filled is a list of encoded pieces joined once at flush (a growing
+        # bytearray is re-allocated, and in a fragmented heap copied, every 12.5 % of growth, which
+        # made memmove the biggest log cost on the loop at 1 KiB payloads); ``_buf_len`` its bytes.
+        # Version 2: the records' field tuples, encoded at flush (``_flush_v2``); ``_buf_len`` the
+        # bytes of their payloads, what ``max_batch_bytes`` is compared with.
+        self._buf: list[Any] = []
         self._buf_len = 0
+        self._must_roll = False  # the active segment is of the other format version: never append to it
+        # One packer for the life of the log: its buffer is allocated once and stays warm. A fresh
+        # one per flush (msgpack.packb) allocates 256 KiB each time, written into fresh pages.
+        self._pack = msgpack.Packer().pack
         self._buf_first = 0
         self._chunks: list[Chunk] = []
         self._chunk_buf_start = 0
@@ -207,6 +245,13 @@ class CommitLog:
         self._chunk_index_pos = FILE_HEADER_SIZE
         self._chunk_new = False
         self._inflight: deque[Batch] = deque()  # flushed, not yet reported written
+        linger_s = linger_ms / 1000.0 if self._policy is not FsyncPolicy.ALWAYS else 0.0
+        self._linger_s = linger_s
+        # What the first append of a batch calls to have the batch flushed (no method call between).
+        self._arm_flush: Callable[[], object] = (
+            functools.partial(loop.call_later, linger_s, self._autoflush_cb) if loop is not None and linger_s
+            else functools.partial(loop.call_soon, self._autoflush_cb) if loop is not None
+            else _nothing)
 
         self._error: OSError | None = None
         self._closed = False
@@ -225,7 +270,8 @@ class CommitLog:
         self._written_offset = self._durable_offset = self._next_offset - 1
         self._core = WriterCore(self._dir, self._policy, self._interval_s,
                                 written_offset=self._written_offset, durable_offset=self._durable_offset,
-                                page_cache_bytes=page_cache_bytes, max_unsynced_bytes=max_unsynced_bytes)
+                                page_cache_bytes=page_cache_bytes, max_unsynced_bytes=max_unsynced_bytes,
+                                version=format_version)
         self._thread: WriterThread | None = None
         if loop is not None:
             self._thread = WriterThread(self._core, self._report_threadsafe,
@@ -249,6 +295,11 @@ class CommitLog:
         return self._policy
 
     @property
+    def format_version(self) -> int:
+        """The format version of the segments this log writes (1 or 2)."""
+        return self._version
+
+    @property
     def next_offset(self) -> int:
         """Offset the next append gets."""
         return self._next_offset
@@ -266,7 +317,7 @@ class CommitLog:
     @property
     def start_offset(self) -> int:
         """First offset still in the log (retention moves it forward)."""
-        return self._segs[0].base if self._segs else self._next_offset
+        return self._segs[0].base if self._segs else self._buf_first  # records not flushed yet count
 
     @property
     def error(self) -> OSError | None:
@@ -290,11 +341,29 @@ class CommitLog:
                timestamp_ms: int | None = None) -> int:
         """Add a record to the current batch and return its offset. No I/O happens here.
 
-        String fields may be given as UTF-8 bytes (what the MQTT codec already has) to skip an
-        encode. ``origin_router``/``origin_offset`` default to this log's router and the new offset;
-        a forwarded record passes its origin so readers can count each message once.
+        String fields may be given as ``str`` or UTF-8 bytes. ``origin_router``/``origin_offset``
+        default to this log's router and the new offset; a forwarded record passes its origin so
+        readers can count each message once.
         Raises LogUnavailable in the failed or closed state, ValueError for out-of-range fields.
         """
+        if self._version != 1:
+            # Version 2 keeps strings as str: no encode here and decode in append_bytes.
+            if self._refuse is not None:
+                raise LogUnavailable(self._refuse, self._error)
+            t = topic if type(topic) is str else bytes(topic).decode()
+            c = client_id if type(client_id) is str else bytes(client_id).decode()
+            o = origin_router if origin_router is None or type(origin_router) is str \
+                else bytes(origin_router).decode()
+            if (qos.__class__ is not int or not 0 <= qos <= 2 or len(t) > 0x3FFF or len(c) > 0x3FFF
+                    or (o is not None and len(o) > 0x3FFF)
+                    or len(payload) > 0xFFFFFFFF or len(properties) > 0xFFFFFFFF):
+                # Rare: measure the strings in UTF-8 (a character takes at most 4 bytes, so shorter
+                # strings cannot pass the 65535-byte limit) and raise what is wrong.
+                _check_fields(qos, (len(t.encode()), len(c.encode()), len((o or "").encode())),
+                              (len(properties), len(payload)))
+            return self.append_fields(_time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms,
+                                      o, origin_offset, c, t, int(qos), bool(retain), bytes(properties),
+                                      bytes(payload))
         return self.append_bytes(
             topic.encode() if type(topic) is str else topic,  # type: ignore[union-attr]
             payload, qos, retain,
@@ -303,14 +372,64 @@ class CommitLog:
             origin_router.encode() if type(origin_router) is str else origin_router,  # type: ignore[union-attr,arg-type]
             origin_offset)
 
+    def append_fields(self, timestamp_ms: int, origin_router: str | None, origin_offset: int | None,
+                      client_id: str, topic: str, qos: int, retain: bool, properties: bytes,
+                      payload: bytes) -> int:
+        """The broker's per-PUBLISH append: positional, in ``Record``'s field order, strings as the
+        message holds them (``str``), ``origin_router``/``origin_offset`` None for this log's router
+        and the new offset. No validation: the caller passes what the MQTT codec checked (QoS 0-2,
+        strings under 64 KiB); ``append``/``append_bytes`` validate.
+
+        It runs once per message on the event loop, where each Python-level call shows in the
+        broker's CPU per message, so it only keeps a tuple of the fields: the batch is encoded at
+        flush, all records with one ``msgpack.packb`` and one CRC (``_flush_v2``). The tuple holds
+        references to immutable values, so nothing the caller does later changes the record.
+        """
+        if self._refuse is not None:
+            raise LogUnavailable(self._refuse, self._error)
+        offset = self._next_offset
+        self._next_offset = offset + 1
+        buf = self._buf
+        buf.append((timestamp_ms, self.router_id if origin_router is None else origin_router,
+                    offset if origin_offset is None else origin_offset, client_id, topic, qos, retain,
+                    properties, payload))
+        n = self._buf_len = self._buf_len + len(payload)
+        if len(buf) == 1:
+            if self._autoflush:
+                self._arm_flush()
+        elif n >= self._max_batch:
+            self.flush()
+        return offset
+
+    def _append_fields_v1(self, timestamp_ms: int, origin_router: str | None, origin_offset: int | None,
+                          client_id: str, topic: str, qos: int, retain: bool, properties: bytes,
+                          payload: bytes) -> int:
+        """``append_fields`` of a log that writes version 1."""
+        return self._append_v1(topic.encode(), payload, qos, retain, client_id.encode(), properties,
+                               timestamp_ms, None if origin_router is None else origin_router.encode(),
+                               origin_offset)
+
     def append_bytes(self, topic: bytes, payload: bytes, qos: int, retain: bool, client_id: bytes,
                      properties: bytes, timestamp_ms: int, origin_router: bytes | None = None,
                      origin_offset: int | None = None) -> int:
-        """``append`` for the broker's per-PUBLISH path: positional arguments, strings already UTF-8,
-        a timestamp given. It runs once per message on the event loop, where every call level and
-        keyword argument shows in the broker's CPU per message, so it encodes straight into the
-        batch buffer and keeps its bookkeeping to a few integer updates.
-        """
+        """``append`` with positional arguments, strings as UTF-8 bytes and a timestamp given; checks
+        the fields (ValueError, nothing appended) where ``append_fields`` trusts its caller."""
+        if self._version == 1:
+            return self._append_v1(topic, payload, qos, retain, client_id, properties, timestamp_ms,
+                                   origin_router, origin_offset)
+        if self._refuse is not None:
+            raise LogUnavailable(self._refuse, self._error)
+        _check_fields(qos, (len(topic), len(client_id), 0 if origin_router is None else len(origin_router)),
+                      (len(properties), len(payload)))
+        return self.append_fields(timestamp_ms, None if origin_router is None else bytes(origin_router).decode(),
+                                  origin_offset, bytes(client_id).decode(), bytes(topic).decode(), int(qos),
+                                  bool(retain), bytes(properties), bytes(payload))
+
+    def _append_v1(self, topic: bytes, payload: bytes, qos: int, retain: bool, client_id: bytes,
+                   properties: bytes, timestamp_ms: int, origin_router: bytes | None = None,
+                   origin_offset: int | None = None) -> int:
+        """Version 1 append: encodes the record straight into the batch buffer and does the segment
+        bookkeeping (roll, index entry) per record."""
         if self._refuse is not None:
             raise LogUnavailable(self._refuse, self._error)
         offset = self._next_offset
@@ -320,7 +439,7 @@ class CommitLog:
                                offset if origin_offset is None else origin_offset,
                                client_id, topic, qos, retain, properties, payload)
         pos = self._seg_size
-        if pos + n > self._segment_bytes and pos > FILE_HEADER_SIZE:
+        if (pos + n > self._segment_bytes and pos > FILE_HEADER_SIZE) or self._must_roll:
             self._roll(offset, start)  # the record just encoded at ``start`` opens the new segment
             pos = FILE_HEADER_SIZE
         if timestamp_ms > self._seg_max_ts:
@@ -334,7 +453,7 @@ class CommitLog:
         self._next_offset = offset + 1
         if start == 0:
             if self._autoflush:
-                self._loop.call_soon(self._autoflush_cb)  # type: ignore[union-attr]
+                self._arm_flush()
         elif start + n >= self._max_batch:
             self.flush()
         return offset
@@ -342,10 +461,9 @@ class CommitLog:
     def append_record(self, record: Record) -> int:
         """Append a decoded record (e.g. one read from another log), keeping its origin and
         timestamp; it gets this log's next offset."""
-        return self.append(record.topic, record.payload, qos=record.qos, retain=record.retain,
-                           client_id=record.client_id, properties=record.properties,
-                           origin_router=record.origin_router, origin_offset=record.origin_offset,
-                           timestamp_ms=record.timestamp_ms)
+        return self.append_fields(record.timestamp_ms, record.origin_router, record.origin_offset,
+                                  record.client_id, record.topic, record.qos, record.retain,
+                                  record.properties, record.payload)
 
     def _roll(self, offset: int, buf_pos: int) -> None:
         """Start a new segment at ``offset``; its file is created by the writer with the first chunk."""
@@ -367,6 +485,7 @@ class CommitLog:
         self._chunk_file_pos = FILE_HEADER_SIZE
         self._chunk_index_pos = FILE_HEADER_SIZE
         self._chunk_new = True
+        self._must_roll = False
 
     def _close_chunk(self, buf_end: int) -> None:
         """End the chunk being filled at ``buf_end`` of the batch buffer; the next one continues the
@@ -396,7 +515,10 @@ class CommitLog:
         if self._closed:
             return
         batch = None
-        if self._buf:
+        if self._buf and self._version != 1:
+            batch = self._flush_v2()
+            self._inflight.append(batch)
+        elif self._buf:
             self._close_chunk(self._buf_len)
             if self._segs:
                 active = self._segs[-1]
@@ -424,6 +546,80 @@ class CommitLog:
             if report.error is not None:
                 raise LogUnavailable(f"commit log {self._dir}: write failed: {report.error}",
                                      report.error) from report.error
+
+    def _flush_v2(self) -> Batch:
+        """Encode the pending records as version 2 batches and place them in the segments.
+
+        Normally that is one ``msgpack.packb`` of all the records (C), one CRC, a few struct packs
+        and one index entry at most: the per-record cost of the log on the loop is then the tuple
+        ``append_fields`` kept plus the packing, and nothing else. Only when the batch does not fit
+        the active segment are the records packed one by one to cut it at segment boundaries.
+        """
+        recs = self._buf
+        first = self._buf_first
+        self._buf = []
+        self._buf_len = 0
+        self._buf_first = self._next_offset
+        chunks: list[Chunk] = []
+        body = self._pack(recs)
+        if not self._must_roll and (self._seg_size + BATCH_HEADER_SIZE + len(body) <= self._segment_bytes
+                                    or (len(recs) == 1 and self._seg_size == FILE_HEADER_SIZE)):
+            self._place_batch(first, recs, body, chunks)
+        else:
+            self._place_split(first, recs, chunks)
+        active = self._segs[-1]
+        active.size = self._seg_size
+        active.last_offset = self._next_offset - 1
+        active.max_ts = self._seg_max_ts
+        return Batch(b"", chunks, first, self._next_offset - 1)
+
+    def _place_split(self, first: int, recs: list[Any], chunks: list[Chunk]) -> None:
+        """Cut ``recs`` into batches that fit their segments, rolling as needed; a record bigger
+        than a segment gets a segment (and a batch) of its own."""
+        pack = self._pack
+        sizes = [len(pack(r)) for r in recs]
+        i, n = 0, len(recs)
+        while i < n:
+            if self._must_roll:
+                self._roll_v2(first + i)
+            room = self._segment_bytes - self._seg_size - BATCH_HEADER_SIZE - MAX_ARRAY_HEADER
+            j = i
+            while j < n and sizes[j] <= room:
+                room -= sizes[j]
+                j += 1
+            if j == i:
+                if self._seg_size > FILE_HEADER_SIZE:
+                    self._roll_v2(first + i)
+                    continue
+                j = i + 1
+            part = recs[i:j]
+            self._place_batch(first + i, part, pack(part), chunks)
+            i = j
+
+    def _place_batch(self, base: int, recs: list[Any], body: bytes, chunks: list[Chunk]) -> None:
+        """Put one batch at the end of the active segment: header, index entry, chunk."""
+        max_ts = max(map(_first_item, recs))
+        header, body = encode_batch(base, recs, body, max_ts)
+        pos = self._seg_size
+        size = len(header) + len(body)
+        if max_ts > self._seg_max_ts:
+            self._seg_max_ts = max_ts
+        index = b""
+        index_pos = self._seg_index_size
+        if pos - self._last_index_pos >= self._index_interval:
+            index = INDEX_ENTRY.pack(base - self._seg_base, pos, self._seg_max_ts)
+            self._last_index_pos = pos
+            self._seg_index_size += INDEX_ENTRY_SIZE
+        buf_start = chunks[-1].buf_end if chunks else 0
+        chunks.append(Chunk(self._seg_base, pos, buf_start, buf_start + size, index, index_pos,
+                            self._chunk_new, (header, body)))
+        self._chunk_new = False
+        self._seg_size = pos + size
+
+    def _roll_v2(self, offset: int) -> None:
+        """Start a new segment at ``offset`` (version 2: no chunk is open between flushes)."""
+        self._chunk_buf_start = 0
+        self._roll(offset, 0)
 
     # ---------------------------------------------------------------------------------- durability
 
@@ -603,8 +799,12 @@ class CommitLog:
         for buf, _first, last in self._pending_buffers():
             if last < from_offset:
                 continue
-            recs, nbytes = _read_buffer(buf, from_offset, max_records - len(out), bytes_left,
-                                        at_least_one=not out)
+            if type(buf) is list:  # version 2 records not flushed yet: their field tuples
+                recs, nbytes = _take([_new_tuple(Record, (_first + i, *t)) for i, t in enumerate(buf)],
+                                     from_offset, max_records - len(out), bytes_left, at_least_one=not out)
+            else:
+                recs, nbytes = _read_buffer(buf, from_offset, max_records - len(out), bytes_left,
+                                            at_least_one=not out, version=self._version)
             out += recs
             bytes_left -= nbytes
             if not recs or recs[-1].offset < last:
@@ -614,10 +814,13 @@ class CommitLog:
                 break
         return out
 
-    def _pending_buffers(self) -> list[tuple[bytes, int, int]]:
-        bufs = [(b.buf, b.first_offset, b.last_offset) for b in self._inflight]
+    def _pending_buffers(self) -> list[tuple[Any, int, int]]:
+        """(bytes, first, last) of each batch handed to the writer but not reported written, then
+        what is not flushed yet: version 1 bytes, version 2 the list of field tuples."""
+        bufs: list[tuple[Any, int, int]] = [(b.content(), b.first_offset, b.last_offset) for b in self._inflight]
         if self._buf:
-            bufs.append((b"".join(self._buf), self._buf_first, self._next_offset - 1))
+            pending = b"".join(self._buf) if self._version == 1 else self._buf
+            bufs.append((pending, self._buf_first, self._next_offset - 1))
         return bufs
 
     # ----------------------------------------------------------------------------------- retention
@@ -802,16 +1005,16 @@ class CommitLog:
             last = reader.index_entry(n - 1) if n else None
             if last is not None:
                 res = scan_segment(fd, base, size, start_pos=last[1], expect_offset=base + last[0],
-                                   max_timestamp=last[2])
+                                   max_timestamp=last[2], version=reader.version)
                 if res.records == 0:
                     problem, res = "last entry does not point at a good record", None
             elif size > FILE_HEADER_SIZE:
                 problem = "no entries"
         if res is None:
-            res = scan_segment(fd, base, size, index_interval=self._index_interval)
+            res = scan_segment(fd, base, size, index_interval=self._index_interval, version=reader.version)
             if problem is not None:
                 log.warning("commit log %s: index of segment %d rebuilt (%s)", self._dir, base, problem)
-                write_index(self._dir, base, res.index)
+                write_index(self._dir, base, res.index, version=reader.version)
                 reader.reopen_index()
         if res.error is not None:
             log.warning("commit log %s: segment %d has a bad record at position %d (%s); %d bytes after "
@@ -830,10 +1033,13 @@ class CommitLog:
         except FileNotFoundError:
             return "missing"
         try:
-            if unpack_file_header(data, MAGIC_INDEX, reader.index_path) != reader.base:
-                return "header names another segment"
+            ibase, iversion = read_file_header(data, MAGIC_INDEX, reader.index_path)
         except (ValueError, LogFormatError) as exc:
             return f"bad header: {exc}"
+        if ibase != reader.base:
+            return "header names another segment"
+        if iversion != reader.version:
+            return f"index of format version {iversion} for a version {reader.version} segment"
         body = memoryview(data)[FILE_HEADER_SIZE:]
         if len(body) % INDEX_ENTRY_SIZE:
             return "partial entry"
@@ -864,17 +1070,27 @@ class CommitLog:
                 log.warning("commit log %s: segment %d has a partial header (%d bytes); rewritten",
                             self._dir, base, size)
                 os.ftruncate(fd, 0)
-                os.pwrite(fd, pack_file_header(MAGIC_LOG, base), 0)
+                os.pwrite(fd, pack_file_header(MAGIC_LOG, base, self._version), 0)
                 size = FILE_HEADER_SIZE
+                version = self._version
             else:
-                got = unpack_file_header(os.pread(fd, FILE_HEADER_SIZE, 0), MAGIC_LOG, path)
+                got, version = read_file_header(os.pread(fd, FILE_HEADER_SIZE, 0), MAGIC_LOG, path)
                 if got != base:
                     raise LogFormatError(f"{path}: header says base offset {got}")
-            res = scan_segment(fd, base, size, index_interval=self._index_interval)
+            res = scan_segment(fd, base, size, index_interval=self._index_interval, version=version)
             if res.error is not None:
                 log.warning("commit log %s: segment %s: truncated at position %d, %d bytes dropped (%s)",
                             self._dir, segment_name(base), res.valid_end, size - res.valid_end, res.error)
                 os.ftruncate(fd, res.valid_end)
+            if version != self._version:
+                if res.last_offset is None:
+                    # Empty: it becomes a segment of the version this log writes.
+                    os.pwrite(fd, pack_file_header(MAGIC_LOG, base, self._version), 0)
+                    version = self._version
+                else:
+                    # Written in the other version (an upgrade, or format_version changed): closed as
+                    # it is; the next flush starts a new segment.
+                    self._must_roll = True
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -884,9 +1100,8 @@ class CommitLog:
         try:
             with open(ipath, "rb") as f:
                 data = f.read()
-            unpack_file_header(data, MAGIC_INDEX, ipath)
+            ok_header = read_file_header(data, MAGIC_INDEX, ipath)[1] == version
             existing = data[FILE_HEADER_SIZE:]
-            ok_header = True
         except (OSError, ValueError, LogFormatError):
             ok_header = False
         if not ok_header or existing != bytes(res.index):
@@ -895,7 +1110,7 @@ class CommitLog:
             else:
                 log.warning("commit log %s: index of segment %d did not match its records; rebuilt",
                             self._dir, base)
-            write_index(self._dir, base, res.index)
+            write_index(self._dir, base, res.index, version=version)
         _fsync_dir(self._dir)
         seg = _Seg(self._dir, base, res.valid_end, res.valid_end, res.last_offset, res.max_timestamp)
         self._add_seg(seg)
@@ -911,8 +1126,12 @@ class CommitLog:
 
 
 def _read_buffer(buf: bytes, from_offset: int, max_records: int, max_bytes: int, *,
-                 at_least_one: bool) -> tuple[list[Record], int]:
-    """Decode records >= ``from_offset`` from a pending batch buffer (records back to back)."""
+                 at_least_one: bool, version: int = 1) -> tuple[list[Record], int]:
+    """Decode records >= ``from_offset`` from a pending batch buffer (records, or version 2
+    batches, back to back)."""
+    if version != 1:
+        recs, _ = decode_records(buf, verify=False, version=version)
+        return _take(recs, from_offset, max_records, max_bytes, at_least_one=at_least_one)
     end = len(buf)
     pos, _first, found = skip_to_offset(buf, 0, end, from_offset)
     if not found:
@@ -923,6 +1142,38 @@ def _read_buffer(buf: bytes, from_offset: int, max_records: int, max_bytes: int,
     if recs and consumed > max_bytes and not at_least_one:
         return [], 0
     return recs, consumed
+
+
+def _take(recs: list[Record], from_offset: int, max_records: int, max_bytes: int, *,
+          at_least_one: bool) -> tuple[list[Record], int]:
+    """The records >= ``from_offset`` of ``recs`` within the limits, ``max_bytes`` counted in
+    ``nominal_size`` (what a version 1 record takes, as segment reads count); (records, bytes)."""
+    out: list[Record] = []
+    nbytes = 0
+    for r in recs:
+        if r.offset < from_offset:
+            continue
+        size = nominal_size(r)
+        if len(out) >= max_records or (nbytes + size > max_bytes and (out or not at_least_one)):
+            break
+        out.append(r)
+        nbytes += size
+    return out, nbytes
+
+
+def _check_fields(qos: int, strings: tuple[int, ...], blobs: tuple[int, ...]) -> None:
+    """The limits version 1 has in its header (and MQTT has anyway), kept for every version so a
+    log's appends take the same values whatever it writes; given the fields' byte lengths.
+    Raises ValueError."""
+    if qos not in (0, 1, 2):
+        raise ValueError(f"qos must be 0, 1 or 2, not {qos!r}")
+    if any(n > 0xFFFF for n in strings) or any(n > 0xFFFFFFFF for n in blobs):
+        raise ValueError("record field out of range (strings are at most 65535 bytes, properties "
+                         "and payload under 4 GiB)")
+
+
+def _nothing() -> None:
+    pass
 
 
 def _remove(lst: list[Any], item: Any) -> None:

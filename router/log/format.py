@@ -9,11 +9,11 @@ All integers are little-endian.
 File header (16 bytes, at position 0 of every ``.log`` and ``.index`` file)::
 
     magic        4s   b"BKLG" (segment) or b"BKIX" (index)
-    version      u8   FORMAT_VERSION (1)
+    version      u8   1 or 2 (FORMAT_VERSION, 2, is what a CommitLog writes; see "version 2" below)
     reserved     3x   zero
     base_offset  u64  offset of the first record of the segment (also in the file name)
 
-Record (48-byte fixed header, then the variable fields in this order)::
+Record of a version 1 segment (48-byte fixed header, then the variable fields in this order)::
 
     length         u32  bytes after the crc field (40 + sum of the five variable lengths)
     crc            u32  zlib.crc32 of those ``length`` bytes (everything after this field)
@@ -45,11 +45,14 @@ so they can be binary-searched with positional reads and used for time lookups.
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import struct
 import zlib
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import msgpack
 
 from router.log.errors import CorruptRecord, LogFormatError
 
@@ -57,7 +60,8 @@ log = logging.getLogger(__name__)
 
 MAGIC_LOG = b"BKLG"
 MAGIC_INDEX = b"BKIX"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2           # what a CommitLog writes unless told otherwise
+READABLE_VERSIONS = (1, 2)   # what every reader here reads
 
 FILE_HEADER = struct.Struct("<4sB3xQ")
 FILE_HEADER_SIZE = FILE_HEADER.size  # 16
@@ -118,12 +122,12 @@ def parse_segment_name(name: str) -> tuple[int, str] | None:
     return int(stem), ext
 
 
-def pack_file_header(magic: bytes, base_offset: int) -> bytes:
-    return FILE_HEADER.pack(magic, FORMAT_VERSION, base_offset)
+def pack_file_header(magic: bytes, base_offset: int, version: int = FORMAT_VERSION) -> bytes:
+    return FILE_HEADER.pack(magic, version, base_offset)
 
 
-def unpack_file_header(data: bytes, magic: bytes, what: str = "file") -> int:
-    """Validate a file header and return its base offset.
+def read_file_header(data: bytes, magic: bytes, what: str = "file") -> tuple[int, int]:
+    """Validate a file header and return (base offset, format version).
 
     Raises LogFormatError for a wrong magic or an unknown version (never guessed at: a newer version
     must fail loudly rather than be truncated as garbage), ValueError when ``data`` is short.
@@ -133,9 +137,15 @@ def unpack_file_header(data: bytes, magic: bytes, what: str = "file") -> int:
     got_magic, version, base = FILE_HEADER.unpack_from(data, 0)
     if got_magic != magic:
         raise LogFormatError(f"{what}: bad magic {got_magic!r}, expected {magic!r}")
-    if version != FORMAT_VERSION:
-        raise LogFormatError(f"{what}: format version {version}, this reader knows {FORMAT_VERSION}")
-    return base
+    if version not in READABLE_VERSIONS:
+        raise LogFormatError(f"{what}: format version {version}, this reader knows "
+                             f"{', '.join(map(str, READABLE_VERSIONS))}")
+    return base, version
+
+
+def unpack_file_header(data: bytes, magic: bytes, what: str = "file") -> int:
+    """``read_file_header`` for callers that only need the base offset."""
+    return read_file_header(data, magic, what)[0]
 
 
 # --------------------------------------------------------------------------------------------- encode
@@ -200,7 +210,7 @@ _MAX = 1 << 62
 
 def decode_records(buffer: bytes | bytearray | memoryview, start: int = 0, end: int | None = None, *,
                    max_records: int | None = None, max_bytes: int | None = None,
-                   verify: bool = True) -> tuple[list[Record], int]:
+                   verify: bool = True, version: int = 1) -> tuple[list[Record], int]:
     """Decode the complete records in ``buffer[start:end]``; return (records, bytes consumed).
 
     Built for throughput, since the Spark pipeline decodes millions of records with it: one
@@ -212,6 +222,9 @@ def decode_records(buffer: bytes | bytearray | memoryview, start: int = 0, end: 
     past ``max_bytes`` (at least one record is always returned if one is complete).
     Raises CorruptRecord when a header's lengths disagree, the CRC does not match (``verify``) or a
     string is not UTF-8; the exception carries the records decoded before the bad one.
+
+    ``version`` 2 (bytes of a version 2 segment) decodes whole batches: the limits then stop before
+    a batch (``max_bytes`` counting batch bytes), at least one batch is returned if one is complete.
     """
     buf = buffer if type(buffer) is bytes else bytes(buffer)
     if end is None or end > len(buf):
@@ -221,6 +234,8 @@ def decode_records(buffer: bytes | bytearray | memoryview, start: int = 0, end: 
     out: list[Record] = []
     if left <= 0:
         return out, 0
+    if version != 1:
+        return _decode_v2(buf, start, end, left, limit_pos, verify)
     append = out.append
     unpack = RECORD_HEADER.unpack_from
     crc32 = zlib.crc32
@@ -265,13 +280,16 @@ def record_size_at(buffer: bytes | bytearray | memoryview, pos: int) -> int | No
 
 
 def skip_to_offset(buffer: bytes | bytearray, start: int, end: int,
-                   target: int) -> tuple[int, int | None, bool]:
+                   target: int, version: int = 1) -> tuple[int, int | None, bool]:
     """Walk record headers (no decoding, no CRC) from ``start`` to the first record with
     offset >= ``target``; return (position, offset of the first record seen or None, found).
 
     Used after an index lookup, which lands up to one index interval before the wanted record.
     ``found`` is False when the walk ran out of data first: the position is then where to resume.
+    Version 2: the batch holding that record (``skip_batches_to_offset``).
     """
+    if version != 1:
+        return skip_batches_to_offset(buffer, start, end, target)
     unpack = RECORD_HEADER.unpack_from
     pos = start
     first: int | None = None
@@ -287,6 +305,185 @@ def skip_to_offset(buffer: bytes | bytearray, start: int, end: int,
     return pos, first, False
 
 
+# ------------------------------------------------------------------------------------ version 2
+
+# A version 2 segment holds batches: one header and one CRC for all the records one flush wrote.
+#
+#     length     u32  bytes after the crc field (32 + the body's length)
+#     crc        u32  zlib.crc32 of those ``length`` bytes (the rest of the header and the body)
+#     base       u64  offset of the batch's first record; the others follow one by one
+#     first_ts   i64  timestamp_ms of the first record
+#     max_ts     i64  largest timestamp_ms in the batch
+#     count      u32  records in the batch (>= 1)
+#     head_crc   u32  zlib.crc32 of length, base, first_ts, max_ts and count as packed here
+#     body            a msgpack array of ``count`` arrays, one per record:
+#                     [timestamp_ms, origin_router, origin_offset, client_id, topic, qos, retain,
+#                      properties, payload] (str, str, str as msgpack str; properties and payload bin)
+#
+# ``head_crc`` lets a reader trust ``length`` and ``count`` before it reads the body (the job the
+# redundant field lengths do in version 1), so a damaged header never makes it skip or wait for
+# gigabytes; ``crc`` then covers everything after itself, as in version 1.
+BATCH_HEADER = struct.Struct("<IIQqqII")
+BATCH_HEADER_SIZE = BATCH_HEADER.size  # 40
+BATCH_FIXED_BODY = BATCH_HEADER_SIZE - 8  # 32: what ``length`` counts besides the body
+_BATCH_HEAD_FIELDS = struct.Struct("<IQqqI")  # what head_crc covers: length, base, first_ts, max_ts, count
+_BATCH_REST = struct.Struct("<QqqII")         # the header after length and crc
+_LENGTH_CRC_V2 = struct.Struct("<II")
+MAX_ARRAY_HEADER = 5  # bytes of a msgpack array header, at most (what a batch's body adds to its records)
+assert BATCH_HEADER_SIZE == 40
+
+_packb = msgpack.packb
+_unpackb = msgpack.unpackb
+_first_item = operator.itemgetter(0)
+
+FieldTuple = tuple[int, str, int, str, str, int, bool, bytes, bytes]
+"""A record as a version 2 batch holds it: ``Record`` without the offset, in ``Record``'s order."""
+
+
+def encode_batch(base_offset: int, records: list[Any], body: bytes | None = None,
+                 max_ts: int | None = None) -> tuple[bytes, bytes]:
+    """(header, body) of a version 2 batch of ``records`` (``FieldTuple``s, offsets from
+    ``base_offset``); ``body`` and ``max_ts`` may be given when the caller already has them.
+
+    One ``msgpack.packb`` (C) packs every record and one ``zlib.crc32`` covers them: that is the
+    point of version 2. Encoding a version 1 record is a handful of Python-level calls per record
+    (struct pack, join, CRC), ~0.8 us at 16 B against ~0.2 us here, on the broker's event loop.
+    """
+    if body is None:
+        body = _packb(records)
+    first_ts = records[0][0]
+    if max_ts is None:
+        max_ts = max(map(_first_item, records))
+    count = len(records)
+    length = BATCH_FIXED_BODY + len(body)
+    head_crc = _crc32(_BATCH_HEAD_FIELDS.pack(length, base_offset, first_ts, max_ts, count))
+    rest = _BATCH_REST.pack(base_offset, first_ts, max_ts, count, head_crc)
+    return _LENGTH_CRC_V2.pack(length, _crc32(body, _crc32(rest))) + rest, body
+
+
+def encode_batch_bytes(base_offset: int, records: list[Any]) -> bytes:
+    """The bytes of one version 2 batch, for tools and tests."""
+    return b"".join(encode_batch(base_offset, records))
+
+
+def record_fields(record: Record) -> FieldTuple:
+    """A decoded record as a batch holds it (to copy records between logs)."""
+    return record[1:]  # type: ignore[return-value]
+
+
+class BatchHeader(NamedTuple):
+    length: int
+    crc: int
+    base: int
+    first_ts: int
+    max_ts: int
+    count: int
+
+    @property
+    def size(self) -> int:
+        return 8 + self.length
+
+    @property
+    def last_offset(self) -> int:
+        return self.base + self.count - 1
+
+
+def batch_header_at(buffer: bytes | bytearray | memoryview, pos: int) -> BatchHeader | str | None:
+    """The batch header at ``pos``: a BatchHeader when it is intact, None when fewer than
+    ``BATCH_HEADER_SIZE`` bytes are left, or why it is damaged (a str)."""
+    if len(buffer) - pos < BATCH_HEADER_SIZE:
+        return None
+    length, crc, base, first_ts, max_ts, count, head_crc = BATCH_HEADER.unpack_from(buffer, pos)
+    if _crc32(_BATCH_HEAD_FIELDS.pack(length, base, first_ts, max_ts, count)) != head_crc:
+        return "batch header CRC mismatch"
+    if count < 1 or length <= BATCH_FIXED_BODY or max_ts < first_ts:
+        return f"batch header fields are impossible (count {count}, length {length})"
+    return BatchHeader(length, crc, base, first_ts, max_ts, count)
+
+
+def decode_batch_body(buffer: bytes | memoryview, header: BatchHeader, pos: int) -> list[Record]:
+    """The records of the (CRC-checked) batch at ``pos``; raises ValueError when the body does not
+    hold ``count`` records of the right shape (only a writer bug can do that past the CRC)."""
+    with memoryview(buffer) as mv:
+        items = _unpackb(mv[pos + BATCH_HEADER_SIZE:pos + 8 + header.length], use_list=False)
+    if type(items) is not tuple or len(items) != header.count:
+        raise ValueError("batch body does not hold its count of records")
+    new = tuple.__new__
+    rec = Record
+    base = header.base
+    try:
+        out = [new(rec, (base + i, *t)) for i, t in enumerate(items)]
+    except TypeError:
+        raise ValueError("batch body holds something other than records") from None
+    for r in out[:1]:
+        if len(r) != 10:
+            raise ValueError("batch body records have the wrong number of fields")
+    return out
+
+
+def _decode_v2(buf: bytes, start: int, end: int, left: int, limit_pos: int,
+               verify: bool) -> tuple[list[Record], int]:
+    """``decode_records`` for version 2: whole batches only (limits apply between batches)."""
+    out: list[Record] = []
+    pos = start
+    crc32 = _crc32
+    with memoryview(buf) as mv:
+        while True:
+            h = batch_header_at(mv[:end], pos)
+            if h is None:
+                break
+            if isinstance(h, str):
+                raise CorruptRecord(pos, h, out, pos - start)
+            rend = pos + 8 + h.length
+            if rend > end or (out and (rend > limit_pos or len(out) + h.count > left)):
+                break
+            if verify and crc32(mv[pos + 8:rend]) != h.crc:
+                raise CorruptRecord(pos, "CRC mismatch", out, pos - start)
+            try:
+                out += decode_batch_body(mv, h, pos)
+            except (ValueError, msgpack.UnpackException) as exc:
+                raise CorruptRecord(pos, str(exc), out, pos - start) from None
+            pos = rend
+            if len(out) >= left:
+                break
+    return out, pos - start
+
+
+def nominal_size(record: Record) -> int:
+    """The bytes ``record`` takes in version 1: what ``max_bytes`` limits of reads count in every
+    version, so a limit means the same whatever the segments' format (a version 2 record has no
+    size of its own: its batch's body is one msgpack array)."""
+    return (RECORD_HEADER_SIZE + len(record[2].encode()) + len(record[4].encode()) + len(record[5].encode())
+            + len(record[8]) + len(record[9]))
+
+
+def skip_batches_to_offset(buffer: bytes | bytearray | memoryview, start: int, end: int,
+                           target: int) -> tuple[int, int | None, bool]:
+    """``skip_to_offset`` for version 2: the position of the batch holding the first record with
+    offset >= ``target`` (headers only: no CRC of the bodies, no decoding)."""
+    pos = start
+    first: int | None = None
+    with memoryview(buffer) as mv:
+        view = mv[:end]
+        while True:
+            h = batch_header_at(view, pos)
+            if not isinstance(h, BatchHeader):
+                break
+            if first is None:
+                first = h.base
+            if h.base + h.count > target:
+                return pos, first, True
+            if pos + 8 + h.length > end:
+                break
+            pos += 8 + h.length
+    return pos, first, False
+
+
+def unit_header_size(version: int) -> int:
+    """Smallest complete unit: a record header (v1) or a batch header (v2)."""
+    return RECORD_HEADER_SIZE if version == 1 else BATCH_HEADER_SIZE
+
+
 # ------------------------------------------------------------------------------------------- files
 
 READ_CHUNK = 4 << 20
@@ -298,7 +495,9 @@ def iter_record_batches(path: str | os.PathLike[str], start_pos: int = 0, end_po
     """Yield lists of records from one segment file, read with ``os.pread`` in ``chunk_size`` pieces.
 
     ``start_pos`` must be a record boundary (0 means just after the file header; an index position
-    from ``LogReader.locate`` is one); ``end_pos`` bounds the bytes read (default: the size at open).
+    from ``LogReader.locate`` is one; in a version 2 segment: a batch boundary, so the first batch may
+    hold records before the one located); ``end_pos`` bounds the bytes read (default: the size at
+    open).
     An incomplete record at the end is not an error: the segment may be being written. On a corrupt
     record, ``errors="stop"`` logs a warning and ends the iteration (what the log's own readers do),
     ``errors="raise"`` raises CorruptRecord.
@@ -307,7 +506,8 @@ def iter_record_batches(path: str | os.PathLike[str], start_pos: int = 0, end_po
         raise ValueError("errors must be 'stop' or 'raise'")
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
-        unpack_file_header(os.pread(fd, FILE_HEADER_SIZE, 0), MAGIC_LOG, os.fspath(path))
+        _base, version = read_file_header(os.pread(fd, FILE_HEADER_SIZE, 0), MAGIC_LOG, os.fspath(path))
+        min_unit = unit_header_size(version)
         if end_pos is None:
             end_pos = os.fstat(fd).st_size
         pos = max(start_pos, FILE_HEADER_SIZE)
@@ -316,7 +516,7 @@ def iter_record_batches(path: str | os.PathLike[str], start_pos: int = 0, end_po
             want = min(end_pos - pos, max(chunk_size, need))
             data = os.pread(fd, want, pos)
             try:
-                records, consumed = decode_records(data, verify=verify)
+                records, consumed = decode_records(data, verify=verify, version=version)
             except CorruptRecord as exc:
                 if exc.records:
                     yield exc.records
@@ -336,7 +536,7 @@ def iter_record_batches(path: str | os.PathLike[str], start_pos: int = 0, end_po
                 return
             pos += consumed
             size = record_size_at(data, consumed)
-            need = max(size or 0, RECORD_HEADER_SIZE)
+            need = max(size or 0, min_unit)
     finally:
         os.close(fd)
 

@@ -14,7 +14,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from router.log.errors import LogFormatError
+from router.log.errors import CorruptRecord, LogFormatError
 from router.log.format import (
     FILE_HEADER_SIZE,
     INDEX_ENTRY,
@@ -22,15 +22,21 @@ from router.log.format import (
     MAGIC_INDEX,
     MAGIC_LOG,
     READ_CHUNK,
-    RECORD_HEADER,
-    RECORD_HEADER_SIZE,
     Record,
+    decode_records,
     index_name,
-    record_size_at,
+    read_file_header,
     segment_name,
     unpack_file_header,
 )
-from router.log.segment import SegmentReader, SegmentSummary, list_segment_files, scan_segment
+from router.log.segment import (
+    Damage,
+    SegmentReader,
+    SegmentSummary,
+    iter_units,
+    list_segment_files,
+    scan_segment,
+)
 
 log = logging.getLogger(__name__)
 
@@ -212,37 +218,27 @@ class LogReader:
             if s.max_timestamp is None or s.max_timestamp < timestamp_ms:
                 continue
             reader = self._readers[base]
-            found = _find_time(reader.fd(), reader.time_lookup(timestamp_ms, size), size, timestamp_ms)
+            fd = reader.fd()
+            found = _find_time(fd, reader.time_lookup(timestamp_ms, size), size, timestamp_ms, reader.version)
             if found is not None:
                 return found
         return None
 
 
-def _find_time(fd: int, pos: int, end: int, timestamp_ms: int) -> int | None:
-    """Walk record headers from ``pos`` to the first whole record with timestamp >= ``timestamp_ms``."""
-    unpack = RECORD_HEADER.unpack_from
-    need = 0
-    while pos < end:
-        want = min(end - pos, max(READ_CHUNK // 16, need))
-        data = os.pread(fd, want, pos)
-        n = len(data)
-        p = 0
-        while p + RECORD_HEADER_SIZE <= n:
-            length, _crc, off, ts = unpack(data, p)[:4]
-            if p + 8 + length > n:
-                break
-            if ts >= timestamp_ms:
-                return off
-            p += 8 + length
-        pos += p
-        if p == n:
-            if n < want:
-                return None
-            need = 0
-            continue
-        if n < want or pos + (n - p) >= end:
+def _find_time(fd: int, pos: int, end: int, timestamp_ms: int, version: int) -> int | None:
+    """Walk records (batches, in version 2) from ``pos`` to the first whole one whose (max)
+    timestamp reaches ``timestamp_ms``; in a batch, decode that batch only."""
+    for u in iter_units(fd, pos, end, version, READ_CHUNK // 16):
+        if isinstance(u, Damage):
             return None
-        need = max(record_size_at(data, p) or 0, RECORD_HEADER_SIZE)
+        if u.max_ts >= timestamp_ms:
+            if version == 1:
+                return u.offset
+            try:
+                recs, _ = decode_records(u.data, u.at, u.at + u.end - u.pos, version=version)
+            except CorruptRecord:
+                return None
+            return next((r.offset for r in recs if r.timestamp_ms >= timestamp_ms), None)
     return None
 
 
@@ -345,7 +341,7 @@ def _check_segment(directory: str, base: int, *, last: bool) -> SegmentCheck:
         size = os.fstat(fd).st_size
         seg = SegmentCheck(base, path, size, ok=True)
         try:
-            got = unpack_file_header(os.pread(fd, FILE_HEADER_SIZE, 0), MAGIC_LOG, path)
+            got, version = read_file_header(os.pread(fd, FILE_HEADER_SIZE, 0), MAGIC_LOG, path)
             if got != base:
                 raise LogFormatError(f"header says base offset {got}")
         except (ValueError, LogFormatError) as exc:
@@ -359,7 +355,7 @@ def _check_segment(directory: str, base: int, *, last: bool) -> SegmentCheck:
         entries, seg.index_error = _load_index(directory, base)
         seg.index_entries = len(entries)
         expected = {pos: (rel, ts) for rel, pos, ts in entries}
-        res = scan_segment(fd, base, size, check_index=expected)
+        res = scan_segment(fd, base, size, check_index=expected, version=version)
     finally:
         os.close(fd)
     seg.records = res.records

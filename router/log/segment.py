@@ -10,11 +10,15 @@ from __future__ import annotations
 import logging
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import msgpack
 
 from router.log.errors import CorruptRecord, LogFormatError
 from router.log.format import (
+    BATCH_HEADER_SIZE,
     FILE_HEADER_SIZE,
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE,
@@ -24,14 +28,20 @@ from router.log.format import (
     RECORD_FIXED_BODY,
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
+    BatchHeader,
     Record,
+    batch_header_at,
+    decode_batch_body,
     decode_records,
     index_name,
+    nominal_size,
     pack_file_header,
     parse_segment_name,
+    read_file_header,
     record_size_at,
     segment_name,
     skip_to_offset,
+    unit_header_size,
     unpack_file_header,
 )
 
@@ -76,11 +86,109 @@ class ScanResult:
         return self.error is None
 
 
+class Unit(NamedTuple):
+    """An intact record (version 1) or batch (version 2) found by ``iter_units``."""
+
+    pos: int        # file position
+    end: int        # file position after it
+    offset: int     # offset of its (first) record
+    count: int      # records: 1 in version 1
+    first_ts: int
+    max_ts: int
+    data: bytes     # the chunk read that holds it whole, at ``at``
+    at: int
+
+
+class Damage(NamedTuple):
+    """Where and why ``iter_units`` stopped before the end."""
+
+    pos: int
+    reason: str
+    incomplete: bool  # an unfinished unit at the very end (a torn write), not a bad one
+
+
+def _parse_records(data: bytes, p: int) -> Iterator[tuple[int, int, int, int, int] | str]:
+    """(end, offset, 1, ts, ts) of each whole, intact version 1 record in ``data`` from ``p``; a
+    reason (str) for a damaged one, which ends the walk."""
+    unpack = RECORD_HEADER.unpack_from
+    crc32 = zlib.crc32
+    n = len(data)
+    with memoryview(data) as mv:
+        while p + RECORD_HEADER_SIZE <= n:
+            length, crc, off, ts, _oo, _fl, _r, ol, cl, tl, pl, yl = unpack(data, p)
+            if length != RECORD_FIXED_BODY + ol + cl + tl + pl + yl:
+                yield f"record length {length} does not match its field lengths"
+                return
+            rend = p + 8 + length
+            if rend > n:
+                return
+            if crc32(mv[p + 8:rend]) != crc:
+                yield "CRC mismatch"
+                return
+            yield rend, off, 1, ts, ts
+            p = rend
+
+
+def _parse_batches(data: bytes, p: int) -> Iterator[tuple[int, int, int, int, int] | str]:
+    """``_parse_records`` for version 2 batches: header CRC, then CRC; bodies are not decoded (the
+    CRC is what proves them), so a scan runs at CRC speed."""
+    crc32 = zlib.crc32
+    n = len(data)
+    with memoryview(data) as mv:
+        while True:
+            h = batch_header_at(data, p)
+            if h is None:
+                return
+            if isinstance(h, str):
+                yield h
+                return
+            rend = p + 8 + h.length
+            if rend > n:
+                return
+            if crc32(mv[p + 8:rend]) != h.crc:
+                yield "CRC mismatch"
+                return
+            yield rend, h.base, h.count, h.first_ts, h.max_ts
+            p = rend
+
+
+def iter_units(fd: int, start: int, end: int, version: int,
+               chunk_size: int = READ_CHUNK) -> Iterator[Unit | Damage]:
+    """Walk the records (version 1) or batches (version 2) of a segment from ``start`` (a unit
+    boundary) to ``end`` with positional reads of ``chunk_size`` (a unit bigger than that is read
+    whole), checking each (lengths, CRC). Ends with a ``Damage`` if it stops before ``end``."""
+    parse = _parse_records if version == 1 else _parse_batches
+    what = "record" if version == 1 else "batch"
+    min_unit = unit_header_size(version)
+    pos = start
+    need = 0
+    while pos < end:
+        want = min(end - pos, max(chunk_size, need))
+        data = os.pread(fd, want, pos)
+        n = len(data)
+        p = 0
+        for u in parse(data, 0):
+            if isinstance(u, str):
+                yield Damage(pos + p, u, False)
+                return
+            yield Unit(pos + p, pos + u[0], u[1], u[2], u[3], u[4], data, p)
+            p = u[0]
+        pos += p
+        if p == n and n == want:
+            need = 0
+            continue
+        # A partial unit remains: read it whole next time, unless the data ends here.
+        if n < want or pos + (n - p) >= end:
+            yield Damage(pos, f"incomplete {what} ({end - pos} bytes at the end)", True)
+            return
+        need = max(record_size_at(data, p) or 0, min_unit)
+
+
 def scan_segment(fd: int, base: int, end: int, *, start_pos: int = FILE_HEADER_SIZE,
                  expect_offset: int | None = None, max_timestamp: int | None = None,
                  index_interval: int | None = None, last_index_pos: int = NO_INDEX_YET,
                  check_index: dict[int, tuple[int, int]] | None = None,
-                 chunk_size: int = READ_CHUNK) -> ScanResult:
+                 chunk_size: int = READ_CHUNK, version: int = 1) -> ScanResult:
     """Check records from ``start_pos`` to ``end``: header lengths, CRC and consecutive offsets.
 
     This is the recovery and ``check`` primitive; it builds no Record objects, so a 64 MiB tail is
@@ -88,72 +196,45 @@ def scan_segment(fd: int, base: int, end: int, *, start_pos: int = FILE_HEADER_S
     the index entries the writer would have written (same rule: the first record, then any record
     starting at least ``index_interval`` bytes after the last indexed one). ``check_index`` maps index
     positions to (relative offset, max timestamp) as found in an index file; each is verified.
+
+    ``version`` is the segment's format version; in version 2 the unit checked and indexed is a
+    batch (its header CRC, its CRC, its base offset), each index entry naming the batch's first
+    record and the running max timestamp up to the end of that batch.
     """
     res = ScanResult(end=end, valid_end=start_pos, max_timestamp=max_timestamp,
                      last_index_pos=last_index_pos)
     expect = base if expect_offset is None else expect_offset
     max_ts = max_timestamp
-    unpack = RECORD_HEADER.unpack_from
     pack_entry = INDEX_ENTRY.pack
-    crc32 = zlib.crc32
-    pos = start_pos
-    need = 0
     matched: set[int] = set()
-    while pos < end:
-        want = min(end - pos, max(chunk_size, need))
-        data = os.pread(fd, want, pos)
-        n = len(data)
-        mv = memoryview(data)
-        p = 0
-        while p + RECORD_HEADER_SIZE <= n:
-            length, crc, off, ts, _oo, _fl, _r, ol, cl, tl, pl, yl = unpack(data, p)
-            if length != RECORD_FIXED_BODY + ol + cl + tl + pl + yl:
-                res.error = f"record length {length} does not match its field lengths"
-                break
-            rend = p + 8 + length
-            if rend > n:
-                break
-            if crc32(mv[p + 8:rend]) != crc:
-                res.error = "CRC mismatch"
-                break
-            if off != expect:
-                res.error = f"offset {off} where {expect} was expected"
-                break
-            if max_ts is None or ts > max_ts:
-                max_ts = ts
-            if res.first_offset is None:
-                res.first_offset = off
-                res.first_timestamp = ts
-            fpos = pos + p
-            if index_interval is not None and fpos - res.last_index_pos >= index_interval:
-                res.index += pack_entry(off - base, fpos, max_ts)
-                res.last_index_pos = fpos
-            if check_index is not None:
-                entry = check_index.get(fpos)
-                if entry is not None:
-                    matched.add(fpos)
-                    if entry != (off - base, max_ts) and res.index_mismatch is None:
-                        res.index_mismatch = (f"entry at position {fpos} says offset {base + entry[0]} / "
-                                              f"max timestamp {entry[1]}, record has {off} / {max_ts}")
-            expect = off + 1
-            res.records += 1
-            res.last_offset = off
-            p = rend
-        pos += p
-        res.valid_end = pos
+    for u in iter_units(fd, start_pos, end, version, chunk_size):
+        if isinstance(u, Damage):
+            res.error, res.incomplete = u.reason, u.incomplete
+            break
+        fpos, off = u.pos, u.offset
+        if off != expect:
+            res.error = f"offset {off} where {expect} was expected"
+            break
+        if max_ts is None or u.max_ts > max_ts:
+            max_ts = u.max_ts
+        if res.first_offset is None:
+            res.first_offset = off
+            res.first_timestamp = u.first_ts
+        if index_interval is not None and fpos - res.last_index_pos >= index_interval:
+            res.index += pack_entry(off - base, fpos, max_ts)
+            res.last_index_pos = fpos
+        if check_index is not None:
+            entry = check_index.get(fpos)
+            if entry is not None:
+                matched.add(fpos)
+                if entry != (off - base, max_ts) and res.index_mismatch is None:
+                    res.index_mismatch = (f"entry at position {fpos} says offset {base + entry[0]} / "
+                                          f"max timestamp {entry[1]}, record has {off} / {max_ts}")
+        expect = off + u.count
+        res.records += u.count
+        res.last_offset = expect - 1
+        res.valid_end = u.end
         res.max_timestamp = max_ts
-        if res.error is not None:
-            break
-        if p == n and n == want:
-            need = 0
-            continue
-        # A partial record remains: read it whole next time, unless the data ends here.
-        if n < want or pos + (n - p) >= end:
-            res.error = f"incomplete record ({end - pos} bytes at the end)"
-            res.incomplete = True
-            break
-        size = record_size_at(data, p)
-        need = max(size or 0, RECORD_HEADER_SIZE)
     if check_index is not None and res.index_mismatch is None and len(matched) != len(check_index):
         # Entries past a corrupt record cannot be verified; anything else unmatched is wrong.
         stray = sorted(p for p in check_index
@@ -171,13 +252,14 @@ def read_index_entries(ifd: int) -> list[tuple[int, int, int]]:
     return [INDEX_ENTRY.unpack_from(data, i) for i in range(0, whole, INDEX_ENTRY_SIZE)]
 
 
-def write_index(directory: str, base: int, entries: bytes | bytearray, *, fsync: bool = True) -> None:
+def write_index(directory: str, base: int, entries: bytes | bytearray, *, fsync: bool = True,
+                version: int = 1) -> None:
     """Replace a segment's index atomically (temp file + rename), so a reader never sees half of it."""
     path = os.path.join(directory, index_name(base))
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
     try:
-        data = pack_file_header(MAGIC_INDEX, base) + bytes(entries)
+        data = pack_file_header(MAGIC_INDEX, base, version) + bytes(entries)
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
@@ -206,7 +288,7 @@ class SegmentReader:
     without an index lookup.
     """
 
-    __slots__ = ("base", "path", "index_path", "_fd", "_ifd", "_hint", "_reported", "_index_bad")
+    __slots__ = ("base", "path", "index_path", "version", "_fd", "_ifd", "_hint", "_reported", "_index_bad")
 
     def __init__(self, directory: str, base: int) -> None:
         self.base = base
@@ -217,6 +299,7 @@ class SegmentReader:
         self._hint: tuple[int, int] | None = None
         self._reported: set[int] = set()
         self._index_bad = False  # an entry did not point at its record: scan instead until reopened
+        self.version = 1  # the segment's format version, known once fd() has read the header
 
     # -- descriptors
 
@@ -225,7 +308,7 @@ class SegmentReader:
         if self._fd is None:
             fd = os.open(self.path, os.O_RDONLY | _O_CLOEXEC)
             try:
-                unpack_file_header(os.pread(fd, FILE_HEADER_SIZE, 0), MAGIC_LOG, self.path)
+                _base, self.version = read_file_header(os.pread(fd, FILE_HEADER_SIZE, 0), MAGIC_LOG, self.path)
             except (ValueError, LogFormatError) as exc:
                 os.close(fd)
                 raise LogFormatError(str(exc)) from None
@@ -325,7 +408,8 @@ class SegmentReader:
         return self._verified(*self.lookup(offset, end_pos))
 
     def _verified(self, pos: int, expect: int | None) -> int:
-        if expect is None or _record_header_is(os.pread(self.fd(), RECORD_HEADER_SIZE, pos), expect):
+        fd = self.fd()
+        if expect is None or _unit_holds(os.pread(fd, unit_header_size(self.version), pos), expect, self.version):
             return pos
         self._index_bad = True
         self._hint = None
@@ -346,6 +430,9 @@ class SegmentReader:
         just not written yet.
         """
         fd = self.fd()
+        if self.version != 1:
+            return self._read_batches(fd, from_offset, end_pos, max_records=max_records,
+                                      max_bytes=max_bytes, final=final)
         start, expect = self.lookup(from_offset, end_pos)
         pos = start
         out: list[Record] = []
@@ -411,6 +498,95 @@ class SegmentReader:
             self._hint = (out[-1].offset + 1, pos)
         return out, nbytes, limited
 
+    def _read_batches(self, fd: int, from_offset: int, end_pos: int, *, max_records: int, max_bytes: int,
+                      final: bool) -> tuple[list[Record], int, bool]:
+        """``read`` of a version 2 segment. A batch is read and CRC-checked whole; the limits are
+        applied record by record (``max_bytes`` at each record's ``nominal_size``), so a read may end
+        inside a batch: the hint then points at that batch, and the next read skips what it gave."""
+        start, expect = self.lookup(from_offset, end_pos)
+        pos = start
+        out: list[Record] = []
+        nbytes = 0
+        need = 0
+        chunk = 65536
+        limited = False
+        crc32 = zlib.crc32
+        while pos < end_pos and not limited:
+            want = min(end_pos - pos, max(need, min(chunk, max(max_bytes - nbytes, 4096))))
+            chunk = min(chunk * 4, READ_CHUNK)
+            data = os.pread(fd, want, pos)
+            n = len(data)
+            if expect is not None:
+                if not _unit_holds(data, expect, 2):
+                    self._index_bad = True
+                    self._hint = None
+                    if start == FILE_HEADER_SIZE:
+                        expect = None
+                    else:
+                        start = pos = FILE_HEADER_SIZE
+                        expect = None
+                        continue
+                expect = None
+            p = 0
+            bad: str | None = None
+            while True:
+                h = batch_header_at(data, p)
+                if h is None:
+                    break
+                if isinstance(h, str):
+                    bad = h
+                    break
+                rend = p + 8 + h.length
+                if rend > n:
+                    break
+                if h.base + h.count > from_offset:
+                    with memoryview(data) as mv:
+                        ok = crc32(mv[p + 8:rend]) == h.crc
+                    if not ok:
+                        bad = "CRC mismatch"
+                        break
+                    try:
+                        recs = decode_batch_body(data, h, p)
+                    except (ValueError, msgpack.UnpackException) as exc:
+                        bad = str(exc)
+                        break
+                    for r in recs:
+                        if r[0] < from_offset:
+                            continue
+                        size = nominal_size(r)
+                        if out and (nbytes + size > max_bytes or len(out) >= max_records):
+                            limited = True
+                            break
+                        out.append(r)
+                        nbytes += size
+                    if limited:
+                        break
+                    if len(out) >= max_records or nbytes >= max_bytes:
+                        limited = pos + rend < end_pos  # more after this batch
+                        p = rend
+                        break
+                p = rend
+            pos += p
+            if bad is not None:
+                self._report(pos, bad)
+                break
+            if limited:
+                break
+            if p == n:
+                if n < want:
+                    break
+                need = 0
+                continue
+            if n < want or pos + (n - p) >= end_pos:
+                if final:
+                    self._report(pos, f"incomplete batch ({end_pos - pos} bytes at the end)")
+                break
+            need = max(record_size_at(data, p) or 0, BATCH_HEADER_SIZE)
+        if out:
+            # The batch holding the next record: where the read stopped (inside a batch: its start).
+            self._hint = (out[-1].offset + 1, pos)
+        return out, nbytes, limited
+
     def _report(self, position: int, reason: str) -> None:
         if position not in self._reported:
             self._reported.add(position)
@@ -422,20 +598,33 @@ class SegmentReader:
         after it (at most one index interval plus a record): cheap enough to do per segment."""
         fd = self.fd()
         first_ts: int | None = None
-        head = os.pread(fd, RECORD_HEADER_SIZE, FILE_HEADER_SIZE)
-        if len(head) == RECORD_HEADER_SIZE and end_pos > FILE_HEADER_SIZE:
+        version = self.version
+        head = os.pread(fd, unit_header_size(version), FILE_HEADER_SIZE)
+        if version == 1 and len(head) == RECORD_HEADER_SIZE and end_pos > FILE_HEADER_SIZE:
             first_ts = RECORD_HEADER.unpack(head)[3]
+        elif version != 1 and end_pos > FILE_HEADER_SIZE:
+            h = batch_header_at(head, 0)
+            first_ts = h.first_ts if isinstance(h, BatchHeader) else None
         n = self.index_entry_count()
         entry = self.index_entry(n - 1) if n else None
         res: ScanResult | None = None
         if entry is not None and FILE_HEADER_SIZE <= entry[1] < end_pos:
             res = scan_segment(fd, self.base, end_pos, start_pos=entry[1],
-                               expect_offset=self.base + entry[0], max_timestamp=entry[2])
+                               expect_offset=self.base + entry[0], max_timestamp=entry[2], version=version)
             if res.records == 0:
                 res = None  # the entry does not point at a good record: do not trust it
         if res is None:
-            res = scan_segment(fd, self.base, end_pos)
+            res = scan_segment(fd, self.base, end_pos, version=version)
         return SegmentSummary(first_ts, res.last_offset, res.max_timestamp, res.error)
+
+
+def _unit_holds(data: bytes, offset: int, version: int) -> bool:
+    """True when ``data`` starts with a plausible header of the record ``offset`` (version 1) or of
+    a batch holding it (version 2)."""
+    if version == 1:
+        return _record_header_is(data, offset)
+    h = batch_header_at(data, 0)
+    return isinstance(h, BatchHeader) and h.base <= offset < h.base + h.count
 
 
 def _record_header_is(data: bytes, offset: int) -> bool:

@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
-from router.log.format import MAGIC_INDEX, MAGIC_LOG, index_name, pack_file_header, segment_name
+from router.log.format import (
+    FORMAT_VERSION,
+    MAGIC_INDEX,
+    MAGIC_LOG,
+    index_name,
+    pack_file_header,
+    segment_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +51,9 @@ class FsyncPolicy(StrEnum):
 @dataclass(slots=True)
 class Chunk:
     """The part of a batch that goes into one segment: ``batch.buf[buf_start:buf_end]`` at
-    ``file_pos`` of segment ``base``, plus the index entries for it at ``index_pos``."""
+    ``file_pos`` of segment ``base``, plus the index entries for it at ``index_pos``. A chunk with
+    ``data`` (a version 2 batch: header and body) writes those pieces instead of a slice of
+    ``batch.buf`` (then empty), so the body is not copied once more just to be joined."""
 
     base: int
     file_pos: int
@@ -53,6 +62,7 @@ class Chunk:
     index: bytes
     index_pos: int
     new_segment: bool  # the segment file does not exist yet: create it and write the headers
+    data: tuple[bytes, ...] = ()
 
 
 @dataclass(slots=True, eq=False)
@@ -61,6 +71,17 @@ class Batch:
     chunks: list[Chunk]
     first_offset: int
     last_offset: int
+
+    @property
+    def size(self) -> int:
+        """Bytes this batch writes."""
+        return sum(c.buf_end - c.buf_start for c in self.chunks)
+
+    def content(self) -> bytes:
+        """The batch's bytes back to back (for reads of records not yet written)."""
+        if self.buf:
+            return self.buf
+        return b"".join(p for c in self.chunks for p in c.data)
 
 
 class Report(NamedTuple):
@@ -83,7 +104,7 @@ class _SegFds:
     released_prev: int = 0  # where the previous release started: each range is asked for twice
 
 
-_MAX_IOV = 512  # chunks per write group: each run's pwritev stays under IOV_MAX (1024 on Linux)
+_MAX_IOV = 512  # pieces per write group: each run's pwritev stays under IOV_MAX (1024 on Linux)
 
 
 @dataclass(slots=True)
@@ -94,7 +115,7 @@ class _Run:
     new_segment: bool
     file_pos: int
     end: int
-    data: list[memoryview]
+    data: list[memoryview | bytes]
     index_pos: int
     index_end: int
     index: list[bytes]
@@ -129,6 +150,7 @@ class WriterCore:
     durable_offset: int
     page_cache_bytes: int | None = None
     max_unsynced_bytes: int = 4 << 20
+    version: int = FORMAT_VERSION  # of the segments (and indexes) this core creates
     error: OSError | None = None
     _backlog: deque[Batch] = field(default_factory=deque)   # not yet written (or to rewrite)
     _unsynced: list[Batch] = field(default_factory=list)     # written, not yet fsynced
@@ -202,7 +224,7 @@ class WriterCore:
             for batch in group:
                 backlog.popleft()
                 self._unsynced.append(batch)
-                self._unsynced_bytes += len(batch.buf)
+                self._unsynced_bytes += batch.size
                 if batch.last_offset > self.written_offset:
                     self.written_offset = batch.last_offset
             self._dirty = True
@@ -221,11 +243,12 @@ class WriterCore:
         runs: list[_Run] = []
         nchunks = nbytes = 0
         for batch in self._backlog:
-            if group and (nchunks + len(batch.chunks) > _MAX_IOV or nbytes >= self.max_unsynced_bytes):
+            pieces = sum(len(c.data) or 1 for c in batch.chunks)
+            if group and (nchunks + pieces > _MAX_IOV or nbytes >= self.max_unsynced_bytes):
                 break
             group.append(batch)
-            nchunks += len(batch.chunks)
-            nbytes += len(batch.buf)
+            nchunks += pieces
+            nbytes += batch.size
             view = memoryview(batch.buf)
             for c in batch.chunks:
                 run = runs[-1] if runs else None
@@ -233,7 +256,10 @@ class WriterCore:
                         or (c.index and run.index and run.index_end != c.index_pos)):
                     run = _Run(c.base, c.new_segment, c.file_pos, c.file_pos, [], c.index_pos, c.index_pos, [])
                     runs.append(run)
-                run.data.append(view[c.buf_start:c.buf_end])
+                if c.data:
+                    run.data += c.data
+                else:
+                    run.data.append(view[c.buf_start:c.buf_end])
                 run.end += c.buf_end - c.buf_start
                 if c.index:
                     if not run.index:
@@ -254,8 +280,8 @@ class WriterCore:
         fds = self._open(base, create)
         try:
             if create:
-                _pwrite_all(fds.fd, pack_file_header(MAGIC_LOG, base), 0)
-                _pwrite_all(fds.ifd, pack_file_header(MAGIC_INDEX, base), 0)
+                _pwrite_all(fds.fd, pack_file_header(MAGIC_LOG, base, self.version), 0)
+                _pwrite_all(fds.ifd, pack_file_header(MAGIC_INDEX, base, self.version), 0)
                 self._created.add(base)
                 self._dir_dirty = True
             _pwritev_all(fds.fd, run.data, run.file_pos)

@@ -12,6 +12,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from router.log import CommitLog
 
@@ -31,12 +32,18 @@ class Sent:
 
 
 class LogSim:
-    """Synchronous CommitLogs under ``<data_dir>/<node>/<router>/``."""
+    """Synchronous CommitLogs under ``<data_dir>/<node>/<router>/``.
+
+    Each log is flushed after every ``batch_records`` appends to it, as the broker flushes once per
+    loop iteration: the records lie in batches of several (format version 2 writes one batch per
+    flush), and a test that damages the last record damages a batch of one."""
 
     def __init__(self, data_dir: str | Path, node: str = "t", routers: tuple[str, ...] = ("w0", "w1"),
-                 segment_bytes: int = 64 << 20, index_interval_bytes: int = 4096) -> None:
+                 segment_bytes: int = 64 << 20, index_interval_bytes: int = 4096,
+                 batch_records: int = 7) -> None:
         self.data_dir = str(data_dir)
         self.node = node
+        self.batch_records = batch_records
         self.logs: dict[str, CommitLog] = {}
         for r in routers:
             directory = os.path.join(self.data_dir, node, r)
@@ -51,16 +58,23 @@ class LogSim:
                 forward_to: tuple[str, ...] = ()) -> Sent:
         ts = timestamp_ms if timestamp_ms is not None else time.time_ns() // 1_000_000
         rid = f"{self.node}/{router}"
-        off = self.logs[router].append(topic, payload, qos=qos, retain=retain, client_id=client_id,
-                                       timestamp_ms=ts)
+        off = self._append(router, topic, payload, qos=qos, retain=retain, client_id=client_id,
+                           timestamp_ms=ts)
         sent = Sent(rid, off, ts, client_id, topic, qos, retain, payload)
         self.sent.append(sent)
         self.logged.append((rid, off, sent))
         for other in forward_to:
-            copy = self.logs[other].append(topic, payload, qos=qos, retain=retain, client_id=client_id,
-                                           origin_router=rid, origin_offset=off, timestamp_ms=ts)
+            copy = self._append(other, topic, payload, qos=qos, retain=retain, client_id=client_id,
+                                origin_router=rid, origin_offset=off, timestamp_ms=ts)
             self.logged.append((f"{self.node}/{other}", copy, sent))
         return sent
+
+    def _append(self, router: str, topic: str, payload: bytes, **kw: Any) -> int:
+        log = self.logs[router]
+        off = log.append(topic, payload, **kw)
+        if (off + 1) % self.batch_records == 0:
+            log.flush()
+        return off
 
     def flush(self) -> None:
         for log in self.logs.values():

@@ -25,7 +25,7 @@ from router.log import (
     iter_records,
     segment_name,
 )
-from router.log.format import FILE_HEADER_SIZE, INDEX_ENTRY_SIZE, RECORD_HEADER_SIZE
+from router.log.format import FILE_HEADER_SIZE, INDEX_ENTRY_SIZE, RECORD_HEADER_SIZE, encode_batch_bytes
 
 T0 = 1_700_000_000_000
 
@@ -43,9 +43,13 @@ def rec_args(i: int) -> dict:
     )
 
 
-def fill(log: CommitLog, start: int, stop: int) -> None:
+def fill(log: CommitLog, start: int, stop: int, *, flush_every: int | None = None) -> None:
+    """Append records ``start..stop-1``; ``flush_every``: flush after every that many (a version 2
+    log writes one batch per flush, and its index and its readers work batch by batch)."""
     for i in range(start, stop):
         assert log.append(**rec_args(i)) == i
+        if flush_every and (i + 1) % flush_every == 0:
+            log.flush()
 
 
 def assert_record(rec: Record, i: int, router: str = "r1") -> None:
@@ -103,9 +107,10 @@ def test_round_trip_across_segments(tmp_path):
     assert check(tmp_path).ok
 
 
-def test_read_by_offset_in_the_middle_uses_the_index(tmp_path):
-    log = open_log(tmp_path, segment_bytes=64 * 1024, index_interval_bytes=1024)
-    fill(log, 0, 400)
+@pytest.mark.parametrize("version", [1, 2])
+def test_read_by_offset_in_the_middle_uses_the_index(tmp_path, version):
+    log = open_log(tmp_path, segment_bytes=64 * 1024, index_interval_bytes=1024, format_version=version)
+    fill(log, 0, 400, flush_every=3 if version == 2 else None)
     log.flush()
     segs = log.segments()
     assert len(segs) >= 3
@@ -237,9 +242,10 @@ def test_decode_records_round_trip_incomplete_and_corrupt():
     assert len(recs) == 5
 
 
-def test_iter_records_over_segment_files(tmp_path):
-    log = open_log(tmp_path, segment_bytes=1 << 20)
-    fill(log, 0, 200)
+@pytest.mark.parametrize("version", [1, 2])
+def test_iter_records_over_segment_files(tmp_path, version):
+    log = open_log(tmp_path, segment_bytes=1 << 20, format_version=version)
+    fill(log, 0, 200, flush_every=1 if version == 2 else None)
     log.close()
     path = tmp_path / segment_name(0)
     recs = list(iter_records(path, chunk_size=4096))  # records larger than a chunk are read whole
@@ -399,10 +405,27 @@ def _next_roll_base(tmp_path, log: CommitLog, payload: bytes) -> int:
     """Append until the next append would roll; return the offset the new segment will start at."""
     seg = log.segments()[-1]
     size = seg.size
+    if log.format_version == 2:
+        return _next_roll_base_v2(log, size, payload)
     n = RECORD_HEADER_SIZE + len(log.router_id) + 1 + len(payload)
     while size + n <= 8192:
         log.append("t", payload)
         size += n
+    return log.next_offset
+
+
+def _next_roll_base_v2(log: CommitLog, size: int, payload: bytes) -> int:
+    """Version 2 rolls at flush, by batch: fill the segment with one-record batches of ``payload``,
+    then of a 1-byte payload, until not even that fits."""
+    for p in (payload, b"a"):
+        while True:
+            off = log.next_offset
+            n = len(encode_batch_bytes(off, [(T0, log.router_id, off, "", "t", 0, False, b"", p)]))
+            if size + n > 8192:
+                break
+            log.append("t", p, timestamp_ms=T0)
+            log.flush()
+            size += n
     return log.next_offset
 
 

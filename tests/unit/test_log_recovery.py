@@ -25,8 +25,12 @@ T0 = 1_700_000_000_000
 
 
 def write_log(path, n: int, **kw) -> None:
+    """A log of ``n`` records in format version 1 (one header and CRC per record: the tests below
+    damage single records); reopening it with the default version 2 is the upgrade path. The
+    version 2 tests are at the end."""
     kw.setdefault("segment_bytes", 8192)
     kw.setdefault("index_interval_bytes", 512)
+    kw.setdefault("format_version", 1)
     with CommitLog(path, router_id="r1", **kw) as log:
         for i in range(n):
             log.append(f"t/{i}", bytes([i % 256]) * (40 + i % 60), client_id="c", timestamp_ms=T0 + i)
