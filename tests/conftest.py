@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.helpers import Broker, free_port
+from tests.helpers import ROOT, Broker, free_port
+
+# Every process a test starts (brokerd, its CLI, Spark's Python workers) imports this checkout's
+# packages, not those of whichever checkout a shared virtualenv's editable install points at.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 _names = itertools.count()
 
