@@ -344,6 +344,16 @@ def _pack(rl: RouterLog, slices: list[Slice], lo: int, hi: int | None, split_byt
     return [LogPartition(rl.node, rl.router, g, lo, hi, contiguous and i == 0) for i, g in enumerate(groups)]
 
 
+def read_planned(opts: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """Read one partition of a plan. A plan with no partition at all (nothing in the window, no
+    log yet) still gets one read: Spark substitutes a placeholder ``InputPartition(None)`` of its
+    own, which reads as nothing."""
+    if isinstance(partition, LogPartition):
+        return read_partition(opts, partition)
+    assert type(partition) is InputPartition and partition.value is None, partition
+    return iter(())
+
+
 def plan_router(reader: LogReader, rl: RouterLog, opts: ReadOptions, lo: int, hi: int | None,
                 start_ms: int | None, end_ms: int | None, contiguous: bool = False) -> list[LogPartition]:
     """Partitions for offsets ``[lo, hi)`` of one router's log, skipping segments that cannot hold
@@ -492,8 +502,7 @@ class BrokerLogReader(DataSourceReader):
         return plan_batch(self.opts)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, LogPartition)
-        return read_partition(self.opts, partition)
+        return read_planned(self.opts, partition)
 
 
 # ------------------------------------------------------------------------------------------- streaming
@@ -598,8 +607,7 @@ class BrokerLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, LogPartition)
-        return read_partition(self.opts, partition)
+        return read_planned(self.opts, partition)
 
     def commit(self, end: dict) -> None:
         """Nothing to release: the broker's retention, not the reader, decides what the log keeps."""

@@ -179,6 +179,15 @@ def test_time_range_is_exact(spark, traffic):
     assert got == expected(traffic, lambda rid, s: start <= s.timestamp_ms < end)
 
 
+def test_a_read_with_nothing_to_read_is_empty(spark, traffic, tmp_path):
+    """No partition planned (a time window after the last record, or no log at all): Spark hands
+    the reader a placeholder partition of its own, which reads as nothing."""
+    assert plan_batch(ReadOptions.parse({"path": traffic.data_dir, "startTime": "2030-01-01"})) == []
+    assert load(spark, traffic, startTime="2030-01-01").count() == 0
+    (tmp_path / "empty").mkdir()
+    assert spark.read.format("brokerlog").load(str(tmp_path / "empty")).count() == 0
+
+
 def test_routers_and_offsets_options(spark, traffic):
     got = rows(load(spark, traffic, routers="w1,t/w2", startingOffsets='{"t/w1": 100}',
                     endingOffsets='{"t/w2": 50}'))
