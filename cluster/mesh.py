@@ -416,26 +416,17 @@ class Mesh:
 
     # -- MeshPort -------------------------------------------------------------------------------------
 
-    def forward(self, router_id: str, msg: Message, source: Any = None) -> None:
+    def forward(self, router_id: str, msg: Message, source: Any = None, groups: list[str] | None = None,
+                only: bool = False) -> None:
         peer = self.peers.get(router_id)
         if peer is None or not peer.alive or self.closed:
             return
-        peer.batch.append(msg.to_mesh())
+        peer.batch.append(msg.to_mesh() if groups is None else msg.to_mesh_shared(groups, only))
         if source is not None:
             peer.batch_sources.add(source)
         if not self._dirty:
             self._dirty = True
             self.loop.call_soon(self._flush)
-
-    def forward_shared(self, router_id: str, msg: Message, groups: list[str], source: Any = None,
-                       only: bool = False) -> None:
-        peer = self.peers.get(router_id)
-        if peer is None or not peer.alive or self.closed:
-            return
-        peer.batch.append(msg.to_mesh_shared(groups, only))
-        if source is not None:
-            peer.batch_sources.add(source)
-        self._mark()
 
     def announce_interest(self, topic_filter: str, add: bool | int) -> asyncio.Future | None:
         self._interest_batch.append((topic_filter, add))

@@ -44,20 +44,18 @@ log = logging.getLogger(__name__)
 class MeshPort(Protocol):
     """What a router needs from the cluster: implemented by ``cluster.mesh.Mesh``."""
 
-    def forward(self, router_id: str, msg: Message, source: Any = None) -> None:
+    def forward(self, router_id: str, msg: Message, source: Any = None, groups: list[str] | None = None,
+                only: bool = False) -> None:
         """Queue ``msg`` for one peer router (batched per loop iteration). ``source`` is the client
-        connection it came from: the mesh pauses reading from it while that peer is backed up."""
+        connection it came from: the mesh pauses reading from it while that peer is backed up.
+        ``groups``: the shared subscriptions that router was chosen for; ``only``: for them alone
+        (a message handed on from a member whose session ended: that router's normal subscribers
+        and its log had their copy already)."""
 
     def announce_interest(self, topic_filter: str, add: bool | int) -> Awaitable[None] | None:
         """Tell every peer router that this router gained / lost its interest in a filter (for a
         ``$share/`` key: its presence, 0 = none); for a gain, an awaitable that completes
         when every live peer has acknowledged it."""
-
-    def forward_shared(self, router_id: str, msg: Message, groups: list[str], source: Any = None,
-                       only: bool = False) -> None:
-        """``forward``, naming the shared subscriptions that router was chosen for; ``only``: for
-        them alone (a message handed on from a member whose session ended: that router's normal
-        subscribers and its log had their copy already)."""
 
     def retained_update(self, msg: Message) -> None:
         """Tell every peer router about a retained message (an empty payload clears it)."""
@@ -319,9 +317,9 @@ class Router:
             if groups is None:
                 mesh.forward(rid, msg, source)
             else:
-                mesh.forward_shared(rid, msg, groups, source)
+                mesh.forward(rid, msg, source, groups)
         for rid, groups in picked.items():
-            mesh.forward_shared(rid, msg, groups, source)
+            mesh.forward(rid, msg, source, groups)
 
     def _deliver_shared(self, msg: Message, key: str) -> None:
         """One local member of shared subscription ``key`` gets ``msg`` (none left: nobody)."""
@@ -345,7 +343,7 @@ class Router:
         if rid == self.router_id:
             self._deliver_shared(msg, key)
         elif rid is not None and self.mesh is not None:
-            self.mesh.forward_shared(rid, msg, [key], None, True)
+            self.mesh.forward(rid, msg, None, [key], True)
         else:
             self.stats.shared_no_member += 1
 

@@ -26,11 +26,8 @@ class FakeMesh:
         self.announced: list[tuple[str, Any]] = []
         self.only: list[tuple[str, bytes, list[str]]] = []
 
-    def forward(self, router_id: str, msg: Message, source: Any = None) -> None:
-        self.forwards.append((router_id, msg.topic, None))
-
-    def forward_shared(self, router_id: str, msg: Message, groups: list[str], source: Any = None,
-                       only: bool = False) -> None:
+    def forward(self, router_id: str, msg: Message, source: Any = None, groups: list[str] | None = None,
+                only: bool = False) -> None:
         self.forwards.append((router_id, msg.topic, groups))
         if only:
             self.only.append((router_id, msg.payload, groups))
