@@ -8,8 +8,8 @@ between two routers arrive in the order they were sent.
 Frames are msgpack lists ``[MESH_VERSION, kind, sender_router_id, sender_incarnation, body]``; a
 frame of another version is refused with a log line naming the sender. Publishes for one peer
 collected during one loop iteration travel as one frame. A message in it is ``Message.to_mesh()``
-(5 values for a plain QoS 0 message, 9 otherwise), or that plus a last element naming the shared
-subscriptions the receiver was chosen for (6 or 10 values): a list, or ``{"only": list}`` for a
+(5 values for a plain QoS 0 message, or a plain QoS 1/2 one with its MQTT 3.1.1 head; 9 otherwise),
+or that plus a last element naming the shared subscriptions the receiver was chosen for (6 or 10 values): a list, or ``{"only": list}`` for a
 message handed on from a member whose session ended, which is for those groups alone.
 
 Membership is gossip: every router says HELLO to every link twice a second with the routers it
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MESH_VERSION = 4  # 4: the topic beside a plain QoS 0 packet; shared subscriptions name their groups
+MESH_VERSION = 5  # 4: the topic beside a plain QoS 0 packet, shared groups; 5: QoS 1/2 heads
 HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE = range(1, 10)
 KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST_ACK: "interest-ack",
               RETAINED: "retained", TAKEOVER_REQ: "takeover-request", TAKEOVER_RESP: "takeover",

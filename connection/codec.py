@@ -596,6 +596,10 @@ class Decoder:
                         )
                 if b0 == 0x30 and not props:
                     append(Publish(topic, data[p:stop], 0, False, False, None, props, data[pos:stop]))
+                elif (b0 == 0x32 or b0 == 0x34) and not v5:
+                    # QoS 1/2 from MQTT 3.1.1, no RETAIN/DUP: the packet before its packet id is
+                    # the head of what subscribers at this QoS get (the payload is the tail).
+                    append(Publish(topic, data[p:stop], qos, False, False, pid, props, data[pos : p - 2]))
                 else:
                     append(Publish(topic, data[p:stop], qos, b0 & 1 == 1, b0 & 8 == 8, pid, props))
             elif b0 == 0x40 and rl == 2:

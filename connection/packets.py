@@ -112,7 +112,9 @@ class Publish:
     properties: Properties = field(default_factory=dict)
     # The packet's own bytes when they are also what a subscriber of the same protocol level gets
     # at QoS 0 (QoS 0, no RETAIN/DUP, no properties): set by the decoder so the router can forward
-    # them as they came instead of encoding the same bytes again. Not part of equality.
+    # them as they came instead of encoding the same bytes again. For QoS 1/2 from MQTT 3.1.1
+    # (no RETAIN/DUP) it is the packet up to its packet identifier: the head that subscribers at
+    # the same QoS get before their own packet id and the payload. Not part of equality.
     raw: bytes | None = field(default=None, compare=False, repr=False)
 
 

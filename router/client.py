@@ -265,11 +265,9 @@ class Client:
             raise ProtocolError("topic alias not allowed: topic alias maximum is 0", Reason.TOPIC_ALIAS_INVALID)
         router = self.router
         self.conn.counters.msgs_in += 1
-        msg = Message(p.topic, p.payload, qos, p.retain, self.client_id, router.router_id,
-                      properties=p.properties or None)
         conn = self.conn
-        if p.raw is not None:
-            msg.received_as(conn.protocol_level, p.raw)
+        msg = Message.published(p.topic, p.payload, qos, p.retain, self.client_id, router.router_id,
+                                p.properties, p.raw, conn.protocol_level)
         try:
             if qos == 0:
                 router.publish(msg, conn)

@@ -23,6 +23,10 @@ _FORWARDED = frozenset({
 })
 
 _new = object.__new__
+_time = time.time
+# Keys of Message._enc: (protocol level << 3) | (QoS << 1) | RETAIN.
+_QOS0_V3, _QOS0_V4, _QOS0_V5 = 3 << 3, 4 << 3, MQTT_5 << 3
+_QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4 = 3 << 3 | 2, 4 << 3 | 2, 3 << 3 | 4, 4 << 3 | 4
 encode_count = 0  # how many encodes happened: the unit test of "encode once" reads it
 
 
@@ -61,7 +65,7 @@ class Message:
         something asks (the commit log, an MQTT 5 or QoS > 0 subscriber, a retained store)."""
         payload = self._payload
         if payload is None:
-            self._payload = payload = _payload_of(self._enc[4 << 3][0], len(self.topic_bytes))
+            self._payload = payload = _payload_of(self._enc[_QOS0_V4][0], len(self.topic_bytes))
         return payload
 
     @property
@@ -69,6 +73,42 @@ class Message:
         if self._topic_bytes is None:
             self._topic_bytes = self.topic.encode()
         return self._topic_bytes
+
+    @classmethod
+    def published(cls, topic: str, payload: bytes, qos: int, retain: bool, client_id: str, router_id: str,
+                  properties: dict | None, raw: bytes | None, level: int) -> Message:
+        """A message a client of protocol ``level`` published to router ``router_id`` just now.
+
+        ``raw`` is what the decoder kept of its packet (``Publish.raw``). For QoS 0 it is the
+        whole packet, byte for byte what subscribers of that level get at QoS 0; for QoS 1/2
+        (MQTT 3.1.1) it is the packet up to its packet identifier, the head of what subscribers
+        at that QoS get before their own packet id and the payload. Either is kept as that
+        variant's encoding, so the commonest deliveries encode nothing.
+
+        Once per publish, so it fills the slots itself like ``from_mesh``."""
+        msg = _new(cls)
+        msg.topic = topic
+        msg._payload = payload
+        msg.qos = qos
+        msg.retain = retain
+        msg.client_id = client_id
+        msg.origin_router = router_id
+        msg.origin_offset = -1
+        msg.properties = properties or None
+        msg.timestamp_ms = int(_time() * 1000)
+        msg.log_offset = -1
+        if raw is None:
+            msg._enc = {}
+        elif qos:  # 3.1 and 3.1.1 share the PUBLISH wire form
+            parts = (raw, payload)
+            msg._enc = {_QOS1_V3: parts, _QOS1_V4: parts} if qos == 1 else {_QOS2_V3: parts, _QOS2_V4: parts}
+        elif level >= MQTT_5:
+            msg._enc = {_QOS0_V5: (raw, b"")}
+        else:
+            parts = (raw, b"")
+            msg._enc = {_QOS0_V3: parts, _QOS0_V4: parts}
+        msg._topic_bytes = None
+        return msg
 
     @classmethod
     def from_record(cls, rec) -> Message:  # noqa: ANN001 - router.log.Record
@@ -97,18 +137,23 @@ class Message:
         it - travels as ``[packet, topic, client_id, origin_offset, timestamp_ms]``: the receiving
         router hands the packet to its subscribers as it is instead of encoding it again, and
         routes by the topic beside it instead of parsing the packet (parsing in Python cost more
-        than msgpack spends on the topic). Its origin router is the frame's sender. Anything else
-        is ``to_list()`` (nine values)."""
-        if self.qos == 0 and not self.retain and self.properties is None:
-            parts = self._enc.get(4 << 3)
+        than msgpack spends on the topic). Its origin router is the frame's sender. A plain QoS 1
+        or 2 message whose MQTT 3.1.1 head is at hand travels the same way with ``[head, payload]``
+        in the packet's place, so its subscribers' head is not encoded again either. Anything
+        else is ``to_list()`` (nine values)."""
+        if not self.retain and self.properties is None:
+            qos = self.qos
+            parts = self._enc.get((4 << 3) | (qos << 1))
             if parts is not None:
-                return [parts[0], self.topic, self.client_id, self.origin_offset, self.timestamp_ms]
+                return [parts[0] if qos == 0 else [parts[0], parts[1]], self.topic, self.client_id,
+                        self.origin_offset, self.timestamp_ms]
         return self.to_list()
 
     @classmethod
     def from_mesh(cls, values: list, sender: str) -> Message:
         """The inverse of ``to_mesh`` for a frame from router ``sender``; raises ProtocolError on a
-        packet that is not a QoS 0 PUBLISH, ValueError or TypeError on values of the wrong shape.
+        packet that is not a QoS 0 PUBLISH (or a head that is not a QoS 1/2 one), ValueError or
+        TypeError on values of the wrong shape.
 
         Once per forwarded message on the receiving router, so it fills the slots itself: the
         constructor's defaults and keyword handling cost more than the message's whole delivery
@@ -116,12 +161,31 @@ class Message:
         if len(values) != 5:
             return cls.from_list(values)
         packet, topic, client_id, origin_offset, ts = values
-        if packet[0] != 0x30 or topic.__class__ is not str:
-            raise ProtocolError("forwarded packet is not a QoS 0 PUBLISH", Reason.MALFORMED_PACKET)
+        if topic.__class__ is not str:
+            raise TypeError("forwarded topic is not a string")
+        if packet.__class__ is bytes:
+            if packet[0] != 0x30:
+                raise ProtocolError("forwarded packet is not a QoS 0 PUBLISH", Reason.MALFORMED_PACKET)
+            payload = None
+            qos = 0
+            parts = (packet, b"")
+            enc = {_QOS0_V3: parts, _QOS0_V4: parts}  # as published() at level 4
+        else:  # [head, payload]: QoS 1 or 2
+            head, payload = packet
+            b0 = head[0]
+            if (b0 != 0x32 and b0 != 0x34) or payload.__class__ is not bytes:
+                raise ProtocolError("forwarded head is not a QoS 1/2 PUBLISH", Reason.MALFORMED_PACKET)
+            parts = (head, payload)
+            if b0 == 0x32:
+                qos = 1
+                enc = {_QOS1_V3: parts, _QOS1_V4: parts}
+            else:
+                qos = 2
+                enc = {_QOS2_V3: parts, _QOS2_V4: parts}
         msg = _new(cls)
         msg.topic = topic
-        msg._payload = None
-        msg.qos = 0
+        msg._payload = payload
+        msg.qos = qos
         msg.retain = False
         msg.client_id = client_id
         msg.origin_router = sender
@@ -129,8 +193,7 @@ class Message:
         msg.properties = None
         msg.timestamp_ms = ts
         msg.log_offset = -1
-        parts = (packet, b"")
-        msg._enc = {3 << 3: parts, 4 << 3: parts}  # as received_as(4, packet)
+        msg._enc = enc
         msg._topic_bytes = None
         return msg
 
@@ -155,16 +218,6 @@ class Message:
 
     def packed_properties(self) -> bytes:
         return msgpack.packb(self.properties) if self.properties else b""
-
-    def received_as(self, level: int, packet: bytes) -> None:
-        """``packet`` (a QoS 0 PUBLISH without flags or properties, as a client of protocol ``level``
-        sent it) is byte for byte what subscribers of that level get at QoS 0: keep it as that
-        variant's encoding, so the commonest delivery copies no bytes and encodes nothing."""
-        parts = (packet, b"")
-        if level >= MQTT_5:
-            self._enc[MQTT_5 << 3] = parts
-        else:  # 3.1 and 3.1.1 share the PUBLISH wire form
-            self._enc[3 << 3] = self._enc[4 << 3] = parts
 
     def encoded(self, level: int, qos: int, retain: bool) -> tuple[bytes, bytes]:
         """(head, tail) of the PUBLISH for this variant; QoS 0: head + tail is the whole packet."""

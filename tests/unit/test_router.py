@@ -71,8 +71,7 @@ def test_a_qos0_publish_reaches_same_level_subscribers_as_it_came(router):
     raw = bytes([0x30, 2 + 3 + 5]) + b"\x00\x03r/x" + b"hello"
     [p] = Decoder(protocol_level=4).feed(raw)
     assert p.raw == raw  # QoS 0, no flags: the decoder hands the packet bytes over
-    msg = Message(p.topic, p.payload, 0)
-    msg.received_as(4, p.raw)
+    msg = Message.published(p.topic, p.payload, 0, False, "pub", "n/w0", None, p.raw, 4)
     before = message_mod.encode_count
     router.publish(msg)
     assert message_mod.encode_count - before == 1  # only the MQTT 5 subscriber's form is encoded
@@ -81,11 +80,31 @@ def test_a_qos0_publish_reaches_same_level_subscribers_as_it_came(router):
     assert (q.topic, q.payload, q.qos) == ("r/x", b"hello", 0)
 
 
-@pytest.mark.parametrize("first", [0x31, 0x32, 0x3B])
+@pytest.mark.parametrize("first", [0x31, 0x33, 0x3A, 0x3B, 0x35])
 def test_publishes_with_flags_carry_no_raw_bytes(first):
     body = b"\x00\x01t" + (b"\x00\x07" if first & 6 else b"") + b"p"
     [p] = Decoder(protocol_level=4).feed(bytes([first, len(body)]) + body)
     assert p.raw is None
+
+
+@pytest.mark.parametrize("qos,payload", [(1, b"p" * 10), (2, b"q" * 300)])
+def test_a_plain_qos_publish_hands_its_head_to_subscribers_at_that_qos(router, qos, payload):
+    """MQTT 3.1.1 QoS 1/2 without flags: the packet up to its id is the subscribers' head."""
+    from connection.codec import encode
+
+    conns = [online(router, f"h{i}", ("h/#", qos))[1] for i in range(3)]
+    packet = encode(Publish("h/x", payload, qos, packet_id=0x1234), 4)
+    [p] = Decoder(protocol_level=4).feed(packet)
+    assert p.raw == packet[: packet.index(b"\x12\x34")]
+    [p5] = Decoder(protocol_level=5).feed(encode(Publish("h/x", payload, qos, packet_id=9), 5))
+    assert p5.raw is None  # MQTT 5 puts properties between the id and the payload
+    msg = Message.published(p.topic, p.payload, qos, False, "pub", "n/w0", None, p.raw, 4)
+    before = message_mod.encode_count
+    router.publish(msg)
+    assert message_mod.encode_count == before  # nothing encoded for three 3.1.1 subscribers
+    for c in conns:
+        [q] = c.packets()
+        assert (q.topic, q.payload, q.qos, q.retain, q.dup) == ("h/x", payload, qos, False, False)
 
 
 def test_overlap_once_at_highest_qos(router):
@@ -206,8 +225,8 @@ def test_a_forwarded_message_carries_its_packet_and_comes_back_whole(payload):
     import msgpack
 
     [p] = Decoder(protocol_level=4).feed(_plain_publish(b"m/a", payload))
-    msg = Message(p.topic, p.payload, 0, False, "c1", "n/w0", 7, None, 1234)
-    msg.received_as(4, p.raw)
+    msg = Message.published(p.topic, p.payload, 0, False, "c1", "n/w0", None, p.raw, 4)
+    msg.origin_offset, msg.timestamp_ms = 7, 1234
     wire = msgpack.unpackb(msgpack.packb(msg.to_mesh()), raw=False)
     assert wire == [p.raw, "m/a", "c1", 7, 1234]  # the packet stands in for payload and flags
     back = Message.from_mesh(wire, "n/w0")  # the origin router is the frame's sender
@@ -217,6 +236,25 @@ def test_a_forwarded_message_carries_its_packet_and_comes_back_whole(payload):
     before = message_mod.encode_count
     assert back.encoded(4, 0, False)[0] == p.raw
     assert message_mod.encode_count == before  # the receiver encodes nothing for 3.1.1 QoS 0
+
+
+@pytest.mark.parametrize("qos", [1, 2])
+def test_a_forwarded_qos_message_carries_its_head(qos):
+    import msgpack
+
+    from connection.codec import encode
+
+    [p] = Decoder(protocol_level=4).feed(encode(Publish("m/q", b"v" * 200, qos, packet_id=5), 4))
+    msg = Message.published(p.topic, p.payload, qos, False, "c1", "n/w0", None, p.raw, 4)
+    msg.origin_offset, msg.timestamp_ms = 7, 1234
+    wire = msgpack.unpackb(msgpack.packb(msg.to_mesh()), raw=False)
+    assert wire == [[p.raw, b"v" * 200], "m/q", "c1", 7, 1234]
+    back = Message.from_mesh(wire, "n/w0")
+    assert back.to_list() == [msg.topic, msg.payload, qos, False, "c1", "n/w0", 7, None, 1234]
+    before = message_mod.encode_count
+    assert back.encoded(4, qos, False) == (p.raw, b"v" * 200)
+    assert message_mod.encode_count == before  # the receiver encodes nothing for 3.1.1 QoS 1/2
+    assert back.encoded(4, 0, False)[0] == encode(Publish("m/q", b"v" * 200), 4)
 
 
 @pytest.mark.parametrize("qos,retain,props", [(1, False, None), (0, True, None), (0, False, {3: "text/plain"})])
@@ -230,12 +268,15 @@ def test_other_messages_are_forwarded_as_values(qos, retain, props):
 
 
 @pytest.mark.parametrize("packet,topic", [(b"\x32\x05\x00\x01tpp", "t"), (b"\x30\x05\x00\x03tpp", b"tpp"),
-                                          (b"", "t"), (b"\x30\x05\x00\x03tpp", 7)])
+                                          (b"", "t"), (b"\x30\x05\x00\x03tpp", 7),
+                                          ([b"\x30\x03\x00\x01t", b"p"], "t"), ([b"\x32\x05\x00\x01t", 5], "t"),
+                                          ([b"\x32\x05\x00\x01t"], "t"), ([b"", b"p"], "t")])
 def test_a_malformed_forwarded_message_is_refused(packet, topic):
-    """Not a QoS 0 PUBLISH, or no topic string: the mesh drops it (ProtocolError, IndexError)."""
+    """Not a QoS 0 PUBLISH or a QoS 1/2 head and payload, or no topic string: the mesh drops it
+    (the errors ``Router.deliver_forwarded`` counts as malformed)."""
     from connection.reasons import ProtocolError
 
-    with pytest.raises((ProtocolError, IndexError)):
+    with pytest.raises((ProtocolError, IndexError, TypeError, ValueError)):
         Message.from_mesh([packet, topic, "c", 1, 1], "n/w0")
 
 
@@ -252,3 +293,23 @@ def test_a_forwarded_frame_is_delivered_in_order_and_a_malformed_message_dropped
             Message("f/q", b"one", 1, False, "c", "n/w0", 3, None, 1).to_list(), [packets[2], "f/2", "c", 4, 1]]
     assert router.deliver_forwarded(body, "n/w0") == 1
     assert [(p.topic, p.payload) for p in conn.packets()] == [("f/0", b"p0"), ("f/q", b"one"), ("f/2", b"p2")]
+
+
+@pytest.mark.parametrize("level,qos,raw", [(4, 0, b"\x30\x04\x00\x01tp"), (5, 0, b"\x30\x05\x00\x01t\x00p"),
+                                           (4, 1, b"\x32\x06\x00\x01t"), (4, 2, b"\x34\x06\x00\x01t"),
+                                           (5, 1, None)])
+def test_published_is_the_constructor_plus_the_encoding_it_came_in(level, qos, raw):
+    """``Message.published`` fills the slots itself: it must agree with ``Message(...)``."""
+    props = {3: "text/plain"} if raw is None else {}
+    msg = Message.published("t", b"p", qos, False, "c", "n/w0", props, raw, level)
+    ref = Message("t", b"p", qos, False, "c", "n/w0", properties=props)
+    assert msg.to_list()[:8] == ref.to_list()[:8] and abs(msg.timestamp_ms - ref.timestamp_ms) < 1000
+    assert msg.log_offset == -1 and msg.topic_bytes == b"t"
+    before = message_mod.encode_count
+    parts = msg.encoded(level, qos, False)
+    if raw is None:
+        assert message_mod.encode_count == before + 1
+    else:
+        assert message_mod.encode_count == before
+        assert parts == ((raw, b"") if qos == 0 else (raw, b"p"))
+    assert parts == ref.encoded(level, qos, False)  # byte for byte what encoding would give

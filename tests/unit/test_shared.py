@@ -185,8 +185,8 @@ def test_the_chosen_router_delivers_to_one_local_member(router):
 def test_the_compact_form_gains_a_sixth_element_only_with_groups():
     raw = bytes([0x30, 2 + 1 + 1]) + b"\x00\x01tp"
     [p] = Decoder(protocol_level=4).feed(raw)
-    msg = Message(p.topic, p.payload, 0, False, "c", "n/w0", 5, None, 7)
-    msg.received_as(4, p.raw)
+    msg = Message.published(p.topic, p.payload, 0, False, "c", "n/w0", None, p.raw, 4)
+    msg.origin_offset, msg.timestamp_ms = 5, 7
     assert len(msg.to_mesh()) == 5
     assert msg.to_mesh_shared(["$share/g/t"]) == [raw, "t", "c", 5, 7, ["$share/g/t"]]
     back, groups, only = Message.from_mesh_shared(msg.to_mesh_shared(["$share/g/t"], only=True), "n/w0")
