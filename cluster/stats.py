@@ -373,24 +373,25 @@ class StatsPublisher:
         return mi + closed.msgs_in, mo + closed.msgs_out, bi + closed.bytes_in, bo + closed.bytes_out
 
     def _log(self) -> dict[str, int]:
-        st = self.router.stats
-        records, written = st.log_records, st.log_bytes
-        disk = 0
+        """The commit log's counters since this router started. Appends are not counted in the
+        hot path: they are the offsets and file bytes the log gained since the first snapshot."""
+        records = written = read_records = read_bytes = disk = 0
         cl = getattr(self.router, "commit_log", None)
         info = getattr(cl, "stats", None)
         if callable(info):
             try:
                 s = info()
                 disk = int(s.get("bytes", 0))
-                if not records:  # the log does not bump the router's counters: derive from offsets
-                    if self._log_base is None:
-                        self._log_base = (int(s.get("next_offset", 0)), disk)
-                    records = int(s.get("next_offset", 0)) - self._log_base[0]
-                    written = max(0, disk - self._log_base[1])
+                if self._log_base is None:
+                    self._log_base = (int(s.get("next_offset", 0)), disk)
+                records = int(s.get("next_offset", 0)) - self._log_base[0]
+                written = max(0, disk - self._log_base[1])
+                read_records = int(s.get("read_records", 0))
+                read_bytes = int(s.get("read_bytes", 0))
             except Exception:  # noqa: BLE001 - a log in trouble must not stop the stats
                 pass
-        return {"records": records, "bytes": written, "read_records": st.log_read_records,
-                "read_bytes": st.log_read_bytes, "disk_bytes": disk}
+        return {"records": records, "bytes": written, "read_records": read_records,
+                "read_bytes": read_bytes, "disk_bytes": disk}
 
     def _rate_values(self, totals: tuple[int, int, int, int], log_: dict[str, int] | None = None) -> tuple[int, ...]:
         st = self.router.stats

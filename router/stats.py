@@ -12,8 +12,7 @@ class RouterStats:
         "drop_queue_full", "drop_slow_consumer", "drop_too_large", "drop_mesh_backpressure",
         "drop_expired", "refused_connections", "refused_log_unavailable", "protocol_errors",
         "mesh_msgs_out", "mesh_msgs_in", "mesh_bytes_out", "mesh_bytes_in", "mesh_frames_out",
-        "mesh_frames_in", "log_records", "log_bytes", "retained_count", "wills_published",
-        "takeovers", "log_read_records", "log_read_bytes", "shared_no_member",
+        "mesh_frames_in", "retained_count", "wills_published", "takeovers", "shared_no_member",
     )
 
     def __init__(self) -> None:

@@ -264,6 +264,8 @@ class CommitLog:
         self._recover_futs: list[asyncio.Future[bool]] = []
         self._seq = itertools.count()
         self._unreadable: set[int] = set()
+        self.read_records = 0  # what read() returned, for the stats snapshot (log.read_records)
+        self.read_bytes = 0  # their payload bytes
 
         self._next_offset = self._recover()
         self._buf_first = self._next_offset
@@ -762,8 +764,16 @@ class CommitLog:
 
         Returns at most ``max_records`` records and stops before exceeding ``max_bytes`` of encoded
         records (but returns at least one). A corrupt record ends the reading of its segment and
-        reading goes on with the next one (logged once).
+        reading goes on with the next one (logged once). Counted in ``read_records`` and
+        ``read_bytes`` (session catch-up and recovery read here; never the hot path).
         """
+        out = self._read(from_offset, max_records, max_bytes)
+        if out:
+            self.read_records += len(out)
+            self.read_bytes += sum(len(r.payload) for r in out)
+        return out
+
+    def _read(self, from_offset: int, max_records: int, max_bytes: int) -> list[Record]:
         out: list[Record] = []
         if max_records <= 0 or max_bytes <= 0:
             return out
@@ -887,6 +897,8 @@ class CommitLog:
             "segments": len(self._segs),
             "bytes": sum(s.size for s in self._segs[:-1]) + (self._seg_size if self._segs else 0),
             "error": None if self._error is None else str(self._error),
+            "read_records": self.read_records,
+            "read_bytes": self.read_bytes,
         }
 
     # ------------------------------------------------------------------------------------- closing

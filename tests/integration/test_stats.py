@@ -421,3 +421,27 @@ def test_no_stats_process_without_metrics_or_sys(start_broker):
     assert _stats_process(broker) is None
     r = stats_cli("--json", *locator(broker))  # brokerd stats reads the routers themselves
     assert r.returncode == 0 and len(r.stdout.splitlines()) == WORKERS, r.stderr
+
+
+def test_log_counters_count_appends_and_catch_up_reads(start_broker):
+    """traffic.log: records appended since start, and records read back (a session catching up)."""
+    broker = start_broker(*FAST, workers=1)
+    view = Snapshots(broker, workers=1)
+    try:
+        view.until(lambda s: total(s, "log", "records") == 0, "a first snapshot")
+        sub = Client(broker.port, "logreader", clean=False).connect()
+        sub.subscribe("lc/#", 1)
+        sub.disconnect()
+        pub = Client(broker.port, "logwriter").connect()
+        n, payload = 50, b"y" * 64
+        for _ in range(n):
+            pub.publish("lc/t", payload, qos=1)
+        snaps = view.until(lambda s: total(s, "log", "records") == n, f"log.records == {n}")
+        assert total(snaps, "log", "bytes") >= n * len(payload)
+        assert total(snaps, "log", "read_records") == 0  # nothing caught up yet
+        back = Client(broker.port, "logreader", clean=False).connect()
+        assert len(back.wait_messages(n)) == n
+        snaps = view.until(lambda s: total(s, "log", "read_records") >= n, f"log.read_records >= {n}")
+        assert total(snaps, "log", "read_bytes") >= n * len(payload)
+    finally:
+        view.close()
