@@ -108,7 +108,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("read_budget", int, 16, "packets of one client handled per loop iteration before the rest of its "
            "read waits a turn (fairness for quiet clients; higher: more batching, longer tail latency)", "N",
            check=_at_least(1)),
-    Option("turn_budget", int, 64, "packets all clients together get handled per loop iteration before each "
+    Option("turn_budget", int, 32, "packets all clients together get handled per loop iteration before each "
            "busy client is cut to 4 per turn (0: no limit): bounds how long a quiet client waits behind "
            "many busy ones", "N", check=_at_least(0)),
     Option("stats_interval", float, 1.0, "seconds between stats snapshots", "SECONDS"),
@@ -143,7 +143,7 @@ class Config:
     max_connections: int = 100_000
     max_client_buffer: int = 1 << 20
     read_budget: int = 16
-    turn_budget: int = 64
+    turn_budget: int = 32
     stats_interval: float = 1.0
     stats_port: int | None = None
     metrics_port: int | None = None
