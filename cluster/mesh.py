@@ -7,7 +7,8 @@ between two routers arrive in the order they were sent.
 
 Frames are msgpack lists ``[MESH_VERSION, kind, sender_router_id, sender_incarnation, body]``; a
 frame of another version is refused with a log line naming the sender. Publishes for one peer
-collected during one loop iteration travel as one frame. A message in it is ``Message.to_mesh()``
+collected during one loop iteration travel as one frame (fewer than ``LINGER_BELOW`` in all wait
+one more iteration, once, to fill the frame). A message in it is ``Message.to_mesh()``
 (5 values for a plain QoS 0 message, or a plain QoS 1/2 one with its MQTT 3.1.1 head; 9 otherwise),
 or that plus a last element naming the shared subscriptions the receiver was chosen for (6 or 10 values): a list, or ``{"only": list}`` for a
 message handed on from a member whose session ended, which is for those groups alone.
@@ -60,6 +61,7 @@ HELLO_INTERVAL_S = 0.5
 ACK_TIMEOUT_S = 2.0
 MAX_PENDING_FRAMES = 100_000  # per blocked peer, for frames with no connection to pause (wills ...)
 RECV_BATCH = 512
+LINGER_BELOW = 64  # publishes in a tick's frames below which they wait one more loop iteration
 SYNC_WINDOW_S = 30.0  # after start, fetch the retained messages of every router that joins
 
 
@@ -188,6 +190,7 @@ class Mesh:
         self.links: dict[str, Link] = {}
         self.seeds: list[Link] = []
         self._dirty = False
+        self._lingered = False
         self._interest_batch: list[tuple[str, bool]] = []
         self._interest_waiter: _Waiter | None = None
         self._waiters: dict[int, _Waiter] = {}
@@ -376,11 +379,30 @@ class Mesh:
     def _mark(self) -> None:
         if not self._dirty and not self.closed:
             self._dirty = True
-            self.loop.call_soon(self._flush)
+            self.loop.call_soon(self._end_of_tick)
+
+    def _end_of_tick(self) -> None:
+        """Flush what this loop iteration collected; publishes alone and fewer than
+        ``LINGER_BELOW`` wait for one more iteration first, once. Under load that iteration is
+        the next turn of reads (the turn budget keeps turns short), so frames carry about twice
+        as many messages and every per-frame cost (ZeroMQ's threads, wake-ups, framing) halves;
+        when the loop is idle it is a poll that returns at once. Interest changes never wait."""
+        if not self._dirty:
+            return  # flushed meanwhile (a takeover or retained update flushes first)
+        if not self._lingered and not self._interest_batch:
+            n = 0
+            for peer in self.peers.values():
+                n += len(peer.batch)
+            if n < LINGER_BELOW:
+                self._lingered = True
+                self.loop.call_soon(self._end_of_tick)
+                return
+        self._flush()
 
     def _flush(self) -> None:
-        """End of the loop iteration: one publish frame per peer, one interest frame for all."""
+        """One publish frame per peer, one interest frame for all."""
         self._dirty = False
+        self._lingered = False
         if self.closed:
             return
         stats = self.router.stats
@@ -426,7 +448,7 @@ class Mesh:
             peer.batch_sources.add(source)
         if not self._dirty:
             self._dirty = True
-            self.loop.call_soon(self._flush)
+            self.loop.call_soon(self._end_of_tick)
 
     def announce_interest(self, topic_filter: str, add: bool | int) -> asyncio.Future | None:
         self._interest_batch.append((topic_filter, add))
