@@ -60,7 +60,8 @@ KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST
 HELLO_INTERVAL_S = 0.5
 ACK_TIMEOUT_S = 2.0
 MAX_PENDING_FRAMES = 100_000  # per blocked peer, for frames with no connection to pause (wills ...)
-RECV_BATCH = 512
+RECV_BATCH = 512  # frames handled per readable callback at most
+RECV_MSGS = 128  # forwarded messages after which the rest waits for the next loop iteration
 LINGER_BELOW = 64  # publishes in a tick's frames below which they wait one more loop iteration
 SYNC_WINDOW_S = 30.0  # after start, fetch the retained messages of every router that joins
 
@@ -499,10 +500,15 @@ class Mesh:
     # -- receiving ------------------------------------------------------------------------------------
 
     def _on_readable(self, sock: zmq.Socket) -> None:
+        """Frames waiting on ``sock``, until ``RECV_MSGS`` forwarded messages (or ``RECV_BATCH``
+        frames) were handled: then the loop's other work (client reads under the turn budget,
+        writes) runs before the next frames, so a backlog of frames cannot stall every client of
+        this router for the time of thousands of deliveries."""
         n = 0
+        msgs = 0
         unpackb = msgpack.unpackb
         try:
-            while n < RECV_BATCH:
+            while n < RECV_BATCH and msgs < RECV_MSGS:
                 try:
                     data = sock.recv(zmq.NOBLOCK)
                 except zmq.Again:
@@ -521,6 +527,8 @@ class Mesh:
                                   "(run the same brokerd version on every node)", sender, version,
                                   MESH_VERSION)
                     continue
+                if kind == PUBLISH:
+                    msgs += len(body) if body.__class__ is list else 0
                 self._handle(kind, sender, inc, body, len(data))
         except zmq.ZMQError:
             return
