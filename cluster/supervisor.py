@@ -8,6 +8,7 @@ unless it keeps crashing), SIGTERM/SIGINT mean stop (forward to the workers, wai
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 import signal
@@ -17,6 +18,7 @@ import time
 from collections import deque
 
 from .config import Config
+from .limits import FD_RESERVE, connections_per_worker, raise_open_files
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +26,7 @@ STOP_GRACE_S = 10.0
 CRASH_WINDOW_S = 30.0
 CRASH_LIMIT = 5
 START_TIMEOUT_S = 30.0
+MIN_QUIET_CONNECTIONS = 4096  # below this many clients per worker, an open-files cap is a warning
 
 
 class Supervisor:
@@ -89,6 +92,7 @@ class Supervisor:
         self._check_listen()
         if cfg.log:
             self._check_data_dir()
+        self._check_open_files()
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD, signal.SIGTERM, signal.SIGINT])
         pipes = {}
         for i in range(cfg.workers):
@@ -112,6 +116,23 @@ class Supervisor:
             if not self._reap_and_restart():
                 self._stop_all()
                 return 1
+
+    def _check_open_files(self) -> None:
+        """Raise the open-files limit for the workers to inherit, and say what it allows when it,
+        not ``--max-connections``, is what bounds the clients of a worker."""
+        cfg = self.config
+        before, now = raise_open_files()
+        if now > before:
+            log.info("open-files limit raised from %d to %d", before, now)
+        asked = math.ceil(cfg.max_connections / cfg.workers)
+        per_worker = connections_per_worker(cfg.max_connections, cfg.workers, now)
+        if per_worker < asked:
+            log.log(logging.WARNING if per_worker < MIN_QUIET_CONNECTIONS else logging.INFO,
+                    "each worker accepts at most %d client connections (open-files limit %d, less %d "
+                    "for the worker itself), not the %d of --max-connections %d over %d worker(s); "
+                    "beyond that CONNECT is refused (server unavailable). Raise the hard limit "
+                    "(ulimit -Hn; LimitNOFILE= under systemd) to allow more", per_worker, now,
+                    FD_RESERVE, asked, cfg.max_connections, cfg.workers)
 
     # -- auxiliary processes (cluster/metrics.py owns what happens here) -----------------------------
 

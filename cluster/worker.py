@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import math
 import os
 import signal
 from typing import Any
@@ -21,6 +20,7 @@ from router.router import Router, RouterConfig
 from router.session import SessionLimits
 
 from .config import Config
+from .limits import connections_per_worker, open_files
 from .stats import ConnectionSet
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class Worker:
         return RouterConfig(
             router_id=self.router_id,
             node_id=c.node_id,
-            max_connections=math.ceil(c.max_connections / c.workers),
+            max_connections=connections_per_worker(c.max_connections, c.workers, open_files()),
             max_packet_size=c.max_packet_size,
             session=SessionLimits(max_inflight=c.max_inflight, max_queued=c.max_queued),
         )

@@ -26,11 +26,11 @@ def start_broker(xprocess, tmp_path) -> Iterator[Callable[..., Broker]]:
     started: list[Broker] = []
 
     def start(*args: str, workers: int = 1, host: str = "127.0.0.1", port: int | None = None,
-              data_dir: str | None = None, node_id: str = "t") -> Broker:
+              data_dir: str | None = None, node_id: str = "t", prefix: list[str] | None = None) -> Broker:
         port = port or free_port(host)
         argv = ["--workers", str(workers), "--listen", f"{host}:{port}", "--node-id", node_id,
                 "--data-dir", data_dir or str(tmp_path / "data"), *args]
-        broker = Broker(xprocess, f"brokerd-{next(_names)}-{port}", argv, host, port)
+        broker = Broker(xprocess, f"brokerd-{next(_names)}-{port}", argv, host, port, prefix=prefix or [])
         started.append(broker)
         return broker.start()
 

@@ -58,6 +58,7 @@ class Broker:
     pid: int = 0
     _starts: int = 0
     env: dict = field(default_factory=dict)
+    prefix: list[str] = field(default_factory=list)  # a command that execs brokerd (e.g. prlimit)
 
     def start(self) -> Broker:
         from xprocess import ProcessStarter
@@ -66,7 +67,7 @@ class Broker:
 
         class Starter(ProcessStarter):
             pattern = "brokerd ready"
-            args = [BROKERD, *broker.args]
+            args = [*broker.prefix, BROKERD, *broker.args]
             timeout = 30
             terminate_on_interrupt = True
             env = {**os.environ, "PYTHONUNBUFFERED": "1", **broker.env}

@@ -83,3 +83,37 @@ def test_with_the_log_an_offline_session_catches_up_beyond_the_queue_limit(start
     pub.publish("cu/live", b"live", qos=1)
     assert c2.wait_topic("cu/live").payload == b"live"
     assert len(c2.messages) == 301
+
+
+def test_open_files_limit_caps_connections_with_a_refusal_not_a_hang(start_broker):
+    """A hard open-files limit of 300: the worker keeps FD_RESERVE for itself and refuses the
+    clients beyond the rest with CONNACK "server unavailable" (none is left without an answer),
+    and the supervisor says at start what bounds the connections and how to raise it."""
+    from cluster.limits import FD_RESERVE
+
+    broker = start_broker("--log", "off", prefix=["prlimit", "--nofile=300:300", "--"])
+    broker.wait_log("open-files limit 300")
+    assert "WARNING" in broker.log_text()
+    cap = 300 - FD_RESERVE
+    clients, answers = [], []
+    for i in range(cap + 20):
+        raw = RawClient(broker.port)
+        raw.send(connect_packet(cid(f"fd{i}")))
+        answers.append(raw.recv_exact(4))
+        clients.append(raw)
+    assert answers[:cap] == [b"\x20\x02\x00\x00"] * cap
+    assert answers[cap:] == [b"\x20\x02\x00\x03"] * 20
+    for raw in clients:
+        raw.close()
+
+
+def test_supervisor_raises_the_soft_open_files_limit(start_broker):
+    broker = start_broker("--log", "off", prefix=["prlimit", "--nofile=256:4096", "--"])
+    broker.wait_log("open-files limit raised from 256 to 4096")
+    raw = RawClient(broker.port)
+    raw.send(connect_packet(cid("raised")))
+    assert raw.recv_exact(4) == b"\x20\x02\x00\x00"
+    with open(f"/proc/{broker.pid}/limits") as f:
+        line = next(x for x in f if x.startswith("Max open files"))
+    assert line.split()[3:5] == ["4096", "4096"]
+    raw.close()
