@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
+
+import pytest
 
 from tests.helpers import Client, RawClient, cid, connect_packet, subscribe_packet
 
@@ -84,7 +87,10 @@ def test_with_the_log_an_offline_session_catches_up_beyond_the_queue_limit(start
     assert c2.wait_topic("cu/live").payload == b"live"
     assert len(c2.messages) == 301
 
+needs_prlimit = pytest.mark.skipif(shutil.which("prlimit") is None, reason="prlimit (util-linux) is not installed")
 
+
+@needs_prlimit
 def test_open_files_limit_caps_connections_with_a_refusal_not_a_hang(start_broker):
     """A hard open-files limit of 300: the worker keeps FD_RESERVE for itself and refuses the
     clients beyond the rest with CONNACK "server unavailable" (none is left without an answer),
@@ -107,6 +113,7 @@ def test_open_files_limit_caps_connections_with_a_refusal_not_a_hang(start_broke
         raw.close()
 
 
+@needs_prlimit
 def test_supervisor_raises_the_soft_open_files_limit(start_broker):
     broker = start_broker("--log", "off", prefix=["prlimit", "--nofile=256:4096", "--"])
     broker.wait_log("open-files limit raised from 256 to 4096")
