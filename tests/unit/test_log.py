@@ -620,3 +620,29 @@ def test_random_interleaving_matches_a_model(tmp_path):
         recs = log.read(0, max_records=10_000, max_bytes=1 << 30)
     assert [r.payload for r in recs] == expected
     assert check(tmp_path).ok
+
+
+def test_open_descriptors_stay_bounded_however_many_segments(tmp_path):
+    """Recovery opens every segment and closes it again; reads keep at most MAX_OPEN_READERS
+    segments open (two descriptors each), reopening the others when they are read again."""
+    from router.log.commitlog import MAX_OPEN_READERS
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    log = open_log(tmp_path, segment_bytes=4096)
+    fill(log, 0, 2000)
+    log.close()
+    segments = len([n for n in os.listdir(tmp_path) if n.endswith(".log")])
+    assert segments > 4 * MAX_OPEN_READERS
+    before = open_fds()
+    log = open_log(tmp_path, segment_bytes=4096)
+    after_open = open_fds()
+    assert after_open - before <= 8  # the active segment, the directory, the writer's
+    for _ in range(2):  # twice over: closed readers reopen
+        recs = []
+        while len(recs) < 2000:
+            recs += log.read(len(recs), max_records=37)
+        assert [r.offset for r in recs] == list(range(2000))
+        assert open_fds() - after_open <= 2 * MAX_OPEN_READERS
+    log.close()
