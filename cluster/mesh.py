@@ -8,10 +8,11 @@ between two routers arrive in the order they were sent.
 Frames are msgpack lists ``[MESH_VERSION, kind, sender_router_id, sender_incarnation, body]``; a
 frame of another version is refused with a log line naming the sender. Publishes for one peer
 collected during one loop iteration travel as one frame (fewer than ``LINGER_BELOW`` in all wait
-one more iteration, once, to fill the frame). A message in it is ``Message.to_mesh()``
-(5 values for a plain QoS 0 message, or a plain QoS 1/2 one with its MQTT 3.1.1 head; 9 otherwise),
-or that plus a last element naming the shared subscriptions the receiver was chosen for (6 or 10 values): a list, or ``{"only": list}`` for a
-message handed on from a member whose session ended, which is for those groups alone.
+one more iteration, once, to fill the frame). A message in it is ``Message.to_mesh()`` (5 values
+for a plain QoS 0 message, or a plain QoS 1/2 one with its MQTT 3.1.1 head; 9 otherwise), or that
+plus a last element naming the shared subscriptions the receiver was chosen for (6 or 10 values):
+a list, or ``{"only": list}`` for a message handed on from a member whose session ended, which is
+for those groups alone.
 
 Membership is gossip: every router says HELLO to every link twice a second with the routers it
 knows; a HELLO with an unknown router makes us link to it, so one live ``--peer`` is enough to join.
