@@ -115,14 +115,25 @@ class Client:
         if exc.reason == Reason.PACKET_TOO_LARGE:
             stats.drop_too_large += 1
 
-    def connection_lost(self, graceful: bool) -> None:
+    def _let_go(self) -> Session | None:
+        """Detach this connection from its session and the router's client table; returns the
+        session if this connection held it (a connection taken over, or lost before its CONNECT
+        finished, holds none)."""
         router = self.router
         session = self.session
         if session is not None and session.conn is self.conn:
             router.stats.connections -= 1
             session.detach()
-            if router.clients.get(self.client_id) is self:
-                del router.clients[self.client_id]
+        else:
+            session = None
+        if router.clients.get(self.client_id) is self:
+            del router.clients[self.client_id]
+        return session
+
+    def connection_lost(self, graceful: bool) -> None:
+        router = self.router
+        session = self._let_go()
+        if session is not None:
             if session.persistent or session.expiry_s:
                 router.schedule_expiry(session)
                 if session.shared:
@@ -243,14 +254,9 @@ class Client:
         if self._taken_over:
             return
         self._taken_over = True
-        session = self.session
-        if session is not None and session.conn is self.conn:
-            self.router.stats.connections -= 1
-            session.detach()
-            if session.shared:
-                self.router.shared_presence(session)
-        if self.router.clients.get(self.client_id) is self:
-            del self.router.clients[self.client_id]
+        session = self._let_go()
+        if session is not None and session.shared:
+            self.router.shared_presence(session)
         self.session = None
         log.info("client %s (%s): session taken over by a new connection", self.client_id, self.conn.peer)
         self.conn.close(Reason.SESSION_TAKEN_OVER)
