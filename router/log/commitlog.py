@@ -32,7 +32,7 @@ import operator
 import os
 import sys
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -61,6 +61,7 @@ from router.log.format import (
 )
 from router.log.segment import (
     NO_INDEX_YET,
+    OpenReaders,
     SegmentReader,
     list_segment_files,
     scan_segment,
@@ -83,10 +84,6 @@ log = logging.getLogger(__name__)
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NO_TS = -(1 << 63)
-# Segments whose read descriptors (log and index: two each) stay open between reads. Every client
-# connection is a descriptor too and a worker keeps only a small reserve beside its clients
-# (cluster/limits.py), so a log of hundreds of segments must not hold two descriptors for each.
-MAX_OPEN_READERS = 16
 _time_ns = time.time_ns
 _first_item = operator.itemgetter(0)
 _new_tuple = tuple.__new__
@@ -223,7 +220,7 @@ class CommitLog:
         self._segs: list[_Seg] = []
         self._bases: list[int] = []
         self._by_base: dict[int, _Seg] = {}
-        self._open_readers: OrderedDict[int, SegmentReader] = OrderedDict()  # by base, least recent first
+        self._open_readers = OpenReaders()  # the segments whose read descriptors stay open
         # Active segment as the appender sees it (including bytes not yet written).
         self._seg_base = -1
         self._seg_size = 1 << 62       # no active segment: the first append rolls
@@ -793,7 +790,7 @@ class CommitLog:
                     break
                 if seg.written_end <= FILE_HEADER_SIZE:
                     continue
-                self._opened(seg)
+                self._open_readers.use(seg.base, seg.reader)
                 try:
                     recs, nbytes, limited = seg.reader.read(
                         max(from_offset, seg.base), seg.written_end, max_records=max_records - len(out),
@@ -829,17 +826,6 @@ class CommitLog:
             if len(out) >= max_records or bytes_left <= 0:
                 break
         return out
-
-    def _opened(self, seg: _Seg) -> None:
-        """``seg`` is about to be read: it becomes the most recent of the readers kept open, and
-        the least recent beyond ``MAX_OPEN_READERS`` closes (it reopens when read again)."""
-        readers = self._open_readers
-        if seg.base in readers:
-            readers.move_to_end(seg.base)
-            return
-        readers[seg.base] = seg.reader
-        if len(readers) > MAX_OPEN_READERS:
-            readers.popitem(last=False)[1].close()
 
     def _pending_buffers(self) -> list[tuple[Any, int, int]]:
         """(bytes, first, last) of each batch handed to the writer but not reported written, then
@@ -878,7 +864,7 @@ class CommitLog:
             self._segs.pop(0)
             self._bases.pop(0)
             del self._by_base[seg.base]
-            self._open_readers.pop(seg.base, None)
+            self._open_readers.forget(seg.base)
             seg.reader.close()
             total -= seg.size
             deleted.append(DeletedSegment(seg.base, seg.last_offset, seg.size, reason))

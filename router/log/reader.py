@@ -31,6 +31,7 @@ from router.log.format import (
 )
 from router.log.segment import (
     Damage,
+    OpenReaders,
     SegmentReader,
     SegmentSummary,
     iter_units,
@@ -68,6 +69,7 @@ class LogReader:
         if not os.path.isdir(self._dir):
             raise FileNotFoundError(f"no log directory {self._dir}")
         self._readers: dict[int, SegmentReader] = {}
+        self._open = OpenReaders()  # the segments whose descriptors stay open between reads
         self._bases: list[int] = []
         self._summaries: dict[int, tuple[int, SegmentSummary]] = {}
         self._unreadable: set[int] = set()
@@ -83,6 +85,7 @@ class LogReader:
         present = set(logs)
         for base in [b for b in self._readers if b not in present]:
             self._readers.pop(base).close()
+            self._open.forget(base)
             self._summaries.pop(base, None)
         for base in logs:
             if base not in self._readers:
@@ -93,6 +96,7 @@ class LogReader:
         for reader in self._readers.values():
             reader.close()
         self._readers.clear()
+        self._open.clear()
         self._bases = []
 
     def __enter__(self) -> LogReader:
@@ -103,9 +107,13 @@ class LogReader:
 
     # -- segments
 
+    def _reader(self, base: int) -> SegmentReader:
+        """Segment ``base``'s reader, about to be used (at most ``MAX_OPEN_READERS`` stay open)."""
+        return self._open.use(base, self._readers[base])
+
     def _size(self, base: int) -> int | None:
         try:
-            return self._readers[base].size()
+            return self._reader(base).size()
         except FileNotFoundError:
             return None  # deleted by retention since the listing
         except LogFormatError as exc:
@@ -118,7 +126,7 @@ class LogReader:
         cached = self._summaries.get(base)
         if cached is not None and cached[0] == size:
             return cached[1]
-        summary = self._readers[base].summary(size)
+        summary = self._reader(base).summary(size)
         self._summaries[base] = (size, summary)
         return summary
 
@@ -132,7 +140,7 @@ class LogReader:
             if size is None:
                 continue
             s = self._summary(base, size)
-            r = self._readers[base]
+            r = self._readers[base]  # paths only
             out.append(SegmentInfo(base, r.path, r.index_path, size, s.last_offset, s.first_timestamp,
                                    s.max_timestamp))
         return out
@@ -166,7 +174,8 @@ class LogReader:
         size = self._size(base)
         if size is None:
             return None
-        return self._readers[base].path, self._readers[base].locate(offset, size)
+        reader = self._reader(base)
+        return reader.path, reader.locate(offset, size)
 
     # -- reading
 
@@ -190,7 +199,7 @@ class LogReader:
             size = self._size(base)
             if size is None:
                 continue
-            recs, nbytes, limited = self._readers[base].read(
+            recs, nbytes, limited = self._reader(base).read(
                 max(from_offset, base), size, max_records=max_records - len(out), max_bytes=bytes_left,
                 final=j != last_i)
             if out and nbytes > bytes_left:
@@ -217,7 +226,7 @@ class LogReader:
             s = self._summary(base, size)
             if s.max_timestamp is None or s.max_timestamp < timestamp_ms:
                 continue
-            reader = self._readers[base]
+            reader = self._reader(base)
             fd = reader.fd()
             found = _find_time(fd, reader.time_lookup(timestamp_ms, size), size, timestamp_ms, reader.version)
             if found is not None:

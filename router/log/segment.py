@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -616,6 +617,41 @@ class SegmentReader:
         if res is None:
             res = scan_segment(fd, self.base, end_pos, version=version)
         return SegmentSummary(first_ts, res.last_offset, res.max_timestamp, res.error)
+
+
+# Segments whose read descriptors (log and index: two each) stay open between reads. Every client
+# connection of a worker is a descriptor too and a worker keeps only a small reserve beside its
+# clients (cluster/limits.py), so a log of hundreds of segments must not hold two for each.
+MAX_OPEN_READERS = 16
+
+
+class OpenReaders:
+    """The segment readers whose descriptors stay open: the least recently used beyond ``limit``
+    is closed (it reopens when read again)."""
+
+    __slots__ = ("limit", "_open")
+
+    def __init__(self, limit: int = MAX_OPEN_READERS) -> None:
+        self.limit = limit
+        self._open: OrderedDict[int, SegmentReader] = OrderedDict()  # by base, least recent first
+
+    def use(self, base: int, reader: SegmentReader) -> SegmentReader:
+        """``reader`` (segment ``base``) is about to be read: the most recent now."""
+        open_ = self._open
+        if base in open_:
+            open_.move_to_end(base)
+        else:
+            open_[base] = reader
+            if len(open_) > self.limit:
+                open_.popitem(last=False)[1].close()
+        return reader
+
+    def forget(self, base: int) -> None:
+        """Segment ``base`` is gone (its reader is closed by the caller)."""
+        self._open.pop(base, None)
+
+    def clear(self) -> None:
+        self._open.clear()
 
 
 def _unit_holds(data: bytes, offset: int, version: int) -> bool:

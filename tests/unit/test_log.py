@@ -625,7 +625,7 @@ def test_random_interleaving_matches_a_model(tmp_path):
 def test_open_descriptors_stay_bounded_however_many_segments(tmp_path):
     """Recovery opens every segment and closes it again; reads keep at most MAX_OPEN_READERS
     segments open (two descriptors each), reopening the others when they are read again."""
-    from router.log.commitlog import MAX_OPEN_READERS
+    from router.log.segment import MAX_OPEN_READERS
 
     def open_fds() -> int:
         return len(os.listdir("/proc/self/fd"))
@@ -646,3 +646,11 @@ def test_open_descriptors_stay_bounded_however_many_segments(tmp_path):
         assert [r.offset for r in recs] == list(range(2000))
         assert open_fds() - after_open <= 2 * MAX_OPEN_READERS
     log.close()
+    with LogReader(tmp_path) as reader:  # the reader of other processes (pipeline, brokerd log)
+        infos = reader.segments()
+        assert len(infos) == segments and open_fds() - before <= 2 * MAX_OPEN_READERS
+        recs = reader.read(0, max_records=10_000, max_bytes=1 << 30)
+        assert [r.offset for r in recs] == list(range(2000))
+        assert reader.offset_for_time(recs[1500].timestamp_ms) is not None
+        assert open_fds() - before <= 2 * MAX_OPEN_READERS
+    assert open_fds() == before
