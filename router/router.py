@@ -313,11 +313,7 @@ class Router:
         if peers is None:
             peers = self._fold_peers(msg.topic)
         for rid in peers:
-            groups = picked.pop(rid, None)
-            if groups is None:
-                mesh.forward(rid, msg, source)
-            else:
-                mesh.forward(rid, msg, source, groups)
+            mesh.forward(rid, msg, source, picked.pop(rid, None))
         for rid, groups in picked.items():
             mesh.forward(rid, msg, source, groups)
 
