@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from connection.packets import Subscription
-from connection.reasons import ProtocolError
+from connection.reasons import ProtocolError, Reason
 
 from .log.errors import LogUnavailable
 from .message import Message
@@ -176,13 +176,36 @@ class Router:
         for values in body:
             try:
                 n = len(values)
-                if n == 5 or n == 9:
+                if n == 5 and not logged and values[0].__class__ is bytes:
+                    # A plain QoS 0 packet: its MQTT 3.1.1 subscribers get it as it came, and a
+                    # Message is built only if an MQTT 5 one needs its own encoding.
+                    packet, topic = values[0], values[1]
+                    if topic.__class__ is not str:
+                        raise TypeError("forwarded topic is not a string")
+                    if packet[0] != 0x30:
+                        raise ProtocolError("forwarded packet is not a QoS 0 PUBLISH", Reason.MALFORMED_PACKET)
+                    msg = None
+                    groups = None
+                elif n == 5 or n == 9:
                     msg = from_mesh(values, sender)
                     groups = None
                 else:  # it names the shared subscriptions this router was chosen for
                     msg, groups, only = Message.from_mesh_shared(values, sender)
             except (ProtocolError, ValueError, TypeError, IndexError, KeyError):
                 bad += 1
+                continue
+            if msg is None:
+                routes = routes_get(topic)
+                if routes is None:
+                    routes = self._fold_routes(topic)
+                publisher = values[2]
+                for session, _cap, no_local, _rap in routes:
+                    if no_local and session.client_id == publisher:
+                        continue
+                    if not session.deliver_packet(packet):
+                        if msg is None:
+                            msg = from_mesh(values, sender)
+                        session.deliver(msg, 0, False)
                 continue
             if groups is not None:
                 self.deliver_remote_shared(msg, groups, only)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from connection.codec import encode, with_dup
-from connection.packets import Pubrel, Subscription
+from connection.packets import MQTT_5, Pubrel, Subscription
 
 from .message import Message
 from .topics import filter_matches
@@ -96,6 +96,24 @@ class Session:
             self._send_new(conn, msg, qos, retain)
             return
         self._enqueue(msg, qos, retain)
+
+    def deliver_packet(self, packet: bytes) -> bool:
+        """``deliver`` at QoS 0 for a forwarded plain QoS 0 PUBLISH as MQTT 3.1/3.1.1 frames it,
+        without a ``Message``: the receiving router's commonest delivery. Returns False, sending
+        nothing, when the connection speaks MQTT 5 and needs its own encoding."""
+        conn = self.conn
+        if conn is None:
+            return True
+        if conn.protocol_level >= MQTT_5:
+            return False
+        if conn.write_paused:
+            self.stats.drop_slow_consumer += 1
+            self.dropped += 1
+            return True
+        conn.send(packet)
+        conn.counters.msgs_out += 1
+        self.stats.msgs_out += 1
+        return True
 
     def _enqueue(self, msg: Message, qos: int, retain: bool) -> None:
         """Behind the window or offline: queue, bounded by ``max_queued`` (newer are dropped)."""

@@ -295,6 +295,42 @@ def test_a_forwarded_frame_is_delivered_in_order_and_a_malformed_message_dropped
     assert [(p.topic, p.payload) for p in conn.packets()] == [("f/0", b"p0"), ("f/q", b"one"), ("f/2", b"p2")]
 
 
+def test_a_forwarded_qos0_packet_reaches_each_kind_of_subscriber(router):
+    """The receiving router's fast path hands the packet itself to MQTT 3.1/3.1.1 subscribers and
+    builds one Message only for MQTT 5 ones; slow consumers, offline sessions and No Local
+    subscribers are treated as ``deliver`` treats them."""
+    _, v4 = online(router, "v4", ("q/#", 0))
+    _, v3 = online(router, "v3", ("q/+", 1), level=3)
+    _, v5a = online(router, "v5a", ("q/a", 0), level=5)
+    _, v5b = online(router, "v5b", ("q/#", 2), level=5)
+    _, slow = online(router, "slow", ("q/a", 0))
+    slow.write_paused = True
+    router.subscribe(router.new_session("away", True), Subscription("q/a", 1))  # no connection
+    me = router.new_session("pub", False)
+    mine = FakeConn(4)
+    me.attach(mine)  # type: ignore[arg-type]
+    router.subscribe(me, Subscription("q/a", 0, no_local=True))
+    packet = _plain_publish(b"q/a", b"hello")
+    before = message_mod.encode_count
+    assert router.deliver_forwarded([[packet, "q/a", "pub", 1, 1]], "n/w1") == 0
+    assert v4.chunks == [packet] and v3.chunks == [packet]  # the very bytes, not a copy
+    assert message_mod.encode_count == before + 1  # one MQTT 5 encoding, shared by both
+    assert [(p.topic, p.payload, p.qos) for p in v5a.packets() + v5b.packets()] == [("q/a", b"hello", 0)] * 2
+    assert slow.chunks == [] and mine.chunks == []
+    assert router.stats.drop_slow_consumer == 1 and router.stats.msgs_out == 4
+    assert v4.counters.msgs_out == 1 and v5b.counters.msgs_out == 1
+
+
+@pytest.mark.parametrize("packet,topic", [(b"\x32\x05\x00\x01tpp", "t"), (b"\x30\x05\x00\x03tpp", b"tpp"),
+                                          (b"", "t"), (b"\x30\x05\x00\x03tpp", 7),
+                                          ([b"\x30\x03\x00\x01t", b"p"], "t"), ([b"\x32\x05\x00\x01t", 5], "t"),
+                                          ([b"\x32\x05\x00\x01t"], "t"), ([b"", b"p"], "t")])
+def test_a_malformed_forwarded_message_is_counted_and_delivered_to_nobody(router, packet, topic):
+    _, conn = online(router, "sub", ("#", 0))
+    assert router.deliver_forwarded([[packet, topic, "c", 1, 1]], "n/w0") == 1
+    assert conn.chunks == []
+
+
 @pytest.mark.parametrize("level,qos,raw", [(4, 0, b"\x30\x04\x00\x01tp"), (5, 0, b"\x30\x05\x00\x01t\x00p"),
                                            (4, 1, b"\x32\x06\x00\x01t"), (4, 2, b"\x34\x06\x00\x01t"),
                                            (5, 1, None)])
