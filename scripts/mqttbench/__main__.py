@@ -70,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--inflight", type=int, default=d.inflight, help="qos1: unacknowledged PUBLISHes per publisher")
     g.add_argument("--latency-rate", type=float, default=d.latency_rate, help="side-channel messages per second")
     g.add_argument("--latency-load", type=float, default=d.latency_load, help="latency: p2p msg/s offered meanwhile")
+    g.add_argument("--probe-with-load", action="store_true",
+                   help="time the side channel in generator process 0, among the load's clients, instead of "
+                   "in a process of its own (its arrivals then also wait for that process's event loop)")
     args = ap.parse_args(argv)
     if args.reps < 1 or args.procs < 1 or args.duration <= 0 or args.duration > 600 or args.warmup < 0:
         ap.error("need --reps >= 1, --procs >= 1, 0 < --duration <= 600, --warmup >= 0")
@@ -135,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         pairs=args.pairs, subscribers=args.subscribers, publishers=args.publishers, members=args.members,
         connections=args.connections,
         window=args.window, inflight=args.inflight, latency_rate=args.latency_rate, latency_load=args.latency_load,
+        probe_alone=not args.probe_with_load,
     )
     fd_limit = raise_fd_limit()
     if "conn" in args.scenarios and fd_limit < sizes.connections + 256:
@@ -179,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"Machine: {report.machine_line(info)}")
     print(f"Command: `{report.command_line()}` ({time.monotonic() - started:.0f} s; medians of {args.reps} reps, "
-          f"{args.duration:g} s windows, {args.procs} generator process(es))")
+          f"{args.duration:g} s windows, {args.procs} generator process(es)"
+          f"{'' if args.probe_with_load else ' + one for the latency side channel'})")
     print()
     if args.against:
         print(report.comparison_table(rows, args.workers))

@@ -35,6 +35,7 @@ class Sizes:
     inflight: int = 100
     latency_rate: float = 100.0
     latency_load: float = 10_000.0
+    probe_alone: bool = True  # the side channel in a generator process of its own
 
 
 @dataclass(frozen=True)
@@ -88,13 +89,23 @@ class Plan:
 
 
 def _add_side_channel(plan: Plan, sizes: Sizes) -> None:
-    """A low-rate publisher/subscriber pair in process 0 whose payloads carry send timestamps."""
+    """A low-rate publisher/subscriber pair whose payloads carry send timestamps, in a generator
+    process of its own (``probe_alone``, one more than ``--procs``) or in process 0.
+
+    Alone, an arrival is timed as soon as it arrives: in process 0 it waits for that process's
+    event loop to finish reading the load first, which adds the generator's own delay to the
+    broker's - the more traffic a broker carries, the more - so the faster broker looked slower
+    at saturation."""
     if sizes.latency_rate <= 0:
         return
     gid = len(plan.groups)
+    proc = 0
+    if sizes.probe_alone:
+        proc = plan.procs
+        plan.procs += 1
     plan.groups.append(GroupSpec(gid, fan=1, qos=0, window=0, rate=sizes.latency_rate, side=True))
-    plan.clients.append(ClientSpec("lat_sub", gid, LATENCY_GROUP_TOPIC, 0))
-    plan.clients.append(ClientSpec("lat_pub", gid, LATENCY_GROUP_TOPIC, 0))
+    plan.clients.append(ClientSpec("lat_sub", gid, LATENCY_GROUP_TOPIC, proc))
+    plan.clients.append(ClientSpec("lat_pub", gid, LATENCY_GROUP_TOPIC, proc))
 
 
 def _p2p(plan: Plan, sizes: Sizes, qos: int, total_rate: float) -> None:

@@ -143,7 +143,12 @@ def test_scenarios_shape() -> None:
     sizes = Sizes()
     p2p = build("p2p", 16, 2, sizes)
     assert sum(c.role == "pub" for c in p2p.clients) == sizes.pairs
-    assert {c.proc for c in p2p.clients} == {0, 1}
+    assert {c.proc for c in p2p.clients if not p2p.groups[c.gid].side} == {0, 1}
+    # The side channel is timed in a process of its own, one more than --procs.
+    assert p2p.procs == 3 and [(c.role, c.proc) for c in p2p.clients if p2p.groups[c.gid].side] == [
+        ("lat_sub", 2), ("lat_pub", 2)]
+    among = build("p2p", 16, 2, Sizes(probe_alone=False))  # --probe-with-load
+    assert among.procs == 2 and {c.proc for c in among.clients if among.groups[c.gid].side} == {0}
     fanout = build("fanout", 1024, 1, sizes)
     assert fanout.groups[0].fan == sizes.subscribers
     fanin = build("fanin", 16, 1, sizes)
