@@ -9,6 +9,8 @@ what turns N sends into one ``writelines`` per connection per tick.
 from __future__ import annotations
 
 import asyncio
+import sys
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -52,13 +54,23 @@ class TurnBudget:
     """
 
     MIN_SHARE = 4  # every connection still makes progress every turn
-    __slots__ = ("_loop", "per_turn", "left", "_scheduled")
+    __slots__ = ("_loop", "per_turn", "left", "_scheduled", "fan_budget", "delivered")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, per_turn: int) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, per_turn: int, fan_budget: int = 0,
+                 delivered: Callable[[], int] | None = None) -> None:
+        """``per_turn``: packets per turn for all connections (0: no limit). ``fan_budget``: most
+        bytes one connection's packets may have delivered in a turn (0: no limit), with
+        ``delivered`` a running total of deliveries. A packet is not a unit of work when one
+        publish reaches fifty subscribers: a connection whose packets were delivered ``f`` times
+        last turn, at a mean size of ``s`` bytes, gets at most ``fan_budget // (f * s)`` packets
+        this turn (``MQTTConnection._decoded``), so a fan-out of large messages writes a bounded
+        amount per turn and a quiet client's message does not wait behind megabytes of it."""
         self._loop = loop
-        self.per_turn = per_turn
-        self.left = per_turn
+        self.per_turn = per_turn or sys.maxsize  # 0: no limit on the turn (a fan budget alone)
+        self.left = self.per_turn
         self._scheduled = False
+        self.fan_budget = fan_budget if delivered is not None else 0
+        self.delivered = delivered
 
     def share(self, cap: int) -> int:
         """Packets the calling connection may take now (at most ``cap``); it subtracts what it took

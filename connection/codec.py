@@ -451,6 +451,12 @@ class Decoder:
         """Bytes held of a partial packet."""
         return len(self._buf)
 
+    @property
+    def undecoded(self) -> int:
+        """Bytes fed but not yet decoded: a partial packet and whatever waits for ``more``."""
+        rest = self._rest
+        return len(self._buf) + (len(rest) - self._rest_pos if rest is not None else 0)
+
     def feed(self, data: bytes) -> list[Packet]:
         """Decode every complete packet in buffered data + ``data``; keep a partial one for next time.
 

@@ -69,6 +69,8 @@ class MQTTConnection(asyncio.Protocol):
         waits behind it: fairness costs a little batching."""
         self._open_handler = open_handler
         self._cap = max(1, read_budget)
+        self._fan = 0  # bytes delivered per packet of the last turn's packets (with a fan budget)
+        self._packets = 0  # packets decoded (with a fan budget)
         self._turn = turn  # the worker's budget for all connections in one turn, if any
         self._batcher = batcher
         self._decoder = Decoder(max_packet_size=max_packet_size, limit=max(1, read_budget))
@@ -124,7 +126,13 @@ class MQTTConnection(asyncio.Protocol):
         read is waiting: ``_read_more`` goes on with it in the next loop iteration."""
         turn = self._turn
         if turn is not None:
-            self._decoder.limit = turn.share(self._cap)
+            limit = turn.share(self._cap)
+            fan = self._fan
+            if fan:  # its packets fanned out last turn: at most fan_budget bytes delivered this one
+                per = turn.fan_budget // fan
+                if per < limit:
+                    limit = per if per > 1 else 1
+            self._decoder.limit = limit
         try:
             packets = decode(*data)
         except ProtocolError as exc:
@@ -142,7 +150,17 @@ class MQTTConnection(asyncio.Protocol):
             self._loop.call_soon(self._read_more)
         elif _BUDGET in self._reading_paused_by:
             self.resume_reading(_BUDGET)
+        if turn is None or not turn.fan_budget or not packets:
+            self._dispatch(packets)
+            return
+        delivered = turn.delivered
+        before = delivered()  # type: ignore[misc]
         self._dispatch(packets)
+        n = len(packets)
+        self._packets += n
+        # Bytes delivered per packet: deliveries per packet times this connection's mean packet size.
+        size = (self.counters.bytes_in - self._decoder.undecoded) // self._packets
+        self._fan = (delivered() - before) * size // n  # type: ignore[misc]
 
     def _dispatch(self, packets: list[Packet]) -> None:
         handler = self.handler

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from connection.batching import TurnBudget
+from connection.batching import EndOfTick, TurnBudget
+from connection.codec import encode
+from connection.packets import Connect, Publish
+from connection.protocol import MQTTConnection
 
 
 def test_shares_shrink_within_a_turn_and_start_over_in_the_next():
@@ -32,3 +35,79 @@ def test_a_quiet_turn_gives_every_connection_its_cap():
         return [turn.share(16) for _ in range(3)]  # nothing taken yet: each may take its cap
 
     assert asyncio.run(run()) == [16, 16, 16]
+
+
+class _Transport(asyncio.Transport):
+    """The socket side only: the connection under test pauses and resumes it and writes to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paused = False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class _Fanning:
+    """A handler whose every PUBLISH reaches ``fan`` subscribers (it counts the deliveries)."""
+
+    def __init__(self, fan: int) -> None:
+        self.fan = fan
+        self.delivered = 0
+        self.publishes = 0
+
+    def packet_received(self, packet: object) -> None:
+        if type(packet) is Publish:
+            self.publishes += 1
+            self.delivered += self.fan
+
+    def connection_lost(self, graceful: bool) -> None:
+        pass
+
+
+def _publishes_per_turn(fan: int, payload: int, fan_budget: int, turns: int = 6) -> list[int]:
+    """Feed CONNECT and 200 PUBLISHes in one read; how many PUBLISHes each loop iteration handled."""
+    async def run() -> list[int]:
+        loop = asyncio.get_running_loop()
+        handler = _Fanning(fan)
+        turn = TurnBudget(loop, 1000, fan_budget, lambda: handler.delivered)
+        conn = MQTTConnection(lambda c: handler, EndOfTick(loop), max_packet_size=1 << 20, read_budget=16,
+                              turn=turn)  # type: ignore[arg-type,return-value]
+        conn.connection_made(_Transport())
+        data = encode(Connect("fan"), 4) + encode(Publish("f/t", b"x" * payload), 4) * 200
+        conn.data_received(data)
+        counts = [handler.publishes]
+        for _ in range(turns - 1):
+            await asyncio.sleep(0)  # the next loop iteration: the next share of the read
+            counts.append(handler.publishes - sum(counts))
+        conn.connection_lost(None)
+        return counts
+
+    return asyncio.run(run())
+
+
+def test_a_fan_out_of_large_messages_takes_fewer_packets_per_turn():
+    # 50 subscribers x ~1 KiB per PUBLISH: at most 256 KiB delivered per turn is 5 PUBLISHes.
+    assert _publishes_per_turn(fan=50, payload=1000, fan_budget=256 << 10) == [15, 5, 5, 5, 5, 5]
+    assert _publishes_per_turn(fan=50, payload=1000, fan_budget=0) == [15, 16, 16, 16, 16, 16]
+
+
+def test_small_or_unfanned_publishes_keep_the_read_budget():
+    # 50 x 16 B and 1 x 1 KiB per PUBLISH are far below the budget: 16 packets a turn as before.
+    assert _publishes_per_turn(fan=50, payload=16, fan_budget=256 << 10) == [15, 16, 16, 16, 16, 16]
+    assert _publishes_per_turn(fan=1, payload=1000, fan_budget=256 << 10) == [15, 16, 16, 16, 16, 16]
