@@ -111,9 +111,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("turn_budget", int, 32, "packets all clients together get handled per loop iteration before each "
            "busy client is cut to 4 per turn (0: no limit): bounds how long a quiet client waits behind "
            "many busy ones", "N", check=_at_least(0)),
-    Option("fan_budget", _size, 256 << 10, "bytes one client's publishes may have delivered per loop iteration "
-           "before the rest of its read waits a turn (0: no limit): bounds how long others wait behind a "
-           "fan-out of large messages", "BYTES", check=_at_least(0)),
+    Option("fan_budget", int, 512, "deliveries one client's publishes may cause per loop iteration before the "
+           "rest of its read waits a turn, one more per KiB of message (0: no limit): bounds how long others "
+           "wait behind a fan-out", "N", check=_at_least(0)),
     Option("stats_interval", float, 1.0, "seconds between stats snapshots", "SECONDS"),
     Option("stats_port", int, None, "publish stats on tcp://HOST:PORT+i (router i) instead of ipc", "PORT"),
     Option("metrics_port", int, None, "serve Prometheus /metrics on this port", "PORT"),
@@ -147,7 +147,7 @@ class Config:
     max_client_buffer: int = 1 << 20
     read_budget: int = 16
     turn_budget: int = 32
-    fan_budget: int = 256 << 10
+    fan_budget: int = 512
     stats_interval: float = 1.0
     stats_port: int | None = None
     metrics_port: int | None = None

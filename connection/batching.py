@@ -59,12 +59,12 @@ class TurnBudget:
     def __init__(self, loop: asyncio.AbstractEventLoop, per_turn: int, fan_budget: int = 0,
                  delivered: Callable[[], int] | None = None) -> None:
         """``per_turn``: packets per turn for all connections (0: no limit). ``fan_budget``: most
-        bytes one connection's packets may have delivered in a turn (0: no limit), with
-        ``delivered`` a running total of deliveries. A packet is not a unit of work when one
-        publish reaches fifty subscribers: a connection whose packets were delivered ``f`` times
-        last turn, at a mean size of ``s`` bytes, gets at most ``fan_budget // (f * s)`` packets
-        this turn (``MQTTConnection._decoded``), so a fan-out of large messages writes a bounded
-        amount per turn and a quiet client's message does not wait behind megabytes of it."""
+        deliveries one connection's packets may cause in a turn (0: no limit), with ``delivered``
+        a running total of deliveries. A packet is not a unit of work when one publish reaches
+        fifty subscribers: a connection whose packets were delivered ``f`` times each last turn
+        gets at most ``fan_budget / f`` packets this turn (a delivery counting once more per KiB
+        of the connection's mean packet size: ``MQTTConnection._decoded``), so a fan-out's turn
+        is bounded and a quiet client's message does not wait behind thousands of deliveries."""
         self._loop = loop
         self.per_turn = per_turn or sys.maxsize  # 0: no limit on the turn (a fan budget alone)
         self.left = self.per_turn

@@ -101,13 +101,17 @@ def _publishes_per_turn(fan: int, payload: int, fan_budget: int, turns: int = 6)
     return asyncio.run(run())
 
 
-def test_a_fan_out_of_large_messages_takes_fewer_packets_per_turn():
-    # 50 subscribers x ~1 KiB per PUBLISH: at most 256 KiB delivered per turn is 5 PUBLISHes.
-    assert _publishes_per_turn(fan=50, payload=1000, fan_budget=256 << 10) == [15, 5, 5, 5, 5, 5]
-    assert _publishes_per_turn(fan=50, payload=1000, fan_budget=0) == [15, 16, 16, 16, 16, 16]
+def test_a_fan_out_takes_fewer_packets_per_turn():
+    # 50 subscribers: at most 512 deliveries per turn is 10 PUBLISHes; at ~2 KiB each delivery
+    # counts twice, so 5. Without a fan budget the read budget's 16.
+    assert _publishes_per_turn(fan=50, payload=16, fan_budget=512) == [15, 10, 10, 10, 10, 10]
+    assert _publishes_per_turn(fan=50, payload=2000, fan_budget=512) == [15, 5, 5, 5, 5, 5]
+    assert _publishes_per_turn(fan=50, payload=2000, fan_budget=0) == [15, 16, 16, 16, 16, 16]
 
 
-def test_small_or_unfanned_publishes_keep_the_read_budget():
-    # 50 x 16 B and 1 x 1 KiB per PUBLISH are far below the budget: 16 packets a turn as before.
-    assert _publishes_per_turn(fan=50, payload=16, fan_budget=256 << 10) == [15, 16, 16, 16, 16, 16]
-    assert _publishes_per_turn(fan=1, payload=1000, fan_budget=256 << 10) == [15, 16, 16, 16, 16, 16]
+def test_unfanned_or_small_fan_outs_keep_the_read_budget():
+    # 1 x 1 KiB and 20 x 16 B per PUBLISH stay within 512 deliveries at 16 packets a turn.
+    assert _publishes_per_turn(fan=1, payload=1000, fan_budget=512) == [15, 16, 16, 16, 16, 16]
+    assert _publishes_per_turn(fan=20, payload=16, fan_budget=512) == [15, 16, 16, 16, 16, 16]
+    # One packet a turn at least, however wide the fan-out.
+    assert _publishes_per_turn(fan=5000, payload=16, fan_budget=512) == [15, 1, 1, 1, 1, 1]
