@@ -38,7 +38,7 @@ class Worker:
         self.router_id = f"{config.node_id}/{self.name}"
         self.loop = asyncio.get_event_loop()
         self.batcher = EndOfTick(self.loop)
-        self.turn = TurnBudget(self.loop, config.turn_budget) if config.turn_budget or config.fan_budget else None
+        self.turn: TurnBudget | None = None  # made in start(): the fan budget counts the router's deliveries
         self.router: Router | None = None
         self.server: asyncio.base_events.Server | None = None
         self.mesh: Any = None
@@ -71,10 +71,9 @@ class Worker:
     async def start(self) -> None:
         c = self.config
         self.router = Router(self._router_config())
-        if self.turn is not None and c.fan_budget:
+        if c.turn_budget or c.fan_budget:
             stats = self.router.stats
-            self.turn.fan_budget = c.fan_budget
-            self.turn.delivered = lambda: stats.msgs_out
+            self.turn = TurnBudget(self.loop, c.turn_budget, c.fan_budget, lambda: stats.msgs_out)
         if c.log:
             self._open_log()
         if c.workers > 1 or c.mesh is not None:

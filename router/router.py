@@ -184,8 +184,7 @@ class Router:
                         raise TypeError("forwarded topic is not a string")
                     if packet[0] != 0x30:
                         raise ProtocolError("forwarded packet is not a QoS 0 PUBLISH", Reason.MALFORMED_PACKET)
-                    msg = None
-                    groups = None
+                    msg = None  # delivered below, before ``groups`` is looked at
                 elif n == 5 or n == 9:
                     msg = from_mesh(values, sender)
                     groups = None
