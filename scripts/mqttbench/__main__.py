@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--procs", type=int, default=1, help="load-generator processes")
     ap.add_argument("--placement", choices=PLACEMENTS, default="any",
                     help="brokerd --workers >= 2, p2p/qos1/latency: publisher on its subscriber's worker (same) "
-                    "or another (cross); Mosquitto runs ignore it")
+                    "or another (cross); Mosquitto runs ignore it, and so do runs with one worker under 'same'")
     ap.add_argument("--json", type=Path, help="write every run and the summary to this file")
     g = ap.add_argument_group("sizes")
     g.add_argument("--pairs", type=int, default=d.pairs, help="p2p/qos1/latency: publisher-subscriber pairs")
@@ -76,7 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.reps < 1 or args.procs < 1 or args.duration <= 0 or args.duration > 600 or args.warmup < 0:
         ap.error("need --reps >= 1, --procs >= 1, 0 < --duration <= 600, --warmup >= 0")
-    if args.placement != "any" and min(args.workers) < 2:
+    # One worker holds every connection: that is "same" (a scaling run's baseline), never "cross".
+    if args.placement == "cross" and min(args.workers) < 2 or args.placement == "same" and max(args.workers) < 2:
         ap.error(f"--placement {args.placement} needs --workers 2 or more (one worker holds every connection)")
     if min(args.pairs, args.subscribers, args.publishers, args.members, args.connections, args.window,
            args.inflight) < 1:
@@ -188,6 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     print()
     if args.against:
         print(report.comparison_table(rows, args.workers))
+        print()
+    if len(args.workers) > 1:
+        print(report.scaling_table(rows, args.workers))
+        caveat = report.scaling_caveat(args.workers, args.procs, info["logical_cpus"])
+        if caveat:
+            print(f"\n{caveat}")
         print()
     print(report.single_table(rows))
     if any(r["loadgen_saturated"] for r in rows):

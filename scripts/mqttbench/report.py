@@ -221,5 +221,51 @@ def comparison_table(rows: list[dict[str, Any]], workers: list[int]) -> str:
     return _table(header, lines)
 
 
+def scaling_table(rows: list[dict[str, Any]], workers: list[int]) -> str:
+    """brokerd at each worker count against the fewest: throughput, and CPU per message.
+
+    Throughput scales only as far as cores are free for the workers; messages per broker-CPU-second
+    says whether a worker got dearer per message (the mesh, contention) whatever the cores.
+    """
+    base_w = min(workers)
+    by_key = {(r["scenario"], r["payload"], r["workers"]): r for r in rows if r["broker"] == "brokerd"}
+    header = [
+        "scenario", "payload", "workers", "delivered msg/s", f"x {base_w} worker(s)", "broker cores",
+        "msg per broker-CPU-s", f"x {base_w} worker(s)", "loadgen CPU", "notes",
+    ]
+    seen: list[tuple[str, int]] = []
+    for r in rows:
+        if r["broker"] == "brokerd" and r["scenario"] not in ("conn", "latency") and (r["scenario"], r["payload"]) not in seen:
+            seen.append((r["scenario"], r["payload"]))
+    lines = []
+    for scenario, payload in seen:
+        base = by_key.get((scenario, payload, base_w))
+        for w in sorted(workers):
+            row = by_key.get((scenario, payload, w))
+            if row is None:
+                continue
+            lines.append([
+                scenario, payload_label(row), str(w), rate(row["delivered_per_s"]),
+                ratio(row["delivered_per_s"], base["delivered_per_s"] if base else None),
+                f"{row['broker_cpu_share']:.2f}" if row["broker_cpu_share"] is not None else "n/a",
+                rate(row["msgs_per_cpu_s"]),
+                ratio(row["msgs_per_cpu_s"], base["msgs_per_cpu_s"] if base else None),
+                f"{row['loadgen_cpu_max']:.0%}", notes(row),
+            ])
+    return _table(header, lines)
+
+
+def scaling_caveat(workers: list[int], procs: int, logical_cpus: int | None) -> str | None:
+    """A scaling run is clean only if the generator has cores of its own (its processes + the probe's)."""
+    need = max(workers) + procs + 1
+    if logical_cpus is None or logical_cpus >= need:
+        return None
+    return (
+        f"This machine has {logical_cpus} logical CPUs; {max(workers)} workers and {procs + 1} generator processes "
+        f"need {need} for the generator not to take the workers' cores: throughput ratios here are bounded by "
+        "the cores left to the broker (see 'broker cores'), messages per broker-CPU-second are not."
+    )
+
+
 def command_line() -> str:
     return "./scripts/bench" + "".join(f" {a}" for a in sys.argv[1:])

@@ -56,3 +56,20 @@ def test_placement_on_one_worker_is_refused_not_ignored():
     proc = subprocess.run([str(ROOT / "scripts" / "bench"), "--placement", "cross", "--workers", "1,2"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--placement cross needs --workers 2 or more" in proc.stderr
+
+
+def test_scaling_run_prints_a_table_against_one_worker(tmp_path):
+    """--workers 1,2 --placement same: one worker is trivially "same"; the scaling table compares."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [str(ROOT / "scripts" / "bench"), "--reps", "1", "--duration", "0.5", "--warmup", "0.2", "--json", str(out),
+         "--scenarios", "p2p", "--payload", "16", "--workers", "1,2", "--pairs", "4", "--placement", "same"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["workers"], r["ok"], r["loss"]) for r in runs] == [(1, True, 0.0), (2, True, 0.0)]
+    header = next(line for line in proc.stdout.splitlines() if "x 1 worker(s)" in line)
+    assert header.count("x 1 worker(s)") == 2
+    two = next(line for line in proc.stdout.splitlines() if line.startswith("| p2p | 16 B | 2 |"))
+    assert float(two.split("|")[5]) > 0  # the throughput ratio against one worker
