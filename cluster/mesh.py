@@ -388,10 +388,11 @@ class Mesh:
         ``LINGER_BELOW`` wait for one more iteration first, once. Under load that iteration is
         the next turn of reads (the turn budget keeps turns short), so frames carry about twice
         as many messages and every per-frame cost (ZeroMQ's threads, wake-ups, framing) halves;
-        when the loop is idle it is a poll that returns at once. Interest changes never wait."""
+        when the loop is idle it is a poll that returns at once. Interest changes and barriers
+        never wait."""
         if not self._dirty:
             return  # flushed meanwhile (a takeover or retained update flushes first)
-        if not self._lingered and not self._interest_batch:
+        if not self._lingered and not self._interest_batch and self._interest_waiter is None:
             n = 0
             for peer in self.peers.values():
                 n += len(peer.batch)
@@ -425,7 +426,7 @@ class Mesh:
             stats.mesh_bytes_out += len(frame)
             stats.mesh_frames_out += 1
             peer.link.send(frame, sources)
-        if self._interest_batch:
+        if self._interest_batch or self._interest_waiter is not None:  # changes, or a barrier
             changes, self._interest_batch = self._interest_batch, []
             waiter, self._interest_waiter = self._interest_waiter, None
             seq = None
@@ -462,6 +463,19 @@ class Mesh:
             return None
         if self._interest_waiter is None:
             self._interest_waiter = _Waiter(self.loop, alive)
+        return self._interest_waiter.future
+
+    def barrier(self) -> asyncio.Future | None:
+        """An interest announcement without changes: every peer answers it after whatever it sent
+        before (one PUSH socket per direction keeps a peer's frames in order), so a SUBACK that
+        waits for it hands out retained messages as new as any that peer acknowledged to its
+        publisher before this subscriber subscribed."""
+        alive = {rid for rid, p in self.peers.items() if p.alive}
+        if not alive or self.closed:
+            return None
+        if self._interest_waiter is None:
+            self._interest_waiter = _Waiter(self.loop, alive)
+        self._mark()
         return self._interest_waiter.future
 
     def retained_update(self, msg: Message) -> None:

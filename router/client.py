@@ -344,6 +344,13 @@ class Client:
         suback = encode(Suback(p.packet_id, codes), self.level)
         pending = router.interest_pending
         waits = [pending[f] for f in announced if f in pending]
+        if not waits and retained_out and router.mesh is not None:
+            # No announcement to wait for, but the retained messages here may lag a peer's: wait
+            # until every peer has answered, and so has handed over any retained update it
+            # acknowledged before this SUBSCRIBE (a cleared one must not come back).
+            barrier = router.mesh.barrier()
+            if barrier is not None:
+                waits.append(barrier)
         if waits:
             # Other routers have not confirmed this interest yet: SUBACK once they have, so that
             # whatever is published anywhere after the SUBACK reaches this subscriber.

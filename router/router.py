@@ -60,6 +60,11 @@ class MeshPort(Protocol):
     def retained_update(self, msg: Message) -> None:
         """Tell every peer router about a retained message (an empty payload clears it)."""
 
+    def barrier(self) -> Awaitable[None] | None:
+        """An awaitable that completes when every live peer has answered a request sent now, so
+        that everything they sent before it (retained updates above all) has been handled here;
+        None without live peers."""
+
     def takeover(self, client_id: str) -> Awaitable[dict | None]:
         """Ask every peer to give up ``client_id``: its session state, or None if nobody had it."""
 
