@@ -8,13 +8,27 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.helpers import ROOT, Broker, free_port
+from tests.helpers import ROOT, Broker, Client, free_port
 
 # Every process a test starts (brokerd, its CLI, Spark's Python workers) imports this checkout's
 # packages, not those of whichever checkout a shared virtualenv's editable install points at.
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 _names = itertools.count()
+
+
+def _close_clients_made() -> None:
+    made, Client.made[:] = list(Client.made), []
+    Client.close_all(made)
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    """Close every paho client a test made, once it is over (see ``Client.made``). Tests with a
+    broker have theirs closed by ``start_broker`` first, while the broker still runs: paho's
+    threads are then in select(), which their socket pair wakes, not asleep before a reconnect."""
+    yield
+    _close_clients_made()
 
 
 @pytest.fixture
@@ -35,6 +49,7 @@ def start_broker(xprocess, tmp_path) -> Iterator[Callable[..., Broker]]:
         return broker.start()
 
     yield start
+    _close_clients_made()
     for broker in started:
         info = xprocess.getinfo(broker.name)
         if info.isrunning():

@@ -149,6 +149,11 @@ def _comm(pid: int) -> str:
 class Client:
     """A paho client with blocking, bounded helpers and a record of what it received."""
 
+    # Every client made during the current test: tests/conftest.py closes them after it. paho
+    # waits in select(), which fails for descriptors above 1023, so clients left open by earlier
+    # tests would otherwise make a later test's connections hang without a CONNACK.
+    made: list[Client] = []
+
     def __init__(self, port: int, client_id: str = "", *, clean: bool = True, host: str = "127.0.0.1",
                  protocol: int = mqtt.MQTTv311, keepalive: int = 60,
                  will: tuple[str, bytes, int, bool] | None = None, properties: object = None) -> None:
@@ -172,6 +177,7 @@ class Client:
         self.c.on_subscribe = self._on_subscribe
         self.c.on_disconnect = self._on_disconnect
         self.c.on_unsubscribe = lambda *a: None
+        Client.made.append(self)
 
     def _on_message(self, c, u, msg) -> None:
         with self.cond:
@@ -244,6 +250,28 @@ class Client:
         self.c.disconnect()
         self.disconnected.wait(WAIT)
         self.c.loop_stop()
+
+    @staticmethod
+    def close_all(clients: list[Client]) -> None:
+        """Stop the clients' network threads and close their sockets and paho's wake-up socket
+        pairs (no DISCONNECT: a test that wants one calls ``disconnect``). paho's ``loop_stop``
+        waits for its thread's select() to time out (a second each); here every thread is told
+        first and woken through its socket pair, so closing many takes no longer than one."""
+        threads = []
+        for client in clients:
+            c = client.c
+            c._thread_terminate = True  # what loop_stop sets
+            if c._sockpairW is not None:
+                try:
+                    c._sockpairW.send(b"0")
+                except OSError:
+                    pass
+            if c._thread is not None:
+                threads.append(c._thread)
+        for t in threads:
+            t.join(WAIT)
+        for client in clients:
+            client.c._reset_sockets()  # paho has no public call that closes its socket pair
 
     def drop(self) -> None:
         """Close the socket without DISCONNECT (an abnormal close: the will fires)."""
