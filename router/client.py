@@ -90,7 +90,9 @@ class Client:
             elif cls is Pubrec:
                 self.session.pubrec(packet.packet_id)  # type: ignore[union-attr]
             elif cls is Pubrel:
-                self.session.inbound_qos2.discard(packet.packet_id)  # type: ignore[union-attr]
+                inbound = self.session.inbound_qos2  # type: ignore[union-attr]
+                if packet.packet_id in inbound:
+                    inbound.remove(packet.packet_id)  # type: ignore[union-attr]
                 self.conn.send(_ack(0x70, packet.packet_id))  # type: ignore[union-attr]
             elif cls is Pubcomp:
                 self.session.pubcomp(packet.packet_id)  # type: ignore[union-attr]
@@ -281,13 +283,16 @@ class Client:
                 router.publish(msg, conn)
                 self._acknowledge(_ack(0x40, p.packet_id), msg)  # type: ignore[arg-type]
             else:
-                inbound = self.session.inbound_qos2  # type: ignore[union-attr]
+                session = self.session
+                inbound = session.inbound_qos2  # type: ignore[union-attr]
                 pid = p.packet_id
                 if pid in inbound:  # a DUP of a PUBLISH we already took is not published again
                     conn.send(_ack(0x50, pid))  # type: ignore[arg-type]
                     return
                 router.publish(msg, conn)
-                inbound.add(pid)  # type: ignore[arg-type]
+                if inbound.__class__ is not set:  # the session's first: make its set
+                    inbound = session.inbound_qos2 = set()  # type: ignore[union-attr]
+                inbound.add(pid)  # type: ignore[union-attr, arg-type]
                 self._acknowledge(_ack(0x50, pid), msg)  # type: ignore[arg-type]
         except LogUnavailable as exc:
             self._refuse_publish(p, exc)

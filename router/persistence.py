@@ -147,7 +147,8 @@ class StateStore:
                 router.subscribe(session, Subscription(f, qos, nl, rap, rh))
             for key, qos, nl, rap, rh in st.get("shared", ()):
                 router.subscribe_shared(session, Subscription(key, qos, nl, rap, rh))
-            session.inbound_qos2.update(st.get("qos2_in", ()))
+            if st.get("qos2_in"):
+                session.inbound_qos2 = set(st["qos2_in"])
             for pid in st.get("pubrel", ()):  # PUBREL must be sent again on reconnect
                 entry = Inflight(None, 2, False)  # type: ignore[arg-type]
                 entry.state = AWAIT_COMP

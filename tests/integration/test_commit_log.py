@@ -151,6 +151,40 @@ def test_graceful_restart_keeps_retained_and_log_tail_prints_records(start_broke
     assert chk.returncode == 0 and "all segments OK" in chk.stdout
 
 
+def test_a_qos2_publish_awaiting_pubrel_is_not_published_again_after_a_restart(start_broker, tmp_path):
+    """The inbound QoS 2 ids of a persistent session are in its snapshot: a publisher that resends
+    after the broker restarted (DUP, before its PUBREL) gets PUBREC, and nobody a second copy."""
+    data = str(tmp_path / "data")
+    broker = start_broker(data_dir=data)
+    sub = Client(broker.port, "q2sub", clean=False).connect()
+    sub.subscribe("q2/t", 2)
+    t = b"q2/t"
+    body = len(t).to_bytes(2, "big") + t + (5).to_bytes(2, "big") + b"once"
+    raw = RawClient(broker.port)
+    raw.send(connect_packet("q2pub", clean=False))
+    assert raw.recv_exact(4)[:2] == b"\x20\x02"
+    raw.send(bytes([0x34, len(body)]) + body)
+    assert raw.recv_exact(4) == b"\x50\x02\x00\x05"  # PUBREC: taken, PUBREL not yet sent
+    assert sub.wait_messages(1)[0].payload == b"once"
+    raw.close()
+    sub.disconnect()
+    assert broker.stop() == 0
+    broker.start()
+    sub = Client(broker.port, "q2sub", clean=False).connect()
+    raw = RawClient(broker.port)
+    raw.send(connect_packet("q2pub", clean=False))
+    assert raw.recv_exact(4) == b"\x20\x02\x01\x00"  # session present
+    raw.send(bytes([0x3C, len(body)]) + body)  # the same PUBLISH again, DUP
+    assert raw.recv_exact(4) == b"\x50\x02\x00\x05"
+    raw.send(b"\x62\x02\x00\x05")  # PUBREL
+    assert raw.recv_exact(4) == b"\x70\x02\x00\x05"  # PUBCOMP
+    raw.send(bytes([0x34, len(body)]) + body[:-4] + b"next")  # id 5 is free again: a new message
+    assert raw.recv_exact(4) == b"\x50\x02\x00\x05"
+    sub.wait_messages(1)
+    assert [m.payload for m in sub.messages] == [b"next"]
+    raw.close()
+
+
 def _mount_tmpfs(path: str, size: str) -> bool:
     os.makedirs(path, exist_ok=True)
     if os.geteuid() != 0:

@@ -116,6 +116,8 @@ def test_qos2_inbound_is_exactly_once_even_when_the_publish_is_resent(broker):
     raw = RawClient(broker.port)
     raw.send(connect_packet(cid("raw2")))
     assert raw.recv_exact(4) == b"\x20\x02\x00\x00"
+    raw.send(b"\x62\x02\x00\x09")  # a PUBREL for nothing received: PUBCOMP all the same
+    assert raw.recv_exact(4) == b"\x70\x02\x00\x09"
     raw.send(_publish_qos2(7, "x2/a", b"one"))
     assert raw.recv_exact(4) == b"\x50\x02\x00\x07"  # PUBREC
     raw.send(_publish_qos2(7, "x2/a", b"one", dup=True))  # resent before PUBREL: not published again

@@ -75,7 +75,7 @@ def test_snapshot_counts_live_and_closed_connections_and_sessions():
     gone = fake_conn(1000, 2000, 4, 5)
     conns.add(gone)  # type: ignore[arg-type]
     conns.discard(gone)  # type: ignore[arg-type]
-    router.sessions["big"].queue.extend([(None, 1, False)] * 3)
+    router.sessions["big"]._queue().extend([(None, 1, False)] * 3)  # type: ignore[list-item]
     router.sessions["small"].inflight[1] = None  # type: ignore[assignment]
     router.stats.drop_queue_full = 2
     router.mesh_peer_stats = {"n/w1": [4, 400, 1, 100]}  # type: ignore[attr-defined]
