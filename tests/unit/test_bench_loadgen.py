@@ -67,6 +67,36 @@ def test_count_packets_over_any_split() -> None:
         assert counted == total and buf == b""
 
 
+@pytest.mark.parametrize("payload", [16, 1024, 20_000])
+def test_count_same_agrees_with_count_packets_and_refuses_other_shapes(payload: int) -> None:
+    packet = wire.publish("bench/p2p/3", b"p" * payload)
+    head, plen = wire.fixed_header(packet)  # type: ignore[misc]
+    assert plen == len(packet) and packet.startswith(head) and len(head) in (2, 3, 4)
+    stream = packet * 7 + packet[:5]
+    assert wire.count_same(stream, 0, plen, head) == wire.count_packets(stream) == (7, 7 * plen)
+    assert wire.count_same(stream, plen, plen, head) == (6, 7 * plen)
+    assert wire.count_same(packet[:-1], 0, plen, head) == (0, 0)
+    other = wire.publish("bench/p2p/30", b"p" * payload)  # one byte longer: framing shifts
+    assert wire.count_same(packet * 3 + other + packet * 3, 0, plen, head)[0] == -1
+
+
+def test_a_subscriber_counts_a_stream_of_mixed_sizes_right() -> None:
+    """count_same is tried on every read after the first; reads whose packets differ fall back
+    to count_packets, and after MAX_MISSES of them the subscriber stops trying."""
+    sub, sconn = _qos0_subscriber("bench/#")
+    same = wire.publish("bench/a", b"x" * 16)
+    mixed = [wire.publish(f"bench/{'b' * (i % 5)}", b"y" * (i % 300)) for i in range(400)]
+    stream = same * 500 + b"".join(mixed) + same * 50
+    rng = random.Random(3)
+    pos = 0
+    while pos < len(stream):
+        step = rng.choice([3, 50, 1500, 4096])
+        sconn.data_received(stream[pos : pos + step])
+        pos += step
+    assert sub.received == 950 and sub.bad == 0 and sub.buf == b""
+    assert sub.misses > 0
+
+
 def test_publish_topic() -> None:
     pkt = wire.publish("bench/fanin/3", b"x" * 1024)
     assert wire.publish_topic(pkt) == b"bench/fanin/3"
