@@ -19,12 +19,31 @@ class Flushable(Protocol):
 
 
 class EndOfTick:
-    __slots__ = ("_loop", "_dirty", "_scheduled")
+    __slots__ = ("_loop", "_dirty", "_scheduled", "_early")
+
+    EARLY_PER_TURN = 4  # quiet clients' outputs written at once per iteration; later ones wait
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._dirty: list[Flushable] = []
         self._scheduled = False
+        self._early = 0
+
+    def pending(self) -> int:
+        """A mark for ``flush_since``: how many items are dirty now."""
+        return len(self._dirty)
+
+    def flush_since(self, mark: int) -> None:
+        """Write now what became dirty after ``pending()`` returned ``mark``: what one quiet
+        client's packet caused (a device's command, a probe) need not wait for the busy clients'
+        reads and writes of the rest of this iteration. At most ``EARLY_PER_TURN`` times an
+        iteration, so that many quiet publishers to one subscriber still share its writes."""
+        if self._early >= self.EARLY_PER_TURN:
+            return
+        self._early += 1
+        dirty = self._dirty
+        for i in range(mark, len(dirty)):
+            dirty[i].flush()  # flushed again at the end of the iteration: a no-op if nothing new
 
     def mark(self, item: Flushable) -> None:
         """Flush ``item`` at the end of this iteration. The caller marks once per dirty period."""
@@ -41,6 +60,7 @@ class EndOfTick:
             for item in dirty:
                 item.flush()
         self._scheduled = False
+        self._early = 0
 
 
 class TurnBudget:

@@ -145,13 +145,23 @@ class MQTTConnection(asyncio.Protocol):
             return
         if turn is not None:
             turn.left -= len(packets)
-        if self._decoder.has_more:
+        more = self._decoder.has_more
+        if more:
             # Scheduled before this turn's packets make output, so that the next turn runs ahead
             # of the end-of-tick flush and its output shares those writes.
             self.pause_reading(_BUDGET)  # a no-op while it is paused already
             self._loop.call_soon(self._read_more)
         elif _BUDGET in self._reading_paused_by:
             self.resume_reading(_BUDGET)
+        if len(packets) == 1 and not more:
+            # A quiet client (one packet, nothing left in its read): what it causes is written at
+            # once, not after the busy clients' reads and writes of this iteration.
+            batcher = self._batcher
+            mark = batcher.pending()
+            self._dispatch(packets)
+            batcher.flush_since(mark)
+            self._packets += 1  # the fan budget's mean packet size counts it
+            return
         if turn is None or not turn.fan_budget or not packets:
             self._dispatch(packets)
             return

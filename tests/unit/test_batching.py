@@ -115,3 +115,92 @@ def test_unfanned_or_small_fan_outs_keep_the_read_budget():
     assert _publishes_per_turn(fan=20, payload=16, fan_budget=512) == [15, 16, 16, 16, 16, 16]
     # One packet a turn at least, however wide the fan-out.
     assert _publishes_per_turn(fan=5000, payload=16, fan_budget=512) == [15, 1, 1, 1, 1, 1]
+
+
+class _Out:
+    """A Flushable that counts its flushes and the items it wrote."""
+
+    def __init__(self, batcher: EndOfTick) -> None:
+        self.batcher = batcher
+        self.out: list[int] = []
+        self.written: list[list[int]] = []
+
+    def send(self, item: int) -> None:
+        if not self.out:
+            self.batcher.mark(self)
+        self.out.append(item)
+
+    def flush(self) -> None:
+        if self.out:
+            self.written.append(self.out)
+            self.out = []
+
+
+def test_what_a_quiet_packet_causes_is_written_at_once_a_few_times_a_turn():
+    async def run() -> tuple[list, list, list]:
+        batcher = EndOfTick(asyncio.get_running_loop())
+        busy, quiet = _Out(batcher), [_Out(batcher) for _ in range(EndOfTick.EARLY_PER_TURN + 1)]
+        busy.send(1)  # a busy client's output, dirty before the quiet packets come
+        for i, out in enumerate(quiet):
+            mark = batcher.pending()
+            out.send(10 + i)
+            busy.send(2 + i)  # the quiet packet also reached the busy subscriber: not early
+            batcher.flush_since(mark)
+        early = [list(o.written) for o in quiet]
+        busy_early = list(busy.written)
+        await asyncio.sleep(0)  # the end of the iteration writes the rest
+        mark = batcher.pending()
+        quiet[-1].send(99)
+        batcher.flush_since(mark)  # a new iteration: early writes allowed again
+        return early, busy_early, [busy.written, quiet[-1].written]
+
+    early, busy_early, after = asyncio.run(run())
+    n = EndOfTick.EARLY_PER_TURN
+    assert early == [[[10 + i]] for i in range(n)] + [[]]  # the first n at once, the last waits
+    assert busy_early == []  # it was dirty already: it keeps its place in the iteration's batch
+    assert after == [[[1, 2, 3, 4, 5, 6]], [[10 + n], [99]]]
+
+
+class _Forward:
+    """A handler that sends every PUBLISH's payload to another connection."""
+
+    def __init__(self, to: MQTTConnection) -> None:
+        self.to = to
+
+    def packet_received(self, packet: object) -> None:
+        if type(packet) is Publish:
+            self.to.send(packet.payload)
+
+    def connection_lost(self, graceful: bool) -> None:
+        pass
+
+
+class _Recording(_Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.data: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.data.append(data)
+
+
+def test_a_read_of_one_packet_is_delivered_before_the_iteration_ends_a_pipelined_one_after():
+    async def run() -> tuple[list, list, list]:
+        loop = asyncio.get_running_loop()
+        batcher = EndOfTick(loop)
+        sub = MQTTConnection(lambda c: _Forward(c), batcher, max_packet_size=1 << 20)  # type: ignore[arg-type,return-value]
+        sub_t = _Recording()
+        sub.connection_made(sub_t)
+        pub = MQTTConnection(lambda c: _Forward(sub), batcher, max_packet_size=1 << 20)  # type: ignore[arg-type,return-value]
+        pub.connection_made(_Recording())
+        pub.data_received(encode(Connect("p"), 4))
+        await asyncio.sleep(0)
+        pub.data_received(encode(Publish("t", b"one"), 4))  # quiet: written at once
+        at_once = list(sub_t.data)
+        pub.data_received(encode(Publish("t", b"two"), 4) + encode(Publish("t", b"three"), 4))
+        pipelined = list(sub_t.data)
+        await asyncio.sleep(0)
+        return at_once, pipelined, list(sub_t.data)
+
+    at_once, pipelined, end = asyncio.run(run())
+    assert at_once == [b"one"] and pipelined == [b"one"] and end == [b"one", b"twothree"]
