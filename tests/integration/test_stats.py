@@ -301,8 +301,11 @@ def test_stats_for_a_node_that_is_not_there_fails_clearly():
 def test_stats_watch_redraws_every_router_in_a_terminal(start_broker):
     broker = start_broker(*FAST, workers=WORKERS)
     master, slave = pty.openpty()
+    # Ctrl-C's default action, as in a terminal: a suite started in the background (`cmd &` in a
+    # script) ignores SIGINT, and a child inherits that, so it would never see the signal below.
     proc = subprocess.Popen([BROKERD, "stats", "--watch", *locator(broker)], stdin=slave, stdout=slave,
-                            stderr=slave, close_fds=True)
+                            stderr=slave, close_fds=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     os.close(slave)
     out = b""
     try:
