@@ -458,19 +458,23 @@ class Mesh:
         self._mark()
         if not add:
             return None
-        alive = {rid for rid, p in self.peers.items() if p.alive}
+        alive = self._alive()
         if not alive:
             return None
         if self._interest_waiter is None:
             self._interest_waiter = _Waiter(self.loop, alive)
         return self._interest_waiter.future
 
+    def _alive(self) -> set[str]:
+        """The ids of the peers that count as alive now."""
+        return {rid for rid, p in self.peers.items() if p.alive}
+
     def barrier(self) -> asyncio.Future | None:
         """An interest announcement without changes: every peer answers it after whatever it sent
         before (one PUSH socket per direction keeps a peer's frames in order), so a SUBACK that
         waits for it hands out retained messages as new as any that peer acknowledged to its
         publisher before this subscriber subscribed."""
-        alive = {rid for rid, p in self.peers.items() if p.alive}
+        alive = self._alive()
         if not alive or self.closed:
             return None
         if self._interest_waiter is None:
@@ -489,7 +493,7 @@ class Mesh:
                 peer.link.send(frame)
 
     def takeover(self, client_id: str) -> asyncio.Future:
-        alive = {rid for rid, p in self.peers.items() if p.alive and not self.closed}
+        alive = set() if self.closed else self._alive()
         waiter = _Waiter(self.loop, alive)
         if not alive:
             waiter.future.set_result(None)

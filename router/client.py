@@ -284,15 +284,12 @@ class Client:
                 self._acknowledge(_ack(0x40, p.packet_id), msg)  # type: ignore[arg-type]
             else:
                 session = self.session
-                inbound = session.inbound_qos2  # type: ignore[union-attr]
                 pid = p.packet_id
-                if pid in inbound:  # a DUP of a PUBLISH we already took is not published again
+                if pid in session.inbound_qos2:  # type: ignore[union-attr]  # a DUP we already took
                     conn.send(_ack(0x50, pid))  # type: ignore[arg-type]
                     return
                 router.publish(msg, conn)
-                if inbound.__class__ is not set:  # the session's first: make its set
-                    inbound = session.inbound_qos2 = set()  # type: ignore[union-attr]
-                inbound.add(pid)  # type: ignore[union-attr, arg-type]
+                session.qos2_ids().add(pid)  # type: ignore[union-attr, arg-type]
                 self._acknowledge(_ack(0x50, pid), msg)  # type: ignore[arg-type]
         except LogUnavailable as exc:
             self._refuse_publish(p, exc)

@@ -148,7 +148,7 @@ class StateStore:
             for key, qos, nl, rap, rh in st.get("shared", ()):
                 router.subscribe_shared(session, Subscription(key, qos, nl, rap, rh))
             if st.get("qos2_in"):
-                session.inbound_qos2 = set(st["qos2_in"])
+                session.qos2_ids().update(st["qos2_in"])
             for pid in st.get("pubrel", ()):  # PUBREL must be sent again on reconnect
                 entry = Inflight(None, 2, False)  # type: ignore[arg-type]
                 entry.state = AWAIT_COMP

@@ -138,6 +138,15 @@ class Session:
         queue = self.queue = deque()
         return queue
 
+    def qos2_ids(self) -> set[int]:
+        """The set of inbound QoS 2 ids awaiting PUBREL, made on first use (to add to it; reading
+        ``inbound_qos2`` needs no set)."""
+        ids = self.inbound_qos2
+        if ids.__class__ is set:
+            return ids  # type: ignore[return-value]
+        ids = self.inbound_qos2 = set()
+        return ids
+
     def deliver_shared(self, msg: Message, qos: int, retain: bool) -> None:
         """A message this session was chosen for as a member of a shared subscription. Unlike
         ``deliver``, a QoS 1/2 message is kept even while the session reads from the log (offline
@@ -331,6 +340,6 @@ class Session:
         for qos, retain, m in state["queue"]:
             self._queue().append((Message.from_list(m), qos, retain))
         if state["inbound_qos2"]:
-            self.inbound_qos2 = set(self.inbound_qos2) | set(state["inbound_qos2"])
+            self.qos2_ids().update(state["inbound_qos2"])
         self._next_pid = state.get("next_pid", 1)
 

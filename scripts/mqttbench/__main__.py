@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         print()
     if len(args.workers) > 1:
         print(report.scaling_table(rows, args.workers))
-        caveat = report.scaling_caveat(args.workers, args.procs, info["logical_cpus"])
+        gen_procs = args.procs + (0 if args.probe_with_load else 1)  # the side channel's process
+        caveat = report.scaling_caveat(args.workers, gen_procs, info["logical_cpus"])
         if caveat:
             print(f"\n{caveat}")
         print()

@@ -179,6 +179,11 @@ def _lat(row: dict[str, Any] | None, conn: bool) -> str:
     return "-" if row is None or conn else f"{ms(row['lat_p50_ms'])} / {ms(row['lat_p99_ms'])}"
 
 
+def _cases(rows: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    """The (scenario, payload) pairs of ``rows``, in their first order."""
+    return list(dict.fromkeys((r["scenario"], r["payload"]) for r in rows))
+
+
 def comparison_table(rows: list[dict[str, Any]], workers: list[int]) -> str:
     """brokerd (each worker count) against Mosquitto: medians and the ratio brokerd/Mosquitto."""
     by_key = {(r["scenario"], r["payload"], r["broker"], r["workers"]): r for r in rows}
@@ -187,12 +192,8 @@ def comparison_table(rows: list[dict[str, Any]], workers: list[int]) -> str:
         "brokerd msg/CPU-s", "mosquitto msg/CPU-s", "CPU-eff. ratio", "brokerd p50/p99 ms",
         "mosquitto p50/p99 ms", "notes",
     ]
-    seen: list[tuple[str, int]] = []
-    for r in rows:
-        if (r["scenario"], r["payload"]) not in seen:
-            seen.append((r["scenario"], r["payload"]))
     lines = []
-    for scenario, payload in seen:
+    for scenario, payload in _cases(rows):
         mq = by_key.get((scenario, payload, "mosquitto", 1))
         for w in workers:
             bd = by_key.get((scenario, payload, "brokerd", w))
@@ -233,12 +234,8 @@ def scaling_table(rows: list[dict[str, Any]], workers: list[int]) -> str:
         "scenario", "payload", "workers", "delivered msg/s", f"x {base_w} worker(s)", "broker cores",
         "msg per broker-CPU-s", f"x {base_w} worker(s)", "loadgen CPU", "notes",
     ]
-    seen: list[tuple[str, int]] = []
-    for r in rows:
-        if r["broker"] == "brokerd" and r["scenario"] not in ("conn", "latency") and (r["scenario"], r["payload"]) not in seen:
-            seen.append((r["scenario"], r["payload"]))
     lines = []
-    for scenario, payload in seen:
+    for scenario, payload in _cases([r for r in rows if r["scenario"] not in ("conn", "latency")]):
         base = by_key.get((scenario, payload, base_w))
         for w in sorted(workers):
             row = by_key.get((scenario, payload, w))
@@ -255,13 +252,14 @@ def scaling_table(rows: list[dict[str, Any]], workers: list[int]) -> str:
     return _table(header, lines)
 
 
-def scaling_caveat(workers: list[int], procs: int, logical_cpus: int | None) -> str | None:
-    """A scaling run is clean only if the generator has cores of its own (its processes + the probe's)."""
-    need = max(workers) + procs + 1
+def scaling_caveat(workers: list[int], gen_procs: int, logical_cpus: int | None) -> str | None:
+    """A scaling run is clean only if the generator's processes (the probe's included) have cores
+    of their own."""
+    need = max(workers) + gen_procs
     if logical_cpus is None or logical_cpus >= need:
         return None
     return (
-        f"This machine has {logical_cpus} logical CPUs; {max(workers)} workers and {procs + 1} generator processes "
+        f"This machine has {logical_cpus} logical CPUs; {max(workers)} workers and {gen_procs} generator processes "
         f"need {need} for the generator not to take the workers' cores: throughput ratios here are bounded by "
         "the cores left to the broker (see 'broker cores'), messages per broker-CPU-second are not."
     )
