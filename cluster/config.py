@@ -8,6 +8,7 @@ raises ``ConfigError`` whose message is one line naming the option; the CLI prin
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 import tomllib
@@ -24,7 +25,7 @@ class ConfigError(Exception):
 
 def _host_port(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not port.isdigit():  # the port's range is the option's check (_address)
         raise ValueError("expected HOST:PORT")
     return host.strip("[]") or "0.0.0.0", int(port)
 
@@ -71,20 +72,37 @@ def _at_least(n: int) -> Callable[[Any], str | None]:
     return lambda v: None if v >= n else f"must be at least {n}"
 
 
+def _port(v: int) -> str | None:
+    """A TCP port a broker binds or connects to (0 would be a random one nobody can find)."""
+    return None if 1 <= v <= 65535 else "must be a port number (1-65535)"
+
+
+def _address(v: tuple[str, int]) -> str | None:
+    return _port(v[1])
+
+
+def _positive(v: float) -> str | None:
+    return None if math.isfinite(v) and v > 0 else "must be positive"
+
+
 OPTIONS: tuple[Option, ...] = (
     Option("workers", int, os.cpu_count() or 1, "worker processes (one router each)", "N", check=_at_least(1)),
-    Option("listen", _host_port, ("0.0.0.0", 1883), "MQTT listener address", "HOST:PORT"),
+    Option("listen", _host_port, ("0.0.0.0", 1883), "MQTT listener address", "HOST:PORT", check=_address),
     Option("node_id", str, socket.gethostname().split(".")[0], "this node's name in the cluster", "ID"),
     Option("mesh", _host_port, None, "where this node accepts mesh traffic from other nodes (enables multi-host)",
-           "HOST:PORT"),
+           "HOST:PORT", check=_address),
     Option("peer", _host_port, (), "another node's --mesh address (repeatable; one live peer is enough)",
-           "HOST:PORT", repeat=True),
+           "HOST:PORT", repeat=True, check=_address),
     Option("mesh_key", str, None, "CURVE secret key file of this node (from `brokerd keygen`); "
            "enables authenticated, encrypted mesh traffic", "FILE"),
     Option("mesh_hwm", int, 10_000, "mesh high-water mark in frames per peer (backpressure beyond it)", "N",
            check=_at_least(1)),
     Option("mesh_timeout", float, 3.0, "seconds of silence after which a peer router counts as gone", "SECONDS",
            check=lambda v: None if v > 0 else "must be positive"),
+    Option("mesh_backlog", _size, 64 << 20, "bytes of frames kept for a silent peer router, delivered when it "
+           "is heard again (beyond: dropped and counted as mesh_peer_gone)", "BYTES", check=_at_least(0)),
+    Option("mesh_forget", float, 300.0, "seconds a silent peer router's interest and backlog are kept before "
+           "it is forgotten", "SECONDS", check=lambda v: None if v > 0 else "must be positive"),
     Option("data_dir", str, "./data", "commit log directory (one log per router under DATA/<node>/<router>)",
            "DIR"),
     Option("log", _on_off, True, "commit log on/off", "on|off"),
@@ -97,6 +115,8 @@ OPTIONS: tuple[Option, ...] = (
            check=_at_least(0)),
     Option("max_packet_size", _size, 1 << 20, "largest MQTT packet accepted (bigger: connection closed)",
            "BYTES", check=_at_least(64)),
+    Option("max_topic_levels", int, 128, "most levels in a topic name or filter (deeper: a PUBLISH or will "
+           "closes the connection, a SUBSCRIBE filter is refused in the SUBACK)", "N", check=_at_least(1)),
     Option("max_inflight", int, 20, "unacknowledged QoS 1/2 messages per client on the wire", "N",
            check=_at_least(1)),
     Option("max_queued", int, 1000, "QoS 1/2 messages queued per offline or slow session (newer are dropped)",
@@ -114,10 +134,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("fan_budget", int, 512, "deliveries one client's publishes may cause per loop iteration before the "
            "rest of its read waits a turn, one more per KiB of message (0: no limit): bounds how long others "
            "wait behind a fan-out", "N", check=_at_least(0)),
-    Option("stats_interval", float, 1.0, "seconds between stats snapshots", "SECONDS"),
-    Option("stats_port", int, None, "publish stats on tcp://HOST:PORT+i (router i) instead of ipc", "PORT"),
-    Option("metrics_port", int, None, "serve Prometheus /metrics on this port", "PORT"),
-    Option("sys_interval", float, 10.0, "seconds between $SYS topic updates (0: off)", "SECONDS"),
+    Option("stats_interval", float, 1.0, "seconds between stats snapshots", "SECONDS", check=_positive),
+    Option("stats_port", int, None, "publish stats on tcp://HOST:PORT+i (router i) instead of ipc", "PORT",
+           check=_port),
+    Option("metrics_port", int, None, "serve Prometheus /metrics on this port", "PORT", check=_port),
+    Option("sys_interval", float, 10.0, "seconds between $SYS topic updates (0: off)", "SECONDS",
+           check=_at_least(0)),
     Option("log_level", str, "info", "logging level", choices=("debug", "info", "warning", "error")),
 )
 _BY_NAME = {o.name: o for o in OPTIONS}
@@ -133,6 +155,8 @@ class Config:
     mesh_key: str | None = None
     mesh_hwm: int = 10_000
     mesh_timeout: float = 3.0
+    mesh_backlog: int = 64 << 20
+    mesh_forget: float = 300.0
     data_dir: str = "./data"
     log: bool = True
     fsync: str = "interval"
@@ -141,6 +165,7 @@ class Config:
     retention_bytes: int = 0
     retention_hours: float = 168.0
     max_packet_size: int = 1 << 20
+    max_topic_levels: int = 128
     max_inflight: int = 20
     max_queued: int = 1000
     max_connections: int = 100_000
@@ -173,10 +198,12 @@ def _convert(opt: Option, raw: Any, source: str) -> Any:
         raise ConfigError(f"{source}: invalid value {raw!r} ({exc})") from None
     if opt.choices and value not in opt.choices:
         raise ConfigError(f"{source}: invalid value {raw!r} (choose from {', '.join(opt.choices)})")
-    if opt.check and value is not None and not opt.repeat:
-        problem = opt.check(value)
-        if problem:
-            raise ConfigError(f"{source}: {problem}, got {raw!r}")
+    if opt.check and value is not None:
+        given = raw if isinstance(raw, (list, tuple)) else [raw]
+        for item, shown in zip(value, given, strict=True) if opt.repeat else [(value, raw)]:
+            problem = opt.check(item)
+            if problem:
+                raise ConfigError(f"{source}: {problem}, got {shown!r}")
     return value
 
 
@@ -233,8 +260,9 @@ def load(argv: list[str]) -> Config:
             values[name] = _convert(opt, raw, f"{config_file}: {key}")
     port = args.pop("port", None)
     if port is not None:
-        if not 0 <= port <= 65535:
-            raise ConfigError(f"--port: invalid value {port!r} (expected 0-65535)")
+        problem = _port(port)
+        if problem:
+            raise ConfigError(f"--port: {problem}, got {port!r}")
         values["listen"] = ("0.0.0.0", port)
     for name, raw in args.items():
         opt = _BY_NAME[name]
@@ -244,7 +272,32 @@ def load(argv: list[str]) -> Config:
         raise ConfigError("--peer: needs --mesh HOST:PORT (where this node accepts mesh traffic)")
     if not cfg.node_id or "/" in cfg.node_id or "+" in cfg.node_id or "#" in cfg.node_id:
         raise ConfigError(f"--node-id: invalid value {cfg.node_id!r} (no '/', '+' or '#')")
+    _check_ports(cfg)
     return cfg
+
+
+_WILDCARDS = ("", "0.0.0.0", "::")
+
+
+def _check_ports(cfg: Config) -> None:
+    """The rules between port options (one option's own rules are its ``check``): a range of one port
+    per worker must end by 65535, and no two listeners of the node may share a port on one address."""
+    host = cfg.listen[0]
+    used: list[tuple[str, str, range]] = [("--listen", host, range(cfg.listen[1], cfg.listen[1] + 1))]
+    if cfg.mesh is not None:
+        used.append(("--mesh", cfg.mesh[0], range(cfg.mesh[1], cfg.mesh[1] + cfg.workers)))
+    if cfg.stats_port:
+        used.append(("--stats-port", host, range(cfg.stats_port, cfg.stats_port + cfg.workers)))
+    if cfg.metrics_port:
+        used.append(("--metrics-port", host, range(cfg.metrics_port, cfg.metrics_port + 1)))
+    for i, (flag, addr, ports) in enumerate(used):
+        if ports[-1] > 65535:
+            raise ConfigError(f"{flag}: ports {ports[0]}-{ports[-1]} (one per worker, {cfg.workers} workers) "
+                              "go beyond 65535")
+        for other, other_addr, other_ports in used[:i]:
+            shared = set(ports) & set(other_ports)
+            if shared and (addr == other_addr or addr in _WILDCARDS or other_addr in _WILDCARDS):
+                raise ConfigError(f"{flag}: port {min(shared)} is also used by {other}")
 
 
 

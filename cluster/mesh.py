@@ -16,8 +16,22 @@ for those groups alone.
 
 Membership is gossip: every router says HELLO to every link twice a second with the routers it
 knows; a HELLO with an unknown router makes us link to it, so one live ``--peer`` is enough to join.
-A router silent for ``--mesh-timeout`` seconds (or that said GOODBYE, or came back with a new incarnation) is
-gone: its interest is dropped, its queued frames discarded, and it is synced again when it returns.
+
+A router silent for ``--mesh-timeout`` seconds (stopped, paused by a slow disk or a VM migration,
+partitioned, crashed), that said GOODBYE, or that came back with a new incarnation, is *parked*:
+requests stop waiting for it and its shared-group presence goes (groups' messages go to members
+that can take them), but its filter interest stays, and the frames it would have been sent are
+kept, up to ``--mesh-backlog`` bytes (beyond: dropped, counted as ``mesh_peer_gone``, logged once).
+The moment it is heard again (any frame of the same incarnation, or a HELLO of a new one) it is
+taken back: the kept frames go first, then both sides send all their interest again, each a full
+announcement that replaces the last (``reset``), asked for with RESYNC. A router parked for
+``--mesh-forget`` seconds is forgotten, its backlog dropped and counted. A router whose own loop
+was paused does not blame its peers for the silence it did not hear: it gives them a fresh
+timeout.
+
+Every frame is checked (``cluster.mesh_frames``) before it is acted on; a bad one is dropped,
+counted (``mesh_bad_frames``) and logged once per sender. The PULL sockets refuse frames larger
+than ``mesh_frames.max_frame``; publish batches are split well below it.
 
 Consistency points:
 - SUBACK waits (bounded) until every live peer has acknowledged a new interest, so a publish on any
@@ -45,6 +59,23 @@ import zmq
 from router.message import Message
 
 from .config import Config
+from .mesh_frames import (
+    GOODBYE,
+    HELLO,
+    INTEREST,
+    INTEREST_ACK,
+    KIND_NAMES,
+    MESH_VERSION,
+    PUBLISH,
+    RESYNC,
+    RETAINED,
+    SYNC_REQ,
+    TAKEOVER_REQ,
+    TAKEOVER_RESP,
+    check_body,
+    check_envelope,
+    max_frame,
+)
 from .paths import ensure_run_dir, mesh_ipc
 
 if TYPE_CHECKING:
@@ -52,11 +83,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MESH_VERSION = 5  # 4: the topic beside a plain QoS 0 packet, shared groups; 5: QoS 1/2 heads
-HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE = range(1, 10)
-KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST_ACK: "interest-ack",
-              RETAINED: "retained", TAKEOVER_REQ: "takeover-request", TAKEOVER_RESP: "takeover",
-              SYNC_REQ: "sync-request", GOODBYE: "goodbye"}
+__all__ = ["MESH_VERSION", "PUBLISH", "Mesh"]
 
 HELLO_INTERVAL_S = 0.5
 ACK_TIMEOUT_S = 2.0
@@ -123,6 +150,14 @@ class Link:
             conn.resume_reading(self)
         self.paused.clear()
 
+    def park(self) -> list[bytes]:
+        """The peer fell silent: hand back the frames waiting here (they join its backlog) and
+        let the paused connections go on; the socket and what ZeroMQ queued in it stay, for the
+        peer's return."""
+        pending, self.pending = self.pending, []
+        self.resume()
+        return pending
+
     def reset(self) -> None:
         """Drop queued frames (the peer is gone): a new socket with nothing queued."""
         self.pending.clear()
@@ -139,7 +174,8 @@ class Peer:
     """Another router: its identity, how to reach it, and what we are about to send it."""
 
     __slots__ = ("router_id", "node_id", "ipc", "tcp", "incarnation", "last_seen", "alive", "link",
-                 "batch", "batch_sources", "stats")
+                 "batch", "batch_sources", "stats", "parked", "parked_at", "backlog", "backlog_bytes",
+                 "backlog_msgs", "dropped")
 
     def __init__(self, router_id: str, node_id: str, ipc: str | None, tcp: str | None) -> None:
         self.router_id = router_id
@@ -153,6 +189,13 @@ class Peer:
         self.batch: list[list] = []
         self.batch_sources: set[Any] = set()
         self.stats = [0, 0, 0, 0]  # msgs out, bytes out, msgs in, bytes in
+        # Silent (see the module docstring): interest kept, frames kept for its return.
+        self.parked = False
+        self.parked_at = 0.0
+        self.backlog: list[bytes] = []
+        self.backlog_bytes = 0
+        self.backlog_msgs = 0
+        self.dropped = 0  # messages dropped for it while parked (backlog full)
 
 
 class _Waiter:
@@ -206,6 +249,9 @@ class Mesh:
         self._curve: tuple[bytes, bytes] | None = None
         self._monitors: list[tuple[zmq.Socket, str]] = []
         self._refused_logged: dict[str, float] = {}
+        self._bad_logged: set[str] = set()
+        self._last_beat = time.monotonic()
+        self.max_frame = max_frame(config.max_packet_size)
         self._tcp_pull: zmq.Socket | None = None
         self.peer_stats: dict[str, list[int]] = {}
         router.mesh_peer_stats = self.peer_stats  # type: ignore[attr-defined]
@@ -261,6 +307,7 @@ class Mesh:
         pull = self.ctx.socket(zmq.PULL)
         pull.setsockopt(zmq.RCVHWM, self.config.mesh_hwm)
         pull.setsockopt(zmq.LINGER, 0)
+        pull.setsockopt(zmq.MAXMSGSIZE, self.max_frame)
         path = self.ipc[len("ipc://"):]
         if os.path.exists(path):
             os.unlink(path)  # left by a crashed incarnation of this router
@@ -273,6 +320,7 @@ class Mesh:
                 tcp_pull = self.ctx.socket(zmq.PULL)
                 tcp_pull.setsockopt(zmq.RCVHWM, self.config.mesh_hwm)
                 tcp_pull.setsockopt(zmq.LINGER, 0)
+                tcp_pull.setsockopt(zmq.MAXMSGSIZE, self.max_frame)
                 tcp_pull.curve_server = True
                 tcp_pull.curve_secretkey = self._curve[1]
                 tcp_pull.curve_publickey = self._curve[0]
@@ -416,16 +464,18 @@ class Mesh:
             peer.batch = []
             sources = peer.batch_sources
             peer.batch_sources = set()
-            if not peer.alive or peer.link is None:
+            if peer.link is None:
                 continue
-            frame = self._frame(PUBLISH, batch)
-            n = len(batch)
-            peer.stats[0] += n
-            peer.stats[1] += len(frame)
-            stats.mesh_msgs_out += n
-            stats.mesh_bytes_out += len(frame)
-            stats.mesh_frames_out += 1
-            peer.link.send(frame, sources)
+            for frame, n in self._publish_frames(batch):
+                peer.stats[0] += n
+                peer.stats[1] += len(frame)
+                stats.mesh_msgs_out += n
+                stats.mesh_bytes_out += len(frame)
+                stats.mesh_frames_out += 1
+                if peer.alive:
+                    peer.link.send(frame, sources)
+                else:
+                    self._keep(peer, frame, n)
         if self._interest_batch or self._interest_waiter is not None:  # changes, or a barrier
             changes, self._interest_batch = self._interest_batch, []
             waiter, self._interest_waiter = self._interest_waiter, None
@@ -439,12 +489,36 @@ class Mesh:
                 if peer.alive and peer.link is not None:
                     peer.link.send(frame)
 
+    def _publish_frames(self, batch: list) -> list[tuple[bytes, int]]:
+        """``batch`` as one PUBLISH frame, or split in halves until each frame is at most half the
+        receivers' limit (a tick's batch of large messages; the length check is all it costs
+        otherwise)."""
+        frame = self._frame(PUBLISH, batch)
+        if len(frame) <= self.max_frame // 2 or len(batch) == 1:
+            return [(frame, len(batch))]
+        half = len(batch) // 2
+        return self._publish_frames(batch[:half]) + self._publish_frames(batch[half:])
+
+    def _keep(self, peer: Peer, frame: bytes, n: int) -> None:
+        """A frame for a parked peer: into its backlog, or dropped and counted once it is full."""
+        if peer.backlog_bytes + len(frame) > self.config.mesh_backlog:
+            peer.dropped += n
+            self.router.stats.drop_mesh_peer_gone += n
+            if peer.dropped == n:
+                log.warning("mesh: router %s is silent and the %d bytes kept for it (--mesh-backlog) are "
+                            "used: dropping what it would get until it returns (counted as drop "
+                            "mesh_peer_gone)", peer.router_id, peer.backlog_bytes)
+            return
+        peer.backlog.append(frame)
+        peer.backlog_bytes += len(frame)
+        peer.backlog_msgs += n
+
     # -- MeshPort -------------------------------------------------------------------------------------
 
     def forward(self, router_id: str, msg: Message, source: Any = None, groups: list[str] | None = None,
                 only: bool = False) -> None:
         peer = self.peers.get(router_id)
-        if peer is None or not peer.alive or self.closed:
+        if peer is None or self.closed or not (peer.alive or peer.parked):
             return
         peer.batch.append(msg.to_mesh() if groups is None else msg.to_mesh_shared(groups, only))
         if source is not None:
@@ -491,6 +565,8 @@ class Mesh:
         for peer in self.peers.values():
             if peer.alive and peer.link is not None:
                 peer.link.send(frame)
+            elif peer.parked:
+                self._keep(peer, frame, 1)
 
     def takeover(self, client_id: str) -> asyncio.Future:
         alive = set() if self.closed else self._alive()
@@ -535,10 +611,14 @@ class Mesh:
                 n += 1
                 try:
                     frame = unpackb(data, raw=False, strict_map_key=False)
-                    version, kind, sender, inc, body = frame
                 except (ValueError, TypeError, msgpack.UnpackException):
-                    log.error("mesh: dropped an undecodable frame of %d bytes", len(data))
+                    self._bad("?", f"undecodable frame of {len(data)} bytes")
                     continue
+                problem = check_envelope(frame)
+                if problem is not None:
+                    self._bad("?", problem)
+                    continue
+                version, kind, sender, inc, body = frame
                 if version != MESH_VERSION:
                     if sender not in self._version_warned:
                         self._version_warned.add(str(sender))
@@ -546,13 +626,28 @@ class Mesh:
                                   "(run the same brokerd version on every node)", sender, version,
                                   MESH_VERSION)
                     continue
+                problem = check_body(kind, body)
+                if problem is not None:
+                    self._bad(sender, problem)
+                    continue
                 if kind == PUBLISH:
-                    msgs += len(body) if body.__class__ is list else 0
-                self._handle(kind, sender, inc, body, len(data))
+                    msgs += len(body)
+                try:
+                    self._handle(kind, sender, inc, body, len(data))
+                except Exception as exc:  # noqa: BLE001 - a peer's frame must not stop the mesh
+                    self._bad(sender, f"{KIND_NAMES[kind]} frame could not be handled: {exc!r}")
         except zmq.ZMQError:
             return
         # More may be waiting: ZeroMQ's descriptor is edge-triggered, so come back without it.
         self.loop.call_soon(self._on_readable, sock)
+
+    def _bad(self, sender: str, problem: str) -> None:
+        """Drop a bad frame: counted always, logged once per sender."""
+        self.router.stats.mesh_bad_frames += 1
+        if sender not in self._bad_logged:
+            self._bad_logged.add(sender)
+            log.error("mesh: dropped a bad frame from %s: %s (further ones from it are counted as "
+                      "mesh bad_frames, not logged)", sender, problem)
 
     def _handle(self, kind: int, sender: str, inc: int, body: Any, size: int) -> None:
         peer = self.peers.get(sender)
@@ -566,6 +661,8 @@ class Mesh:
                 log.debug("mesh: %s frame from unknown %s; ignored", KIND_NAMES.get(kind), sender)
             return
         peer.last_seen = time.monotonic()
+        if not peer.alive and kind != GOODBYE:
+            self._rejoin(peer, "heard again")
         router = self.router
         if kind == PUBLISH:
             stats = router.stats
@@ -578,7 +675,9 @@ class Mesh:
             if bad:
                 log.error("mesh: dropped %d malformed message(s) from %s", bad, sender)
         elif kind == INTEREST:
-            seq, changes = body
+            seq, changes = body[0], body[1]
+            if len(body) == 3 and body[2]:
+                router.peer_left(sender)  # a full announcement replaces everything it said before
             for topic_filter, add in changes:
                 router.peer_interest(sender, topic_filter, add)
             if seq is not None:
@@ -600,8 +699,10 @@ class Mesh:
             snapshot = router.retained_snapshot()
             for i in range(0, len(snapshot), 1000):
                 self._send(peer, RETAINED, [m.to_list() for m in snapshot[i:i + 1000]])
+        elif kind == RESYNC:
+            self._announce_all(peer)
         elif kind == GOODBYE:
-            self._gone(peer, "said goodbye")
+            self._park(peer, "said goodbye")
 
     def _answer(self, req: int, router_id: str, result: Any = None) -> None:
         """``router_id`` answered request ``req`` (or left: counts as an empty answer)."""
@@ -633,48 +734,99 @@ class Mesh:
                             peer.node_id)
                 return
             peer.link = self._link(endpoint)
+        peer.last_seen = time.monotonic()
         if peer.incarnation != inc:
             if peer.incarnation is not None:
-                self._gone(peer, "restarted")
+                # What its old incarnation had not read is lost with it; what was kept for it
+                # while it was silent goes to the new one, whose restored sessions want it.
+                self._park(peer, "restarted")
+                peer.link.reset()
             peer.incarnation = inc
-            self._joined(peer)
-        peer.last_seen = time.monotonic()
+            if peer.parked:
+                self._rejoin(peer, "restarted")
+            else:
+                self._joined(peer)
+        elif not peer.alive:
+            self._rejoin(peer, "heard again")
         for rid, node, ipc, tcp in body.get("peers", ()):
             if rid != self.router_id and rid not in self.peers:
                 endpoint = ipc if node == self.node_id else tcp
                 if endpoint:
                     self._send_hello(self._link(endpoint))
 
-    def _joined(self, peer: Peer) -> None:
+    def _announce_all(self, peer: Peer) -> None:
+        """Everything this router announces, as one full announcement (it replaces the last)."""
+        changes = self.router.interest_announcements()
+        for i in range(0, max(len(changes), 1), 5000):
+            self._send(peer, INTEREST, [None, changes[i:i + 5000], i == 0])
+
+    def _joined(self, peer: Peer, quiet: bool = False) -> None:
         """A router (re)appeared: greet it, tell it our interest, fetch retained messages once."""
         peer.alive = True
-        log.info("mesh: router %s joined (%s)", peer.router_id, peer.link.endpoint if peer.link else "?")
+        if not quiet:
+            log.info("mesh: router %s joined (%s)", peer.router_id, peer.link.endpoint if peer.link else "?")
         assert peer.link is not None
         self._send_hello(peer.link)
-        changes = self.router.interest_announcements()
-        for i in range(0, len(changes), 5000):
-            self._send(peer, INTEREST, [None, changes[i:i + 5000]])
+        self._announce_all(peer)
         if time.monotonic() - self._started < SYNC_WINDOW_S:
             # Starting up: merge the retained set of every router we meet (newest version of a
             # topic wins), so a retained update that only reached some routers before a crash of
             # the whole node comes back from any one of them.
             self._send(peer, SYNC_REQ, None)
 
-    def _gone(self, peer: Peer, why: str) -> None:
+    def _park(self, peer: Peer, why: str) -> None:
+        """``peer`` fell silent, left or restarted: nothing waits for it any more, its shared-group
+        presence goes, and what it would be sent is kept (bounded) until it is heard again."""
         if not peer.alive:
             return
+        self._flush()  # what this tick collected for it goes first, into its backlog
         peer.alive = False
-        peer.batch.clear()
-        peer.batch_sources.clear()
-        log.info("mesh: router %s left (%s)", peer.router_id, why)
-        self.router.peer_left(peer.router_id)
+        peer.parked = True
+        peer.parked_at = time.monotonic()
+        peer.dropped = 0
+        log.warning("mesh: router %s %s; keeping its interest and up to %d bytes of frames for it for "
+                    "%g s", peer.router_id, why, self.config.mesh_backlog, self.config.mesh_forget)
+        self.router.peer_silent(peer.router_id)
         if peer.link is not None:
-            peer.link.reset()
+            for frame in peer.link.park():
+                self._keep(peer, frame, 0)
             self._blocked_links.discard(peer.link)
         for req in list(self._waiters):
             self._answer(req, peer.router_id)
         if self._interest_waiter is not None:
             self._interest_waiter.answer(peer.router_id)
+
+    def _rejoin(self, peer: Peer, why: str) -> None:
+        """A parked (or forgotten) peer is heard again: the frames kept for it first, then
+        interest both ways, each side's a full announcement."""
+        was_parked = peer.parked
+        backlog, kept, msgs, dropped = peer.backlog, peer.backlog_bytes, peer.backlog_msgs, peer.dropped
+        peer.parked = False
+        peer.backlog, peer.backlog_bytes, peer.backlog_msgs, peer.dropped = [], 0, 0, 0
+        if was_parked:
+            log.info("mesh: router %s is back (%s) after %.1f s: %d kept frame(s) of %d bytes (%d "
+                     "message(s)) go to it%s", peer.router_id, why, time.monotonic() - peer.parked_at,
+                     len(backlog), kept, msgs, f"; {dropped} were dropped (backlog full)" if dropped else "")
+        if peer.link is None:
+            return
+        if backlog:
+            # Straight into the link's queue (not ``send``: nothing is dropped for its length).
+            peer.link.pending.extend(backlog)
+            self._blocked(peer.link)
+        self._joined(peer, quiet=was_parked)
+        self._send(peer, RESYNC, None)
+
+    def _forget(self, peer: Peer) -> None:
+        """Parked for ``--mesh-forget`` seconds: drop its interest and what was kept for it."""
+        peer.parked = False
+        lost = peer.backlog_msgs
+        self.router.stats.drop_mesh_peer_gone += lost
+        log.warning("mesh: router %s silent for %g s: forgotten, %d kept message(s) dropped", peer.router_id,
+                    self.config.mesh_forget, lost + peer.dropped)
+        peer.backlog, peer.backlog_bytes, peer.backlog_msgs, peer.dropped = [], 0, 0, 0
+        self.router.peer_left(peer.router_id)
+        if peer.link is not None:
+            peer.link.reset()
 
     def _send_hello(self, link: Link) -> None:
         try:
@@ -684,9 +836,21 @@ class Mesh:
 
     def _heartbeat(self) -> None:
         now = time.monotonic()
+        timeout = self.config.mesh_timeout
+        late = now - self._last_beat - HELLO_INTERVAL_S
+        self._last_beat = now
+        if late > timeout / 2:
+            # This process was not running (SIGSTOP, swapped out, a VM paused): the silence was
+            # ours. Give every peer a fresh timeout to be heard instead of parking them all.
+            log.warning("mesh: this router's loop was paused for %.1f s; giving peers %g s to be heard",
+                        late, timeout)
+            for peer in self.peers.values():
+                peer.last_seen = max(peer.last_seen, now)
         for peer in list(self.peers.values()):
-            if peer.alive and now - peer.last_seen > self.config.mesh_timeout:
-                self._gone(peer, f"silent for {self.config.mesh_timeout:g} s")
+            if peer.alive and now - peer.last_seen > timeout:
+                self._park(peer, f"silent for {timeout:g} s")
+            elif peer.parked and now - peer.parked_at > self.config.mesh_forget:
+                self._forget(peer)
         for link in self.links.values():
             self._send_hello(link)
         if self._monitors:

@@ -119,7 +119,7 @@ MIN_INTERVAL = 0.1  # seconds: bounds the rate ring (15 min / interval samples) 
 WINDOWS: tuple[tuple[str, float], ...] = (("1s", 1.0), ("1min", 60.0), ("5min", 300.0), ("15min", 900.0))
 RATE_KEYS = ("msgs_in", "msgs_out", "bytes_in", "bytes_out", "mesh_msgs_in", "mesh_msgs_out",
              "mesh_bytes_in", "mesh_bytes_out", "log_records", "log_bytes", "connects")
-DROP_REASONS = ("queue_full", "too_large", "slow_consumer", "mesh_backpressure", "expired")
+DROP_REASONS = ("queue_full", "too_large", "slow_consumer", "mesh_backpressure", "mesh_peer_gone", "expired")
 SYS_CLIENT_ID = "$SYS"
 
 
@@ -456,7 +456,8 @@ class StatsPublisher:
                             "bytes_in": totals[2], "bytes_out": totals[3]},
                 "mesh": {"msgs_in": st.mesh_msgs_in, "msgs_out": st.mesh_msgs_out,
                          "bytes_in": st.mesh_bytes_in, "bytes_out": st.mesh_bytes_out,
-                         "frames_in": st.mesh_frames_in, "frames_out": st.mesh_frames_out, "peers": peers},
+                         "frames_in": st.mesh_frames_in, "frames_out": st.mesh_frames_out,
+                         "bad_frames": st.mesh_bad_frames, "peers": peers},
                 "log": log_,
             },
             "rates": self.rates.rates(),

@@ -13,7 +13,7 @@ import logging
 import uuid
 from typing import TYPE_CHECKING
 
-from connection.codec import encode
+from connection.codec import encode, topic_levels_ok
 from connection.packets import (
     MQTT_5,
     Connack,
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TAKEOVER_TIMEOUT_S = 3.0
+CONNECTING = "connecting"  # the pause_reading cause while a CONNECT waits for the cluster
 
 
 def _ack(kind: int, pid: int) -> bytes:
@@ -185,8 +186,11 @@ class Client:
         if mesh is None:
             self._finish_connect(connect, None, assigned)
             return
-        # Another router may hold this client id: ask the cluster first (bounded wait).
+        # Another router may hold this client id: ask the cluster first (bounded wait). Until the
+        # CONNACK, nothing more is read from the client: what it pipelined behind the CONNECT in
+        # this read is held (one read's worth), the rest waits in its socket.
         router.clients[client_id] = self
+        self.conn.pause_reading(CONNECTING)
         asyncio.ensure_future(self._connect_via_cluster(connect, assigned))
 
     async def _connect_via_cluster(self, connect: Connect, assigned: bool) -> None:
@@ -201,6 +205,7 @@ class Client:
                 del self.router.clients[self.client_id]
             return
         self._finish_connect(connect, state, assigned)
+        self.conn.resume_reading(CONNECTING)
 
     def _finish_connect(self, connect: Connect, remote_state: dict | None, assigned: bool) -> None:
         router = self.router
@@ -329,7 +334,8 @@ class Client:
         for sub in p.subscriptions:
             f = sub.topic_filter
             shared = is_shared(f)
-            if not valid_topic_filter(f) or (shared and parse_share(f) is None):
+            if (not valid_topic_filter(f) or (shared and parse_share(f) is None)
+                    or not topic_levels_ok(f, self.conn.max_topic_levels)):
                 log.info("client %s: invalid topic filter %r refused", self.client_id, f)
                 codes.append(0x80 if self.level < MQTT_5 else Reason.TOPIC_FILTER_INVALID)
                 continue

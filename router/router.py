@@ -573,11 +573,19 @@ class Router:
         self._peer_routes.clear()
 
     def peer_left(self, router_id: str) -> None:
-        """A peer router is gone: forget its interest (it re-announces when it returns)."""
+        """A peer router is gone for good, or is about to send all its interest again (a full
+        announcement replaces what it said before): forget its interest and presence."""
         for topic_filter, rid, _ in list(self.interest.items()):
             if rid == router_id:
                 self.interest.remove(topic_filter, rid)
         self._peer_routes.clear()
+        self.peer_silent(router_id)
+
+    def peer_silent(self, router_id: str) -> None:
+        """A peer router fell silent (stopped, partitioned, restarting): its filter interest stays,
+        so what its subscribers would get keeps being forwarded (the mesh holds it, bounded, until
+        the peer is heard again), but its shared-group presence goes: a group's messages go to
+        members that can take them now."""
         for key in [k for k, route in self.shared_routes.items() if router_id in route.routers]:
             self._route_presence(key, router_id, NONE)
 

@@ -91,7 +91,7 @@ def test_snapshot_counts_live_and_closed_connections_and_sessions():
     assert snap["clients"]["sessions"] == 2
     assert (snap["queued"], snap["inflight"]) == (3, 1)
     assert snap["drops"]["queue_full"] == 2 and set(snap["drops"]) == {
-        "queue_full", "too_large", "slow_consumer", "mesh_backpressure", "expired"}
+        "queue_full", "too_large", "slow_consumer", "mesh_backpressure", "mesh_peer_gone", "expired"}
     assert [c["client_id"] for c in snap["top"]] == ["big", "small"]
     assert snap["top"][0]["queued"] == 3 and snap["top"][1]["inflight"] == 1
     assert snap["loop_lag"] == 0.003 and snap["process"]["rss_bytes"] > 0

@@ -1,0 +1,178 @@
+"""Faults between routers: a peer that falls silent and returns, a peer that sends bad frames.
+
+Each test here failed before the fix it names (see the issue "Faults lose nothing").
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+
+import msgpack
+import pytest
+import zmq
+
+from tests.cluster.conftest import spread
+from tests.helpers import Client, wait_for
+
+
+def uid() -> str:
+    return uuid.uuid4().hex[:6]
+
+
+def two_sides(broker, prefix: str) -> tuple[dict[int, Client], list[int]]:
+    """One client on each of the broker's two workers: {worker pid: client}, [pid a, pid b]."""
+    clients, by = spread(broker, prefix, 8)
+    assert len(by) == 2, f"clients did not spread over both workers: {list(by)}"
+    chosen = {pid: cs[0] for pid, cs in by.items()}
+    return chosen, list(chosen)
+
+
+def collect(sub: Client, topic_prefix: str) -> list[bytes]:
+    return [m.payload for m in sub.messages if m.topic.startswith(topic_prefix)]
+
+
+def test_silent_peer_is_taken_back_and_gets_what_was_published_meanwhile(start_broker):
+    """A worker stopped beyond --mesh-timeout, then continued: before, cross-worker delivery was
+    0/10 for good in both directions (the peer, declared gone, was never taken back). Now it is
+    taken back, and what was acknowledged to a publisher while it was silent reaches its
+    subscriber, which stayed connected throughout."""
+    broker = start_broker("--mesh-timeout", "1", workers=2)
+    u = uid()
+    subs, (a, b) = two_sides(broker, f"s{u}-")
+    pubs, _ = two_sides(broker, f"p{u}-")
+    for s in subs.values():
+        s.subscribe(f"sil{u}/#", 1)
+    # Before: each worker's publisher reaches the other worker's subscriber.
+    for i in range(10):
+        pubs[b].publish(f"sil{u}/ba", f"pre{i}", qos=1)
+        pubs[a].publish(f"sil{u}/ab", f"pre{i}", qos=1)
+    wait_for(lambda: len(collect(subs[a], f"sil{u}/ba")) == 10, what="10 b→a before the stop")
+    wait_for(lambda: len(collect(subs[b], f"sil{u}/ab")) == 10, what="10 a→b before the stop")
+
+    os.kill(a, signal.SIGSTOP)
+    try:
+        broker.wait_log("silent for 1 s", timeout=10)
+        # Published (and acknowledged by worker b) while worker a is stopped and parked.
+        for i in range(10):
+            pubs[b].publish(f"sil{u}/ba", f"during{i}", qos=1)
+    finally:
+        os.kill(a, signal.SIGCONT)
+    broker.wait_log("is back", timeout=10)
+    for i in range(10):
+        pubs[b].publish(f"sil{u}/ba", f"post{i}", qos=1)
+        pubs[a].publish(f"sil{u}/ab", f"post{i}", qos=1)
+    want_a = [f"{p}{i}".encode() for p in ("pre", "during", "post") for i in range(10)]
+    wait_for(lambda: set(want_a) <= set(collect(subs[a], f"sil{u}/ba")), timeout=15,
+             what="every b→a message: before, during and after the stop")
+    wait_for(lambda: len(set(collect(subs[b], f"sil{u}/ab"))) == 20, timeout=15,
+             what="every a→b message after the stop")
+    assert "Traceback" not in broker.log_text()
+
+
+def test_bad_mesh_frames_are_dropped_counted_and_logged_once(start_broker, tmp_path):
+    """A HELLO whose body is a list (and other wrongly shaped frames) sent to a router's mesh
+    socket: before, it raised in the read callback. Now each is dropped, counted, logged once
+    per sender, and the router goes on routing."""
+    broker = start_broker(workers=2)
+    u = uid()
+    subs, (a, b) = two_sides(broker, f"s{u}-")
+    pubs, _ = two_sides(broker, f"p{u}-")
+    for s in subs.values():
+        s.subscribe(f"bad{u}/#", 1)
+
+    run_dirs = [d for d in _run_dirs() if d.endswith(f"t-{broker.port}")]
+    assert run_dirs, "no run directory for the broker"
+    ctx = zmq.Context()
+    try:
+        for w in ("w0", "w1"):
+            push = ctx.socket(zmq.PUSH)
+            push.setsockopt(zmq.LINGER, 2000)
+            push.connect(f"ipc://{run_dirs[0]}/{w}.mesh")
+            from cluster.mesh_frames import HELLO, INTEREST, MESH_VERSION, PUBLISH, TAKEOVER_RESP
+            for frame in (
+                [MESH_VERSION, HELLO, "liar/w9", 1, ["not", "a", "dict"]],
+                [MESH_VERSION, HELLO, "liar/w9", 1, {"node": 5}],
+                [MESH_VERSION, INTEREST, "liar/w9", 1, [None, [["a/#"]]]],
+                [MESH_VERSION, PUBLISH, "liar/w9", 1, {"x": 1}],
+                [MESH_VERSION, TAKEOVER_RESP, "liar/w9", 1, [1, {"client_id": "x"}]],
+                [MESH_VERSION, 99, "liar/w9", 1, None],
+                [MESH_VERSION, HELLO, 7, 1, None],
+                "just a string",
+            ):
+                push.send(msgpack.packb(frame, use_bin_type=True))
+            push.send(b"\xc1not msgpack")
+            push.close()
+    finally:
+        ctx.term()
+    broker.wait_log("dropped a bad frame from liar/w9")
+    wait_for(lambda: broker.log_text().count("dropped a bad frame from") >= 2, what="log lines")
+    # Once per sender: liar/w9 and the frames with no usable sender ("?"), on each of 2 routers.
+    assert broker.log_text().count("dropped a bad frame from liar/w9") <= 2
+    for i in range(5):
+        pubs[b].publish(f"bad{u}/ba", f"m{i}", qos=1)
+        pubs[a].publish(f"bad{u}/ab", f"m{i}", qos=1)
+    wait_for(lambda: len(collect(subs[a], f"bad{u}/ba")) == 5, what="b→a after the bad frames")
+    wait_for(lambda: len(collect(subs[b], f"bad{u}/ab")) == 5, what="a→b after the bad frames")
+    assert "Traceback" not in broker.log_text()
+
+
+def _run_dirs() -> list[str]:
+    import tempfile
+
+    base = os.environ.get("BROKERD_RUN_DIR") or os.path.join(tempfile.gettempdir(), f"brokerd-{os.getuid()}")
+    try:
+        return [os.path.join(base, d) for d in os.listdir(base)]
+    except FileNotFoundError:
+        pytest.fail("no brokerd run directory")
+
+
+def _publish0(topic: str, payload: bytes) -> bytes:
+    """A QoS 0 PUBLISH (MQTT 3.1.1) with a remaining length below 2 MiB."""
+    body = len(topic).to_bytes(2, "big") + topic.encode() + payload
+    n, length = len(body), bytearray()
+    while True:
+        n, digit = n >> 7, n & 0x7F
+        length.append(digit | (0x80 if n else 0))
+        if not n:
+            break
+    return bytes([0x30, *length]) + body
+
+
+def test_nothing_read_while_connect_waits_for_the_cluster(start_broker):
+    """A CONNECT that waits for the cluster (a peer that is slow to answer the takeover request)
+    followed by a flood of pipelined packets: before, the worker read and held all of it. Now it
+    stops reading until the CONNACK, so the client can push no more than the sockets' buffers."""
+    import socket
+    import time
+
+    from tests.cluster.conftest import worker_of
+    from tests.helpers import connect_packet
+
+    broker = start_broker(workers=2)
+    sock = socket.create_connection(("127.0.0.1", broker.port))
+    try:
+        mine = worker_of(broker, sock.getsockname()[1])
+        other = next(pid for pid in broker.workers() if pid != mine)
+        os.kill(other, signal.SIGSTOP)  # within --mesh-timeout: still a live peer, asked and waited for
+        try:
+            sock.sendall(connect_packet("flooder"))
+            chunk = _publish0("flood/x", b"x" * 16_000) * 64  # ~1 MiB
+            sock.setblocking(False)
+            sent = 0
+            deadline = time.monotonic() + 1.5
+            while time.monotonic() < deadline and sent < 64 << 20:
+                try:
+                    sent += sock.send(chunk)
+                except BlockingIOError:
+                    time.sleep(0.01)
+            # Loopback socket buffers hold a few MiB at most; a worker still reading takes it all.
+            assert sent < 24 << 20, f"the worker read {sent} bytes before its CONNACK"
+        finally:
+            os.kill(other, signal.SIGCONT)
+        sock.setblocking(True)
+        sock.settimeout(10)
+        assert sock.recv(4)[:1] == b"\x20", "no CONNACK after the peer answered"
+    finally:
+        sock.close()
