@@ -37,7 +37,12 @@ Consistency points:
 - SUBACK waits (bounded) until every live peer has acknowledged a new interest, so a publish on any
   router after the SUBACK reaches the new subscriber.
 - A CONNECT waits (bounded) until every live peer has answered a takeover request, so an existing
-  session anywhere in the cluster is moved, not duplicated.
+  session anywhere in the cluster is moved, not duplicated. The old owner answers with the
+  session's header (on the same node its offline backlog as positions in the logs) and streams its
+  queued copies in chunks, one per loop iteration (heartbeats flow meanwhile); it keeps the
+  session until the new owner says TAKEOVER_DONE, and keeps it for good if the transfer fails
+  (the new owner gave up after ``ACK_TIMEOUT_S`` without progress, or either side fell silent):
+  the CONNECT is then refused (server unavailable) and the session stays in one place.
 - Backpressure: a peer whose PUSH socket is at its high-water mark gets no more frames; the frames
   wait in a list and the client connections whose publishes are waiting stop being read until the
   peer drains. Local delivery and other peers carry on.
@@ -57,6 +62,7 @@ import msgpack
 import zmq
 
 from router.message import Message
+from router.router import TAKEOVER_FAILED
 
 from .config import Config
 from .mesh_frames import (
@@ -70,6 +76,8 @@ from .mesh_frames import (
     RESYNC,
     RETAINED,
     SYNC_REQ,
+    TAKEOVER_CHUNK,
+    TAKEOVER_DONE,
     TAKEOVER_REQ,
     TAKEOVER_RESP,
     check_body,
@@ -92,6 +100,17 @@ RECV_BATCH = 512  # frames handled per readable callback at most
 RECV_MSGS = 128  # forwarded messages after which the rest waits for the next loop iteration
 LINGER_BELOW = 64  # publishes in a tick's frames below which they wait one more loop iteration
 SYNC_WINDOW_S = 30.0  # after start, fetch the retained messages of every router that joins
+MOVE_TIMEOUT_S = 60.0  # an exported session not confirmed by its new owner within this stays here
+
+
+class _Transfer:
+    """A session arriving in chunks (new owner's side)."""
+
+    __slots__ = ("state", "progress")
+
+    def __init__(self, state: dict) -> None:
+        self.state = state
+        self.progress = time.monotonic()
 
 
 class Link:
@@ -253,6 +272,8 @@ class Mesh:
         self._last_beat = time.monotonic()
         self.max_frame = max_frame(config.max_packet_size)
         self._tcp_pull: zmq.Socket | None = None
+        self._incoming: dict[tuple[int, str], _Transfer] = {}  # (request, sender) → session arriving
+        self._moves: dict[tuple[str, int], str] = {}  # (new owner, its request) → client id leaving
         self.peer_stats: dict[str, list[int]] = {}
         router.mesh_peer_stats = self.peer_stats  # type: ignore[attr-defined]
         self._packer = msgpack.Packer(use_bin_type=True)
@@ -586,6 +607,14 @@ class Mesh:
         return waiter.future
 
     def _expire_waiter(self, req: int, what: str) -> None:
+        transfers = [k for k in self._incoming if k[0] == req]
+        if transfers:
+            now = time.monotonic()
+            if any(now - self._incoming[k].progress < ACK_TIMEOUT_S for k in transfers):
+                self.loop.call_later(ACK_TIMEOUT_S, self._expire_waiter, req, what)
+                return  # a session is still arriving, chunk by chunk
+            for key in transfers:
+                self._transfer_failed(key, "no progress")
         waiter = self._waiters.pop(req, None)
         if waiter is not None and not waiter.future.done():
             log.warning("mesh: %s request %d unanswered by %s; continuing", what, req,
@@ -688,13 +717,41 @@ class Mesh:
             for t in body:
                 router.peer_retained(Message.from_list(t))
         elif kind == TAKEOVER_REQ:
-            req, client_id = body
-            state = router.release_session(client_id)
-            self._flush()
-            self._send(peer, TAKEOVER_RESP, [req, state])
+            self._release(peer, *body)
         elif kind == TAKEOVER_RESP:
-            req, state = body
-            self._answer(req, sender, state)
+            req, state, more = body
+            if state is None:
+                self._answer(req, sender, None)
+                return
+            waiter = self._waiters.get(req)
+            if waiter is None or waiter.future.done() or waiter.result is not None:
+                self._send(peer, TAKEOVER_DONE, [req, False])  # nobody here takes it: it stays there
+            elif more:
+                self._incoming[(req, sender)] = _Transfer(state)
+            else:
+                self._take(peer, req, state)
+        elif kind == TAKEOVER_CHUNK:
+            req, items, last = body
+            transfer = self._incoming.get((req, sender))
+            if transfer is None:
+                if last:
+                    self._send(peer, TAKEOVER_DONE, [req, False])
+                return
+            transfer.progress = time.monotonic()
+            queue = transfer.state["queue"]
+            room = self.config.max_queued - len(queue)
+            if len(items) > room:
+                router.stats.drop_queue_full += len(items) - max(room, 0)
+                items = items[:max(room, 0)]
+            queue += items
+            if last:
+                del self._incoming[(req, sender)]
+                self._take(peer, req, transfer.state)
+        elif kind == TAKEOVER_DONE:
+            req, ok = body
+            client_id = self._moves.pop((sender, req), None)
+            if client_id is not None:
+                router.moved(client_id, ok)
         elif kind == SYNC_REQ:
             snapshot = router.retained_snapshot()
             for i in range(0, len(snapshot), 1000):
@@ -703,6 +760,61 @@ class Mesh:
             self._announce_all(peer)
         elif kind == GOODBYE:
             self._park(peer, "said goodbye")
+
+    # -- session transfers ----------------------------------------------------------------------------
+
+    def _release(self, peer: Peer, req: int, client_id: str) -> None:
+        """``peer`` takes ``client_id`` over: answer with the session's header and its first
+        chunk of copies, then stream the rest, one chunk per loop iteration."""
+        released = self.router.release_session(client_id, peer.node_id == self.node_id)
+        self._flush()
+        if released is None:
+            self._send(peer, TAKEOVER_RESP, [req, None, False])
+            return
+        header, chunks = released
+        header["queue"] = next(chunks, [])
+        following = next(chunks, None)
+        key = (peer.router_id, req)
+        self._moves[key] = client_id
+        self.loop.call_later(MOVE_TIMEOUT_S, self._move_expired, key)
+        self._send(peer, TAKEOVER_RESP, [req, header, following is not None])
+        if following is not None:
+            self._stream(peer, key, chunks, following)
+
+    def _stream(self, peer: Peer, key: tuple[str, int], chunks: Any, chunk: list) -> None:
+        if key not in self._moves or not peer.alive or peer.link is None or self.closed:
+            return  # the transfer failed meanwhile (the session stayed here)
+        if peer.link.pending:  # wait for the link to drain: chunks are never dropped
+            self.loop.call_later(0.005, self._stream, peer, key, chunks, chunk)
+            return
+        following = next(chunks, None)
+        self._send(peer, TAKEOVER_CHUNK, [key[1], chunk, following is None])
+        if following is not None:
+            self.loop.call_soon(self._stream, peer, key, chunks, following)
+
+    def _move_expired(self, key: tuple[str, int]) -> None:
+        client_id = self._moves.pop(key, None)
+        if client_id is not None:
+            self.router.moved(client_id, False)
+
+    def _take(self, peer: Peer, req: int, state: dict) -> None:
+        """A whole session arrived: it is ours (the router imports it), and its old owner may let
+        it go."""
+        self._send(peer, TAKEOVER_DONE, [req, True])
+        self._answer(req, peer.router_id, state)
+
+    def _transfer_failed(self, key: tuple[int, str], why: str) -> None:
+        """A session stopped arriving: its old owner keeps it, and the CONNECT waiting for it is
+        refused rather than given an empty session."""
+        self._incoming.pop(key, None)
+        req, sender = key
+        log.warning("mesh: session transfer %d from %s failed (%s); it stays there", req, sender, why)
+        peer = self.peers.get(sender)
+        if peer is not None and peer.alive:
+            self._send(peer, TAKEOVER_DONE, [req, False])
+        waiter = self._waiters.get(req)
+        if waiter is not None and waiter.result is None:
+            waiter.result = TAKEOVER_FAILED
 
     def _answer(self, req: int, router_id: str, result: Any = None) -> None:
         """``router_id`` answered request ``req`` (or left: counts as an empty answer)."""
@@ -791,6 +903,10 @@ class Mesh:
             for frame in peer.link.park():
                 self._keep(peer, frame, 0)
             self._blocked_links.discard(peer.link)
+        for key in [k for k in self._incoming if k[1] == peer.router_id]:
+            self._transfer_failed(key, why)
+        for key in [k for k in self._moves if k[0] == peer.router_id]:
+            self._move_expired(key)  # it may never confirm: the session stays here
         for req in list(self._waiters):
             self._answer(req, peer.router_id)
         if self._interest_waiter is not None:

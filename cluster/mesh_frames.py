@@ -7,8 +7,10 @@ callback (which would stop this router from reading the mesh at all). The bodies
 are checked message by message where they are decoded (``Router.deliver_forwarded``): a bad message
 there drops only itself.
 
-Versions: 5 added QoS 1/2 heads; 6 the ``reset`` flag of a full interest announcement and the
-RESYNC kind (a peer that returns after falling silent asks for everything again).
+Versions: 5 added QoS 1/2 heads; 6 the ``reset`` flag of a full interest announcement, the
+RESYNC kind (a peer that returns after falling silent asks for everything again), and session
+transfers in chunks: TAKEOVER_RESP ``[req, header, more]``, then TAKEOVER_CHUNK ``[req, items,
+last]`` frames, answered by TAKEOVER_DONE ``[req, ok]`` (the old owner keeps the session until then).
 """
 
 from __future__ import annotations
@@ -17,16 +19,18 @@ from typing import Any
 
 MESH_VERSION = 6
 (HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE,
- RESYNC) = range(1, 11)
+ RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE) = range(1, 13)
 KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST_ACK: "interest-ack",
               RETAINED: "retained", TAKEOVER_REQ: "takeover-request", TAKEOVER_RESP: "takeover",
-              SYNC_REQ: "sync-request", GOODBYE: "goodbye", RESYNC: "resync"}
+              SYNC_REQ: "sync-request", GOODBYE: "goodbye", RESYNC: "resync",
+              TAKEOVER_CHUNK: "takeover-chunk", TAKEOVER_DONE: "takeover-done"}
 
 # The largest frame a router accepts (ZeroMQ's MAXMSGSIZE on its PULL sockets; a peer sending a
 # bigger one is disconnected by ZeroMQ and reconnects). Senders split publish batches well below it.
 MIN_MAX_FRAME = 64 << 20
 
 SESSION_KEYS = ("client_id", "persistent", "subs", "inflight", "queue", "inbound_qos2")
+QUEUE_ITEM_LEN = 3  # [qos, retain, Message.to_list()]
 
 
 def max_frame(max_packet_size: int) -> int:
@@ -66,10 +70,21 @@ def _takeover_req(body: Any) -> bool:
 
 
 def _takeover_resp(body: Any) -> bool:
-    if body.__class__ is not list or len(body) != 2 or body[0].__class__ is not int:
+    if body.__class__ is not list or len(body) != 3 or body[0].__class__ is not int:
         return False
     state = body[1]
-    return state is None or (state.__class__ is dict and all(k in state for k in SESSION_KEYS))
+    return body[2].__class__ is bool and (
+        state is None or (state.__class__ is dict and all(k in state for k in SESSION_KEYS)))
+
+
+def _takeover_chunk(body: Any) -> bool:
+    return (body.__class__ is list and len(body) == 3 and body[0].__class__ is int
+            and body[1].__class__ is list and body[2].__class__ is bool
+            and all(i.__class__ is list and len(i) == QUEUE_ITEM_LEN for i in body[1]))
+
+
+def _takeover_done(body: Any) -> bool:
+    return body.__class__ is list and len(body) == 2 and body[0].__class__ is int and body[1].__class__ is bool
 
 
 _CHECKS = {
@@ -80,6 +95,8 @@ _CHECKS = {
     RETAINED: lambda b: b.__class__ is list and all(t.__class__ is list for t in b),
     TAKEOVER_REQ: _takeover_req,
     TAKEOVER_RESP: _takeover_resp,
+    TAKEOVER_CHUNK: _takeover_chunk,
+    TAKEOVER_DONE: _takeover_done,
     SYNC_REQ: lambda b: b is None,
     GOODBYE: lambda b: b is None,
     RESYNC: lambda b: b is None,

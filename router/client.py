@@ -36,6 +36,7 @@ from connection.reasons import ProtocolError, Reason, connack_code
 
 from .log.errors import LogUnavailable
 from .message import Message
+from .router import TAKEOVER_FAILED
 from .shared import is_shared, parse_share
 from .topics import valid_topic_filter
 
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TAKEOVER_TIMEOUT_S = 3.0
 CONNECTING = "connecting"  # the pause_reading cause while a CONNECT waits for the cluster
 
 
@@ -194,15 +194,17 @@ class Client:
         asyncio.ensure_future(self._connect_via_cluster(connect, assigned))
 
     async def _connect_via_cluster(self, connect: Connect, assigned: bool) -> None:
-        state = None
-        try:
-            state = await asyncio.wait_for(self.router.mesh.takeover(self.client_id), TAKEOVER_TIMEOUT_S)  # type: ignore[union-attr]
-        except TimeoutError:
-            log.warning("client %s: takeover request timed out; continuing without remote session",
-                        self.client_id)
-        if self.conn.closing:
-            if self.router.clients.get(self.client_id) is self:
-                del self.router.clients[self.client_id]
+        router = self.router
+        state = await router.mesh.takeover(self.client_id)  # type: ignore[union-attr]  # bounded by the mesh
+        if self.conn.closing or state is TAKEOVER_FAILED:
+            if router.clients.get(self.client_id) is self:
+                del router.clients[self.client_id]
+            if state is TAKEOVER_FAILED:
+                self._refuse(Reason.SERVER_UNAVAILABLE, "its session is moving from another router and the "
+                             "transfer broke off (the session stays there); the client may retry")
+            elif state is not None and state["persistent"] and self.client_id not in router.sessions:
+                # Its old owner let the session go: keep it here, offline, as if this client left.
+                router.schedule_expiry(router.import_session(self.client_id, state))
             return
         self._finish_connect(connect, state, assigned)
         self.conn.resume_reading(CONNECTING)

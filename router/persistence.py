@@ -25,7 +25,7 @@ import msgpack
 from connection.packets import Subscription
 
 from .message import Message
-from .session import AWAIT_COMP, Inflight
+from .session import AWAIT_COMP, Inflight, LogRange
 
 if TYPE_CHECKING:
     from .router import Router
@@ -61,6 +61,7 @@ class StateStore:
                 "shared": [(x.topic_filter, x.qos, x.no_local, x.retain_as_published, x.retain_handling)
                            for x in s.shared.values()],
                 "position": s.position(),
+                "ranges": [r.to_list() for r in s.ranges],
                 "qos2_in": sorted(s.inbound_qos2),
                 "pubrel": sorted(pid for pid, e in s.inflight.items() if e.state == 1),
             }
@@ -153,6 +154,8 @@ class StateStore:
                 entry = Inflight(None, 2, False)  # type: ignore[arg-type]
                 entry.state = AWAIT_COMP
                 session.inflight[pid] = entry
+            if st.get("ranges"):  # other routers' log ranges a takeover brought, still to read
+                session.ranges = [LogRange(d, start, end) for d, start, end in st["ranges"]]
             pos = st.get("position")
             if log_ is not None and pos is not None:
                 session.cursor = max(pos, log_.start_offset)

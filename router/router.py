@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -66,7 +66,13 @@ class MeshPort(Protocol):
         None without live peers."""
 
     def takeover(self, client_id: str) -> Awaitable[dict | None]:
-        """Ask every peer to give up ``client_id``: its session state, or None if nobody had it."""
+        """Ask every peer to give up ``client_id``: its session state, None if nobody had it, or
+        ``TAKEOVER_FAILED``. The port bounds the wait (it goes on while a session arrives)."""
+
+
+# What ``MeshPort.takeover`` answers when a session was being moved here and the transfer broke
+# off: the session stayed with its old owner, and the CONNECT is refused (the client retries).
+TAKEOVER_FAILED: dict = {"failed": True}
 
 
 @dataclass(slots=True)
@@ -85,6 +91,7 @@ class Router:
         self.mesh = mesh
         self.stats = RouterStats()
         self.sessions: dict[str, Session] = {}
+        self.moving: dict[str, Session] = {}  # exported to another router, not yet confirmed there
         self.clients: dict[str, Client] = {}  # client id → the live connection's handler
         self.subs: TopicIndex[Session, Subscription] = TopicIndex()
         self.local_filters: dict[str, int] = {}  # filter → number of local sessions subscribed
@@ -546,19 +553,40 @@ class Router:
             self.subscribe_shared(session, Subscription(key, qos, no_local, rap, rh))
         return session
 
-    def release_session(self, client_id: str) -> dict | None:
-        """Another router takes ``client_id`` over: close our connection, export, forget."""
+    def release_session(self, client_id: str, same_node: bool) -> tuple[dict, Iterator[list]] | None:
+        """Another router takes ``client_id`` over: close our connection and export the session,
+        as a header and its queued copies in chunks (``Session.export_copies``). The session
+        stays here, offline, until the new owner confirms it has it (``moved``): a transfer
+        that fails leaves it in one place, this one."""
         client = self.clients.get(client_id)
         if client is not None:
             client.taken_over()
         session = self.sessions.get(client_id)
-        if session is None:
+        if session is None or client_id in self.moving:
             return None
-        state = session.export_state()
         session.detach()
-        self.drop_session(session)
-        self.stats.takeovers += 1
-        return state
+        if self.commit_log is not None:
+            self.commit_log.flush()  # the position handed over must be readable from the disk
+        self.moving[client_id] = session
+        return session.export_header(same_node), session.export_copies(same_node)
+
+    def moved(self, client_id: str, ok: bool) -> None:
+        """The new owner of a session being moved has it (``ok``), or the transfer failed: then
+        the session stays here, offline, as if its client had gone."""
+        session = self.moving.pop(client_id, None)
+        if session is None or self.sessions.get(client_id) is not session:
+            return
+        if ok:
+            self.drop_session(session)
+            self.stats.takeovers += 1
+            return
+        log.warning("session %s: its transfer to another router failed; it stays here", client_id)
+        if session.conn is None:
+            if session.persistent or session.expiry_s:
+                self.cancel_expiry(client_id)
+                self.schedule_expiry(session)
+            else:
+                self.end_session(session)
 
     # -- the other routers ----------------------------------------------------------------------------
 

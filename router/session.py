@@ -10,7 +10,10 @@ does not read therefore costs a bounded amount of memory and never slows anyone 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +27,8 @@ if TYPE_CHECKING:
     from connection.protocol import MQTTConnection
 
     from .stats import RouterStats
+
+log = logging.getLogger(__name__)
 
 # Inflight states
 AWAIT_ACK = 0  # PUBLISH sent, waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
@@ -42,6 +47,64 @@ NO_QUEUE: tuple = ()
 NO_IDS: frozenset[int] = frozenset()
 
 
+STALL_LIMIT_S = 10.0  # a log range whose records do not appear on disk for this long is given up
+
+
+class LogRange:
+    """Records ``[start, end)`` of another router's log on this node that a session moved here has
+    still to read: a takeover on one node moves an offline backlog as a position, not as copies
+    (any size, no memory). Read lazily, like the session's own log position, when it drains."""
+
+    __slots__ = ("directory", "start", "end", "_reader", "_stalled")
+
+    def __init__(self, directory: str, start: int, end: int) -> None:
+        self.directory = directory
+        self.start = start
+        self.end = end
+        self._reader: Any = None
+        self._stalled = 0.0
+
+    def read(self, batch: int) -> list | None:
+        """The next records of the range (possibly none yet: the other router's writer may not
+        have written them), or None once the range is done or cannot be read."""
+        if self.start >= self.end:
+            self.close()
+            return None
+        try:
+            if self._reader is None:
+                from .log import LogReader
+
+                self._reader = LogReader(self.directory)
+            records = self._reader.read(self.start, max_records=min(batch, self.end - self.start))
+        except OSError as exc:
+            log.warning("log range %s [%d, %d) unreadable (%s): given up", self.directory, self.start,
+                        self.end, exc)
+            self.close()
+            return None
+        records = [r for r in records if r.offset < self.end]
+        if records:
+            self.start = records[-1].offset + 1
+            self._stalled = 0.0
+            return records
+        now = time.monotonic()
+        if not self._stalled:
+            self._stalled = now
+        elif now - self._stalled > STALL_LIMIT_S:
+            log.warning("log range %s [%d, %d): records missing for %.0f s (retention?): given up",
+                        self.directory, self.start, self.end, STALL_LIMIT_S)
+            self.close()
+            return None
+        return records
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def to_list(self) -> list:
+        return [self.directory, self.start, self.end]
+
+
 class Inflight:
     __slots__ = ("msg", "qos", "retain", "state")
 
@@ -55,7 +118,7 @@ class Inflight:
 class Session:
     __slots__ = ("client_id", "persistent", "subscriptions", "conn", "inflight", "queue",
                  "inbound_qos2", "limits", "stats", "_next_pid", "receive_max", "expiry_s",
-                 "will", "dropped", "log", "cursor", "shared")
+                 "will", "dropped", "log", "cursor", "shared", "ranges")
 
     def __init__(self, client_id: str, persistent: bool, limits: SessionLimits, stats: RouterStats) -> None:
         self.client_id = client_id
@@ -80,6 +143,9 @@ class Session:
         # Shared subscriptions ($share/group/filter → subscription), apart from ``subscriptions``
         # so that catching up from the log never replays a group's messages: other members got them.
         self.shared: dict[str, Subscription] = {}
+        # Ranges of other routers' logs (this node) still to read, before ``cursor``: a session
+        # moved here by a takeover brings its backlog as positions.
+        self.ranges: list[LogRange] | tuple = ()
 
     # -- delivery -------------------------------------------------------------------------------------
 
@@ -183,36 +249,48 @@ class Session:
         refills = 0
         while conn is not None and len(self.inflight) < self.receive_max:
             if not queue:
-                if self.cursor is None:
+                if self.cursor is None and not self.ranges:
                     return
                 if refills == 16:  # a long catch-up: let other connections run, then go on
                     asyncio.get_event_loop().call_soon(self.pump)
                     return
                 refills += 1
-                self._refill()
+                if not self._refill():  # another router's records not on disk yet: soon
+                    asyncio.get_event_loop().call_later(0.05, self.pump)
+                    return
                 queue = self.queue  # the refill may have made it
                 continue
             msg, qos, retain = queue.popleft()
             self._send_new(conn, msg, qos, retain)
 
-    def _refill(self, batch: int = 256) -> None:
-        """Read the next records after ``cursor`` and queue those this session subscribes to."""
+    def _refill(self, batch: int = 256) -> bool:
+        """Read the next records (of the ranges brought by a takeover, then after ``cursor``) and
+        queue those this session subscribes to. False when a range's next records are not
+        readable yet (try again later)."""
+        if self.ranges:
+            rng = self.ranges[0]
+            records = rng.read(batch)
+            if records is None:
+                self.ranges.pop(0)  # type: ignore[union-attr]
+                return True
+            if not records:
+                return False
+            self._queue_matching(records)
+            return True
         records = self.log.read(self.cursor, max_records=batch)
         if not records:
             self.cursor = None  # caught up: from here on, live delivery
-            return
-        subs = self.subscriptions.values()
-        me = self.client_id
+            return True
+        self._queue_matching(records)
+        self.cursor = records[-1].offset + 1
+        return True
+
+    def _queue_matching(self, records: list) -> None:
+        """Queue the QoS 1/2 records this session's normal subscriptions match."""
         for rec in records:
-            best = -1
-            topic = rec.topic
-            for sub in subs:
-                if sub.qos > best and filter_matches(sub.topic_filter, topic) and not (
-                        sub.no_local and rec.client_id == me):
-                    best = sub.qos
+            best = self._best_qos(rec)
             if best > 0 and rec.qos > 0:
                 self._queue().append((Message.from_record(rec), min(best, rec.qos), False))
-        self.cursor = records[-1].offset + 1
 
     def position(self) -> int | None:
         """Where a catch-up must start to lose nothing unacknowledged (for snapshots)."""
@@ -309,11 +387,20 @@ class Session:
 
     # -- transfer (takeover across routers, persistence) ---------------------------------------------
 
-    def export_state(self, max_catch_up: int = 100_000) -> dict:
-        """Everything a new owner needs, as plain values (msgpack-able). A log position is turned
-        into copies (the new owner has another log), at most ``max_catch_up`` of them."""
-        while self.cursor is not None and len(self.queue) < max_catch_up:
-            self._refill()
+    def export_state(self, same_node: bool = False) -> dict:
+        """Everything a new owner needs, as plain values, in one dict (the header with every copy
+        in its queue). For tests and small sessions; takeovers stream ``export_header`` and
+        ``export_copies`` in chunks."""
+        state = self.export_header(same_node)
+        state["queue"] = [item for chunk in self.export_copies(same_node) for item in chunk]
+        return state
+
+    def export_header(self, same_node: bool) -> dict:
+        """What a new owner needs besides the queued copies, as plain values (msgpack-able).
+        On the same node the offline backlog in the logs travels as positions (``log``)."""
+        ranges = [r.to_list() for r in self.ranges]
+        if self.cursor is not None and self.log is not None:
+            ranges.append([self.log.directory, self.cursor, self.log.next_offset])
         return {
             "client_id": self.client_id,
             "persistent": self.persistent,
@@ -322,12 +409,66 @@ class Session:
                      for s in self.subscriptions.values()],
             "inflight": [(pid, e.qos, e.retain, e.state, e.msg.to_list() if e.msg is not None else None)
                          for pid, e in self.inflight.items()],
-            "queue": [(qos, retain, m.to_list()) for m, qos, retain in self.queue],
+            "queue": [],
+            "log": ranges if same_node else [],
             "inbound_qos2": sorted(self.inbound_qos2),
             "next_pid": self._next_pid,
             "shared": [(s.topic_filter, s.qos, s.no_local, s.retain_as_published, s.retain_handling)
                        for s in self.shared.values()],
         }
+
+    def export_copies(self, same_node: bool, chunk_bytes: int = 1 << 20) -> Iterator[list]:
+        """The queued messages as copies, in chunks of about ``chunk_bytes``: the queue, then (to
+        another node, where this node's logs cannot be read) the offline backlog read from the
+        logs, at most ``max_queued`` copies in all (the bound of a session without a log); what
+        is beyond is counted as dropped (queue full) and logged."""
+        limit = self.limits.max_queued
+        chunk: list = []
+        size = 0
+        n = 0
+
+        def items() -> Iterator[tuple[Message, int, bool]]:
+            yield from self.queue
+            if same_node:
+                return
+            ranges = [LogRange(*r.to_list()) for r in self.ranges]
+            if self.cursor is not None and self.log is not None:
+                ranges.append(LogRange(self.log.directory, self.cursor, self.log.next_offset))
+            for rng in ranges:
+                while (records := rng.read(256)) is not None and records:
+                    for rec in records:
+                        best = self._best_qos(rec)
+                        if best > 0 and rec.qos > 0:
+                            yield Message.from_record(rec), min(best, rec.qos), False
+                rng.close()
+
+        dropped = 0
+        for msg, qos, retain in items():
+            if n >= limit:
+                dropped += 1
+                continue
+            n += 1
+            chunk.append((qos, retain, msg.to_list()))
+            size += len(msg.payload) + len(msg.topic) + 32
+            if size >= chunk_bytes:
+                yield chunk
+                chunk, size = [], 0
+        if dropped:
+            self.stats.drop_queue_full += dropped
+            log.warning("session %s moved to another node: %d queued message(s) beyond --max-queued %d "
+                        "dropped (this node's log cannot be read there)", self.client_id, dropped, limit)
+        yield chunk
+
+    def _best_qos(self, rec: Any) -> int:
+        """The highest QoS of this session's subscriptions matching a log record (-1: none)."""
+        best = -1
+        topic = rec.topic
+        me = self.client_id
+        for sub in self.subscriptions.values():
+            if sub.qos > best and filter_matches(sub.topic_filter, topic) and not (
+                    sub.no_local and rec.client_id == me):
+                best = sub.qos
+        return best
 
     def import_state(self, state: dict) -> None:
         """Load the state exported by another router (subscriptions are indexed by the caller)."""
@@ -342,4 +483,10 @@ class Session:
         if state["inbound_qos2"]:
             self.qos2_ids().update(state["inbound_qos2"])
         self._next_pid = state.get("next_pid", 1)
+        ranges = state.get("log") or []
+        if ranges:
+            self.ranges = [LogRange(d, start, end) for d, start, end in ranges]
+            if self.log is not None and self.cursor is None:
+                # Live messages from here on wait in this router's log, read after the ranges.
+                self.cursor = self.log.next_offset
 

@@ -176,3 +176,141 @@ def test_nothing_read_while_connect_waits_for_the_cluster(start_broker):
         assert sock.recv(4)[:1] == b"\x20", "no CONNACK after the peer answered"
     finally:
         sock.close()
+
+
+def _vm_hwm(pid: int) -> int:
+    """Peak resident memory of a process so far (bytes)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def _read_publishes(sock, n: int, timeout: float = 60.0) -> list[bytes]:
+    """Read ``n`` QoS 1 PUBLISH packets from a raw MQTT 3.1.1 socket, acknowledging each; returns
+    their payloads in order (bounded by ``timeout``)."""
+    import time
+
+    sock.settimeout(5)
+    buf = bytearray()
+    out: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        assert time.monotonic() < deadline, f"only {len(out)} of {n} messages within {timeout} s"
+        data = sock.recv(1 << 20)
+        assert data, f"connection closed after {len(out)} of {n} messages"
+        buf += data
+        acks = bytearray()
+        while len(buf) >= 2:
+            length, shift, i = 0, 0, 1
+            while True:
+                if i >= len(buf):
+                    break
+                b = buf[i]
+                length |= (b & 0x7F) << shift
+                shift += 7
+                i += 1
+                if not b & 0x80:
+                    break
+            else:
+                break
+            if (buf[i - 1] & 0x80) or len(buf) < i + length:
+                break
+            packet = bytes(buf[:i + length])
+            del buf[:i + length]
+            if packet[0] & 0xF0 != 0x30:
+                continue
+            tlen = int.from_bytes(packet[i:i + 2], "big")
+            pid = packet[i + 2 + tlen:i + 4 + tlen]
+            out.append(packet[i + 4 + tlen:])
+            acks += b"\x40\x02" + pid
+        if acks:
+            sock.sendall(acks)
+    return out
+
+
+def test_takeover_of_a_big_offline_backlog_moves_it_as_a_position(start_broker):
+    """A persistent session with 20,000 queued 4 KiB messages (80 MB) reconnecting on the other
+    worker: before, the old router copied the whole backlog into one mesh frame at once (ignoring
+    --max-queued; at 100,000 messages the new router gave up after 3 s and the session was
+    lost, the exporting worker at 1.5 GB). Now, on one node, the backlog moves as a position in
+    the old router's log: session present, every message, in order, and neither worker's peak
+    memory grows by anything like the backlog's size."""
+    from tests.cluster.conftest import client_worker, worker_of
+    from tests.helpers import RawClient, connect_packet
+
+    broker = start_broker(workers=2)
+    u = uid()
+    name = f"big{u}"
+    first = Client(broker.port, name, clean=False).connect()
+    first.subscribe(f"big{u}/#", 1)
+    home = client_worker(broker, first)
+    first.disconnect()
+    pub = Client(broker.port, f"bp{u}").connect()
+    n, payload = 20_000, b"x" * 4090
+    infos = [pub.c.publish(f"big{u}/t", b"%06d" % i + payload, qos=1) for i in range(n)]
+    for info in infos:
+        info.wait_for_publish(30)
+        assert info.is_published()
+    peaks = {pid: _vm_hwm(pid) for pid in broker.workers()}
+    for _ in range(60):
+        raw = RawClient(broker.port)
+        if worker_of(broker, raw.sock.getsockname()[1]) != home:
+            break
+        raw.close()
+    else:
+        pytest.fail("no connection landed on the other worker in 60 tries")
+    try:
+        raw.send(connect_packet(name, clean=False))
+        assert raw.recv_exact(4) == b"\x20\x02\x01\x00", "no CONNACK with session present"
+        got = _read_publishes(raw.sock, n, timeout=90)
+    finally:
+        raw.close()
+    numbers = [int(p[:6]) for p in got]
+    assert numbers == sorted(numbers), "out of order"
+    assert sorted(set(numbers)) == list(range(n)), f"{n - len(set(numbers))} message(s) missing"
+    grown = {pid: _vm_hwm(pid) - before for pid, before in peaks.items() if pid in broker.workers()}
+    assert max(grown.values()) < 40 << 20, f"peak memory grew by {grown} bytes for an 80 MB backlog"
+    assert "Traceback" not in broker.log_text()
+
+
+def test_takeover_across_nodes_streams_copies_bounded_by_max_queued(start_broker):
+    """To another node (whose disk holds none of this node's log) the backlog travels as copies,
+    streamed in chunks of about 1 MiB after the session's header, at most --max-queued of them:
+    the oldest 1,500 of 2,500 here, the rest dropped, counted and logged, and the session
+    present on the new node with its subscription."""
+    from tests.cluster.test_multihost import mesh_port
+    from tests.helpers import RawClient, connect_packet
+
+    pa, pb = mesh_port("127.0.0.1"), mesh_port("127.0.0.2")
+    a = start_broker("--mesh", f"127.0.0.1:{pa}", "--peer", f"127.0.0.2:{pb}", "--max-queued", "1500",
+                     host="127.0.0.1", node_id="a")
+    b = start_broker("--mesh", f"127.0.0.2:{pb}", "--peer", f"127.0.0.1:{pa}", "--max-queued", "1500",
+                     host="127.0.0.2", node_id="b")
+    a.wait_log("joined")
+    b.wait_log("joined")
+    u = uid()
+    name = f"far{u}"
+    first = Client(a.port, name, clean=False).connect()
+    first.subscribe(f"far{u}/#", 1)
+    first.disconnect()
+    pub = Client(a.port, f"fp{u}").connect()
+    n, payload = 2_500, b"y" * 4090
+    infos = [pub.c.publish(f"far{u}/t", b"%06d" % i + payload, qos=1) for i in range(n)]
+    for info in infos:
+        info.wait_for_publish(30)
+        assert info.is_published()
+    raw = RawClient(b.port, host="127.0.0.2")
+    try:
+        raw.send(connect_packet(name, clean=False))
+        assert raw.recv_exact(4) == b"\x20\x02\x01\x00", "no CONNACK with session present"
+        got = _read_publishes(raw.sock, 1500, timeout=60)
+        assert [int(p[:6]) for p in got] == list(range(1500))
+        # The subscription moved too: a message published on node a now comes from node b.
+        pub.publish(f"far{u}/t", b"%06d" % 999_999 + payload, qos=1)
+        assert int(_read_publishes(raw.sock, 1, timeout=10)[0][:6]) == 999_999
+    finally:
+        raw.close()
+    a.wait_log("1000 queued message(s) beyond --max-queued 1500 dropped")
+    assert "Traceback" not in a.log_text() + b.log_text()
