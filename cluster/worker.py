@@ -66,7 +66,8 @@ class Worker:
     def _protocol(self) -> MQTTConnection:
         return MQTTConnection(self._open, self.batcher, max_packet_size=self.config.max_packet_size,
                               write_buffer_high=self.config.max_client_buffer,
-                              read_budget=self.config.read_budget, turn=self.turn)
+                              read_budget=self.config.read_budget, turn=self.turn,
+                              max_topic_levels=self.config.max_topic_levels)
 
     async def start(self) -> None:
         c = self.config

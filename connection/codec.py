@@ -57,10 +57,22 @@ from .packets import (
 )
 from .reasons import ProtocolError, Reason
 
-__all__ = ["Decoder", "encode", "publish_parts", "with_dup", "is_tls_client_hello", "MAX_REMAINING_LENGTH"]
+__all__ = ["Decoder", "encode", "publish_parts", "with_dup", "is_tls_client_hello", "MAX_REMAINING_LENGTH",
+           "DEFAULT_MAX_TOPIC_LEVELS", "topic_levels_ok"]
 
 MAX_REMAINING_LENGTH = 268_435_455
 """The largest value a 4-byte variable byte integer holds (spec 1.5.5 / 2.2.3)."""
+
+DEFAULT_MAX_TOPIC_LEVELS = 128
+"""Most levels a topic name or filter may have (as EMQX's default). MQTT sets no limit, but the
+topic walks cost time per level and a 30,000-level topic fits in a packet: a server may refuse
+topics it will not handle (MQTT 5: 0x90 Topic Name invalid, 0x8F Topic Filter invalid)."""
+
+
+def topic_levels_ok(topic: str, limit: int) -> bool:
+    """Whether ``topic`` (a name or a filter) has at most ``limit`` levels: the one place the rule
+    is written, for the decoder (PUBLISH and will topics) and the router (SUBSCRIBE filters)."""
+    return topic.count("/") < limit
 
 _MALFORMED = Reason.MALFORMED_PACKET
 _PROTOCOL_ERROR = Reason.PROTOCOL_ERROR
@@ -192,12 +204,20 @@ def _read_bin(data: bytes, p: int, stop: int) -> tuple[bytes, int]:
     return data[p + 2 : q], q
 
 
-def _check_topic_name(topic: str, what: str) -> None:
-    """A topic name (not a filter): no wildcards (MQTT-4.7.1-1), not empty (MQTT-4.7.3-1)."""
+def _check_topic_name(topic: str, what: str, max_levels: int) -> None:
+    """A topic name (not a filter): no wildcards (MQTT-4.7.1-1), not empty (MQTT-4.7.3-1), not
+    deeper than ``max_levels``."""
     if not topic:
         raise ProtocolError(f"MQTT-4.7.3-1 {what} must not be empty", Reason.TOPIC_NAME_INVALID)
     if "+" in topic or "#" in topic:
         raise ProtocolError(f"MQTT-3.3.2-2 {what} must not contain wildcards", Reason.TOPIC_NAME_INVALID)
+    if not topic_levels_ok(topic, max_levels):
+        raise _too_deep(topic, what, max_levels)
+
+
+def _too_deep(topic: str, what: str, max_levels: int) -> ProtocolError:
+    return ProtocolError(f"{what} has {topic.count('/') + 1} levels, more than the maximum of {max_levels} "
+                         "(--max-topic-levels)", Reason.TOPIC_NAME_INVALID)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -385,8 +405,10 @@ def _header_length(data: bytes, pos: int, end: int) -> tuple[int, int]:
 _AckT = TypeVar("_AckT", Puback, Pubrec, Pubrel, Pubcomp)
 
 
-_TOPICS: dict[bytes, str] = {}
-"""Recently decoded PUBLISH topic names, shared by every decoder of the process.
+_TOPICS: dict[int, dict[bytes, str]] = {}
+"""Recently decoded PUBLISH topic names, shared by every decoder of the process with the same
+maximum number of topic levels (one cache per limit: a name cached as valid under one limit is
+not valid under a lower one; a broker process has one limit, so one cache).
 
 Most traffic reuses a small set of topics, so a dict lookup replaces UTF-8 decoding and validation,
 and every message on a topic carries the same ``str`` object, whose hash is computed once for
@@ -397,7 +419,7 @@ _TOPICS_MAX = 10_000
 _TOPIC_CACHE_LEN = 256
 
 
-def _new_topic(raw: bytes) -> str:
+def _new_topic(raw: bytes, cache: dict[bytes, str], max_levels: int) -> str:
     """Decode and check a PUBLISH topic name not in the cache, then cache it."""
     try:
         topic = raw.decode()
@@ -407,10 +429,12 @@ def _new_topic(raw: bytes) -> str:
         raise ProtocolError("MQTT-1.5.3-2 string must not contain U+0000", _MALFORMED)
     if "+" in topic or "#" in topic:
         raise ProtocolError("MQTT-3.3.2-2 PUBLISH topic name must not contain wildcards", Reason.TOPIC_NAME_INVALID)
+    if not topic_levels_ok(topic, max_levels):
+        raise _too_deep(topic, "PUBLISH topic name", max_levels)
     if len(raw) <= _TOPIC_CACHE_LEN:
-        if len(_TOPICS) >= _TOPICS_MAX:
-            _TOPICS.clear()
-        _TOPICS[raw] = topic
+        if len(cache) >= _TOPICS_MAX:
+            cache.clear()
+        cache[raw] = topic
     return topic
 
 
@@ -430,14 +454,20 @@ class Decoder:
     """
 
     __slots__ = ("max_packet_size", "protocol_level", "limit", "_buf", "_need", "_connect_seen", "_rest",
-                 "_rest_pos")
+                 "_rest_pos", "_max_topic_levels", "_topics")
 
     def __init__(self, max_packet_size: int = MAX_REMAINING_LENGTH, protocol_level: int | None = None,
-                 limit: int = 0) -> None:
+                 limit: int = 0, max_topic_levels: int = DEFAULT_MAX_TOPIC_LEVELS) -> None:
         """``limit``: most packets one ``feed`` or ``more`` decodes (0: all). The rest of the data
         stays here, undecoded and uncopied, until ``more`` is called (see ``has_more``): a reader
-        that handles a bounded number of packets per turn also decodes only that many."""
+        that handles a bounded number of packets per turn also decodes only that many.
+
+        ``max_topic_levels``: a deeper PUBLISH topic name or will topic is a ProtocolError (0x90
+        Topic Name invalid). Filters are not checked here: a too-deep one in a SUBSCRIBE gets its
+        own failure code in the SUBACK, which is the router's to send (``topic_levels_ok``)."""
         self.max_packet_size = max_packet_size
+        self._max_topic_levels = max_topic_levels
+        self._topics = _TOPICS.setdefault(max_topic_levels, {})
         self.protocol_level = protocol_level
         self.limit = limit
         self._buf = bytearray()  # the start of a packet not yet complete
@@ -445,6 +475,11 @@ class Decoder:
         self._connect_seen = False
         self._rest: bytes | None = None  # data beyond the limit, from _rest_pos on
         self._rest_pos = 0
+
+    @property
+    def max_topic_levels(self) -> int:
+        """Read-only: the topic-name cache this decoder shares was chosen for this limit."""
+        return self._max_topic_levels
 
     @property
     def buffered(self) -> int:
@@ -533,7 +568,7 @@ class Decoder:
         valid = _VALID_B0_V5 if v5 else _VALID_B0_V3
         max_size = self.max_packet_size
         append = out.append
-        topics = _TOPICS
+        topics = self._topics
         while pos < end:
             b0 = data[pos]
             if not valid[b0]:
@@ -570,7 +605,7 @@ class Decoder:
                 raw_topic = data[start + 2 : p]
                 topic = topics.get(raw_topic)
                 if topic is None:
-                    topic = _new_topic(raw_topic)
+                    topic = _new_topic(raw_topic, topics, self._max_topic_levels)
                 qos = (b0 >> 1) & 3
                 if qos:
                     if p + 2 > stop:
@@ -669,7 +704,7 @@ class Decoder:
             if v5:
                 will_props, p = _read_props(data, p, stop, _WILL_PROPS)
             will_topic, p = _read_str(data, p, stop)
-            _check_topic_name(will_topic, "Will Topic")
+            _check_topic_name(will_topic, "Will Topic", self._max_topic_levels)
             will_payload, p = _read_bin(data, p, stop)
             will = Will(will_topic, will_payload, will_qos, bool(will_retain), will_props)
         username = password = None

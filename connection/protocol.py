@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from .batching import EndOfTick, TurnBudget
-from .codec import Decoder, encode, is_tls_client_hello
+from .codec import DEFAULT_MAX_TOPIC_LEVELS, Decoder, encode, is_tls_client_hello
 from .packets import MQTT_5, Connack, Connect, Disconnect, Packet, Pingreq, Pingresp
 from .reasons import ProtocolError, Reason
 
@@ -63,19 +63,25 @@ class MQTTConnection(asyncio.Protocol):
         write_buffer_high: int = 1 << 20,
         read_budget: int = 16,
         turn: TurnBudget | None = None,
+        max_topic_levels: int = DEFAULT_MAX_TOPIC_LEVELS,
     ) -> None:
         """``read_budget``: most packets of one connection decoded and handled per loop iteration;
         the rest of a read stays undecoded, with reading paused, until the next iteration. Without
         it one read of a pipelining publisher (a 256 KiB read: hundreds of packets) is decoded and
         handled in one go and every other connection - a quiet device's command among them -
-        waits behind it: fairness costs a little batching."""
+        waits behind it: fairness costs a little batching.
+
+        ``max_topic_levels``: the decoder refuses deeper topic names; the handler reads it here
+        to refuse deeper SUBSCRIBE filters with a SUBACK failure code."""
         self._open_handler = open_handler
         self._cap = max(1, read_budget)
         self._fan = 0.0  # deliveries per packet of the last turn's packets, a large one counting more
         self._packets = 0  # packets decoded (with a fan budget)
         self._turn = turn  # the worker's budget for all connections in one turn, if any
         self._batcher = batcher
-        self._decoder = Decoder(max_packet_size=max_packet_size, limit=max(1, read_budget))
+        self._decoder = Decoder(max_packet_size=max_packet_size, limit=max(1, read_budget),
+                                max_topic_levels=max_topic_levels)
+        self.max_topic_levels = max_topic_levels
         self._write_buffer_high = write_buffer_high
         self.transport: asyncio.Transport | None = None
         self.handler: Handler | None = None

@@ -68,34 +68,39 @@ class RetainedStore:
         return node.msg
 
     def match(self, topic_filter: str) -> list[Message]:
-        out: list[Message] = []
-        self._walk(self._root, topic_filter.split("/"), 0, out)
-        return out
+        """Every retained message whose topic ``topic_filter`` matches.
 
-    def _walk(self, node: _Node, levels: list[str], i: int, out: list[Message]) -> None:
-        if i == len(levels):
-            if node.msg is not None:
-                out.append(node.msg)
-            return
-        level = levels[i]
-        if level == "#":
-            # '#' also matches the parent level itself ("a/#" matches "a").
-            if node.msg is not None and i > 0:
-                out.append(node.msg)
-            for name, child in node.children.items():
-                if i == 0 and name.startswith("$"):
-                    continue
-                self._all(child, out)
-            return
-        if level == "+":
-            for name, child in node.children.items():
-                if i == 0 and name.startswith("$"):
-                    continue
-                self._walk(child, levels, i + 1, out)
-            return
-        child = node.children.get(level)
-        if child is not None:
-            self._walk(child, levels, i + 1, out)
+        A loop over a stack of (node, level index), not recursion: a filter (and the stored topics)
+        may be deeper than Python's recursion limit, whatever limit the codec enforces. Children
+        are pushed in reverse so they come off in insertion order, as the recursive walk had them.
+        """
+        out: list[Message] = []
+        levels = topic_filter.split("/")
+        n = len(levels)
+        stack: list[tuple[_Node, int]] = [(self._root, 0)]
+        while stack:
+            node, i = stack.pop()
+            if i == n:
+                if node.msg is not None:
+                    out.append(node.msg)
+                continue
+            level = levels[i]
+            if level == "#":
+                # '#' also matches the parent level itself ("a/#" matches "a").
+                if node.msg is not None and i > 0:
+                    out.append(node.msg)
+                for name, child in node.children.items():
+                    if i == 0 and name.startswith("$"):
+                        continue
+                    self._all(child, out)
+            elif level == "+":
+                stack.extend(reversed([(child, i + 1) for name, child in node.children.items()
+                                       if i or not name.startswith("$")]))
+            else:
+                child = node.children.get(level)
+                if child is not None:
+                    stack.append((child, i + 1))
+        return out
 
     def _all(self, node: _Node, out: list[Message]) -> None:
         stack = [node]

@@ -10,7 +10,7 @@ the same topics again and again. Any change to the index drops the cache.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -74,6 +74,7 @@ class TopicIndex(Generic[K, V]):
     def __init__(self) -> None:
         self._root: _Node[K, V] = _Node()
         self._cache: dict[str, list[tuple[K, V]]] = {}
+        self._stack: list[Any] = []  # match's pending '+' branches; empty between calls
         self.filters = 0  # number of (filter, key) entries
 
     def add(self, topic_filter: str, key: K, value: V) -> bool:
@@ -126,31 +127,59 @@ class TopicIndex(Generic[K, V]):
         hit = self._cache.get(topic)
         if hit is not None:
             return hit
-        out: list[tuple[K, V]] = []
-        levels = topic.split("/")
-        self._walk(self._root, levels, 0, out, topic.startswith("$"))
+        out = self._walk(topic)
         if len(self._cache) >= _CACHE_LIMIT:
             self._cache.clear()
         self._cache[topic] = out
         return out
 
-    def _walk(self, node: _Node[K, V], levels: list[str], i: int, out: list, dollar: bool) -> None:
-        children = node.children
-        wild_ok = not (dollar and i == 0)
-        if wild_ok:
-            hash_node = children.get("#")
-            if hash_node is not None:
-                out.extend(hash_node.entries.items())
-        if i == len(levels):
-            out.extend(node.entries.items())
-            return
-        exact = children.get(levels[i])
-        if exact is not None:
-            self._walk(exact, levels, i + 1, out, dollar)
-        if wild_ok:
-            plus = children.get("+")
-            if plus is not None:
-                self._walk(plus, levels, i + 1, out, dollar)
+    def _walk(self, topic: str) -> list[tuple[K, V]]:
+        """The uncached match: a loop, not recursion, for a topic may be deeper than Python's
+        recursion limit (the codec's --max-topic-levels guards the broker, but this class holds
+        whatever it is given). Its own method so that the cache hit's frame stays small.
+
+        It follows the exact level in place and keeps '+' branches for later on a reused stack
+        (node and level pushed flat: no tuple per branch), which visits the nodes in the order
+        the recursive walk did: '#' of a level, then the exact branch in full, then '+'.
+        """
+        out: list[tuple[K, V]] = []
+        levels = topic.split("/")
+        n = len(levels)
+        stack = self._stack
+        if stack:  # left over only if a walk was interrupted (MemoryError ...): never reuse it
+            stack.clear()
+        node = self._root
+        i = 0
+        wild_ok = topic[:1] != "$"  # no leading wildcard matches a '$' topic (MQTT-4.7.2-1)
+        while True:
+            children = node.children
+            if i == n:
+                if children:
+                    hash_node = children.get("#")  # "a/#" matches "a" too
+                    if hash_node is not None:
+                        out.extend(hash_node.entries.items())
+                if node.entries:
+                    out.extend(node.entries.items())
+            elif children:
+                if wild_ok:
+                    hash_node = children.get("#")
+                    if hash_node is not None:
+                        out.extend(hash_node.entries.items())
+                    plus = children.get("+")
+                    if plus is not None:
+                        stack.append(plus)
+                        stack.append(i + 1)
+                else:
+                    wild_ok = True  # only the first level of a '$' topic is hidden
+                exact = children.get(levels[i])
+                if exact is not None:
+                    node = exact
+                    i += 1
+                    continue
+            if not stack:
+                return out
+            i = stack.pop()
+            node = stack.pop()
 
     def items(self) -> Iterator[tuple[str, K, V]]:
         """Every (filter, key, value), for snapshots and for announcing interest to a new peer."""

@@ -7,7 +7,22 @@ import socket
 
 import pytest
 
-from tests.helpers import Client, RawClient, cid, connect_packet, subscribe_packet
+from connection.codec import Decoder, encode
+from connection.packets import (
+    Connack,
+    Connect,
+    Packet,
+    Pingreq,
+    Pingresp,
+    Publish,
+    Suback,
+    Subscribe,
+    Subscription,
+    Unsuback,
+    Unsubscribe,
+)
+from tests.cluster.conftest import client_worker
+from tests.helpers import Client, RawClient, cid, connect_packet, subscribe_packet, wait_for
 
 
 def test_max_connections_refuses_with_server_unavailable(start_broker):
@@ -124,3 +139,115 @@ def test_supervisor_raises_the_soft_open_files_limit(start_broker):
         line = next(x for x in f if x.startswith("Max open files"))
     assert line.split()[3:5] == ["4096", "4096"]
     raw.close()
+
+
+# -- --max-topic-levels: a deep topic is refused with a reason code, never a traceback -------------
+
+def deep(n: int, level: str = "l") -> str:
+    return "/".join([level] * n)
+
+
+def _raw_connect(port: int, level: int, name: str) -> tuple[RawClient, Decoder]:
+    raw = RawClient(port)
+    raw.send(encode(Connect(cid(name), protocol_level=level), level))
+    decoder = Decoder(protocol_level=level, max_topic_levels=1 << 16)  # the test's side: no limit
+    [connack] = _read(raw, decoder, 1)
+    assert type(connack) is Connack and connack.reason_code == 0
+    return raw, decoder
+
+
+def _read(raw: RawClient, decoder: Decoder, n: int) -> list[Packet]:
+    """The next ``n`` packets from the broker (bounded by the socket's timeout)."""
+    got: list[Packet] = []
+    while len(got) < n:
+        data = raw.sock.recv(65536)
+        assert data, f"connection closed after {got}"
+        got += decoder.feed(data)
+    return got
+
+
+def _no_traceback(broker) -> None:
+    assert "Traceback" not in broker.log_text()
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_a_publish_deeper_than_max_topic_levels_is_refused_and_the_broker_serves_on(start_broker, level):
+    """The connection is closed (MQTT 5: DISCONNECT 0x90 Topic Name invalid first), the QoS 1
+    message is not acknowledged and goes nowhere, and the other clients go on."""
+    broker = start_broker()
+    sub = Client(broker.port, cid("deep-sub")).connect()
+    sub.subscribe("#", 1)
+    raw, decoder = _raw_connect(broker.port, level, "deep-pub")
+    raw.send(encode(Publish(deep(1500), b"too deep", 1, packet_id=7), level))
+    got = decoder.feed(raw.recv_until_closed())
+    assert [(type(p).__name__, getattr(p, "reason_code", None)) for p in got] == (
+        [("Disconnect", 0x90)] if level == 5 else [])
+    broker.wait_log("PUBLISH topic name has 1500 levels, more than the maximum of 128")
+    pub = Client(broker.port, cid("next-pub")).connect()
+    pub.publish("after/deep", b"fine", qos=1)
+    sub.wait_topic("after/deep")
+    assert [m.topic for m in sub.messages] == ["after/deep"]
+    _no_traceback(broker)
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_a_filter_deeper_than_max_topic_levels_fails_alone_in_the_suback(start_broker, level):
+    broker = start_broker()
+    raw, decoder = _raw_connect(broker.port, level, "deep-filter")
+    raw.send(encode(Subscribe(3, [Subscription(deep(200, "+"), 1), Subscription("fine/+", 1),
+                                  Subscription(deep(128, "+"), 0)]), level))
+    [suback] = _read(raw, decoder, 1)
+    assert type(suback) is Suback and suback.reason_codes == [0x80 if level == 4 else 0x8F, 1, 0]
+    # The connection lives on: the deep filter was never subscribed, so there is none to remove.
+    raw.send(encode(Unsubscribe(4, [deep(200, "+")]), level) + encode(Pingreq(), level))
+    unsuback, pong = _read(raw, decoder, 2)
+    assert type(unsuback) is Unsuback and type(pong) is Pingresp
+    if level == 5:
+        assert unsuback.reason_codes == [0x11]
+    pub = Client(broker.port, cid("fine-pub")).connect()
+    pub.publish("fine/x", b"granted", qos=1)
+    pub.publish(deep(128), b"128 levels", qos=1)
+    delivered = _read(raw, decoder, 2)
+    assert [(p.topic, p.payload) for p in delivered] == [("fine/x", b"granted"), (deep(128), b"128 levels")]  # type: ignore[attr-defined]
+    broker.wait_log("invalid topic filter")
+    _no_traceback(broker)
+
+
+def test_128_levels_cross_the_mesh_and_deeper_is_refused_on_every_worker(start_broker):
+    """--workers 2: a 128-level message reaches subscribers on both workers, and the publisher of a
+    129-level topic is dropped by whichever worker it lands on, with no traceback anywhere."""
+    broker = start_broker(workers=2)
+    by_worker: dict[int, list[Client]] = {}
+    for i in range(40):  # the kernel picks the worker: connect until both have subscribers
+        c = Client(broker.port, cid(f"mesh-sub{i}")).connect()
+        by_worker.setdefault(client_worker(broker, c), []).append(c)
+        if len(by_worker) == 2 and i >= 3:
+            break
+    assert len(by_worker) == 2, "the subscribers did not spread over the two workers"
+    subs = [c for cs in by_worker.values() for c in cs]
+    for s in subs:
+        assert s.subscribe([(deep(128), 1), (deep(127, "+") + "/#", 1)]) == [1, 1]
+    pub = Client(broker.port, cid("mesh-pub")).connect()
+    pub.publish(deep(128), b"deep enough", qos=1)
+    too_deep = Client(broker.port, cid("mesh-deep")).connect()
+    too_deep.c.publish(deep(129), b"too deep", qos=1)
+    assert too_deep.disconnected.wait(10)
+    for s in subs:  # both filters match: delivered once (overlapping subscriptions of a client)
+        assert [m.payload for m in s.wait_messages(1)] == [b"deep enough"]
+    wait_for(lambda: "129 levels" in broker.log_text(), what="the refusal logged")
+    assert all(len(s.messages) == 1 for s in subs)
+    _no_traceback(broker)
+
+
+def test_max_topic_levels_option_lets_deeper_topics_through(start_broker):
+    broker = start_broker("--max-topic-levels", "1000")
+    sub = Client(broker.port, cid("k-sub")).connect()
+    assert sub.subscribe([(deep(900), 1), (deep(899, "+") + "/#", 0), (deep(1001, "+"), 0)]) == [1, 0, 0x80]
+    pub = Client(broker.port, cid("k-pub")).connect()
+    pub.publish(deep(900), b"900 levels", qos=1)
+    assert [(m.payload, m.qos) for m in sub.wait_messages(1)] == [(b"900 levels", 1)]
+    raw, decoder = _raw_connect(broker.port, 5, "k-deep")
+    raw.send(encode(Publish(deep(1001), b"x", 1, packet_id=1), 5))
+    assert [p.reason_code for p in decoder.feed(raw.recv_until_closed())] == [0x90]  # type: ignore[attr-defined]
+    broker.wait_log("more than the maximum of 1000")
+    _no_traceback(broker)

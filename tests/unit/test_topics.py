@@ -90,3 +90,95 @@ def test_trie_and_retained_agree_with_the_reference(fs, topic):
     store.set(Message(topic, b"v", retain=True))
     for f in fs:
         assert bool(store.match(f)) == filter_matches(f, topic)
+
+
+# -- deep topics: the trie itself has no depth limit (that is the codec's), so it must not recurse ---
+
+DEEP = 1500  # beyond CPython's default recursion limit of 1000
+
+
+def test_deep_filters_and_topics_in_the_index_do_not_recurse():
+    deep_topic = "/".join(f"l{i}" for i in range(DEEP))
+    idx: TopicIndex[str, int] = TopicIndex()
+    idx.add(deep_topic, "exact", 1)
+    idx.add("/".join(["+"] * DEEP), "plus", 2)
+    idx.add("/".join(["+"] * (DEEP - 1)) + "/#", "plus-hash", 3)
+    idx.add("l0/#", "hash", 4)
+    idx.add("/".join(["+"] * (DEEP + 1)), "too-deep", 5)
+    assert sorted(idx.match(deep_topic)) == [("exact", 1), ("hash", 4), ("plus", 2), ("plus-hash", 3)]
+    assert idx.get(deep_topic, "exact") == 1
+    assert sorted(f for f, _, _ in idx.items())[0] == "/".join(["+"] * (DEEP - 1)) + "/#"
+    assert {k for _, k, _ in idx.items()} == {"exact", "plus", "plus-hash", "hash", "too-deep"}
+    for f, k in [(deep_topic, "exact"), ("/".join(["+"] * DEEP), "plus"), ("l0/#", "hash"),
+                 ("/".join(["+"] * (DEEP - 1)) + "/#", "plus-hash"), ("/".join(["+"] * (DEEP + 1)), "too-deep")]:
+        assert idx.remove(f, k)
+    assert idx.match(deep_topic) == [] and idx._root.children == {}
+
+
+def test_match_keeps_depth_first_order_exact_before_plus():
+    """Callers see the same order as the recursive walk had: '#' of a level, then the exact
+    branch in full, then the '+' branch."""
+    idx: TopicIndex[str, int] = TopicIndex()
+    for k, f in enumerate(["+/+/c", "a/+/c", "a/b/c", "#", "a/#", "+/b/#", "a/b/#", "+/+/+"]):
+        idx.add(f, f, k)
+    assert [k for k, _ in idx.match("a/b/c")] == ["#", "a/#", "a/b/#", "a/b/c", "a/+/c", "+/b/#", "+/+/c", "+/+/+"]
+
+
+def test_deep_topics_in_the_retained_store_do_not_recurse():
+    deep_topic = "/".join(f"l{i}" for i in range(DEEP))
+    store = RetainedStore()
+    store.set(Message(deep_topic, b"deep", retain=True))
+    store.set(Message("l0", b"top", retain=True))
+    assert store.get(deep_topic) is not None and len(store) == 2
+    assert [m.payload for m in store.match(deep_topic)] == [b"deep"]
+    assert [m.payload for m in store.match("/".join(["+"] * DEEP))] == [b"deep"]
+    assert [m.payload for m in store.match("/".join(["+"] * (DEEP - 1)) + "/#")] == [b"deep"]
+    assert sorted(m.payload for m in store.match("l0/#")) == [b"deep", b"top"]
+    assert sorted(m.payload for m in store) == [b"deep", b"top"]
+    store.set(Message(deep_topic, b"", retain=True))  # an empty payload clears it
+    assert len(store) == 1 and store.match("l0/#")[0].payload == b"top"
+    assert store._root.children["l0"].children == {}
+
+
+deep_levels = st.sampled_from(["a", "b", "", "$x"])
+
+
+@st.composite
+def deep_cases(draw: st.DrawFn) -> tuple[str, list[str]]:
+    """A topic of more than 3,000 levels (hypothesis raises the recursion limit by 2,000 while it
+    runs a test) and filters derived from it: cut to a prefix (or one level deeper), some or all
+    levels swapped for '+', one level changed, '#' appended."""
+    unit = draw(st.lists(deep_levels, min_size=1, max_size=5))
+    t_levels = unit * (3000 // len(unit) + draw(st.integers(1, 100)))
+    n = len(t_levels)
+    fs = []
+    for _ in range(6):
+        cut = draw(st.sampled_from([n - 1, n, n + 1]) | st.integers(1, n + 1))
+        f_levels = t_levels[:cut] + (["a"] if cut > n else [])
+        kind = draw(st.sampled_from(["exact", "some+", "all+"]))
+        if kind == "all+":
+            f_levels = ["+"] * len(f_levels)
+        elif kind == "some+":
+            for pos in draw(st.lists(st.integers(0, len(f_levels) - 1), max_size=5)):
+                f_levels[pos] = "+"
+        if draw(st.booleans()):
+            f_levels[draw(st.integers(0, len(f_levels) - 1))] = draw(deep_levels)
+        f = "/".join(f_levels)
+        fs.append(f + "/#" if draw(st.booleans()) else f)
+    fs.append(draw(filters))
+    return "/".join(t_levels), fs
+
+
+@settings(max_examples=60, deadline=None)
+@given(deep_cases())
+def test_deep_trie_and_retained_agree_with_the_reference(case):
+    topic, fs = case
+    idx: TopicIndex[int, str] = TopicIndex()
+    for i, f in enumerate(fs):
+        idx.add(f, i, f)
+    got = sorted(k for k, _ in idx.match(topic))
+    assert got == sorted(i for i, f in enumerate(fs) if filter_matches(f, topic))
+    store = RetainedStore()
+    store.set(Message(topic, b"v", retain=True))
+    for f in fs:
+        assert bool(store.match(f)) == filter_matches(f, topic)
