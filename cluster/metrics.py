@@ -35,6 +35,7 @@ from typing import Any
 from . import __version__
 from .config import Config
 from .paths import ensure_run_dir
+from .process import child_signals, die_with_parent
 from .stats import (
     DROP_REASONS,
     SCHEMA_VERSION,
@@ -406,11 +407,10 @@ class AuxProcess:
             try:
                 if r is not None:
                     os.close(r)
-                signal.pthread_sigmask(signal.SIG_SETMASK, [])
-                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-                    signal.signal(sig, signal.SIG_DFL)
-                _name_process()
-                code = aux_main(self.config, supervisor, w)
+                child_signals()  # SIGHUP ignored: a reload is the supervisor's business
+                if die_with_parent(supervisor):  # SIGTERM when the supervisor dies; False: it has
+                    _name_process()
+                    code = aux_main(self.config, supervisor, w)
             except BaseException:  # noqa: BLE001 - a child must never return into the parent's code
                 logging.getLogger(__name__).exception("%s crashed", PROCESS_NAME)
             finally:

@@ -2,11 +2,17 @@
 
 It creates no event loop and no ZeroMQ context before forking (a forked copy of either is broken),
 so it stays a plain blocking loop around ``sigtimedwait``: SIGCHLD means a worker died (restart it,
-unless it keeps crashing), SIGTERM/SIGINT mean stop (forward to the workers, wait, exit 0).
+unless it keeps crashing), SIGTERM/SIGINT mean stop (forward to the workers, wait, exit 0), SIGHUP
+means reload (never the end: a supervisor gone leaves its workers serving with nobody to restart them).
+
+Before it forks anything it checks what an operator can get wrong: every address it will bind is free
+(a running broker's included), and no live broker holds its data directory or run directory (it locks
+both for its life, see cluster/process.py). Its workers and stats process die with it (PDEATHSIG).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -19,6 +25,8 @@ from collections import deque
 
 from .config import Config
 from .limits import FD_RESERVE, connections_per_worker, raise_open_files
+from .paths import LOCK_FILE, claim_run_dir, release_run_dir, run_dir
+from .process import LockBusy, PidLock, child_signals, die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +35,7 @@ CRASH_WINDOW_S = 30.0
 CRASH_LIMIT = 5
 START_TIMEOUT_S = 30.0
 MIN_QUIET_CONNECTIONS = 4096  # below this many clients per worker, an open-files cap is a warning
+SIGNALS = [signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP]  # handled by sigtimedwait
 
 
 class Supervisor:
@@ -35,22 +44,24 @@ class Supervisor:
         self.pids: dict[int, int] = {}  # pid → worker index
         self.crashes: dict[int, deque[float]] = {}
         self.stopping = False
+        self.data_lock: PidLock | None = None
+        self.run_lock: PidLock | None = None
 
     def _fork(self, index: int) -> tuple[int, int]:
         """Fork worker ``index``; returns (pid, read end of its ready pipe)."""
+        supervisor = os.getpid()
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # child
             code = 1
             try:
                 os.close(r)
-                signal.pthread_sigmask(signal.SIG_SETMASK, [])
-                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-                    signal.signal(sig, signal.SIG_DFL)
-                _name_process(self.config, index)
-                from .worker import worker_main
+                child_signals()
+                if die_with_parent(supervisor):  # False: the supervisor is gone already
+                    _name_process(self.config, index)
+                    from .worker import worker_main
 
-                code = worker_main(self.config, index, w)
+                    code = worker_main(self.config, index, w)
             except BaseException:  # noqa: BLE001 - a child must never return into the parent's code
                 logging.getLogger("cluster.worker").exception("worker %d crashed", index)
             finally:
@@ -60,19 +71,61 @@ class Supervisor:
         self.pids[pid] = index
         return pid, r
 
-    def _check_listen(self) -> None:
-        """Fail fast, with the option named, when the MQTT address cannot be bound."""
-        host, port = self.config.listen
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        s = socket.socket(family, socket.SOCK_STREAM)
+    def _check_ports(self) -> None:
+        """Fail fast, naming the option, when an address this node will bind is taken or unusable.
+
+        The probe sets SO_REUSEADDR (a port left in TIME_WAIT is free) but not SO_REUSEPORT: every
+        worker of a running broker sets it, so a probe with it would join that broker's port, and the
+        kernel would split the clients between two brokers."""
+        cfg = self.config
+        host = cfg.listen[0]
+        probes = [("--listen", host, cfg.listen[1])]
+        if cfg.mesh is not None:
+            probes += [("--mesh", cfg.mesh[0], cfg.mesh[1] + i) for i in range(cfg.workers)]
+        if cfg.stats_port:
+            probes += [("--stats-port", host, cfg.stats_port + i) for i in range(cfg.workers)]
+        if cfg.metrics_port:
+            probes.append(("--metrics-port", host, cfg.metrics_port))
+        for option, addr, port in probes:
+            problem = _bind_problem(addr, port)
+            if problem:
+                raise SystemExit(f"brokerd: error: {option}: {problem}")
+
+    def _lock_dirs(self) -> None:
+        """Lock the data directory (with the log on) and the run directory for the supervisor's life.
+
+        The workers inherit the locks and never release them, so they last until the broker's last
+        process is gone; a second broker on either directory stops here, before forking."""
+        cfg = self.config
+        if cfg.log:
+            path = os.path.join(cfg.data_dir, cfg.node_id)
+            try:
+                os.makedirs(path, exist_ok=True)
+                self.data_lock = PidLock.acquire(os.path.join(path, LOCK_FILE))
+            except LockBusy as busy:
+                raise SystemExit(f"brokerd: error: --data-dir: {path} is {busy.in_use()}") from None
+            except OSError as exc:
+                raise SystemExit(f"brokerd: error: --data-dir: cannot write {path}: {exc.strerror} "
+                                 "(or run with --log off)") from None
         try:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            s.bind((host, port))
+            self.run_lock = claim_run_dir(cfg)
+        except LockBusy as busy:
+            raise SystemExit(f"brokerd: error: --node-id: node {cfg.node_id} with MQTT port {cfg.listen[1]} "
+                             f"is {busy.in_use()}") from None
         except OSError as exc:
-            raise SystemExit(f"brokerd: error: --listen: cannot bind {host}:{port}: {exc.strerror}") from None
-        finally:
-            s.close()
+            raise SystemExit(f"brokerd: error: cannot make the run directory {run_dir(cfg)}: "
+                             f"{exc.strerror} (set BROKERD_RUN_DIR or TMPDIR)") from None
+
+    def _unlock_dirs(self) -> None:
+        if self.run_lock is not None:
+            if self.pids or getattr(self, "aux", None) is not None:
+                self.run_lock.release()  # children left (an error path): their sockets stay theirs
+            else:
+                release_run_dir(self.config, self.run_lock)
+            self.run_lock = None
+        if self.data_lock is not None:
+            self.data_lock.release()
+            self.data_lock = None
 
     def _check_data_dir(self) -> None:
         """Fail fast, naming the option, when the commit log directory cannot be written."""
@@ -89,11 +142,20 @@ class Supervisor:
 
     def run(self) -> int:
         cfg = self.config
-        self._check_listen()
-        if cfg.log:
-            self._check_data_dir()
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGHUP])  # from here on SIGHUP waits for the loop
+        self._check_ports()
+        self._lock_dirs()
+        try:
+            if cfg.log:
+                self._check_data_dir()
+            return self._serve()
+        finally:
+            self._unlock_dirs()
+
+    def _serve(self) -> int:
+        cfg = self.config
         self._check_open_files()
-        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD, signal.SIGTERM, signal.SIGINT])
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
         pipes = {}
         for i in range(cfg.workers):
             pid, r = self._fork(i)
@@ -106,8 +168,11 @@ class Supervisor:
         log.info("brokerd ready: node %s listening on %s:%d with %d worker%s", cfg.node_id, host, port,
                  cfg.workers, "s" if cfg.workers != 1 else "")
         while True:
-            info = signal.sigtimedwait([signal.SIGCHLD, signal.SIGTERM, signal.SIGINT], 1.0)
+            info = signal.sigtimedwait(SIGNALS, 1.0)
             if info is None:
+                continue
+            if info.si_signo == signal.SIGHUP:
+                self._reload()
                 continue
             if info.si_signo in (signal.SIGTERM, signal.SIGINT):
                 log.info("brokerd stopping (%s)", signal.Signals(info.si_signo).name)
@@ -116,6 +181,10 @@ class Supervisor:
             if not self._reap_and_restart():
                 self._stop_all()
                 return 1
+
+    def _reload(self) -> None:
+        """SIGHUP. Logs go to stderr (nothing to reopen); TLS and passwords will be reloaded here."""
+        log.info("SIGHUP: nothing to reload yet")
 
     def _check_open_files(self) -> None:
         """Raise the open-files limit for the workers to inherit, and say what it allows when it,
@@ -239,3 +308,19 @@ def _name_process(config: Config, index: int) -> None:
     except OSError:
         pass
     sys.argv[0] = f"brokerd worker {index}"
+
+
+def _bind_problem(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be bound now (an operator's words), or None."""
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return f"{shown} is already in use (another broker running?)"
+        return f"cannot bind {shown}: {exc.strerror}"
+    finally:
+        s.close()
+    return None
