@@ -189,3 +189,21 @@ def _run_dir(path: Path, holder: int | None, *sockets: str) -> Path:
         with socket.socket(socket.AF_UNIX) as s:
             s.bind(str(path / name))
     return path
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--port", "0"], "--port: must be a port number (1-65535), got 0"),
+    (["--mesh", "127.0.0.1:7000", "--peer", "127.0.0.1:0"], "--peer: must be a port number (1-65535)"),
+    (["--listen", "127.0.0.1:1883", "--mesh", "0.0.0.0:1882", "--workers", "2"],
+     "--mesh: port 1883 is also used by --listen"),
+    (["--listen", "0.0.0.0:1883", "--metrics-port", "1883"], "--metrics-port: port 1883 is also used by --listen"),
+    (["--sys-interval", "-1"], "--sys-interval: must be at least 0"),
+])
+def test_option_rules_between_and_within_options(argv, message):
+    """The same rules without a process: each has one home (an option's check, or load's)."""
+    from cluster.config import ConfigError, load
+
+    with pytest.raises(ConfigError) as err:
+        load(argv)
+    assert str(err.value).startswith(message), str(err.value)
+    load(["--listen", "127.0.0.2:1883", "--mesh", "127.0.0.1:1883", "--workers", "2"])  # other addresses
