@@ -21,7 +21,10 @@ A router silent for ``--mesh-timeout`` seconds (stopped, paused by a slow disk o
 partitioned, crashed), that said GOODBYE, or that came back with a new incarnation, is *parked*:
 requests stop waiting for it and its shared-group presence goes (groups' messages go to members
 that can take them), but its filter interest stays, and the frames it would have been sent are
-kept, up to ``--mesh-backlog`` bytes (beyond: dropped, counted as ``mesh_peer_gone``, logged once).
+kept, up to ``--mesh-backlog`` bytes. Beyond that, with the commit log on, nothing more is kept:
+the offset from which this router's own log holds the rest is noted, and when the peer returns
+those records are read back and forwarded again by its interest (the log is the backlog's
+overflow). With the log off, what is beyond is dropped, counted as ``mesh_peer_gone`` and logged.
 The moment it is heard again (any frame of the same incarnation, or a HELLO of a new one) it is
 taken back: the kept frames go first, then both sides send all their interest again, each a full
 announcement that replaces the last (``reset``), asked for with RESYNC. A router parked for
@@ -194,7 +197,7 @@ class Peer:
 
     __slots__ = ("router_id", "node_id", "ipc", "tcp", "incarnation", "last_seen", "alive", "link",
                  "batch", "batch_sources", "stats", "parked", "parked_at", "backlog", "backlog_bytes",
-                 "backlog_msgs", "dropped")
+                 "backlog_msgs", "dropped", "log_mark", "replay_from")
 
     def __init__(self, router_id: str, node_id: str, ipc: str | None, tcp: str | None) -> None:
         self.router_id = router_id
@@ -215,6 +218,8 @@ class Peer:
         self.backlog_bytes = 0
         self.backlog_msgs = 0
         self.dropped = 0  # messages dropped for it while parked (backlog full)
+        self.log_mark: int | None = None  # our log's next offset when the backlog last took a frame
+        self.replay_from: int | None = None  # backlog full: our log holds the rest from here
 
 
 class _Waiter:
@@ -521,8 +526,20 @@ class Mesh:
         return self._publish_frames(batch[:half]) + self._publish_frames(batch[half:])
 
     def _keep(self, peer: Peer, frame: bytes, n: int) -> None:
-        """A frame for a parked peer: into its backlog, or dropped and counted once it is full."""
+        """A frame for a parked peer: into its backlog; once that is full, left to this router's
+        log (read back when the peer returns), or without a log dropped and counted."""
+        if peer.replay_from is not None:
+            return
+        commit_log = self.router.commit_log
         if peer.backlog_bytes + len(frame) > self.config.mesh_backlog:
+            if commit_log is not None and commit_log.error is None and peer.log_mark is not None:
+                # Every message of this frame was logged after the mark: it and all that follows
+                # come back from the log.
+                peer.replay_from = peer.log_mark
+                log.warning("mesh: router %s is silent and the %d bytes kept for it (--mesh-backlog) are "
+                            "used: what it would get from here on is read back from this router's log "
+                            "when it returns", peer.router_id, peer.backlog_bytes)
+                return
             peer.dropped += n
             self.router.stats.drop_mesh_peer_gone += n
             if peer.dropped == n:
@@ -533,6 +550,38 @@ class Mesh:
         peer.backlog.append(frame)
         peer.backlog_bytes += len(frame)
         peer.backlog_msgs += n
+        if commit_log is not None:
+            peer.log_mark = commit_log.next_offset
+
+    def _replay(self, peer: Peer, offset: int, end: int, sent: int = 0) -> None:
+        """Forward again, by the peer's interest, the messages published here (records whose
+        origin is this router: copies from other routers are theirs to replay) in ``[offset,
+        end)`` of this router's log, 256 records per loop iteration, as the link drains."""
+        if not peer.alive or self.closed or peer.link is None:
+            return
+        if peer.link.pending:
+            self.loop.call_later(0.005, self._replay, peer, offset, end, sent)
+            return
+        records = [r for r in self.router.commit_log.read(offset, max_records=256) if r.offset < end]
+        if not records:
+            log.info("mesh: %d message(s) read back from the log for router %s", sent, peer.router_id)
+            return
+        rid = peer.router_id
+        me = self.router_id
+        batch = []
+        for rec in records:
+            if (rec.origin_router and rec.origin_router != me) or not any(
+                    r == rid for r, _ in self.router.interest.match(rec.topic)):
+                continue
+            msg = Message.from_record(rec)
+            msg.origin_router, msg.origin_offset = self.router_id, rec.offset
+            batch.append(msg.to_mesh())
+            if rec.retain:
+                self._send(peer, RETAINED, [msg.to_list()])
+        for frame, n in self._publish_frames(batch) if batch else ():
+            self.router.stats.mesh_msgs_out += n
+            peer.link.send(frame)
+        self.loop.call_soon(self._replay, peer, records[-1].offset + 1, end, sent + len(batch))
 
     # -- MeshPort -------------------------------------------------------------------------------------
 
@@ -896,6 +945,8 @@ class Mesh:
         peer.parked = True
         peer.parked_at = time.monotonic()
         peer.dropped = 0
+        peer.replay_from = None
+        peer.log_mark = self.router.commit_log.next_offset if self.router.commit_log is not None else None
         log.warning("mesh: router %s %s; keeping its interest and up to %d bytes of frames for it for "
                     "%g s", peer.router_id, why, self.config.mesh_backlog, self.config.mesh_forget)
         self.router.peer_silent(peer.router_id)
@@ -929,8 +980,11 @@ class Mesh:
             # Straight into the link's queue (not ``send``: nothing is dropped for its length).
             peer.link.pending.extend(backlog)
             self._blocked(peer.link)
+        replay_from, peer.replay_from = peer.replay_from, None
         self._joined(peer, quiet=was_parked)
         self._send(peer, RESYNC, None)
+        if replay_from is not None and self.router.commit_log is not None:
+            self._replay(peer, replay_from, self.router.commit_log.next_offset)
 
     def _forget(self, peer: Peer) -> None:
         """Parked for ``--mesh-forget`` seconds: drop its interest and what was kept for it."""
@@ -940,6 +994,10 @@ class Mesh:
         log.warning("mesh: router %s silent for %g s: forgotten, %d kept message(s) dropped", peer.router_id,
                     self.config.mesh_forget, lost + peer.dropped)
         peer.backlog, peer.backlog_bytes, peer.backlog_msgs, peer.dropped = [], 0, 0, 0
+        if peer.replay_from is not None:
+            log.warning("mesh: router %s forgotten: the messages for it in this router's log from offset "
+                        "%d on are not sent", peer.router_id, peer.replay_from)
+            peer.replay_from = None
         self.router.peer_left(peer.router_id)
         if peer.link is not None:
             peer.link.reset()

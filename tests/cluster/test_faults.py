@@ -33,12 +33,14 @@ def collect(sub: Client, topic_prefix: str) -> list[bytes]:
     return [m.payload for m in sub.messages if m.topic.startswith(topic_prefix)]
 
 
-def test_silent_peer_is_taken_back_and_gets_what_was_published_meanwhile(start_broker):
+@pytest.mark.parametrize("backlog", ["64M", "0"], ids=["kept-in-memory", "read-back-from-the-log"])
+def test_silent_peer_is_taken_back_and_gets_what_was_published_meanwhile(start_broker, backlog):
     """A worker stopped beyond --mesh-timeout, then continued: before, cross-worker delivery was
     0/10 for good in both directions (the peer, declared gone, was never taken back). Now it is
     taken back, and what was acknowledged to a publisher while it was silent reaches its
-    subscriber, which stayed connected throughout."""
-    broker = start_broker("--mesh-timeout", "1", workers=2)
+    subscriber, which stayed connected throughout: from the frames kept for it, or, with no room
+    for them (--mesh-backlog 0), read back from the publisher's router's log."""
+    broker = start_broker("--mesh-timeout", "1", "--mesh-backlog", backlog, workers=2)
     u = uid()
     subs, (a, b) = two_sides(broker, f"s{u}-")
     pubs, _ = two_sides(broker, f"p{u}-")
@@ -69,6 +71,30 @@ def test_silent_peer_is_taken_back_and_gets_what_was_published_meanwhile(start_b
     wait_for(lambda: len(set(collect(subs[b], f"sil{u}/ab"))) == 20, timeout=15,
              what="every a→b message after the stop")
     assert "Traceback" not in broker.log_text()
+    if backlog == "0":
+        assert "read back from this router's log" in broker.log_text()
+
+
+def test_without_a_log_what_a_silent_peer_cannot_be_kept_is_counted_and_logged(start_broker):
+    """With the log off and no room kept (--mesh-backlog 0), messages for a silent peer cannot
+    be kept: they are dropped, but counted (drop mesh_peer_gone) and logged with the reason."""
+    broker = start_broker("--mesh-timeout", "1", "--mesh-backlog", "0", "--log", "off", workers=2)
+    u = uid()
+    subs, (a, b) = two_sides(broker, f"s{u}-")
+    pubs, _ = two_sides(broker, f"p{u}-")
+    subs[a].subscribe(f"nl{u}/#", 1)
+    os.kill(a, signal.SIGSTOP)
+    try:
+        broker.wait_log("silent for 1 s", timeout=10)
+        for i in range(5):
+            pubs[b].publish(f"nl{u}/x", f"m{i}", qos=1)
+        broker.wait_log("dropping what it would get until it returns (counted as drop mesh_peer_gone)")
+    finally:
+        os.kill(a, signal.SIGCONT)
+    broker.wait_log("is back", timeout=10)
+    pubs[b].publish(f"nl{u}/x", b"after", qos=1)
+    wait_for(lambda: b"after" in collect(subs[a], f"nl{u}/"), what="delivery after the return")
+    assert "5 were dropped (backlog full)" in broker.log_text()
 
 
 def test_bad_mesh_frames_are_dropped_counted_and_logged_once(start_broker, tmp_path):
