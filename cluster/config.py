@@ -1,8 +1,10 @@
-"""brokerd's options: one table of them, read from the command line and/or a TOML file.
+"""brokerd's options: one table of them, read from the command line, the environment and a TOML file.
 
 Every option is declared once in ``OPTIONS`` (name, type, default, help); argparse, the TOML reader,
-``--help`` and README's table all come from it, so they cannot disagree. A wrong option or value
-raises ``ConfigError`` whose message is one line naming the option; the CLI prints it and exits 2.
+the ``BROKERD_*`` environment variables, ``--help`` and README's table (``cluster.options_doc``) all
+come from it, so they cannot disagree. Precedence: command line > environment > TOML > default. A
+wrong option or value raises ``ConfigError`` whose message is one line naming the option (or the
+variable); the CLI prints it and exits 2.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import math
 import os
 import socket
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -236,19 +238,56 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load(argv: list[str]) -> Config:
-    """Command line → Config: defaults, overlaid by --config's TOML, overlaid by flags."""
+ENV_PREFIX = "BROKERD_"
+
+
+def env_name(name: str) -> str:
+    """The environment variable of option ``name``: ``BROKERD_MAX_QUEUED`` for ``max_queued``."""
+    return ENV_PREFIX + name.upper()
+
+
+def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The options set by ``BROKERD_<NAME>`` variables (empty ones count as unset; other
+    ``BROKERD_`` variables, such as ``BROKERD_RUN_DIR``, are not options and are left alone).
+    A repeatable option takes a comma-separated list: ``BROKERD_PEER=b:7000,c:7000``."""
+    values: dict[str, Any] = {}
+    port = environ.get(env_name("port"), "").strip()
+    if port:  # like --port and TOML's port: short for listen = "0.0.0.0:P"; BROKERD_LISTEN wins
+        problem = None if port.isdigit() else "expected a port number"
+        problem = problem or _port(int(port))
+        if problem:
+            raise ConfigError(f"{env_name('port')}: {problem}, got {port!r}")
+        values["listen"] = ("0.0.0.0", int(port))
+    for opt in OPTIONS:
+        var = env_name(opt.name)
+        raw: Any = environ.get(var, "").strip()
+        if not raw:
+            continue
+        if opt.repeat:
+            raw = [item.strip() for item in raw.split(",") if item.strip()]
+        values[opt.name] = _convert(opt, raw, var)
+    return values
+
+
+def load(argv: list[str], environ: Mapping[str, str] | None = None) -> Config:
+    """Command line → Config: defaults, overlaid by the TOML file (``--config`` or
+    ``BROKERD_CONFIG``), by ``BROKERD_*`` variables of ``environ`` (``os.environ`` by default), and
+    by flags."""
     args = vars(build_parser().parse_args(argv))
+    environ = os.environ if environ is None else environ
     values: dict[str, Any] = {o.name: o.default for o in OPTIONS}
     config_file = args.pop("config", None)
+    given_as = "--config"
+    if not config_file and environ.get(env_name("config"), "").strip():
+        config_file, given_as = environ[env_name("config")].strip(), env_name("config")
     if config_file:
         try:
             with open(config_file, "rb") as f:
                 table = tomllib.load(f)
         except OSError as exc:
-            raise ConfigError(f"--config: cannot read {config_file}: {exc.strerror}") from None
+            raise ConfigError(f"{given_as}: cannot read {config_file}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"--config: {config_file} is not valid TOML: {exc}") from None
+            raise ConfigError(f"{given_as}: {config_file} is not valid TOML: {exc}") from None
         for key, raw in table.items():
             name = key.replace("-", "_")
             if name == "port":
@@ -258,6 +297,7 @@ def load(argv: list[str]) -> Config:
             if opt is None:
                 raise ConfigError(f"{config_file}: unknown option {key!r}")
             values[name] = _convert(opt, raw, f"{config_file}: {key}")
+    values.update(_from_env(environ))
     port = args.pop("port", None)
     if port is not None:
         problem = _port(port)
