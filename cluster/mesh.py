@@ -65,7 +65,7 @@ import msgpack
 import zmq
 
 from router.message import Message
-from router.router import TAKEOVER_FAILED
+from router.ports import TAKEOVER_FAILED
 
 from .config import Config
 from .mesh_frames import (
@@ -241,7 +241,7 @@ class _Waiter:
 
 
 class Mesh:
-    """Implements ``router.router.MeshPort`` for one router."""
+    """Implements ``router.ports.MeshPort`` for one router."""
 
     def __init__(self, config: Config, index: int, router: Router, loop: asyncio.AbstractEventLoop) -> None:
         self.config = config
@@ -279,8 +279,7 @@ class Mesh:
         self._tcp_pull: zmq.Socket | None = None
         self._incoming: dict[tuple[int, str], _Transfer] = {}  # (request, sender) → session arriving
         self._moves: dict[tuple[str, int], str] = {}  # (new owner, its request) → client id leaving
-        self.peer_stats: dict[str, list[int]] = {}
-        router.mesh_peer_stats = self.peer_stats  # type: ignore[attr-defined]
+        self._peer_stats: dict[str, list[int]] = {}
         self._packer = msgpack.Packer(use_bin_type=True)
         self.closed = False  # after stop(): whatever the router still says goes nowhere
 
@@ -379,6 +378,9 @@ class Mesh:
             await asyncio.sleep(0.02)
         else:
             log.warning("mesh: not every local router answered within 10 s; serving anyway")
+            return
+        if self.index == 0 and local:  # the node's own routers, in one line (each pair: DEBUG)
+            log.info("mesh: the %d routers of node %s joined each other", len(local) + 1, self.node_id)
 
     def _setup_curve(self, path: str) -> None:
         import zmq.auth
@@ -608,6 +610,9 @@ class Mesh:
         if self._interest_waiter is None:
             self._interest_waiter = _Waiter(self.loop, alive)
         return self._interest_waiter.future
+
+    def peer_stats(self) -> dict[str, list[int]]:
+        return dict(self._peer_stats)
 
     def _alive(self) -> set[str]:
         """The ids of the peers that count as alive now."""
@@ -886,7 +891,7 @@ class Mesh:
         if peer is None:
             peer = Peer(sender, body["node"], body.get("ipc"), body.get("tcp"))
             self.peers[sender] = peer
-            self.peer_stats[sender] = peer.stats
+            self._peer_stats[sender] = peer.stats
         peer.ipc, peer.tcp = body.get("ipc"), body.get("tcp")
         if peer.link is None:
             endpoint = peer.ipc if peer.node_id == self.node_id else peer.tcp
@@ -923,9 +928,14 @@ class Mesh:
 
     def _joined(self, peer: Peer, quiet: bool = False) -> None:
         """A router (re)appeared: greet it, tell it our interest, fetch retained messages once."""
+        first = not any(p.alive for p in self.peers.values() if p.node_id == peer.node_id)
         peer.alive = True
         if not quiet:
-            log.info("mesh: router %s joined (%s)", peer.router_id, peer.link.endpoint if peer.link else "?")
+            # One INFO line per node that joins, from router 0 of this node; each router pair: DEBUG.
+            where = peer.link.endpoint if peer.link else "?"
+            log.debug("mesh: router %s joined (%s)", peer.router_id, where)
+            if first and self.index == 0 and peer.node_id != self.node_id:
+                log.info("mesh: node %s joined (first router %s at %s)", peer.node_id, peer.router_id, where)
         assert peer.link is not None
         self._send_hello(peer.link)
         self._announce_all(peer)

@@ -412,7 +412,7 @@ class StatsPublisher:
             queued += len(session.queue)
         peers = {
             peer: {"msgs_out": s[0], "bytes_out": s[1], "msgs_in": s[2], "bytes_in": s[3]}
-            for peer, s in list(getattr(router, "mesh_peer_stats", {}).items())
+            for peer, s in router.mesh.peer_stats().items()
         }
         try:
             mem = self.process.memory_info().rss

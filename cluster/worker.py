@@ -81,7 +81,7 @@ class Worker:
             from .mesh import Mesh
 
             self.mesh = Mesh(self.config, self.index, self.router, self.loop)
-            self.router.mesh = self.mesh
+            self.router.attach_mesh(self.mesh)
             await self.mesh.start()
             if self.commit_log is not None:
                 # The other local routers have opened (recovered) their logs: they answered the mesh.

@@ -36,7 +36,7 @@ from connection.reasons import ProtocolError, Reason, connack_code
 
 from .log.errors import LogUnavailable
 from .message import Message
-from .router import TAKEOVER_FAILED
+from .ports import TAKEOVER_FAILED
 from .shared import is_shared, parse_share
 from .topics import valid_topic_filter
 
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONNECTING = "connecting"  # the pause_reading cause while a CONNECT waits for the cluster
+_PROTOCOLS = {3: "MQTT 3.1", 4: "MQTT 3.1.1", 5: "MQTT 5.0"}  # protocol level → what an operator calls it
 
 
 def _ack(kind: int, pid: int) -> bytes:
@@ -135,6 +136,10 @@ class Client:
 
     def connection_lost(self, graceful: bool) -> None:
         router = self.router
+        if self.session is not None:  # it had connected (a connection taken over said so already)
+            log.info("client %s (%s) disconnected (%s)", self.client_id, self.conn.peer,
+                     "DISCONNECT" if graceful else "closed without DISCONNECT" +
+                     ("; will published" if self.will is not None else ""))
         session = self._let_go()
         if session is not None:
             if session.persistent or session.expiry_s:
@@ -179,11 +184,10 @@ class Client:
             self.will = Message(w.topic, w.payload, w.qos, w.retain, client_id, router.router_id,
                                 properties=w.properties or None)
         self._pending = []
-        mesh = router.mesh
         local = router.clients.get(client_id)
         if local is not None:
             local.taken_over()
-        if mesh is None:
+        if not router.clustered:
             self._finish_connect(connect, None, assigned)
             return
         # Another router may hold this client id: ask the cluster first (bounded wait). Until the
@@ -195,7 +199,7 @@ class Client:
 
     async def _connect_via_cluster(self, connect: Connect, assigned: bool) -> None:
         router = self.router
-        state = await router.mesh.takeover(self.client_id)  # type: ignore[union-attr]  # bounded by the mesh
+        state = await router.mesh.takeover(self.client_id)  # bounded by the mesh
         if self.conn.closing or state is TAKEOVER_FAILED:
             if router.clients.get(self.client_id) is self:
                 del router.clients[self.client_id]
@@ -249,6 +253,12 @@ class Client:
                 props[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id
         self.conn.accept(connect.keepalive, level)
         self.conn.send(encode(Connack(session_present, 0, props), level))
+        # Like Mosquitto, one line per connect and disconnect, nothing per message; never the password.
+        log.info("client %s connected from %s (%s, %s, keepalive %d%s)", client_id, self.conn.peer,
+                 _PROTOCOLS.get(level, f"protocol level {level}"),
+                 "clean start" if connect.clean_start else
+                 "session resumed" if session_present else "new persistent session",
+                 connect.keepalive, f", user {connect.username!r}" if connect.username is not None else "")
         session.attach(self.conn, receive_max)
         if session.shared:
             router.shared_presence(session)
@@ -354,7 +364,7 @@ class Client:
         suback = encode(Suback(p.packet_id, codes), self.level)
         pending = router.interest_pending
         waits = [pending[f] for f in announced if f in pending]
-        if not waits and retained_out and router.mesh is not None:
+        if not waits and retained_out:
             # No announcement to wait for, but the retained messages here may lag a peer's: wait
             # until every peer has answered, and so has handed over any retained update it
             # acknowledged before this SUBSCRIBE (a cleared one must not come back).

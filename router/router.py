@@ -1,8 +1,8 @@
 """One router per worker: sessions, the subscription index, retained messages, delivery.
 
 The router is the single owner of the state of the connections it holds; other routers reach it
-only through the ``MeshPort`` it is given (``cluster/mesh`` implements it with ZeroMQ; a router with
-no peers gets none). It knows nothing of sockets or ZeroMQ: it hands outbound frames to the port
+only through the ``MeshPort`` it is given (``router.ports``; ``cluster/mesh`` implements it with
+ZeroMQ; a router with no peers has ``NULL_MESH``). It knows nothing of sockets or ZeroMQ: it hands outbound frames to the port
 and is called back for inbound ones (``deliver_remote``, ``peer_interest`` ...).
 
 Routing is by interest: the router counts its local subscribers per filter, announces a filter to
@@ -13,6 +13,10 @@ filters matches, once per peer however many subscribers it has there.
 Shared subscriptions (``router.shared``) ride on the same interest announcements, keyed by the
 ``$share/group/filter`` string with a presence (connected members); the publisher's router picks one
 router per group, weighted by presence, and tells that router, in the one copy it sends, which groups it was picked for.
+
+Split by concern (rumqttd's model): shared-subscription routing in ``router.shared_routing``,
+session life, expiry and takeover in ``router.session_life``; ``Router`` mixes them in and holds
+all the state.
 """
 
 from __future__ import annotations
@@ -20,59 +24,27 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from connection.packets import Subscription
 from connection.reasons import ProtocolError, Reason
 
 from .log.errors import LogUnavailable
 from .message import Message
+from .ports import NULL_MESH, TAKEOVER_FAILED, ClientHandle, MeshPort
 from .retained import RetainedStore
 from .session import Session, SessionLimits
-from .shared import NONE, SharedGroup, SharedRoute, is_shared, parse_share
+from .session_life import SessionLife
+from .shared import NONE, SharedGroup, SharedRoute, is_shared
+from .shared_routing import SharedRouting
 from .stats import RouterStats
 from .topics import TopicIndex
 
-if TYPE_CHECKING:
-    from .client import Client
+__all__ = ["TAKEOVER_FAILED", "MeshPort", "Router", "RouterConfig"]
 
 log = logging.getLogger(__name__)
-
-
-class MeshPort(Protocol):
-    """What a router needs from the cluster: implemented by ``cluster.mesh.Mesh``."""
-
-    def forward(self, router_id: str, msg: Message, source: Any = None, groups: list[str] | None = None,
-                only: bool = False) -> None:
-        """Queue ``msg`` for one peer router (batched per loop iteration). ``source`` is the client
-        connection it came from: the mesh pauses reading from it while that peer is backed up.
-        ``groups``: the shared subscriptions that router was chosen for; ``only``: for them alone
-        (a message handed on from a member whose session ended: that router's normal subscribers
-        and its log had their copy already)."""
-
-    def announce_interest(self, topic_filter: str, add: bool | int) -> Awaitable[None] | None:
-        """Tell every peer router that this router gained / lost its interest in a filter (for a
-        ``$share/`` key: its presence, 0 = none); for a gain, an awaitable that completes
-        when every live peer has acknowledged it."""
-
-    def retained_update(self, msg: Message) -> None:
-        """Tell every peer router about a retained message (an empty payload clears it)."""
-
-    def barrier(self) -> Awaitable[None] | None:
-        """An awaitable that completes when every live peer has answered a request sent now, so
-        that everything they sent before it (retained updates above all) has been handled here;
-        None without live peers."""
-
-    def takeover(self, client_id: str) -> Awaitable[dict | None]:
-        """Ask every peer to give up ``client_id``: its session state, None if nobody had it, or
-        ``TAKEOVER_FAILED``. The port bounds the wait (it goes on while a session arrives)."""
-
-
-# What ``MeshPort.takeover`` answers when a session was being moved here and the transfer broke
-# off: the session stayed with its old owner, and the CONNECT is refused (the client retries).
-TAKEOVER_FAILED: dict = {"failed": True}
 
 
 @dataclass(slots=True)
@@ -84,15 +56,15 @@ class RouterConfig:
     session: SessionLimits = field(default_factory=SessionLimits)
 
 
-class Router:
+class Router(SharedRouting, SessionLife):
     def __init__(self, config: RouterConfig, mesh: MeshPort | None = None) -> None:
         self.config = config
         self.router_id = config.router_id
-        self.mesh = mesh
+        self.mesh: MeshPort = mesh if mesh is not None else NULL_MESH
         self.stats = RouterStats()
         self.sessions: dict[str, Session] = {}
         self.moving: dict[str, Session] = {}  # exported to another router, not yet confirmed there
-        self.clients: dict[str, Client] = {}  # client id → the live connection's handler
+        self.clients: dict[str, ClientHandle] = {}  # client id → the live connection's handler
         self.subs: TopicIndex[Session, Subscription] = TopicIndex()
         self.local_filters: dict[str, int] = {}  # filter → number of local sessions subscribed
         self.interest_pending: dict[str, Awaitable[None]] = {}  # announced, not yet acknowledged
@@ -135,8 +107,7 @@ class Router:
         if msg.retain:
             self.retained.set(msg)
             self.stats.retained_count = len(self.retained)
-            if self.mesh is not None:
-                self.mesh.retained_update(msg)
+            self.mesh.retained_update(msg)
         topic = msg.topic
         routes = self._routes.get(topic)
         if routes is None:
@@ -150,14 +121,13 @@ class Router:
             if shared:
                 self._publish_shared(msg, shared, source)
                 return
-        if self.mesh is not None:
-            peers = self._peer_routes.get(topic)
-            if peers is None:
-                peers = self._fold_peers(topic)
-            if peers:
-                mesh = self.mesh
-                for router_id in peers:
-                    mesh.forward(router_id, msg, source)
+        peers = self._peer_routes.get(topic)
+        if peers is None:
+            peers = self._fold_peers(topic)
+        if peers:
+            mesh = self.mesh
+            for router_id in peers:
+                mesh.forward(router_id, msg, source)
 
     def deliver_remote(self, msg: Message) -> None:
         """A message another router forwarded here because this router announced interest.
@@ -254,6 +224,15 @@ class Router:
 
     # -- acknowledgements that wait for the disk (--fsync always) ------------------------------------
 
+    def attach_mesh(self, mesh: MeshPort) -> None:
+        """Join a cluster: the mesh is made after the router (it needs the router to call back)."""
+        self.mesh = mesh
+
+    @property
+    def clustered(self) -> bool:
+        """Whether other routers exist that may hold sessions or subscribers."""
+        return self.mesh is not NULL_MESH
+
     def attach_log(self, log_: Any, ack_when_durable: bool) -> None:
         self.commit_log = log_
         self.ack_when_durable = ack_when_durable
@@ -277,7 +256,7 @@ class Router:
         for conn in {id(c): c for _, c, _ in acks}.values():
             log.warning("client %s (%s): closing, %d publish(es) could not be made durable: %s",
                         conn.client_id, conn.peer, sum(1 for _, c, _ in acks if c is conn), error)
-            conn.close(0x83)  # MQTT 5: implementation specific error
+            conn.close(Reason.IMPLEMENTATION_SPECIFIC_ERROR)
 
     def _durable(self, durable: int) -> None:
         acks = self._deferred_acks
@@ -321,124 +300,6 @@ class Router:
         self._peer_routes[topic] = peers
         return peers
 
-    # -- shared subscriptions: publishing -------------------------------------------------------------
-
-    def _fold_shared(self, topic: str) -> tuple[SharedRoute, ...]:
-        routes = tuple(route for _, route in self.shared_index.match(topic))
-        if len(self._shared_cache) > 65536:
-            self._shared_cache.clear()
-        self._shared_cache[topic] = routes
-        return routes
-
-    def _publish_shared(self, msg: Message, routes: tuple[SharedRoute, ...], source: Any) -> None:
-        """Pick one router per group; each peer still gets one copy, naming its groups if any."""
-        me = self.router_id
-        picked: dict[str, list[str]] = {}
-        for route in routes:
-            rid = route.choose()
-            if rid == me:
-                self._deliver_shared(msg, route.key)
-            elif rid is not None:
-                picked.setdefault(rid, []).append(route.key)
-        mesh = self.mesh
-        if mesh is None:
-            return
-        peers = self._peer_routes.get(msg.topic)
-        if peers is None:
-            peers = self._fold_peers(msg.topic)
-        for rid in peers:
-            mesh.forward(rid, msg, source, picked.pop(rid, None))
-        for rid, groups in picked.items():
-            mesh.forward(rid, msg, source, groups)
-
-    def _deliver_shared(self, msg: Message, key: str) -> None:
-        """One local member of shared subscription ``key`` gets ``msg`` (none left: nobody)."""
-        group = self.shared_local.get(key)
-        if group is None:
-            self.stats.shared_no_member += 1
-            return
-        picked = group.pick(msg.qos)
-        if picked is None:
-            self.stats.shared_no_member += 1
-            return
-        session, sub = picked
-        qos = msg.qos
-        session.deliver_shared(msg, qos if qos < sub.qos else sub.qos, msg.retain and sub.retain_as_published)
-
-    def _hand_on(self, msg: Message, key: str) -> None:
-        """Deliver ``msg`` to another member of group ``key``, wherever the choice falls, and to
-        nobody else (its member's session ended before acknowledging it)."""
-        route = self.shared_routes.get(key)
-        rid = route.choose() if route is not None else None
-        if rid == self.router_id:
-            self._deliver_shared(msg, key)
-        elif rid is not None and self.mesh is not None:
-            self.mesh.forward(rid, msg, None, [key], True)
-        else:
-            self.stats.shared_no_member += 1
-
-    # -- shared subscriptions: membership and presence ------------------------------------------------
-
-    def subscribe_shared(self, session: Session, sub: Subscription) -> bool:
-        """Make ``session`` a member of the shared subscription ``sub.topic_filter`` (the whole
-        ``$share/group/filter``); True if it was not one already."""
-        key = sub.topic_filter
-        new = key not in session.shared
-        session.shared[key] = sub
-        self._session_changed(session)
-        group = self.shared_local.get(key)
-        if group is None:
-            group = self.shared_local[key] = SharedGroup(key)
-        group.add(session, sub)
-        self._local_presence(key)
-        return new
-
-    def unsubscribe_shared(self, session: Session, key: str) -> bool:
-        if session.shared.pop(key, None) is None:
-            return False
-        self._session_changed(session)
-        group = self.shared_local.get(key)
-        if group is not None:
-            group.remove(session)
-            if not group.members:
-                del self.shared_local[key]
-        self._local_presence(key)
-        return True
-
-    def shared_presence(self, session: Session) -> None:
-        """``session`` connected or went offline: the presence in its groups changes."""
-        for key in session.shared:
-            self._local_presence(key)
-
-    def _local_presence(self, key: str) -> None:
-        """Recompute this router's presence in group ``key``; announce it if it changed."""
-        group = self.shared_local.get(key)
-        presence = group.presence() if group is not None else NONE
-        route = self.shared_routes.get(key)
-        if presence == (route.routers.get(self.router_id, NONE) if route is not None else NONE):
-            return
-        self._route_presence(key, self.router_id, presence)
-        if self.mesh is not None:
-            self._interest_ack(key, self.mesh.announce_interest(key, presence))
-
-    def _route_presence(self, key: str, router_id: str, presence: int) -> None:
-        """Record one router's presence in group ``key``; drop the route when nobody is left."""
-        route = self.shared_routes.get(key)
-        if route is None:
-            parsed = parse_share(key) if presence != NONE else None
-            if parsed is None:
-                return
-            route = self.shared_routes[key] = SharedRoute(key, *parsed)
-            self.shared_index.add(route.topic_filter, route.group, route)
-            self._shared_cache.clear()
-            self.has_shared = True
-        route.set_presence(router_id, presence)
-        if not route.routers:
-            del self.shared_routes[key]
-            self.shared_index.remove(route.topic_filter, route.group)
-            self._shared_cache.clear()
-            self.has_shared = bool(self.shared_routes)
-
     def interest_announcements(self) -> list[tuple[str, bool | int]]:
         """Everything this router announces, for a peer that (re)joins: filters and presence."""
         me = self.router_id
@@ -472,12 +333,11 @@ class Router:
         count = self.local_filters.get(topic_filter, 0) + delta
         if count > 0:
             self.local_filters[topic_filter] = count
-            if count == 1 and delta > 0 and self.mesh is not None:
+            if count == 1 and delta > 0:
                 self._interest_ack(topic_filter, self.mesh.announce_interest(topic_filter, True))
         else:
             self.local_filters.pop(topic_filter, None)
-            if self.mesh is not None:
-                self.mesh.announce_interest(topic_filter, False)
+            self.mesh.announce_interest(topic_filter, False)
 
     def _session_changed(self, session: Session) -> None:
         """A persistent session's subscriptions changed: snapshot soon, not per packet."""
@@ -496,97 +356,6 @@ class Router:
                 del pending[key]
 
         ack.add_done_callback(done)  # type: ignore[attr-defined]
-
-    # -- sessions -------------------------------------------------------------------------------------
-
-    def new_session(self, client_id: str, persistent: bool) -> Session:
-        session = Session(client_id, persistent, self.config.session, self.stats)
-        session.log = self.commit_log
-        self.sessions[client_id] = session
-        return session
-
-    def end_session(self, session: Session) -> None:
-        """A session ends for good (clean disconnect, expiry, a clean start replacing it): drop it,
-        then hand the QoS 1/2 group messages it had not acknowledged to other members of their
-        groups (MQTT 5.0 section 4.8.2: SHOULD). A takeover moves a session instead: not here."""
-        orphans = session.group_orphans() if session.shared else []
-        self.drop_session(session)
-        for msg, key in orphans:
-            self._hand_on(msg, key)
-
-    def drop_session(self, session: Session) -> None:
-        """Forget a session and everything it subscribed to."""
-        for topic_filter in list(session.subscriptions):
-            self.unsubscribe(session, topic_filter)
-        for key in list(session.shared):
-            self.unsubscribe_shared(session, key)
-        if self.sessions.get(session.client_id) is session:
-            del self.sessions[session.client_id]
-        timer = self._expiry.pop(session.client_id, None)
-        if timer is not None:
-            timer.cancel()
-
-    def schedule_expiry(self, session: Session) -> None:
-        """MQTT 5 session expiry: a finite interval removes the offline session when it runs out."""
-        if 0 < session.expiry_s < 0xFFFFFFFF:
-            loop = asyncio.get_event_loop()
-            self._expiry[session.client_id] = loop.call_later(session.expiry_s, self._expire, session)
-
-    def cancel_expiry(self, client_id: str) -> None:
-        timer = self._expiry.pop(client_id, None)
-        if timer is not None:
-            timer.cancel()
-
-    def _expire(self, session: Session) -> None:
-        self._expiry.pop(session.client_id, None)
-        if session.conn is None and self.sessions.get(session.client_id) is session:
-            log.info("session %s expired", session.client_id)
-            self.end_session(session)
-
-    def import_session(self, client_id: str, state: dict) -> Session:
-        """A session handed over by another router (takeover) becomes ours."""
-        session = self.new_session(client_id, state["persistent"])
-        session.import_state(state)
-        for topic_filter, qos, no_local, rap, rh in state["subs"]:
-            self.subscribe(session, Subscription(topic_filter, qos, no_local, rap, rh))
-        for key, qos, no_local, rap, rh in state.get("shared", ()):
-            self.subscribe_shared(session, Subscription(key, qos, no_local, rap, rh))
-        return session
-
-    def release_session(self, client_id: str, same_node: bool) -> tuple[dict, Iterator[list]] | None:
-        """Another router takes ``client_id`` over: close our connection and export the session,
-        as a header and its queued copies in chunks (``Session.export_copies``). The session
-        stays here, offline, until the new owner confirms it has it (``moved``): a transfer
-        that fails leaves it in one place, this one."""
-        client = self.clients.get(client_id)
-        if client is not None:
-            client.taken_over()
-        session = self.sessions.get(client_id)
-        if session is None or client_id in self.moving:
-            return None
-        session.detach()
-        if self.commit_log is not None:
-            self.commit_log.flush()  # the position handed over must be readable from the disk
-        self.moving[client_id] = session
-        return session.export_header(same_node), session.export_copies(same_node)
-
-    def moved(self, client_id: str, ok: bool) -> None:
-        """The new owner of a session being moved has it (``ok``), or the transfer failed: then
-        the session stays here, offline, as if its client had gone."""
-        session = self.moving.pop(client_id, None)
-        if session is None or self.sessions.get(client_id) is not session:
-            return
-        if ok:
-            self.drop_session(session)
-            self.stats.takeovers += 1
-            return
-        log.warning("session %s: its transfer to another router failed; it stays here", client_id)
-        if session.conn is None:
-            if session.persistent or session.expiry_s:
-                self.cancel_expiry(client_id)
-                self.schedule_expiry(session)
-            else:
-                self.end_session(session)
 
     # -- the other routers ----------------------------------------------------------------------------
 

@@ -157,7 +157,7 @@ def test_interest_announced_on_first_and_withdrawn_on_last(router):
             pass
 
     mesh = Mesh()
-    router.mesh = mesh  # type: ignore[assignment]
+    router.attach_mesh(mesh)  # type: ignore[arg-type]
     a, _ = online(router, "a", ("x/#", 0))
     b, _ = online(router, "b", ("x/#", 1))
     assert mesh.calls == [("x/#", True)]
@@ -180,7 +180,7 @@ def test_forward_once_per_peer_router(router):
         def retained_update(self, m):
             pass
 
-    router.mesh = Mesh()  # type: ignore[assignment]
+    router.attach_mesh(Mesh())  # type: ignore[arg-type]
     router.peer_interest("r2", "x/#", True)
     router.peer_interest("r2", "x/+", True)
     router.peer_interest("r3", "y", True)

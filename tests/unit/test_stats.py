@@ -21,6 +21,7 @@ from cluster.stats import (
 )
 from cluster.stats_cli import human_bytes, human_count, human_duration, render_connections, render_routers
 from connection.protocol import ConnectionCounters
+from router.ports import NullMesh
 from router.router import Router, RouterConfig
 
 
@@ -32,6 +33,16 @@ class FakeConn:
         self.peer = peer
         self.protocol_level = 4
 
+
+
+class PeerStatsMesh(NullMesh):
+    """A mesh with nobody to talk to that reports fixed per-peer traffic."""
+
+    def __init__(self, stats: dict[str, list[int]]) -> None:
+        self._stats = stats
+
+    def peer_stats(self) -> dict[str, list[int]]:
+        return self._stats
 
 def fake_conn(bytes_in: int = 0, bytes_out: int = 0, msgs_in: int = 0, msgs_out: int = 0,
               peer: str = "127.0.0.1:1") -> FakeConn:
@@ -78,7 +89,7 @@ def test_snapshot_counts_live_and_closed_connections_and_sessions():
     router.sessions["big"]._queue().extend([(None, 1, False)] * 3)  # type: ignore[list-item]
     router.sessions["small"].inflight[1] = None  # type: ignore[assignment]
     router.stats.drop_queue_full = 2
-    router.mesh_peer_stats = {"n/w1": [4, 400, 1, 100]}  # type: ignore[attr-defined]
+    router.attach_mesh(PeerStatsMesh({"n/w1": [4, 400, 1, 100]}))  # type: ignore[arg-type]
     router.stats.mesh_msgs_out, router.stats.mesh_bytes_out = 4, 400
     snap = pub.snapshot(0.003)
     assert snap["v"] == SCHEMA_VERSION and snap["kind"] == "router"
@@ -155,7 +166,7 @@ def test_metrics_text_parses_with_router_labels():
     for i in range(2):
         pub, router, conns = publisher(index=i)
         add_client(router, conns, f"c{i}", bytes_in=1000 * (i + 1), msgs_in=3 * (i + 1))
-        router.mesh_peer_stats = {f"n/w{1 - i}": [5, 500, 0, 0]}  # type: ignore[attr-defined]
+        router.attach_mesh(PeerStatsMesh({f"n/w{1 - i}": [5, 500, 0, 0]}))  # type: ignore[arg-type]
         router.stats.drop_slow_consumer = i
         node.update(pub.snapshot())
     families = {f.name: f for f in text_string_to_metric_families(metrics_text(node).decode())}

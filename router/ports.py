@@ -1,0 +1,89 @@
+"""What a router needs from the world around it, declared: the mesh (other routers) and the client
+connections' handlers. ``router/`` implements neither: ``cluster.mesh.Mesh`` is the mesh,
+``router.client.Client`` the handler, and a router without peers gets ``NULL_MESH``, so that the
+router's code has no "is there a mesh?" branches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any, Protocol
+
+from .message import Message
+
+# What ``MeshPort.takeover`` answers when a session was being moved here and the transfer broke
+# off: the session stayed with its old owner, and the CONNECT is refused (the client retries).
+TAKEOVER_FAILED: dict = {"failed": True}
+
+
+class MeshPort(Protocol):
+    """What a router needs from the cluster: implemented by ``cluster.mesh.Mesh``."""
+
+    def forward(self, router_id: str, msg: Message, source: Any = None, groups: list[str] | None = None,
+                only: bool = False) -> None:
+        """Queue ``msg`` for one peer router (batched per loop iteration). ``source`` is the client
+        connection it came from: the mesh pauses reading from it while that peer is backed up.
+        ``groups``: the shared subscriptions that router was chosen for; ``only``: for them alone
+        (a message handed on from a member whose session ended: that router's normal subscribers
+        and its log had their copy already)."""
+
+    def announce_interest(self, topic_filter: str, add: bool | int) -> Awaitable[None] | None:
+        """Tell every peer router that this router gained / lost its interest in a filter (for a
+        ``$share/`` key: its presence, 0 = none); for a gain, an awaitable that completes
+        when every live peer has acknowledged it."""
+
+    def retained_update(self, msg: Message) -> None:
+        """Tell every peer router about a retained message (an empty payload clears it)."""
+
+    def barrier(self) -> Awaitable[None] | None:
+        """An awaitable that completes when every live peer has answered a request sent now, so
+        that everything they sent before it (retained updates above all) has been handled here;
+        None without live peers."""
+
+    def takeover(self, client_id: str) -> Awaitable[dict | None]:
+        """Ask every peer to give up ``client_id``: its session state, None if nobody had it, or
+        ``TAKEOVER_FAILED``. The port bounds the wait (it goes on while a session arrives)."""
+
+    def peer_stats(self) -> dict[str, list[int]]:
+        """Traffic per peer router: {router id: [msgs out, bytes out, msgs in, bytes in]}."""
+
+
+class NullMesh:
+    """The mesh of a router alone: nobody to forward to, announce to, or wait for."""
+
+    clustered = False
+
+    def forward(self, router_id: str, msg: Message, source: Any = None, groups: list[str] | None = None,
+                only: bool = False) -> None:
+        return None
+
+    def announce_interest(self, topic_filter: str, add: bool | int) -> None:
+        return None
+
+    def retained_update(self, msg: Message) -> None:
+        return None
+
+    def barrier(self) -> None:
+        return None
+
+    def peer_stats(self) -> dict[str, list[int]]:
+        return {}
+
+    def takeover(self, client_id: str) -> Awaitable[dict | None]:
+        future = asyncio.get_event_loop().create_future()
+        future.set_result(None)
+        return future
+
+
+NULL_MESH = NullMesh()
+
+
+class ClientHandle(Protocol):
+    """What a router needs from the handler of one client connection (``router.client.Client``)."""
+
+    client_id: str
+    conn: Any  # connection.protocol.MQTTConnection
+
+    def taken_over(self) -> None:
+        """The same client id connected elsewhere: close this connection (its will fires)."""

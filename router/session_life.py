@@ -1,0 +1,132 @@
+"""Session life on a router: creation, the end of a session, expiry, and moving a session to or from
+another router (takeover).
+
+Split from ``router.router`` by concern; ``Router`` mixes this in and holds the state
+(``sessions``, ``moving``, the expiry timers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from connection.packets import Subscription
+
+from .session import Session
+
+if TYPE_CHECKING:
+    from .ports import ClientHandle
+    from .router import RouterConfig
+    from .stats import RouterStats
+
+log = logging.getLogger(__name__)
+
+
+class SessionLife:
+    config: RouterConfig
+    stats: RouterStats
+    commit_log: Any
+    sessions: dict[str, Session]
+    moving: dict[str, Session]
+    clients: dict[str, ClientHandle]
+    _expiry: dict[str, asyncio.TimerHandle]
+
+    if TYPE_CHECKING:  # the parts of Router (and its other mixins) used here
+        def subscribe(self, session: Session, sub: Subscription) -> bool: ...  # Router's
+        def unsubscribe(self, session: Session, topic_filter: str) -> bool: ...  # Router's
+        def subscribe_shared(self, session: Session, sub: Subscription) -> bool: ...  # SharedRouting's
+        def unsubscribe_shared(self, session: Session, key: str) -> bool: ...  # SharedRouting's
+        def _hand_on(self, msg: Any, key: str) -> None: ...  # SharedRouting's
+
+    # -- sessions -------------------------------------------------------------------------------------
+
+    def new_session(self, client_id: str, persistent: bool) -> Session:
+        session = Session(client_id, persistent, self.config.session, self.stats)
+        session.log = self.commit_log
+        self.sessions[client_id] = session
+        return session
+
+    def end_session(self, session: Session) -> None:
+        """A session ends for good (clean disconnect, expiry, a clean start replacing it): drop it,
+        then hand the QoS 1/2 group messages it had not acknowledged to other members of their
+        groups (MQTT 5.0 section 4.8.2: SHOULD). A takeover moves a session instead: not here."""
+        orphans = session.group_orphans() if session.shared else []
+        self.drop_session(session)
+        for msg, key in orphans:
+            self._hand_on(msg, key)
+
+    def drop_session(self, session: Session) -> None:
+        """Forget a session and everything it subscribed to."""
+        for topic_filter in list(session.subscriptions):
+            self.unsubscribe(session, topic_filter)
+        for key in list(session.shared):
+            self.unsubscribe_shared(session, key)
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        timer = self._expiry.pop(session.client_id, None)
+        if timer is not None:
+            timer.cancel()
+
+    def schedule_expiry(self, session: Session) -> None:
+        """MQTT 5 session expiry: a finite interval removes the offline session when it runs out."""
+        if 0 < session.expiry_s < 0xFFFFFFFF:
+            loop = asyncio.get_event_loop()
+            self._expiry[session.client_id] = loop.call_later(session.expiry_s, self._expire, session)
+
+    def cancel_expiry(self, client_id: str) -> None:
+        timer = self._expiry.pop(client_id, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _expire(self, session: Session) -> None:
+        self._expiry.pop(session.client_id, None)
+        if session.conn is None and self.sessions.get(session.client_id) is session:
+            log.info("session %s expired", session.client_id)
+            self.end_session(session)
+
+    def import_session(self, client_id: str, state: dict) -> Session:
+        """A session handed over by another router (takeover) becomes ours."""
+        session = self.new_session(client_id, state["persistent"])
+        session.import_state(state)
+        for topic_filter, qos, no_local, rap, rh in state["subs"]:
+            self.subscribe(session, Subscription(topic_filter, qos, no_local, rap, rh))
+        for key, qos, no_local, rap, rh in state.get("shared", ()):
+            self.subscribe_shared(session, Subscription(key, qos, no_local, rap, rh))
+        return session
+
+    def release_session(self, client_id: str, same_node: bool) -> tuple[dict, Iterator[list]] | None:
+        """Another router takes ``client_id`` over: close our connection and export the session,
+        as a header and its queued copies in chunks (``Session.export_copies``). The session
+        stays here, offline, until the new owner confirms it has it (``moved``): a transfer
+        that fails leaves it in one place, this one."""
+        client = self.clients.get(client_id)
+        if client is not None:
+            client.taken_over()
+        session = self.sessions.get(client_id)
+        if session is None or client_id in self.moving:
+            return None
+        session.detach()
+        if self.commit_log is not None:
+            self.commit_log.flush()  # the position handed over must be readable from the disk
+        self.moving[client_id] = session
+        return session.export_header(same_node), session.export_copies(same_node)
+
+    def moved(self, client_id: str, ok: bool) -> None:
+        """The new owner of a session being moved has it (``ok``), or the transfer failed: then
+        the session stays here, offline, as if its client had gone."""
+        session = self.moving.pop(client_id, None)
+        if session is None or self.sessions.get(client_id) is not session:
+            return
+        if ok:
+            self.drop_session(session)
+            self.stats.takeovers += 1
+            return
+        log.warning("session %s: its transfer to another router failed; it stays here", client_id)
+        if session.conn is None:
+            if session.persistent or session.expiry_s:
+                self.cancel_expiry(client_id)
+                self.schedule_expiry(session)
+            else:
+                self.end_session(session)

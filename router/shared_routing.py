@@ -1,0 +1,156 @@
+"""Shared subscriptions ($share/group/filter) as the router routes them: one member per group gets
+each message, wherever in the cluster the members are.
+
+The router's part, split from ``router.router`` by concern: this router's members per group
+(``SharedGroup``), every router's presence per group (``SharedRoute``, announced with the interest
+announcements), the choice of one router per group for each publish, and handing a message on when
+a member's session ends before acknowledging it. ``Router`` mixes this in; the state lives on the
+router (see ``Router.__init__``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from connection.packets import Subscription
+
+from .message import Message
+from .session import Session
+from .shared import NONE, SharedGroup, SharedRoute, parse_share
+from .topics import TopicIndex
+
+if TYPE_CHECKING:
+    from .ports import MeshPort
+    from .stats import RouterStats
+
+
+class SharedRouting:
+    router_id: str
+    mesh: MeshPort
+    stats: RouterStats
+    shared_local: dict[str, SharedGroup]
+    shared_routes: dict[str, SharedRoute]
+    shared_index: TopicIndex[str, SharedRoute]
+    _shared_cache: dict[str, tuple[SharedRoute, ...]]
+    has_shared: bool
+
+    if TYPE_CHECKING:  # the parts of Router (and its other mixins) used here
+        def _fold_peers(self, topic: str) -> tuple[str, ...]: ...  # Router's
+        def _session_changed(self, session: Session) -> None: ...  # Router's
+        def _interest_ack(self, key: str, ack: Any) -> None: ...  # Router's
+        _peer_routes: dict[str, tuple[str, ...]]
+
+    # -- shared subscriptions: publishing -------------------------------------------------------------
+
+    def _fold_shared(self, topic: str) -> tuple[SharedRoute, ...]:
+        routes = tuple(route for _, route in self.shared_index.match(topic))
+        if len(self._shared_cache) > 65536:
+            self._shared_cache.clear()
+        self._shared_cache[topic] = routes
+        return routes
+
+    def _publish_shared(self, msg: Message, routes: tuple[SharedRoute, ...], source: Any) -> None:
+        """Pick one router per group; each peer still gets one copy, naming its groups if any."""
+        me = self.router_id
+        picked: dict[str, list[str]] = {}
+        for route in routes:
+            rid = route.choose()
+            if rid == me:
+                self._deliver_shared(msg, route.key)
+            elif rid is not None:
+                picked.setdefault(rid, []).append(route.key)
+        mesh = self.mesh
+        peers = self._peer_routes.get(msg.topic)
+        if peers is None:
+            peers = self._fold_peers(msg.topic)
+        for rid in peers:
+            mesh.forward(rid, msg, source, picked.pop(rid, None))
+        for rid, groups in picked.items():
+            mesh.forward(rid, msg, source, groups)
+
+    def _deliver_shared(self, msg: Message, key: str) -> None:
+        """One local member of shared subscription ``key`` gets ``msg`` (none left: nobody)."""
+        group = self.shared_local.get(key)
+        if group is None:
+            self.stats.shared_no_member += 1
+            return
+        picked = group.pick(msg.qos)
+        if picked is None:
+            self.stats.shared_no_member += 1
+            return
+        session, sub = picked
+        qos = msg.qos
+        session.deliver_shared(msg, qos if qos < sub.qos else sub.qos, msg.retain and sub.retain_as_published)
+
+    def _hand_on(self, msg: Message, key: str) -> None:
+        """Deliver ``msg`` to another member of group ``key``, wherever the choice falls, and to
+        nobody else (its member's session ended before acknowledging it)."""
+        route = self.shared_routes.get(key)
+        rid = route.choose() if route is not None else None
+        if rid == self.router_id:
+            self._deliver_shared(msg, key)
+        elif rid is not None:
+            self.mesh.forward(rid, msg, None, [key], True)
+        else:
+            self.stats.shared_no_member += 1
+
+    # -- shared subscriptions: membership and presence ------------------------------------------------
+
+    def subscribe_shared(self, session: Session, sub: Subscription) -> bool:
+        """Make ``session`` a member of the shared subscription ``sub.topic_filter`` (the whole
+        ``$share/group/filter``); True if it was not one already."""
+        key = sub.topic_filter
+        new = key not in session.shared
+        session.shared[key] = sub
+        self._session_changed(session)
+        group = self.shared_local.get(key)
+        if group is None:
+            group = self.shared_local[key] = SharedGroup(key)
+        group.add(session, sub)
+        self._local_presence(key)
+        return new
+
+    def unsubscribe_shared(self, session: Session, key: str) -> bool:
+        if session.shared.pop(key, None) is None:
+            return False
+        self._session_changed(session)
+        group = self.shared_local.get(key)
+        if group is not None:
+            group.remove(session)
+            if not group.members:
+                del self.shared_local[key]
+        self._local_presence(key)
+        return True
+
+    def shared_presence(self, session: Session) -> None:
+        """``session`` connected or went offline: the presence in its groups changes."""
+        for key in session.shared:
+            self._local_presence(key)
+
+    def _local_presence(self, key: str) -> None:
+        """Recompute this router's presence in group ``key``; announce it if it changed."""
+        group = self.shared_local.get(key)
+        presence = group.presence() if group is not None else NONE
+        route = self.shared_routes.get(key)
+        if presence == (route.routers.get(self.router_id, NONE) if route is not None else NONE):
+            return
+        self._route_presence(key, self.router_id, presence)
+        self._interest_ack(key, self.mesh.announce_interest(key, presence))
+
+    def _route_presence(self, key: str, router_id: str, presence: int) -> None:
+        """Record one router's presence in group ``key``; drop the route when nobody is left."""
+        route = self.shared_routes.get(key)
+        if route is None:
+            parsed = parse_share(key) if presence != NONE else None
+            if parsed is None:
+                return
+            route = self.shared_routes[key] = SharedRoute(key, *parsed)
+            self.shared_index.add(route.topic_filter, route.group, route)
+            self._shared_cache.clear()
+            self.has_shared = True
+        route.set_presence(router_id, presence)
+        if not route.routers:
+            del self.shared_routes[key]
+            self.shared_index.remove(route.topic_filter, route.group)
+            self._shared_cache.clear()
+            self.has_shared = bool(self.shared_routes)
