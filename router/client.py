@@ -13,7 +13,7 @@ import logging
 import uuid
 from typing import TYPE_CHECKING
 
-from connection.codec import encode, topic_levels_ok
+from connection.codec import PUBACK, PUBCOMP, PUBREC, encode, success_ack, topic_levels_ok
 from connection.packets import (
     MQTT_5,
     Connack,
@@ -50,11 +50,6 @@ log = logging.getLogger(__name__)
 
 CONNECTING = "connecting"  # the pause_reading cause while a CONNECT waits for the cluster
 _PROTOCOLS = {3: "MQTT 3.1", 4: "MQTT 3.1.1", 5: "MQTT 5.0"}  # protocol level → what an operator calls it
-
-
-def _ack(kind: int, pid: int) -> bytes:
-    # PUBACK/PUBREC/PUBCOMP with success: identical bytes in 3.1.1 and 5.0 (reason omitted).
-    return bytes((kind, 2, pid >> 8, pid & 0xFF))
 
 
 class Client:
@@ -95,7 +90,7 @@ class Client:
                 inbound = self.session.inbound_qos2  # type: ignore[union-attr]
                 if packet.packet_id in inbound:
                     inbound.remove(packet.packet_id)  # type: ignore[union-attr]
-                self.conn.send(_ack(0x70, packet.packet_id))  # type: ignore[union-attr]
+                self.conn.send(success_ack(PUBCOMP, packet.packet_id))  # type: ignore[union-attr]
             elif cls is Pubcomp:
                 self.session.pubcomp(packet.packet_id)  # type: ignore[union-attr]
             elif cls is Subscribe:
@@ -298,16 +293,16 @@ class Client:
                 router.publish(msg, conn)
             elif qos == 1:
                 router.publish(msg, conn)
-                self._acknowledge(_ack(0x40, p.packet_id), msg)  # type: ignore[arg-type]
+                self._acknowledge(success_ack(PUBACK, p.packet_id), msg)  # type: ignore[arg-type]
             else:
                 session = self.session
                 pid = p.packet_id
                 if pid in session.inbound_qos2:  # type: ignore[union-attr]  # a DUP we already took
-                    conn.send(_ack(0x50, pid))  # type: ignore[arg-type]
+                    conn.send(success_ack(PUBREC, pid))  # type: ignore[arg-type]
                     return
                 router.publish(msg, conn)
                 session.qos2_ids().add(pid)  # type: ignore[union-attr, arg-type]
-                self._acknowledge(_ack(0x50, pid), msg)  # type: ignore[arg-type]
+                self._acknowledge(success_ack(PUBREC, pid), msg)  # type: ignore[arg-type]
         except LogUnavailable as exc:
             self._refuse_publish(p, exc)
 

@@ -11,7 +11,7 @@ import time
 
 import msgpack
 
-from connection.codec import publish_parts
+from connection.codec import PUBLISH_QOS0, PUBLISH_QOS1, PUBLISH_QOS2, publish_parts, qos0_payload
 from connection.packets import MQTT_5, Prop
 from connection.reasons import ProtocolError, Reason
 
@@ -65,7 +65,7 @@ class Message:
         something asks (the commit log, an MQTT 5 or QoS > 0 subscriber, a retained store)."""
         payload = self._payload
         if payload is None:
-            self._payload = payload = _payload_of(self._enc[_QOS0_V4][0], len(self.topic_bytes))
+            self._payload = payload = qos0_payload(self._enc[_QOS0_V4][0], len(self.topic_bytes))
         return payload
 
     @property
@@ -164,7 +164,7 @@ class Message:
         if topic.__class__ is not str:
             raise TypeError("forwarded topic is not a string")
         if packet.__class__ is bytes:
-            if packet[0] != 0x30:
+            if packet[0] != PUBLISH_QOS0:
                 raise ProtocolError("forwarded packet is not a QoS 0 PUBLISH", Reason.MALFORMED_PACKET)
             payload = None
             qos = 0
@@ -173,10 +173,10 @@ class Message:
         else:  # [head, payload]: QoS 1 or 2
             head, payload = packet
             b0 = head[0]
-            if (b0 != 0x32 and b0 != 0x34) or payload.__class__ is not bytes:
+            if (b0 != PUBLISH_QOS1 and b0 != PUBLISH_QOS2) or payload.__class__ is not bytes:
                 raise ProtocolError("forwarded head is not a QoS 1/2 PUBLISH", Reason.MALFORMED_PACKET)
             parts = (head, payload)
-            if b0 == 0x32:
+            if b0 == PUBLISH_QOS1:
                 qos = 1
                 enc = {_QOS1_V3: parts, _QOS1_V4: parts}
             else:
@@ -238,10 +238,3 @@ class Message:
     def __repr__(self) -> str:
         return f"Message({self.topic!r}, {len(self.payload)} B, qos={self.qos}, retain={self.retain})"
 
-
-def _payload_of(packet: bytes, topic_len: int) -> bytes:
-    """The payload of a QoS 0 PUBLISH without properties whose topic is ``topic_len`` bytes."""
-    i = 1
-    while packet[i] & 0x80:  # the remaining length's bytes
-        i += 1
-    return packet[i + 3 + topic_len:]

@@ -28,6 +28,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
+from connection.codec import PUBLISH_QOS0
 from connection.packets import Subscription
 from connection.reasons import ProtocolError, Reason
 
@@ -164,7 +165,7 @@ class Router(SharedRouting, SessionLife):
                     packet, topic = values[0], values[1]
                     if topic.__class__ is not str:
                         raise TypeError("forwarded topic is not a string")
-                    if packet[0] != 0x30:
+                    if packet[0] != PUBLISH_QOS0:
                         raise ProtocolError("forwarded packet is not a QoS 0 PUBLISH", Reason.MALFORMED_PACKET)
                     msg = None  # delivered below, before ``groups`` is looked at
                 elif n == 5 or n == 9:
