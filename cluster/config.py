@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import __version__
+from .cpus import usable_cpus
 
 
 class ConfigError(Exception):
@@ -88,7 +89,7 @@ def _positive(v: float) -> str | None:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("workers", int, os.cpu_count() or 1, "worker processes (one router each)", "N", check=_at_least(1)),
+    Option("workers", int, usable_cpus(), "worker processes (one router each)", "N", check=_at_least(1)),
     Option("listen", _host_port, ("0.0.0.0", 1883), "MQTT listener address", "HOST:PORT", check=_address),
     Option("node_id", str, socket.gethostname().split(".")[0], "this node's name in the cluster", "ID"),
     Option("mesh", _host_port, None, "where this node accepts mesh traffic from other nodes (enables multi-host)",
