@@ -16,7 +16,7 @@ def _setup_logging(level: str, node: str) -> None:
     )
 
 
-SUBCOMMANDS = ("stats", "log", "keygen")
+SUBCOMMANDS = ("stats", "log", "keygen", "health")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +43,10 @@ def _subcommand(name: str, argv: list[str]) -> int:
         from .log_cli import main as log_main
 
         return log_main(argv)
+    if name == "health":  # cluster/health.py: exit 0 when the broker answers CONNECT with CONNACK 0
+        from .health import main as health_main
+
+        return health_main(argv)
     from .keys import main as keygen_main
 
     return keygen_main(argv)

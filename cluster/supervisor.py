@@ -25,6 +25,7 @@ from collections import deque
 
 from .config import Config
 from .limits import FD_RESERVE, connections_per_worker, raise_open_files
+from .notify import notify
 from .paths import LOCK_FILE, claim_run_dir, release_run_dir, run_dir
 from .process import LockBusy, PidLock, child_signals, die_with_parent
 
@@ -167,6 +168,7 @@ class Supervisor:
         host, port = cfg.listen
         log.info("brokerd ready: node %s listening on %s:%d with %d worker%s", cfg.node_id, host, port,
                  cfg.workers, "s" if cfg.workers != 1 else "")
+        notify(f"READY=1\nSTATUS=node {cfg.node_id}: MQTT on {host}:{port}, {cfg.workers} workers")  # systemd
         while True:
             info = signal.sigtimedwait(SIGNALS, 1.0)
             if info is None:
@@ -176,6 +178,7 @@ class Supervisor:
                 continue
             if info.si_signo in (signal.SIGTERM, signal.SIGINT):
                 log.info("brokerd stopping (%s)", signal.Signals(info.si_signo).name)
+                notify("STOPPING=1")
                 self._stop_all()
                 return 0
             if not self._reap_and_restart():
