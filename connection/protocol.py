@@ -18,6 +18,7 @@ from typing import Protocol
 
 from .batching import EndOfTick, TurnBudget
 from .codec import DEFAULT_MAX_TOPIC_LEVELS, Decoder, encode, is_tls_client_hello
+from .flow import BUDGET, FlowControl
 from .packets import MQTT_5, Connack, Connect, Disconnect, Packet, Pingreq, Pingresp
 from .reasons import ProtocolError, Reason
 
@@ -25,8 +26,6 @@ log = logging.getLogger(__name__)
 
 _PINGRESP = encode(Pingresp())
 CONNECT_TIMEOUT_S = 10.0
-FAN_BYTES = 1024  # with a fan budget: a delivery counts once more per this many bytes of packet
-_BUDGET = object()  # the pause_reading cause while a read's remaining packets wait
 _NOBODY: frozenset[object] = frozenset()  # no pause_reading causes yet (an empty set is 216 bytes)
 
 
@@ -37,6 +36,37 @@ class Handler(Protocol):
 
     def connection_lost(self, graceful: bool) -> None:
         """The connection is gone; ``graceful`` when the client sent DISCONNECT first."""
+
+
+class Connection(Protocol):
+    """What a handler (the router) uses of its connection: declared, so that router code is typed
+    against this and tested with fakes of it, not against ``MQTTConnection``."""
+
+    client_id: str | None
+    peer: str
+    protocol_level: int
+    counters: ConnectionCounters
+    write_paused: bool  # the client is not reading: QoS 0 messages to it are dropped
+    closing: bool
+    max_topic_levels: int
+
+    def send(self, data: bytes) -> None:
+        """Queue bytes for this loop iteration's one write."""
+
+    def accept(self, keepalive: int, protocol_level: int) -> None:
+        """CONNECT accepted: the keepalive is enforced from now on."""
+
+    def close(self, reason: int | None = None) -> None:
+        """Close after flushing (MQTT 5: DISCONNECT with ``reason``)."""
+
+    def protocol_violation(self, exc: ProtocolError) -> None:
+        """Close for breaking a rule, logged with the rule."""
+
+    def pause_reading(self, by: object) -> None:
+        """Stop reading for cause ``by`` (backpressure)."""
+
+    def resume_reading(self, by: object) -> None:
+        """Cause ``by`` is gone; reading resumes when no cause is left."""
 
 
 class ConnectionCounters:
@@ -74,10 +104,7 @@ class MQTTConnection(asyncio.Protocol):
         ``max_topic_levels``: the decoder refuses deeper topic names; the handler reads it here
         to refuse deeper SUBSCRIBE filters with a SUBACK failure code."""
         self._open_handler = open_handler
-        self._cap = max(1, read_budget)
-        self._fan = 0.0  # deliveries per packet of the last turn's packets, a large one counting more
-        self._packets = 0  # packets decoded (with a fan budget)
-        self._turn = turn  # the worker's budget for all connections in one turn, if any
+        self._flow = FlowControl(read_budget, turn)
         self._batcher = batcher
         self._decoder = Decoder(max_packet_size=max_packet_size, limit=max(1, read_budget),
                                 max_topic_levels=max_topic_levels)
@@ -132,14 +159,9 @@ class MQTTConnection(asyncio.Protocol):
     def _decoded(self, decode: Callable[..., list[Packet]], *data: bytes) -> None:
         """Decode (at most the budget), handle the packets, and pause reading while more of the
         read is waiting: ``_read_more`` goes on with it in the next loop iteration."""
-        turn = self._turn
-        if turn is not None:
-            limit = turn.share(self._cap)
-            fan = self._fan
-            if fan:  # its packets were delivered last turn: at most fan_budget deliveries this one
-                per = int(turn.fan_budget / fan)
-                if per < limit:
-                    limit = per if per > 1 else 1
+        flow = self._flow
+        limit = flow.limit()
+        if limit is not None:
             self._decoder.limit = limit
         try:
             packets = decode(*data)
@@ -149,16 +171,15 @@ class MQTTConnection(asyncio.Protocol):
             if not self.closing:
                 self.protocol_violation(exc)
             return
-        if turn is not None:
-            turn.left -= len(packets)
+        flow.took(len(packets))
         more = self._decoder.has_more
         if more:
             # Scheduled before this turn's packets make output, so that the next turn runs ahead
             # of the end-of-tick flush and its output shares those writes.
-            self.pause_reading(_BUDGET)  # a no-op while it is paused already
+            self.pause_reading(BUDGET)  # a no-op while it is paused already
             self._loop.call_soon(self._read_more)
-        elif _BUDGET in self._reading_paused_by:
-            self.resume_reading(_BUDGET)
+        elif BUDGET in self._reading_paused_by:
+            self.resume_reading(BUDGET)
         if len(packets) == 1 and not more:
             # A quiet client (one packet, nothing left in its read): what it causes is written at
             # once, not after the busy clients' reads and writes of this iteration.
@@ -166,20 +187,16 @@ class MQTTConnection(asyncio.Protocol):
             mark = batcher.pending()
             self._dispatch(packets)
             batcher.flush_since(mark)
-            self._packets += 1  # the fan budget's mean packet size counts it
+            flow.packets += 1  # the fan budget's mean packet size counts it
             return
-        if turn is None or not turn.fan_budget or not packets:
+        if not packets or not flow.measures_fan:
             self._dispatch(packets)
             return
-        delivered = turn.delivered
-        before = delivered()  # type: ignore[misc]
+        before = flow.delivered()
         self._dispatch(packets)
         n = len(packets)
-        self._packets += n
-        # Deliveries per packet; a delivery counts once more per FAN_BYTES of this connection's
-        # mean packet size (measured: 1 KiB fan-outs need half the deliveries per turn for the same tail).
-        size = (self.counters.bytes_in - self._decoder.undecoded) // self._packets
-        self._fan = (delivered() - before) * (1 + size // FAN_BYTES) / n  # type: ignore[misc]
+        flow.packets += n
+        flow.fanned(before, n, (self.counters.bytes_in - self._decoder.undecoded) // flow.packets)
 
     def _dispatch(self, packets: list[Packet]) -> None:
         handler = self.handler

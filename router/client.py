@@ -41,7 +41,7 @@ from .shared import is_shared, parse_share
 from .topics import valid_topic_filter
 
 if TYPE_CHECKING:
-    from connection.protocol import MQTTConnection
+    from connection.protocol import Connection
 
     from .router import Router
     from .session import Session
@@ -56,7 +56,7 @@ class Client:
     __slots__ = ("conn", "router", "session", "client_id", "level", "will", "_pending", "_connecting",
                  "_taken_over", "_max_qos")
 
-    def __init__(self, router: Router, conn: MQTTConnection) -> None:
+    def __init__(self, router: Router, conn: Connection) -> None:
         self.router = router
         self.conn = conn
         self.session: Session | None = None

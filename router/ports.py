@@ -83,7 +83,7 @@ class ClientHandle(Protocol):
     """What a router needs from the handler of one client connection (``router.client.Client``)."""
 
     client_id: str
-    conn: Any  # connection.protocol.MQTTConnection
+    conn: Any  # a connection.protocol.Connection
 
     def taken_over(self) -> None:
         """The same client id connected elsewhere: close this connection (its will fires)."""

@@ -24,7 +24,7 @@ from .message import Message
 from .topics import filter_matches
 
 if TYPE_CHECKING:
-    from connection.protocol import MQTTConnection
+    from connection.protocol import Connection
 
     from .stats import RouterStats
 
@@ -124,7 +124,7 @@ class Session:
         self.client_id = client_id
         self.persistent = persistent
         self.subscriptions: dict[str, Subscription] = {}
-        self.conn: MQTTConnection | None = None
+        self.conn: Connection | None = None
         self.inflight: dict[int, Inflight] = {}
         self.queue: deque[tuple[Message, int, bool]] | tuple = NO_QUEUE  # a deque once used
         # QoS 2 packet ids received, PUBREL not yet seen: a set once used
@@ -230,7 +230,7 @@ class Session:
         self._next_pid = pid + 1 if pid < 65535 else 1
         return pid
 
-    def _send_new(self, conn: MQTTConnection, msg: Message, qos: int, retain: bool) -> None:
+    def _send_new(self, conn: Connection, msg: Message, qos: int, retain: bool) -> None:
         pid = self._alloc_pid()
         self.inflight[pid] = Inflight(msg, qos, retain)
         head, tail = msg.encoded(conn.protocol_level, qos, retain)
@@ -335,7 +335,7 @@ class Session:
 
     # -- connection changes ---------------------------------------------------------------------------
 
-    def attach(self, conn: MQTTConnection, receive_max: int | None = None) -> None:
+    def attach(self, conn: Connection, receive_max: int | None = None) -> None:
         """A connection takes this session: resend what is unacknowledged (DUP), then the queue."""
         self.conn = conn
         self.receive_max = min(self.limits.max_inflight, receive_max or self.limits.max_inflight)
