@@ -1,8 +1,9 @@
 """Where a node's local sockets live, derived from its config so every tool can find them.
 
 One run directory per node and listener: ``$TMPDIR/brokerd-<uid>/<node>-<port>/`` (short, because
-an ipc:// path must fit 107 bytes). ``brokerd stats`` finds a local broker's routers from the same
-options the broker was started with (``--node-id``, ``--listen``), or from ``--node host:port``.
+an ipc:// path must fit 107 bytes), or ``$BROKERD_RUN_DIR/<node>-<port>/``. ``brokerd stats`` finds
+the local brokers by itself (``local_nodes``: every run directory whose lock is held), or one from the
+options it was started with (``--node-id``, ``--listen``), or a remote one from ``--node host:port``.
 
 The supervisor holds ``brokerd.lock`` in its run directory for its life (``claim_run_dir``): a second
 broker for the same node and port stops at start-up, and a directory whose lock can be taken belongs
@@ -11,20 +12,93 @@ to a dead broker, so its leftover sockets (which ``brokerd stats`` would take fo
 
 from __future__ import annotations
 
+import fcntl
+import glob
+import json
 import os
 import stat
 import tempfile
+from dataclasses import dataclass
 
 from .config import Config
 from .process import PidLock
 
 LOCK_FILE = "brokerd.lock"
+NODE_FILE = "node.json"  # what `brokerd stats` needs to read a node it finds (written at start)
 CLAIM_TRIES = 20  # attempts to make and lock the run directory while others remove stale ones
 
 
 def run_base() -> str:
     """The directory of every run directory of this user."""
     return os.environ.get("BROKERD_RUN_DIR") or os.path.join(tempfile.gettempdir(), f"brokerd-{os.getuid()}")
+
+
+@dataclass(frozen=True)
+class LocalNode:
+    """A broker's run directory found on this host."""
+
+    node_id: str
+    port: int  # its MQTT port (--listen)
+    path: str
+    readable: bool  # False: another user's (0700), this user may not look in
+
+
+def run_bases() -> list[str]:
+    """Where to look for local brokers: ``$BROKERD_RUN_DIR`` if set, else every user's
+    ``$TMPDIR/brokerd-<uid>`` (this user's first; the others' are only readable by root)."""
+    if os.environ.get("BROKERD_RUN_DIR"):
+        return [run_base()]
+    own = run_base()
+    others = sorted(p for p in glob.glob(os.path.join(tempfile.gettempdir(), "brokerd-*")) if p != own)
+    return [own, *others]
+
+
+def local_nodes(bases: list[str] | None = None) -> list[LocalNode]:
+    """The run directories of the brokers running on this host (sorted by node, then port).
+
+    A directory whose lock nobody holds belongs to a dead broker and is skipped; one that cannot be
+    looked into (another user's) is returned with ``readable`` False, for the caller to explain."""
+    found = []
+    for base in bases if bases is not None else run_bases():
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        for name in names:
+            node, sep, port = name.rpartition("-")
+            path = os.path.join(base, name)
+            if not sep or not node or not port.isdigit() or os.path.islink(path) or not os.path.isdir(path):
+                continue
+            held = lock_held(path)
+            if held is False:
+                continue  # a dead broker's
+            readable = os.access(path, os.R_OK | os.X_OK)
+            if held is None and readable and not any(n.endswith(".stats") for n in os.listdir(path)):
+                continue  # no lock and no stats socket: not a broker's (or an old, gone one)
+            found.append(LocalNode(node, int(port), path, readable))
+    found.sort(key=lambda n: (n.node_id, n.port, n.path))
+    return found
+
+
+def lock_held(path: str) -> bool | None:
+    """Whether a live broker holds the lock of run directory ``path``: True, False (a dead broker's),
+    None (no lock file, or it cannot be read). A shared lock, taken and dropped at once, tells
+    without writing anything: the supervisor holds an exclusive one for the broker's life."""
+    try:
+        fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 def run_dir(config: Config) -> str:
@@ -66,13 +140,46 @@ def claim_run_dir(config: Config) -> PidLock:
         break
     _remove_sockets(path)
     remove_stale_run_dirs(keep=path)
+    write_node_file(config, path)
     return lock
+
+
+def write_node_file(config: Config, path: str) -> None:
+    """``node.json``: the node's id, MQTT address, router count, stats endpoints and interval, for
+    ``brokerd stats`` to read a node it found (best effort: without it, the directory name and the
+    ipc sockets in it still tell most)."""
+    from .stats import effective_interval, router_endpoint
+
+    info = {"node": config.node_id, "listen": list(config.listen), "workers": config.workers,
+            "stats_port": config.stats_port, "stats_interval": effective_interval(config),
+            "stats": [router_endpoint(config, i) for i in range(config.workers)],
+            "mesh": list(config.mesh) if config.mesh else None, "pid": os.getpid()}
+    tmp = os.path.join(path, f".{NODE_FILE}.{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(info, f)
+        os.replace(tmp, os.path.join(path, NODE_FILE))
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def read_node_file(path: str) -> dict | None:
+    try:
+        with open(os.path.join(path, NODE_FILE)) as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
 
 
 def release_run_dir(config: Config, lock: PidLock) -> None:
     """At a clean exit, once every worker is reaped: leave nothing behind."""
     path = run_dir(config)
     _remove_sockets(path)
+    _unlink(os.path.join(path, NODE_FILE))
     lock.release(unlink=True)
     try:
         os.rmdir(path)
@@ -103,6 +210,7 @@ def remove_stale_run_dirs(keep: str) -> list[str]:
             continue
         try:
             _remove_sockets(path)
+            _unlink(os.path.join(path, NODE_FILE))
             lock.release(unlink=True)
             os.rmdir(path)
             removed.append(path)
@@ -111,6 +219,13 @@ def remove_stale_run_dirs(keep: str) -> list[str]:
         finally:
             lock.release()
     return removed
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _remove_sockets(path: str) -> None:

@@ -1,11 +1,17 @@
-"""`brokerd stats`: the routers of a node as a table (once, or live like `top`), JSON, connections.
+"""`brokerd stats`: the routers of the local nodes as a table (once, or live like `top`), JSON, connections.
 
 It reads the routers' own stats sockets (``cluster.stats``), so it needs nothing from the broker but
-its address: the same options the broker was started with (``--node-id``, ``--listen``/``--port``,
-``--stats-port``, or ``--config FILE``) find a local node; ``--node HOST:PORT`` reads a remote node
-whose ``--stats-port`` is PORT (router i on PORT+i). It waits, bounded, for one snapshot from each
-router: router 0 (and, locally, every ``w*.stats`` socket in the run directory) first; each
-snapshot names the node's router count, so the others are found from it.
+where they are. Without options it finds every broker running on this host by itself: each holds a
+lock in its run directory (``cluster.paths.local_nodes``), and writes there what a reader needs
+(``node.json``: router count, stats endpoints). The broker's own options (``--node-id``,
+``--listen``/``--port``, ``--stats-port``, or ``--config FILE``) pick one node as before;
+``--node HOST:PORT`` reads a remote node whose ``--stats-port`` is PORT (router i on PORT+i);
+``--cluster`` reads every node found here and every ``--node``, and names the mesh's other nodes.
+
+It waits, bounded, for one snapshot from each router: router 0 (and every endpoint it knows) first;
+each snapshot names the node's router count, so the others are found from it. The tables are drawn
+with ``rich``: they fit the terminal's width (columns of least use go first), and ``--watch`` redraws
+in place, on the terminal's alternate screen like ``top``.
 """
 
 from __future__ import annotations
@@ -14,20 +20,21 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgpack
 import zmq
 
-from .config import ConfigError, build_parser, load
-from .paths import run_dir
+from .config import Config, ConfigError, build_parser, load
+from .paths import LocalNode, local_nodes, read_node_file, run_base, run_dir
 from .stats import SCHEMA_VERSION, TOPIC_CONNECTIONS, TOPIC_SNAPSHOT, effective_interval, router_endpoint
 
-CLEAR = "\x1b[H\x1b[2J"
 WAIT_SLACK_S = 2.0
+WIDE = 1000  # the width when stdout is not a terminal and COLUMNS is not set: every column
 
 
 # -- human units ------------------------------------------------------------------------------------
@@ -54,6 +61,12 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f}P"
 
 
+def human_rate(n: float) -> str:
+    """Bytes per second: 1536 → '1.5KB/s' (K = 1024)."""
+    text = human_bytes(n)
+    return f"{text}/s" if text.endswith("B") else f"{text}B/s"
+
+
 def human_duration(s: float) -> str:
     s = int(s)
     if s < 60:
@@ -67,105 +80,277 @@ def human_duration(s: float) -> str:
 
 # -- tables -----------------------------------------------------------------------------------------
 
-def _table(header: list[str], rows: Iterable[list[str]], left: int = 1) -> list[str]:
-    """Columns right-aligned (numbers), the first ``left`` left-aligned."""
-    rows = [header, *rows]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    out = []
-    for r in rows:
-        cells = [c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
-        out.append("  ".join(cells).rstrip())
-    return out
+@dataclasses.dataclass(frozen=True)
+class Column:
+    header: str
+    cell: Callable[[dict[str, Any]], str]
+    keep: int  # what goes first when the terminal is narrow: the highest number
+    left: bool = False
+    max_width: int | None = None  # longer cells end in an ellipsis
 
 
-ROUTER_COLUMNS = ["ROUTER", "PID", "UPTIME", "CLIENTS", "SUBS", "MSG IN/s", "MSG OUT/s", "IN/s", "OUT/s",
-                  "MESH IN/s", "MESH OUT/s", "INFLIGHT", "QUEUED", "DROPS", "CPU%", "RSS", "LAG"]
+def _rates(s: dict[str, Any]) -> dict[str, float]:
+    return s.get("rates", {}).get("1s", {})
 
 
-def _router_row(name: str, s: dict[str, Any], pid: str = "", uptime: str = "") -> list[str]:
-    r = s["rates"].get("1s", {})
-    return [name, pid, uptime, human_count(s["clients"]["connected"]), human_count(s["subscriptions"]),
-            human_count(r.get("msgs_in", 0.0)), human_count(r.get("msgs_out", 0.0)),
-            human_bytes(r.get("bytes_in", 0.0)), human_bytes(r.get("bytes_out", 0.0)),
-            human_bytes(r.get("mesh_bytes_in", 0.0)), human_bytes(r.get("mesh_bytes_out", 0.0)),
-            human_count(s["inflight"]), human_count(s["queued"]), human_count(sum(s["drops"].values())),
-            f"{s['process']['cpu_percent']:.1f}", human_bytes(s["process"]["rss_bytes"]),
-            f"{s.get('loop_lag', 0.0) * 1000:.1f}ms"]
+def _drops(s: dict[str, Any]) -> int:
+    return sum(s.get("drops", {}).values())
 
 
-def render_routers(snaps: list[dict[str, Any]], missing: Iterable[str] = ()) -> str:
-    """One table of a node's routers: rows, a TOTAL line, and the node's counters since start."""
-    from .metrics import NodeStats
+# A row is a dict: "name" and "pid"/"uptime" (strings or absent) plus a snapshot or an aggregate.
+TRAFFIC_COLUMNS = [
+    Column("CLIENTS", lambda s: human_count(s["clients"]["connected"]), 1),
+    Column("SUBS", lambda s: human_count(s["subscriptions"]), 6),
+    Column("MSG IN/s", lambda s: human_count(_rates(s).get("msgs_in", 0.0)), 1),
+    Column("MSG OUT/s", lambda s: human_count(_rates(s).get("msgs_out", 0.0)), 1),
+    Column("IN", lambda s: human_rate(_rates(s).get("bytes_in", 0.0)), 2),
+    Column("OUT", lambda s: human_rate(_rates(s).get("bytes_out", 0.0)), 2),
+    Column("MESH IN", lambda s: human_rate(_rates(s).get("mesh_bytes_in", 0.0)), 7),
+    Column("MESH OUT", lambda s: human_rate(_rates(s).get("mesh_bytes_out", 0.0)), 7),
+    Column("INFLIGHT", lambda s: human_count(s["inflight"]), 8),
+    Column("QUEUED", lambda s: human_count(s["queued"]), 5),
+    Column("DROPS", lambda s: human_count(_drops(s)), 3),
+    Column("CPU%", lambda s: f"{s['process']['cpu_percent']:.1f}", 3),
+    Column("RSS", lambda s: human_bytes(s["process"]["rss_bytes"]), 4),
+    Column("LAG", lambda s: f"{s.get('loop_lag', 0.0) * 1000:.1f}ms", 6),
+]
+ROUTER_COLUMNS = [
+    Column("ROUTER", lambda s: s["_name"], 0, left=True),
+    Column("PID", lambda s: s.get("_pid", ""), 9),
+    Column("UPTIME", lambda s: s.get("_uptime", ""), 9),
+    *TRAFFIC_COLUMNS,
+]
+NODE_COLUMNS = [
+    Column("NODE", lambda s: s["_name"], 0, left=True),
+    Column("ROUTERS", lambda s: s.get("_routers", ""), 2),
+    Column("UPTIME", lambda s: s.get("_uptime", ""), 9),
+    *TRAFFIC_COLUMNS,
+]
+CONNECTION_COLUMNS = [
+    Column("CLIENT", lambda r: r["client_id"], 0, left=True, max_width=36),
+    Column("ROUTER", lambda r: r["_router"], 0, left=True),
+    Column("PEER", lambda r: r["peer"], 4, left=True),
+    Column("BYTES IN", lambda r: human_bytes(r["bytes_in"]), 1),
+    Column("BYTES OUT", lambda r: human_bytes(r["bytes_out"]), 1),
+    Column("MSGS IN", lambda r: human_count(r["msgs_in"]), 2),
+    Column("MSGS OUT", lambda r: human_count(r["msgs_out"]), 2),
+    Column("QUEUED", lambda r: human_count(r["queued"]), 3),
+    Column("INFLIGHT", lambda r: human_count(r["inflight"]), 3),
+]
 
-    snaps = sorted(snaps, key=lambda s: (s["node"], s["index"]))
-    node_names = sorted({s["node"] for s in snaps})
-    agg = NodeStats(",".join(node_names), max((s["routers"] for s in snaps), default=0), 1.0)
+# --sort KEY: what it sorts by (descending; names ascending).
+ROUTER_SORTS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "clients": lambda s: s["clients"]["connected"],
+    "subs": lambda s: s["subscriptions"],
+    "msgs-in": lambda s: _rates(s).get("msgs_in", 0.0),
+    "msgs-out": lambda s: _rates(s).get("msgs_out", 0.0),
+    "bytes-in": lambda s: _rates(s).get("bytes_in", 0.0),
+    "bytes-out": lambda s: _rates(s).get("bytes_out", 0.0),
+    "mesh-in": lambda s: _rates(s).get("mesh_bytes_in", 0.0),
+    "mesh-out": lambda s: _rates(s).get("mesh_bytes_out", 0.0),
+    "queued": lambda s: s["queued"],
+    "inflight": lambda s: s["inflight"],
+    "drops": _drops,
+    "cpu": lambda s: s["process"]["cpu_percent"],
+    "rss": lambda s: s["process"]["rss_bytes"],
+    "lag": lambda s: s.get("loop_lag", 0.0),
+}
+CONNECTION_SORTS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "bytes": lambda r: r["bytes_in"] + r["bytes_out"],
+    "bytes-in": lambda r: r["bytes_in"],
+    "bytes-out": lambda r: r["bytes_out"],
+    "msgs-in": lambda r: r["msgs_in"],
+    "msgs-out": lambda r: r["msgs_out"],
+    "queued": lambda r: r["queued"],
+    "inflight": lambda r: r["inflight"],
+}
+NAME_SORTS = ("router", "node", "client")
+
+
+def fit_columns(columns: list[Column], rows: list[dict[str, Any]], width: int) -> list[Column]:
+    """The columns to show in ``width`` characters: those of least use go first, in ``keep`` order."""
+    def need(col: Column) -> int:
+        w = max([len(col.header), *(len(col.cell(r)) for r in rows)])
+        return min(w, col.max_width) if col.max_width else w
+
+    widths = {col.header: need(col) for col in columns}
+    shown = list(columns)
+    while len(shown) > 1 and sum(widths[c.header] for c in shown) + 2 * (len(shown) - 1) > width:
+        drop = max((c for c in shown if c.keep > 0), key=lambda c: c.keep, default=None)
+        if drop is None:
+            break
+        shown.remove(drop)
+    return shown
+
+
+def make_table(columns: list[Column], rows: list[dict[str, Any]], width: int) -> Any:
+    """A rich Table of ``rows``, the columns that fit ``width``: plain, one line per row."""
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, show_edge=False, padding=(0, 2, 0, 0), header_style="bold",
+                  collapse_padding=True, expand=False)
+    shown = fit_columns(columns, rows, width)
+    for col in shown:
+        table.add_column(col.header, justify="left" if col.left else "right", no_wrap=True,
+                         overflow="ellipsis", max_width=col.max_width)
+    for row in rows:
+        table.add_row(*(col.cell(row) for col in shown), style="bold" if row.get("_total") else None)
+    return table
+
+
+def _sum_snapshots(snaps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The aggregate of routers of one or more nodes (each node's through ``NodeStats``)."""
+    from .metrics import NodeStats, sum_trees
+
+    by_node: dict[str, list[dict[str, Any]]] = {}
     for s in snaps:
-        agg.update(s)
-    total = agg.aggregate()
+        by_node.setdefault(s["node"], []).append(s)
+    aggregates = []
+    for node, members in by_node.items():
+        agg = NodeStats(node, max(s["routers"] for s in members), 1.0)
+        for s in members:
+            agg.update(s)
+        aggregates.append(agg.aggregate())
+    total = sum_trees(aggregates) if aggregates else NodeStats("", 0, 1.0).aggregate()
+    total.setdefault("process", {"cpu_percent": 0.0, "rss_bytes": 0})
     total["loop_lag"] = max((s.get("loop_lag", 0.0) for s in snaps), default=0.0)
-    multi = len(node_names) > 1
-    rows = [_router_row(s["router_id"] if multi else s["router"], s, str(s["pid"]), human_duration(s["uptime"]))
-            for s in snaps]
-    rows.append(_router_row("TOTAL", total))
+    return total
+
+
+def _sorted(items: list[dict[str, Any]], sort: str | None, sorts: dict[str, Callable], name: Callable) -> list:
+    if sort and sort in sorts:
+        return sorted(items, key=lambda s: (-sorts[sort](s), name(s)))
+    return sorted(items, key=name)
+
+
+def _summary(snaps: list[dict[str, Any]], total: dict[str, Any], routers: int, what: str) -> list[str]:
     t = total["traffic"]
     c, m = t["clients"], t["mesh"]
-    load = total["rates"]
-    lines = [
-        f"brokerd stats  node {agg.node}  routers {len(snaps)}/{agg.routers}  "
-        f"clients {total['clients']['connected']}  {time.strftime('%H:%M:%S')}",
+    load = total.get("rates", {})
+    return [
+        f"brokerd stats  {what}  routers {len(snaps)}/{routers}  clients {total['clients']['connected']}  "
+        f"{time.strftime('%H:%M:%S')}",
         f"since start: msgs in {human_count(c['msgs_in'])} out {human_count(c['msgs_out'])}  "
         f"bytes in {human_bytes(c['bytes_in'])} out {human_bytes(c['bytes_out'])}  "
-        f"mesh msgs in {human_count(m['msgs_in'])} out {human_count(m['msgs_out'])}  "
         f"drops {human_count(sum(total['drops'].values()))}",
+        f"mesh since start: msgs in {human_count(m['msgs_in'])} out {human_count(m['msgs_out'])}  "
         "msgs in/s 1/5/15 min: " + " ".join(human_count(load.get(w, {}).get("msgs_in", 0.0))
-                                           for w in ("1min", "5min", "15min")),
-        "",
-        *_table(ROUTER_COLUMNS, rows),
+                                            for w in ("1min", "5min", "15min")),
     ]
+
+
+def _render(lines: list[str], table: Any, notes: Iterable[str] = ()) -> Any:
+    from rich.console import Group
+    from rich.text import Text
+
+    return Group(*(Text(line) for line in lines), Text(""), table, *(Text(n) for n in notes))
+
+
+def to_text(renderable: Any, width: int = WIDE) -> str:
+    """What ``renderable`` looks like, plain, in ``width`` columns (lines end without blanks)."""
+    console = _console(width, record=True)
+    with console.capture() as capture:
+        console.print(renderable)
+    return "\n".join(line.rstrip() for line in capture.get().rstrip("\n").splitlines())
+
+
+def render_routers(snaps: list[dict[str, Any]], missing: Iterable[str] = (), *, width: int = WIDE,
+                   sort: str | None = None) -> str:
+    return to_text(routers_view(snaps, missing, width=width, sort=sort), width)
+
+
+def render_connections(lists: list[dict[str, Any]], limit: int = 0, *, width: int = WIDE,
+                       sort: str | None = None) -> str:
+    return to_text(connections_view(lists, limit, width=width, sort=sort), width)
+
+
+def routers_view(snaps: list[dict[str, Any]], missing: Iterable[str] = (), *, width: int = WIDE,
+                 sort: str | None = None) -> Any:
+    """One table of routers (of one node or more): rows, a TOTAL line, the counters since start."""
+    nodes = sorted({s["node"] for s in snaps})
+    multi = len(nodes) > 1
+    routers = sum(max((s["routers"] for s in snaps if s["node"] == n), default=0) for n in nodes)
+    total = _sum_snapshots(snaps)
+    rows = [{**s, "_name": s["router_id"] if multi else s["router"], "_pid": str(s["pid"]),
+             "_uptime": human_duration(s["uptime"])} for s in snaps]
+    rows = _sorted(rows, sort, ROUTER_SORTS, lambda s: (s["node"], s["index"]))
+    rows.append({**total, "_name": "TOTAL", "_total": True})
+    what = f"node{'s' if multi else ''} {', '.join(nodes)}"
+    missing = list(missing)
+    notes = [f"no snapshot from: {', '.join(missing)}"] if missing else []
+    return _render(_summary(snaps, total, routers, what), make_table(ROUTER_COLUMNS, rows, width), notes)
+
+
+def cluster_view(snaps: list[dict[str, Any]], unreachable: Iterable[str] = (), missing: Iterable[str] = (),
+                   *, width: int = WIDE, sort: str | None = None) -> Any:
+    """One row per node (its routers added up), a TOTAL line, and the mesh's nodes without stats."""
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for s in snaps:
+        by_node.setdefault(s["node"], []).append(s)
+    rows = []
+    routers = 0
+    for node, members in by_node.items():
+        agg = _sum_snapshots(members)
+        count = max(s["routers"] for s in members)
+        routers += count
+        rows.append({**agg, "node": node, "_name": node, "_routers": f"{len(members)}/{count}",
+                     "_uptime": human_duration(max(s["uptime"] for s in members))})
+    rows = _sorted(rows, sort, ROUTER_SORTS, lambda r: r["node"])
+    total = _sum_snapshots(snaps)
+    rows.append({**total, "_name": "TOTAL", "_routers": f"{len(snaps)}/{routers}", "_total": True})
+    notes = []
+    unreachable = sorted(unreachable)
+    if unreachable:
+        notes.append(f"in the mesh, no stats read: {', '.join(unreachable)} (on another host: add --node "
+                     "HOST:STATS_PORT for each)")
     missing = list(missing)
     if missing:
-        lines.append(f"no snapshot from: {', '.join(missing)}")
-    return "\n".join(lines)
+        notes.append(f"no snapshot from: {', '.join(missing)}")
+    what = f"cluster of {len(by_node) + len(unreachable)} node{'s' if len(by_node) + len(unreachable) != 1 else ''}"
+    return _render(_summary(snaps, total, routers, what), make_table(NODE_COLUMNS, rows, width), notes)
 
 
-CONNECTION_COLUMNS = ["CLIENT", "ROUTER", "PEER", "BYTES IN", "BYTES OUT", "MSGS IN", "MSGS OUT", "QUEUED",
-                      "INFLIGHT"]
-
-
-def connection_rows(lists: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every connection of every router's list, with its router, most bytes (in + out) first."""
-    rows = [{"router": cl["router"], "router_id": cl["router_id"], **c}
+def connection_rows(lists: Iterable[dict[str, Any]], sort: str | None = None) -> list[dict[str, Any]]:
+    """Every connection of every router's list, with its router; most bytes (in + out) first."""
+    lists = list(lists)
+    multi = len({cl["node"] for cl in lists}) > 1
+    rows = [{"router": cl["router"], "router_id": cl["router_id"],
+             "_router": cl["router_id"] if multi else cl["router"], **c}
             for cl in lists for c in cl["connections"]]
-    rows.sort(key=lambda r: r["bytes_in"] + r["bytes_out"], reverse=True)
+    if sort in ("client", "router"):
+        return sorted(rows, key=lambda r: (r["client_id"], r["router_id"]) if sort == "client"
+                      else (r["router_id"], r["client_id"]))
+    key = CONNECTION_SORTS.get(sort or "bytes", CONNECTION_SORTS["bytes"])
+    rows.sort(key=lambda r: (-key(r), r["client_id"]))
     return rows
 
 
-def render_connections(lists: list[dict[str, Any]], limit: int = 0) -> str:
-    rows = connection_rows(lists)
+def connections_view(lists: list[dict[str, Any]], limit: int = 0, *, width: int = WIDE,
+                     sort: str | None = None) -> Any:
+    rows = connection_rows(lists, sort)
     total = sum(cl["total"] for cl in lists)
     shown = rows[:limit] if limit else rows
-    lines = [f"brokerd connections  {total} connected on {len(lists)} routers  {time.strftime('%H:%M:%S')}", ""]
-    lines += _table(CONNECTION_COLUMNS, ([r["client_id"], r["router"], r["peer"], human_bytes(r["bytes_in"]),
-                                          human_bytes(r["bytes_out"]), human_count(r["msgs_in"]),
-                                          human_count(r["msgs_out"]), human_count(r["queued"]),
-                                          human_count(r["inflight"])] for r in shown), left=3)
-    if len(shown) < total:
-        lines.append(f"({total - len(shown)} more not shown)")
-    return "\n".join(lines)
+    lines = [f"brokerd connections  {total} connected on {len(lists)} routers  {time.strftime('%H:%M:%S')}"]
+    notes = [f"({total - len(shown)} more not shown)"] if len(shown) < total else []
+    return _render(lines, make_table(CONNECTION_COLUMNS, shown, width), notes)
 
 
 # -- reading the sockets ----------------------------------------------------------------------------
 
 class StatsReader:
-    """SUB sockets on a node's routers; finds the routers it was not told about from snapshots."""
+    """SUB sockets on a node's routers; finds the routers it was not told about from snapshots.
+
+    ``run_path``: the node's run directory when it is not this user's own (found by ``local_nodes``)."""
 
     def __init__(self, config: Any, node: tuple[str, int] | None = None, *, connections: bool = False,
-                 workers: int | None = None) -> None:
+                 workers: int | None = None, run_path: str | None = None) -> None:
         if node is not None:
             config = dataclasses.replace(config, stats_port=node[1])
         self.config = config
         self.host = node[0] if node is not None else None
+        self.run_path = run_path or run_dir(config)
+        # What tells this node from others of the same id (two brokers "t" on one host, on two ports).
+        self.label = f"{node[0]}:{node[1]}" if node is not None else os.path.basename(self.run_path)
         self.ctx = zmq.Context()
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
@@ -185,7 +370,7 @@ class StatsReader:
             indices.update(range(workers))
         if not self.config.stats_port:
             try:
-                names = os.listdir(run_dir(self.config))
+                names = os.listdir(self.run_path)
             except OSError:
                 names = []
             for name in names:
@@ -193,9 +378,14 @@ class StatsReader:
                     indices.add(int(name[1:-6]))
         return indices
 
+    def endpoint(self, index: int) -> str:
+        if not self.config.stats_port:
+            return f"ipc://{self.run_path}/w{index}.stats"
+        return router_endpoint(self.config, index, host=self.host)
+
     def _connect(self, index: int) -> None:
         if index not in self.endpoints:
-            endpoint = router_endpoint(self.config, index, host=self.host)
+            endpoint = self.endpoint(index)
             self.endpoints[index] = endpoint
             self.sub.connect(endpoint)
 
@@ -207,9 +397,13 @@ class StatsReader:
 
     def receive(self, timeout: float) -> list[tuple[bytes, dict[str, Any]]]:
         """What arrives within ``timeout`` seconds (at least one message, unless it times out)."""
-        out: list[tuple[bytes, dict[str, Any]]] = []
         if not self.sub.poll(int(max(0.0, timeout) * 1000)):
-            return out
+            return []
+        return self.drain()
+
+    def drain(self) -> list[tuple[bytes, dict[str, Any]]]:
+        """What has arrived (without waiting)."""
+        out: list[tuple[bytes, dict[str, Any]]] = []
         while True:
             try:
                 topic, data = self.sub.recv_multipart(zmq.NOBLOCK)
@@ -235,33 +429,123 @@ class StatsReader:
 
     def collect(self, topic: bytes = TOPIC_SNAPSHOT) -> tuple[dict[int, dict[str, Any]], list[int]]:
         """One message of kind ``topic`` from each router: (index → body, indices that stayed silent)."""
-        got: dict[int, dict[str, Any]] = {}
-        start = time.monotonic()
-        while True:
-            left = start + self.wait_bound() - time.monotonic()
-            for t, body in self.receive(left):
-                if t == topic:
-                    got[body["index"]] = body
-            if self.routers is not None and all(i in got for i in self.expected()):
-                return got, []
-            if left <= 0:
-                return got, [i for i in self.expected() if i not in got]
+        got, missing = Readers([self]).collect(topic)
+        return {i: body for (_, i), body in got.items()}, [i for _, i in missing]
 
     def close(self) -> None:
         self.sub.close(0)
         self.ctx.term()
 
 
+class Readers:
+    """Several nodes' StatsReaders, read together."""
+
+    def __init__(self, readers: list[StatsReader]) -> None:
+        self.readers = readers
+        self.poller = zmq.Poller()
+        for r in readers:
+            self.poller.register(r.sub, zmq.POLLIN)
+
+    @property
+    def interval(self) -> float:
+        return max((r.interval for r in self.readers), default=1.0)
+
+    def wait_bound(self) -> float:
+        return max((r.wait_bound() for r in self.readers), default=WAIT_SLACK_S)
+
+    def receive(self, timeout: float) -> list[tuple[tuple[str, int], bytes, dict[str, Any]]]:
+        """What arrives within ``timeout`` seconds: ((node label, router index), topic, body)."""
+        ready = dict(self.poller.poll(int(max(0.0, timeout) * 1000)))
+        out = []
+        for r in self.readers:
+            if r.sub in ready:
+                out += [((r.label, body.get("index", -1)), t, body) for t, body in r.drain()]
+        return out
+
+    def expected(self) -> list[tuple[StatsReader, int]]:
+        return [(r, i) for r in self.readers for i in r.expected()]
+
+    def complete(self, keys: Iterable[tuple[str, int]]) -> bool:
+        """Whether ``keys`` ((label, index) pairs) cover every router of every reader."""
+        have = set(keys)
+        return all(r.routers is not None for r in self.readers) and \
+            all((r.label, i) in have for r, i in self.expected())
+
+    def collect(self, topic: bytes = TOPIC_SNAPSHOT) -> tuple[dict[tuple[str, int], dict[str, Any]],
+                                                              list[tuple[str, int]]]:
+        """One message of kind ``topic`` from each router of each node: ((label, index) → body, the
+        (label, index) pairs that stayed silent)."""
+        got: dict[tuple[str, int], dict[str, Any]] = {}
+        start = time.monotonic()
+        while True:
+            left = start + self.wait_bound() - time.monotonic()
+            for key, t, body in self.receive(left):
+                if t == topic:
+                    got[key] = body
+            if self.complete(got):
+                return got, []
+            if left <= 0:
+                return got, [(r.label, i) for r, i in self.expected() if (r.label, i) not in got]
+
+    def where(self, missing: Iterable[tuple[str, int]]) -> list[str]:
+        by_label = {r.label: r for r in self.readers}
+        return [f"{label} w{i} ({by_label[label].endpoints.get(i, '?')})" for label, i in missing]
+
+    def close(self) -> None:
+        for r in self.readers:
+            r.close()
+
+
+# -- finding the nodes ------------------------------------------------------------------------------
+
+LOCATING = ("--listen", "--port", "--config", "--stats-port")  # the options that name one local node
+
+
+def _gives(argv: list[str], flags: Iterable[str]) -> bool:
+    return any(a == f or a.startswith(f + "=") for a in argv for f in flags)
+
+
+def _found_config(base: Config, node: LocalNode) -> tuple[Config, int | None]:
+    """A found node's Config (for its endpoints) and its router count, from its ``node.json``."""
+    info = read_node_file(node.path) or {}
+    listen = info.get("listen")
+    config = dataclasses.replace(
+        base, node_id=info.get("node") or node.node_id,
+        listen=(str(listen[0]), int(listen[1])) if isinstance(listen, list) and len(listen) == 2
+        else (base.listen[0], node.port),
+        stats_port=info.get("stats_port") if isinstance(info.get("stats_port"), int) else None)
+    interval = info.get("stats_interval")
+    if isinstance(interval, (int, float)) and interval > 0:
+        config = dataclasses.replace(config, stats_interval=float(interval))
+    workers = info.get("workers")
+    return config, workers if isinstance(workers, int) and workers > 0 else None
+
+
+def _not_readable(nodes: list[LocalNode]) -> str:
+    paths = ", ".join(n.path for n in nodes)
+    return (f"cannot read {paths}: another user's run directory (run brokerd stats as that user or as "
+            "root, or start the broker with BROKERD_RUN_DIR set to a directory you may read)")
+
+
 # -- the command ------------------------------------------------------------------------------------
 
 def _own_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    p.add_argument("--watch", action="store_true", help="redraw live, like top, until Ctrl-C")
+    p.add_argument("--watch", action="store_true", help="redraw live, like top, until Ctrl-C (or q)")
     p.add_argument("--json", action="store_true", help="print one JSON object per snapshot (one per line)")
     p.add_argument("--connections", action="store_true",
                    help="list client connections (router, bytes, queued, inflight), most bytes first")
-    p.add_argument("--node", metavar="HOST:PORT",
-                   help="read a remote node: HOST and its --stats-port PORT (router i on PORT+i)")
+    p.add_argument("--cluster", action="store_true",
+                   help="one row per node: every node running on this host and every --node, and the "
+                   "mesh's other nodes named")
+    p.add_argument("--node", metavar="HOST:PORT", action="append",
+                   help="read a remote node: HOST and its --stats-port PORT (router i on PORT+i); repeatable")
+    p.add_argument("--run-dir", metavar="DIR",
+                   help="where the brokers' run directories are (the broker's BROKERD_RUN_DIR; default "
+                   "$BROKERD_RUN_DIR, else $TMPDIR/brokerd-<uid> of every user)")
+    p.add_argument("--sort", metavar="KEY",
+                   help="sort rows by KEY, largest first: " + ", ".join(ROUTER_SORTS) + " (routers, nodes); "
+                   + ", ".join(CONNECTION_SORTS) + ", client, router (--connections; default bytes)")
     p.add_argument("--limit", type=int, default=0, metavar="N", help="with --connections: show the first N")
     return p
 
@@ -270,9 +554,10 @@ def build_stats_parser() -> argparse.ArgumentParser:
     """For --help: our options, then the broker's (which locate the local node)."""
     p = argparse.ArgumentParser(
         prog="brokerd stats", parents=[_own_parser(), build_parser()], add_help=False, conflict_handler="resolve",
-        description="Show the routers of a brokerd node: one table, --watch (live), --json, --connections. "
-        "The broker's own options (same values as the broker was started with, or --config FILE) locate a "
-        "local node; --node HOST:PORT reads a remote one.")
+        description="Show the routers of the brokerd nodes running on this host (found by themselves): one "
+        "table, --watch (live), --json, --connections, --cluster. The broker's own options (--listen/--port, "
+        "--stats-port or --config FILE, as the broker was started with) pick one local node, --node-id "
+        "keeps one node's; --node HOST:PORT reads a remote one.")
     p.add_argument("-h", "--help", action="help", help="show this help and exit")
     return p
 
@@ -285,89 +570,201 @@ def _parse_node(value: str) -> tuple[str, int]:
 
 
 def _explicit_workers(argv: list[str], config: Any) -> int | None:
-    if any(a == "--workers" or a.startswith("--workers=") for a in argv):
+    if _gives(argv, ["--workers"]):
         return config.workers
     return None
+
+
+class _Args(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        raise ConfigError(message)
+
+
+def terminal_width() -> int:
+    """COLUMNS if set, else the terminal's width, else (a pipe, a file) wide enough for every column."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return WIDE
 
 
 def main(argv: list[str]) -> int:
     if "-h" in argv or "--help" in argv:
         build_stats_parser().print_help()
         return 0
-    own, rest = _own_parser().parse_known_args(argv)
     try:
+        own, rest = _Args(parents=[_own_parser()], add_help=False, allow_abbrev=False).parse_known_args(argv)
+        if own.run_dir:
+            os.environ["BROKERD_RUN_DIR"] = own.run_dir  # as the broker's: run_dir() reads it
         config = load(rest)
-        node = _parse_node(own.node) if own.node else None
+        nodes = [_parse_node(n) for n in own.node or ()]
         if own.limit < 0:
             raise ConfigError(f"--limit: invalid value {own.limit} (expected 0 or more)")
+        sorts = {**CONNECTION_SORTS} if own.connections else {**ROUTER_SORTS}
+        if own.sort is not None and own.sort not in sorts and own.sort not in NAME_SORTS:
+            raise ConfigError(f"--sort: invalid value {own.sort!r} (choose from "
+                              f"{', '.join([*sorts, *NAME_SORTS])})")
+        readers, notes = _readers(own, rest, config, nodes)
     except ConfigError as exc:
         print(f"brokerd stats: error: {exc}", file=sys.stderr)
         return 2
-    reader = StatsReader(config, node, connections=own.connections, workers=_explicit_workers(rest, config))
+    if not readers:
+        print(f"brokerd stats: {notes[0] if notes else 'no brokerd found'}", file=sys.stderr)
+        return 1
+    for note in notes:
+        print(f"brokerd stats: note: {note}", file=sys.stderr)
+    group = Readers(readers)
     try:
         if own.watch:
-            return _watch(reader, own)
-        return _once(reader, own)
+            return _watch(group, own)
+        return _once(group, own)
     except KeyboardInterrupt:
         return 0
     finally:
-        reader.close()
+        group.close()
 
 
-def _where(reader: StatsReader, indices: Iterable[int]) -> list[str]:
-    return [f"w{i} ({reader.endpoints.get(i, '?')})" for i in indices]
+def _readers(own: argparse.Namespace, rest: list[str], config: Config,
+             nodes: list[tuple[str, int]]) -> tuple[list[StatsReader], list[str]]:
+    """The nodes to read, and notes for stderr (the first one says why, when there is none)."""
+    workers = _explicit_workers(rest, config)
+    readers = [StatsReader(config, node, connections=own.connections, workers=workers) for node in nodes]
+    explicit = _gives(rest, LOCATING)
+    if explicit and not own.cluster:
+        return [StatsReader(config, connections=own.connections, workers=workers)], []
+    if nodes and not own.cluster:
+        return readers, []
+    found = local_nodes()
+    if _gives(rest, ["--node-id"]) and not own.cluster:
+        found = [n for n in found if n.node_id == config.node_id]
+    readable = [n for n in found if n.readable]
+    for n in readable:
+        node_config, node_workers = _found_config(config, n)
+        readers.append(StatsReader(node_config, connections=own.connections, workers=node_workers,
+                                   run_path=n.path if not node_config.stats_port else None))
+    if explicit and own.cluster and not any(r.run_path == run_dir(config) for r in readers):
+        readers.append(StatsReader(config, connections=own.connections, workers=workers))
+    notes = []
+    if not readers:
+        unreadable = [n for n in found if not n.readable]
+        if unreadable:
+            notes.append(_not_readable(unreadable))
+        else:
+            where = run_base() if os.environ.get("BROKERD_RUN_DIR") else f"{run_base()} (nor any other user's)"
+            who = f" with --node-id {config.node_id}" if _gives(rest, ["--node-id"]) else ""
+            notes.append(f"no brokerd running here{who}: no live run directory in {where}; give --node "
+                         "HOST:PORT for a remote node, or --run-dir DIR if the broker has BROKERD_RUN_DIR")
+    return readers, notes
 
 
-def _once(reader: StatsReader, own: argparse.Namespace) -> int:
+def _shown(got: dict[tuple[str, int], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The bodies to draw, sorted; nodes of one id on several ports are told apart by their run
+    directory's name (``t-1883``, ``t-1884``)."""
+    labels: dict[str, set[str]] = {}
+    for (label, _), body in got.items():
+        labels.setdefault(body["node"], set()).add(label)
+    out = []
+    for (label, _), body in sorted(got.items()):
+        if len(labels[body["node"]]) > 1:
+            body = {**body, "node": label, "router_id": f"{label}/{body.get('router', '?')}", "_node": body["node"]}
+        out.append(body)
+    return sorted(out, key=lambda b: (b["node"], b.get("index", 0)))
+
+
+def _mesh_nodes(snaps: Iterable[dict[str, Any]]) -> set[str]:
+    """Every node the routers of ``snaps`` know in the mesh (their peers' router ids, node/wN)."""
+    nodes = set()
+    for s in snaps:
+        nodes.add(s.get("_node", s["node"]))
+        for peer in s.get("traffic", {}).get("mesh", {}).get("peers", {}):
+            nodes.add(str(peer).rpartition("/")[0])
+    nodes.discard("")
+    return nodes
+
+
+def _screen(group: Readers, own: argparse.Namespace, bodies: list[dict[str, Any]], missing: list[str],
+            width: int) -> Any:
+    if own.connections:
+        return connections_view(bodies, own.limit, width=width, sort=own.sort)
+    if own.cluster:
+        unreachable = _mesh_nodes(bodies) - {b.get("_node", b["node"]) for b in bodies}
+        return cluster_view(bodies, unreachable, missing, width=width, sort=own.sort)
+    return routers_view(bodies, missing, width=width, sort=own.sort)
+
+
+def _console(width: int, record: bool = False) -> Any:
+    from rich.console import Console
+
+    if record:  # plain text, whatever the terminal
+        return Console(width=width, highlight=False, emoji=False, markup=False, color_system=None,
+                       force_terminal=False, no_color=True)
+    return Console(width=width, highlight=False, emoji=False, markup=False)
+
+
+def _once(group: Readers, own: argparse.Namespace) -> int:
     topic = TOPIC_CONNECTIONS if own.connections else TOPIC_SNAPSHOT
-    got, missing = reader.collect(topic)
-    bodies = [got[i] for i in sorted(got)]
+    got, missing = group.collect(topic)
     if own.json:
-        for body in bodies:
+        for _, body in sorted(got.items()):
             print(json.dumps(body, separators=(",", ":")))
-    elif bodies:
-        print(render_connections(bodies, own.limit) if own.connections else render_routers(bodies))
+    elif got:
+        bodies = _shown(got)
+        width = terminal_width()
+        _console(width).print(_screen(group, own, bodies, [f"{label} w{i}" for label, i in missing], width))
+    sys.stdout.flush()
     if missing:
         print(f"brokerd stats: no {'connection list' if own.connections else 'snapshot'} within "
-              f"{reader.wait_bound():.1f} s from {', '.join(_where(reader, missing))} "
+              f"{group.wait_bound():.1f} s from {', '.join(group.where(missing))} "
               f"(is brokerd running with these options?)", file=sys.stderr)
         return 1
     return 0
 
 
-def _watch(reader: StatsReader, own: argparse.Namespace) -> int:
-    """Redraw once per interval (or as soon as every router has reported) until Ctrl-C."""
+def _watch(group: Readers, own: argparse.Namespace) -> int:
+    """Redraw once per interval (or as soon as every router has reported) until Ctrl-C.
+
+    The table is redrawn in place on the terminal's alternate screen (rich's Live), line over line:
+    no clearing, so no flicker; the terminal gets its screen back at the end, as with top."""
     topic = TOPIC_CONNECTIONS if own.connections else TOPIC_SNAPSHOT
-    latest: dict[str, dict[str, Any]] = {}
-    seen: dict[str, float] = {}
-    since_draw: set[str] = set()
+    if own.json:
+        while True:
+            for _, t, body in group.receive(group.interval):
+                if t == topic:
+                    print(json.dumps(body, separators=(",", ":")), flush=True)
+    from rich.live import Live
+    from rich.text import Text
+
+    latest: dict[tuple[str, int], dict[str, Any]] = {}
+    seen: dict[tuple[str, int], float] = {}
+    since_draw: set[tuple[str, int]] = set()
     last_draw = 0.0
-    out = sys.stdout
-    if not own.json:
-        out.write(CLEAR + "waiting for stats from " + ", ".join(_where(reader, sorted(reader.endpoints))) + "\n")
-        out.flush()
-    while True:
-        now = time.monotonic()
-        for t, body in reader.receive(max(0.05, min(reader.interval, last_draw + reader.interval - now))):
-            if t != topic:
-                continue
-            if own.json:
-                print(json.dumps(body, separators=(",", ":")), flush=True)
-            else:
-                latest[body["router_id"]] = body
-                seen[body["router_id"]] = time.monotonic()
-                since_draw.add(body["router_id"])
-        if own.json:
-            continue
-        now = time.monotonic()
-        everyone = reader.routers is not None and len(since_draw) >= len(reader.expected())
-        if latest and (everyone or now - last_draw >= reader.interval * 1.5):
-            stale = 3 * reader.interval + 1.0
-            fresh = [b for r, b in latest.items() if now - seen[r] <= stale]
-            names = {b["router"] for b in fresh}
-            missing = [f"w{i}" for i in reader.expected() if f"w{i}" not in names]
-            screen = render_connections(fresh, own.limit) if own.connections else render_routers(fresh, missing)
-            out.write(CLEAR + screen + "\n\n(Ctrl-C to quit)\n")
-            out.flush()
-            last_draw = now
-            since_draw.clear()
+    width = terminal_width()
+    console = _console(width) if os.environ.get("COLUMNS") else None
+    waiting = Text("waiting for stats from " + ", ".join(
+        e for r in group.readers for e in r.endpoints.values()))
+    with Live(waiting, console=console, screen=True, auto_refresh=False, redirect_stdout=False,
+              redirect_stderr=False) as live:
+        while True:
+            now = time.monotonic()
+            for key, t, body in group.receive(max(0.05, min(group.interval, last_draw + group.interval - now))):
+                if t != topic:
+                    continue
+                latest[key] = body
+                seen[key] = time.monotonic()
+                since_draw.add(key)
+            now = time.monotonic()
+            everyone = len(since_draw) >= len(group.expected()) and \
+                all(r.routers is not None for r in group.readers)
+            if latest and (everyone or now - last_draw >= group.interval * 1.5):
+                stale = 3 * group.interval + 1.0
+                fresh = {k: b for k, b in latest.items() if now - seen[k] <= stale}
+                missing = [f"{r.label} w{i}" for r, i in group.expected() if (r.label, i) not in fresh]
+                width = console.width if console is not None else live.console.width
+                screen = _screen(group, own, _shown(fresh), missing, width)
+                from rich.console import Group
+
+                live.update(Group(screen, Text(""), Text("(Ctrl-C to quit)")), refresh=True)
+                last_draw = now
+                since_draw.clear()

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
+import time
 import uuid
 
 import pytest
 
-from tests.helpers import BROKERD, Client
+from cluster.config import load
+from cluster.stats_cli import StatsReader
+from tests.helpers import BROKERD, Broker, Client
 
 
 def mesh_port(host: str) -> int:
@@ -43,15 +47,37 @@ def start_nodes(start_broker, *extra_by_node: list[str]):
     return nodes
 
 
-def wait_mesh_complete(nodes, routers: int = 6) -> None:
-    """Every router knows the other routers-1: count 'joined' lines per node log."""
-    for n in nodes:
-        n.wait_log("joined", timeout=15)
-    from tests.helpers import wait_for
+def mesh_peers(node: Broker, timeout: float = 15.0, until=None) -> dict[str, set[str]]:
+    """Router name → the peer routers it has met in the mesh, from the node's stats snapshots (the
+    log says one line per node joined, not one per router pair), read until ``until(peers)`` holds."""
+    args = node.args
+    node_id, workers = args[args.index("--node-id") + 1], int(args[args.index("--workers") + 1])
+    given = ["--node-id", node_id, "--listen", f"{node.host}:{node.port}"]
+    if "--stats-port" in args:
+        given += ["--stats-port", args[args.index("--stats-port") + 1]]
+    base = node.env.get("BROKERD_RUN_DIR")  # the broker's own run directory base, if it was given one
+    reader = StatsReader(load(given, environ={}), workers=workers,
+                         run_path=os.path.join(base, f"{node_id}-{node.port}") if base else None)
+    peers: dict[str, set[str]] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            for topic, body in reader.receive(0.5):
+                if topic == b"snap":
+                    peers[body["router"]] = set(body["traffic"]["mesh"]["peers"])
+            if len(peers) == workers and (until is None or until(peers)):
+                return peers
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout} s waiting for {node.name}'s mesh: {peers}")
+    finally:
+        reader.close()
 
+
+def wait_mesh_complete(nodes, routers: int = 6, timeout: float = 15.0) -> None:
+    """Every router of ``nodes`` has met the other routers - 1 (the snapshots of a restarted node's
+    routers count only what they met since)."""
     for n in nodes:
-        wait_for(lambda n=n: n.log_text(this_run=True).count("joined") >= 2 * (routers - 1), 15,
-                 f"{n.name} full mesh")
+        mesh_peers(n, timeout, lambda peers: all(len(p) >= routers - 1 for p in peers.values()))
 
 
 def test_pub_on_one_node_reaches_subscribers_on_others_and_survives_a_node_restart(start_broker):
@@ -77,11 +103,8 @@ def test_pub_on_one_node_reaches_subscribers_on_others_and_survives_a_node_resta
 
     # b comes back and is served again from both sides.
     b.start()
-    b.wait_log("joined", timeout=15)
-    from tests.helpers import wait_for
-
     # Each of b's 2 routers meets the other 5 routers again.
-    wait_for(lambda: b.log_text(this_run=True).count("joined") >= 10, 15, "b rejoined every router")
+    wait_mesh_complete([b])
     back = [Client(b.port, f"sb2{u}{i}", host=b.host).connect() for i in range(3)]
     for s in back:
         s.subscribe(f"mh{u}/#", 1)
@@ -104,10 +127,7 @@ def test_node_with_wrong_curve_key_is_refused(start_broker, tmp_path):
     a, b, c = start_nodes(start_broker, ["--mesh-key", key_good], ["--mesh-key", key_good],
                           ["--mesh-key", key_bad])
     # a and b form the cluster; c cannot join, and both sides say why.
-    from tests.helpers import wait_for
-
-    wait_for(lambda: a.log_text().count("joined") >= 3 and b.log_text().count("joined") >= 3, 15,
-             "a and b joined")
+    wait_mesh_complete([a, b], routers=4)
     c.wait_log("CURVE handshake failed", timeout=15)
     b.wait_log("CURVE handshake failed", timeout=15)
     assert "router c/" not in a.log_text() + b.log_text()

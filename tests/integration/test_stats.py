@@ -41,8 +41,11 @@ def locator(broker: Broker, workers: int | None = WORKERS) -> list[str]:
     return [*args, "--workers", str(workers)] if workers else args
 
 
-def stats_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([BROKERD, "stats", *args], capture_output=True, text=True, timeout=timeout)
+def stats_cli(*args: str, timeout: float = 30, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`brokerd stats ARGS`, its output a pipe: as wide as the table (COLUMNS only from ``env``)."""
+    base = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "BROKERD_RUN_DIR")}
+    return subprocess.run([BROKERD, "stats", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**base, **(env or {})})
 
 
 class Snapshots:
@@ -312,7 +315,9 @@ def test_stats_watch_redraws_every_router_in_a_terminal(start_broker):
         deadline = time.monotonic() + WAIT
 
         def screens() -> list[bytes]:
-            return out.split(b"\x1b[H\x1b[2J")[1:]
+            # Drawn in place on the alternate screen: each frame starts at home, nothing is cleared.
+            assert b"\x1b[2J" not in out
+            return out.split(b"\x1b[H")[1:]
 
         def complete(screen: bytes) -> bool:
             return all(re.search(rb"^w%d " % i, screen, re.M) for i in range(WORKERS)) and b"TOTAL" in screen
@@ -458,3 +463,143 @@ def test_log_counters_count_appends_and_catch_up_reads(start_broker):
         assert total(snaps, "log", "read_bytes") >= n * len(payload)
     finally:
         view.close()
+
+
+# -- operator experience: finding nodes, the terminal, pipes, the cluster -----------------------------
+
+@pytest.fixture
+def start_in(xprocess, tmp_path):
+    """Start brokerd with BROKERD_RUN_DIR set (its own run directory base, out of other tests' sight)."""
+    started: list[Broker] = []
+
+    def start(run_dir: str, *args: str, workers: int = 1, host: str = "127.0.0.1", node_id: str = "t") -> Broker:
+        port = free_port(host)
+        argv = ["--workers", str(workers), "--listen", f"{host}:{port}", "--node-id", node_id,
+                "--data-dir", str(tmp_path / "data"), *FAST, *args]
+        broker = Broker(xprocess, f"brokerd-in-{node_id}-{port}", argv, host, port, env={"BROKERD_RUN_DIR": run_dir})
+        started.append(broker)
+        return broker.start()
+
+    yield start
+    Client.close_all([c for c in Client.made])
+    for broker in started:
+        info = xprocess.getinfo(broker.name)
+        if info.isrunning():
+            info.terminate(timeout=15)
+
+
+def _rows(stdout: str, first: str) -> list[list[str]]:
+    """The table's rows (split on blanks) after its header line, which starts with ``first``, to TOTAL."""
+    lines = stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(first))
+    rows = []
+    for line in lines[at + 1:]:
+        rows.append(line.split())
+        if line.startswith("TOTAL"):
+            return rows
+    raise AssertionError(f"no TOTAL row: {stdout}")
+
+
+def test_stats_finds_the_local_nodes_by_itself(start_in, tmp_path):
+    run = str(tmp_path / "run")
+    start_in(run, workers=WORKERS, node_id="found")
+    start_in(run, node_id="other")
+    # A dead broker's directory (its lock free, a socket file left): skipped, not waited for.
+    stale = tmp_path / "run" / "gone-1883"
+    stale.mkdir()
+    (stale / "brokerd.lock").write_text("999999\n")
+    (stale / "w0.stats").write_text("")
+    for args, env in ((["--json"], {"BROKERD_RUN_DIR": run}), (["--json", "--run-dir", run], {})):
+        r = stats_cli(*args, env=env)
+        assert r.returncode == 0, r.stderr
+        found = sorted((o["node"], o["router"]) for o in map(json.loads, r.stdout.splitlines()))
+        assert found == [("found", "w0"), ("found", "w1"), ("other", "w0")], found
+    r = stats_cli("--run-dir", run, "--node-id", "found")  # one node of those found, by its id
+    assert r.returncode == 0, r.stderr
+    assert [row[0] for row in _rows(r.stdout, "ROUTER")] == ["w0", "w1", "TOTAL"]
+    r = stats_cli("--run-dir", str(tmp_path / "empty"))
+    assert r.returncode == 1 and "no brokerd running here" in r.stderr
+
+
+def test_stats_finds_a_node_without_its_listen_address(start_broker):
+    """In the default run directory base: --node-id alone, not the --listen the broker was given."""
+    node = f"solo{os.getpid()}"
+    start_broker(*FAST, workers=WORKERS, node_id=node)
+    r = stats_cli("--json", "--node-id", node)
+    assert r.returncode == 0, r.stderr
+    assert sorted(json.loads(x)["router_id"] for x in r.stdout.splitlines()) == [f"{node}/w0", f"{node}/w1"]
+
+
+def test_stats_fits_80_columns_and_sorts(start_broker):
+    broker = start_broker(*FAST, workers=WORKERS)
+    view = Snapshots(broker)
+    try:
+        spread(broker, view, "wide", 5)
+    finally:
+        view.close()
+    r = stats_cli(*locator(broker), env={"COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, r.stdout
+    header = next(line for line in lines if line.startswith("ROUTER"))
+    for column in ("CLIENTS", "MSG IN/s", "MSG OUT/s", "IN", "OUT", "CPU%"):
+        assert column in header.split("  "), (column, header)
+    assert [row[0] for row in _rows(r.stdout, "ROUTER")] == ["w0", "w1", "TOTAL"]
+    # Piped, without COLUMNS: every column; byte rates in B/s.
+    r = stats_cli(*locator(broker))
+    header = next(line for line in r.stdout.splitlines() if line.startswith("ROUTER"))
+    assert all(c in header for c in ("PID", "UPTIME", "MESH IN", "INFLIGHT", "LAG")), header
+    rows = _rows(r.stdout, "ROUTER")
+    assert all(row[-1].endswith("ms") and any(cell.endswith("B/s") for cell in row) for row in rows)
+    r = stats_cli(*locator(broker), "--sort", "clients")
+    assert r.returncode == 0, r.stderr
+    rows = _rows(r.stdout, "ROUTER")
+    clients = [int(row[3]) for row in rows[:-1]]
+    assert clients == sorted(clients, reverse=True) and sum(clients) == int(rows[-1][1])
+    r = stats_cli(*locator(broker), "--sort", "colour")
+    assert r.returncode == 2 and "--sort" in r.stderr and "clients" in r.stderr
+
+
+def test_stats_into_a_closed_pipe_ends_quietly(start_broker, tmp_path):
+    broker = start_broker(*FAST, workers=WORKERS)
+    args = " ".join(locator(broker))
+    for command in (f"{BROKERD} stats --json {args} 2>{tmp_path}/err | head -1",
+                    f"{BROKERD} stats --watch --json {args} 2>{tmp_path}/err | head -3"):
+        r = subprocess.run(["bash", "-c", f"set -o pipefail; {command}"], capture_output=True, text=True,
+                           timeout=60, env={k: v for k, v in os.environ.items() if k != "COLUMNS"})
+        assert r.returncode == 0, (command, r.stderr)
+        assert 1 <= len(r.stdout.splitlines()) <= 3
+        err = (tmp_path / "err").read_text()
+        assert err == "", err  # no BrokenPipeError, no "Exception ignored"
+
+
+@needs_mesh
+def test_stats_cluster_view_from_one_node(start_in, tmp_path):
+    from tests.cluster.test_multihost import mesh_port, wait_mesh_complete
+
+    here, elsewhere = str(tmp_path / "run"), str(tmp_path / "elsewhere")
+    hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    ports = [mesh_port(h) for h in hosts]
+    stats_port = _two_free_ports()
+    nodes = []
+    for i, (host, name) in enumerate(zip(hosts, "abc", strict=True)):
+        peer = 1 if i == 0 else i - 1
+        extra = ["--stats-port", str(stats_port)] if name == "c" else []
+        # c runs "on another host": another run directory base, its stats on tcp.
+        nodes.append(start_in(here if name != "c" else elsewhere, "--mesh", f"{host}:{ports[i]}", "--peer",
+                              f"{hosts[peer]}:{ports[peer]}", *extra, workers=WORKERS, host=host, node_id=name))
+    wait_mesh_complete(nodes, routers=6)
+    r = stats_cli("--cluster", "--run-dir", here)
+    assert r.returncode == 0, r.stderr
+    rows = {row[0]: row for row in _rows(r.stdout, "NODE")}
+    assert set(rows) == {"a", "b", "TOTAL"} and rows["a"][1] == "2/2" and rows["TOTAL"][1] == "4/4", r.stdout
+    assert "in the mesh, no stats read: c" in r.stdout
+    r = stats_cli("--cluster", "--run-dir", here, "--node", f"127.0.0.3:{stats_port}")
+    assert r.returncode == 0, r.stderr
+    rows = {row[0]: row for row in _rows(r.stdout, "NODE")}
+    assert set(rows) == {"a", "b", "c", "TOTAL"} and rows["TOTAL"][1] == "6/6", r.stdout
+    assert "no stats read" not in r.stdout
+    r = stats_cli("--cluster", "--json", "--run-dir", here, "--node", f"127.0.0.3:{stats_port}")
+    assert r.returncode == 0, r.stderr
+    assert sorted(json.loads(x)["router_id"] for x in r.stdout.splitlines()) == \
+        [f"{n}/w{i}" for n in "abc" for i in range(WORKERS)]
