@@ -3,16 +3,31 @@
 from __future__ import annotations
 
 import logging
+import logging.handlers
+import os
 import sys
 
 from .config import ConfigError, load
 
 
-def _setup_logging(level: str, node: str) -> None:
+def _setup_logging(level: str, node: str, log_file: str | None = None) -> None:
+    """stderr, and with ``--log-file`` that file too, in every process of the broker.
+
+    The file is a ``WatchedFileHandler`` (opened for appending): each process (supervisor, workers,
+    stats process; forked with the handler) checks before a write whether the path still names the
+    file it has open, and reopens it if not. So logrotate's usual way, rename then SIGHUP, works, and
+    so does its ``create`` without a signal; ``copytruncate`` works too (appends go to the new end).
+    Raises ``ConfigError`` when the file cannot be opened."""
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_file:
+        try:
+            handlers.append(logging.handlers.WatchedFileHandler(log_file, encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"--log-file: cannot open {log_file}: {exc.strerror}") from None
     logging.basicConfig(
         level=getattr(logging, level.upper()),
         format=f"%(asctime)s %(levelname)s [{node}] %(name)s: %(message)s",
-        stream=sys.stderr,
+        handlers=handlers,
     )
 
 
@@ -22,16 +37,30 @@ SUBCOMMANDS = ("stats", "log", "keygen", "health")
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
-        return _subcommand(argv[0], argv[1:])
+        try:
+            return _subcommand(argv[0], argv[1:])
+        except BrokenPipeError:  # `brokerd stats --json | head`: the reader has what it wanted
+            _quiet_stdout()
+            return 0
     try:
         config = load(argv)
+        _setup_logging(config.log_level, config.node_id, config.log_file)
     except ConfigError as exc:
         print(f"brokerd: error: {exc}", file=sys.stderr)
         return 2
-    _setup_logging(config.log_level, config.node_id)
     from .supervisor import Supervisor
 
     return Supervisor(config).run()
+
+
+def _quiet_stdout() -> None:
+    """stdout's reader is gone: point it at /dev/null, so that the flush at exit says nothing."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def _subcommand(name: str, argv: list[str]) -> int:

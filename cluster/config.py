@@ -44,6 +44,16 @@ def _size(value: str | int) -> int:
     return int(float(v) * mult)
 
 
+def _word(value: str) -> str:
+    """A choice as typed, in any case: ``--log-level DEBUG`` is ``debug``."""
+    return str(value).strip().lower()
+
+
+# What a value of each type looks like, for errors in an operator's words (not "invalid literal for int()").
+_EXPECTED: dict[Any, str] = {int: "expected a whole number", float: "expected a number",
+                             _size: "expected a size in bytes, such as 65536, 64M or 1G"}
+
+
 def _on_off(value: str | bool) -> bool:
     if isinstance(value, bool):
         return value
@@ -109,7 +119,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("data_dir", str, "./data", "commit log directory (one log per router under DATA/<node>/<router>)",
            "DIR"),
     Option("log", _on_off, True, "commit log on/off", "on|off"),
-    Option("fsync", str, "interval", "fsync policy of the commit log", choices=("always", "interval", "never")),
+    Option("fsync", _word, "interval", "fsync policy of the commit log", choices=("always", "interval", "never")),
     Option("fsync_interval_ms", int, 1000, "fsync period with --fsync interval (sooner once 4 MiB wait for it)", "MS", check=_at_least(1)),
     Option("segment_bytes", _size, 64 << 20, "commit log segment size", "BYTES", check=_at_least(4096)),
     Option("retention_bytes", _size, 0, "delete old segments beyond this total size per router (0: no limit)",
@@ -143,7 +153,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("metrics_port", int, None, "serve Prometheus /metrics on this port", "PORT", check=_port),
     Option("sys_interval", float, 10.0, "seconds between $SYS topic updates (0: off)", "SECONDS",
            check=_at_least(0)),
-    Option("log_level", str, "info", "logging level", choices=("debug", "info", "warning", "error")),
+    Option("log_level", _word, "info", "logging level", choices=("debug", "info", "warning", "error")),
+    Option("log_file", str, None, "also write the log to FILE (appended; reopened when logrotate renames it, "
+           "and on SIGHUP)", "FILE"),
 )
 _BY_NAME = {o.name: o for o in OPTIONS}
 
@@ -181,6 +193,7 @@ class Config:
     metrics_port: int | None = None
     sys_interval: float = 10.0
     log_level: str = "info"
+    log_file: str | None = None
     config_file: str | None = field(default=None)
 
 
@@ -198,7 +211,7 @@ def _convert(opt: Option, raw: Any, source: str) -> Any:
         else:
             value = opt.type(raw)
     except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{source}: invalid value {raw!r} ({exc})") from None
+        raise ConfigError(f"{source}: invalid value {raw!r} ({_EXPECTED.get(opt.type) or exc})") from None
     if opt.choices and value not in opt.choices:
         raise ConfigError(f"{source}: invalid value {raw!r} (choose from {', '.join(opt.choices)})")
     if opt.check and value is not None:
@@ -223,13 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"brokerd {__version__}")
     p.add_argument("--config", metavar="FILE", help="read options from a TOML file (command line wins)")
-    p.add_argument("--port", type=int, metavar="P", help="short for --listen 0.0.0.0:P")
+    p.add_argument("--port", metavar="P", help="short for --listen 0.0.0.0:P")
     for opt in OPTIONS:
         default = _shown_default(opt)
         kwargs: dict[str, Any] = {"metavar": opt.metavar, "help": opt.help,
                                   "default": argparse.SUPPRESS}
         if opt.choices:
             kwargs["choices"] = opt.choices
+            kwargs["type"] = opt.type  # _word: any case
             kwargs.pop("metavar")
         if opt.repeat:
             kwargs["action"] = "append"
@@ -301,6 +315,9 @@ def load(argv: list[str], environ: Mapping[str, str] | None = None) -> Config:
     values.update(_from_env(environ))
     port = args.pop("port", None)
     if port is not None:
+        if not str(port).isdigit():
+            raise ConfigError(f"--port: invalid value {port!r} ({_EXPECTED[int]})")
+        port = int(port)
         problem = _port(port)
         if problem:
             raise ConfigError(f"--port: {problem}, got {port!r}")

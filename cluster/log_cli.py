@@ -55,9 +55,29 @@ def _fmt_payload(payload: bytes, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+def _add_data_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", help="the broker's --data-dir (default: the --config file's, else ./data)")
+    p.add_argument("--config", metavar="FILE", help="the broker's TOML config file: its data_dir is the default "
+                   "(BROKERD_DATA_DIR and BROKERD_CONFIG count too, as for the broker)")
+
+
+def _data_dir(args: argparse.Namespace, prog: str) -> str | None:
+    """--data-dir, else the broker's own (--config FILE, BROKERD_* variables, its default); None after
+    printing the error."""
+    if args.data_dir:
+        return args.data_dir
+    from .config import ConfigError, load
+
+    try:
+        return load(["--config", args.config] if args.config else []).data_dir
+    except ConfigError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return None
+
+
 def tail(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="brokerd log tail", description="Print commit log records.")
-    p.add_argument("--data-dir", default="./data", help="the broker's --data-dir (default ./data)")
+    _add_data_dir(p)
     p.add_argument("--topic", default="#", help="MQTT filter (+ and #); default all")
     start = p.add_mutually_exclusive_group()
     start.add_argument("--from-beginning", action="store_true", help="from the oldest record kept")
@@ -68,6 +88,9 @@ def tail(argv: list[str]) -> int:
     p.add_argument("--max", type=int, default=0, help="stop after this many records (0: no limit)")
     p.add_argument("--json", action="store_true", help="one JSON object per record")
     args = p.parse_args(argv)
+    args.data_dir = _data_dir(args, p.prog)
+    if args.data_dir is None:
+        return 2
     if not valid_topic_filter(args.topic):
         print(f"brokerd log tail: error: --topic: invalid MQTT filter {args.topic!r}", file=sys.stderr)
         return 2
@@ -131,9 +154,12 @@ def tail(argv: list[str]) -> int:
 
 def check_cmd(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="brokerd log check", description="Verify every segment of every log.")
-    p.add_argument("--data-dir", default="./data", help="the broker's --data-dir (default ./data)")
+    _add_data_dir(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     args = p.parse_args(argv)
+    args.data_dir = _data_dir(args, p.prog)
+    if args.data_dir is None:
+        return 2
     dirs = _router_dirs(args.data_dir, None)
     if not dirs:
         print(f"brokerd log check: error: --data-dir: no commit log under {args.data_dir}", file=sys.stderr)
@@ -153,8 +179,22 @@ def check_cmd(argv: list[str]) -> int:
     return 0 if ok else 1
 
 
+USAGE = """usage: brokerd log {tail,check} [options]
+
+Read the commit log of a broker from its data directory (read-only; the broker may be running).
+
+  tail    print records: the last 10 per router, --follow, --from-beginning, --topic FILTER, --json
+  check   verify every segment of every router's log (exit 1 when something is wrong)
+
+Each takes --data-dir DIR or --config FILE (the broker's TOML file) and has --help."""
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
     if not argv or argv[0] not in ("tail", "check"):
-        print("usage: brokerd log tail|check [--help]", file=sys.stderr)
+        what = f"unknown command {argv[0]!r}" if argv else "a command is needed"
+        print(f"{USAGE.splitlines()[0]}\nbrokerd log: error: {what} (tail or check)", file=sys.stderr)
         return 2
     return tail(argv[1:]) if argv[0] == "tail" else check_cmd(argv[1:])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import logging.handlers
 import math
 import os
 import select
@@ -166,8 +167,7 @@ class Supervisor:
             return 1
         self._start_aux()
         host, port = cfg.listen
-        log.info("brokerd ready: node %s listening on %s:%d with %d worker%s", cfg.node_id, host, port,
-                 cfg.workers, "s" if cfg.workers != 1 else "")
+        log.info("%s", ready_line(cfg))
         notify(f"READY=1\nSTATUS=node {cfg.node_id}: MQTT on {host}:{port}, {cfg.workers} workers")  # systemd
         while True:
             info = signal.sigtimedwait(SIGNALS, 1.0)
@@ -186,8 +186,17 @@ class Supervisor:
                 return 1
 
     def _reload(self) -> None:
-        """SIGHUP. Logs go to stderr (nothing to reopen); TLS and passwords will be reloaded here."""
-        log.info("SIGHUP: nothing to reload yet")
+        """SIGHUP: reopen ``--log-file`` (logrotate renamed it); TLS and passwords will be reloaded here.
+
+        The workers and the stats process ignore SIGHUP: their handlers (``WatchedFileHandler``, see
+        ``cluster.cli``) reopen the file at their next line, once its path names another file."""
+        files = [h for h in logging.getLogger().handlers if isinstance(h, logging.handlers.WatchedFileHandler)]
+        if not files:
+            log.info("SIGHUP: nothing to reload yet")
+            return
+        for handler in files:
+            handler.reopenIfNeeded()
+        log.info("SIGHUP: log file %s reopened", ", ".join(h.baseFilename for h in files))
 
     def _check_open_files(self) -> None:
         """Raise the open-files limit for the workers to inherit, and say what it allows when it,
@@ -301,6 +310,34 @@ class Supervisor:
             except (ProcessLookupError, ChildProcessError):
                 pass
         self.pids.clear()
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def ready_line(cfg: Config) -> str:
+    """What an operator wants to know once the node serves: what runs, where, with which policy."""
+    from . import __version__
+    from .stats import router_endpoint
+
+    host = cfg.listen[0]
+    parts = [f"brokerd ready: brokerd {__version__}", f"node {cfg.node_id}",
+             f"MQTT on {_address(*cfg.listen)}", f"{cfg.workers} worker{'s' if cfg.workers != 1 else ''}",
+             f"data {os.path.abspath(os.path.join(cfg.data_dir, cfg.node_id))} (fsync {cfg.fsync})" if cfg.log
+             else "commit log off"]
+    if cfg.mesh is not None:
+        peers = ", ".join(_address(*p) for p in cfg.peer)
+        parts.append(f"mesh on {_address(*cfg.mesh)}" + (f" (peers {peers})" if peers else ""))
+    else:
+        parts.append("single node (no --mesh)")
+    if cfg.metrics_port:
+        shown = socket.gethostname() if host in ("", "0.0.0.0", "::") else host
+        parts.append(f"metrics http://{_address(shown, cfg.metrics_port)}/metrics")
+    else:
+        parts.append("metrics off")
+    parts.append(f"stats {router_endpoint(cfg, 0)}" + (" (router 0)" if cfg.workers > 1 else ""))
+    return ", ".join(parts)
 
 
 def _name_process(config: Config, index: int) -> None:

@@ -75,3 +75,135 @@ def test_sigterm_is_a_graceful_stop_with_exit_0(start_broker):
     broker = start_broker()
     Client(broker.port, "bye").connect()
     assert broker.stop() == 0
+
+
+# -- operator experience: words, the ready line, logs ------------------------------------------------
+
+def test_a_wrong_number_is_explained_in_an_operators_words():
+    for args, words in ((["--workers", "abc"], "--workers: invalid value 'abc' (expected a whole number)"),
+                        (["--port", "abc"], "--port: invalid value 'abc' (expected a whole number)"),
+                        (["--mesh-timeout", "soon"], "--mesh-timeout: invalid value 'soon' (expected a number)"),
+                        (["--segment-bytes", "lots"], "--segment-bytes: invalid value 'lots' (expected a size")):
+        r = run(*args)
+        assert r.returncode == 2 and words in r.stderr, r.stderr
+        assert "literal" not in r.stderr and "int()" not in r.stderr and "float" not in r.stderr
+        assert r.stderr.strip().count("\n") == 0
+
+
+def test_choices_in_any_case():
+    from cluster.config import load
+
+    config = load(["--log-level", "DEBUG", "--fsync", "Always"], environ={})
+    assert (config.log_level, config.fsync) == ("debug", "always")
+
+
+def test_ready_line_says_what_runs_and_where(start_broker, tmp_path):
+    import os
+
+    from cluster import __version__
+    from tests.cluster.test_multihost import mesh_port
+
+    mport, metrics = mesh_port("127.0.0.1"), free_port()
+    broker = start_broker("--mesh", f"127.0.0.1:{mport}", "--metrics-port", str(metrics), "--fsync", "always",
+                          workers=2)
+    line = next(x for x in broker.log_text().splitlines() if "brokerd ready" in x)
+    for part in (f"brokerd {__version__}", "node t", f"MQTT on 127.0.0.1:{broker.port}", "2 workers",
+                 f"data {os.path.join(tmp_path, 'data', 't')} (fsync always)", f"mesh on 127.0.0.1:{mport}",
+                 f"metrics http://127.0.0.1:{metrics}/metrics", "stats ipc://"):
+        assert part in line, (part, line)
+
+
+def test_log_level_debug_in_capitals_is_accepted(start_broker):
+    broker = start_broker("--log-level", "DEBUG", workers=2)
+    # The mesh's line per router pair is DEBUG (INFO has one per node).
+    broker.wait_log("DEBUG [t/w0] cluster.mesh: mesh: router t/w1 joined")
+
+
+def test_client_connects_and_disconnects_are_logged_nothing_per_message(start_broker):
+    broker = start_broker()
+    c = Client(broker.port, "operator-sees-me", keepalive=30).connect()
+    c.subscribe("quiet/topic", 1)
+    for _ in range(5):
+        c.publish("quiet/topic", b"x", qos=1)
+    c.wait_messages(5)
+    c.disconnect()
+    broker.wait_log("client operator-sees-me (127.0.0.1:")
+    broker.wait_log(") disconnected (DISCONNECT)")
+    text = broker.log_text()
+    assert "client operator-sees-me connected from 127.0.0.1:" in text
+    assert "(MQTT 3.1.1, clean start, keepalive 30)" in text
+    assert "quiet/topic" not in text
+    dropped = Client(broker.port, "dropped-one").connect()
+    dropped.drop()
+    broker.wait_log("client dropped-one (127.0.0.1:")
+    broker.wait_log("disconnected (closed without DISCONNECT)")
+
+
+def test_log_file_is_written_and_reopened_after_rename_and_sighup(start_broker, tmp_path):
+    import os
+    import signal
+
+    from tests.helpers import wait_for
+
+    path = tmp_path / "brokerd.log"
+    broker = start_broker("--log-file", str(path), workers=2)
+    assert "brokerd ready" in path.read_text()
+    Client(broker.port, "before-rotation").connect().disconnect()
+    wait_for(lambda: "client before-rotation (" in path.read_text(), what="the first client in the file")
+    rotated = tmp_path / "brokerd.log.1"
+    os.rename(path, rotated)  # logrotate: rename, then SIGHUP
+    os.kill(broker.pid, signal.SIGHUP)
+    wait_for(lambda: path.exists() and f"SIGHUP: log file {path} reopened" in path.read_text(),
+             what="the supervisor to reopen the log file")
+    for i in range(4):  # the workers (either one may take a client) reopen at their next line
+        Client(broker.port, f"after-rotation-{i}").connect().disconnect()
+    wait_for(lambda: path.read_text().count("after-rotation-") >= 8, what="the clients in the new file")
+    assert "after-rotation" not in rotated.read_text()
+    assert "client before-rotation connected" in rotated.read_text()
+    assert "after-rotation" in broker.log_text()  # and stderr goes on as before
+
+
+def test_log_file_that_cannot_be_opened_is_a_clear_error(tmp_path):
+    r = run("--log-file", str(tmp_path / "no" / "such" / "dir" / "b.log"), "--log", "off")
+    assert r.returncode == 2 and "--log-file: cannot open" in r.stderr and "No such file" in r.stderr
+
+
+def test_mesh_joins_are_one_line_per_node(start_broker):
+    from tests.cluster.test_multihost import mesh_port, wait_mesh_complete
+
+    pa, pb = mesh_port("127.0.0.1"), mesh_port("127.0.0.2")
+    a = start_broker("--mesh", f"127.0.0.1:{pa}", "--peer", f"127.0.0.2:{pb}", workers=2, host="127.0.0.1",
+                     node_id="a")
+    b = start_broker("--mesh", f"127.0.0.2:{pb}", "--peer", f"127.0.0.1:{pa}", workers=2, host="127.0.0.2",
+                     node_id="b")
+    wait_mesh_complete([a, b], routers=4)
+    for me, other in ((a, "b"), (b, "a")):
+        text = me.log_text()
+        assert text.count(f"mesh: node {other} joined (first router {other}/w") == 1, text
+        assert text.count(f"mesh: the 2 routers of node {me.args[me.args.index('--node-id') + 1]} joined") == 1
+        assert " joined (" not in text.replace(f"mesh: node {other} joined (", "")  # each router pair: DEBUG
+
+
+def test_log_help_and_config(start_broker, tmp_path):
+    import json
+
+    r = subprocess.run([BROKERD, "log", "--help"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "tail" in r.stdout and "check" in r.stdout, r.stderr
+    r = subprocess.run([BROKERD, "log"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "tail or check" in r.stderr
+    data = tmp_path / "logdata"
+    cfg = tmp_path / "brokerd.toml"
+    cfg.write_text(f'data_dir = "{data}"\n')
+    broker = start_broker("--config", str(cfg), data_dir=str(data))
+    pub = Client(broker.port, "log-config").connect()
+    for i in range(3):
+        pub.publish("logcfg/t", f"m{i}".encode(), qos=1)
+    r = subprocess.run([BROKERD, "log", "tail", "--config", str(cfg), "--from-beginning", "--json"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(x)["payload"] for x in r.stdout.splitlines()] == ["m0", "m1", "m2"]
+    r = subprocess.run([BROKERD, "log", "check", "--config", str(cfg)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "all segments OK" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([BROKERD, "log", "check", "--config", str(tmp_path / "missing.toml")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--config: cannot read" in r.stderr
