@@ -531,7 +531,7 @@ def _not_readable(nodes: list[LocalNode]) -> str:
 
 def _own_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    p.add_argument("--watch", action="store_true", help="redraw live, like top, until Ctrl-C (or q)")
+    p.add_argument("--watch", action="store_true", help="redraw live, like top, until Ctrl-C")
     p.add_argument("--json", action="store_true", help="print one JSON object per snapshot (one per line)")
     p.add_argument("--connections", action="store_true",
                    help="list client connections (router, bytes, queued, inflight), most bytes first")
