@@ -8,7 +8,7 @@ between two routers arrive in the order they were sent.
 Frames are msgpack lists ``[MESH_VERSION, kind, sender_router_id, sender_incarnation, body]``; a
 frame of another version is refused with a log line naming the sender. Publishes for one peer
 collected during one loop iteration travel as one frame (fewer than ``LINGER_BELOW`` in all wait
-one more iteration, once, to fill the frame). A message in it is ``Message.to_mesh()`` (5 values
+one more iteration, once, to fill the frame). A message in it is ``mesh_format.to_mesh(msg)`` (5 values
 for a plain QoS 0 message, or a plain QoS 1/2 one with its MQTT 3.1.1 head; 9 otherwise), or that
 plus a last element naming the shared subscriptions the receiver was chosen for (6 or 10 values):
 a list, or ``{"only": list}`` for a message handed on from a member whose session ended, which is
@@ -32,9 +32,9 @@ announcement that replaces the last (``reset``), asked for with RESYNC. A router
 was paused does not blame its peers for the silence it did not hear: it gives them a fresh
 timeout.
 
-Every frame is checked (``cluster.mesh_frames``) before it is acted on; a bad one is dropped,
+Every frame is checked (``router.mesh_format``) before it is acted on; a bad one is dropped,
 counted (``mesh_bad_frames``) and logged once per sender. The PULL sockets refuse frames larger
-than ``mesh_frames.max_frame``; publish batches are split well below it.
+than ``mesh_format.max_frame``; publish batches are split well below it.
 
 Consistency points:
 - SUBACK waits (bounded) until every live peer has acknowledged a new interest, so a publish on any
@@ -64,11 +64,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import zmq
 
-from router.message import Message
-from router.ports import TAKEOVER_FAILED
-
-from .config import Config
-from .mesh_frames import (
+from router.mesh_format import (
     GOODBYE,
     HELLO,
     INTEREST,
@@ -86,7 +82,13 @@ from .mesh_frames import (
     check_body,
     check_envelope,
     max_frame,
+    to_mesh,
+    to_mesh_shared,
 )
+from router.message import Message
+from router.ports import TAKEOVER_FAILED
+
+from .config import Config
 from .paths import ensure_run_dir, mesh_ipc
 
 if TYPE_CHECKING:
@@ -577,7 +579,7 @@ class Mesh:
                 continue
             msg = Message.from_record(rec)
             msg.origin_router, msg.origin_offset = self.router_id, rec.offset
-            batch.append(msg.to_mesh())
+            batch.append(to_mesh(msg))
             if rec.retain:
                 self._send(peer, RETAINED, [msg.to_list()])
         for frame, n in self._publish_frames(batch) if batch else ():
@@ -592,7 +594,7 @@ class Mesh:
         peer = self.peers.get(router_id)
         if peer is None or self.closed or not (peer.alive or peer.parked):
             return
-        peer.batch.append(msg.to_mesh() if groups is None else msg.to_mesh_shared(groups, only))
+        peer.batch.append(to_mesh(msg) if groups is None else to_mesh_shared(msg, groups, only))
         if source is not None:
             peer.batch_sources.add(source)
         if not self._dirty:

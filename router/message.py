@@ -11,9 +11,8 @@ import time
 
 import msgpack
 
-from connection.codec import PUBLISH_QOS0, PUBLISH_QOS1, PUBLISH_QOS2, publish_parts, qos0_payload
+from connection.codec import publish_parts, qos0_payload
 from connection.packets import MQTT_5, Prop
-from connection.reasons import ProtocolError, Reason
 
 # Properties a broker forwards unchanged to MQTT 5 subscribers (spec 3.3.2.3); Topic Alias and
 # Subscription Identifier are per connection and never forwarded.
@@ -130,91 +129,6 @@ class Message:
         if props:  # msgpack may hand back the property ids as they were packed: ints
             props = {int(k): v for k, v in props.items()}
         return cls(topic, payload, qos, retain, client_id, origin_router, origin_offset, props, ts)
-
-    def to_mesh(self) -> list:
-        """The form of a forwarded message. A plain QoS 0 message (no RETAIN, no properties) whose
-        MQTT 3.1.1 packet is at hand - it came so from its publisher, or a local subscriber needed
-        it - travels as ``[packet, topic, client_id, origin_offset, timestamp_ms]``: the receiving
-        router hands the packet to its subscribers as it is instead of encoding it again, and
-        routes by the topic beside it instead of parsing the packet (parsing in Python cost more
-        than msgpack spends on the topic). Its origin router is the frame's sender. A plain QoS 1
-        or 2 message whose MQTT 3.1.1 head is at hand travels the same way with ``[head, payload]``
-        in the packet's place, so its subscribers' head is not encoded again either. Anything
-        else is ``to_list()`` (nine values)."""
-        if not self.retain and self.properties is None:
-            qos = self.qos
-            parts = self._enc.get((4 << 3) | (qos << 1))
-            if parts is not None:
-                return [parts[0] if qos == 0 else [parts[0], parts[1]], self.topic, self.client_id,
-                        self.origin_offset, self.timestamp_ms]
-        return self.to_list()
-
-    @classmethod
-    def from_mesh(cls, values: list, sender: str) -> Message:
-        """The inverse of ``to_mesh`` for a frame from router ``sender``; raises ProtocolError on a
-        packet that is not a QoS 0 PUBLISH (or a head that is not a QoS 1/2 one), ValueError or
-        TypeError on values of the wrong shape.
-
-        Once per forwarded message on the receiving router, so it fills the slots itself: the
-        constructor's defaults and keyword handling cost more than the message's whole delivery
-        to one subscriber. The payload stays inside the packet until asked for."""
-        if len(values) != 5:
-            return cls.from_list(values)
-        packet, topic, client_id, origin_offset, ts = values
-        if topic.__class__ is not str:
-            raise TypeError("forwarded topic is not a string")
-        if packet.__class__ is bytes:
-            if packet[0] != PUBLISH_QOS0:
-                raise ProtocolError("forwarded packet is not a QoS 0 PUBLISH", Reason.MALFORMED_PACKET)
-            payload = None
-            qos = 0
-            parts = (packet, b"")
-            enc = {_QOS0_V3: parts, _QOS0_V4: parts}  # as published() at level 4
-        else:  # [head, payload]: QoS 1 or 2
-            head, payload = packet
-            b0 = head[0]
-            if (b0 != PUBLISH_QOS1 and b0 != PUBLISH_QOS2) or payload.__class__ is not bytes:
-                raise ProtocolError("forwarded head is not a QoS 1/2 PUBLISH", Reason.MALFORMED_PACKET)
-            parts = (head, payload)
-            if b0 == PUBLISH_QOS1:
-                qos = 1
-                enc = {_QOS1_V3: parts, _QOS1_V4: parts}
-            else:
-                qos = 2
-                enc = {_QOS2_V3: parts, _QOS2_V4: parts}
-        msg = _new(cls)
-        msg.topic = topic
-        msg._payload = payload
-        msg.qos = qos
-        msg.retain = False
-        msg.client_id = client_id
-        msg.origin_router = sender
-        msg.origin_offset = origin_offset
-        msg.properties = None
-        msg.timestamp_ms = ts
-        msg.log_offset = -1
-        msg._enc = enc
-        msg._topic_bytes = None
-        return msg
-
-    def to_mesh_shared(self, groups: list[str], only: bool = False) -> list:
-        """``to_mesh()`` plus the shared subscriptions the receiving router was chosen for, as a
-        last element: 6 values for the plain QoS 0 form, 10 for the full one (``only``: the
-        groups as ``{"only": groups}``, the message is for them alone). Only messages that some
-        shared subscription matches pay for it; the 5-value hot form is unchanged."""
-        values = self.to_mesh()
-        values.append({"only": groups} if only else groups)
-        return values
-
-    @classmethod
-    def from_mesh_shared(cls, values: list, sender: str) -> tuple[Message, list[str], bool]:
-        """The inverse of ``to_mesh_shared``: the message, its shared subscriptions, and whether
-        it is for them alone."""
-        groups = values[-1]
-        only = isinstance(groups, dict)
-        if only:
-            groups = groups["only"]
-        return cls.from_mesh(values[:-1], sender), [str(g) for g in groups], only
 
     def packed_properties(self) -> bytes:
         return msgpack.packb(self.properties) if self.properties else b""

@@ -32,7 +32,9 @@ from connection.codec import PUBLISH_QOS0
 from connection.packets import Subscription
 from connection.reasons import ProtocolError, Reason
 
+from . import mesh_format
 from .log.errors import LogUnavailable
+from .mesh_format import FULL, PLAIN
 from .message import Message
 from .ports import NULL_MESH, TAKEOVER_FAILED, ClientHandle, MeshPort
 from .retained import RetainedStore
@@ -152,14 +154,14 @@ class Router(SharedRouting, SessionLife):
         ``deliver_remote`` would. One loop per frame instead of two calls per message: a frame
         carries tens of messages and this is the receiving half of every cross-router delivery.
         Returns how many were malformed and dropped."""
-        from_mesh = Message.from_mesh
+        from_mesh = mesh_format.from_mesh
         routes_get = self._routes.get  # _fold_routes clears this dict in place, never replaces it
         logged = self.commit_log is not None
         bad = 0
         for values in body:
             try:
                 n = len(values)
-                if n == 5 and not logged and values[0].__class__ is bytes:
+                if n == PLAIN and not logged and values[0].__class__ is bytes:
                     # A plain QoS 0 packet: its MQTT 3.1.1 subscribers get it as it came, and a
                     # Message is built only if an MQTT 5 one needs its own encoding.
                     packet, topic = values[0], values[1]
@@ -168,11 +170,11 @@ class Router(SharedRouting, SessionLife):
                     if packet[0] != PUBLISH_QOS0:
                         raise ProtocolError("forwarded packet is not a QoS 0 PUBLISH", Reason.MALFORMED_PACKET)
                     msg = None  # delivered below, before ``groups`` is looked at
-                elif n == 5 or n == 9:
+                elif n == PLAIN or n == FULL:
                     msg = from_mesh(values, sender)
                     groups = None
                 else:  # it names the shared subscriptions this router was chosen for
-                    msg, groups, only = Message.from_mesh_shared(values, sender)
+                    msg, groups, only = mesh_format.from_mesh_shared(values, sender)
             except (ProtocolError, ValueError, TypeError, IndexError, KeyError):
                 bad += 1
                 continue

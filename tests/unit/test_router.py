@@ -10,6 +10,7 @@ import router.message as message_mod
 from connection.codec import Decoder
 from connection.packets import Publish, Subscription
 from connection.protocol import ConnectionCounters
+from router.mesh_format import from_mesh, to_mesh
 from router.message import Message
 from router.router import Router, RouterConfig
 from router.session import SessionLimits
@@ -227,9 +228,9 @@ def test_a_forwarded_message_carries_its_packet_and_comes_back_whole(payload):
     [p] = Decoder(protocol_level=4).feed(_plain_publish(b"m/a", payload))
     msg = Message.published(p.topic, p.payload, 0, False, "c1", "n/w0", None, p.raw, 4)
     msg.origin_offset, msg.timestamp_ms = 7, 1234
-    wire = msgpack.unpackb(msgpack.packb(msg.to_mesh()), raw=False)
+    wire = msgpack.unpackb(msgpack.packb(to_mesh(msg)), raw=False)
     assert wire == [p.raw, "m/a", "c1", 7, 1234]  # the packet stands in for payload and flags
-    back = Message.from_mesh(wire, "n/w0")  # the origin router is the frame's sender
+    back = from_mesh(wire, "n/w0")  # the origin router is the frame's sender
     assert (back.topic, back.payload, back.client_id, back.origin_router, back.origin_offset, back.timestamp_ms) == (
         "m/a", payload, "c1", "n/w0", 7, 1234)  # the payload is cut out of the packet when asked
     assert back.topic_bytes == b"m/a" and back.to_list() == msg.to_list()[:5] + ["n/w0", 7, None, 1234]
@@ -247,9 +248,9 @@ def test_a_forwarded_qos_message_carries_its_head(qos):
     [p] = Decoder(protocol_level=4).feed(encode(Publish("m/q", b"v" * 200, qos, packet_id=5), 4))
     msg = Message.published(p.topic, p.payload, qos, False, "c1", "n/w0", None, p.raw, 4)
     msg.origin_offset, msg.timestamp_ms = 7, 1234
-    wire = msgpack.unpackb(msgpack.packb(msg.to_mesh()), raw=False)
+    wire = msgpack.unpackb(msgpack.packb(to_mesh(msg)), raw=False)
     assert wire == [[p.raw, b"v" * 200], "m/q", "c1", 7, 1234]
-    back = Message.from_mesh(wire, "n/w0")
+    back = from_mesh(wire, "n/w0")
     assert back.to_list() == [msg.topic, msg.payload, qos, False, "c1", "n/w0", 7, None, 1234]
     before = message_mod.encode_count
     assert back.encoded(4, qos, False) == (p.raw, b"v" * 200)
@@ -261,8 +262,8 @@ def test_a_forwarded_qos_message_carries_its_head(qos):
 def test_other_messages_are_forwarded_as_values(qos, retain, props):
     msg = Message("m/b", b"v", qos, retain, "c", "n/w0", 3, props, 99)
     msg.encoded(4, 0, False)  # even with the 3.1.1 QoS 0 packet at hand
-    assert msg.to_mesh() == msg.to_list()
-    back = Message.from_mesh(msg.to_mesh(), "n/w9")
+    assert to_mesh(msg) == msg.to_list()
+    back = from_mesh(to_mesh(msg), "n/w9")
     assert (back.topic, back.payload, back.qos, back.retain, back.properties, back.origin_router) == (
         "m/b", b"v", qos, retain, props, "n/w0")
 
@@ -277,7 +278,7 @@ def test_a_malformed_forwarded_message_is_refused(packet, topic):
     from connection.reasons import ProtocolError
 
     with pytest.raises((ProtocolError, IndexError, TypeError, ValueError)):
-        Message.from_mesh([packet, topic, "c", 1, 1], "n/w0")
+        from_mesh([packet, topic, "c", 1, 1], "n/w0")
 
 
 def _plain_publish(topic: bytes, payload: bytes) -> bytes:

@@ -11,6 +11,7 @@ import pytest
 
 from connection.codec import Decoder
 from connection.packets import Publish, Subscription
+from router.mesh_format import from_mesh_shared, to_mesh, to_mesh_shared
 from router.message import Message
 from router.router import Router, RouterConfig
 from router.session import SessionLimits
@@ -172,8 +173,8 @@ def test_no_shared_subscription_keeps_the_plain_path():
 def test_the_chosen_router_delivers_to_one_local_member(router):
     conns = [member(router, f"m{i}", "$share/g/t")[1] for i in range(2)]
     msg = Message("t", b"q", 0, False, "pub", "n/w1")
-    wire = msgpack.unpackb(msgpack.packb(msg.to_mesh_shared(["$share/g/t"])), raw=False)
-    back, groups, only = Message.from_mesh_shared(wire, "n/w1")
+    wire = msgpack.unpackb(msgpack.packb(to_mesh_shared(msg, ["$share/g/t"])), raw=False)
+    back, groups, only = from_mesh_shared(wire, "n/w1")
     assert not only
     router.deliver_remote_shared(back, groups)
     router.deliver_remote(Message("t", b"not-for-the-group"))
@@ -187,12 +188,12 @@ def test_the_compact_form_gains_a_sixth_element_only_with_groups():
     [p] = Decoder(protocol_level=4).feed(raw)
     msg = Message.published(p.topic, p.payload, 0, False, "c", "n/w0", None, p.raw, 4)
     msg.origin_offset, msg.timestamp_ms = 5, 7
-    assert len(msg.to_mesh()) == 5
-    assert msg.to_mesh_shared(["$share/g/t"]) == [raw, "t", "c", 5, 7, ["$share/g/t"]]
-    back, groups, only = Message.from_mesh_shared(msg.to_mesh_shared(["$share/g/t"], only=True), "n/w0")
+    assert len(to_mesh(msg)) == 5
+    assert to_mesh_shared(msg, ["$share/g/t"]) == [raw, "t", "c", 5, 7, ["$share/g/t"]]
+    back, groups, only = from_mesh_shared(to_mesh_shared(msg, ["$share/g/t"], only=True), "n/w0")
     assert (back.topic, back.payload, groups, only) == ("t", b"p", ["$share/g/t"], True)
     full = Message("t", b"p", 1, False, "c", "n/w0", 5, None, 7)
-    assert len(full.to_mesh_shared(["$share/g/t"])) == 10
+    assert len(to_mesh_shared(full, ["$share/g/t"])) == 10
 
 
 def test_catch_up_never_replays_a_group_message():
@@ -261,8 +262,8 @@ def test_handing_on_to_another_router_is_for_the_group_alone():
     r.peer_interest("n/w1", "$share/g/o", 1)
     r.end_session(a)
     assert mesh.only == [("n/w1", b"m", ["$share/g/o"])]
-    wire = msgpack.unpackb(msgpack.packb(Message("o", b"m", 1).to_mesh_shared(["$share/g/o"], True)), raw=False)
-    back, groups, only = Message.from_mesh_shared(wire, "n/w0")
+    wire = msgpack.unpackb(msgpack.packb(to_mesh_shared(Message("o", b"m", 1), ["$share/g/o"], True)), raw=False)
+    back, groups, only = from_mesh_shared(wire, "n/w0")
     assert (back.payload, groups, only) == (b"m", ["$share/g/o"], True)
     r2 = Router(RouterConfig(router_id="n/w1"))
     _, normal = online_normal(r2, "o")
