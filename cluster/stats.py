@@ -86,7 +86,7 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -94,7 +94,8 @@ import psutil
 import zmq
 
 from connection.protocol import ConnectionCounters
-from router.message import Message
+from router.sys_topics import SYS_CLIENT_ID, SysTopics, broker_sys_values, router_sys_values
+from router.view import RouterView
 
 from . import __version__
 from .config import Config
@@ -120,7 +121,6 @@ WINDOWS: tuple[tuple[str, float], ...] = (("1s", 1.0), ("1min", 60.0), ("5min", 
 RATE_KEYS = ("msgs_in", "msgs_out", "bytes_in", "bytes_out", "mesh_msgs_in", "mesh_msgs_out",
              "mesh_bytes_in", "mesh_bytes_out", "log_records", "log_bytes", "connects")
 DROP_REASONS = ("queue_full", "too_large", "slow_consumer", "mesh_backpressure", "mesh_peer_gone", "expired")
-SYS_CLIENT_ID = "$SYS"
 
 
 # -- addresses --------------------------------------------------------------------------------------
@@ -227,7 +227,7 @@ class StatsPublisher:
                  loop: asyncio.AbstractEventLoop) -> None:
         self.config = config
         self.index = index
-        self.router = router
+        self.router = RouterView(router)  # read-only: counts, clients, counters
         self.connections = connections
         self.loop = loop
         self.name = f"w{index}"
@@ -246,7 +246,7 @@ class StatsPublisher:
         self._due = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._sys_due = 0.0
-        self._sys_last: dict[str, bytes] = {}
+        self.sys = SysTopics(router, config.node_id, self.name)
         self._log_base: tuple[int, int] | None = None
         self._errors_logged = 0
         self._packer = msgpack.Packer(use_bin_type=True)
@@ -317,7 +317,7 @@ class StatsPublisher:
                                         zmq.NOBLOCK)
             if self.config.sys_interval > 0 and time.monotonic() >= self._sys_due:
                 self._sys_due = time.monotonic() + self.config.sys_interval
-                self.publish_sys(snap)
+                self.sys.publish(snap, self.node_latest)
         except Exception:  # noqa: BLE001 - stats must never take the router down
             self._errors_logged += 1
             if self._errors_logged <= 3:
@@ -376,9 +376,8 @@ class StatsPublisher:
         """The commit log's counters since this router started. Appends are not counted in the
         hot path: they are the offsets and file bytes the log gained since the first snapshot."""
         records = written = read_records = read_bytes = disk = 0
-        cl = getattr(self.router, "commit_log", None)
-        info = getattr(cl, "stats", None)
-        if callable(info):
+        info = self.router.log_stats
+        if info is not None:
             try:
                 s = info()
                 disk = int(s.get("bytes", 0))
@@ -406,13 +405,11 @@ class StatsPublisher:
         totals = self._totals()
         log_ = self._log()
         self.rates.push(now, self._rate_values(totals, log_))
-        inflight = queued = 0
-        for session in router.sessions.values():
-            inflight += len(session.inflight)
-            queued += len(session.queue)
+        queued, inflight = router.queued_inflight()
+        counts = router.counts()
         peers = {
             peer: {"msgs_out": s[0], "bytes_out": s[1], "msgs_in": s[2], "bytes_in": s[3]}
-            for peer, s in router.mesh.peer_stats().items()
+            for peer, s in router.peer_stats().items()
         }
         try:
             mem = self.process.memory_info().rss
@@ -439,18 +436,17 @@ class StatsPublisher:
             "clients": {
                 "connected": st.connections,
                 "sockets": len(self.connections),
-                "sessions": len(router.sessions),
+                "sessions": counts["sessions"],
                 "connects_total": st.connects_total,
                 "refused_total": st.refused_connections,
                 "protocol_errors_total": st.protocol_errors,
             },
-            "subscriptions": len(router.subs),
-            "filters": len(router.local_filters),
-            "interest": len(router.interest),  # (filter, peer router) pairs this router forwards by
-            "shared": {"groups": len(router.shared_local),
-                       "members": sum(len(g.members) for g in router.shared_local.values()),
-                       "routes": len(router.shared_routes), "no_member_total": st.shared_no_member},
-            "retained": len(router.retained),
+            "subscriptions": counts["subscriptions"],
+            "filters": counts["filters"],
+            "interest": counts["interest"],  # (filter, peer router) pairs this router forwards by
+            "shared": {"groups": counts["shared_groups"], "members": counts["shared_members"],
+                       "routes": counts["shared_routes"], "no_member_total": st.shared_no_member},
+            "retained": counts["retained"],
             "traffic": {
                 "clients": {"msgs_in": totals[0], "msgs_out": totals[1],
                             "bytes_in": totals[2], "bytes_out": totals[3]},
@@ -466,11 +462,11 @@ class StatsPublisher:
             "drops": {reason: getattr(st, f"drop_{reason}") for reason in DROP_REASONS},
             "process": {"cpu_percent": cpu_percent, "cpu_seconds": cpu_seconds, "rss_bytes": mem},
             "loop_lag": lag,
-            "top": [_client_row(c) for c in heapq.nlargest(TOP_N, router.clients.values(), key=_client_bytes)],
+            "top": [_client_row(c) for c in heapq.nlargest(TOP_N, router.clients(), key=_client_bytes)],
         }
 
     def connection_list(self) -> dict[str, Any]:
-        clients = self.router.clients.values()
+        clients = self.router.clients()
         chosen = heapq.nlargest(CONNECTIONS_MAX, clients, key=_client_bytes)
         return {"v": SCHEMA_VERSION, "kind": "connections", "node": self.config.node_id, "router": self.name,
                 "router_id": self.router.router_id, "index": self.index, "ts": time.time(), "total": len(clients),
@@ -478,108 +474,5 @@ class StatsPublisher:
 
     # -- $SYS -------------------------------------------------------------------------------------
 
-    def publish_sys(self, snap: dict[str, Any]) -> None:
-        """Per-router topics cluster-wide (changed values only); node topics to local subscribers."""
-        router = self.router
-        prefix = f"$SYS/brokerd/{self.config.node_id}/{self.name}/"
-        last = self._sys_last
-        # The router keeps $SYS/ topics out of its commit log (they are not data).
-        for suffix, value in router_sys_values(snap):
-            topic = prefix + suffix
-            payload = value.encode()
-            if last.get(topic) != payload:
-                last[topic] = payload
-                router.publish(Message(topic, payload, 0, True, SYS_CLIENT_ID, router.router_id))
-        if self.node_latest is not None:
-            # Node-wide values: this router's retained store and subscribers only (each router of the
-            # node does the same), so that the nodes of a cluster keep their own $SYS/broker.
-            for suffix, value in broker_sys_values(self.node_latest):
-                msg = Message("$SYS/broker/" + suffix, value.encode(), 0, True, SYS_CLIENT_ID, router.router_id)
-                router.peer_retained(msg)
-                router.deliver_remote(msg)
 
-
-# -- $SYS topic values ------------------------------------------------------------------------------
-
-_LOADS = (("1min", "1min"), ("5min", "5min"), ("15min", "15min"))
-
-
-def _per_minute(rates: dict[str, dict[str, float]], key: str) -> Iterator[tuple[str, float]]:
-    for window, suffix in _LOADS:
-        yield suffix, rates.get(window, {}).get(key, 0.0) * 60.0
-
-
-def _load_topics(rates: dict[str, dict[str, float]], names: Iterable[tuple[str, str]]) -> Iterator[tuple[str, str]]:
-    """Mosquitto's load/*: the count per minute, averaged over 1, 5 and 15 minutes ("%.2f")."""
-    for topic, key in names:
-        for suffix, value in _per_minute(rates, key):
-            yield f"load/{topic}/{suffix}", f"{value:.2f}"
-
-
-def router_sys_values(snap: dict[str, Any]) -> list[tuple[str, str]]:
-    """``$SYS/brokerd/<node>/<router>/<suffix>`` values of one router snapshot (plain numbers)."""
-    t = snap["traffic"]
-    c, m, lg = t["clients"], t["mesh"], t["log"]
-    out = [
-        ("version", f"brokerd {snap['version']}"),
-        ("uptime", str(int(snap["uptime"]))),
-        ("pid", str(snap["pid"])),
-        ("clients/connected", str(snap["clients"]["connected"])),
-        ("clients/sessions", str(snap["clients"]["sessions"])),
-        ("subscriptions/count", str(snap["subscriptions"])),
-        ("retained messages/count", str(snap["retained"])),
-        ("messages/received", str(c["msgs_in"])),
-        ("messages/sent", str(c["msgs_out"])),
-        ("bytes/received", str(c["bytes_in"])),
-        ("bytes/sent", str(c["bytes_out"])),
-        ("messages/inflight", str(snap["inflight"])),
-        ("messages/queued", str(snap["queued"])),
-        ("mesh/messages/received", str(m["msgs_in"])),
-        ("mesh/messages/sent", str(m["msgs_out"])),
-        ("mesh/bytes/received", str(m["bytes_in"])),
-        ("mesh/bytes/sent", str(m["bytes_out"])),
-        ("log/records", str(lg["records"])),
-        ("log/bytes", str(lg["bytes"])),
-        ("cpu/percent", f"{snap['process']['cpu_percent']:.1f}"),
-        ("memory/rss", str(snap["process"]["rss_bytes"])),
-        ("loop/lag", f"{snap['loop_lag']:.4f}"),
-    ]
-    out += [(f"drops/{reason}", str(n)) for reason, n in snap["drops"].items()]
-    out += _load_topics(snap["rates"], (("messages/received", "msgs_in"), ("messages/sent", "msgs_out"),
-                                        ("bytes/received", "bytes_in"), ("bytes/sent", "bytes_out")))
-    return out
-
-
-def broker_sys_values(node: dict[str, Any]) -> list[tuple[str, str]]:
-    """``$SYS/broker/<suffix>`` values of a node aggregate, with Mosquitto's names and formats.
-
-    messages/* and publish/messages/* both count PUBLISH packets (Mosquitto's messages/* counts
-    every packet type).
-    """
-    c = node["traffic"]["clients"]
-    clients = node["clients"]
-    connected, sessions = clients["connected"], clients["sessions"]
-    out = [
-        ("version", f"brokerd {node['version']}"),
-        ("uptime", f"{int(node['uptime'])} seconds"),
-        ("clients/connected", str(connected)),
-        ("clients/active", str(connected)),
-        ("clients/disconnected", str(max(0, sessions - connected))),
-        ("clients/total", str(sessions)),
-        ("messages/received", str(c["msgs_in"])),
-        ("messages/sent", str(c["msgs_out"])),
-        ("publish/messages/received", str(c["msgs_in"])),
-        ("publish/messages/sent", str(c["msgs_out"])),
-        ("publish/messages/dropped", str(sum(node["drops"].values()))),
-        ("bytes/received", str(c["bytes_in"])),
-        ("bytes/sent", str(c["bytes_out"])),
-        ("subscriptions/count", str(node["subscriptions"])),
-        ("retained messages/count", str(node["retained"])),
-        ("messages/inflight", str(node["inflight"])),
-        ("messages/queued", str(node["queued"])),
-    ]
-    out += _load_topics(node["rates"], (
-        ("messages/received", "msgs_in"), ("messages/sent", "msgs_out"),
-        ("publish/received", "msgs_in"), ("publish/sent", "msgs_out"),
-        ("bytes/received", "bytes_in"), ("bytes/sent", "bytes_out"), ("connections", "connects")))
-    return out
+__all__ = ["SYS_CLIENT_ID", "StatsPublisher", "broker_sys_values", "router_sys_values"]

@@ -212,12 +212,12 @@ def test_publish_sys_sends_router_topics_cluster_wide_and_node_topics_locally():
     router.publish = lambda msg, source=None: sent.append(msg)  # type: ignore[method-assign]
     router.deliver_remote = lambda msg: local.append(msg)  # type: ignore[method-assign]
     snap = pub.snapshot()
-    pub.publish_sys(snap)
+    pub.sys.publish(snap, pub.node_latest)
     assert sent and all(m.topic.startswith("$SYS/brokerd/n/w0/") and m.retain for m in sent)
     assert not local  # no node aggregate yet
     n = len(sent)
     pub.node_latest = NodeStats("n", 1, 1.0).aggregate()
-    pub.publish_sys(snap)
+    pub.sys.publish(snap, pub.node_latest)
     assert len(sent) == n  # unchanged per-router values are not published again
     assert local and all(m.topic.startswith("$SYS/broker/") for m in local)
     assert router.retained.match("$SYS/broker/version")

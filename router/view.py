@@ -1,0 +1,68 @@
+"""A router's read-only face: what stats snapshots, ``$SYS`` and ``/metrics`` read of it.
+
+The stats publisher (``cluster/stats.py``) used to reach into the router's dictionaries and
+indexes; it reads this instead, so the router's internals can change without the stats code
+changing with them, and nothing outside ``router/`` mutates them by accident.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .ports import ClientHandle
+    from .router import Router
+    from .stats import RouterStats
+
+
+class RouterView:
+    __slots__ = ("_router",)
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    @property
+    def router_id(self) -> str:
+        return self._router.router_id
+
+    @property
+    def stats(self) -> RouterStats:
+        """The router's counters (read them; only the router bumps them)."""
+        return self._router.stats
+
+    def counts(self) -> dict[str, int]:
+        """Sizes of the router's state: sessions, subscriptions, filters announced, (filter, peer)
+        interest pairs, shared groups and their members and routes, retained messages."""
+        r = self._router
+        return {
+            "sessions": len(r.sessions),
+            "subscriptions": len(r.subs),
+            "filters": len(r.local_filters),
+            "interest": len(r.interest),
+            "shared_groups": len(r.shared_local),
+            "shared_members": sum(len(g.members) for g in r.shared_local.values()),
+            "shared_routes": len(r.shared_routes),
+            "retained": len(r.retained),
+        }
+
+    def queued_inflight(self) -> tuple[int, int]:
+        """QoS 1/2 messages queued behind the sessions' windows, and unacknowledged on the wire."""
+        queued = inflight = 0
+        for session in self._router.sessions.values():
+            inflight += len(session.inflight)
+            queued += len(session.queue)
+        return queued, inflight
+
+    def clients(self) -> Iterable[ClientHandle]:
+        """The live connections' handlers (for the top-clients listing)."""
+        return list(self._router.clients.values())
+
+    def peer_stats(self) -> dict[str, list[int]]:
+        return self._router.mesh.peer_stats()
+
+    @property
+    def log_stats(self) -> Callable[[], dict[str, Any]] | None:
+        """The commit log's ``stats()`` (offsets, bytes on disk, reads), None with the log off."""
+        log_ = self._router.commit_log
+        return None if log_ is None else log_.stats
