@@ -110,7 +110,7 @@ class Worker:
             fsync_interval_ms=c.fsync_interval_ms, segment_bytes=c.segment_bytes,
             retention_bytes=c.retention_bytes or None, retention_hours=c.retention_hours or None)
         router.attach_log(self.commit_log, c.fsync == "always")
-        router.state = StateStore(router, directory)
+        router.attach_state(StateStore(router, directory))
         sessions, retained = router.state.load()
         router.state.write_now()
         log.info("commit log %s: offsets %d..%d, %d persistent sessions, %d retained messages restored",

@@ -52,8 +52,6 @@ class MeshPort(Protocol):
 class NullMesh:
     """The mesh of a router alone: nobody to forward to, announce to, or wait for."""
 
-    clustered = False
-
     def forward(self, router_id: str, msg: Message, source: Any = None, groups: list[str] | None = None,
                 only: bool = False) -> None:
         return None

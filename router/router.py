@@ -26,7 +26,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from connection.codec import PUBLISH_QOS0
 from connection.packets import Subscription
@@ -44,6 +44,10 @@ from .shared import NONE, SharedGroup, SharedRoute, is_shared
 from .shared_routing import SharedRouting
 from .stats import RouterStats
 from .topics import TopicIndex
+
+if TYPE_CHECKING:
+    from .log import CommitLog
+    from .persistence import StateStore
 
 __all__ = ["TAKEOVER_FAILED", "MeshPort", "Router", "RouterConfig"]
 
@@ -86,9 +90,9 @@ class Router(SharedRouting, SessionLife):
         self.shared_index: TopicIndex[str, SharedRoute] = TopicIndex()
         self._shared_cache: dict[str, tuple[SharedRoute, ...]] = {}
         self.has_shared = False
-        self.commit_log: Any = None  # router.log.CommitLog when the log is on (attach_log)
+        self.commit_log: CommitLog | None = None  # when the log is on (attach_log)
         self.ack_when_durable = False
-        self.state: Any = None  # router.persistence.StateStore when the log is on
+        self.state: StateStore | None = None  # when the log is on (attach_state)
         self._deferred_acks: deque[tuple[int, Any, bytes]] = deque()
 
     # -- publishing ---------------------------------------------------------------------------------
@@ -236,7 +240,11 @@ class Router(SharedRouting, SessionLife):
         """Whether other routers exist that may hold sessions or subscribers."""
         return self.mesh is not NULL_MESH
 
-    def attach_log(self, log_: Any, ack_when_durable: bool) -> None:
+    def attach_state(self, state: StateStore) -> None:
+        """Persistent sessions and retained messages survive restarts through ``state``."""
+        self.state = state
+
+    def attach_log(self, log_: CommitLog, ack_when_durable: bool) -> None:
         self.commit_log = log_
         self.ack_when_durable = ack_when_durable
         if ack_when_durable:

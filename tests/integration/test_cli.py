@@ -65,8 +65,27 @@ def test_options_from_toml_file(xprocess, tmp_path):
                    f'data_dir = "{tmp_path}/d"\n')
     broker = Broker(xprocess, f"brokerd-toml-{port}", ["--config", str(cfg)], "127.0.0.1", port).start()
     try:
-        c = Client(port, "toml-client").connect()
-        c.subscribe("t", 0)
+        # Each option took effect: listen (we connect there), workers (one worker process), log off
+        # (no data directory made), max_queued (an offline session keeps 3 of 5 QoS 1 messages).
+        assert len(broker.workers()) == 1
+        assert not (tmp_path / "d").exists()
+        sub = Client(port, "toml-sub", clean=False).connect()
+        sub.subscribe("toml/t", 1)
+        sub.disconnect()
+        pub = Client(port, "toml-pub").connect()
+        for i in range(5):
+            pub.publish("toml/t", str(i), qos=1)
+        pub.publish("toml/end", b"", qos=0)
+        again = Client(port, "toml-sub", clean=False).connect()
+        assert again.session_present
+        got = again.wait_messages(3)
+        probe = Client(port, "toml-probe").connect()
+        probe.subscribe("toml/probe", 0)
+        again.subscribe("toml/probe", 0)
+        pub.publish("toml/probe", b"p", qos=0)
+        again.wait_topic("toml/probe")  # everything queued came before it
+        assert [m.payload for m in again.messages if m.topic == "toml/t"] == [b"0", b"1", b"2"] == [
+            m.payload for m in got[:3]]
     finally:
         xprocess.getinfo(broker.name).terminate(timeout=15)
 

@@ -176,7 +176,7 @@ def test_run_directories_of_dead_brokers_are_removed_and_live_ones_kept(start_br
 
 def _dead_pid() -> int:
     proc = subprocess.Popen(["true"])
-    proc.wait()
+    proc.wait(timeout=10)
     return proc.pid
 
 

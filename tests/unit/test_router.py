@@ -9,43 +9,16 @@ import pytest
 import router.message as message_mod
 from connection.codec import Decoder
 from connection.packets import Publish, Subscription
-from connection.protocol import ConnectionCounters
 from router.mesh_format import from_mesh, to_mesh
 from router.message import Message
 from router.router import Router, RouterConfig
 from router.session import SessionLimits
-
-
-class FakeConn:
-    """Stands in for the socket side only: collects what the router writes."""
-
-    def __init__(self, level: int = 4) -> None:
-        self.protocol_level = level
-        self.write_paused = False
-        self.closing = False
-        self.counters = ConnectionCounters()
-        self.chunks: list[bytes] = []
-
-    def send(self, data: bytes) -> None:
-        self.chunks.append(data)
-
-    def packets(self) -> list:
-        d = Decoder(protocol_level=self.protocol_level)
-        return d.feed(b"".join(self.chunks))
+from tests.unit.conftest import FakeConn, online
 
 
 @pytest.fixture
 def router():
     return Router(RouterConfig(session=SessionLimits(max_inflight=5, max_queued=3)))
-
-
-def online(router: Router, cid: str, *subs: tuple[str, int], level: int = 4):
-    s = router.new_session(cid, False)
-    conn = FakeConn(level)
-    s.attach(conn)  # type: ignore[arg-type]
-    for f, q in subs:
-        router.subscribe(s, Subscription(f, q))
-    return s, conn
 
 
 def test_fanout_encodes_once_per_variant(router):

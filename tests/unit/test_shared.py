@@ -4,7 +4,6 @@ what a router sends its peers (a fake mesh records it)."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import msgpack
 import pytest
@@ -16,28 +15,7 @@ from router.message import Message
 from router.router import Router, RouterConfig
 from router.session import SessionLimits
 from router.shared import NONE, SharedRoute, parse_share, smooth_schedule
-from tests.unit.test_router import FakeConn
-
-
-class FakeMesh:
-    """Records what the router hands the mesh; every announcement is acknowledged at once."""
-
-    def __init__(self) -> None:
-        self.forwards: list[tuple[str, str, list[str] | None]] = []
-        self.announced: list[tuple[str, Any]] = []
-        self.only: list[tuple[str, bytes, list[str]]] = []
-
-    def forward(self, router_id: str, msg: Message, source: Any = None, groups: list[str] | None = None,
-                only: bool = False) -> None:
-        self.forwards.append((router_id, msg.topic, groups))
-        if only:
-            self.only.append((router_id, msg.payload, groups))
-
-    def announce_interest(self, topic_filter: str, add: Any) -> None:
-        self.announced.append((topic_filter, add))
-
-    def retained_update(self, msg: Message) -> None:
-        pass
+from tests.unit.conftest import FakeConn, FakeMesh
 
 
 @pytest.fixture

@@ -21,34 +21,15 @@ from cluster.stats import (
 )
 from cluster.stats_cli import human_bytes, human_count, human_duration, render_connections, render_routers
 from connection.protocol import ConnectionCounters
-from router.ports import NullMesh
 from router.router import Router, RouterConfig
+from tests.unit.conftest import FakeConn, PeerStatsMesh
 
-
-class FakeConn:
-    """What the stats read of an MQTTConnection (hashable, like the real one)."""
-
-    def __init__(self, counters: ConnectionCounters, peer: str) -> None:
-        self.counters = counters
-        self.peer = peer
-        self.protocol_level = 4
-
-
-
-class PeerStatsMesh(NullMesh):
-    """A mesh with nobody to talk to that reports fixed per-peer traffic."""
-
-    def __init__(self, stats: dict[str, list[int]]) -> None:
-        self._stats = stats
-
-    def peer_stats(self) -> dict[str, list[int]]:
-        return self._stats
 
 def fake_conn(bytes_in: int = 0, bytes_out: int = 0, msgs_in: int = 0, msgs_out: int = 0,
               peer: str = "127.0.0.1:1") -> FakeConn:
     c = ConnectionCounters()
     c.bytes_in, c.bytes_out, c.msgs_in, c.msgs_out = bytes_in, bytes_out, msgs_in, msgs_out
-    return FakeConn(c, peer)
+    return FakeConn(counters=c, peer=peer)
 
 
 def publisher(node: str = "n", index: int = 0, workers: int = 2) -> tuple[StatsPublisher, Router, ConnectionSet]:

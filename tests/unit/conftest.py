@@ -1,0 +1,74 @@
+"""Fakes shared by the unit tests: the socket side of a connection, a recording mesh, and a way
+to put a session online. One home, so that a change to what the router asks of a connection or a
+mesh changes one fake."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from connection.codec import Decoder
+from connection.packets import Subscription
+from connection.protocol import ConnectionCounters
+from router.message import Message
+from router.ports import NullMesh
+from router.router import Router
+
+
+class FakeConn:
+    """A ``connection.protocol.Connection`` without a socket: collects what the router writes.
+    Hashable, like the real one (stats keep connections in sets)."""
+
+    def __init__(self, level: int = 4, counters: ConnectionCounters | None = None,
+                 peer: str = "127.0.0.1:1") -> None:
+        self.protocol_level = level
+        self.write_paused = False
+        self.closing = False
+        self.counters = counters if counters is not None else ConnectionCounters()
+        self.peer = peer
+        self.client_id: str | None = None
+        self.chunks: list[bytes] = []
+
+    def send(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+    def packets(self) -> list:
+        d = Decoder(protocol_level=self.protocol_level)
+        return d.feed(b"".join(self.chunks))
+
+
+class FakeMesh(NullMesh):
+    """Records what the router hands the mesh; every announcement is acknowledged at once."""
+
+    def __init__(self) -> None:
+        self.forwards: list[tuple[str, str, list[str] | None]] = []
+        self.announced: list[tuple[str, Any]] = []
+        self.only: list[tuple[str, bytes, list[str]]] = []
+
+    def forward(self, router_id: str, msg: Message, source: Any = None, groups: list[str] | None = None,
+                only: bool = False) -> None:
+        self.forwards.append((router_id, msg.topic, groups))
+        if only:
+            self.only.append((router_id, msg.payload, groups))
+
+    def announce_interest(self, topic_filter: str, add: Any) -> None:
+        self.announced.append((topic_filter, add))
+
+
+class PeerStatsMesh(NullMesh):
+    """A mesh with nobody to talk to that reports fixed per-peer traffic."""
+
+    def __init__(self, stats: dict[str, list[int]]) -> None:
+        self._stats = stats
+
+    def peer_stats(self) -> dict[str, list[int]]:
+        return self._stats
+
+
+def online(router: Router, cid: str, *subs: tuple[str, int], level: int = 4):
+    """A clean session of ``cid`` attached to a FakeConn, subscribed to ``subs``."""
+    s = router.new_session(cid, False)
+    conn = FakeConn(level)
+    s.attach(conn)  # type: ignore[arg-type]
+    for f, q in subs:
+        router.subscribe(s, Subscription(f, q))
+    return s, conn
