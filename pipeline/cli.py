@@ -18,11 +18,19 @@ import sys
 import zipfile
 from collections.abc import Sequence
 
-from pipeline.publish import PublishError
-from pipeline.source import OptionError, ReadOptions
-from pipeline.topics import TopicFilterError
-
 PROG = "brokerd-pipeline"
+EXTRA_MODULES = ("pyspark", "pyarrow", "paho")  # what the `pipeline` extra installs
+
+try:
+    from pipeline.publish import PublishError
+    from pipeline.source import OptionError, ReadOptions
+    from pipeline.topics import TopicFilterError
+except ModuleNotFoundError as exc:  # installed without the extra: say which one, not a traceback
+    if (exc.name or "").split(".")[0] not in EXTRA_MODULES:
+        raise
+    _MISSING: str | None = exc.name
+else:
+    _MISSING = None
 LAUNCHER = "brokerd_pipeline_main.py"
 
 
@@ -84,6 +92,10 @@ def package(out: str) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console script ``brokerd-pipeline``: parse, check, run the job; exit status 0 on success."""
+    if _MISSING is not None:
+        print(f"{PROG}: error: {_MISSING} is not installed; the pipeline needs brokerd's `pipeline` "
+              "extra: pip install 'brokerd[pipeline]' (or pipx install 'brokerd[pipeline]')", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = _parser().parse_args(argv)
     if args.command == "package":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -400,7 +401,8 @@ class Session:
         On the same node the offline backlog in the logs travels as positions (``log``)."""
         ranges = [r.to_list() for r in self.ranges]
         if self.cursor is not None and self.log is not None:
-            ranges.append([self.log.directory, self.cursor, self.log.next_offset])
+            # Absolute: the position must mean the same after a restart from another directory.
+            ranges.append([os.path.abspath(self.log.directory), self.cursor, self.log.next_offset])
         return {
             "client_id": self.client_id,
             "persistent": self.persistent,
