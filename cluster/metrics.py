@@ -78,6 +78,7 @@ def counters_of(snap: dict[str, Any]) -> dict[str, Any]:
         "traffic": {"clients": dict(t["clients"]), "mesh": mesh, "log": dict(t["log"])},
         "drops": dict(snap["drops"]),
         "clients": {k: c[k] for k in ("connects_total", "refused_total", "protocol_errors_total")},
+        "refused_log_unavailable_total": snap.get("refused_log_unavailable_total", 0),
     }
 
 
@@ -85,7 +86,7 @@ def gauges_of(snap: dict[str, Any]) -> dict[str, Any]:
     """What a live router has now (meaningless once it is gone)."""
     c = snap["clients"]
     return {
-        "clients": {k: c[k] for k in ("connected", "sockets", "sessions")},
+        "clients": {k: c.get(k, 0) for k in ("connected", "sockets", "sessions", "max")},
         "subscriptions": snap["subscriptions"],
         "filters": snap["filters"],
         "inflight": snap["inflight"],
@@ -106,11 +107,12 @@ _TRAFFIC = ("msgs_in", "msgs_out", "bytes_in", "bytes_out")
 # What a node aggregate holds when no router has reported (yet): every key, at zero.
 _ZERO_NODE: dict[str, Any] = {
     "clients": dict.fromkeys(("connected", "sockets", "sessions", "connects_total", "refused_total",
-                              "protocol_errors_total"), 0),
+                              "protocol_errors_total", "max"), 0),
+    "refused_log_unavailable_total": 0,
     "subscriptions": 0, "filters": 0, "inflight": 0, "queued": 0, "rates": {},
     "process": {"cpu_percent": 0.0, "rss_bytes": 0},
     "drops": dict.fromkeys(DROP_REASONS, 0),
-    "traffic": {"clients": dict.fromkeys(_TRAFFIC, 0), "mesh": dict.fromkeys((*_TRAFFIC, "frames_in", "frames_out"), 0),
+    "traffic": {"clients": dict.fromkeys(_TRAFFIC, 0), "mesh": dict.fromkeys((*_TRAFFIC, "frames_in", "frames_out", "bad_frames"), 0),
                 "log": dict.fromkeys(("records", "bytes", "read_records", "read_bytes", "disk_bytes"), 0)},
 }
 
@@ -197,6 +199,7 @@ class SnapshotCollector:
         info = GaugeMetricFamily("brokerd_info", "brokerd version of this node", labels=["node", "version"])
         info.add_metric([self.stats.node, __version__], 1)
         yield info
+        t = "traffic"
         up = GaugeMetricFamily("brokerd_router_up", "1 while the router's stats snapshots arrive", labels=lbl)
         for s in snaps:
             up.add_metric([s["node"], s["router"]], 1 if s["router"] in names else 0)
@@ -212,10 +215,16 @@ class SnapshotCollector:
                       lambda s: s["clients"]["refused_total"])
         yield counter("brokerd_protocol_errors", "connections closed for a protocol violation",
                       lambda s: s["clients"]["protocol_errors_total"])
+        yield gauge("brokerd_max_connections", "client connections the router accepts at most",
+                    lambda s: s["clients"].get("max", 0))
+        yield counter("brokerd_publishes_refused_log_unavailable", "QoS 1/2 publishes refused, never "
+                      "acknowledged, because the commit log could not take them (full or failing disk)",
+                      lambda s: s.get("refused_log_unavailable_total", 0))
+        yield counter("brokerd_mesh_bad_frames", "mesh frames dropped as malformed (a buggy or lying peer)",
+                      lambda s: s[t]["mesh"].get("bad_frames", 0))
         yield gauge("brokerd_subscriptions", "subscriptions (filter, session) on the router",
                     lambda s: s["subscriptions"])
         yield gauge("brokerd_retained_messages", "retained messages held by the router", lambda s: s["retained"])
-        t = "traffic"
         yield counter("brokerd_client_messages_received", "PUBLISH packets received from clients",
                       lambda s: s[t]["clients"]["msgs_in"])
         yield counter("brokerd_client_messages_sent", "PUBLISH packets sent to clients",

@@ -58,6 +58,11 @@ class RouterView:
         """The live connections' handlers (for the top-clients listing)."""
         return list(self._router.clients.values())
 
+    @property
+    def max_connections(self) -> int:
+        """The most client connections this router accepts (its share of --max-connections)."""
+        return self._router.config.max_connections
+
     def peer_stats(self) -> dict[str, list[int]]:
         return self._router.mesh.peer_stats()
 
