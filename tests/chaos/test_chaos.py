@@ -1,0 +1,62 @@
+"""Chaos: seeded, bounded QoS 1 traffic through brokerd while workers are stopped and killed, a
+node is killed and restarted, sessions are taken over and clients vanish without DISCONNECT; then
+the invariants a user relies on (harness.py's docstring says exactly which, and what the README
+lets us exclude). ``CHAOS_SEED=<seed>`` replays a run's fault schedule; every failure names it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tests.chaos.harness import BROKER_ARGS, Node, Scenario, chaos_seed, start_nodes
+from tests.helpers import Broker
+
+
+def _run(scenario: Scenario, schedule: list[str], cap_s: float, record_property: Callable) -> None:
+    scenario.start()
+    scenario.run(schedule, cap_s)
+    report = scenario.finish()
+    print(report.message() if report.violations else report.line)
+    record_property("chaos", report.line)
+    assert not report.violations, report.message()
+
+
+def test_chaos_one_node_two_workers(start_broker: Callable[..., Broker], record_property: Callable) -> None:
+    """One node, two workers: publishers and subscribers (persistent and clean; #, +, one
+    publisher's #, exact; a shared group of two) spread over both by the kernel, while workers are
+    SIGSTOPped beyond the mesh timeout and SIGKILLed, sessions taken over and connections dropped.
+    A subscriber on a stopped worker stays connected, so it is owed every message."""
+    seed = chaos_seed()
+    print(f"chaos one-node seed={seed}")
+    node = Node("t", start_broker(*BROKER_ARGS, workers=2, node_id="t"), 2)
+    sc = Scenario("one-node", seed, [node])
+    for i in range(4):
+        sc.add_publisher(f"p{i}", node, period=0.04)
+    for i in range(3):
+        sc.add_subscriber(f"s{i}", node, sc.filter_for(i), persistent=True)
+    for i in range(4):
+        sc.add_subscriber(f"c{i}", node, sc.filter_for(i), persistent=False)
+    for i in range(2):
+        sc.add_member(f"g{i}", node, f"g{sc.uid}")
+    schedule = ["stop", "stop", "kill", "kill", "takeover", "takeover", "drop", "drop", "drop"]
+    _run(sc, schedule, 35.0, record_property)
+
+
+def test_chaos_three_nodes(start_broker: Callable[..., Broker], record_property: Callable) -> None:
+    """Nodes a, b, c on 127.0.0.1/.2/.3 with two workers each: every node publishes and
+    subscribes, takeovers and reconnections may move a session to another node, and one whole
+    node is SIGKILLed and restarted besides the worker faults."""
+    seed = chaos_seed()
+    print(f"chaos three-nodes seed={seed}")
+    nodes = start_nodes(start_broker)
+    sc = Scenario("three-nodes", seed, nodes)
+    for n in nodes:
+        for i in range(2):
+            sc.add_publisher(f"p{n.name}{i}", n, period=0.06)
+    for k, n in enumerate(nodes):
+        for i in range(2):
+            sc.add_subscriber(f"s{n.name}{i}", n, sc.filter_for(2 * k + i), persistent=True)
+            sc.add_subscriber(f"c{n.name}{i}", n, sc.filter_for(2 * k + i + 1), persistent=False)
+    for i, n in enumerate(sc.rng.sample(nodes, 2)):
+        sc.add_member(f"g{i}", n, f"g{sc.uid}")
+    schedule = ["stop", "stop", "kill", "kill", "node-kill", "takeover", "takeover", "drop", "drop"]
+    _run(sc, schedule, 45.0, record_property)
