@@ -14,8 +14,8 @@ import os
 import sys
 import time
 
-from router.log import LogReader, check
-from router.topics import filter_matches, valid_topic_filter
+from brokerd.router.log import LogReader, check
+from brokerd.router.topics import filter_matches, valid_topic_filter
 
 
 def _router_dirs(data_dir: str, routers: list[str] | None) -> list[tuple[str, str]]:

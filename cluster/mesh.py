@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import zmq
 
-from router.mesh_format import (
+from brokerd.router.mesh_format import (
     GOODBYE,
     HELLO,
     INTEREST,
@@ -85,14 +85,14 @@ from router.mesh_format import (
     to_mesh,
     to_mesh_shared,
 )
-from router.message import Message
-from router.ports import TAKEOVER_FAILED
+from brokerd.router.message import Message
+from brokerd.router.ports import TAKEOVER_FAILED
 
 from .config import Config
 from .paths import ensure_run_dir, mesh_ipc
 
 if TYPE_CHECKING:
-    from router.router import Router
+    from brokerd.router.router import Router
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ between ``<!-- options:start -->`` and ``<!-- options:end -->`` (flag, TOML key,
 variable, default, meaning), and ``tests/unit/test_options_doc.py`` fails when README's copy
 differs. After changing an option::
 
-    .venv/bin/python -m cluster.options_doc --write      # rewrites README.md's table in place
-    .venv/bin/python -m cluster.options_doc              # prints the table
+    .venv/bin/python -m brokerd.cluster.options_doc --write      # rewrites README.md's table in place
+    .venv/bin/python -m brokerd.cluster.options_doc              # prints the table
 
 Defaults that depend on the machine are shown as words (``MACHINE_DEFAULTS``), so the table is
 the same wherever it is generated: change the words there when such a default changes meaning.
@@ -93,7 +93,7 @@ def section(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cluster.options_doc", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m brokerd.cluster.options_doc", description=__doc__.split("\n")[0])
     p.add_argument("--write", action="store_true", help="rewrite the table in README.md between the markers")
     p.add_argument("--readme", default=README, help="the README to rewrite (default: this checkout's)")
     args = p.parse_args(argv)

@@ -93,9 +93,9 @@ import msgpack
 import psutil
 import zmq
 
-from connection.protocol import ConnectionCounters
-from router.sys_topics import SYS_CLIENT_ID, SysTopics, broker_sys_values, router_sys_values
-from router.view import RouterView
+from brokerd.connection.protocol import ConnectionCounters
+from brokerd.router.sys_topics import SYS_CLIENT_ID, SysTopics, broker_sys_values, router_sys_values
+from brokerd.router.view import RouterView
 
 from . import __version__
 from .config import Config
@@ -104,9 +104,9 @@ from .paths import ensure_run_dir, run_dir, stats_endpoint
 if TYPE_CHECKING:
     import asyncio
 
-    from connection.protocol import MQTTConnection
-    from router.client import Client
-    from router.router import Router
+    from brokerd.connection.protocol import MQTTConnection
+    from brokerd.router.client import Client
+    from brokerd.router.router import Router
 
 log = logging.getLogger(__name__)
 

@@ -65,7 +65,7 @@ class Supervisor:
 
                     code = worker_main(self.config, index, w)
             except BaseException:  # noqa: BLE001 - a child must never return into the parent's code
-                logging.getLogger("cluster.worker").exception("worker %d crashed", index)
+                logging.getLogger("brokerd.cluster.worker").exception("worker %d crashed", index)
             finally:
                 logging.shutdown()
                 os._exit(code)

@@ -13,11 +13,11 @@ import os
 import signal
 from typing import Any
 
-from connection.batching import EndOfTick, TurnBudget
-from connection.protocol import MQTTConnection
-from router.client import Client
-from router.router import Router, RouterConfig
-from router.session import SessionLimits
+from brokerd.connection.batching import EndOfTick, TurnBudget
+from brokerd.connection.protocol import MQTTConnection
+from brokerd.router.client import Client
+from brokerd.router.router import Router, RouterConfig
+from brokerd.router.session import SessionLimits
 
 from .config import Config
 from .limits import connections_per_worker, open_files
@@ -85,7 +85,7 @@ class Worker:
             await self.mesh.start()
             if self.commit_log is not None:
                 # The other local routers have opened (recovered) their logs: they answered the mesh.
-                from router.persistence import restore_missing_copies
+                from brokerd.router.persistence import restore_missing_copies
 
                 restore_missing_copies(self.router, os.path.join(c.data_dir, c.node_id), self.name)
         host, port = c.listen
@@ -97,8 +97,8 @@ class Worker:
     # -- commit log -----------------------------------------------------------------------------------
 
     def _open_log(self) -> None:
-        from router.log import CommitLog
-        from router.persistence import StateStore
+        from brokerd.router.log import CommitLog
+        from brokerd.router.persistence import StateStore
 
         c = self.config
         router = self.router

@@ -1,6 +1,6 @@
 """The data pipeline on Spark: the ``brokerlog`` data source and the jobs built on it.
 
-    import pipeline
+    from brokerd import pipeline
     pipeline.register(spark)
     spark.read.format("brokerlog").load("./data")
 
@@ -24,6 +24,6 @@ def register(spark: SparkSession) -> None:
     Registration is per session because Spark keeps Python data sources in the session state; the
     pipeline's own jobs call this themselves.
     """
-    from pipeline.source import BrokerLogDataSource
+    from brokerd.pipeline.source import BrokerLogDataSource
 
     spark.dataSource.register(BrokerLogDataSource)

@@ -22,9 +22,9 @@ PROG = "brokerd-pipeline"
 EXTRA_MODULES = ("pyspark", "pyarrow", "paho")  # what the `pipeline` extra installs
 
 try:
-    from pipeline.publish import PublishError
-    from pipeline.source import OptionError, ReadOptions
-    from pipeline.topics import TopicFilterError
+    from brokerd.pipeline.publish import PublishError
+    from brokerd.pipeline.source import OptionError, ReadOptions
+    from brokerd.pipeline.topics import TopicFilterError
 except ModuleNotFoundError as exc:  # installed without the extra: say which one, not a traceback
     if (exc.name or "").split(".")[0] not in EXTRA_MODULES:
         raise
@@ -35,7 +35,7 @@ LAUNCHER = "brokerd_pipeline_main.py"
 
 
 def _parser() -> argparse.ArgumentParser:
-    from pipeline.jobs import telemetry, traffic
+    from brokerd.pipeline.jobs import telemetry, traffic
 
     p = argparse.ArgumentParser(prog=PROG, description="Spark jobs over the brokerd commit log.")
     sub = p.add_subparsers(dest="command", required=True, metavar="{traffic,telemetry,package}")
@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check(args: argparse.Namespace) -> None:
     """Fail on bad options before Spark starts (the same checks the data source makes)."""
-    from pipeline.jobs import common
+    from brokerd.pipeline.jobs import common
 
     if args.follow is False and (args.available_now or args.max_records_per_trigger):
         raise OptionError("--available-now and --max-records-per-trigger only apply with --follow")
@@ -64,7 +64,7 @@ def _check(args: argparse.Namespace) -> None:
         raise OptionError(f"--data-dir: {args.data_dir} is not a directory (the broker's --data-dir)")
     ReadOptions.parse({"path": args.data_dir, **common.source_options(args)})
     if args.publish_to:
-        from pipeline.publish import parse_host_port
+        from brokerd.pipeline.publish import parse_host_port
 
         parse_host_port(args.publish_to)
 
@@ -76,17 +76,20 @@ def package(out: str) -> list[str]:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     archive = os.path.join(out, "brokerd_pipeline.zip")
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as z:
-        for package_name in ("pipeline", "router"):
+        # The packages as installed, under brokerd/ (an explicit package here: zipimport and the
+        # executors' path then need no namespace-package support).
+        z.writestr("brokerd/__init__.py", '"""brokerd, as packaged for spark-submit --py-files."""\n')
+        for package_name in ("pipeline", "router", "connection"):
             for dirpath, dirnames, filenames in os.walk(os.path.join(root, package_name)):
                 dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
                 for name in sorted(filenames):
                     if name.endswith((".py", ".md")):
                         full = os.path.join(dirpath, name)
-                        z.write(full, os.path.relpath(full, root))
+                        z.write(full, os.path.join("brokerd", os.path.relpath(full, root)))
     launcher = os.path.join(out, LAUNCHER)
     with open(launcher, "w") as f:
         f.write('"""spark-submit entry point: the brokerd-pipeline CLI from the --py-files zip."""\n'
-                "import sys\n\nfrom pipeline.cli import main\n\nsys.exit(main())\n")
+                "import sys\n\nfrom brokerd.pipeline.cli import main\n\nsys.exit(main())\n")
     return [archive, launcher]
 
 
@@ -107,8 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OptionError, TopicFilterError, PublishError) as exc:
         print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    from pipeline.jobs import common, telemetry, traffic
-    from pipeline.session import get_session
+    from brokerd.pipeline.jobs import common, telemetry, traffic
+    from brokerd.pipeline.session import get_session
 
     job = {"traffic": traffic, "telemetry": telemetry}[args.command]
     spark, created = get_session(f"{PROG} {args.command}", args.master, common.spark_conf(args))

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 from pyspark.sql import SparkSession
 
-import pipeline
+from brokerd import pipeline
 
 log = logging.getLogger(__name__)
 

@@ -65,8 +65,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pipeline.topics import filter_regex
-from router.log import LogReader, Record, iter_record_batches
+from brokerd.pipeline.topics import filter_regex
+from brokerd.router.log import LogReader, Record, iter_record_batches
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from router.topics import valid_topic_filter
+from brokerd.router.topics import valid_topic_filter
 
 
 class TopicFilterError(ValueError):

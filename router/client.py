@@ -13,8 +13,8 @@ import logging
 import uuid
 from typing import TYPE_CHECKING
 
-from connection.codec import PUBACK, PUBCOMP, PUBREC, encode, success_ack, topic_levels_ok
-from connection.packets import (
+from brokerd.connection.codec import PUBACK, PUBCOMP, PUBREC, encode, success_ack, topic_levels_ok
+from brokerd.connection.packets import (
     MQTT_5,
     Connack,
     Connect,
@@ -32,7 +32,7 @@ from connection.packets import (
     Unsuback,
     Unsubscribe,
 )
-from connection.reasons import ProtocolError, Reason, connack_code
+from brokerd.connection.reasons import ProtocolError, Reason, connack_code
 
 from .log.errors import LogUnavailable
 from .message import Message
@@ -41,7 +41,7 @@ from .shared import is_shared, parse_share
 from .topics import valid_topic_filter
 
 if TYPE_CHECKING:
-    from connection.protocol import Connection
+    from brokerd.connection.protocol import Connection
 
     from .router import Router
     from .session import Session

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from connection.codec import PUBLISH_QOS0, PUBLISH_QOS1, PUBLISH_QOS2
-from connection.reasons import ProtocolError, Reason
+from brokerd.connection.codec import PUBLISH_QOS0, PUBLISH_QOS1, PUBLISH_QOS2
+from brokerd.connection.reasons import ProtocolError, Reason
 
 from .message import _QOS0_V3, _QOS0_V4, _QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4, Message, _new
 

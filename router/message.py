@@ -11,8 +11,8 @@ import time
 
 import msgpack
 
-from connection.codec import publish_parts, qos0_payload
-from connection.packets import MQTT_5, Prop
+from brokerd.connection.codec import publish_parts, qos0_payload
+from brokerd.connection.packets import MQTT_5, Prop
 
 # Properties a broker forwards unchanged to MQTT 5 subscribers (spec 3.3.2.3); Topic Alias and
 # Subscription Identifier are per connection and never forwarded.

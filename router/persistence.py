@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from connection.packets import Subscription
+from brokerd.connection.packets import Subscription
 
 from .message import Message
 from .session import AWAIT_COMP, Inflight, LogRange

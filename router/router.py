@@ -28,9 +28,9 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from connection.codec import PUBLISH_QOS0
-from connection.packets import Subscription
-from connection.reasons import ProtocolError, Reason
+from brokerd.connection.codec import PUBLISH_QOS0
+from brokerd.connection.packets import Subscription
+from brokerd.connection.reasons import ProtocolError, Reason
 
 from . import mesh_format
 from .log.errors import LogUnavailable

@@ -18,14 +18,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from connection.codec import encode, with_dup
-from connection.packets import MQTT_5, Pubrel, Subscription
+from brokerd.connection.codec import encode, with_dup
+from brokerd.connection.packets import MQTT_5, Pubrel, Subscription
 
 from .message import Message
 from .topics import filter_matches
 
 if TYPE_CHECKING:
-    from connection.protocol import Connection
+    from brokerd.connection.protocol import Connection
 
     from .stats import RouterStats
 

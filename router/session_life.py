@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from connection.packets import Subscription
+from brokerd.connection.packets import Subscription
 
 from .session import Session
 

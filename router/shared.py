@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from connection.packets import Subscription
+from brokerd.connection.packets import Subscription
 
 from .topics import valid_topic_filter
 

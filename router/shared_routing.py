@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from connection.packets import Subscription
+from brokerd.connection.packets import Subscription
 
 from .message import Message
 from .session import Session

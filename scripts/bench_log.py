@@ -26,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from router.log import CommitLog, LogReader, decode_records, iter_record_batches  # noqa: E402
+from brokerd.router.log import CommitLog, LogReader, decode_records, iter_record_batches  # noqa: E402
 
 BURST = 256  # appends per loop iteration (a busy connection's read yields dozens of PUBLISHes)
 

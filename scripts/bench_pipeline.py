@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from router.log import CommitLog, LogReader, iter_record_batches  # noqa: E402
+from brokerd.router.log import CommitLog, LogReader, iter_record_batches  # noqa: E402
 
 
 def write_log(data_dir: str, records: int, routers: int, payload_bytes: int) -> None:
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         from pyspark.sql import SparkSession
 
-        import pipeline
+        from brokerd import pipeline
 
         t0 = time.perf_counter()
         spark = (SparkSession.builder.master(args.master).appName("bench_pipeline")

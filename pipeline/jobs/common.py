@@ -21,7 +21,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from pipeline.source import NAME
+from brokerd.pipeline.source import NAME
 
 log = logging.getLogger(__name__)
 

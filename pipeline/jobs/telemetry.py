@@ -32,9 +32,9 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.jobs import common
-from pipeline.publish import Publisher, topic_level
-from pipeline.topics import check_filter, wildcard_levels
+from brokerd.pipeline.jobs import common
+from brokerd.pipeline.publish import Publisher, topic_level
+from brokerd.pipeline.topics import check_filter, wildcard_levels
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ def run(spark: SparkSession, args: argparse.Namespace) -> int:
         m, i = (counts.m or 0, counts.i or 0) if counts else (0, 0)
         print(f"telemetry: {m} messages, {i} not JSON (kept in {paths[INVALID]}) -> {paths[FIELDS]}")
         if args.publish_to:
-            from pipeline.jobs.traffic import newest_windows
+            from brokerd.pipeline.jobs.traffic import newest_windows
 
             f_rows = newest_windows(spark.read.parquet(paths[FIELDS]), args.publish_windows)
             d_rows = newest_windows(spark.read.parquet(paths[DEVICES]), args.publish_windows)

@@ -32,8 +32,8 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.jobs import common
-from pipeline.publish import Publisher, topic_level
+from brokerd.pipeline.jobs import common
+from brokerd.pipeline.publish import Publisher, topic_level
 
 log = logging.getLogger(__name__)
 

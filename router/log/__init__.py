@@ -8,9 +8,9 @@
 The byte format is described in ``FORMAT.md`` and ``router.log.format``.
 """
 
-from router.log.commitlog import CommitLog, DeletedSegment, SegmentState
-from router.log.errors import CorruptRecord, LogError, LogFormatError, LogUnavailable
-from router.log.format import (
+from brokerd.router.log.commitlog import CommitLog, DeletedSegment, SegmentState
+from brokerd.router.log.errors import CorruptRecord, LogError, LogFormatError, LogUnavailable
+from brokerd.router.log.format import (
     FORMAT_VERSION,
     Record,
     decode_records,
@@ -20,8 +20,8 @@ from router.log.format import (
     iter_records,
     segment_name,
 )
-from router.log.reader import CheckReport, LogReader, SegmentCheck, SegmentInfo, check
-from router.log.writer import FsyncPolicy
+from brokerd.router.log.reader import CheckReport, LogReader, SegmentCheck, SegmentInfo, check
+from brokerd.router.log.writer import FsyncPolicy
 
 __all__ = [
     "FORMAT_VERSION",

@@ -38,8 +38,8 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from router.log.errors import LogFormatError, LogUnavailable
-from router.log.format import (
+from brokerd.router.log.errors import LogFormatError, LogUnavailable
+from brokerd.router.log.format import (
     BATCH_HEADER_SIZE,
     FILE_HEADER_SIZE,
     FORMAT_VERSION,
@@ -59,7 +59,7 @@ from router.log.format import (
     segment_name,
     skip_to_offset,
 )
-from router.log.segment import (
+from brokerd.router.log.segment import (
     NO_INDEX_YET,
     OpenReaders,
     SegmentReader,
@@ -67,7 +67,7 @@ from router.log.segment import (
     scan_segment,
     write_index,
 )
-from router.log.writer import (
+from brokerd.router.log.writer import (
     RECOVER,
     STOP,
     SYNC,

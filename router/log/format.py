@@ -54,7 +54,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from router.log.errors import CorruptRecord, LogFormatError
+from brokerd.router.log.errors import CorruptRecord, LogFormatError
 
 log = logging.getLogger(__name__)
 

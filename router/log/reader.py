@@ -14,8 +14,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from router.log.errors import CorruptRecord, LogFormatError
-from router.log.format import (
+from brokerd.router.log.errors import CorruptRecord, LogFormatError
+from brokerd.router.log.format import (
     FILE_HEADER_SIZE,
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE,
@@ -29,7 +29,7 @@ from router.log.format import (
     segment_name,
     unpack_file_header,
 )
-from router.log.segment import (
+from brokerd.router.log.segment import (
     Damage,
     OpenReaders,
     SegmentReader,

@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 import msgpack
 
-from router.log.errors import CorruptRecord, LogFormatError
-from router.log.format import (
+from brokerd.router.log.errors import CorruptRecord, LogFormatError
+from brokerd.router.log.format import (
     BATCH_HEADER_SIZE,
     FILE_HEADER_SIZE,
     INDEX_ENTRY,

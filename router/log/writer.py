@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
-from router.log.format import (
+from brokerd.router.log.format import (
     FORMAT_VERSION,
     MAGIC_INDEX,
     MAGIC_LOG,

@@ -116,7 +116,7 @@ def test_bad_mesh_frames_are_dropped_counted_and_logged_once(start_broker, tmp_p
             push = ctx.socket(zmq.PUSH)
             push.setsockopt(zmq.LINGER, 2000)
             push.connect(f"ipc://{run_dirs[0]}/{w}.mesh")
-            from router.mesh_format import HELLO, INTEREST, MESH_VERSION, PUBLISH, TAKEOVER_RESP
+            from brokerd.router.mesh_format import HELLO, INTEREST, MESH_VERSION, PUBLISH, TAKEOVER_RESP
             for frame in (
                 [MESH_VERSION, HELLO, "liar/w9", 1, ["not", "a", "dict"]],
                 [MESH_VERSION, HELLO, "liar/w9", 1, {"node": 5}],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import zmq
 
-from cluster.mesh import MESH_VERSION, PUBLISH
+from brokerd.cluster.mesh import MESH_VERSION, PUBLISH
 from tests.cluster.test_multihost import mesh_port
 from tests.helpers import Client
 

@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 
-from cluster.config import load
-from cluster.stats_cli import StatsReader
+from brokerd.cluster.config import load
+from brokerd.cluster.stats_cli import StatsReader
 from tests.helpers import BROKERD, Broker, Client
 
 

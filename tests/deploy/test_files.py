@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster.config import OPTIONS, load
-from cluster.stats import DROP_REASONS
+from brokerd.cluster.config import OPTIONS, load
+from brokerd.cluster.stats import DROP_REASONS
 from tests.helpers import BROKERD, ROOT
 
 DEPLOY = ROOT / "deploy"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from cluster.config import OPTIONS
+from brokerd.cluster.config import OPTIONS
 from tests.helpers import BROKERD, Client, free_port
 
 
@@ -110,7 +110,7 @@ def test_a_wrong_number_is_explained_in_an_operators_words():
 
 
 def test_choices_in_any_case():
-    from cluster.config import load
+    from brokerd.cluster.config import load
 
     config = load(["--log-level", "DEBUG", "--fsync", "Always"], environ={})
     assert (config.log_level, config.fsync) == ("debug", "always")
@@ -119,7 +119,7 @@ def test_choices_in_any_case():
 def test_ready_line_says_what_runs_and_where(start_broker, tmp_path):
     import os
 
-    from cluster import __version__
+    from brokerd.cluster import __version__
     from tests.cluster.test_multihost import mesh_port
 
     mport, metrics = mesh_port("127.0.0.1"), free_port()
@@ -135,7 +135,7 @@ def test_ready_line_says_what_runs_and_where(start_broker, tmp_path):
 def test_log_level_debug_in_capitals_is_accepted(start_broker):
     broker = start_broker("--log-level", "DEBUG", workers=2)
     # The mesh's line per router pair is DEBUG (INFO has one per node).
-    broker.wait_log("DEBUG [t/w0] cluster.mesh: mesh: router t/w1 joined")
+    broker.wait_log("DEBUG [t/w0] brokerd.cluster.mesh: mesh: router t/w1 joined")
 
 
 def test_client_connects_and_disconnects_are_logged_nothing_per_message(start_broker):

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from connection.codec import Decoder, encode
-from connection.packets import (
+from brokerd.connection.codec import Decoder, encode
+from brokerd.connection.packets import (
     Connack,
     Connect,
     Packet,
@@ -110,7 +110,7 @@ def test_open_files_limit_caps_connections_with_a_refusal_not_a_hang(start_broke
     """A hard open-files limit of 300: the worker keeps FD_RESERVE for itself and refuses the
     clients beyond the rest with CONNACK "server unavailable" (none is left without an answer),
     and the supervisor says at start what bounds the connections and how to raise it."""
-    from cluster.limits import FD_RESERVE
+    from brokerd.cluster.limits import FD_RESERVE
 
     broker = start_broker("--log", "off", prefix=["prlimit", "--nofile=300:300", "--"])
     broker.wait_log("open-files limit 300")

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cluster.paths import LOCK_FILE
+from brokerd.cluster.paths import LOCK_FILE
 from tests.helpers import BROKERD, WAIT, Client, _alive, free_port, wait_for, worker_pids
 
 FAIL_FAST_S = 20.0  # bound on a brokerd that must stop at start-up
@@ -201,7 +201,7 @@ def _run_dir(path: Path, holder: int | None, *sockets: str) -> Path:
 ])
 def test_option_rules_between_and_within_options(argv, message):
     """The same rules without a process: each has one home (an option's check, or load's)."""
-    from cluster.config import ConfigError, load
+    from brokerd.cluster.config import ConfigError, load
 
     with pytest.raises(ConfigError) as err:
         load(argv)

@@ -20,8 +20,8 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster.config import load
-from cluster.stats_cli import StatsReader
+from brokerd.cluster.config import load
+from brokerd.cluster.stats_cli import StatsReader
 from tests.helpers import BROKERD, WAIT, Broker, Client, free_port, wait_for
 
 WORKERS = 2
@@ -31,7 +31,7 @@ FAST = ("--stats-interval", INTERVAL, "--sys-interval", "0.5")
 # what a connection costs beyond its messages (CONNECT/CONNACK, SUBSCRIBE/SUBACK, PUBACKs, DISCONNECT).
 MSG_OVERHEAD = 8
 CONN_OVERHEAD = 128
-needs_mesh = pytest.mark.skipif(not importlib.util.find_spec("cluster.mesh"),
+needs_mesh = pytest.mark.skipif(not importlib.util.find_spec("brokerd.cluster.mesh"),
                                 reason="the mesh (cluster/mesh.py) is not there yet")
 
 

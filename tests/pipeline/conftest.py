@@ -35,7 +35,7 @@ def spark() -> Iterator[object]:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    import pipeline
+    from brokerd import pipeline
 
     session = (
         SparkSession.builder.master("local[2]")

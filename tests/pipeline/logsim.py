@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from router.log import CommitLog
+from brokerd.router.log import CommitLog
 
 
 @dataclass(frozen=True)

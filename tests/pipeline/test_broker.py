@@ -22,8 +22,8 @@ pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install -e 
 
 from pyspark.sql import functions as F  # noqa: E402
 
-from pipeline import cli  # noqa: E402
-from router.log import LogReader  # noqa: E402
+from brokerd.pipeline import cli  # noqa: E402
+from brokerd.router.log import LogReader  # noqa: E402
 from tests.helpers import Client, wait_for  # noqa: E402
 
 PUBLISHERS = 4

@@ -16,9 +16,9 @@ pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install -e 
 
 from pyspark.sql import functions as F  # noqa: E402
 
-from pipeline import cli  # noqa: E402
-from pipeline.jobs.common import parse_duration  # noqa: E402
-from router.topics import filter_matches  # noqa: E402
+from brokerd.pipeline import cli  # noqa: E402
+from brokerd.pipeline.jobs.common import parse_duration  # noqa: E402
+from brokerd.router.topics import filter_matches  # noqa: E402
 from tests.helpers import Client, wait_for  # noqa: E402
 from tests.pipeline.logsim import LogSim, Sent  # noqa: E402
 
@@ -105,8 +105,9 @@ def test_package_writes_a_zip_and_a_launcher(tmp_path):
 
     paths = cli.package(str(tmp_path))
     names = zipfile.ZipFile(paths[0]).namelist()
-    assert "pipeline/source.py" in names and "router/log/format.py" in names
-    assert "from pipeline.cli import main" in open(paths[1]).read()
+    assert "brokerd/pipeline/source.py" in names and "brokerd/router/log/format.py" in names
+    assert "brokerd/__init__.py" in names and "cluster/config.py" not in names
+    assert "from brokerd.pipeline.cli import main" in open(paths[1]).read()
 
 
 # ---------------------------------------------------------------------------------------------- Spark

@@ -18,7 +18,7 @@ pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install -e 
 
 from pyspark.sql import functions as F  # noqa: E402
 
-from pipeline.source import (  # noqa: E402
+from brokerd.pipeline.source import (  # noqa: E402
     ARROW_SCHEMA,
     SCHEMA,
     LogPartition,
@@ -27,8 +27,8 @@ from pipeline.source import (  # noqa: E402
     plan_batch,
     read_partition,
 )
-from router.log import LogReader  # noqa: E402
-from router.topics import filter_matches  # noqa: E402
+from brokerd.router.log import LogReader  # noqa: E402
+from brokerd.router.topics import filter_matches  # noqa: E402
 from tests.pipeline.logsim import LogSim  # noqa: E402
 
 BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z

@@ -16,7 +16,7 @@ pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install -e 
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # noqa: E402
 
-from pipeline.source import BrokerLogStreamReader, ReadOptions, water_fill  # noqa: E402
+from brokerd.pipeline.source import BrokerLogStreamReader, ReadOptions, water_fill  # noqa: E402
 from tests.helpers import wait_for  # noqa: E402
 from tests.pipeline.logsim import LogSim  # noqa: E402
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.topics import TopicFilterError, filter_regex, python_regex, wildcard_levels
-from router.topics import filter_matches, valid_topic_filter
+from brokerd.pipeline.topics import TopicFilterError, filter_regex, python_regex, wildcard_levels
+from brokerd.router.topics import filter_matches, valid_topic_filter
 
 LEVELS = st.sampled_from(["a", "b", "", "$SYS", "x.y", "(", "é", "a b", "*", "\\", "\n"])
 TOPICS = st.lists(LEVELS, min_size=1, max_size=4).map("/".join).filter(bool)

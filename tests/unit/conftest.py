@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from connection.codec import Decoder
-from connection.packets import Subscription
-from connection.protocol import ConnectionCounters
-from router.message import Message
-from router.ports import NullMesh
-from router.router import Router
+from brokerd.connection.codec import Decoder
+from brokerd.connection.packets import Subscription
+from brokerd.connection.protocol import ConnectionCounters
+from brokerd.router.message import Message
+from brokerd.router.ports import NullMesh
+from brokerd.router.router import Router
 
 
 class FakeConn:

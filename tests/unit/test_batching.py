@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from connection.batching import EndOfTick, TurnBudget
-from connection.codec import encode
-from connection.packets import Connect, Publish
-from connection.protocol import MQTTConnection
+from brokerd.connection.batching import EndOfTick, TurnBudget
+from brokerd.connection.codec import encode
+from brokerd.connection.packets import Connect, Publish
+from brokerd.connection.protocol import MQTTConnection
 
 
 def test_shares_shrink_within_a_turn_and_start_over_in_the_next():

@@ -7,8 +7,8 @@ import ssl
 
 import pytest
 
-from connection.codec import Decoder, encode, is_tls_client_hello, publish_parts, with_dup
-from connection.packets import (
+from brokerd.connection.codec import Decoder, encode, is_tls_client_hello, publish_parts, with_dup
+from brokerd.connection.packets import (
     Auth,
     Connack,
     Connect,
@@ -28,7 +28,7 @@ from connection.packets import (
     Unsubscribe,
     Will,
 )
-from connection.reasons import ProtocolError, Reason
+from brokerd.connection.reasons import ProtocolError, Reason
 
 USER = [("k", "v"), ("k", "v2"), ("ключ", "значение")]
 

@@ -9,8 +9,8 @@ import dataclasses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from connection.codec import Decoder, encode, publish_parts
-from connection.packets import (
+from brokerd.connection.codec import Decoder, encode, publish_parts
+from brokerd.connection.packets import (
     Auth,
     Connack,
     Connect,
@@ -30,7 +30,7 @@ from connection.packets import (
     Unsubscribe,
     Will,
 )
-from connection.reasons import ProtocolError, Reason
+from brokerd.connection.reasons import ProtocolError, Reason
 
 PACKET_TYPES = (
     Connect, Connack, Publish, Puback, Pubrec, Pubrel, Pubcomp, Subscribe, Suback,

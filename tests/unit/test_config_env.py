@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.config import OPTIONS, ConfigError, env_name, load
+from brokerd.cluster.config import OPTIONS, ConfigError, env_name, load
 
 DEFAULTS = {o.name: o.default for o in OPTIONS}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.cpus import cgroup_cpu_limit, usable_cpus
+from brokerd.cluster.cpus import cgroup_cpu_limit, usable_cpus
 
 
 def _tree(tmp_path: Path, proc: str, files: dict[str, str]) -> tuple[str, str]:
@@ -70,7 +70,7 @@ def test_no_cgroup_files_at_all(tmp_path):
 
 def test_this_process():
     """On this machine: within 1 .. the affinity mask, and the default of --workers."""
-    from cluster.config import OPTIONS
+    from brokerd.cluster.config import OPTIONS
 
     n = usable_cpus()
     assert 1 <= n <= len(os.sched_getaffinity(0))

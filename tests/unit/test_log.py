@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from router.log import (
+from brokerd.router.log import (
     FORMAT_VERSION,
     CommitLog,
     CorruptRecord,
@@ -25,7 +25,12 @@ from router.log import (
     iter_records,
     segment_name,
 )
-from router.log.format import FILE_HEADER_SIZE, INDEX_ENTRY_SIZE, RECORD_HEADER_SIZE, encode_batch_bytes
+from brokerd.router.log.format import (
+    FILE_HEADER_SIZE,
+    INDEX_ENTRY_SIZE,
+    RECORD_HEADER_SIZE,
+    encode_batch_bytes,
+)
 
 T0 = 1_700_000_000_000
 
@@ -473,7 +478,7 @@ def test_failed_write_enters_failed_state_and_recovers(tmp_path, caplog):
         await log.wait_durable(failed[-1] + 1)
         await log.aclose()
 
-    with caplog.at_level("ERROR", logger="router.log.commitlog"):
+    with caplog.at_level("ERROR", logger="brokerd.router.log.commitlog"):
         asyncio.run(main())
     assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1  # logged once
     assert check(tmp_path).ok
@@ -625,7 +630,7 @@ def test_random_interleaving_matches_a_model(tmp_path):
 def test_open_descriptors_stay_bounded_however_many_segments(tmp_path):
     """Recovery opens every segment and closes it again; reads keep at most MAX_OPEN_READERS
     segments open (two descriptors each), reopening the others when they are read again."""
-    from router.log.segment import MAX_OPEN_READERS
+    from brokerd.router.log.segment import MAX_OPEN_READERS
 
     def open_fds() -> int:
         return len(os.listdir("/proc/self/fd"))

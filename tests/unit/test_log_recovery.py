@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from router.log import (
+from brokerd.router.log import (
     CommitLog,
     CorruptRecord,
     LogFormatError,
@@ -19,7 +19,7 @@ from router.log import (
     iter_records,
     segment_name,
 )
-from router.log.format import FILE_HEADER_SIZE, INDEX_ENTRY, RECORD_HEADER, RECORD_HEADER_SIZE
+from brokerd.router.log.format import FILE_HEADER_SIZE, INDEX_ENTRY, RECORD_HEADER, RECORD_HEADER_SIZE
 
 T0 = 1_700_000_000_000
 
@@ -82,7 +82,7 @@ def test_tail_truncated_at_every_byte_of_the_last_record(tmp_path, caplog):
         shutil.copytree(pristine, work)
         os.truncate(work / segment_name(base), cut)
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="router.log.commitlog"):
+        with caplog.at_level(logging.WARNING, logger="brokerd.router.log.commitlog"):
             log = CommitLog(work, router_id="r1", segment_bytes=8192, index_interval_bytes=512)
         try:
             assert log.next_offset == n - 1, cut
@@ -137,7 +137,7 @@ def test_bad_crc_in_the_tail_truncates_there(tmp_path, caplog):
     bad_off, bad_pos, bad_size = recs[-3]
     flip(path, bad_pos + bad_size - 1)  # a payload byte: only the CRC notices
     size = os.path.getsize(path)
-    with caplog.at_level(logging.WARNING, logger="router.log.commitlog"):
+    with caplog.at_level(logging.WARNING, logger="brokerd.router.log.commitlog"):
         log = CommitLog(tmp_path, router_id="r1", segment_bytes=8192)
     with log:
         assert log.next_offset == bad_off
@@ -246,7 +246,7 @@ def test_bad_index_of_an_older_segment_is_rebuilt(tmp_path, damage, caplog):
     with LogReader(tmp_path) as reader:
         for start in (target, target + 5, target + 17):
             assert reader.read(start, 2)[0].offset == start
-    with caplog.at_level(logging.WARNING, logger="router.log.commitlog"):
+    with caplog.at_level(logging.WARNING, logger="brokerd.router.log.commitlog"):
         log = CommitLog(tmp_path, router_id="r1", segment_bytes=8192, index_interval_bytes=512)
     with log:
         assert any(f"index of segment {target} rebuilt" in r.getMessage() for r in caplog.records), \

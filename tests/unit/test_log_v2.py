@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster import log_cli
-from router.log import (
+from brokerd.cluster import log_cli
+from brokerd.router.log import (
     CommitLog,
     CorruptRecord,
     LogReader,
@@ -25,7 +25,7 @@ from router.log import (
     iter_records,
     segment_name,
 )
-from router.log.format import (
+from brokerd.router.log.format import (
     BATCH_HEADER,
     BATCH_HEADER_SIZE,
     FILE_HEADER_SIZE,
@@ -244,7 +244,7 @@ def test_tail_truncated_at_every_byte_of_the_last_batch(tmp_path, caplog):
         shutil.copytree(pristine, work)
         os.truncate(work / seg, cut)
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="router.log.commitlog"):
+        with caplog.at_level(logging.WARNING, logger="brokerd.router.log.commitlog"):
             log = open_log(work)
         try:
             assert log.next_offset == first, cut
@@ -274,7 +274,7 @@ def test_corrupt_batch_in_the_tail_is_cut_there(tmp_path, caplog, where):
     bad = report.segments[-1]
     assert (bad.first_bad_position, bad.error, bad.tail_incomplete) == (pos, reason, False)
     file_size = os.path.getsize(tmp_path / seg)
-    with caplog.at_level(logging.WARNING, logger="router.log.commitlog"):
+    with caplog.at_level(logging.WARNING, logger="brokerd.router.log.commitlog"):
         log = open_log(tmp_path, segment_bytes=1 << 20)
     with log:
         assert log.next_offset == first

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from router.log import CommitLog, LogReader, check, encode_record
-from router.log.format import FILE_HEADER_SIZE, encode_record_into
-from router.log.writer import DROP_STEP, Report, _pwritev_all
+from brokerd.router.log import CommitLog, LogReader, check, encode_record
+from brokerd.router.log.format import FILE_HEADER_SIZE, encode_record_into
+from brokerd.router.log.writer import DROP_STEP, Report, _pwritev_all
 
 T0 = 1_700_000_000_000
 
@@ -106,7 +106,7 @@ def test_batches_written_together_equal_batches_written_one_by_one(tmp_path, mon
         calls.append(len(views))
         real(fd, views, pos)
 
-    monkeypatch.setattr("router.log.writer._pwritev_all", counting)
+    monkeypatch.setattr("brokerd.router.log.writer._pwritev_all", counting)
     grouped._core = core
     grouped._apply_report(core.process(batches))
     assert grouped.written_offset == 399

@@ -8,11 +8,11 @@ import asyncio
 
 import pytest
 
-from cluster.config import Config
-from cluster.mesh import Mesh
-from connection.packets import Publish, Subscription
-from router.message import Message
-from router.router import Router, RouterConfig
+from brokerd.cluster.config import Config
+from brokerd.cluster.mesh import Mesh
+from brokerd.connection.packets import Publish, Subscription
+from brokerd.router.message import Message
+from brokerd.router.router import Router, RouterConfig
 from tests.unit.conftest import FakeConn, online
 
 

@@ -6,7 +6,7 @@ import os
 import socket
 import tempfile
 
-from cluster.notify import notify
+from brokerd.cluster.notify import notify
 
 
 def test_notify_path_socket():

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-from cluster.config import OPTIONS, build_parser, env_name
-from cluster.options_doc import END, README, START, main, render, replace_section, section
+from brokerd.cluster.config import OPTIONS, build_parser, env_name
+from brokerd.cluster.options_doc import END, README, START, main, render, replace_section, section
 
-REGENERATE = ".venv/bin/python -m cluster.options_doc --write"
+REGENERATE = ".venv/bin/python -m brokerd.cluster.options_doc --write"
 
 
 def test_readme_table_is_the_generated_one():

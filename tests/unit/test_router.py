@@ -6,13 +6,13 @@ import asyncio
 
 import pytest
 
-import router.message as message_mod
-from connection.codec import Decoder
-from connection.packets import Publish, Subscription
-from router.mesh_format import from_mesh, to_mesh
-from router.message import Message
-from router.router import Router, RouterConfig
-from router.session import SessionLimits
+import brokerd.router.message as message_mod
+from brokerd.connection.codec import Decoder
+from brokerd.connection.packets import Publish, Subscription
+from brokerd.router.mesh_format import from_mesh, to_mesh
+from brokerd.router.message import Message
+from brokerd.router.router import Router, RouterConfig
+from brokerd.router.session import SessionLimits
 from tests.unit.conftest import FakeConn, online
 
 
@@ -64,7 +64,7 @@ def test_publishes_with_flags_carry_no_raw_bytes(first):
 @pytest.mark.parametrize("qos,payload", [(1, b"p" * 10), (2, b"q" * 300)])
 def test_a_plain_qos_publish_hands_its_head_to_subscribers_at_that_qos(router, qos, payload):
     """MQTT 3.1.1 QoS 1/2 without flags: the packet up to its id is the subscribers' head."""
-    from connection.codec import encode
+    from brokerd.connection.codec import encode
 
     conns = [online(router, f"h{i}", ("h/#", qos))[1] for i in range(3)]
     packet = encode(Publish("h/x", payload, qos, packet_id=0x1234), 4)
@@ -216,7 +216,7 @@ def test_a_forwarded_message_carries_its_packet_and_comes_back_whole(payload):
 def test_a_forwarded_qos_message_carries_its_head(qos):
     import msgpack
 
-    from connection.codec import encode
+    from brokerd.connection.codec import encode
 
     [p] = Decoder(protocol_level=4).feed(encode(Publish("m/q", b"v" * 200, qos, packet_id=5), 4))
     msg = Message.published(p.topic, p.payload, qos, False, "c1", "n/w0", None, p.raw, 4)
@@ -248,14 +248,14 @@ def test_other_messages_are_forwarded_as_values(qos, retain, props):
 def test_a_malformed_forwarded_message_is_refused(packet, topic):
     """Not a QoS 0 PUBLISH or a QoS 1/2 head and payload, or no topic string: the mesh drops it
     (the errors ``Router.deliver_forwarded`` counts as malformed)."""
-    from connection.reasons import ProtocolError
+    from brokerd.connection.reasons import ProtocolError
 
     with pytest.raises((ProtocolError, IndexError, TypeError, ValueError)):
         from_mesh([packet, topic, "c", 1, 1], "n/w0")
 
 
 def _plain_publish(topic: bytes, payload: bytes) -> bytes:
-    from connection.codec import encode
+    from brokerd.connection.codec import encode
 
     return encode(Publish(topic.decode(), payload), 4)
 

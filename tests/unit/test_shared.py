@@ -8,13 +8,13 @@ from collections import Counter
 import msgpack
 import pytest
 
-from connection.codec import Decoder
-from connection.packets import Publish, Subscription
-from router.mesh_format import from_mesh_shared, to_mesh, to_mesh_shared
-from router.message import Message
-from router.router import Router, RouterConfig
-from router.session import SessionLimits
-from router.shared import NONE, SharedRoute, parse_share, smooth_schedule
+from brokerd.connection.codec import Decoder
+from brokerd.connection.packets import Publish, Subscription
+from brokerd.router.mesh_format import from_mesh_shared, to_mesh, to_mesh_shared
+from brokerd.router.message import Message
+from brokerd.router.router import Router, RouterConfig
+from brokerd.router.session import SessionLimits
+from brokerd.router.shared import NONE, SharedRoute, parse_share, smooth_schedule
 from tests.unit.conftest import FakeConn, FakeMesh
 
 

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster.config import Config
-from cluster.metrics import NodeStats, metrics_text, sum_trees
-from cluster.stats import (
+from brokerd.cluster.config import Config
+from brokerd.cluster.metrics import NodeStats, metrics_text, sum_trees
+from brokerd.cluster.stats import (
     SCHEMA_VERSION,
     ConnectionSet,
     RateRing,
@@ -19,9 +19,15 @@ from cluster.stats import (
     router_endpoint,
     router_sys_values,
 )
-from cluster.stats_cli import human_bytes, human_count, human_duration, render_connections, render_routers
-from connection.protocol import ConnectionCounters
-from router.router import Router, RouterConfig
+from brokerd.cluster.stats_cli import (
+    human_bytes,
+    human_count,
+    human_duration,
+    render_connections,
+    render_routers,
+)
+from brokerd.connection.protocol import ConnectionCounters
+from brokerd.router.router import Router, RouterConfig
 from tests.unit.conftest import FakeConn, PeerStatsMesh
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from connection.codec import DEFAULT_MAX_TOPIC_LEVELS, Decoder, encode, topic_levels_ok
-from connection.packets import Connect, Publish, Subscribe, Subscription, Unsubscribe, Will
-from connection.reasons import ProtocolError, Reason
+from brokerd.connection.codec import DEFAULT_MAX_TOPIC_LEVELS, Decoder, encode, topic_levels_ok
+from brokerd.connection.packets import Connect, Publish, Subscribe, Subscription, Unsubscribe, Will
+from brokerd.connection.reasons import ProtocolError, Reason
 
 
 def deep(n: int, level: str = "l") -> str:

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.message import Message
-from router.retained import RetainedStore
-from router.topics import TopicIndex, filter_matches, valid_topic_filter, valid_topic_name
+from brokerd.router.message import Message
+from brokerd.router.retained import RetainedStore
+from brokerd.router.topics import TopicIndex, filter_matches, valid_topic_filter, valid_topic_name
 
 SPEC = [
     ("sport/tennis/player1/#", "sport/tennis/player1", True),
