@@ -965,8 +965,8 @@ class Scenario:
         peer router) pairs must be the other routers' ``filters`` summed, every router must know the
         one shared group, and the subscriptions and group members held in the cluster must be
         those of the live sessions (one per persistent session, wherever it lives now)."""
-        from cluster.config import load
-        from cluster.stats_cli import StatsReader
+        from brokerd.cluster.config import load
+        from brokerd.cluster.stats_cli import StatsReader
 
         subs = sum(1 for s in self.subscribers if s.persistent or s.ready())
         members = sum(1 for s in self.members if s.ready())
