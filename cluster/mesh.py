@@ -32,6 +32,14 @@ announcement that replaces the last (``reset``), asked for with RESYNC. A router
 was paused does not blame its peers for the silence it did not hear: it gives them a fresh
 timeout.
 
+PUBLISH frames are numbered per peer, and every HELLO says up to which number it has received
+each peer's frames. Until then a frame stays in the sender's ring of unconfirmed frames (bounded
+by ``--mesh-backlog`` bytes too): when a peer comes back as a new incarnation (a worker or node
+that crashed and restarted), what its old incarnation never confirmed is sent again, before what
+was kept while it was silent, so the sessions it restored from its disk get what other routers
+acknowledged to their publishers in the moment before the crash was noticed. A receiver drops a
+frame whose number it has already seen.
+
 Every frame is checked (``router.mesh_format``) before it is acted on; a bad one is dropped,
 counted (``mesh_bad_frames``) and logged once per sender. The PULL sockets refuse frames larger
 than ``mesh_format.max_frame``; publish batches are split well below it.
@@ -59,6 +67,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -199,7 +208,8 @@ class Peer:
 
     __slots__ = ("router_id", "node_id", "ipc", "tcp", "incarnation", "last_seen", "alive", "link",
                  "batch", "batch_sources", "stats", "parked", "parked_at", "backlog", "backlog_bytes",
-                 "backlog_msgs", "dropped", "log_mark", "replay_from")
+                 "backlog_msgs", "dropped", "log_mark", "replay_from", "seq_out", "seq_in", "acked",
+                 "ring", "ring_bytes", "resend")
 
     def __init__(self, router_id: str, node_id: str, ipc: str | None, tcp: str | None) -> None:
         self.router_id = router_id
@@ -222,6 +232,14 @@ class Peer:
         self.dropped = 0  # messages dropped for it while parked (backlog full)
         self.log_mark: int | None = None  # our log's next offset when the backlog last took a frame
         self.replay_from: int | None = None  # backlog full: our log holds the rest from here
+        # Numbered PUBLISH frames: the last we sent, the last we received from it, the last it
+        # confirmed, and those sent but not confirmed yet (for its next incarnation, if it crashes).
+        self.seq_out = 0
+        self.seq_in = 0
+        self.acked = 0
+        self.ring: deque[tuple[int, bytes]] = deque()
+        self.ring_bytes = 0
+        self.resend: list[bytes] = []  # the ring's unconfirmed frames, for a new incarnation
 
 
 class _Waiter:
@@ -496,13 +514,14 @@ class Mesh:
             peer.batch_sources = set()
             if peer.link is None:
                 continue
-            for frame, n in self._publish_frames(batch):
+            for seq, frame, n in self._publish_frames(peer, batch):
                 peer.stats[0] += n
                 peer.stats[1] += len(frame)
                 stats.mesh_msgs_out += n
                 stats.mesh_bytes_out += len(frame)
                 stats.mesh_frames_out += 1
                 if peer.alive:
+                    self._unconfirmed(peer, seq, frame)
                     peer.link.send(frame, sources)
                 else:
                     self._keep(peer, frame, n)
@@ -519,15 +538,36 @@ class Mesh:
                 if peer.alive and peer.link is not None:
                     peer.link.send(frame)
 
-    def _publish_frames(self, batch: list) -> list[tuple[bytes, int]]:
-        """``batch`` as one PUBLISH frame, or split in halves until each frame is at most half the
-        receivers' limit (a tick's batch of large messages; the length check is all it costs
-        otherwise)."""
-        frame = self._frame(PUBLISH, batch)
+    def _publish_frames(self, peer: Peer, batch: list) -> list[tuple[int, bytes, int]]:
+        """``batch`` as one PUBLISH frame numbered for ``peer`` (seq, frame, messages), or split
+        in halves until each frame is at most half the receivers' limit (a tick's batch of large
+        messages; the length check is all it costs otherwise)."""
+        seq = peer.seq_out + 1
+        frame = self._frame(PUBLISH, [seq, batch])
         if len(frame) <= self.max_frame // 2 or len(batch) == 1:
-            return [(frame, len(batch))]
+            peer.seq_out = seq
+            return [(seq, frame, len(batch))]
         half = len(batch) // 2
-        return self._publish_frames(batch[:half]) + self._publish_frames(batch[half:])
+        return self._publish_frames(peer, batch[:half]) + self._publish_frames(peer, batch[half:])
+
+    def _unconfirmed(self, peer: Peer, seq: int, frame: bytes) -> None:
+        """A numbered frame handed to ``peer``'s link: kept until the peer confirms it (bounded by
+        ``--mesh-backlog`` bytes, oldest first out: only a crash in that moment would miss them)."""
+        ring = peer.ring
+        ring.append((seq, frame))
+        peer.ring_bytes += len(frame)
+        cap = self.config.mesh_backlog
+        while peer.ring_bytes > cap and ring:
+            peer.ring_bytes -= len(ring.popleft()[1])
+
+    def _confirmed(self, peer: Peer, acked: int) -> None:
+        """``peer`` has received our frames up to ``acked``."""
+        if acked <= peer.acked:
+            return
+        peer.acked = acked
+        ring = peer.ring
+        while ring and ring[0][0] <= acked:
+            peer.ring_bytes -= len(ring.popleft()[1])
 
     def _keep(self, peer: Peer, frame: bytes, n: int) -> None:
         """A frame for a parked peer: into its backlog; once that is full, left to this router's
@@ -582,8 +622,9 @@ class Mesh:
             batch.append(to_mesh(msg))
             if rec.retain:
                 self._send(peer, RETAINED, [msg.to_list()])
-        for frame, n in self._publish_frames(batch) if batch else ():
+        for seq, frame, n in self._publish_frames(peer, batch) if batch else ():
             self.router.stats.mesh_msgs_out += n
+            self._unconfirmed(peer, seq, frame)
             peer.link.send(frame)
         self.loop.call_soon(self._replay, peer, records[-1].offset + 1, end, sent + len(batch))
 
@@ -716,7 +757,7 @@ class Mesh:
                     self._bad(sender, problem)
                     continue
                 if kind == PUBLISH:
-                    msgs += len(body)
+                    msgs += len(body[1])
                 try:
                     self._handle(kind, sender, inc, body, len(data))
                 except Exception as exc:  # noqa: BLE001 - a peer's frame must not stop the mesh
@@ -750,13 +791,17 @@ class Mesh:
             self._rejoin(peer, "heard again")
         router = self.router
         if kind == PUBLISH:
+            seq, batch = body
+            if seq <= peer.seq_in:
+                return  # sent again to a new incarnation of ours, or twice: we have it
+            peer.seq_in = seq
             stats = router.stats
             stats.mesh_frames_in += 1
-            stats.mesh_msgs_in += len(body)
+            stats.mesh_msgs_in += len(batch)
             stats.mesh_bytes_in += size
-            peer.stats[2] += len(body)
+            peer.stats[2] += len(batch)
             peer.stats[3] += size
-            bad = router.deliver_forwarded(body, sender)
+            bad = router.deliver_forwarded(batch, sender)
             if bad:
                 log.error("mesh: dropped %d malformed message(s) from %s", bad, sender)
         elif kind == INTEREST:
@@ -884,7 +929,8 @@ class Mesh:
 
     def _hello_body(self) -> dict:
         known = [[p.router_id, p.node_id, p.ipc, p.tcp] for p in self.peers.values() if p.alive]
-        return {"node": self.node_id, "ipc": self.ipc, "tcp": self.tcp, "peers": known}
+        acks = {p.router_id: p.seq_in for p in self.peers.values() if p.seq_in}
+        return {"node": self.node_id, "ipc": self.ipc, "tcp": self.tcp, "peers": known, "acks": acks}
 
     def _on_hello(self, sender: str, inc: int, body: dict) -> None:
         if sender == self.router_id:
@@ -909,6 +955,9 @@ class Mesh:
                 # while it was silent goes to the new one, whose restored sessions want it.
                 self._park(peer, "restarted")
                 peer.link.reset()
+                peer.seq_in = 0  # its frames are numbered anew
+                # What its old incarnation never confirmed goes to the new one first.
+                peer.resend = [frame for seq, frame in peer.ring if seq > peer.acked]
             peer.incarnation = inc
             if peer.parked:
                 self._rejoin(peer, "restarted")
@@ -916,6 +965,9 @@ class Mesh:
                 self._joined(peer)
         elif not peer.alive:
             self._rejoin(peer, "heard again")
+        acked = body.get("acks", {}).get(self.router_id)
+        if acked is not None:
+            self._confirmed(peer, acked)
         for rid, node, ipc, tcp in body.get("peers", ()):
             if rid != self.router_id and rid not in self.peers:
                 endpoint = ipc if node == self.node_id else tcp
@@ -986,10 +1038,16 @@ class Mesh:
             log.info("mesh: router %s is back (%s) after %.1f s: %d kept frame(s) of %d bytes (%d "
                      "message(s)) go to it%s", peer.router_id, why, time.monotonic() - peer.parked_at,
                      len(backlog), kept, msgs, f"; {dropped} were dropped (backlog full)" if dropped else "")
+        resend, peer.resend = peer.resend, []
         if peer.link is None:
             return
-        if backlog:
-            # Straight into the link's queue (not ``send``: nothing is dropped for its length).
+        if resend or backlog:
+            # Straight into the link's queue (not ``send``: nothing is dropped for its length):
+            # unconfirmed frames of a crashed incarnation first, then what was kept meanwhile.
+            if resend:
+                log.info("mesh: %d frame(s) router %s had not confirmed before it restarted are sent "
+                         "again", len(resend), peer.router_id)
+            peer.link.pending.extend(resend)
             peer.link.pending.extend(backlog)
             self._blocked(peer.link)
         replay_from, peer.replay_from = peer.replay_from, None

@@ -16,7 +16,10 @@ there drops only itself.
 Versions: 5 added QoS 1/2 heads; 6 the ``reset`` flag of a full interest announcement, the
 RESYNC kind (a peer that returns after falling silent asks for everything again), and session
 transfers in chunks: TAKEOVER_RESP ``[req, header, more]``, then TAKEOVER_CHUNK ``[req, items,
-last]`` frames, answered by TAKEOVER_DONE ``[req, ok]`` (the old owner keeps the session until then).
+last]`` frames, answered by TAKEOVER_DONE ``[req, ok]`` (the old owner keeps the session until then);
+and numbered PUBLISH frames, ``[seq, messages]`` per (sender, receiver), whose receipt HELLO
+confirms (``acks``: {sender: last seq received}) so that frames a crashed peer never read are sent
+again to its next incarnation.
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ def _hello(body: Any) -> bool:
         return False
     if not (_opt_str(body.get("ipc")) and _opt_str(body.get("tcp"))):
         return False
+    acks = body.get("acks", {})
+    if acks.__class__ is not dict or not all(k.__class__ is str and v.__class__ is int for k, v in acks.items()):
+        return False
     peers = body.get("peers", [])
     return peers.__class__ is list and all(
         p.__class__ is list and len(p) == 4 and p[0].__class__ is str and p[1].__class__ is str
@@ -104,7 +110,8 @@ def _takeover_done(body: Any) -> bool:
 
 _CHECKS = {
     HELLO: _hello,
-    PUBLISH: lambda b: b.__class__ is list,
+    PUBLISH: lambda b: (b.__class__ is list and len(b) == 2 and b[0].__class__ is int
+                        and b[1].__class__ is list),
     INTEREST: _interest,
     INTEREST_ACK: lambda b: b.__class__ is int,
     RETAINED: lambda b: b.__class__ is list and all(t.__class__ is list for t in b),

@@ -387,15 +387,20 @@ class Router(SharedRouting, SessionLife):
             if rid == router_id:
                 self.interest.remove(topic_filter, rid)
         self._peer_routes.clear()
-        self.peer_silent(router_id)
+        for key in [k for k, route in self.shared_routes.items() if router_id in route.routers]:
+            self._route_presence(key, router_id, NONE)
 
     def peer_silent(self, router_id: str) -> None:
         """A peer router fell silent (stopped, partitioned, restarting): its filter interest stays,
         so what its subscribers would get keeps being forwarded (the mesh holds it, bounded, until
-        the peer is heard again), but its shared-group presence goes: a group's messages go to
-        members that can take them now."""
-        for key in [k for k, route in self.shared_routes.items() if router_id in route.routers]:
-            self._route_presence(key, router_id, NONE)
+        the peer is heard again), and its shared-group members become the last resort: a group's
+        messages go to members that can take them now, and to those behind the silent router only
+        when there are none (they wait in the mesh's backlog for it). Its next full announcement
+        (``peer_left``, then its presence again) makes it an ordinary member router again."""
+        for route in self.shared_routes.values():
+            if router_id in route.routers:
+                route.set_parked(router_id, True)
+        self._shared_cache.clear()
 
     def peer_retained(self, msg: Message) -> None:
         """A retained update from another router; the newer of two versions of a topic wins."""

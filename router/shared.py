@@ -124,22 +124,40 @@ class SharedRoute:
     presence, and the weighted round-robin schedule over them. The schedule is rebuilt when a
     presence changes, so choosing costs one index per message."""
 
-    __slots__ = ("key", "group", "topic_filter", "routers", "schedule", "_turn")
+    __slots__ = ("key", "group", "topic_filter", "routers", "parked", "schedule", "_turn")
 
     def __init__(self, key: str, group: str, topic_filter: str) -> None:
         self.key = key
         self.group = group
         self.topic_filter = topic_filter
         self.routers: dict[str, int] = {}
+        self.parked: set[str] = set()  # routers fallen silent: chosen only when nobody else can be
         self.schedule: tuple[str, ...] = ()
         self._turn = 0
 
     def set_presence(self, router_id: str, presence: int) -> None:
         if presence == NONE:
             self.routers.pop(router_id, None)
+            self.parked.discard(router_id)
         else:
             self.routers[router_id] = presence
-        weights = {r: p for r, p in self.routers.items() if p > 0}
+        self._schedule()
+
+    def set_parked(self, router_id: str, parked: bool) -> None:
+        """A router fell silent (its connected members cannot take messages now) or is back."""
+        if parked:
+            self.parked.add(router_id)
+        else:
+            self.parked.discard(router_id)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        """Connected members on routers that answer, by number; else connected members behind
+        silent routers (the mesh keeps their copies until those return); else offline members."""
+        parked = self.parked
+        weights = {r: p for r, p in self.routers.items() if p > 0 and r not in parked}
+        if not weights:
+            weights = {r: p for r, p in self.routers.items() if p > 0}
         if not weights:  # nobody connected anywhere: the offline members, by number
             weights = {r: -p for r, p in self.routers.items()}
         self.schedule = smooth_schedule(weights)

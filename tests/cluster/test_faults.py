@@ -340,3 +340,61 @@ def test_takeover_across_nodes_streams_copies_bounded_by_max_queued(start_broker
         raw.close()
     a.wait_log("1000 queued message(s) beyond --max-queued 1500 dropped")
     assert "Traceback" not in a.log_text() + b.log_text()
+
+
+def test_a_restarted_node_gets_what_it_never_confirmed_before_its_crash(start_broker):
+    """Node b's worker SIGKILLed and restarted (by its supervisor, within the mesh timeout) while a
+    publisher on node a streams QoS 1 to a persistent session on b. Before, what a sent into the
+    dead worker's socket before hearing its new incarnation was lost for that session (on one node
+    the other workers' logs repair it; across nodes nothing did). Now PUBLISH frames are numbered,
+    confirmed in HELLOs, and what the old incarnation never confirmed is sent to the new one: the
+    session gets every message a acknowledged."""
+    import threading
+    import time
+
+    from tests.cluster.test_multihost import mesh_port
+
+    pa, pb = mesh_port("127.0.0.1"), mesh_port("127.0.0.2")
+    a = start_broker("--mesh", f"127.0.0.1:{pa}", "--peer", f"127.0.0.2:{pb}", host="127.0.0.1", node_id="a")
+    b = start_broker("--mesh", f"127.0.0.2:{pb}", "--peer", f"127.0.0.1:{pa}", "--fsync", "always",
+                     host="127.0.0.2", node_id="b")
+    a.wait_log("node b joined")
+    u = uid()
+    sub = Client(b.port, f"rs{u}", host="127.0.0.2", clean=False).connect()
+    sub.subscribe(f"rs{u}/#", 1)
+    sub.disconnect()  # offline from here: everything goes to its session on b
+    pub = Client(a.port, f"rp{u}").connect()
+    acked: list[int] = []
+    stop = threading.Event()
+
+    def stream() -> None:
+        i = 0
+        deadline = time.monotonic() + 20
+        while not stop.is_set() and time.monotonic() < deadline:
+            info = pub.c.publish(f"rs{u}/t", str(i), qos=1)
+            info.wait_for_publish(5)
+            if info.is_published():
+                acked.append(i)
+            i += 1
+            time.sleep(0.002)
+
+    t = threading.Thread(target=stream)
+    t.start()
+    try:
+        wait_for(lambda: len(acked) >= 200, what="200 messages acknowledged before the kill")
+        (worker,) = b.workers()
+        os.kill(worker, signal.SIGKILL)
+        wait_for(lambda: b.workers() and b.workers()[0] != worker, what="b's worker restarted")
+        a.wait_log("restarted", timeout=15)
+        n = len(acked)
+        wait_for(lambda: len(acked) >= n + 200, what="200 messages acknowledged after the restart")
+    finally:
+        stop.set()
+        t.join(30)
+    again = Client(b.port, f"rs{u}", host="127.0.0.2", clean=False).connect()
+    assert again.session_present
+    want = set(acked)
+    wait_for(lambda: want <= {int(m.payload) for m in again.messages}, timeout=20,
+             what=f"every one of {len(want)} acknowledged messages at the restored session "
+                  f"(missing {len(want - {int(m.payload) for m in again.messages})})")
+    assert "Traceback" not in a.log_text() + b.log_text()

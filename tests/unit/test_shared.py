@@ -256,3 +256,21 @@ def online_normal(router: Router, topic_filter: str):
     s.attach(conn)  # type: ignore[arg-type]
     router.subscribe(s, Subscription(topic_filter, 1))
     return s, conn
+
+
+def test_a_silent_routers_members_are_the_last_resort_not_dropped(router):
+    """peer_silent: the group's messages go to members that can take them now; when every
+    connected member sits behind silent routers, to those (the mesh keeps the copies until they
+    return) rather than to nobody; a full announcement (peer_left, then presence) ends it."""
+    key = "$share/g/t"
+    router.attach_mesh(FakeMesh())
+    router.peer_interest("n/w1", key, 2)
+    router.peer_interest("n/w2", key, 1)
+    route = router.shared_routes[key]
+    router.peer_silent("n/w1")
+    assert {route.choose() for _ in range(20)} == {"n/w2"}
+    router.peer_silent("n/w2")
+    assert {route.choose() for _ in range(30)} == {"n/w1", "n/w2"}  # silent, but not nobody
+    router.peer_left("n/w1")  # n/w1 returns and announces everything anew
+    router.peer_interest("n/w1", key, 2)
+    assert {route.choose() for _ in range(20)} == {"n/w1"}  # n/w2 is still silent
