@@ -209,7 +209,7 @@ class Peer:
     __slots__ = ("router_id", "node_id", "ipc", "tcp", "incarnation", "last_seen", "alive", "link",
                  "batch", "batch_sources", "stats", "parked", "parked_at", "backlog", "backlog_bytes",
                  "backlog_msgs", "dropped", "log_mark", "replay_from", "seq_out", "seq_in", "acked",
-                 "ring", "ring_bytes", "resend")
+                 "ring", "ring_bytes", "resend", "stats_tcp")
 
     def __init__(self, router_id: str, node_id: str, ipc: str | None, tcp: str | None) -> None:
         self.router_id = router_id
@@ -240,6 +240,7 @@ class Peer:
         self.ring: deque[tuple[int, bytes]] = deque()
         self.ring_bytes = 0
         self.resend: list[bytes] = []  # the ring's unconfirmed frames, for a new incarnation
+        self.stats_tcp: str | None = None  # its stats socket, when other nodes can read it
 
 
 class _Waiter:
@@ -297,6 +298,7 @@ class Mesh:
         self._last_beat = time.monotonic()
         self.max_frame = max_frame(config.max_packet_size)
         self._tcp_pull: zmq.Socket | None = None
+        self.stats_tcp: str | None = None  # this router's stats socket, if other nodes can read it
         self._incoming: dict[tuple[int, str], _Transfer] = {}  # (request, sender) → session arriving
         self._moves: dict[tuple[str, int], str] = {}  # (new owner, its request) → client id leaving
         self._peer_stats: dict[str, list[int]] = {}
@@ -378,6 +380,13 @@ class Mesh:
                 raise OSError(f"--mesh: cannot bind {host}:{port + self.index}: {exc}") from None
             advertised = host if host not in ("0.0.0.0", "::", "") else socket.getfqdn()
             self.tcp = f"tcp://{advertised}:{port + self.index}"
+            if self.config.stats_port:
+                # Where other nodes' `brokerd stats --cluster` reads this router (a tcp stats socket,
+                # at the listener's address, or the mesh's advertised one for a wildcard listener).
+                stats_host = self.config.listen[0]
+                if stats_host in ("0.0.0.0", "::", ""):
+                    stats_host = advertised
+                self.stats_tcp = f"tcp://{stats_host}:{self.config.stats_port + self.index}"
         self.pull = pull
         self.loop.add_reader(pull.FD, self._on_readable, pull)
         for j in range(self.config.workers):
@@ -657,6 +666,9 @@ class Mesh:
     def peer_stats(self) -> dict[str, list[int]]:
         return dict(self._peer_stats)
 
+    def peer_stats_endpoints(self) -> dict[str, str]:
+        return {rid: p.stats_tcp for rid, p in self.peers.items() if p.stats_tcp and (p.alive or p.parked)}
+
     def _alive(self) -> set[str]:
         """The ids of the peers that count as alive now."""
         return {rid for rid, p in self.peers.items() if p.alive}
@@ -930,7 +942,8 @@ class Mesh:
     def _hello_body(self) -> dict:
         known = [[p.router_id, p.node_id, p.ipc, p.tcp] for p in self.peers.values() if p.alive]
         acks = {p.router_id: p.seq_in for p in self.peers.values() if p.seq_in}
-        return {"node": self.node_id, "ipc": self.ipc, "tcp": self.tcp, "peers": known, "acks": acks}
+        return {"node": self.node_id, "ipc": self.ipc, "tcp": self.tcp, "peers": known, "acks": acks,
+                "stats": self.stats_tcp}
 
     def _on_hello(self, sender: str, inc: int, body: dict) -> None:
         if sender == self.router_id:
@@ -941,6 +954,7 @@ class Mesh:
             self.peers[sender] = peer
             self._peer_stats[sender] = peer.stats
         peer.ipc, peer.tcp = body.get("ipc"), body.get("tcp")
+        peer.stats_tcp = body.get("stats")
         if peer.link is None:
             endpoint = peer.ipc if peer.node_id == self.node_id else peer.tcp
             if endpoint is None:

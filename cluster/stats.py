@@ -465,6 +465,8 @@ class StatsPublisher:
             "process": {"cpu_percent": cpu_percent, "cpu_seconds": cpu_seconds, "rss_bytes": mem},
             "loop_lag": lag,
             "top": [_client_row(c) for c in heapq.nlargest(TOP_N, router.clients(), key=_client_bytes)],
+            # Peer routers' stats sockets that can be read from elsewhere (`brokerd stats --cluster`).
+            "peer_stats": router.peer_stats_endpoints(),
         }
 
     def connection_list(self) -> dict[str, Any]:

@@ -6,7 +6,8 @@ lock in its run directory (``cluster.paths.local_nodes``), and writes there what
 (``node.json``: router count, stats endpoints). The broker's own options (``--node-id``,
 ``--listen``/``--port``, ``--stats-port``, or ``--config FILE``) pick one node as before;
 ``--node HOST:PORT`` reads a remote node whose ``--stats-port`` is PORT (router i on PORT+i);
-``--cluster`` reads every node found here and every ``--node``, and names the mesh's other nodes.
+``--cluster`` reads every node found here and every ``--node``, then the mesh's other nodes at the
+stats sockets they advertise (started with ``--stats-port``), and names those it cannot read.
 
 It waits, bounded, for one snapshot from each router: router 0 (and every endpoint it knows) first;
 each snapshot names the node's router count, so the others are found from it. The tables are drawn
@@ -615,6 +616,8 @@ def main(argv: list[str]) -> int:
         return 1
     for note in notes:
         print(f"brokerd stats: note: {note}", file=sys.stderr)
+    if own.cluster:
+        readers += _followed(readers, own, config)
     group = Readers(readers)
     try:
         if own.watch:
@@ -657,6 +660,25 @@ def _readers(own: argparse.Namespace, rest: list[str], config: Config,
             notes.append(f"no brokerd running here{who}: no live run directory in {where}; give --node "
                          "HOST:PORT for a remote node, or --run-dir DIR if the broker has BROKERD_RUN_DIR")
     return readers, notes
+
+
+def _followed(readers: list[StatsReader], own: argparse.Namespace, config: Config) -> list[StatsReader]:
+    """``--cluster``: the mesh's other nodes, read at the stats sockets their routers advertise in
+    the mesh (nodes started with ``--stats-port``; their snapshots' ``peer_stats``), so that the
+    view from any one node covers the cluster. One round of snapshots from the nodes found first
+    says where the others are."""
+    got, _ = Readers(readers).collect(TOPIC_SNAPSHOT)
+    have = {body.get("node") for body in got.values()}
+    where: dict[str, tuple[str, int]] = {}
+    for body in got.values():
+        for rid, endpoint in (body.get("peer_stats") or {}).items():
+            node, _, router = str(rid).rpartition("/")
+            if node in have or node in where or not router[1:].isdigit():
+                continue
+            host, sep, port = str(endpoint).removeprefix("tcp://").rpartition(":")
+            if sep and port.isdigit():
+                where[node] = (host.strip("[]"), int(port) - int(router[1:]))  # router 0's port
+    return [StatsReader(config, node, connections=own.connections) for node in where.values()]
 
 
 def _shown(got: dict[tuple[str, int], dict[str, Any]]) -> list[dict[str, Any]]:

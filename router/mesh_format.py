@@ -63,7 +63,7 @@ def _opt_str(v: Any) -> bool:
 def _hello(body: Any) -> bool:
     if body.__class__ is not dict or body.get("node").__class__ is not str:
         return False
-    if not (_opt_str(body.get("ipc")) and _opt_str(body.get("tcp"))):
+    if not (_opt_str(body.get("ipc")) and _opt_str(body.get("tcp")) and _opt_str(body.get("stats"))):
         return False
     acks = body.get("acks", {})
     if acks.__class__ is not dict or not all(k.__class__ is str and v.__class__ is int for k, v in acks.items()):

@@ -48,6 +48,9 @@ class MeshPort(Protocol):
     def peer_stats(self) -> dict[str, list[int]]:
         """Traffic per peer router: {router id: [msgs out, bytes out, msgs in, bytes in]}."""
 
+    def peer_stats_endpoints(self) -> dict[str, str]:
+        """The stats sockets of peer routers that other nodes can read: {router id: tcp://...}."""
+
 
 class NullMesh:
     """The mesh of a router alone: nobody to forward to, announce to, or wait for."""
@@ -66,6 +69,9 @@ class NullMesh:
         return None
 
     def peer_stats(self) -> dict[str, list[int]]:
+        return {}
+
+    def peer_stats_endpoints(self) -> dict[str, str]:
         return {}
 
     def takeover(self, client_id: str) -> Awaitable[dict | None]:

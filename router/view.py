@@ -66,6 +66,9 @@ class RouterView:
     def peer_stats(self) -> dict[str, list[int]]:
         return self._router.mesh.peer_stats()
 
+    def peer_stats_endpoints(self) -> dict[str, str]:
+        return self._router.mesh.peer_stats_endpoints()
+
     @property
     def log_stats(self) -> Callable[[], dict[str, Any]] | None:
         """The commit log's ``stats()`` (offsets, bytes on disk, reads), None with the log off."""
