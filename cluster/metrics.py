@@ -32,6 +32,8 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from brokerd.router.stats import LIMITS
+
 from . import __version__
 from .config import Config
 from .paths import ensure_run_dir
@@ -77,6 +79,7 @@ def counters_of(snap: dict[str, Any]) -> dict[str, Any]:
     return {
         "traffic": {"clients": dict(t["clients"]), "mesh": mesh, "log": dict(t["log"])},
         "drops": dict(snap["drops"]),
+        "limits": dict(snap.get("limits", {})),
         "clients": {k: c[k] for k in ("connects_total", "refused_total", "protocol_errors_total")},
         "refused_log_unavailable_total": snap.get("refused_log_unavailable_total", 0),
     }
@@ -112,6 +115,7 @@ _ZERO_NODE: dict[str, Any] = {
     "subscriptions": 0, "filters": 0, "inflight": 0, "queued": 0, "rates": {},
     "process": {"cpu_percent": 0.0, "rss_bytes": 0},
     "drops": dict.fromkeys(DROP_REASONS, 0),
+    "limits": dict.fromkeys(LIMITS, 0),
     "traffic": {"clients": dict.fromkeys(_TRAFFIC, 0), "mesh": dict.fromkeys((*_TRAFFIC, "frames_in", "frames_out", "bad_frames"), 0),
                 "log": dict.fromkeys(("records", "bytes", "read_records", "read_bytes", "disk_bytes"), 0)},
 }
@@ -257,6 +261,12 @@ class SnapshotCollector:
             for reason, n in s["drops"].items():
                 drops.add_metric([s["node"], s["router"], reason], n)
         yield drops
+        hits = CounterMetricFamily("brokerd_limit_hits", "times a client hit a limit, by limit (README: "
+                                   "Limits and what happens at them)", labels=[*lbl, "limit"])
+        for s in fresh:
+            for name, n in s.get("limits", {}).items():
+                hits.add_metric([s["node"], s["router"], name], n)
+        yield hits
         yield counter("brokerd_process_cpu_seconds", "CPU time of the worker process (user + system)",
                       lambda s: s["process"]["cpu_seconds"])
         yield gauge("brokerd_process_resident_memory_bytes", "resident memory of the worker process",

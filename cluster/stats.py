@@ -94,6 +94,7 @@ import psutil
 import zmq
 
 from brokerd.connection.protocol import ConnectionCounters
+from brokerd.router.stats import LIMITS
 from brokerd.router.sys_topics import SYS_CLIENT_ID, SysTopics, broker_sys_values, router_sys_values
 from brokerd.router.view import RouterView
 
@@ -436,6 +437,7 @@ class StatsPublisher:
             "clients": {
                 "connected": st.connections,
                 "sockets": len(self.connections),
+                "unconnected": st.unconnected,
                 "sessions": counts["sessions"],
                 "connects_total": st.connects_total,
                 "refused_total": st.refused_connections,
@@ -462,6 +464,7 @@ class StatsPublisher:
             "refused_log_unavailable_total": st.refused_log_unavailable,
             "queued": queued,
             "drops": {reason: getattr(st, f"drop_{reason}") for reason in DROP_REASONS},
+            "limits": {name: getattr(st, f"limit_{name}") for name in LIMITS},
             "process": {"cpu_percent": cpu_percent, "cpu_seconds": cpu_seconds, "rss_bytes": mem},
             "loop_lag": lag,
             "top": [_client_row(c) for c in heapq.nlargest(TOP_N, router.clients(), key=_client_bytes)],

@@ -16,6 +16,7 @@ from typing import Any
 from brokerd.connection.batching import EndOfTick, TurnBudget
 from brokerd.connection.protocol import MQTTConnection
 from brokerd.router.client import Client
+from brokerd.router.limits import ClientLimits
 from brokerd.router.router import Router, RouterConfig
 from brokerd.router.session import SessionLimits
 
@@ -57,6 +58,7 @@ class Worker:
             max_connections=connections_per_worker(c.max_connections, c.workers, open_files()),
             max_packet_size=c.max_packet_size,
             session=SessionLimits(max_inflight=c.max_inflight, max_queued=c.max_queued),
+            limits=ClientLimits.from_config(c),
         )
 
     def _open(self, conn: MQTTConnection) -> Client:

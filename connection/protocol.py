@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 _PINGRESP = encode(Pingresp())
 CONNECT_TIMEOUT_S = 10.0
+AWAITING_CONNECT = "awaiting CONNECT"  # the connection's phases (see MQTTConnection)
+CONNECTED = "connected"
 _NOBODY: frozenset[object] = frozenset()  # no pause_reading causes yet (an empty set is 216 bytes)
 
 
@@ -82,7 +84,23 @@ class ConnectionCounters:
 
 
 class MQTTConnection(asyncio.Protocol):
-    """One client connection: bytes → packets → handler; handler output → batched writes."""
+    """One client connection: bytes → packets → handler; handler output → batched writes.
+
+    Its life, in one place (h11's model: a phase and what each phase allows):
+
+    ==================  ============================================================================
+    AWAITING_CONNECT    the first packet must be CONNECT (else: protocol error; an unsupported
+                        version: CONNACK 0x01 first); no CONNECT within ``CONNECT_TIMEOUT_S``: abort;
+                        a TLS ClientHello as the first bytes: abort, logged
+    CONNECTED           PINGREQ answered here; a second CONNECT: protocol error; DISCONNECT: closes
+                        (with the will unless reason 0x04); everything else goes to the handler;
+                        keepalive enforced once the handler accepts CONNECT (1.5 x)
+    closing             nothing more is read or dispatched; what is queued is flushed, MQTT 5
+                        clients that got past CONNECT get DISCONNECT with the reason
+    ==================  ============================================================================
+
+    ``phase`` is AWAITING_CONNECT or CONNECTED; ``closing`` is set by ``close``, ``abort``,
+    ``protocol_violation`` and ``connection_lost`` alone, and checked where input arrives."""
 
     def __init__(
         self,
@@ -118,7 +136,7 @@ class MQTTConnection(asyncio.Protocol):
         self.counters = ConnectionCounters()
         self.write_paused = False  # transport above its high-water mark: a slow consumer
         self.closing = False
-        self._connected = False
+        self.phase = AWAITING_CONNECT
         self._graceful = False
         self._out: list[bytes] = []
         self._keepalive = 0.0
@@ -150,7 +168,7 @@ class MQTTConnection(asyncio.Protocol):
             return
         self.counters.bytes_in += len(data)
         self._last_rx = self._loop.time()
-        if not self._connected and self._decoder.buffered == 0 and is_tls_client_hello(data):
+        if self.phase is AWAITING_CONNECT and self._decoder.buffered == 0 and is_tls_client_hello(data):
             log.warning("%s: TLS handshake on a plain MQTT listener; closing", self.peer)
             self.abort()
             return
@@ -204,12 +222,12 @@ class MQTTConnection(asyncio.Protocol):
         for packet in packets:
             if self.closing:
                 return
-            if not self._connected:
+            if self.phase is AWAITING_CONNECT:
                 if type(packet) is not Connect:
                     self.protocol_violation(ProtocolError("MQTT-3.1.0-1 the first packet must be CONNECT",
                                                           Reason.PROTOCOL_ERROR))
                     return
-                self._connected = True
+                self.phase = CONNECTED
                 self.protocol_level = packet.protocol_level
                 self.client_id = packet.client_id or None
                 handler.packet_received(packet)
@@ -295,7 +313,7 @@ class MQTTConnection(asyncio.Protocol):
         """Close after flushing what is queued. MQTT 5 clients get DISCONNECT with ``reason``."""
         if self.closing:
             return
-        if reason is not None and self.protocol_level >= MQTT_5 and self._connected:
+        if reason is not None and self.protocol_level >= MQTT_5 and self.phase is CONNECTED:
             self.send(encode(Disconnect(reason_code=reason), MQTT_5))
         self.flush()
         self.closing = True
@@ -313,7 +331,7 @@ class MQTTConnection(asyncio.Protocol):
         counted = getattr(self.handler, "violation", None)
         if counted is not None:
             counted(exc)
-        if not self._connected and exc.reason == Reason.UNSUPPORTED_PROTOCOL_VERSION:
+        if self.phase is AWAITING_CONNECT and exc.reason == Reason.UNSUPPORTED_PROTOCOL_VERSION:
             # MQTT-3.1.2-2: answer CONNACK 0x01 before closing.
             self.send(encode(Connack(reason_code=1), 4))
             self.flush()
@@ -343,7 +361,7 @@ class MQTTConnection(asyncio.Protocol):
 
     def _connect_timeout(self) -> None:
         self._timer = None
-        if not self._connected and not self.closing:
+        if self.phase is AWAITING_CONNECT and not self.closing:
             log.info("%s: no CONNECT within %.0f s; closing", self.peer, CONNECT_TIMEOUT_S)
             self.abort()
 

@@ -34,6 +34,7 @@ from brokerd.connection.packets import (
 )
 from brokerd.connection.reasons import ProtocolError, Reason, connack_code
 
+from .limits import connack_limits, connect_refused, over_subscription_quota, server_keepalive, session_expiry
 from .log.errors import LogUnavailable
 from .message import Message
 from .ports import TAKEOVER_FAILED
@@ -54,7 +55,7 @@ _PROTOCOLS = {3: "MQTT 3.1", 4: "MQTT 3.1.1", 5: "MQTT 5.0"}  # protocol level â
 
 class Client:
     __slots__ = ("conn", "router", "session", "client_id", "level", "will", "_pending", "_connecting",
-                 "_taken_over", "_max_qos")
+                 "_taken_over", "_max_qos", "_unconnected")
 
     def __init__(self, router: Router, conn: Connection) -> None:
         self.router = router
@@ -67,6 +68,9 @@ class Client:
         self._connecting = False
         self._taken_over = False
         self._max_qos = 2
+        # A socket not yet CONNECTed holds a place under --max-connections until its CONNECT.
+        self._unconnected = True
+        router.stats.unconnected += 1
 
     # -- Handler interface ----------------------------------------------------------------------------
 
@@ -101,7 +105,9 @@ class Client:
                 if packet.reason_code != Reason.DISCONNECT_WITH_WILL:  # type: ignore[union-attr]
                     self.will = None
                 if self.level >= MQTT_5 and Prop.SESSION_EXPIRY_INTERVAL in packet.properties:  # type: ignore[union-attr]
-                    self.session.expiry_s = packet.properties[Prop.SESSION_EXPIRY_INTERVAL]  # type: ignore[union-attr]
+                    self.session.expiry_s = session_expiry(  # type: ignore[union-attr]
+                        self.level, True, packet.properties[Prop.SESSION_EXPIRY_INTERVAL],  # type: ignore[union-attr]
+                        self.router.config.limits)
             else:
                 raise ProtocolError(f"a client may not send {cls.__name__}", Reason.PROTOCOL_ERROR)
         except ProtocolError as exc:
@@ -131,6 +137,9 @@ class Client:
 
     def connection_lost(self, graceful: bool) -> None:
         router = self.router
+        if self._unconnected:
+            self._unconnected = False
+            router.stats.unconnected -= 1
         if self.session is not None:  # it had connected (a connection taken over said so already)
             log.info("client %s (%s) disconnected (%s)", self.client_id, self.conn.peer,
                      "DISCONNECT" if graceful else "closed without DISCONNECT" +
@@ -160,6 +169,11 @@ class Client:
         self.level = connect.protocol_level
         client_id = connect.client_id
         assigned = False
+        if self._unconnected:
+            self._unconnected = False
+            router.stats.unconnected -= 1
+        if connect_refused(self, connect, router.config.limits, router.stats):
+            return
         if not client_id:
             if not connect.clean_start and self.level < MQTT_5:
                 self.client_id = ""
@@ -170,7 +184,7 @@ class Client:
             assigned = True
         self.client_id = client_id
         self.conn.client_id = client_id
-        if router.stats.connections >= router.config.max_connections:
+        if router.stats.connections + router.stats.unconnected >= router.config.max_connections:
             router.stats.refused_connections += 1
             self._refuse(Reason.SERVER_BUSY, f"max connections ({router.config.max_connections}) reached")
             return
@@ -213,10 +227,12 @@ class Client:
         client_id = self.client_id
         level = self.level
         persistent = not connect.clean_start
-        expiry = 0
+        asked = 0
         if level >= MQTT_5:
-            expiry = connect.properties.get(Prop.SESSION_EXPIRY_INTERVAL, 0)
-            persistent = expiry > 0
+            asked = connect.properties.get(Prop.SESSION_EXPIRY_INTERVAL, 0)
+            persistent = asked > 0
+        limits = router.config.limits
+        expiry = session_expiry(level, persistent, asked, limits)
         session = router.sessions.get(client_id)
         if remote_state is not None and session is None:
             session = router.import_session(client_id, remote_state)
@@ -243,10 +259,12 @@ class Client:
                 Prop.SHARED_SUBSCRIPTION_AVAILABLE: 1,
                 Prop.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 0,
                 Prop.MAXIMUM_PACKET_SIZE: router.config.max_packet_size,
+                Prop.RECEIVE_MAXIMUM: limits.max_qos2_pending,
             }
+            connack_limits(props, connect.keepalive, asked, expiry, limits, router.stats)
             if assigned:
                 props[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id
-        self.conn.accept(connect.keepalive, level)
+        self.conn.accept(server_keepalive(connect.keepalive, limits), level)
         self.conn.send(encode(Connack(session_present, 0, props), level))
         # Like Mosquitto, one line per connect and disconnect, nothing per message; never the password.
         log.info("client %s connected from %s (%s, %s, keepalive %d%s)", client_id, self.conn.peer,
@@ -300,6 +318,13 @@ class Client:
                 if pid in session.inbound_qos2:  # type: ignore[union-attr]  # a DUP we already took
                     conn.send(success_ack(PUBREC, pid))  # type: ignore[arg-type]
                     return
+                ids = session.inbound_qos2  # type: ignore[union-attr]
+                if not ids:
+                    router.qos2_sweeper.track(session)  # type: ignore[arg-type]
+                elif len(ids) >= router.config.limits.max_qos2_pending:
+                    router.stats.limit_qos2_pending += 1
+                    raise ProtocolError(f"more than {len(ids)} QoS 2 messages awaiting PUBREL",
+                                        Reason.RECEIVE_MAXIMUM_EXCEEDED)
                 router.publish(msg, conn)
                 session.qos2_ids().add(pid)  # type: ignore[union-attr, arg-type]
                 self._acknowledge(success_ack(PUBREC, pid), msg)  # type: ignore[arg-type]
@@ -345,6 +370,11 @@ class Client:
                     or not topic_levels_ok(f, self.conn.max_topic_levels)):
                 log.info("client %s: invalid topic filter %r refused", self.client_id, f)
                 codes.append(0x80 if self.level < MQTT_5 else Reason.TOPIC_FILTER_INVALID)
+                continue
+            if over_subscription_quota(session, f, shared, router.config.limits, router.stats):
+                log.info("client %s: filter %r refused, %d subscriptions already", self.client_id, f,
+                         len(session.subscriptions) + len(session.shared))
+                codes.append(0x80 if self.level < MQTT_5 else Reason.QUOTA_EXCEEDED)
                 continue
             granted = min(sub.qos, self._max_qos)
             if granted != sub.qos:

@@ -24,6 +24,7 @@ class RetainedStore:
     def __init__(self) -> None:
         self._root = _Node()
         self.count = 0
+        self.bytes = 0  # topics and payloads held (--max-retained-bytes)
 
     def set(self, msg: Message) -> None:
         """Store ``msg`` for its topic; an empty payload clears it (MQTT-3.3.1-10/11)."""
@@ -38,6 +39,9 @@ class RetainedStore:
             node = nxt
         if node.msg is None:
             self.count += 1
+        else:
+            self.bytes -= len(node.msg.topic) + len(node.msg.payload)
+        self.bytes += len(msg.topic) + len(msg.payload)
         node.msg = msg
 
     def clear(self, topic: str) -> None:
@@ -51,6 +55,7 @@ class RetainedStore:
             node = nxt
         if node.msg is None:
             return
+        self.bytes -= len(node.msg.topic) + len(node.msg.payload)
         node.msg = None
         self.count -= 1
         for parent, level in reversed(path):

@@ -33,6 +33,7 @@ from brokerd.connection.packets import Subscription
 from brokerd.connection.reasons import ProtocolError, Reason
 
 from . import mesh_format
+from .limits import ClientLimits, Qos2Sweeper, may_retain
 from .log.errors import LogUnavailable
 from .mesh_format import FULL, PLAIN
 from .message import Message
@@ -61,6 +62,7 @@ class RouterConfig:
     max_connections: int = 100_000
     max_packet_size: int = 1 << 20
     session: SessionLimits = field(default_factory=SessionLimits)
+    limits: ClientLimits = field(default_factory=ClientLimits)
 
 
 class Router(SharedRouting, SessionLife):
@@ -70,6 +72,7 @@ class Router(SharedRouting, SessionLife):
         self.mesh: MeshPort = mesh if mesh is not None else NULL_MESH
         self.stats = RouterStats()
         self.sessions: dict[str, Session] = {}
+        self.qos2_sweeper = Qos2Sweeper(self.sessions, self.stats, config.limits.qos2_timeout)
         self.moving: dict[str, Session] = {}  # exported to another router, not yet confirmed there
         self.clients: dict[str, ClientHandle] = {}  # client id → the live connection's handler
         self.subs: TopicIndex[Session, Subscription] = TopicIndex()
@@ -111,7 +114,7 @@ class Router(SharedRouting, SessionLife):
                 if msg.qos:
                     raise
         self.stats.msgs_in += 1
-        if msg.retain:
+        if msg.retain and may_retain(self.retained, msg, self.config.limits, self.stats):
             self.retained.set(msg)
             self.stats.retained_count = len(self.retained)
             self.mesh.retained_update(msg)
@@ -406,6 +409,8 @@ class Router(SharedRouting, SessionLife):
         """A retained update from another router; the newer of two versions of a topic wins."""
         current = self.retained.get(msg.topic)
         if current is not None and current.timestamp_ms > msg.timestamp_ms:
+            return
+        if not may_retain(self.retained, msg, self.config.limits, self.stats):
             return
         self.retained.set(msg)
         self.stats.retained_count = len(self.retained)

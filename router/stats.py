@@ -5,6 +5,15 @@ No locks and no allocation per message: the router runs on one event loop, so ``
 
 from __future__ import annotations
 
+# Limits a client hit (README "Limits and what happens at them"), counted as ``limit_<name>``:
+# CONNECTs refused for a long client id or keepalive, SUBSCRIBE filters refused over the quota,
+# retained messages delivered but not retained, connections closed for too many QoS 2 messages
+# awaiting PUBREL, QoS 2 packet ids forgotten after --qos2-timeout, connections closed holding an
+# unfinished packet, sockets closed over --max-connection-rate, reads paused over a client's rate,
+# and MQTT 5 session expiry intervals cut to --max-session-expiry.
+LIMITS = ("client_id", "keepalive", "subscriptions", "retained", "qos2_pending", "qos2_expired",
+          "packet_timeout", "connection_rate", "client_rate", "session_expiry")
+
 
 class RouterStats:
     __slots__ = (
@@ -13,6 +22,7 @@ class RouterStats:
         "drop_expired", "drop_mesh_peer_gone", "mesh_bad_frames", "refused_connections", "refused_log_unavailable", "protocol_errors",
         "mesh_msgs_out", "mesh_msgs_in", "mesh_bytes_out", "mesh_bytes_in", "mesh_frames_out",
         "mesh_frames_in", "retained_count", "wills_published", "takeovers", "shared_no_member",
+        "unconnected", *(f"limit_{name}" for name in LIMITS),
     )
 
     def __init__(self) -> None:

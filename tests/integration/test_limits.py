@@ -251,3 +251,189 @@ def test_max_topic_levels_option_lets_deeper_topics_through(start_broker):
     assert [p.reason_code for p in decoder.feed(raw.recv_until_closed())] == [0x90]  # type: ignore[attr-defined]
     broker.wait_log("more than the maximum of 1000")
     _no_traceback(broker)
+
+
+# -- issue 17: limits a single client cannot get around (each counted in stats' "limits") ---------
+
+def _limit_counts(broker) -> dict:
+    """The node's limit counters (summed over its routers), read like `brokerd stats` does."""
+    from tests.integration.test_stats import Snapshots
+
+    snaps = Snapshots(broker, workers=1)
+    try:
+        return snaps.until(lambda s: True, "a snapshot")[next(iter(snaps.snaps))]["limits"]
+    finally:
+        snaps.close()
+
+
+def _until_limit(broker, name: str, n: int) -> None:
+    from tests.integration.test_stats import Snapshots
+
+    snaps = Snapshots(broker, workers=1)
+    try:
+        snaps.until(lambda s: sum(x["limits"][name] for x in s.values()) >= n, f"limits.{name} >= {n}")
+    finally:
+        snaps.close()
+
+
+STATS = ("--stats-interval", "0.2")
+
+
+def _connack(port: int, connect: Connect) -> tuple[RawClient, Decoder, Connack]:
+    raw = RawClient(port)
+    level = connect.protocol_level
+    raw.send(encode(connect, level))
+    decoder = Decoder(protocol_level=level, max_topic_levels=1 << 16)
+    [connack] = _read(raw, decoder, 1)
+    assert type(connack) is Connack
+    return raw, decoder, connack
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_a_client_id_longer_than_the_limit_is_refused(start_broker, level):
+    broker = start_broker("--max-client-id-length", "40", *STATS)
+    raw, _, connack = _connack(broker.port, Connect("x" * 41, protocol_level=level))
+    assert connack.reason_code == (0x02 if level == 4 else 0x85)
+    assert raw.recv_until_closed() == b""
+    _, _, ok = _connack(broker.port, Connect("y" * 40, protocol_level=level))
+    assert ok.reason_code == 0
+    broker.wait_log("more than --max-client-id-length 40")
+    _until_limit(broker, "client_id", 1)
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_subscriptions_beyond_the_limit_fail_alone_in_the_suback(start_broker, level):
+    broker = start_broker("--max-subscriptions", "3", *STATS)
+    raw, decoder = _raw_connect(broker.port, level, "quota")
+    raw.send(encode(Subscribe(1, [Subscription(f"q/{i}", 1) for i in range(4)]), level))
+    [suback] = _read(raw, decoder, 1)
+    assert suback.reason_codes == [1, 1, 1, 0x80 if level == 4 else 0x97]  # type: ignore[attr-defined]
+    # Subscribing again to a filter it has replaces it: allowed at the limit.
+    raw.send(encode(Subscribe(2, [Subscription("q/0", 0), Subscription("q/9", 0)]), level))
+    [suback] = _read(raw, decoder, 1)
+    assert suback.reason_codes == [0, 0x80 if level == 4 else 0x97]  # type: ignore[attr-defined]
+    other = Client(broker.port, cid("quota-other")).connect()
+    assert other.subscribe([(f"q/{i}", 1) for i in range(3)]) == [1, 1, 1]
+    _until_limit(broker, "subscriptions", 2)
+
+
+def test_retained_beyond_the_limits_is_delivered_but_not_retained(start_broker):
+    broker = start_broker("--max-retained", "2", "--max-retained-bytes", "2K", *STATS)
+    sub = Client(broker.port, cid("rsub")).connect()
+    sub.subscribe("r/#", 1)
+    pub = Client(broker.port, cid("rpub")).connect()
+    pub.publish("r/1", b"one", qos=1, retain=True)
+    pub.publish("r/2", b"two", qos=1, retain=True)
+    pub.publish("r/3", b"three", qos=1, retain=True)  # a third topic: not retained
+    pub.publish("r/1", b"x" * 4000, qos=1, retain=True)  # beyond the bytes: r/1 keeps "one"
+    pub.publish("r/2", b"2", qos=1, retain=True)  # replacing within the limits is fine
+    assert [m.payload for m in sub.wait_messages(5)][2:4] == [b"three", b"x" * 4000]
+    late = Client(broker.port, cid("rlate")).connect()
+    late.subscribe("r/#", 1)
+    got = late.wait_messages(2)
+    assert sorted((m.topic, m.payload) for m in got) == [("r/1", b"one"), ("r/2", b"2")]
+    pub.publish("r/2", b"", qos=1, retain=True)  # clearing makes room
+    pub.publish("r/3", b"three", qos=1, retain=True)
+    again = Client(broker.port, cid("ragain")).connect()
+    again.subscribe("r/#", 1)
+    assert sorted(m.topic for m in again.wait_messages(2)) == ["r/1", "r/3"]
+    _until_limit(broker, "retained", 2)
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_qos2_messages_awaiting_pubrel_beyond_the_limit_close_the_connection(start_broker, level):
+    broker = start_broker("--max-qos2-pending", "3", *STATS)
+    raw = RawClient(broker.port)
+    raw.send(encode(Connect(cid("q2"), protocol_level=level), level))
+    decoder = Decoder(protocol_level=level, max_topic_levels=1 << 16)
+    [connack] = _read(raw, decoder, 1)
+    if level == 5:
+        assert connack.properties[0x21] == 3  # type: ignore[attr-defined]  # Receive Maximum
+    for pid in range(1, 4):
+        raw.send(encode(Publish("q2/t", b"x", 2, packet_id=pid), level))
+    assert [type(p).__name__ for p in _read(raw, decoder, 3)] == ["Pubrec"] * 3
+    raw.send(encode(Publish("q2/t", b"x", 2, packet_id=4), level))
+    got = decoder.feed(raw.recv_until_closed())
+    assert [(type(p).__name__, getattr(p, "reason_code", None)) for p in got] == (
+        [("Disconnect", 0x93)] if level == 5 else [])
+    other = Client(broker.port, cid("q2-other")).connect()
+    other.subscribe("q2/t", 2)
+    other.publish("q2/t", b"fine", qos=2)
+    other.wait_topic("q2/t")
+    _until_limit(broker, "qos2_pending", 1)
+
+
+def test_qos2_ids_without_pubrel_are_forgotten_after_the_timeout(start_broker):
+    from brokerd.connection.packets import Pubrel
+
+    broker = start_broker("--qos2-timeout", "0.5", *STATS)
+    sub = Client(broker.port, cid("q2t-sub")).connect()
+    sub.subscribe("q2t/t", 2)
+    raw, decoder = _raw_connect(broker.port, 4, "q2t")
+    raw.send(encode(Publish("q2t/t", b"first", 2, packet_id=9), 4))
+    _read(raw, decoder, 1)  # PUBREC
+    _until_limit(broker, "qos2_expired", 1)  # 0.5 to 1 s later
+    raw.send(encode(Publish("q2t/t", b"again", 2, packet_id=9), 4))  # the id is new again
+    raw.send(encode(Pubrel(9), 4))
+    assert [type(p).__name__ for p in _read(raw, decoder, 2)] == ["Pubrec", "Pubcomp"]
+    assert [m.payload for m in sub.wait_messages(2)] == [b"first", b"again"]
+
+
+def test_max_keepalive_mqtt5_gets_server_keepalive_and_mqtt311_above_it_is_refused(start_broker):
+    broker = start_broker("--max-keepalive", "100", *STATS)
+    _, _, c5 = _connack(broker.port, Connect(cid("ka5"), protocol_level=5, keepalive=0))
+    assert c5.reason_code == 0 and c5.properties[0x13] == 100  # Server Keep Alive
+    _, _, c5b = _connack(broker.port, Connect(cid("ka5b"), protocol_level=5, keepalive=50))
+    assert 0x13 not in c5b.properties
+    raw, _, c4 = _connack(broker.port, Connect(cid("ka4"), protocol_level=4, keepalive=101))
+    assert c4.reason_code == 0x02  # identifier rejected, as Mosquitto's max_keepalive
+    assert raw.recv_until_closed() == b""
+    _, _, c4b = _connack(broker.port, Connect(cid("ka4b"), protocol_level=4, keepalive=0))
+    assert c4b.reason_code == 0  # accepted; held to --max-keepalive
+    broker.wait_log("more than --max-keepalive 100")
+    _until_limit(broker, "keepalive", 2)
+
+
+def test_keepalive_0_is_held_to_max_keepalive(start_broker):
+    broker = start_broker("--max-keepalive", "1")
+    raw, _, c4 = _connack(broker.port, Connect(cid("ka0"), protocol_level=4, keepalive=0))
+    assert c4.reason_code == 0
+    assert raw.recv_until_closed(timeout=5) == b""  # silent: closed after 1.5 s
+    broker.wait_log("keepalive timeout")
+
+
+def test_persistent_sessions_expire_after_max_session_expiry(start_broker):
+    broker = start_broker("--max-session-expiry", "1", *STATS)
+    raw, _, c5 = _connack(broker.port, Connect(cid("se5"), protocol_level=5, clean_start=False,
+                                                properties={0x11: 0xFFFFFFFF}))
+    assert c5.properties[0x11] == 1  # cut to the maximum, said in CONNACK
+    raw.close()
+    name = cid("se4")
+    c = Client(broker.port, name, clean=False).connect()
+    c.subscribe("se/t", 1)
+    c.disconnect()
+    again = Client(broker.port, name, clean=False).connect()
+    assert again.session_present
+    again.disconnect()
+    wait_for(lambda: broker.log_text().count("expired") >= 2, what="both sessions expired")
+    assert not Client(broker.port, name, clean=False).connect().session_present
+    _until_limit(broker, "session_expiry", 1)
+
+
+def test_sockets_not_yet_connected_count_against_max_connections(start_broker):
+    broker = start_broker("--max-connections", "2")
+    idle = [RawClient(broker.port), RawClient(broker.port)]  # no CONNECT yet
+    raw = RawClient(broker.port)
+    raw.send(connect_packet(cid("late")))
+    assert raw.recv_until_closed() == b"\x20\x02\x00\x03"
+    for s in idle:
+        s.close()
+    wait_for(lambda: _connects(broker.port), what="room again once the idle sockets closed")
+
+
+def _connects(port: int) -> bool:
+    raw = RawClient(port)
+    raw.send(connect_packet(cid("room")))
+    ok = raw.recv_exact(4) == b"\x20\x02\x00\x00"
+    raw.close()
+    return ok

@@ -1,0 +1,163 @@
+"""Limits one client cannot get around (README "Limits and what happens at them"): the router's side.
+
+Each is an option; what it takes is decided here and counted in ``RouterStats.limit_<name>``. The
+hot path pays only where a limit is on and hit: a length check per CONNECT or SUBSCRIBE filter, a
+size check per retained message, a ``len`` per received QoS 2 message. Stale QoS 2 packet ids are
+swept by one timer per router (two generations), not one timer per message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .message import Message
+    from .retained import RetainedStore
+    from .session import Session
+    from .stats import RouterStats
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    max_client_id_length: int = 256
+    max_subscriptions: int = 1000
+    max_retained: int = 1_000_000
+    max_retained_bytes: int = 1 << 30
+    max_qos2_pending: int = 1024
+    qos2_timeout: float = 300.0
+    max_keepalive: int = 65535
+    max_session_expiry: float = 604800.0
+
+    @classmethod
+    def from_config(cls, config: Any) -> ClientLimits:
+        return cls(**{name: getattr(config, name) for name in cls.__dataclass_fields__})
+
+
+def retained_size(msg: Message) -> int:
+    """What a retained message counts against --max-retained-bytes: its topic and payload."""
+    return len(msg.topic) + len(msg.payload)
+
+
+def may_retain(store: RetainedStore, msg: Message, limits: ClientLimits, stats: RouterStats) -> bool:
+    """Whether ``msg`` may be retained: clearing (an empty payload) always may; a new topic needs room
+    in --max-retained, and the store's bytes after it (the old version replaced) must stay within
+    --max-retained-bytes. Refused: the message is still delivered, only not retained (counted)."""
+    if not msg.payload:
+        return True
+    current = store.get(msg.topic)
+    if current is None and store.count >= limits.max_retained:
+        stats.limit_retained += 1
+        return False
+    grow = retained_size(msg) - (retained_size(current) if current is not None else 0)
+    if grow > 0 and store.bytes + grow > limits.max_retained_bytes:
+        stats.limit_retained += 1
+        return False
+    return True
+
+
+def session_expiry(level: int, persistent: bool, asked: int, limits: ClientLimits) -> int:
+    """The session expiry interval a CONNECT gets: MQTT 5's cut to --max-session-expiry, and a
+    persistent MQTT 3.1.1 session (which would never expire) given it."""
+    cap = int(limits.max_session_expiry)
+    if level >= 5:
+        return min(asked, cap)
+    return cap if persistent else 0
+
+
+class Qos2Sweeper:
+    """Forgets received QoS 2 packet ids whose PUBREL has not come within --qos2-timeout.
+
+    A session is tracked when its first id arrives; every ``timeout`` seconds, the ids that were
+    already there at the previous sweep are dropped (so an id goes after one to two timeouts).
+    The timer runs only while some session is tracked."""
+
+    def __init__(self, sessions: dict[str, Session], stats: RouterStats, timeout: float) -> None:
+        self.sessions = sessions
+        self.stats = stats
+        self.timeout = timeout
+        self.tracked: dict[str, tuple[Session, frozenset[int]]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def track(self, session: Session) -> None:
+        if session.client_id not in self.tracked:
+            self.tracked[session.client_id] = (session, frozenset())
+            if self._timer is None:
+                self._timer = asyncio.get_event_loop().call_later(self.timeout, self.sweep)
+
+    def sweep(self) -> None:
+        self._timer = None
+        for client_id, (session, seen) in list(self.tracked.items()):
+            ids = session.inbound_qos2
+            if self.sessions.get(client_id) is not session or not ids:
+                del self.tracked[client_id]
+                continue
+            stale = seen & ids
+            if stale:
+                ids -= stale  # type: ignore[operator]
+                self.stats.limit_qos2_expired += len(stale)
+            if ids:
+                self.tracked[client_id] = (session, frozenset(ids))
+            else:
+                del self.tracked[client_id]
+        if self.tracked:
+            self._timer = asyncio.get_event_loop().call_later(self.timeout, self.sweep)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+def connect_refused(client: Any, connect: Any, limits: ClientLimits, stats: RouterStats) -> bool:
+    """Refuse a CONNECT over a limit (True when refused): a client id longer than
+    --max-client-id-length (CONNACK 0x02, MQTT 5: 0x85 client identifier not valid), or an MQTT
+    3.1/3.1.1 keepalive above --max-keepalive, which that protocol cannot be told to lower
+    (CONNACK 0x02 identifier rejected, as Mosquitto's max_keepalive does)."""
+    from brokerd.connection.reasons import Reason
+
+    client_id = connect.client_id
+    if len(client_id) > limits.max_client_id_length:
+        stats.limit_client_id += 1
+        client.client_id = client_id[:32] + "..."
+        client._refuse(Reason.CLIENT_IDENTIFIER_NOT_VALID, f"client id of {len(client_id)} characters, "
+                       f"more than --max-client-id-length {limits.max_client_id_length}")
+        return True
+    if connect.protocol_level < 5 and connect.keepalive > limits.max_keepalive:
+        stats.limit_keepalive += 1
+        client.client_id = client_id
+        client._refuse(Reason.CLIENT_IDENTIFIER_NOT_VALID, f"keepalive {connect.keepalive} s, more than "
+                       f"--max-keepalive {limits.max_keepalive} (MQTT 3.1.1 has no Server Keep Alive)")
+        return True
+    return False
+
+
+def server_keepalive(asked: int, limits: ClientLimits) -> int:
+    """The keepalive enforced: the client's, or --max-keepalive when it asked for more or for 0."""
+    return limits.max_keepalive if asked == 0 or asked > limits.max_keepalive else asked
+
+
+def connack_limits(props: dict, keepalive: int, asked_expiry: int, expiry: int, limits: ClientLimits,
+                   stats: RouterStats) -> None:
+    """MQTT 5 CONNACK properties that tell the client a limit changed what it asked for."""
+    from brokerd.connection.packets import Prop
+
+    if keepalive == 0 or keepalive > limits.max_keepalive:
+        props[Prop.SERVER_KEEP_ALIVE] = limits.max_keepalive
+        stats.limit_keepalive += 1
+    if expiry != asked_expiry:
+        props[Prop.SESSION_EXPIRY_INTERVAL] = expiry
+        stats.limit_session_expiry += 1
+
+
+def over_subscription_quota(session: Session, topic_filter: str, shared: bool, limits: ClientLimits,
+                            stats: RouterStats) -> bool:
+    """Whether a new filter would take ``session`` beyond --max-subscriptions (counted); replacing a
+    filter it has is always allowed."""
+    if topic_filter in (session.shared if shared else session.subscriptions):
+        return False
+    if len(session.subscriptions) + len(session.shared) < limits.max_subscriptions:
+        return False
+    stats.limit_subscriptions += 1
+    return True
