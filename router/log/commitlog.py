@@ -6,7 +6,8 @@ Why it is shaped this way:
   fields and counts the offset — no encoding, no syscall. ``flush`` encodes the whole batch at once
   (format version 2: one ``msgpack.packb`` and one CRC) and places it (segment roll, index entry).
   A log writing version 1 encodes each record at append instead (its format has a CRC per record).
-* ``flush`` (scheduled automatically once per loop iteration that appended something) hands the batch
+* ``flush`` (scheduled automatically ``linger_ms``, 2 ms by default, after the first append of a
+  batch; at the end of the loop iteration with ``--fsync always``) hands the batch
   to ONE background thread that does ``pwrite`` and, per the fsync policy, ``fsync``, then reports back
   with ``loop.call_soon_threadsafe``. The loop never waits for the disk; batches that queue up during
   an fsync share the next one (group commit).
