@@ -571,7 +571,9 @@ def _parse_node(value: str) -> tuple[str, int]:
 
 
 def _explicit_workers(argv: list[str], config: Any) -> int | None:
-    if _gives(argv, ["--workers"]):
+    """The router count the user named (``--workers`` or ``BROKERD_WORKERS``), else None: the
+    default would be this machine's CPUs, not the broker's workers."""
+    if _gives(argv, ["--workers"]) or os.environ.get("BROKERD_WORKERS"):
         return config.workers
     return None
 
