@@ -31,7 +31,7 @@ def _setup_logging(level: str, node: str, log_file: str | None = None) -> None:
     )
 
 
-SUBCOMMANDS = ("stats", "log", "keygen", "health")
+SUBCOMMANDS = ("stats", "log", "keygen", "health", "passwd")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     try:
         config = load(argv)
+        from .auth_setup import check_auth
+
+        check_auth(config)  # a password or ACL file that cannot be used: exit 2
         _setup_logging(config.log_level, config.node_id, config.log_file)
     except ConfigError as exc:
         print(f"brokerd: error: {exc}", file=sys.stderr)
@@ -76,6 +79,10 @@ def _subcommand(name: str, argv: list[str]) -> int:
         from .health import main as health_main
 
         return health_main(argv)
+    if name == "passwd":  # cluster/auth_setup.py: a user in a Mosquitto-format password file
+        from .auth_setup import passwd_main
+
+        return passwd_main(argv)
     from .keys import main as keygen_main
 
     return keygen_main(argv)

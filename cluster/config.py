@@ -183,6 +183,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("log_level", _word, "info", "logging level", choices=("debug", "info", "warning", "error")),
     Option("log_file", str, None, "also write the log to FILE (appended; reopened when logrotate renames it, "
            "and on SIGHUP)", "FILE"),
+    Option("password_file", str, None, "Mosquitto password file (`brokerd passwd` or mosquitto_passwd): "
+           "clients log in with a user in it (reloaded on SIGHUP)", "FILE"),
+    Option("acl_file", str, None, "Mosquitto ACL file (user, topic, pattern lines) checked on SUBSCRIBE, "
+           "PUBLISH and delivery (reloaded on SIGHUP)", "FILE"),
+    Option("allow_anonymous", _on_off, None, "clients without a user name may connect (default: off once a "
+           "password file or an auth plugin is configured, else on)", "on|off"),
+    Option("auth_plugin", str, None, "Python auth plugin MODULE:ATTR with authenticate() and authorize(); "
+           "brokerd.cluster.auth_http:HttpAuth asks an HTTP service", "MODULE:ATTR"),
+    Option("auth_plugin_opt", str, (), "KEY=VALUE option handed to the auth plugin (repeatable), e.g. "
+           "url=http://127.0.0.1:8080/mqtt/auth", "KEY=VALUE", repeat=True),
 )
 _BY_NAME = {o.name: o for o in OPTIONS}
 
@@ -233,6 +243,11 @@ class Config:
     sys_interval: float = 10.0
     log_level: str = "info"
     log_file: str | None = None
+    password_file: str | None = None
+    acl_file: str | None = None
+    allow_anonymous: bool | None = None
+    auth_plugin: str | None = None
+    auth_plugin_opt: tuple[str, ...] = ()
     config_file: str | None = field(default=None)
 
 

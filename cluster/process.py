@@ -36,6 +36,7 @@ def child_signals() -> None:
     terminal, ``kill -HUP -PGID``) must not end the workers one by one. The dispositions are set
     before the mask is cleared, so that no signal pending meanwhile meets the old ones."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # a worker's reload request (handled once it runs)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])

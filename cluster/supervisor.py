@@ -190,9 +190,13 @@ class Supervisor:
 
         The workers and the stats process ignore SIGHUP: their handlers (``WatchedFileHandler``, see
         ``cluster.cli``) reopen the file at their next line, once its path names another file."""
+        from .auth_setup import forward_reload
+
+        reloaded = forward_reload(self.config, self.pids)  # password and ACL files, in the workers
         files = [h for h in logging.getLogger().handlers if isinstance(h, logging.handlers.WatchedFileHandler)]
         if not files:
-            log.info("SIGHUP: nothing to reload yet")
+            if not reloaded:
+                log.info("SIGHUP: nothing to reload yet")
             return
         for handler in files:
             handler.reopenIfNeeded()

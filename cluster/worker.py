@@ -74,6 +74,10 @@ class Worker:
     async def start(self) -> None:
         c = self.config
         self.router = Router(self._router_config())
+        from .auth_setup import install as install_auth
+        from .auth_setup import reload as reload_auth
+
+        install_auth(self.router, c)  # before any session exists (sessions hold the ACL)
         if c.turn_budget or c.fan_budget:
             stats = self.router.stats
             self.turn = TurnBudget(self.loop, c.turn_budget, c.fan_budget, lambda: stats.msgs_out)
@@ -94,6 +98,7 @@ class Worker:
         self.server = await self.loop.create_server(self._protocol, host, port, reuse_port=True, backlog=4096)
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stop.set)
+        self.loop.add_signal_handler(signal.SIGUSR1, reload_auth, self.router, c)  # the supervisor's SIGHUP
         self._start_stats()
 
     # -- commit log -----------------------------------------------------------------------------------

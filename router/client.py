@@ -34,6 +34,8 @@ from brokerd.connection.packets import (
 )
 from brokerd.connection.reasons import ProtocolError, Reason, connack_code
 
+from .access import may_subscribe, refuse_publish, start_connect
+from .auth import may_publish
 from .limits import connack_limits, connect_refused, over_subscription_quota, server_keepalive, session_expiry
 from .log.errors import LogUnavailable
 from .message import Message
@@ -78,7 +80,10 @@ class Client:
         if self.session is None:
             if type(packet) is Connect and not self._connecting:
                 self._connecting = True
-                self._start_connect(packet)
+                if self.router.auth is None:
+                    self._start_connect(packet)
+                else:  # authenticate first (router.access)
+                    start_connect(self, packet)
             elif self._pending is not None:
                 self._pending.append(packet)
             return
@@ -192,7 +197,8 @@ class Client:
             w = connect.will
             self.will = Message(w.topic, w.payload, w.qos, w.retain, client_id, router.router_id,
                                 properties=w.properties or None)
-        self._pending = []
+        if self._pending is None:  # else it holds what came while a plugin was asked
+            self._pending = []
         local = router.clients.get(client_id)
         if local is not None:
             local.taken_over()
@@ -247,6 +253,7 @@ class Client:
             router.cancel_expiry(client_id)
         session.expiry_s = expiry
         self.session = session
+        session.username = connect.username  # its identity goes where the session goes (ACLs)
         router.clients[client_id] = self
         router.stats.connections += 1
         router.stats.connects_total += 1
@@ -301,6 +308,9 @@ class Client:
             raise ProtocolError("MQTT-3.2.2-11 QoS above the maximum", Reason.QOS_NOT_SUPPORTED)
         if p.properties and Prop.TOPIC_ALIAS in p.properties:
             raise ProtocolError("topic alias not allowed: topic alias maximum is 0", Reason.TOPIC_ALIAS_INVALID)
+        if (self.session.acl is not None or p.topic.startswith("$")) and not may_publish(self.session, p.topic):  # type: ignore[union-attr]
+            refuse_publish(self, p)  # ACL, or $SYS/
+            return
         router = self.router
         self.conn.counters.msgs_in += 1
         conn = self.conn
@@ -376,6 +386,9 @@ class Client:
                          len(session.subscriptions) + len(session.shared))
                 codes.append(0x80 if self.level < MQTT_5 else Reason.QUOTA_EXCEEDED)
                 continue
+            if session.acl is not None and not may_subscribe(self, f, shared):
+                codes.append(0x80 if self.level < MQTT_5 else Reason.NOT_AUTHORIZED)
+                continue
             granted = min(sub.qos, self._max_qos)
             if granted != sub.qos:
                 sub = Subscription(f, granted, sub.no_local, sub.retain_as_published, sub.retain_handling)
@@ -416,7 +429,10 @@ class Client:
         for sub, new in retained_out:
             if sub.retain_handling == 2 or (sub.retain_handling == 1 and not new):
                 continue
+            acl = session.acl
             for msg in router.retained.match(sub.topic_filter):
+                if acl is not None and not acl.may_read(session.username, session.client_id, msg.topic):
+                    continue
                 session.deliver(msg, min(msg.qos, sub.qos), True)
 
     def _on_unsubscribe(self, p: Unsubscribe) -> None:

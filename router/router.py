@@ -96,6 +96,10 @@ class Router(SharedRouting, SessionLife):
         self.commit_log: CommitLog | None = None  # when the log is on (attach_log)
         self.ack_when_durable = False
         self.state: StateStore | None = None  # when the log is on (attach_state)
+        # router.auth (set by install_auth): CONNECT's checks, None when nothing is configured;
+        # ``acl``: the same object when topics are restricted, else None (one test per fold).
+        self.auth: Any = None
+        self.acl: Any = None
         self._deferred_acks: deque[tuple[int, Any, bytes]] = deque()
 
     # -- publishing ---------------------------------------------------------------------------------
@@ -294,7 +298,10 @@ class Router(SharedRouting, SessionLife):
     def _fold_routes(self, topic: str) -> list[tuple[Session, int, bool, bool]]:
         """Overlapping subscriptions of one client: deliver once, at the highest granted QoS."""
         folded: dict[Session, tuple[Session, int, bool, bool]] = {}
+        acl = self.acl
         for session, sub in self.subs.match(topic):
+            if acl is not None and not acl.may_read(session.username, session.client_id, topic):
+                continue  # checked once per topic and session: routes are cached until a change
             prev = folded.get(session)
             if prev is None:
                 folded[session] = (session, sub.qos, sub.no_local, sub.retain_as_published)

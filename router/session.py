@@ -119,7 +119,7 @@ class Inflight:
 class Session:
     __slots__ = ("client_id", "persistent", "subscriptions", "conn", "inflight", "queue",
                  "inbound_qos2", "limits", "stats", "_next_pid", "receive_max", "expiry_s",
-                 "will", "dropped", "log", "cursor", "shared", "ranges")
+                 "will", "dropped", "log", "cursor", "shared", "ranges", "username", "acl")
 
     def __init__(self, client_id: str, persistent: bool, limits: SessionLimits, stats: RouterStats) -> None:
         self.client_id = client_id
@@ -136,6 +136,8 @@ class Session:
         self.receive_max = limits.max_inflight
         self.expiry_s = 0
         self.will = None
+        self.username: str | None = None  # the identity it connected with (ACLs apply to it)
+        self.acl: Any = None  # the router's ``auth.Auth`` when topics are restricted (router.acl)
         self.dropped = 0
         # With the commit log on, a persistent session that is offline (or catching up) keeps a
         # position in its router's log instead of copies: ``cursor`` is the next offset to read.
@@ -405,6 +407,7 @@ class Session:
             ranges.append([os.path.abspath(self.log.directory), self.cursor, self.log.next_offset])
         return {
             "client_id": self.client_id,
+            "username": self.username,
             "persistent": self.persistent,
             "expiry_s": self.expiry_s,
             "subs": [(s.topic_filter, s.qos, s.no_local, s.retain_as_published, s.retain_handling)
@@ -466,6 +469,8 @@ class Session:
         best = -1
         topic = rec.topic
         me = self.client_id
+        if self.acl is not None and not self.acl.may_read(self.username, me, topic):
+            return best
         for sub in self.subscriptions.values():
             if sub.qos > best and filter_matches(sub.topic_filter, topic) and not (
                     sub.no_local and rec.client_id == me):
@@ -476,6 +481,7 @@ class Session:
         """Load the state exported by another router (subscriptions are indexed by the caller)."""
         self.persistent = state["persistent"]
         self.expiry_s = state.get("expiry_s", 0)
+        self.username = state.get("username")
         for pid, qos, retain, st, m in state["inflight"]:
             entry = Inflight(Message.from_list(m) if m is not None else None, qos, retain)  # type: ignore[arg-type]
             entry.state = st

@@ -45,6 +45,7 @@ class SessionLife:
     def new_session(self, client_id: str, persistent: bool) -> Session:
         session = Session(client_id, persistent, self.config.session, self.stats)
         session.log = self.commit_log
+        session.acl = self.acl  # type: ignore[attr-defined]
         self.sessions[client_id] = session
         return session
 

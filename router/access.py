@@ -1,0 +1,114 @@
+"""Where ``router.auth`` meets a client connection (``router.client.Client``): CONNECT's
+authentication (maybe waiting for a plugin), PUBLISH and SUBSCRIBE refusals, installing and
+reloading a router's ``auth.Auth``. The decisions are ``router.auth``'s; the MQTT answers are here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from brokerd.connection.codec import encode
+from brokerd.connection.packets import MQTT_5, Connect, Puback, Publish, Pubrec
+from brokerd.connection.reasons import Reason
+
+from .auth import Auth
+from .shared import parse_share
+
+if TYPE_CHECKING:
+    from .client import Client
+    from .router import Router
+
+log = logging.getLogger(__name__)
+
+AUTHENTICATING = "authenticating"  # the pause_reading cause while a plugin is asked
+
+
+def install_auth(router: Router, auth: Auth | None) -> None:
+    """Make ``auth`` the router's (at start, and on reload: connected clients stay; the new rules
+    apply to what they do from now on, deliveries included)."""
+    router.auth = auth if auth is not None and (auth.authenticates or auth.authorizes) else None
+    acl = auth if auth is not None and auth.authorizes else None
+    if router.acl is not acl:
+        router.acl = acl
+        for session in router.sessions.values():
+            session.acl = acl
+        router._routes.clear()  # folded with the old rules
+
+
+def start_connect(client: Client, connect: Connect) -> None:
+    """CONNECT with ``router.auth`` set: authenticate, then go on as without it."""
+    auth = client.router.auth
+    client.level = connect.protocol_level
+    client.client_id = connect.client_id
+    answer = auth.authenticate(connect.client_id, connect.username, connect.password, client.conn.peer)
+    if answer is None or isinstance(answer, Reason):
+        _decided(client, connect, answer)
+        return
+    # A plugin is asked: hold what the client sends meanwhile, read no more until it answers.
+    client._pending = []
+    client.conn.pause_reading(AUTHENTICATING)
+    asyncio.ensure_future(_wait(client, connect, answer))
+
+
+async def _wait(client: Client, connect: Connect, answer: Any) -> None:
+    try:
+        reason = await answer
+    except Exception as exc:  # noqa: BLE001 - a broken plugin refuses, it does not crash the router
+        log.error("auth plugin failed for client %r: %s", connect.client_id, exc)
+        reason = Reason.NOT_AUTHORIZED
+    if client.conn.closing:
+        return
+    _decided(client, connect, reason)
+    client.conn.resume_reading(AUTHENTICATING)
+
+
+def _decided(client: Client, connect: Connect, reason: Reason | None) -> None:
+    router = client.router
+    user = connect.username
+    if reason is None and connect.will is not None and router.acl is not None and not router.acl.may_publish(
+            user, connect.client_id, connect.will.topic):
+        reason = Reason.NOT_AUTHORIZED
+        why = f"will topic {connect.will.topic!r} not writable by user {user!r}"
+    elif reason is not None:
+        why = ("anonymous clients not allowed" if user is None else
+               f"bad user name or password (user {user!r})" if reason == Reason.BAD_USER_NAME_OR_PASSWORD
+               else f"user {user!r} not authorized")
+    if reason is not None:
+        router.auth.failures += 1
+        client._pending = None
+        client._refuse(reason, why)  # never the password
+        return
+    client._start_connect(connect)
+
+
+def refuse_publish(client: Client, p: Publish) -> None:
+    """A PUBLISH the client may not make (ACL, ``$SYS/``): MQTT 5 gets 0x87 for QoS 1/2; MQTT 3.1.1
+    has no way to say it, so the message is dropped and acknowledged, as Mosquitto does."""
+    auth = client.router.auth
+    if auth is not None:
+        auth.denied += 1
+    log.debug("client %s: publish to %r denied", client.client_id, p.topic)
+    if p.qos == 0:
+        return
+    if client.level >= MQTT_5:
+        ack = Puback if p.qos == 1 else Pubrec
+        client.conn.send(encode(ack(p.packet_id, Reason.NOT_AUTHORIZED), client.level))  # type: ignore[arg-type]
+        return
+    ack = Puback if p.qos == 1 else Pubrec
+    client.conn.send(encode(ack(p.packet_id, 0), client.level))  # type: ignore[arg-type]
+
+
+def may_subscribe(client: Client, topic_filter: str, shared: bool) -> bool:
+    """Whether the client may subscribe to ``topic_filter`` (``$share/G/F`` is checked as F)."""
+    session = client.session
+    assert session is not None
+    f = topic_filter
+    if shared:
+        parsed = parse_share(f)
+        f = parsed[1] if parsed is not None else f
+    if session.acl.may_subscribe(session.username, session.client_id, f, shared):
+        return True
+    log.info("client %s: subscription to %r not authorized", client.client_id, topic_filter)
+    return False

@@ -1,0 +1,403 @@
+"""Who may connect, and what they may do: password file, ACL file, auth plugins (sans-IO).
+
+Files are Mosquitto's, so an operator brings the ones they have:
+
+* password file (``mosquitto_passwd``): ``user:$7$<iterations>$<base64 salt>$<base64 hash>``, the
+  hash PBKDF2-HMAC-SHA512 of the password; ``$6$<salt>$<hash>`` (SHA-512 of password + salt) is
+  read too. ``hash_password`` writes ``$7$`` entries (101 iterations, 12-byte salt, as Mosquitto).
+* ACL file (``acl_file``): ``user NAME``, ``topic [read|write|readwrite|deny] FILTER`` (for the
+  last ``user``; before any, for anonymous clients), ``pattern [...] FILTER`` for every client with
+  ``%c`` (client id) and ``%u`` (user name) substituted. A ``deny`` that matches wins; otherwise
+  access needs an entry granting it.
+
+``Auth`` is what a router consults: ``router.auth`` (CONNECT) is None when nothing is configured,
+and ``router.acl`` (SUBSCRIBE, PUBLISH, delivery) is None unless an ACL file or a plugin's
+``authorize`` is: the paths of a broker without them test one attribute.
+
+A plugin is any object with ``authenticate(client_id, username, password, peer)`` returning True,
+False or None (no opinion), or an awaitable of one, and optionally ``authorize(client_id,
+username, topic, access)`` (access ``"read"``, ``"write"`` or ``"subscribe"``; a filter for
+subscribe) returning True, False or None, synchronously (it runs per message).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import inspect
+import os
+from collections.abc import Awaitable
+from typing import Any
+
+from brokerd.connection.reasons import Reason
+
+from .topics import filter_matches
+
+READ, WRITE = 1, 2
+_ACCESS = {"read": READ, "write": WRITE, "readwrite": READ | WRITE, "deny": 0}
+ITERATIONS = 101  # mosquitto_passwd's default
+SALT_BYTES = 12
+CACHE_MAX = 4096  # ACL answers kept per Auth (client, topic, access); cleared when full
+
+
+class AuthFileError(Exception):
+    """A password or ACL file that cannot be used: the message names file and line."""
+
+
+# -- passwords --------------------------------------------------------------------------------------
+
+def hash_password(password: str, iterations: int = ITERATIONS, salt: bytes | None = None) -> str:
+    """A ``$7$`` entry's hash part for ``password`` (PBKDF2-HMAC-SHA512, as mosquitto_passwd)."""
+    salt = os.urandom(SALT_BYTES) if salt is None else salt
+    digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations)
+    return f"$7${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
+
+
+def verify_password(stored: str, password: bytes) -> bool:
+    """Whether ``password`` matches a stored ``$7$`` or ``$6$`` hash (constant-time compare)."""
+    parts = stored.split("$")
+    try:
+        if len(parts) == 5 and parts[1] == "7":
+            iterations, salt, want = int(parts[2]), base64.b64decode(parts[3]), base64.b64decode(parts[4])
+            got = hashlib.pbkdf2_hmac("sha512", password, salt, iterations)
+        elif len(parts) == 4 and parts[1] == "6":
+            salt, want = base64.b64decode(parts[2]), base64.b64decode(parts[3])
+            got = hashlib.sha512(password + salt).digest()
+        else:
+            return False
+    except ValueError:
+        return False
+    return hmac.compare_digest(got, want)
+
+
+def _valid_hash(stored: str) -> bool:
+    parts = stored.split("$")
+    if len(parts) == 5 and parts[1] == "7":
+        if not parts[2].isdigit() or int(parts[2]) < 1:
+            return False
+        b64 = parts[3:]
+    elif len(parts) == 4 and parts[1] == "6":
+        b64 = parts[2:]
+    else:
+        return False
+    try:
+        return all(base64.b64decode(p, validate=True) for p in b64)
+    except ValueError:
+        return False
+
+
+def parse_password_file(text: str, name: str = "password file") -> dict[str, str]:
+    """``user:hash`` lines → {user: hash}. Blank lines and ``#`` comments are skipped; a line
+    without a ``$6$``/``$7$`` hash (a plain-text password) is an error."""
+    users: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, sep, stored = line.partition(":")
+        if not sep or not user:
+            raise AuthFileError(f"{name}: line {n}: expected USER:HASH")
+        if not _valid_hash(stored):
+            raise AuthFileError(f"{name}: line {n}: user {user!r} has no $7$ or $6$ password hash "
+                                "(plain-text passwords are not accepted; use `brokerd passwd`)")
+        users[user] = stored
+    return users
+
+
+def read_password_file(path: str) -> dict[str, str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return parse_password_file(f.read(), path)
+    except OSError as exc:
+        raise AuthFileError(f"{path}: {exc.strerror}") from None
+
+
+def set_password(path: str, user: str, password: str) -> bool:
+    """Create or update ``user``'s entry in the password file at ``path`` (written whole, then
+    renamed into place, mode 0600 for a new file). Returns True when the user was new."""
+    if not user or ":" in user:
+        raise AuthFileError("a user name must be non-empty and without ':'")
+    lines: list[str] = []
+    mode = 0o600
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        parse_password_file(text, path)  # never rewrite a file we cannot read back
+        lines = text.splitlines()
+        mode = os.stat(path).st_mode & 0o777
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise AuthFileError(f"{path}: {exc.strerror}") from None
+    entry = f"{user}:{hash_password(password)}"
+    new = True
+    for i, line in enumerate(lines):
+        if line.strip().partition(":")[0] == user and not line.lstrip().startswith("#"):
+            lines[i] = entry
+            new = False
+            break
+    else:
+        lines.append(entry)
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+    return new
+
+
+# -- ACL ----------------------------------------------------------------------------------------------
+
+def _wild(topic_filter: str) -> bool:
+    return "+" in topic_filter or "#" in topic_filter
+
+
+def filters_overlap(a: str, b: str) -> bool:
+    """Whether some topic matches both filters."""
+    if (a[:1] == "$") != (b[:1] == "$") and (a[:1] in "+#" or b[:1] in "+#"):
+        return False
+    la, lb = a.split("/"), b.split("/")
+    for x, y in zip(la, lb, strict=False):
+        if x == "#" or y == "#":
+            return True
+        if x != y and x != "+" and y != "+":
+            return False
+    rest = la[len(lb):] or lb[len(la):]
+    return not rest or rest == ["#"]
+
+
+def filter_covers(a: str, b: str) -> bool:
+    """Whether every topic filter ``b`` matches is matched by filter ``a``."""
+    if b[:1] == "$" and a[:1] in ("+", "#"):
+        return False
+    la, lb = a.split("/"), b.split("/")
+    for i, x in enumerate(la):
+        if x == "#":
+            return True
+        if i >= len(lb):
+            return False
+        y = lb[i]
+        if y == "#" or (x != "+" and (y == "+" or x != y)):
+            return False
+    return len(la) == len(lb)
+
+
+class Acl:
+    """A parsed ACL file. ``rules(username, client_id)`` are the (access, filter) entries that
+    apply to one client: its user's (or the anonymous ones) and the patterns, substituted."""
+
+    def __init__(self, anonymous: list, users: dict[str, list], patterns: list) -> None:
+        self.anonymous = anonymous
+        self.users = users
+        self.patterns = patterns
+
+    @classmethod
+    def parse(cls, text: str, name: str = "ACL file") -> Acl:
+        anonymous: list[tuple[int, str]] = []
+        users: dict[str, list[tuple[int, str]]] = {}
+        patterns: list[tuple[int, str]] = []
+        current = anonymous
+        for n, raw in enumerate(text.splitlines(), 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            word, _, rest = line.partition(" ")
+            rest = rest.strip()
+            if word == "user":
+                if not rest:
+                    raise AuthFileError(f"{name}: line {n}: user needs a name")
+                current = users.setdefault(rest, [])
+                continue
+            if word not in ("topic", "pattern"):
+                raise AuthFileError(f"{name}: line {n}: unknown keyword {word!r} (user, topic or pattern)")
+            access = READ | WRITE
+            first, _, after = rest.partition(" ")
+            if first in _ACCESS and after.strip():
+                access, rest = _ACCESS[first], after.strip()
+            if not rest:
+                raise AuthFileError(f"{name}: line {n}: {word} needs a topic filter")
+            (patterns if word == "pattern" else current).append((access, rest))
+        return cls(anonymous, users, patterns)
+
+    def rules(self, username: str | None, client_id: str) -> list[tuple[int, str]]:
+        own = self.anonymous if username is None else self.users.get(username, [])
+        out = list(own)
+        for access, f in self.patterns:
+            if "%u" in f:
+                if username is None or not _safe(username):
+                    continue
+                f = f.replace("%u", username)
+            if "%c" in f:
+                if not _safe(client_id):
+                    continue
+                f = f.replace("%c", client_id)
+            out.append((access, f))
+        return out
+
+
+def _safe(value: str) -> bool:
+    """A user name or client id substituted into a pattern must not widen it (as Mosquitto)."""
+    return bool(value) and not any(c in value for c in "+#/")
+
+
+def check_rules(rules: list[tuple[int, str]], topic: str, access: int) -> bool:
+    """A topic against one client's rules: a matching deny wins, else a matching grant allows."""
+    allowed = False
+    for granted, f in rules:
+        if filter_matches(f, topic):
+            if granted == 0:
+                return False
+            if granted & access:
+                allowed = True
+    return allowed
+
+
+def check_subscribe(rules: list[tuple[int, str]], topic_filter: str, shared: bool) -> bool:
+    """A subscription filter: exact for a plain one; a wildcard filter needs a read grant that
+    overlaps it and no deny covering it (each delivery is checked too), or, for a shared
+    subscription (whose deliveries are not), a read grant covering it and no deny overlapping it."""
+    if not _wild(topic_filter):
+        return check_rules(rules, topic_filter, READ)
+    if shared:
+        return (any(g & READ and filter_covers(f, topic_filter) for g, f in rules)
+                and not any(g == 0 and filters_overlap(f, topic_filter) for g, f in rules))
+    if any(g == 0 and filter_covers(f, topic_filter) for g, f in rules):
+        return False
+    return any(g & READ and filters_overlap(f, topic_filter) for g, f in rules)
+
+
+def read_acl_file(path: str) -> Acl:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return Acl.parse(f.read(), path)
+    except OSError as exc:
+        raise AuthFileError(f"{path}: {exc.strerror}") from None
+
+
+# -- what a router consults ---------------------------------------------------------------------------
+
+OK = None  # authenticate's answer for an accepted client
+
+
+class Auth:
+    """Authentication and authorization of one router's clients."""
+
+    def __init__(self, passwords: dict[str, str] | None = None, acl: Acl | None = None,
+                 plugin: Any = None, allow_anonymous: bool = False) -> None:
+        self.passwords = passwords
+        self.acl = acl
+        self.plugin = plugin
+        self.allow_anonymous = allow_anonymous
+        self._authorize = getattr(plugin, "authorize", None)
+        self._rules: dict[tuple[str | None, str], list] = {}
+        self._cache: dict[tuple, bool] = {}
+        self.failures = 0  # refused CONNECTs (bad credentials, not authorized)
+        self.denied = 0  # PUBLISH packets refused (ACL, $SYS/)
+
+    @property
+    def authorizes(self) -> bool:
+        """Whether anything restricts topics (else ``router.acl`` stays None)."""
+        return self.acl is not None or self._authorize is not None
+
+    @property
+    def authenticates(self) -> bool:
+        return self.passwords is not None or self.plugin is not None or not self.allow_anonymous
+
+    # CONNECT ------------------------------------------------------------------------------------------
+
+    def authenticate(self, client_id: str, username: str | None, password: bytes | None,
+                     peer: Any) -> Reason | None | Awaitable[Reason | None]:
+        """None when the client may connect, else the reason to refuse it with; an awaitable of
+        that when a plugin has to be asked."""
+        if username is None:
+            if self.allow_anonymous:
+                return OK
+            return Reason.NOT_AUTHORIZED
+        if self.passwords is not None and username in self.passwords:
+            if password is not None and verify_password(self.passwords[username], password):
+                return OK
+            return Reason.BAD_USER_NAME_OR_PASSWORD
+        if self.plugin is None:
+            return OK if self.passwords is None else Reason.BAD_USER_NAME_OR_PASSWORD
+        answer = self.plugin.authenticate(client_id, username, password, peer)
+        if inspect.isawaitable(answer):
+            return _await_answer(answer)
+        return _answer(answer)
+
+    # topics -------------------------------------------------------------------------------------------
+
+    def _client_rules(self, username: str | None, client_id: str) -> list:
+        key = (username, client_id)
+        rules = self._rules.get(key)
+        if rules is None:
+            if len(self._rules) >= CACHE_MAX:
+                self._rules.clear()
+            rules = self._rules[key] = self.acl.rules(username, client_id) if self.acl is not None else []
+        return rules
+
+    def _ask_plugin(self, client_id: str, username: str | None, topic: str, access: str) -> bool | None:
+        if self._authorize is None:
+            return None
+        answer = self._authorize(client_id, username, topic, access)
+        return None if answer is None else bool(answer)
+
+    def may_publish(self, username: str | None, client_id: str, topic: str) -> bool:
+        if is_sys(topic):
+            return False
+        key = (username, client_id, topic, WRITE)
+        answer = self._cache.get(key)
+        if answer is None:
+            answer = self._ask_plugin(client_id, username, topic, "write")
+            if answer is None:
+                answer = self.acl is None or check_rules(self._client_rules(username, client_id), topic, WRITE)
+            self._remember(key, answer)
+        return answer
+
+    def may_read(self, username: str | None, client_id: str, topic: str) -> bool:
+        key = (username, client_id, topic, READ)
+        answer = self._cache.get(key)
+        if answer is None:
+            answer = self._ask_plugin(client_id, username, topic, "read")
+            if answer is None:
+                answer = self.acl is None or check_rules(self._client_rules(username, client_id), topic, READ)
+            self._remember(key, answer)
+        return answer
+
+    def may_subscribe(self, username: str | None, client_id: str, topic_filter: str, shared: bool) -> bool:
+        answer = self._ask_plugin(client_id, username, topic_filter, "subscribe")
+        if answer is not None:
+            return answer
+        if self.acl is None:
+            return True
+        return check_subscribe(self._client_rules(username, client_id), topic_filter, shared)
+
+    def _remember(self, key: tuple, answer: bool) -> None:
+        cache = self._cache
+        if len(cache) >= CACHE_MAX:
+            cache.clear()
+        cache[key] = answer
+
+
+def _answer(answer: Any) -> Reason | None:
+    if answer is True:
+        return OK
+    if answer is False:
+        return Reason.BAD_USER_NAME_OR_PASSWORD
+    return Reason.NOT_AUTHORIZED  # no opinion, and nothing else knows this user
+
+
+async def _await_answer(answer: Awaitable[Any]) -> Reason | None:
+    return _answer(await answer)
+
+
+def is_sys(topic: str) -> bool:
+    return topic == "$SYS" or topic.startswith("$SYS/")
+
+
+def may_publish(session: Any, topic: str) -> bool:
+    """For client.py: may this session's client publish to ``topic`` (``$SYS/`` never)."""
+    acl = session.acl
+    if acl is None:
+        return not is_sys(topic)
+    return acl.may_publish(session.username, session.client_id, topic)

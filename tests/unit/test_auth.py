@@ -1,0 +1,153 @@
+"""router.auth: Mosquitto's password and ACL files, and the checks made with them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from brokerd.connection.reasons import Reason
+from brokerd.router.auth import (
+    Acl,
+    Auth,
+    AuthFileError,
+    filter_covers,
+    filters_overlap,
+    hash_password,
+    parse_password_file,
+    read_password_file,
+    set_password,
+    verify_password,
+)
+
+
+def test_hash_round_trip_and_format() -> None:
+    h = hash_password("s3cret")
+    assert h.startswith("$7$101$")
+    assert verify_password(h, b"s3cret")
+    assert not verify_password(h, b"wrong")
+    assert not verify_password("$9$x$y", b"s3cret")
+
+
+def test_sha512_6_entries_are_read() -> None:
+    import base64
+    import hashlib
+
+    salt = b"0123456789ab"
+    h = f"$6${base64.b64encode(salt).decode()}${base64.b64encode(hashlib.sha512(b'pw' + salt).digest()).decode()}"
+    assert verify_password(h, b"pw") and not verify_password(h, b"px")
+
+
+def test_plain_text_password_refused() -> None:
+    with pytest.raises(AuthFileError, match="line 2"):
+        parse_password_file("# c\nbob:plaintext\n")
+
+
+def test_set_password_creates_and_updates(tmp_path) -> None:
+    path = str(tmp_path / "pw")
+    assert set_password(path, "alice", "one")
+    assert set_password(path, "bob", "two")
+    assert not set_password(path, "alice", "three")
+    users = read_password_file(path)
+    assert set(users) == {"alice", "bob"}
+    assert verify_password(users["alice"], b"three")
+    assert "three" not in open(path).read()
+    assert (tmp_path / "pw").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.skipif(shutil.which("mosquitto_passwd") is None, reason="mosquitto_passwd not installed")
+def test_mosquitto_passwd_file_is_accepted(tmp_path) -> None:
+    path = tmp_path / "pw"
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(path), "carol", "pa55"], check=True)
+    users = read_password_file(str(path))
+    assert verify_password(users["carol"], b"pa55")
+    assert not verify_password(users["carol"], b"pa56")
+
+
+ACL = """
+# anonymous
+topic read public/#
+
+user alice
+topic readwrite alice/#
+topic read sensors/+/temp
+topic deny sensors/secret/temp
+
+user bob
+topic write cmd/#
+
+pattern readwrite clients/%c/#
+pattern read users/%u/inbox
+"""
+
+
+def _auth() -> Auth:
+    return Auth(None, Acl.parse(ACL), None, True)
+
+
+def test_acl_user_topics_and_deny() -> None:
+    a = _auth()
+    assert a.may_publish("alice", "c1", "alice/x")
+    assert a.may_read("alice", "c1", "sensors/kitchen/temp")
+    assert not a.may_read("alice", "c1", "sensors/secret/temp")
+    assert not a.may_publish("alice", "c1", "sensors/kitchen/temp")
+    assert a.may_publish("bob", "c2", "cmd/a/b") and not a.may_read("bob", "c2", "cmd/a/b")
+    assert a.may_read(None, "c3", "public/news") and not a.may_read(None, "c3", "alice/x")
+    assert not a.may_publish("alice", "c1", "$SYS/broker/x")
+
+
+def test_acl_patterns() -> None:
+    a = _auth()
+    assert a.may_publish("bob", "dev7", "clients/dev7/status")
+    assert not a.may_publish("bob", "dev7", "clients/dev8/status")
+    assert a.may_read("alice", "x", "users/alice/inbox") and not a.may_read("bob", "x", "users/alice/inbox")
+    assert not a.may_publish(None, "a+b", "clients/a+b/x")  # a wildcard in an id never widens a pattern
+
+
+def test_acl_subscribe() -> None:
+    a = _auth()
+    assert a.may_subscribe("alice", "c", "sensors/kitchen/temp", False)
+    assert not a.may_subscribe("alice", "c", "sensors/secret/temp", False)
+    assert a.may_subscribe("alice", "c", "sensors/#", False)  # overlaps a grant: deliveries are filtered
+    assert not a.may_subscribe("alice", "c", "other/#", False)
+    assert not a.may_subscribe("alice", "c", "sensors/#", True)  # shared: must be covered
+    assert a.may_subscribe("alice", "c", "alice/+", True)
+
+
+def test_acl_syntax_errors() -> None:
+    with pytest.raises(AuthFileError, match="line 1"):
+        Acl.parse("topics read a")
+    with pytest.raises(AuthFileError, match="line 2"):
+        Acl.parse("user x\ntopic\n")
+
+
+def test_filter_relations() -> None:
+    assert filters_overlap("a/+/c", "a/b/#") and filters_overlap("a", "a/#")
+    assert not filters_overlap("a/b", "a/c") and not filters_overlap("+/x", "$SYS/x")
+    assert filter_covers("a/#", "a/+/c") and filter_covers("a/+", "a/b")
+    assert not filter_covers("a/+", "a/#") and not filter_covers("a/b", "a/+")
+
+
+def test_authenticate() -> None:
+    pw = {"alice": hash_password("pw")}
+    a = Auth(pw, None, None, False)
+    assert a.authenticate("c", "alice", b"pw", None) is None
+    assert a.authenticate("c", "alice", b"no", None) == Reason.BAD_USER_NAME_OR_PASSWORD
+    assert a.authenticate("c", "mallory", b"pw", None) == Reason.BAD_USER_NAME_OR_PASSWORD
+    assert a.authenticate("c", None, None, None) == Reason.NOT_AUTHORIZED
+    assert Auth(pw, None, None, True).authenticate("c", None, None, None) is None
+
+
+def test_plugin_decides_unknown_users() -> None:
+    class Plugin:
+        def authenticate(self, client_id, username, password, peer):
+            return password == b"ok"
+
+        def authorize(self, client_id, username, topic, access):
+            return False if topic.startswith("forbidden/") else None
+
+    a = Auth({"alice": hash_password("pw")}, None, Plugin(), False)
+    assert a.authenticate("c", "zed", b"ok", None) is None
+    assert a.authenticate("c", "zed", b"no", None) == Reason.BAD_USER_NAME_OR_PASSWORD
+    assert a.authorizes and not a.may_publish("zed", "c", "forbidden/x") and a.may_publish("zed", "c", "ok/x")
