@@ -18,7 +18,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from brokerd.connection.listener import TLS_VERSIONS
+
 from . import __version__
+from . import listeners as _listeners
 from .cpus import usable_cpus
 
 
@@ -100,7 +103,18 @@ def _positive(v: float) -> str | None:
 
 OPTIONS: tuple[Option, ...] = (
     Option("workers", int, usable_cpus(), "worker processes (one router each)", "N", check=_at_least(1)),
-    Option("listen", _host_port, ("0.0.0.0", 1883), "MQTT listener address", "HOST:PORT", check=_address),
+    Option("listen", _listeners.parse, (_listeners.DEFAULT,), "MQTT listener, repeatable: mqtt://HOST:PORT "
+           "(plain; HOST:PORT alone too), mqtts://HOST:PORT (TLS), ws://HOST:PORT/mqtt or wss://HOST:PORT/mqtt "
+           "(WebSockets); TOML: also [[listener]] tables (see Listeners)", "URL", repeat=True),
+    Option("certfile", str, None, "TLS listeners' certificate chain (PEM)", "FILE"),
+    Option("keyfile", str, None, "TLS listeners' private key (PEM)", "FILE"),
+    Option("cafile", str, None, "CA certificates (PEM) that client certificates of TLS listeners are checked "
+           "against", "FILE"),
+    Option("require_certificate", _on_off, False, "TLS listeners refuse clients without a certificate signed "
+           "by --cafile", "on|off"),
+    Option("use_identity_as_username", _on_off, False, "the client certificate's CN (or first SAN) is the "
+           "username (needs --require-certificate)", "on|off"),
+    Option("tls_version", _word, "tlsv1.2", "lowest TLS version TLS listeners accept", choices=TLS_VERSIONS),
     Option("node_id", str, socket.gethostname().split(".")[0], "this node's name in the cluster", "ID"),
     Option("mesh", _host_port, None, "where this node accepts mesh traffic from other nodes (enables multi-host)",
            "HOST:PORT", check=_address),
@@ -200,7 +214,15 @@ _BY_NAME = {o.name: o for o in OPTIONS}
 @dataclass
 class Config:
     workers: int = 1
-    listen: tuple[str, int] = ("0.0.0.0", 1883)
+    listen: tuple[str, int] = ("0.0.0.0", 1883)  # the first listener's address (run dir, health, stats)
+    listeners: tuple[Any, ...] = ()  # every listener (brokerd.connection.listener.Listener), completed
+    listeners_implicit: bool = False  # no listener configured: the loopback default
+    certfile: str | None = None
+    keyfile: str | None = None
+    cafile: str | None = None
+    require_certificate: bool = False
+    use_identity_as_username: bool = False
+    tls_version: str = "tlsv1.2"
     node_id: str = "local"
     mesh: tuple[str, int] | None = None
     peer: tuple[tuple[str, int], ...] = ()
@@ -265,6 +287,8 @@ def _convert(opt: Option, raw: Any, source: str) -> Any:
         else:
             value = opt.type(raw)
     except (ValueError, TypeError) as exc:
+        if opt.repeat and isinstance(raw, (list, tuple)) and len(raw) == 1:
+            raw = raw[0]  # one value given: shown as given
         raise ConfigError(f"{source}: invalid value {raw!r} ({_EXPECTED.get(opt.type) or exc})") from None
     if opt.choices and value not in opt.choices:
         raise ConfigError(f"{source}: invalid value {raw!r} (choose from {', '.join(opt.choices)})")
@@ -326,7 +350,7 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
         problem = problem or _port(int(port))
         if problem:
             raise ConfigError(f"{env_name('port')}: {problem}, got {port!r}")
-        values["listen"] = ("0.0.0.0", int(port))
+        values["listen"] = (_listeners.parse(f"0.0.0.0:{port}"),)
     for opt in OPTIONS:
         var = env_name(opt.name)
         raw: Any = environ.get(var, "").strip()
@@ -362,6 +386,9 @@ def load(argv: list[str], environ: Mapping[str, str] | None = None) -> Config:
             if name == "port":
                 values["listen"] = _convert(_BY_NAME["listen"], f"0.0.0.0:{raw}", f"{config_file}: port")
                 continue
+            if name == "listener":  # [[listener]] tables: listeners of their own, with their settings
+                values["listen"] = _toml_listeners(table, raw, config_file)
+                continue
             opt = _BY_NAME.get(name)
             if opt is None:
                 raise ConfigError(f"{config_file}: unknown option {key!r}")
@@ -375,11 +402,17 @@ def load(argv: list[str], environ: Mapping[str, str] | None = None) -> Config:
         problem = _port(port)
         if problem:
             raise ConfigError(f"--port: {problem}, got {port!r}")
-        values["listen"] = ("0.0.0.0", port)
+        values["listen"] = (_listeners.parse(f"0.0.0.0:{port}"),)
     for name, raw in args.items():
         opt = _BY_NAME[name]
         values[name] = _convert(opt, raw, opt.flag)
     cfg = Config(**values, config_file=config_file)
+    try:
+        cfg.listeners = _listeners.resolve(values["listen"], cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    cfg.listeners_implicit = values["listen"] is _BY_NAME["listen"].default
+    cfg.listen = cfg.listeners[0].address
     if cfg.peer and cfg.mesh is None:
         raise ConfigError("--peer: needs --mesh HOST:PORT (where this node accepts mesh traffic)")
     if not cfg.node_id or "/" in cfg.node_id or "+" in cfg.node_id or "#" in cfg.node_id:
@@ -395,7 +428,8 @@ def _check_ports(cfg: Config) -> None:
     """The rules between port options (one option's own rules are its ``check``): a range of one port
     per worker must end by 65535, and no two listeners of the node may share a port on one address."""
     host = cfg.listen[0]
-    used: list[tuple[str, str, range]] = [("--listen", host, range(cfg.listen[1], cfg.listen[1] + 1))]
+    used: list[tuple[str, str, range]] = [("--listen", x.host, range(x.port, x.port + 1))
+                                          for x in cfg.listeners or [_listeners.DEFAULT]]
     if cfg.mesh is not None:
         used.append(("--mesh", cfg.mesh[0], range(cfg.mesh[1], cfg.mesh[1] + cfg.workers)))
     if cfg.stats_port:
@@ -413,12 +447,34 @@ def _check_ports(cfg: Config) -> None:
 
 
 
+def _toml_listeners(table: Mapping[str, Any], raw: Any, config_file: str) -> tuple[Any, ...]:
+    """The TOML file's listeners: its ``listen`` key's, then one per ``[[listener]]`` table."""
+    def convert(name: str, value: Any, where: str) -> Any:
+        opt = _BY_NAME.get(name)
+        if name == "listen":
+            if not isinstance(value, str):
+                raise ConfigError(f"{where}: expected one URL, such as \"mqtts://0.0.0.0:8883\"")
+            return _convert(opt, value, where)[0]
+        return _convert(opt, value, where)  # the global option's type and checks
+
+    tables = raw if isinstance(raw, list) else [raw]
+    listens = list(_convert(_BY_NAME["listen"], table["listen"], f"{config_file}: listen")) if "listen" in table else []
+    try:
+        listens += [_listeners.from_table(t, f"{config_file}: [[listener]] {i + 1}", convert)
+                    for i, t in enumerate(tables)]
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return tuple(listens)
+
+
 def _shown_default(opt: Option) -> str:
     """An option's default as a user writes it ('' when there is none)."""
     d = opt.default
     if d in (None, ()):
         return ""
-    if opt.name in ("listen", "mesh"):
+    if opt.name == "listen":
+        return ", ".join(x.url for x in d)
+    if opt.name == "mesh":
         return f"{d[0]}:{d[1]}"
     if opt.type is _on_off:
         return "on" if d else "off"

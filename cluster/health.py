@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"brokerd health: error: {exc}", file=sys.stderr)
         return 2
-    host, port = config.listen
+    host, port = next((x.address for x in config.listeners if x.scheme == "mqtt"), config.listen)  # plain MQTT
     host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
     shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     problem = probe(host, port, args.timeout)

@@ -47,6 +47,8 @@ def shown_default(opt: Option) -> str:
     d = opt.default
     if d is None or d == ():
         return "—"
+    if opt.name == "listen":
+        return ", ".join(x.url for x in d)
     if opt.type is _host_port:
         return f"{d[0]}:{d[1]}"
     if opt.type is _on_off:

@@ -26,6 +26,7 @@ from collections import deque
 
 from .config import Config
 from .limits import FD_RESERVE, connections_per_worker, raise_open_files
+from .listeners import describe, tls_problem
 from .notify import notify
 from .paths import LOCK_FILE, claim_run_dir, release_run_dir, run_dir
 from .process import LockBusy, PidLock, child_signals, die_with_parent
@@ -81,7 +82,7 @@ class Supervisor:
         kernel would split the clients between two brokers."""
         cfg = self.config
         host = cfg.listen[0]
-        probes = [("--listen", host, cfg.listen[1])]
+        probes = [("--listen", x.host, x.port) for x in cfg.listeners] or [("--listen", host, cfg.listen[1])]
         if cfg.mesh is not None:
             probes += [("--mesh", cfg.mesh[0], cfg.mesh[1] + i) for i in range(cfg.workers)]
         if cfg.stats_port:
@@ -92,6 +93,9 @@ class Supervisor:
             problem = _bind_problem(addr, port)
             if problem:
                 raise SystemExit(f"brokerd: error: {option}: {problem}")
+        problem = tls_problem(cfg.listeners)  # a certificate, key or CA that cannot be loaded
+        if problem:
+            raise SystemExit(f"brokerd: error: {problem}")
 
     def _lock_dirs(self) -> None:
         """Lock the data directory (with the log on) and the run directory for the supervisor's life.
@@ -167,6 +171,8 @@ class Supervisor:
             return 1
         self._start_aux()
         host, port = cfg.listen
+        for line in describe(cfg.listeners, cfg.listeners_implicit):  # and whether anonymous clients get in
+            log.info("%s", line)
         log.info("%s", ready_line(cfg))
         notify(f"READY=1\nSTATUS=node {cfg.node_id}: MQTT on {host}:{port}, {cfg.workers} workers")  # systemd
         while True:
@@ -327,7 +333,7 @@ def ready_line(cfg: Config) -> str:
 
     host = cfg.listen[0]
     parts = [f"brokerd ready: brokerd {__version__}", f"node {cfg.node_id}",
-             f"MQTT on {_address(*cfg.listen)}", f"{cfg.workers} worker{'s' if cfg.workers != 1 else ''}",
+             "MQTT on " + (", ".join(x.url.removeprefix("mqtt://") for x in cfg.listeners) or _address(*cfg.listen)), f"{cfg.workers} worker{'s' if cfg.workers != 1 else ''}",
              f"data {os.path.abspath(os.path.join(cfg.data_dir, cfg.node_id))} (fsync {cfg.fsync})" if cfg.log
              else "commit log off"]
     if cfg.mesh is not None:

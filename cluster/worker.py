@@ -14,6 +14,7 @@ import signal
 from typing import Any
 
 from brokerd.connection.batching import EndOfTick, TurnBudget
+from brokerd.connection.listener import Listener
 from brokerd.connection.protocol import MQTTConnection
 from brokerd.router.client import Client
 from brokerd.router.limits import ClientLimits
@@ -22,6 +23,7 @@ from brokerd.router.session import SessionLimits
 
 from .config import Config
 from .limits import connections_per_worker, open_files
+from .listeners import serve_listeners
 from .stats import ConnectionSet
 
 log = logging.getLogger(__name__)
@@ -41,7 +43,7 @@ class Worker:
         self.batcher = EndOfTick(self.loop)
         self.turn: TurnBudget | None = None  # made in start(): the fan budget counts the router's deliveries
         self.router: Router | None = None
-        self.server: asyncio.base_events.Server | None = None
+        self.servers: list[asyncio.base_events.Server] = []  # one per listener
         self.mesh: Any = None
         # Banks each leaving connection's counters, so router totals outlive connections at no
         # per-message cost (read by the stats publisher).
@@ -65,11 +67,11 @@ class Worker:
         self.connections.add(conn)
         return _TrackedClient(self.router, conn, self.connections)  # type: ignore[arg-type]
 
-    def _protocol(self) -> MQTTConnection:
+    def _protocol(self, listener: Listener | None = None) -> MQTTConnection:
         return MQTTConnection(self._open, self.batcher, max_packet_size=self.config.max_packet_size,
                               write_buffer_high=self.config.max_client_buffer,
                               read_budget=self.config.read_budget, turn=self.turn,
-                              max_topic_levels=self.config.max_topic_levels)
+                              max_topic_levels=self.config.max_topic_levels, listener=listener)
 
     async def start(self) -> None:
         c = self.config
@@ -94,8 +96,7 @@ class Worker:
                 from brokerd.router.persistence import restore_missing_copies
 
                 restore_missing_copies(self.router, os.path.join(c.data_dir, c.node_id), self.name)
-        host, port = c.listen
-        self.server = await self.loop.create_server(self._protocol, host, port, reuse_port=True, backlog=4096)
+        self.servers = await serve_listeners(self.loop, c, self._protocol)
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stop.set)
         self.loop.add_signal_handler(signal.SIGUSR1, reload_auth, self.router, c)  # the supervisor's SIGHUP
@@ -187,8 +188,8 @@ class Worker:
 
     async def stop(self) -> None:
         """Graceful stop: stop accepting, close clients after flushing, leave the mesh."""
-        if self.server is not None:
-            self.server.close()
+        for server in self.servers:
+            server.close()
         for conn in list(self.connections):
             conn.close(0x8B)  # MQTT 5: server shutting down
         self._stop_stats()

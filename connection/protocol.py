@@ -19,6 +19,7 @@ from typing import Protocol
 from .batching import EndOfTick, TurnBudget
 from .codec import DEFAULT_MAX_TOPIC_LEVELS, Decoder, encode, is_tls_client_hello
 from .flow import BUDGET, FlowControl
+from .listener import Listener
 from .packets import MQTT_5, Connack, Connect, Disconnect, Packet, Pingreq, Pingresp
 from .reasons import ProtocolError, Reason
 
@@ -51,6 +52,8 @@ class Connection(Protocol):
     write_paused: bool  # the client is not reading: QoS 0 messages to it are dropped
     closing: bool
     max_topic_levels: int
+    listener: Listener | None  # the listener it came in on: allow_anonymous, use_identity_as_username ...
+    tls_identity: str | None  # TLS listeners: the client certificate's CN (or first SAN), when it sent one
 
     def send(self, data: bytes) -> None:
         """Queue bytes for this loop iteration's one write."""
@@ -112,6 +115,7 @@ class MQTTConnection(asyncio.Protocol):
         read_budget: int = 16,
         turn: TurnBudget | None = None,
         max_topic_levels: int = DEFAULT_MAX_TOPIC_LEVELS,
+        listener: Listener | None = None,
     ) -> None:
         """``read_budget``: most packets of one connection decoded and handled per loop iteration;
         the rest of a read stays undecoded, with reading paused, until the next iteration. Without
@@ -127,6 +131,8 @@ class MQTTConnection(asyncio.Protocol):
         self._decoder = Decoder(max_packet_size=max_packet_size, limit=max(1, read_budget),
                                 max_topic_levels=max_topic_levels)
         self.max_topic_levels = max_topic_levels
+        self.listener = listener
+        self.tls_identity: str | None = None
         self._write_buffer_high = write_buffer_high
         self.transport: asyncio.Transport | None = None
         self.handler: Handler | None = None
@@ -161,6 +167,11 @@ class MQTTConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=self._write_buffer_high)
         self._last_rx = self._loop.time()
         self._timer = self._loop.call_later(CONNECT_TIMEOUT_S, self._connect_timeout)
+        listener = self.listener
+        if listener is not None and listener.tls:  # the loop finished the handshake before this call
+            from .tls import peer_identity
+
+            self.tls_identity = peer_identity(transport)
         self.handler = self._open_handler(self)
 
     def data_received(self, data: bytes) -> None:
@@ -169,7 +180,9 @@ class MQTTConnection(asyncio.Protocol):
         self.counters.bytes_in += len(data)
         self._last_rx = self._loop.time()
         if self.phase is AWAITING_CONNECT and self._decoder.buffered == 0 and is_tls_client_hello(data):
-            log.warning("%s: TLS handshake on a plain MQTT listener; closing", self.peer)
+            hint = self.listener.tls_url if self.listener is not None else None
+            log.warning("%s: TLS handshake on a plain MQTT listener%s; closing", self.peer,
+                        f" (TLS is on {hint})" if hint else "")
             self.abort()
             return
         self._decoded(self._decoder.feed, data)
@@ -230,6 +243,10 @@ class MQTTConnection(asyncio.Protocol):
                 self.phase = CONNECTED
                 self.protocol_level = packet.protocol_level
                 self.client_id = packet.client_id or None
+                if self.tls_identity is not None and self.listener.use_identity_as_username:  # type: ignore[union-attr]
+                    packet.username, packet.password = self.tls_identity, None  # Mosquitto's rule
+                    log.debug("client %s (%s): user %r from its TLS certificate", self.client_id, self.peer,
+                              self.tls_identity)
                 handler.packet_received(packet)
                 continue
             cls = type(packet)

@@ -32,7 +32,7 @@ def test_values_of_each_kind_come_from_the_environment():
 def test_unset_empty_and_unrelated_variables_leave_the_defaults():
     cfg = load([], {"BROKERD_WORKERS": "", "BROKERD_RUN_DIR": "/tmp/x", "BROKERD_BENCH_ARGS": "--log on",
                     "WORKERS": "7"})
-    assert cfg.workers == DEFAULTS["workers"] and cfg.log is True and cfg.listen == ("0.0.0.0", 1883)
+    assert cfg.workers == DEFAULTS["workers"] and cfg.log is True and cfg.listen == ("127.0.0.1", 1883)
 
 
 def test_command_line_beats_environment_beats_toml_beats_default(tmp_path):
@@ -71,7 +71,7 @@ def test_port_variable_is_short_for_listen_and_listen_wins(tmp_path):
     ({"BROKERD_WORKERS": "many"}, "BROKERD_WORKERS: invalid value 'many'"),
     ({"BROKERD_FSYNC": "sometimes"}, "BROKERD_FSYNC: invalid value 'sometimes' (choose from always, interval, never)"),
     ({"BROKERD_LOG": "maybe"}, "BROKERD_LOG: invalid value 'maybe' (expected on or off)"),
-    ({"BROKERD_LISTEN": "nowhere"}, "BROKERD_LISTEN: invalid value 'nowhere' (expected HOST:PORT)"),
+    ({"BROKERD_LISTEN": "nowhere"}, "BROKERD_LISTEN: invalid value 'nowhere' (expected HOST:PORT"),
     ({"BROKERD_MESH": "127.0.0.1:7000", "BROKERD_PEER": "b:7000,c:0"}, "BROKERD_PEER: must be a port number"),
     ({"BROKERD_PORT": "x"}, "BROKERD_PORT: expected a port number, got 'x'"),
     ({"BROKERD_PORT": "70000"}, "BROKERD_PORT: must be a port number (1-65535), got '70000'"),

@@ -32,7 +32,7 @@ def test_defaults_do_not_depend_on_the_machine():
     table = render()
     assert "| CPUs it may use |" in table and "| host name |" in table
     assert str(os.cpu_count()) + " |" not in table.split("`BROKERD_WORKERS`")[1].split("\n")[0]
-    assert "| 64M |" in table and "| 0.0.0.0:1883 |" in table
+    assert "| 64M |" in table and "| mqtt://127.0.0.1:1883 |" in table
 
 
 def test_write_rewrites_only_the_section(tmp_path):

@@ -1,0 +1,178 @@
+"""The node's listeners: ``--listen`` URLs, TOML ``[[listener]]`` tables, and the secure default.
+
+``--listen`` is repeatable and takes a scheme: ``mqtt://HOST:PORT`` (plain; ``HOST:PORT`` alone means
+this), ``mqtts://HOST:PORT`` (TLS), ``ws://HOST:PORT/mqtt`` and ``wss://HOST:PORT/mqtt`` (MQTT over
+WebSockets, subprotocol ``mqtt``; the path is the URL's). Every worker serves every listener.
+
+The TLS options (``--certfile``, ``--keyfile``, ``--cafile``, ``--require-certificate``,
+``--use-identity-as-username``, ``--tls-version``, named as Mosquitto's keys) apply to every TLS
+listener; a ``[[listener]]`` table in the TOML file declares one listener (``listen = URL``) and may
+override any of them for it, plus ``max_connections`` and ``allow_anonymous``.
+
+Anonymous clients (no username): allowed on a loopback listener, refused on any other unless the
+operator allows them (``allow_anonymous``, globally or per listener). With no listener configured the
+node listens on ``mqtt://127.0.0.1:1883`` only, as Mosquitto 2 does. The router enforces the rule
+(``conn.listener.allow_anonymous``); start-up says which applies to each listener (``describe``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from brokerd.connection.listener import SCHEMES, Listener
+
+DEFAULT = Listener("mqtt", "127.0.0.1", 1883)
+# What a [[listener]] table may set besides ``listen`` (the TLS ones are also global options).
+TLS_KEYS = ("certfile", "keyfile", "cafile", "require_certificate", "use_identity_as_username", "tls_version")
+TABLE_KEYS = ("listen", *TLS_KEYS, "max_connections", "allow_anonymous")
+
+_URL = re.compile(r"(?:(?P<scheme>[A-Za-z]+)://)?(?P<host>\[[^\]]*\]|[^:/\[\]]*):(?P<port>\d+)(?P<path>/\S*)?")
+
+
+def parse(value: str) -> Listener:
+    """One ``--listen`` value: ``[SCHEME://]HOST:PORT[/PATH]`` (the path for ws:// and wss:// only)."""
+    m = _URL.fullmatch(str(value).strip())
+    if m is None:
+        raise ValueError("expected HOST:PORT, or mqtt://, mqtts://, ws:// or wss:// and HOST:PORT")
+    scheme = (m["scheme"] or "mqtt").lower()
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown scheme {scheme}://: expected mqtt://, mqtts://, ws:// or wss://")
+    port = int(m["port"])
+    if not 1 <= port <= 65535:
+        raise ValueError("the port must be a port number (1-65535)")
+    listener = Listener(scheme, m["host"].strip("[]") or "0.0.0.0", port)
+    if m["path"]:
+        if not listener.websocket:
+            raise ValueError("a path is for ws:// and wss:// listeners only")
+        listener = replace(listener, path=m["path"])
+    return listener
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may well resolve to a public address
+
+
+def from_table(table: Any, source: str, convert: Callable[[str, Any, str], Any]) -> Listener:
+    """A TOML ``[[listener]]`` table; ``convert(name, raw, where)`` checks a value as option ``name``."""
+    if not isinstance(table, Mapping):
+        raise ValueError(f"{source}: expected a table ([[listener]])")
+    values: dict[str, Any] = {}
+    for key, raw in table.items():
+        name = key.replace("-", "_")
+        if name not in TABLE_KEYS:
+            raise ValueError(f"{source}: unknown key {key!r} (expected {', '.join(TABLE_KEYS)})")
+        values[name] = convert(name, raw, f"{source}: {key}")
+    if "listen" not in values:
+        raise ValueError(f"{source}: needs listen = \"URL\" (mqtt://, mqtts://, ws:// or wss://HOST:PORT)")
+    listener = values.pop("listen")
+    return replace(listener, **values)
+
+
+def resolve(listens: tuple[Listener, ...], settings: Any) -> tuple[Listener, ...]:
+    """Complete each listener from the global options of ``settings`` (a Config) and check it."""
+    everyone = getattr(settings, "allow_anonymous", None)  # the auth options' global switch, when given
+    done = []
+    for listener in listens:
+        where = f"--listen {listener.url}"
+
+        def pick(name: str, listener: Listener = listener) -> Any:
+            value = getattr(listener, name)
+            return getattr(settings, name, None) if value is None else value
+
+        anonymous = listener.allow_anonymous
+        if anonymous is None:
+            anonymous = everyone if everyone is not None else is_loopback(listener.host)
+        listener = replace(listener, allow_anonymous=bool(anonymous))
+        if not listener.tls:
+            done.append(replace(listener, certfile=None, keyfile=None, cafile=None, require_certificate=False,
+                                use_identity_as_username=False, tls_version=None))
+            continue
+        tls = {name: pick(name) for name in TLS_KEYS}
+        tls["require_certificate"] = bool(tls["require_certificate"])
+        tls["use_identity_as_username"] = bool(tls["use_identity_as_username"])
+        tls["tls_version"] = tls["tls_version"] or "tlsv1.2"
+        if not tls["certfile"] or not tls["keyfile"]:
+            raise ValueError(f"{where}: TLS needs --certfile and --keyfile (or certfile and keyfile in its "
+                             "[[listener]] table)")
+        if tls["require_certificate"] and not tls["cafile"]:
+            raise ValueError(f"{where}: --require-certificate needs --cafile (the CA that signs client "
+                             "certificates)")
+        if tls["use_identity_as_username"] and not tls["require_certificate"]:
+            raise ValueError(f"{where}: --use-identity-as-username needs --require-certificate")
+        done.append(replace(listener, **tls))
+    # A plain listener names the node's TLS listener to a client that starts a TLS handshake there.
+    tls_url = next((x.url for x in done if x.scheme == "mqtts"), None)
+    wss_url = next((x.url for x in done if x.scheme == "wss"), None)
+    return tuple(replace(x, tls_url=tls_url if x.scheme == "mqtt" else wss_url if x.scheme == "ws" else None)
+                 for x in done)
+
+
+def describe(listeners: tuple[Listener, ...], implicit: bool) -> list[str]:
+    """What start-up says of each listener: where, TLS, and whether anonymous clients get in."""
+    lines = []
+    for x in listeners:
+        parts = []
+        if x.tls:
+            parts.append(f"TLS ({x.tls_version} or later" + (", client certificate required" if
+                         x.require_certificate else "") + (", its CN is the username" if
+                         x.use_identity_as_username else "") + ")")
+        if x.max_connections:
+            parts.append(f"at most {x.max_connections} clients")
+        if x.allow_anonymous:
+            why = ("no listener configured: loopback only, anonymous clients allowed; "
+                   "--listen mqtt://0.0.0.0:1883 opens it to the network" if implicit
+                   else "anonymous clients allowed" + (" (loopback)" if is_loopback(x.host) else ""))
+        else:
+            why = ("anonymous clients refused (not loopback; --allow-anonymous on, or allow_anonymous = true "
+                   "in its [[listener]] table, lets them in)")
+        parts.append(why)
+        lines.append(f"listener {x.url}: " + ", ".join(parts))
+    return lines
+
+
+def tls_problem(listeners: tuple[Listener, ...]) -> str | None:
+    """Why a TLS listener's certificate, key or CA cannot be loaded (checked before forking), or None."""
+    from brokerd.connection.tls import server_context
+
+    for x in listeners:
+        if x.tls:
+            try:
+                server_context(x)
+            except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+                return f"--listen {x.url}: {exc}"
+    return None
+
+
+async def serve_listeners(loop: Any, settings: Any, connection: Callable[[Listener], Any]) -> list[Any]:
+    """Bind every listener of ``settings`` (SO_REUSEPORT: each worker binds them all, the kernel spreads
+    the clients). ``connection(listener)`` makes the MQTT protocol of one client; which layers go around
+    it (TLS, WebSocket) is decided here, once per listener, never per packet."""
+    from functools import partial
+
+    servers = []
+    for x in settings.listeners or resolve((replace(DEFAULT, host=settings.listen[0], port=settings.listen[1]),),
+                                           settings):
+        context = None
+        if x.tls:
+            from brokerd.connection.tls import server_context
+
+            context = server_context(x)
+        if x.websocket:
+            from brokerd.connection.websocket import WebSocketConnection
+
+            def factory(x: Listener = x) -> Any:
+                return WebSocketConnection(connection(x), x.path)
+        else:
+            factory = partial(connection, x)
+        servers.append(await loop.create_server(factory, x.host, x.port, ssl=context, reuse_port=True,
+                                                backlog=4096))
+    return servers

@@ -1,0 +1,55 @@
+"""TLS for mqtts:// and wss:// listeners: the standard ``ssl`` module, driven by the event loop (uvloop).
+
+The loop does the handshake before the protocol's ``connection_made``, so a connection sees only
+decrypted bytes and its peer's verified certificate: ``peer_identity`` reads the name in it that
+``use_identity_as_username`` makes the username.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from .listener import Listener
+
+_VERSIONS = {"tlsv1.2": ssl.TLSVersion.TLSv1_2, "tlsv1.3": ssl.TLSVersion.TLSv1_3}
+
+
+def server_context(listener: Listener) -> ssl.SSLContext:
+    """The SSL context of a TLS listener: its certificate and key, the lowest version it accepts, and
+    with a CA file, client certificates checked against it (required with ``require_certificate``)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = _VERSIONS[listener.tls_version or "tlsv1.2"]
+    if not listener.certfile:
+        raise ValueError("TLS needs a certificate file (--certfile)")
+    try:
+        ctx.load_cert_chain(listener.certfile, listener.keyfile)
+    except ssl.SSLError as exc:
+        raise ValueError(f"--certfile/--keyfile: cannot use {listener.certfile} with {listener.keyfile}: "
+                         f"{exc.reason or exc}") from None
+    except OSError as exc:
+        raise ValueError(f"--certfile/--keyfile: cannot read {exc.filename or listener.certfile}: "
+                         f"{exc.strerror}") from None
+    if listener.cafile:
+        try:
+            ctx.load_verify_locations(cafile=listener.cafile)
+        except (ssl.SSLError, OSError) as exc:
+            raise ValueError(f"--cafile: cannot use {listener.cafile}: "
+                             f"{getattr(exc, 'reason', None) or exc.strerror or exc}") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED if listener.require_certificate else ssl.CERT_OPTIONAL
+    return ctx
+
+
+def peer_identity(transport: Any) -> str | None:
+    """The verified client certificate's common name, or its first subject alternative name when it has
+    none; None without a client certificate."""
+    cert = transport.get_extra_info("peercert")
+    if not cert:
+        return None
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return value
+    for _kind, value in cert.get("subjectAltName", ()):
+        return value
+    return None
