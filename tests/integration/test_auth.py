@@ -152,7 +152,6 @@ def test_acl_subscribe_publish_and_wildcard_delivery(start_broker, files, v5):
     bob.publish("sensors/hall", "x", 1)
     late.wait_topic("sensors/hall")
     assert not any(m.topic == "sensors/secret" for m in late.messages + alice.messages)
-    assert "sensors/secret" not in [m.topic for m in watcher.messages] or True
 
 
 def test_v5_publish_denied_gets_puback_0x87(start_broker, files):
@@ -190,8 +189,12 @@ def test_takeover_across_workers_keeps_identity_and_acl(start_broker, files):
     b = start_broker("--password-file", str(pw), "--acl-file", str(acl), workers=2)
     bob = _client(b.port, "bob", "bobs-pw").connect()
     client_id = cid("alice-persist")
-    for i in range(4):  # the kernel spreads the reconnections over both workers
+    from tests.cluster.conftest import client_worker
+
+    workers: set[int] = set()
+    for i in range(12):  # until the kernel has put the session on both workers (bounded)
         alice = _client(b.port, "alice", PASSWORD, client_id=client_id, clean=False).connect()
+        workers.add(client_worker(b, alice))
         if i == 0:
             assert alice.subscribe("sensors/#", 1) == [1]
         alice.disconnect()
@@ -202,8 +205,11 @@ def test_takeover_across_workers_keeps_identity_and_acl(start_broker, files):
         wait_for(lambda a=alice, i=i: any(m.payload == f"o{i}".encode() for m in a.messages),
                  what="the allowed message")
         assert all(m.topic == "sensors/open" for m in got + alice.messages)
+        workers.add(client_worker(b, alice))
         alice.disconnect()
-    assert "taken over" in b.log_text() or True
+        if len(workers) == 2 and i >= 1:
+            break
+    assert len(workers) == 2, "the session never moved to the other worker"
 
 
 def test_sighup_reloads_password_file_without_dropping_clients(start_broker, files):
@@ -263,7 +269,7 @@ def test_http_plugin(start_broker):
         ok2 = _client(b.port, "http-user", "http-pw", client_id="h5").connect()
         ok2.publish("t", "x", 1)
         other.wait_topic("t")
-        assert not ok.disconnected.is_set() or True
+        assert ok.disconnected.wait(10)  # h1 again took its session over: the cached answer let it in
         assert "http-pw" not in b.log_text()
     finally:
         server.shutdown()
@@ -276,5 +282,4 @@ def test_unconfigured_broker_unaffected(start_broker):
     a.subscribe("x/#", 1)
     a.publish("x/y", "1", 1)
     a.wait_topic("x/y")
-    assert "ACL" not in b.log_text() or True
     _ = time, read_packet
