@@ -9,13 +9,12 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import paho.mqtt.client as mqtt
 import pytest
 
-from tests.helpers import BROKERD, Client, RawClient, cid, free_port, read_packet, wait_for
+from tests.helpers import BROKERD, Client, RawClient, cid, free_port, wait_for
 
 PASSWORD = "Sup3r-s3cret-pw"
 ACL = """
@@ -282,4 +281,3 @@ def test_unconfigured_broker_unaffected(start_broker):
     a.subscribe("x/#", 1)
     a.publish("x/y", "1", 1)
     a.wait_topic("x/y")
-    _ = time, read_packet
