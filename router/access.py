@@ -37,6 +37,23 @@ def install_auth(router: Router, auth: Auth | None) -> None:
         router._routes.clear()  # folded with the old rules
 
 
+def anonymous_refused(client: Client, connect: Connect) -> bool:
+    """A CONNECT without a user name on a listener that does not allow anonymous clients (one on a
+    non-loopback address, unless the operator allowed them: Mosquitto 2's secure default) is
+    refused, not authorized: True when it was. The password file or plugin may refuse it too."""
+    listener = getattr(client.conn, "listener", None)
+    if connect.username is not None or listener is None or listener.allow_anonymous:
+        return False
+    client.level = connect.protocol_level
+    client.client_id = connect.client_id
+    auth = client.router.auth
+    if auth is not None:
+        auth.failures += 1
+    client._refuse(Reason.NOT_AUTHORIZED, f"anonymous clients not allowed on {listener.url} "
+                   "(--allow-anonymous on, or allow_anonymous = true for the listener, to allow them)")
+    return True
+
+
 def start_connect(client: Client, connect: Connect) -> None:
     """CONNECT with ``router.auth`` set: authenticate, then go on as without it."""
     auth = client.router.auth

@@ -34,7 +34,7 @@ from brokerd.connection.packets import (
 )
 from brokerd.connection.reasons import ProtocolError, Reason, connack_code
 
-from .access import may_subscribe, refuse_publish, start_connect
+from .access import anonymous_refused, may_subscribe, refuse_publish, start_connect
 from .auth import may_publish
 from .limits import connack_limits, connect_refused, over_subscription_quota, server_keepalive, session_expiry
 from .log.errors import LogUnavailable
@@ -80,6 +80,8 @@ class Client:
         if self.session is None:
             if type(packet) is Connect and not self._connecting:
                 self._connecting = True
+                if anonymous_refused(self, packet):
+                    return
                 if self.router.auth is None:
                     self._start_connect(packet)
                 else:  # authenticate first (router.access)

@@ -214,12 +214,23 @@ def test_listener_options_are_checked_before_start(tmp_path, certs):
         load(["--config", str(toml)], {})
 
 
-def test_start_up_says_whether_anonymous_clients_get_in(start_broker):
+def test_anonymous_clients_are_refused_on_a_non_loopback_listener_unless_allowed(start_broker, tmp_path):
+    """Mosquitto 2's secure default: start-up says which rule applies to each listener, an
+    anonymous client on the 0.0.0.0 one gets CONNACK 0x05 (not authorized) while the loopback
+    listener lets it in, and --allow-anonymous on opens both."""
     (ws,) = _ports(1)
     broker = start_broker("--listen", f"ws://0.0.0.0:{ws}/mqtt")
     text = broker.log_text()
     assert f"listener mqtt://127.0.0.1:{broker.port}: anonymous clients allowed (loopback)" in text
     assert f"listener ws://0.0.0.0:{ws}/mqtt: anonymous clients refused (not loopback" in text
+    LClient(ws, cid("anon-ws"), websocket=True).connect(expect_rc=135)  # paho: CONNACK 0x05 as 0x87
+    Client(broker.port, cid("anon-loopback")).connect()
+    broker.wait_log("anonymous clients not allowed on ws://0.0.0.0:")
+    (ws2,) = _ports(1)
+    opened = start_broker("--listen", f"ws://0.0.0.0:{ws2}/mqtt", "--allow-anonymous", "on",
+                          data_dir=str(tmp_path / "opened"))
+    LClient(ws2, cid("anon-allowed"), websocket=True).connect()
+    assert opened.pid != broker.pid
 
 
 MQTTJS = """
