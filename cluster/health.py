@@ -5,7 +5,9 @@ For container HEALTHCHECKs, Kubernetes probes and scripts: it connects to the br
 address means loopback), sends an MQTT 3.1.1 CONNECT with a clean session, and expects CONNACK 0,
 then disconnects. A port that accepts but does not answer (a hung worker), a refused CONNECT (at
 ``--max-connections``, or the open-files limit) and a closed port are all unhealthy, each said in
-one line on stderr. Bounded by ``--timeout`` seconds.
+one line on stderr. CONNACK 0x04 / 0x05 (bad credentials, not authorized: the probe is anonymous,
+and a listener that is not on loopback, or has a password file, refuses anonymous clients) is
+healthy: the router read the CONNECT and answered it. Bounded by ``--timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from .config import ConfigError, load
 
 CONNACK_CODES = {1: "unacceptable protocol version", 2: "identifier rejected", 3: "server unavailable",
                  4: "bad user name or password", 5: "not authorized"}
+HEALTHY_CODES = (0, 4, 5)  # accepted, or refused for who the (anonymous) probe is: the broker works
 
 
 def connect_packet(client_id: str, keepalive: int = 10) -> bytes:
@@ -45,7 +48,7 @@ def probe(host: str, port: int, timeout: float) -> str | None:
                 data += chunk
             if data[0] != 0x20 or data[1] != 2:
                 return f"expected CONNACK, got {data.hex()}"
-            if data[3] != 0:
+            if data[3] not in HEALTHY_CODES:
                 return f"CONNACK refused: {CONNACK_CODES.get(data[3], data[3])}"
             s.sendall(b"\xe0\x00")  # DISCONNECT
     except TimeoutError:

@@ -67,3 +67,12 @@ def test_health_fails_on_a_closed_port_and_on_a_port_that_does_not_answer():
     assert hung.returncode == 1 and "no CONNACK within 0.5 s" in hung.stderr, hung.stderr
     bad = health("--listen", "nonsense")
     assert bad.returncode == 2 and "--listen" in bad.stderr
+
+
+def test_health_counts_a_refused_anonymous_probe_as_up(start_broker):
+    """On a listener that is not on loopback anonymous clients are refused (CONNACK 0x05): the
+    probe is anonymous, and that answer still means the broker reads and answers CONNECTs."""
+    broker = start_broker(host="0.0.0.0")
+    r = health("--listen", f"0.0.0.0:{broker.port}")
+    assert r.returncode == 0, r.stderr
+    broker.wait_log("anonymous clients not allowed on mqtt://0.0.0.0:")
