@@ -122,6 +122,8 @@ OPTIONS: tuple[Option, ...] = (
            "HOST:PORT", repeat=True, check=_address),
     Option("mesh_key", str, None, "CURVE secret key file of this node (from `brokerd keygen`); "
            "enables authenticated, encrypted mesh traffic", "FILE"),
+    Option("mesh_insecure", _on_off, False, "allow --mesh on a non-loopback address without --mesh-key "
+           "(unauthenticated, unencrypted mesh: anyone reaching it can read and inject messages)", "on|off"),
     Option("mesh_hwm", int, 10_000, "mesh high-water mark in frames per peer (backpressure beyond it)", "N",
            check=_at_least(1)),
     Option("mesh_timeout", float, 3.0, "seconds of silence after which a peer router counts as gone", "SECONDS",
@@ -227,6 +229,7 @@ class Config:
     mesh: tuple[str, int] | None = None
     peer: tuple[tuple[str, int], ...] = ()
     mesh_key: str | None = None
+    mesh_insecure: bool = False
     mesh_hwm: int = 10_000
     mesh_timeout: float = 3.0
     mesh_backlog: int = 64 << 20
@@ -418,6 +421,13 @@ def load(argv: list[str], environ: Mapping[str, str] | None = None) -> Config:
     if not cfg.node_id or "/" in cfg.node_id or "+" in cfg.node_id or "#" in cfg.node_id:
         raise ConfigError(f"--node-id: invalid value {cfg.node_id!r} (no '/', '+' or '#')")
     _check_ports(cfg)
+    if cfg.mesh is not None and not cfg.mesh_key and not cfg.mesh_insecure and \
+            not _listeners.is_loopback(cfg.mesh[0]):
+        # Without a key any process that reaches the mesh port can read every message, inject
+        # publishes and take sessions over: off loopback it needs a key, or the operator's word.
+        raise ConfigError(f"--mesh: {cfg.mesh[0]}:{cfg.mesh[1]} is not a loopback address: give "
+                          "--mesh-key FILE (`brokerd keygen`; the same on every node), or --mesh-insecure "
+                          "on to run the mesh unauthenticated and unencrypted")
     return cfg
 
 

@@ -105,10 +105,26 @@ def run_dir(config: Config) -> str:
     return os.path.join(run_base(), f"{config.node_id}-{config.listen[1]}")
 
 
-def ensure_run_dir(config: Config) -> str:
-    path = run_dir(config)
+def private_dir(path: str) -> str:
+    """Make ``path`` (and its parents) and check that it is a directory of this user's, reachable
+    by nobody else: not a symbolic link (``lstat``), owned by us, mode 0700 (nothing for group or
+    others). Its ipc sockets are the mesh and stats of a broker: whoever can reach them can inject
+    frames. Raises ``PermissionError`` with the reason otherwise (another user made it first in a
+    shared /tmp, or a link points elsewhere)."""
     os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(f"{path} is not a directory (a symbolic link?): refusing to use it")
+    if st.st_uid != os.getuid():
+        raise PermissionError(f"{path} belongs to uid {st.st_uid}, not to this user ({os.getuid()})")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)  # ours: tighten it (made by an older brokerd, or a loose umask)
     return path
+
+
+def ensure_run_dir(config: Config) -> str:
+    private_dir(run_base())
+    return private_dir(run_dir(config))
 
 
 def mesh_ipc(config: Config, index: int) -> str:
@@ -130,7 +146,8 @@ def claim_run_dir(config: Config) -> PidLock:
     Raises ``process.LockBusy`` when a live broker holds it, ``OSError`` when it cannot be made."""
     path = run_dir(config)
     for attempt in range(CLAIM_TRIES):
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        private_dir(run_base())
+        private_dir(path)
         try:
             lock = PidLock.acquire(os.path.join(path, LOCK_FILE))
         except FileNotFoundError:  # another broker removed it as stale between the two calls

@@ -106,7 +106,7 @@ class Supervisor:
         if cfg.log:
             path = os.path.join(cfg.data_dir, cfg.node_id)
             try:
-                os.makedirs(path, exist_ok=True)
+                os.makedirs(path, mode=0o700, exist_ok=True)
                 self.data_lock = PidLock.acquire(os.path.join(path, LOCK_FILE))
             except LockBusy as busy:
                 raise SystemExit(f"brokerd: error: --data-dir: {path} is {busy.in_use()}") from None
@@ -119,8 +119,8 @@ class Supervisor:
             raise SystemExit(f"brokerd: error: --node-id: node {cfg.node_id} with MQTT port {cfg.listen[1]} "
                              f"is {busy.in_use()}") from None
         except OSError as exc:
-            raise SystemExit(f"brokerd: error: cannot make the run directory {run_dir(cfg)}: "
-                             f"{exc.strerror} (set BROKERD_RUN_DIR or TMPDIR)") from None
+            raise SystemExit(f"brokerd: error: cannot use the run directory {run_dir(cfg)}: "
+                             f"{exc.strerror or exc} (set BROKERD_RUN_DIR or TMPDIR)") from None
 
     def _unlock_dirs(self) -> None:
         if self.run_lock is not None:

@@ -112,7 +112,7 @@ class Worker:
         router = self.router
         assert router is not None
         directory = os.path.join(c.data_dir, c.node_id, self.name)
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)  # segments and state.msgpack: 0600 inside
         self.commit_log = CommitLog(
             directory, router_id=self.router_id, loop=self.loop, fsync=c.fsync,
             fsync_interval_ms=c.fsync_interval_ms, segment_bytes=c.segment_bytes,

@@ -175,7 +175,7 @@ def _records(source: Any, offset: int, batch: int = 4096) -> Iterator[Any]:
 
 def _atomic_write(path: str, data: bytes) -> None:
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # sessions, retained messages
     try:
         view = memoryview(data)
         while view:

@@ -982,7 +982,7 @@ class CommitLog:
           record; its index is rebuilt if it differs from what the scan produced;
         * the last segment and the directory are fsynced, so ``durable_offset`` starts at the end.
         """
-        os.makedirs(self._dir, exist_ok=True)
+        os.makedirs(self._dir, mode=0o700, exist_ok=True)
         for name in os.listdir(self._dir):
             if name.endswith(".index.tmp"):
                 _unlink(os.path.join(self._dir, name))

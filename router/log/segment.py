@@ -258,7 +258,7 @@ def write_index(directory: str, base: int, entries: bytes | bytearray, *, fsync:
     """Replace a segment's index atomically (temp file + rename), so a reader never sees half of it."""
     path = os.path.join(directory, index_name(base))
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o600)
     try:
         data = pack_file_header(MAGIC_INDEX, base, version) + bytes(entries)
         view = memoryview(data)

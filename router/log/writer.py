@@ -206,9 +206,9 @@ class WriterCore:
             return fds
         flags = os.O_RDWR | _O_CLOEXEC
         log_path = os.path.join(self.directory, segment_name(base))
-        fd = os.open(log_path, flags | (os.O_CREAT if create else 0), 0o644)
+        fd = os.open(log_path, flags | (os.O_CREAT if create else 0), 0o600)  # messages: the broker's alone
         try:
-            ifd = os.open(os.path.join(self.directory, index_name(base)), flags | os.O_CREAT, 0o644)
+            ifd = os.open(os.path.join(self.directory, index_name(base)), flags | os.O_CREAT, 0o600)
         except OSError:
             os.close(fd)
             raise
