@@ -113,8 +113,6 @@ def reload(router: Any, config: Config) -> None:
     except (AuthFileError, ConfigError) as exc:
         log.error("reload failed, the previous password/ACL configuration stays in force: %s", exc)
         return
-    if old is not None and auth is not None:
-        auth.failures, auth.denied = old.failures, old.denied
     install_auth(router, auth)
     log.info("password and ACL files reloaded (%s)",
              f"{len(auth.passwords)} user(s)" if auth is not None and auth.passwords is not None else "no password file")

@@ -80,6 +80,7 @@ def counters_of(snap: dict[str, Any]) -> dict[str, Any]:
         "traffic": {"clients": dict(t["clients"]), "mesh": mesh, "log": dict(t["log"])},
         "drops": dict(snap["drops"]),
         "limits": dict(snap.get("limits", {})),
+        "auth": dict(snap.get("auth", {})),
         "clients": {k: c[k] for k in ("connects_total", "refused_total", "protocol_errors_total")},
         "refused_log_unavailable_total": snap.get("refused_log_unavailable_total", 0),
     }
@@ -116,6 +117,7 @@ _ZERO_NODE: dict[str, Any] = {
     "process": {"cpu_percent": 0.0, "rss_bytes": 0},
     "drops": dict.fromkeys(DROP_REASONS, 0),
     "limits": dict.fromkeys(LIMITS, 0),
+    "auth": {"failures_total": 0, "denied_total": 0},
     "traffic": {"clients": dict.fromkeys(_TRAFFIC, 0), "mesh": dict.fromkeys((*_TRAFFIC, "frames_in", "frames_out", "bad_frames"), 0),
                 "log": dict.fromkeys(("records", "bytes", "read_records", "read_bytes", "disk_bytes"), 0)},
 }
@@ -219,6 +221,11 @@ class SnapshotCollector:
                       lambda s: s["clients"]["refused_total"])
         yield counter("brokerd_protocol_errors", "connections closed for a protocol violation",
                       lambda s: s["clients"]["protocol_errors_total"])
+        yield counter("brokerd_auth_failures", "CONNECTs refused by authentication (bad user name or "
+                      "password, anonymous not allowed, not authorized)",
+                      lambda s: s.get("auth", {}).get("failures_total", 0))
+        yield counter("brokerd_acl_denied", "PUBLISH packets and SUBSCRIBE filters refused by the ACL",
+                      lambda s: s.get("auth", {}).get("denied_total", 0))
         yield gauge("brokerd_max_connections", "client connections the router accepts at most",
                     lambda s: s["clients"].get("max", 0))
         yield counter("brokerd_publishes_refused_log_unavailable", "QoS 1/2 publishes refused, never "

@@ -57,6 +57,9 @@ with a restarted worker: ``pid`` changes); rates are per second; sizes are bytes
                    while it is shorter)
     inflight       QoS 1/2 messages sent and not yet acknowledged, all sessions
     queued         QoS 1/2 messages waiting behind the inflight window or for an offline session
+    auth           {failures_total, denied_total}: CONNECTs refused by authentication (bad user
+                   name or password, anonymous not allowed, not authorized), and PUBLISH packets and
+                   SUBSCRIBE filters refused by the ACL (or $SYS/)
     drops          {queue_full, too_large, slow_consumer, mesh_backpressure, expired}
     process        {cpu_percent, cpu_seconds, rss_bytes} of the worker process (psutil);
                    cpu_percent over the last interval, 100 = one core
@@ -444,6 +447,7 @@ class StatsPublisher:
                 "protocol_errors_total": st.protocol_errors,
                 "max": router.max_connections,
             },
+            "auth": {"failures_total": st.auth_failures, "denied_total": st.acl_denied},
             "subscriptions": counts["subscriptions"],
             "filters": counts["filters"],
             "interest": counts["interest"],  # (filter, peer router) pairs this router forwards by

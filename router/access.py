@@ -46,9 +46,7 @@ def anonymous_refused(client: Client, connect: Connect) -> bool:
         return False
     client.level = connect.protocol_level
     client.client_id = connect.client_id
-    auth = client.router.auth
-    if auth is not None:
-        auth.failures += 1
+    client.router.stats.auth_failures += 1
     client._refuse(Reason.NOT_AUTHORIZED, f"anonymous clients not allowed on {listener.url} "
                    "(--allow-anonymous on, or allow_anonymous = true for the listener, to allow them)")
     return True
@@ -93,7 +91,7 @@ def _decided(client: Client, connect: Connect, reason: Reason | None) -> None:
                f"bad user name or password (user {user!r})" if reason == Reason.BAD_USER_NAME_OR_PASSWORD
                else f"user {user!r} not authorized")
     if reason is not None:
-        router.auth.failures += 1
+        router.stats.auth_failures += 1
         client._pending = None
         client._refuse(reason, why)  # never the password
         return
@@ -103,9 +101,7 @@ def _decided(client: Client, connect: Connect, reason: Reason | None) -> None:
 def refuse_publish(client: Client, p: Publish) -> None:
     """A PUBLISH the client may not make (ACL, ``$SYS/``): MQTT 5 gets 0x87 for QoS 1/2; MQTT 3.1.1
     has no way to say it, so the message is dropped and acknowledged, as Mosquitto does."""
-    auth = client.router.auth
-    if auth is not None:
-        auth.denied += 1
+    client.router.stats.acl_denied += 1
     log.debug("client %s: publish to %r denied", client.client_id, p.topic)
     if p.qos == 0:
         return
@@ -127,5 +123,6 @@ def may_subscribe(client: Client, topic_filter: str, shared: bool) -> bool:
         f = parsed[1] if parsed is not None else f
     if session.acl.may_subscribe(session.username, session.client_id, f, shared):
         return True
+    client.router.stats.acl_denied += 1
     log.info("client %s: subscription to %r not authorized", client.client_id, topic_filter)
     return False

@@ -292,8 +292,6 @@ class Auth:
         self._authorize = getattr(plugin, "authorize", None)
         self._rules: dict[tuple[str | None, str], list] = {}
         self._cache: dict[tuple, bool] = {}
-        self.failures = 0  # refused CONNECTs (bad credentials, not authorized)
-        self.denied = 0  # PUBLISH packets refused (ACL, $SYS/)
 
     @property
     def authorizes(self) -> bool:

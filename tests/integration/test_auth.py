@@ -281,3 +281,42 @@ def test_unconfigured_broker_unaffected(start_broker):
     a.subscribe("x/#", 1)
     a.publish("x/y", "1", 1)
     a.wait_topic("x/y")
+
+
+def test_auth_failures_and_acl_denials_are_counted_in_stats_and_metrics(start_broker, files):
+    """Refused CONNECTs and ACL refusals show in the snapshot (`brokerd stats --json`) and on /metrics."""
+    import time
+    import urllib.request
+
+    pw, acl = files
+    metrics = free_port()
+    b = start_broker("--password-file", str(pw), "--acl-file", str(acl), "--stats-interval", "0.2",
+                     "--metrics-port", str(metrics))
+    _client(b.port, "alice", "wrong").connect(expect_rc=0x86)
+    _client(b.port, None, None, True).connect(expect_rc=0x87)
+    alice = _client(b.port, "alice", PASSWORD).connect()
+    assert alice.subscribe("bob/#", 1) == [0x80]  # denied filter
+    alice.publish("bob/x", "no", 1)  # denied publish (MQTT 3.1.1: acknowledged, dropped)
+    alice.subscribe("alice/#", 1)  # allowed: not counted
+    locate = ["--node-id", "t", "--listen", f"{b.host}:{b.port}", "--stats-interval", "0.2", "--workers", "1"]
+    deadline = time.monotonic() + 20
+    while True:
+        out = subprocess.run([BROKERD, "stats", "--json", *locate], capture_output=True, text=True, timeout=30)
+        snaps = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+        got = [s["auth"] for s in snaps if s.get("kind") == "router"]
+        if got == [{"failures_total": 2, "denied_total": 2}]:
+            break
+        assert time.monotonic() < deadline, (got, out.stderr)
+        time.sleep(0.2)
+    text = ""
+    while time.monotonic() < deadline:
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
+        except OSError:
+            text = ""
+        if 'brokerd_auth_failures_total{node="t",router="w0"} 2.0' in text and \
+                'brokerd_acl_denied_total{node="t",router="w0"} 2.0' in text:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(text)
