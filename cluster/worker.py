@@ -58,6 +58,7 @@ class Worker:
             router_id=self.router_id,
             node_id=c.node_id,
             max_connections=connections_per_worker(c.max_connections, c.workers, open_files()),
+            workers=c.workers,
             max_packet_size=c.max_packet_size,
             session=SessionLimits(max_inflight=c.max_inflight, max_queued=c.max_queued),
             limits=ClientLimits.from_config(c),

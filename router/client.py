@@ -36,7 +36,16 @@ from brokerd.connection.reasons import ProtocolError, Reason, connack_code
 
 from .access import anonymous_refused, may_subscribe, refuse_publish, start_connect
 from .auth import may_publish
-from .limits import connack_limits, connect_refused, over_subscription_quota, server_keepalive, session_expiry
+from .limits import (
+    connack_limits,
+    connect_refused,
+    listener_closed,
+    listener_opened,
+    listener_refused,
+    over_subscription_quota,
+    server_keepalive,
+    session_expiry,
+)
 from .log.errors import LogUnavailable
 from .message import Message
 from .ports import TAKEOVER_FAILED
@@ -57,7 +66,7 @@ _PROTOCOLS = {3: "MQTT 3.1", 4: "MQTT 3.1.1", 5: "MQTT 5.0"}  # protocol level â
 
 class Client:
     __slots__ = ("conn", "router", "session", "client_id", "level", "will", "_pending", "_connecting",
-                 "_taken_over", "_max_qos", "_unconnected")
+                 "_taken_over", "_max_qos", "_unconnected", "_listener")
 
     def __init__(self, router: Router, conn: Connection) -> None:
         self.router = router
@@ -73,6 +82,7 @@ class Client:
         # A socket not yet CONNECTed holds a place under --max-connections until its CONNECT.
         self._unconnected = True
         router.stats.unconnected += 1
+        self._listener = listener_opened(router, conn)
 
     # -- Handler interface ----------------------------------------------------------------------------
 
@@ -147,6 +157,9 @@ class Client:
         if self._unconnected:
             self._unconnected = False
             router.stats.unconnected -= 1
+        if self._listener is not None:
+            listener_closed(router, self._listener)
+            self._listener = None
         if self.session is not None:  # it had connected (a connection taken over said so already)
             log.info("client %s (%s) disconnected (%s)", self.client_id, self.conn.peer,
                      "DISCONNECT" if graceful else "closed without DISCONNECT" +
@@ -194,6 +207,8 @@ class Client:
         if router.stats.connections + router.stats.unconnected >= router.config.max_connections:
             router.stats.refused_connections += 1
             self._refuse(Reason.SERVER_BUSY, f"max connections ({router.config.max_connections}) reached")
+            return
+        if self._listener is not None and listener_refused(self, self._listener):
             return
         if connect.will is not None:
             w = connect.will

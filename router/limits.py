@@ -9,6 +9,7 @@ swept by one timer per router (two generations), not one timer per message.
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -160,4 +161,50 @@ def over_subscription_quota(session: Session, topic_filter: str, shared: bool, l
     if len(session.subscriptions) + len(session.shared) < limits.max_subscriptions:
         return False
     stats.limit_subscriptions += 1
+    return True
+
+
+# -- a listener's max_connections ([[listener]] tables) ---------------------------------------------
+
+def listener_share(max_connections: int, workers: int) -> int:
+    """The sockets of one listener a router accepts: its share of the listener's max_connections
+    (each worker binds every listener, the kernel spreads the clients), as with --max-connections."""
+    return max(1, math.ceil(max_connections / workers))
+
+
+def listener_opened(router: Any, conn: Any) -> Any:
+    """Count a new socket against its listener's max_connections; returns the listener when it has
+    one (the client gives it back to ``listener_closed``), else None: no cost without the limit."""
+    listener = getattr(conn, "listener", None)
+    if listener is None or not listener.max_connections:
+        return None
+    sockets = router.listener_sockets
+    sockets[listener] = sockets.get(listener, 0) + 1
+    return listener
+
+
+def listener_closed(router: Any, listener: Any) -> None:
+    sockets = router.listener_sockets
+    n = sockets.get(listener, 0) - 1
+    if n > 0:
+        sockets[listener] = n
+    else:
+        sockets.pop(listener, None)
+
+
+def listener_refused(client: Any, listener: Any) -> bool:
+    """Refuse a CONNECT on a listener holding its share of max_connections (True when refused): its
+    sockets, this one included, open or not yet CONNECTed, as --max-connections counts them. CONNACK
+    0x03 server unavailable (MQTT 5: 0x89 server busy), counted in ``limit_listener_connections``
+    and ``refused_connections``."""
+    from brokerd.connection.reasons import Reason
+
+    router = client.router
+    share = listener_share(listener.max_connections, router.config.workers)
+    if router.listener_sockets.get(listener, 0) <= share:
+        return False
+    router.stats.limit_listener_connections += 1
+    router.stats.refused_connections += 1
+    client._refuse(Reason.SERVER_BUSY, f"listener {listener.url} at its max_connections "
+                   f"({listener.max_connections}: {share} per worker)")
     return True

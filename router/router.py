@@ -60,6 +60,7 @@ class RouterConfig:
     router_id: str = "r0"
     node_id: str = "local"
     max_connections: int = 100_000
+    workers: int = 1  # routers of the node: a listener's max_connections is shared among them
     max_packet_size: int = 1 << 20
     session: SessionLimits = field(default_factory=SessionLimits)
     limits: ClientLimits = field(default_factory=ClientLimits)
@@ -75,6 +76,7 @@ class Router(SharedRouting, SessionLife):
         self.qos2_sweeper = Qos2Sweeper(self.sessions, self.stats, config.limits.qos2_timeout)
         self.moving: dict[str, Session] = {}  # exported to another router, not yet confirmed there
         self.clients: dict[str, ClientHandle] = {}  # client id → the live connection's handler
+        self.listener_sockets: dict[Any, int] = {}  # listener with a max_connections → its open sockets here
         self.subs: TopicIndex[Session, Subscription] = TopicIndex()
         self.local_filters: dict[str, int] = {}  # filter → number of local sessions subscribed
         self.interest_pending: dict[str, Awaitable[None]] = {}  # announced, not yet acknowledged

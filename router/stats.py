@@ -10,9 +10,10 @@ from __future__ import annotations
 # retained messages delivered but not retained, connections closed for too many QoS 2 messages
 # awaiting PUBREL, QoS 2 packet ids forgotten after --qos2-timeout, connections closed holding an
 # unfinished packet, sockets closed over --max-connection-rate, reads paused over a client's rate,
-# and MQTT 5 session expiry intervals cut to --max-session-expiry.
+# MQTT 5 session expiry intervals cut to --max-session-expiry, and CONNECTs refused at a
+# [[listener]] table's max_connections.
 LIMITS = ("client_id", "keepalive", "subscriptions", "retained", "qos2_pending", "qos2_expired",
-          "packet_timeout", "connection_rate", "client_rate", "session_expiry")
+          "packet_timeout", "connection_rate", "client_rate", "session_expiry", "listener_connections")
 
 
 class RouterStats:

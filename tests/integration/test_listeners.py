@@ -17,7 +17,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from tests.helpers import WAIT, Client, cid, connect_packet, free_port
+from tests.helpers import BROKERD, WAIT, Broker, Client, cid, connect_packet, free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
@@ -280,3 +280,40 @@ def test_mqttjs_in_node_over_ws_and_wss(start_broker, certs, mqttjs):
         assert r.returncode == 0, (url, r.stdout, r.stderr)
         assert json.loads(r.stdout.strip().splitlines()[-1]) == {"topic": "js/echo",
                                                                  "payload": "hello from MQTT.js"}
+
+
+def test_a_listeners_max_connections_refuses_beyond_it_while_other_listeners_accept(xprocess, tmp_path):
+    """[[listener]] max_connections = 2 with one worker: the third client on that listener gets
+    CONNACK 0x89 server busy (MQTT 5; 3.1.1: 0x03), counted; the node's other listener still
+    accepts, and a place freed on the limited listener is taken again."""
+    port, limited = _ports(2)
+    toml = tmp_path / "listeners.toml"
+    toml.write_text(f'listen = "127.0.0.1:{port}"\n\n[[listener]]\nlisten = "mqtt://127.0.0.1:{limited}"\n'
+                    'max_connections = 2\n')
+    # Not start_broker: its --listen would replace the file's listeners.
+    broker = Broker(xprocess, f"brokerd-lim-{port}", ["--workers", "1", "--node-id", "t", "--data-dir",
+                    str(tmp_path / "data"), "--config", str(toml), "--stats-interval", "0.2"], "127.0.0.1", port)
+    broker.start()
+    try:
+        _listener_limit(broker, limited)
+    finally:
+        xprocess.getinfo(broker.name).terminate(timeout=15)
+
+
+def _listener_limit(broker: Broker, limited: int) -> None:
+    assert "at most 2 clients" in broker.log_text()
+    first, second = (Client(limited, cid("lim"), protocol=mqtt.MQTTv5).connect() for _ in range(2))
+    Client(limited, cid("lim"), protocol=mqtt.MQTTv5).connect(expect_rc=0x89)
+    Client(limited, cid("lim")).connect(expect_rc=0x88)  # MQTT 3.1.1's 0x03, as paho reports it
+    others = [Client(broker.port, cid("other")).connect() for _ in range(3)]
+    assert "at its max_connections (2: 2 per worker)" in broker.log_text()
+    first.disconnect()
+    third = Client(limited, cid("lim")).connect()
+    third.subscribe("lim/#", 1)
+    others[0].publish("lim/x", b"through", 1)
+    assert third.wait_messages(1)[0].payload == b"through"
+    out = subprocess.run([BROKERD, "stats", "--json", "--node-id", "t", "--listen", f"127.0.0.1:{broker.port}",
+                          "--stats-interval", "0.2", "--workers", "1"], capture_output=True, text=True, timeout=30)
+    (snap,) = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert snap["limits"]["listener_connections"] == 2 and snap["clients"]["refused_total"] == 2
+    Client.close_all([second, third, *others])
