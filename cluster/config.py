@@ -138,8 +138,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("fsync", _word, "interval", "fsync policy of the commit log", choices=("always", "interval", "never")),
     Option("fsync_interval_ms", int, 1000, "fsync period with --fsync interval (sooner once 4 MiB wait for it)", "MS", check=_at_least(1)),
     Option("segment_bytes", _size, 64 << 20, "commit log segment size", "BYTES", check=_at_least(4096)),
-    Option("retention_bytes", _size, 0, "delete old segments beyond this total size per router (0: no limit)",
-           "BYTES", check=_at_least(0)),
+    Option("retention_bytes", _size, 10 << 30, "delete old segments beyond this total size per router, so "
+           "that a flood to topics nobody reads cannot fill the disk (0: no limit)", "BYTES", check=_at_least(0)),
     Option("retention_hours", float, 168.0, "delete segments older than this (0: keep forever)", "HOURS",
            check=_at_least(0)),
     Option("max_packet_size", _size, 1 << 20, "largest MQTT packet accepted (bigger: connection closed)",
@@ -239,7 +239,7 @@ class Config:
     fsync: str = "interval"
     fsync_interval_ms: int = 1000
     segment_bytes: int = 64 << 20
-    retention_bytes: int = 0
+    retention_bytes: int = 10 << 30
     retention_hours: float = 168.0
     max_packet_size: int = 1 << 20
     max_topic_levels: int = 128

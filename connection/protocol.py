@@ -21,6 +21,7 @@ from .codec import DEFAULT_MAX_TOPIC_LEVELS, Decoder, encode, is_tls_client_hell
 from .flow import BUDGET, FlowControl
 from .listener import Listener
 from .packets import MQTT_5, Connack, Connect, Disconnect, Packet, Pingreq, Pingresp
+from .ratelimit import VIOLATIONS
 from .reasons import ProtocolError, Reason
 
 log = logging.getLogger(__name__)
@@ -343,8 +344,8 @@ class MQTTConnection(asyncio.Protocol):
             self.transport.abort()
 
     def protocol_violation(self, exc: ProtocolError) -> None:
-        log.warning("client %s (%s): %s; closing the connection",
-                    self.client_id or "-", self.peer, exc.rule)
+        VIOLATIONS.warning(log, "client %s (%s): %s; closing the connection",  # at most 10 a second
+                           self.client_id or "-", self.peer, exc.rule)
         counted = getattr(self.handler, "violation", None)
         if counted is not None:
             counted(exc)

@@ -437,3 +437,20 @@ def _connects(port: int) -> bool:
     ok = raw.recv_exact(4) == b"\x20\x02\x00\x00"
     raw.close()
     return ok
+
+
+def test_protocol_violation_warnings_are_rate_limited(start_broker):
+    import time
+
+    broker = start_broker()
+    for _ in range(15):  # the first packet must be CONNECT: 15 violations within a second
+        raw = RawClient(broker.port)
+        raw.send(bytes([0xC0, 0]))
+        raw.recv_until_closed()
+    time.sleep(1.1)
+    raw = RawClient(broker.port)
+    raw.send(bytes([0xC0, 0]))
+    raw.recv_until_closed()
+    broker.wait_log("more protocol violation warnings suppressed)")
+    assert broker.log_text().count("the first packet must be CONNECT") <= 11
+    Client(broker.port, cid("after-violations")).connect()
