@@ -194,6 +194,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("stats_port", int, None, "publish stats on tcp://HOST:PORT+i (router i) instead of ipc", "PORT",
            check=_port),
     Option("metrics_port", int, None, "serve Prometheus /metrics on this port", "PORT", check=_port),
+    Option("metrics_host", str, "127.0.0.1", "address /metrics listens on (give 0.0.0.0 or an interface's "
+           "address for a Prometheus on another host)", "HOST"),
+    Option("metrics_password_file", str, None, "require HTTP basic auth on /metrics: users and passwords in "
+           "Mosquitto's format (`brokerd passwd FILE USER`)", "FILE"),
+    Option("metrics_certfile", str, None, "serve /metrics over HTTPS with this certificate (PEM)", "FILE"),
+    Option("metrics_keyfile", str, None, "the private key of --metrics-certfile (PEM)", "FILE"),
+    Option("stats_host", str, "127.0.0.1", "address of the tcp stats sockets with --stats-port (give "
+           "an interface's address for `brokerd stats` on other hosts; not authenticated)", "HOST"),
+    Option("stats_clients", _on_off, True, "include per-client rows (client ids, addresses) in stats "
+           "snapshots and `brokerd stats --connections`; off keeps them out of every stats socket", "on|off"),
     Option("sys_interval", float, 10.0, "seconds between $SYS topic updates (0: off)", "SECONDS",
            check=_at_least(0)),
     Option("log_level", _word, "info", "logging level", choices=("debug", "info", "warning", "error")),
@@ -265,6 +275,12 @@ class Config:
     stats_interval: float = 1.0
     stats_port: int | None = None
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    metrics_password_file: str | None = None
+    metrics_certfile: str | None = None
+    metrics_keyfile: str | None = None
+    stats_host: str = "127.0.0.1"
+    stats_clients: bool = True
     sys_interval: float = 10.0
     log_level: str = "info"
     log_file: str | None = None
@@ -437,15 +453,14 @@ _WILDCARDS = ("", "0.0.0.0", "::")
 def _check_ports(cfg: Config) -> None:
     """The rules between port options (one option's own rules are its ``check``): a range of one port
     per worker must end by 65535, and no two listeners of the node may share a port on one address."""
-    host = cfg.listen[0]
     used: list[tuple[str, str, range]] = [("--listen", x.host, range(x.port, x.port + 1))
                                           for x in cfg.listeners or [_listeners.DEFAULT]]
     if cfg.mesh is not None:
         used.append(("--mesh", cfg.mesh[0], range(cfg.mesh[1], cfg.mesh[1] + cfg.workers)))
     if cfg.stats_port:
-        used.append(("--stats-port", host, range(cfg.stats_port, cfg.stats_port + cfg.workers)))
+        used.append(("--stats-port", cfg.stats_host, range(cfg.stats_port, cfg.stats_port + cfg.workers)))
     if cfg.metrics_port:
-        used.append(("--metrics-port", host, range(cfg.metrics_port, cfg.metrics_port + 1)))
+        used.append(("--metrics-port", cfg.metrics_host, range(cfg.metrics_port, cfg.metrics_port + 1)))
     for i, (flag, addr, ports) in enumerate(used):
         if ports[-1] > 65535:
             raise ConfigError(f"{flag}: ports {ports[0]}-{ports[-1]} (one per worker, {cfg.workers} workers) "

@@ -383,7 +383,7 @@ class Mesh:
             if self.config.stats_port:
                 # Where other nodes' `brokerd stats --cluster` reads this router (a tcp stats socket,
                 # at the listener's address, or the mesh's advertised one for a wildcard listener).
-                stats_host = self.config.listen[0]
+                stats_host = self.config.stats_host
                 if stats_host in ("0.0.0.0", "::", ""):
                     stats_host = advertised
                 self.stats_tcp = f"tcp://{stats_host}:{self.config.stats_port + self.index}"

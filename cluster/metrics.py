@@ -293,7 +293,7 @@ def metrics_text(stats: NodeStats) -> bytes:
 
 def metrics_address(config: Config) -> tuple[str, int]:
     assert config.metrics_port is not None
-    return config.listen[0], config.metrics_port
+    return config.metrics_host, config.metrics_port
 
 
 def check_metrics_port(config: Config) -> str | None:
@@ -339,15 +339,18 @@ def aux_main(config: Config, supervisor_pid: int, ready_fd: int | None = None) -
     stats = NodeStats(config.node_id, config.workers, interval, started)
     server = None
     if config.metrics_port:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry
+
+        from .metrics_http import serve
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SnapshotCollector(stats))
         host, port = metrics_address(config)
         try:
-            server, _ = start_http_server(port, host, registry=registry)
-        except OSError as exc:
-            log.error("--metrics-port: cannot serve on %s:%d: %s", host, port, exc.strerror)
+            server = serve(registry, host, port, password_file=config.metrics_password_file,
+                           certfile=config.metrics_certfile, keyfile=config.metrics_keyfile)
+        except (OSError, ValueError) as exc:
+            log.error("--metrics-port: cannot serve on %s:%d: %s", host, port, getattr(exc, "strerror", None) or exc)
             return 2
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)

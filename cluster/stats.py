@@ -142,7 +142,7 @@ def router_endpoint(config: Config, index: int, *, bind: bool = False, host: str
     """Router ``index``'s stats socket; ``host`` overrides the --listen host (remote nodes)."""
     if not config.stats_port:
         return stats_endpoint(config, index)
-    return stats_endpoint(config, index, zmq_host(host or config.listen[0], bind=bind))
+    return stats_endpoint(config, index, zmq_host(host or config.stats_host, bind=bind))
 
 
 def node_endpoint(config: Config) -> str:
@@ -316,7 +316,7 @@ class StatsPublisher:
             snap = self.snapshot(lag)
             assert self.pub is not None
             self.pub.send_multipart([TOPIC_SNAPSHOT, self._packer.pack(snap)], zmq.NOBLOCK)
-            if self._wants(TOPIC_CONNECTIONS):
+            if self.config.stats_clients and self._wants(TOPIC_CONNECTIONS):
                 self.pub.send_multipart([TOPIC_CONNECTIONS, self._packer.pack(self.connection_list())],
                                         zmq.NOBLOCK)
             if self.config.sys_interval > 0 and time.monotonic() >= self._sys_due:
@@ -471,7 +471,8 @@ class StatsPublisher:
             "limits": {name: getattr(st, f"limit_{name}") for name in LIMITS},
             "process": {"cpu_percent": cpu_percent, "cpu_seconds": cpu_seconds, "rss_bytes": mem},
             "loop_lag": lag,
-            "top": [_client_row(c) for c in heapq.nlargest(TOP_N, router.clients(), key=_client_bytes)],
+            "top": ([_client_row(c) for c in heapq.nlargest(TOP_N, router.clients(), key=_client_bytes)]
+                    if self.config.stats_clients else []),
             # Peer routers' stats sockets that can be read from elsewhere (`brokerd stats --cluster`).
             "peer_stats": router.peer_stats_endpoints(),
         }

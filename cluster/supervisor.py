@@ -86,9 +86,9 @@ class Supervisor:
         if cfg.mesh is not None:
             probes += [("--mesh", cfg.mesh[0], cfg.mesh[1] + i) for i in range(cfg.workers)]
         if cfg.stats_port:
-            probes += [("--stats-port", host, cfg.stats_port + i) for i in range(cfg.workers)]
+            probes += [("--stats-port", cfg.stats_host, cfg.stats_port + i) for i in range(cfg.workers)]
         if cfg.metrics_port:
-            probes.append(("--metrics-port", host, cfg.metrics_port))
+            probes.append(("--metrics-port", cfg.metrics_host, cfg.metrics_port))
         for option, addr, port in probes:
             problem = _bind_problem(addr, port)
             if problem:
@@ -331,7 +331,6 @@ def ready_line(cfg: Config) -> str:
     from . import __version__
     from .stats import router_endpoint
 
-    host = cfg.listen[0]
     parts = [f"brokerd ready: brokerd {__version__}", f"node {cfg.node_id}",
              "MQTT on " + (", ".join(x.url.removeprefix("mqtt://") for x in cfg.listeners) or _address(*cfg.listen)), f"{cfg.workers} worker{'s' if cfg.workers != 1 else ''}",
              f"data {os.path.abspath(os.path.join(cfg.data_dir, cfg.node_id))} (fsync {cfg.fsync})" if cfg.log
@@ -342,8 +341,11 @@ def ready_line(cfg: Config) -> str:
     else:
         parts.append("single node (no --mesh)")
     if cfg.metrics_port:
-        shown = socket.gethostname() if host in ("", "0.0.0.0", "::") else host
-        parts.append(f"metrics http://{_address(shown, cfg.metrics_port)}/metrics")
+        mhost = cfg.metrics_host
+        shown = socket.gethostname() if mhost in ("", "0.0.0.0", "::") else mhost
+        scheme = "https" if cfg.metrics_certfile else "http"
+        parts.append(f"metrics {scheme}://{_address(shown, cfg.metrics_port)}/metrics"
+                     + (" (basic auth)" if cfg.metrics_password_file else ""))
     else:
         parts.append("metrics off")
     parts.append(f"stats {router_endpoint(cfg, 0)}" + (" (router 0)" if cfg.workers > 1 else ""))

@@ -53,8 +53,9 @@ def mesh_peers(node: Broker, timeout: float = 15.0, until=None) -> dict[str, set
     args = node.args
     node_id, workers = args[args.index("--node-id") + 1], int(args[args.index("--workers") + 1])
     given = ["--node-id", node_id, "--listen", f"{node.host}:{node.port}"]
-    if "--stats-port" in args:
-        given += ["--stats-port", args[args.index("--stats-port") + 1]]
+    for flag in ("--stats-port", "--stats-host"):
+        if flag in args:
+            given += [flag, args[args.index(flag) + 1]]
     base = node.env.get("BROKERD_RUN_DIR")  # the broker's own run directory base, if it was given one
     reader = StatsReader(load(given, environ={}), workers=workers,
                          run_path=os.path.join(base, f"{node_id}-{node.port}") if base else None)

@@ -290,7 +290,7 @@ def test_dockerfile():
     assert {"1883", "9883"} <= set(exposed)
     assert json.loads(next(arg for w, arg in final if w == "ENTRYPOINT")) == ["brokerd"]
     env = dict(re.findall(r"(BROKERD_[A-Z_]+)=(\S+)", " ".join(arg for w, arg in final if w == "ENV")))
-    assert env == {"BROKERD_DATA_DIR": "/data", "BROKERD_METRICS_PORT": "9883"}
+    assert env == {"BROKERD_DATA_DIR": "/data", "BROKERD_METRICS_PORT": "9883", "BROKERD_METRICS_HOST": "0.0.0.0"}
     assert set(env) <= OPTION_VARS.keys()
     # What it copies exists and .dockerignore lets it into the build context; .git and .venv stay out.
     ignore = [line for line in (ROOT / ".dockerignore").read_text().splitlines()

@@ -584,7 +584,7 @@ def test_stats_cluster_view_from_one_node(start_in, tmp_path):
     nodes = []
     for i, (host, name) in enumerate(zip(hosts, "abc", strict=True)):
         peer = 1 if i == 0 else i - 1
-        extra = ["--stats-port", str(stats_port)] if name == "c" else []
+        extra = ["--stats-port", str(stats_port), "--stats-host", host] if name == "c" else []
         # c runs "on another host": another run directory base, its stats on tcp.
         nodes.append(start_in(here if name != "c" else elsewhere, "--mesh", f"{host}:{ports[i]}", "--peer",
                               f"{hosts[peer]}:{ports[peer]}", *extra, workers=WORKERS, host=host, node_id=name))

@@ -56,3 +56,72 @@ def test_what_a_broker_keeps_on_disk_is_its_users_alone(start_broker, tmp_path):
         assert stat.S_IMODE(p.stat().st_mode) & 0o077 == 0, f"{p.name} is {oct(p.stat().st_mode)}"
     for d in (tmp_path / "data" / "t", router_dir):
         assert stat.S_IMODE(d.stat().st_mode) == 0o700, f"{d} is {oct(d.stat().st_mode)}"
+
+
+def _get(url: str, *, auth: tuple[str, str] | None = None, ca: str | None = None) -> tuple[int, bytes]:
+    import base64
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url)
+    if auth is not None:
+        req.add_header("Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
+    ctx = ssl.create_default_context(cafile=ca) if ca else None
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_metrics_listen_on_loopback_unless_an_address_is_given(start_broker):
+    import socket as socket_
+
+    from tests.helpers import free_port, wait_for
+
+    mport = free_port()
+    broker = start_broker("--metrics-port", str(mport), host="0.0.0.0")
+    wait_for(lambda: _get(f"http://127.0.0.1:{mport}/metrics")[0] == 200, what="/metrics on loopback")
+    with pytest.raises(OSError), socket_.create_connection(("127.0.0.2", mport), timeout=5):
+        pass  # the MQTT listener is on 0.0.0.0, /metrics only on 127.0.0.1
+    assert broker.pid
+
+
+def test_metrics_behind_basic_auth_and_tls(start_broker, tmp_path):
+    import subprocess
+
+    from tests.helpers import BROKERD, free_port, wait_for
+
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                    "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", "m.key", "-out",
+                    "m.pem"], cwd=tmp_path, check=True, capture_output=True, timeout=60)
+    pw = tmp_path / "metrics.passwd"
+    subprocess.run([BROKERD, "passwd", str(pw), "prometheus"], input="scrape-secret\n", text=True,
+                   check=True, capture_output=True, timeout=30)
+    mport = free_port()
+    broker = start_broker("--metrics-port", str(mport), "--metrics-password-file", str(pw),
+                          "--metrics-certfile", str(tmp_path / "m.pem"), "--metrics-keyfile", str(tmp_path / "m.key"))
+    url, ca = f"https://127.0.0.1:{mport}/metrics", str(tmp_path / "m.pem")
+    wait_for(lambda: _get(url, ca=ca)[0] == 401, what="/metrics over TLS refusing a scrape without credentials")
+    assert _get(url, auth=("prometheus", "wrong"), ca=ca)[0] == 401
+    status, body = _get(url, auth=("prometheus", "scrape-secret"), ca=ca)
+    assert status == 200 and b"brokerd_info" in body
+    assert f"metrics https://127.0.0.1:{mport}/metrics (basic auth)" in broker.log_text()
+    assert "scrape-secret" not in broker.log_text()
+
+
+def test_stats_without_per_client_rows(start_broker):
+    import json
+    import subprocess
+
+    from tests.helpers import BROKERD
+
+    broker = start_broker("--stats-clients", "off", "--stats-interval", "0.2")
+    Client(broker.port, "private-device-7").connect()
+    r = subprocess.run([BROKERD, "stats", "--json", "--node-id", "t", "--listen", f"127.0.0.1:{broker.port}",
+                        "--stats-interval", "0.2", "--workers", "1"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    snap = json.loads(r.stdout.splitlines()[0])
+    assert snap["clients"]["connected"] == 1 and snap["top"] == []
+    assert "private-device-7" not in r.stdout
