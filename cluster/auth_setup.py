@@ -119,15 +119,19 @@ def reload(router: Any, config: Config) -> None:
 
 
 def forward_reload(config: Config, pids: dict[int, int]) -> bool:
-    """In the supervisor, on SIGHUP: tell every worker to reload. False when nothing is configured."""
-    if not (config.password_file or config.acl_file):
+    """In the supervisor, on SIGHUP: tell every worker to reload its password and ACL files and its
+    TLS listeners' certificates. False when there is nothing of the kind."""
+    tls = any(x.tls for x in config.listeners)
+    if not (config.password_file or config.acl_file or tls):
         return False
     for pid in pids:
         try:
             os.kill(pid, signal.SIGUSR1)
         except ProcessLookupError:
             pass
-    log.info("SIGHUP: workers reload the password and ACL files")
+    log.info("SIGHUP: workers reload %s", " and ".join(
+        (["the password and ACL files"] if config.password_file or config.acl_file else [])
+        + (["the TLS certificates"] if tls else [])))
     return True
 
 

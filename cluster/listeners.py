@@ -152,10 +152,12 @@ def tls_problem(listeners: tuple[Listener, ...]) -> str | None:
     return None
 
 
-async def serve_listeners(loop: Any, settings: Any, connection: Callable[[Listener], Any]) -> list[Any]:
+async def serve_listeners(loop: Any, settings: Any, connection: Callable[[Listener], Any],
+                          contexts: dict[Listener, Any] | None = None) -> list[Any]:
     """Bind every listener of ``settings`` (SO_REUSEPORT: each worker binds them all, the kernel spreads
     the clients). ``connection(listener)`` makes the MQTT protocol of one client; which layers go around
-    it (TLS, WebSocket) is decided here, once per listener, never per packet."""
+    it (TLS, WebSocket) is decided here, once per listener, never per packet. ``contexts`` gets each
+    TLS listener's SSL context (what ``reload_tls`` reloads)."""
     from functools import partial
 
     servers = []
@@ -166,6 +168,8 @@ async def serve_listeners(loop: Any, settings: Any, connection: Callable[[Listen
             from brokerd.connection.tls import server_context
 
             context = server_context(x)
+            if contexts is not None:
+                contexts[x] = context
         if x.websocket:
             from brokerd.connection.websocket import WebSocketConnection
 
@@ -176,3 +180,20 @@ async def serve_listeners(loop: Any, settings: Any, connection: Callable[[Listen
         servers.append(await loop.create_server(factory, x.host, x.port, ssl=context, reuse_port=True,
                                                 backlog=4096))
     return servers
+
+
+def reload_tls(contexts: dict[Listener, Any]) -> None:
+    """SIGUSR1 in a worker (the supervisor's SIGHUP): the TLS listeners' certificate, key and CA files
+    again, for new connections; on an error the listener keeps what it had (logged)."""
+    import logging
+
+    from brokerd.connection.tls import reload_context
+
+    log = logging.getLogger(__name__)
+    for listener, context in contexts.items():
+        try:
+            reload_context(context, listener)
+        except (ValueError, OSError) as exc:
+            log.error("%s: TLS files not reloaded, the previous certificate stays in use: %s", listener.url, exc)
+        else:
+            log.info("%s: TLS certificate reloaded from %s", listener.url, listener.certfile)

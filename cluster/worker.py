@@ -23,7 +23,7 @@ from brokerd.router.session import SessionLimits
 
 from .config import Config
 from .limits import connections_per_worker, open_files
-from .listeners import serve_listeners
+from .listeners import reload_tls, serve_listeners
 from .stats import ConnectionSet
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ class Worker:
         self.turn: TurnBudget | None = None  # made in start(): the fan budget counts the router's deliveries
         self.router: Router | None = None
         self.servers: list[asyncio.base_events.Server] = []  # one per listener
+        self.tls_contexts: dict[Listener, Any] = {}  # TLS listeners' SSL contexts, reloaded on SIGUSR1
         self.mesh: Any = None
         # Banks each leaving connection's counters, so router totals outlive connections at no
         # per-message cost (read by the stats publisher).
@@ -97,11 +98,17 @@ class Worker:
                 from brokerd.router.persistence import restore_missing_copies
 
                 restore_missing_copies(self.router, os.path.join(c.data_dir, c.node_id), self.name)
-        self.servers = await serve_listeners(self.loop, c, self._protocol)
+        self.servers = await serve_listeners(self.loop, c, self._protocol, self.tls_contexts)
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stop.set)
-        self.loop.add_signal_handler(signal.SIGUSR1, reload_auth, self.router, c)  # the supervisor's SIGHUP
+        self.loop.add_signal_handler(signal.SIGUSR1, self._reload, reload_auth)  # the supervisor's SIGHUP
         self._start_stats()
+
+    def _reload(self, reload_auth: Any) -> None:
+        """SIGUSR1 (the supervisor's SIGHUP): the password and ACL files, and the TLS certificates."""
+        if self.config.password_file or self.config.acl_file:
+            reload_auth(self.router, self.config)
+        reload_tls(self.tls_contexts)
 
     # -- commit log -----------------------------------------------------------------------------------
 

@@ -7,7 +7,11 @@ decrypted bytes and its peer's verified certificate: ``peer_identity`` reads the
 
 from __future__ import annotations
 
+import os
+import shutil
 import ssl
+import tempfile
+from dataclasses import replace
 from typing import Any
 
 from .listener import Listener
@@ -38,6 +42,35 @@ def server_context(listener: Listener) -> ssl.SSLContext:
                              f"{getattr(exc, 'reason', None) or exc.strerror or exc}") from None
         ctx.verify_mode = ssl.CERT_REQUIRED if listener.require_certificate else ssl.CERT_OPTIONAL
     return ctx
+
+
+def reload_context(ctx: ssl.SSLContext, listener: Listener) -> None:
+    """Load the listener's certificate, key and CA files again into its live context (SIGHUP): the
+    connections accepted from now on get them, established ones keep what they negotiated. The files
+    are copied first and checked in a context of their own, so a bad, missing or half-written file
+    raises ValueError and leaves ``ctx`` as it was. A CA file's certificates are added: a CA that was
+    trusted stays trusted until a restart."""
+    with tempfile.TemporaryDirectory(prefix="brokerd-tls-") as staging:  # mode 0700: the key stays private
+        copies: dict[str, str] = {}
+        for name in ("certfile", "keyfile", "cafile"):
+            path = getattr(listener, name)
+            if path:
+                copy = copies[name] = os.path.join(staging, name)
+                try:
+                    shutil.copyfile(path, copy)
+                except OSError as exc:
+                    raise ValueError(f"--{name}: cannot read {path}: {exc.strerror}") from None
+        staged = replace(listener, **copies)
+        try:
+            server_context(staged)
+        except ValueError as exc:
+            message = str(exc)
+            for name, copy in copies.items():
+                message = message.replace(copy, getattr(listener, name))
+            raise ValueError(message) from None
+        ctx.load_cert_chain(staged.certfile, staged.keyfile)  # type: ignore[arg-type]
+        if staged.cafile:
+            ctx.load_verify_locations(cafile=staged.cafile)
 
 
 def peer_identity(transport: Any) -> str | None:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -317,3 +319,52 @@ def _listener_limit(broker: Broker, limited: int) -> None:
     (snap,) = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert snap["limits"]["listener_connections"] == 2 and snap["clients"]["refused_total"] == 2
     Client.close_all([second, third, *others])
+
+
+def _served_cn(port: int, ca: str) -> str:
+    """The common name of the certificate the TLS listener on ``port`` serves (verified against ``ca``)."""
+    ctx = ssl.create_default_context(cafile=ca)
+    with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as raw, \
+            ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        cert = tls.getpeercert()
+    return {k: v for rdn in cert["subject"] for k, v in rdn}["commonName"]
+
+
+def test_sighup_reloads_the_tls_certificate_for_new_connections(start_broker, certs, tmp_path):
+    """SIGHUP to the supervisor: every worker loads the certificate files again. New connections get the
+    new certificate, established ones stay; a bad file keeps the old certificate (an error logged)."""
+    d = Path(certs["ca.pem"]).parent
+    (tmp_path / "renewed.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=renewed", "-keyout", "renewed.key",
+             "-out", "renewed.csr", cwd=tmp_path)
+    _openssl("x509", "-req", "-in", "renewed.csr", "-CA", str(d / "ca.pem"), "-CAkey", str(d / "ca.key"),
+             "-CAcreateserial", "-days", "2", "-out", "renewed.pem", "-extfile", "renewed.ext", cwd=tmp_path)
+    cert, key = tmp_path / "live.pem", tmp_path / "live.key"
+    shutil.copyfile(certs["server.pem"], cert)
+    shutil.copyfile(certs["server.key"], key)
+    (tls,) = _ports(1)
+    broker = start_broker("--listen", f"mqtts://127.0.0.1:{tls}", "--certfile", str(cert), "--keyfile", str(key),
+                          "--cafile", certs["ca.pem"], workers=2)
+    ca = certs["ca.pem"]
+    assert _served_cn(tls, ca) == "localhost"
+    before = LClient(tls, cid("before"), tls={"ca_certs": ca}).connect()
+    before.subscribe("tls/#", 1)
+    # A half-written certificate: the old one stays in use.
+    cert.write_text("-----BEGIN CERTIFICATE-----\nnot a certificate\n")
+    os.kill(broker.pid, signal.SIGHUP)
+    broker.wait_log("TLS files not reloaded")
+    assert all(_served_cn(tls, ca) == "localhost" for _ in range(4))
+    shutil.copyfile(tmp_path / "renewed.pem", cert)
+    shutil.copyfile(tmp_path / "renewed.key", key)
+    os.kill(broker.pid, signal.SIGHUP)
+    broker.wait_log("TLS certificate reloaded")
+    deadline = time.monotonic() + WAIT  # both workers (the kernel spreads new connections among them)
+    while broker.log_text().count(f"mqtts://127.0.0.1:{tls}: TLS certificate reloaded") < 2:
+        assert time.monotonic() < deadline, broker.log_text()
+        time.sleep(0.05)
+    assert {_served_cn(tls, ca) for _ in range(8)} == {"renewed"}
+    after = LClient(tls, cid("after"), tls={"ca_certs": ca}).connect()
+    after.publish("tls/x", b"renewed", 1)
+    assert before.wait_messages(1)[0].payload == b"renewed" and not before.disconnected.is_set()
+    assert "Traceback" not in broker.log_text()
+    Client.close_all([before, after])
