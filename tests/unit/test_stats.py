@@ -213,11 +213,15 @@ def test_publish_sys_sends_router_topics_cluster_wide_and_node_topics_locally():
 def test_endpoints():
     ipc = Config(node_id="n", listen=("0.0.0.0", 1883))
     assert router_endpoint(ipc, 1).startswith("ipc://") and router_endpoint(ipc, 1).endswith("/w1.stats")
+    # tcp stats sockets bind to --stats-host (loopback by default), whatever the MQTT listener's address
     tcp = Config(node_id="n", listen=("0.0.0.0", 1883), stats_port=9900)
     assert router_endpoint(tcp, 2) == "tcp://127.0.0.1:9902"
-    assert router_endpoint(tcp, 0, bind=True) == "tcp://0.0.0.0:9900"
+    assert router_endpoint(tcp, 0, bind=True) == "tcp://127.0.0.1:9900"
     assert router_endpoint(tcp, 0, host="10.1.2.3") == "tcp://10.1.2.3:9900"
-    assert router_endpoint(Config(listen=("::", 1), stats_port=5), 0) == "tcp://[::1]:5"
+    wide = Config(node_id="n", stats_port=9900, stats_host="0.0.0.0")
+    assert router_endpoint(wide, 0, bind=True) == "tcp://0.0.0.0:9900"
+    assert router_endpoint(wide, 0) == "tcp://127.0.0.1:9900"  # a reader on this host
+    assert router_endpoint(Config(stats_host="::", stats_port=5), 0) == "tcp://[::1]:5"
 
 
 def test_human_units():
