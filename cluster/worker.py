@@ -14,6 +14,7 @@ import signal
 from typing import Any
 
 from brokerd.connection.batching import EndOfTick, TurnBudget
+from brokerd.connection.guard import ConnectionGuard
 from brokerd.connection.listener import Listener
 from brokerd.connection.protocol import MQTTConnection
 from brokerd.router.client import Client
@@ -42,6 +43,7 @@ class Worker:
         self.loop = asyncio.get_event_loop()
         self.batcher = EndOfTick(self.loop)
         self.turn: TurnBudget | None = None  # made in start(): the fan budget counts the router's deliveries
+        self.guard: ConnectionGuard | None = None  # made in start(): it counts in the router's stats
         self.router: Router | None = None
         self.servers: list[asyncio.base_events.Server] = []  # one per listener
         self.tls_contexts: dict[Listener, Any] = {}  # TLS listeners' SSL contexts, reloaded on SIGUSR1
@@ -73,7 +75,8 @@ class Worker:
         return MQTTConnection(self._open, self.batcher, max_packet_size=self.config.max_packet_size,
                               write_buffer_high=self.config.max_client_buffer,
                               read_budget=self.config.read_budget, turn=self.turn,
-                              max_topic_levels=self.config.max_topic_levels, listener=listener)
+                              max_topic_levels=self.config.max_topic_levels, listener=listener,
+                              guard=self.guard)
 
     async def start(self) -> None:
         c = self.config
@@ -85,6 +88,12 @@ class Worker:
         if c.turn_budget or c.fan_budget:
             stats = self.router.stats
             self.turn = TurnBudget(self.loop, c.turn_budget, c.fan_budget, lambda: stats.msgs_out)
+        # Connection-layer limits: the listener's rate is shared by the workers (the kernel spreads
+        # connections over them), a client's rates and the unfinished-packet timeout are per client.
+        self.guard = ConnectionGuard(
+            self.loop, connection_rate=c.max_connection_rate / c.workers if c.max_connection_rate else 0.0,
+            msg_rate=c.max_client_msg_rate, byte_rate=c.max_client_byte_rate, packet_timeout=c.packet_timeout,
+            stats=self.router.stats, connections=lambda: self.connections)
         if c.log:
             self._open_log()
         if c.workers > 1 or c.mesh is not None:

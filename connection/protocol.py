@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from collections.abc import Callable
 from typing import Protocol
 
 from .batching import EndOfTick, TurnBudget
 from .codec import DEFAULT_MAX_TOPIC_LEVELS, Decoder, encode, is_tls_client_hello
 from .flow import BUDGET, FlowControl
+from .guard import RATE, ClientRate, ConnectionGuard
 from .listener import Listener
 from .packets import MQTT_5, Connack, Connect, Disconnect, Packet, Pingreq, Pingresp
 from .ratelimit import VIOLATIONS
@@ -117,6 +119,7 @@ class MQTTConnection(asyncio.Protocol):
         turn: TurnBudget | None = None,
         max_topic_levels: int = DEFAULT_MAX_TOPIC_LEVELS,
         listener: Listener | None = None,
+        guard: ConnectionGuard | None = None,
     ) -> None:
         """``read_budget``: most packets of one connection decoded and handled per loop iteration;
         the rest of a read stays undecoded, with reading paused, until the next iteration. Without
@@ -133,6 +136,9 @@ class MQTTConnection(asyncio.Protocol):
                                 max_topic_levels=max_topic_levels)
         self.max_topic_levels = max_topic_levels
         self.listener = listener
+        self._guard = guard
+        self._rate: ClientRate | None = guard.client_rate() if guard is not None else None
+        self.partial_since = 0.0  # when the unfinished packet it holds began (0: none)
         self.tls_identity: str | None = None
         self._write_buffer_high = write_buffer_high
         self.transport: asyncio.Transport | None = None
@@ -167,6 +173,11 @@ class MQTTConnection(asyncio.Protocol):
             self.peer = f"{peer[0]}:{peer[1]}"
         transport.set_write_buffer_limits(high=self._write_buffer_high)
         self._last_rx = self._loop.time()
+        guard = self._guard
+        if guard is not None and not guard.admit(self.listener):
+            log.debug("%s: over the listener's --max-connection-rate; closed", self.peer)
+            self.abort()
+            return
         self._timer = self._loop.call_later(CONNECT_TIMEOUT_S, self._connect_timeout)
         listener = self.listener
         if listener is not None and listener.tls:  # the loop finished the handshake before this call
@@ -204,6 +215,8 @@ class MQTTConnection(asyncio.Protocol):
                 self.protocol_violation(exc)
             return
         flow.took(len(packets))
+        if self._guard is not None:
+            self._guarded(len(packets), len(data[0]) if data else 0)
         more = self._decoder.has_more
         if more:
             # Scheduled before this turn's packets make output, so that the next turn runs ahead
@@ -265,9 +278,35 @@ class MQTTConnection(asyncio.Protocol):
             else:
                 handler.packet_received(packet)
 
+    def _guarded(self, packets: int, nbytes: int) -> None:
+        """The connection guard's part of a read: when an unfinished packet began, and the
+        client's rates (over them: reading pauses until the debt is paid; nothing is dropped)."""
+        self.partial_since = (self.partial_since or time.monotonic()) if self._decoder.buffered else 0.0
+        rate = self._rate
+        if rate is not None:
+            wait = rate.charge(packets, nbytes)
+            if wait > 0 and RATE not in self._reading_paused_by:
+                self.pause_reading(RATE)
+                self._guard.paused_for_rate()  # type: ignore[union-attr]
+                self._loop.call_later(wait, self._rate_paid)
+
+    def _rate_paid(self) -> None:
+        """The client's rate debt is paid: read again, and decode what its last read still holds."""
+        self.resume_reading(RATE)
+        if self._decoder.has_more and not self.closing:
+            self._loop.call_soon(self._read_more)
+
+    def unfinished_packet_timeout(self, held: float) -> None:
+        """The guard found this connection holding an unfinished packet too long (a slow-loris
+        client, or one that died mid-packet behind a proxy that keeps the socket open)."""
+        log.info("client %s (%s): an unfinished packet held for %.0f s (--packet-timeout); closing",
+                 self.client_id or "-", self.peer, held)
+        self.close()
+
     def _read_more(self) -> None:
-        """The next budget's worth of a long read, one loop iteration later."""
-        if not self.closing and self.handler is not None:
+        """The next budget's worth of a long read, one loop iteration later (not while the client
+        is over its rate: ``_rate_paid`` goes on with it)."""
+        if not self.closing and self.handler is not None and RATE not in self._reading_paused_by:
             self._decoded(self._decoder.more)
 
     def eof_received(self) -> bool | None:

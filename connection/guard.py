@@ -1,0 +1,111 @@
+"""Limits applied where bytes come in, one ``ConnectionGuard`` per worker: the connection rate of
+each listener, each client's message and byte rates, and how long a connection may hold an
+unfinished packet. The router's limits (client ids, subscriptions, retained, QoS 2 ...) are in
+``router/limits.py``; these are the ones a client can push against before any packet is whole.
+
+Costs: without rates nothing per read; with them two token-bucket updates per read (not per
+message) and one timer per pause. The unfinished-packet check is one attribute write per read and
+one sweep a second over the worker's connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+RATE = "rate"  # the pause_reading cause while a client is over its rate
+
+
+class TokenBucket:
+    """``rate`` tokens a second, at most ``burst`` saved up (a second's worth by default)."""
+
+    __slots__ = ("rate", "burst", "tokens", "stamp")
+
+    def __init__(self, rate: float, burst: float | None = None) -> None:
+        self.rate = rate
+        self.burst = burst if burst is not None else max(rate, 1.0)
+        self.tokens = self.burst
+        self.stamp = time.monotonic()
+
+    def take(self, n: float, now: float) -> float:
+        """Spend ``n`` tokens (going into debt if need be); the seconds until the debt is paid."""
+        tokens = self.tokens + (now - self.stamp) * self.rate
+        self.stamp = now
+        tokens = (tokens if tokens < self.burst else self.burst) - n
+        self.tokens = tokens
+        return 0.0 if tokens >= 0 else -tokens / self.rate
+
+
+class ClientRate:
+    """One client's message and byte budgets; ``charge`` says how long to pause its reads."""
+
+    __slots__ = ("msgs", "bytes")
+
+    def __init__(self, msg_rate: float, byte_rate: float) -> None:
+        self.msgs = TokenBucket(msg_rate) if msg_rate > 0 else None
+        self.bytes = TokenBucket(byte_rate) if byte_rate > 0 else None
+
+    def charge(self, packets: int, nbytes: int) -> float:
+        now = time.monotonic()
+        wait = 0.0
+        if self.msgs is not None and packets:
+            wait = self.msgs.take(packets, now)
+        if self.bytes is not None and nbytes:
+            wait = max(wait, self.bytes.take(nbytes, now))
+        return wait
+
+
+class ConnectionGuard:
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, connection_rate: float = 0.0, msg_rate: float = 0.0,
+                 byte_rate: float = 0.0, packet_timeout: float = 0.0, stats: Any = None,
+                 connections: Callable[[], Iterable[Any]] | None = None) -> None:
+        """``connection_rate``: new connections a second per listener for this worker (its share);
+        ``msg_rate``/``byte_rate``: per client; ``packet_timeout``: seconds; 0 turns each off.
+        ``stats``: the router's counters (``limit_*``); ``connections``: the worker's live ones."""
+        self.loop = loop
+        self.connection_rate = connection_rate
+        self.msg_rate = msg_rate
+        self.byte_rate = byte_rate
+        self.packet_timeout = packet_timeout
+        self.stats = stats
+        self._accepts: dict[Any, TokenBucket] = {}
+        self._connections = connections
+        if packet_timeout > 0 and connections is not None:
+            loop.call_later(1.0, self._sweep)
+
+    def admit(self, listener: Any) -> bool:
+        """Whether a new connection on ``listener`` is within its rate (counted when not)."""
+        if self.connection_rate <= 0:
+            return True
+        bucket = self._accepts.get(listener)
+        if bucket is None:
+            bucket = self._accepts[listener] = TokenBucket(self.connection_rate)
+        if bucket.take(1, time.monotonic()) <= 0:
+            return True
+        bucket.tokens += 1  # a refused connection costs nothing
+        if self.stats is not None:
+            self.stats.limit_connection_rate += 1
+        return False
+
+    def client_rate(self) -> ClientRate | None:
+        if self.msg_rate > 0 or self.byte_rate > 0:
+            return ClientRate(self.msg_rate, self.byte_rate)
+        return None
+
+    def paused_for_rate(self) -> None:
+        if self.stats is not None:
+            self.stats.limit_client_rate += 1
+
+    def _sweep(self) -> None:
+        """Close the connections that have held an unfinished packet for ``packet_timeout``."""
+        now = time.monotonic()
+        limit = self.packet_timeout
+        for conn in list(self._connections()):  # type: ignore[misc]
+            since = conn.partial_since
+            if since and now - since > limit and not conn.closing:
+                if self.stats is not None:
+                    self.stats.limit_packet_timeout += 1
+                conn.unfinished_packet_timeout(now - since)
+        self.loop.call_later(1.0, self._sweep)
