@@ -192,9 +192,11 @@ class Supervisor:
                 return 1
 
     def _reload(self) -> None:
-        """SIGHUP: reopen ``--log-file`` (logrotate renamed it); TLS and passwords will be reloaded here.
+        """SIGHUP: reopen ``--log-file`` (logrotate renamed it), and have every worker reload the
+        password and ACL files and the TLS listeners' certificates (SIGUSR1: the workers ignore
+        SIGHUP, which a terminal's hangup sends to the whole process group).
 
-        The workers and the stats process ignore SIGHUP: their handlers (``WatchedFileHandler``, see
+        The workers' and the stats process's log handlers (``WatchedFileHandler``, see
         ``cluster.cli``) reopen the file at their next line, once its path names another file."""
         from .auth_setup import forward_reload
 
