@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 from . import report, runner
-from .brokers import BrokerKind, BrokerUnavailable, RunningBroker, check_brokerd, mosquitto_executable
+from .brokers import (
+    TLS_ENV,
+    BrokerKind,
+    BrokerUnavailable,
+    RunningBroker,
+    check_brokerd,
+    make_certificates,
+    mosquitto_executable,
+)
 from .loadgen import raise_fd_limit
 from .runner import RunResult, Timing
 from .scenarios import PAYLOAD_SCENARIOS, PLACED_SCENARIOS, PLACEMENTS, SCENARIOS, Sizes, build
@@ -59,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="brokerd --workers >= 2, p2p/qos1/latency: publisher on its subscriber's worker (same) "
                     "or another (cross); Mosquitto runs ignore it, and so do runs with one worker under 'same'")
     ap.add_argument("--json", type=Path, help="write every run and the summary to this file")
+    ap.add_argument("--tls", action="store_true",
+                    help="MQTT over TLS (both brokers, certificates made for the run with openssl)")
     g = ap.add_argument_group("sizes")
     g.add_argument("--pairs", type=int, default=d.pairs, help="p2p/qos1/latency: publisher-subscriber pairs")
     g.add_argument("--subscribers", type=int, default=d.subscribers, help="fanout: subscribers of one publisher")
@@ -159,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
             print(exc, file=sys.stderr)
             return 2
 
+    if args.tls:
+        import tempfile
+
+        os.environ[TLS_ENV] = str(make_certificates(Path(tempfile.mkdtemp(prefix="bench-tls-"))))
+        print("MQTT over TLS (both brokers; certificates made for this run)", file=sys.stderr)
     info = report.machine_info()
     print(f"machine: {report.machine_line(info)}", file=sys.stderr)
     results: list[RunResult] = []

@@ -12,6 +12,7 @@ import shlex
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,36 @@ import psutil
 from . import mqtt_wire as wire
 
 HOST = "127.0.0.1"
+TLS_ENV = "MQTTBENCH_TLS_DIR"  # set by --tls: a directory with ca.pem, server.pem, server.key
+
+
+def tls_dir() -> Path | None:
+    """The certificates of a --tls run (both brokers serve MQTT over TLS with them), else None."""
+    d = os.environ.get(TLS_ENV)
+    return Path(d) if d else None
+
+
+def make_certificates(directory: Path) -> Path:
+    """A CA and a server certificate for 127.0.0.1, made with the openssl command."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True, timeout=60)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=bench CA",
+            "-keyout", "ca.key", "-out", "ca.pem")
+    (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "server.key",
+            "-out", "server.csr")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-days", "2", "-out", "server.pem", "-extfile", "server.ext")
+    for name in ("ca.pem", "server.pem", "server.key"):
+        os.chmod(directory / name, 0o644)  # mosquitto drops root privileges to its own user
+    os.chmod(directory, 0o755)
+    return directory
+
+
+def client_tls_context() -> ssl.SSLContext | None:
+    d = tls_dir()
+    return ssl.create_default_context(cafile=str(d / "ca.pem")) if d is not None else None
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
 REPO = Path(__file__).resolve().parents[2]
@@ -132,7 +163,9 @@ def check_brokerd() -> str | None:
 def mqtt_probe(port: int, timeout: float = 1.0) -> bool:
     """One CONNECT/CONNACK round trip: the broker accepts and speaks MQTT."""
     try:
-        with socket.create_connection((HOST, port), timeout=timeout) as s:
+        with socket.create_connection((HOST, port), timeout=timeout) as raw:
+            ctx = client_tls_context()
+            s = ctx.wrap_socket(raw, server_hostname=HOST) if ctx is not None else raw
             s.settimeout(timeout)
             s.sendall(wire.connect(f"bench-probe-{os.getpid()}-{time.monotonic_ns()}"))
             data = b""
@@ -162,7 +195,10 @@ class RunningBroker:
         if self.kind.name == "brokerd":
             return [
                 str(brokerd_executable()), "--workers", str(self.kind.workers),
-                "--listen", f"{HOST}:{self.port}", "--log", "off",
+                "--listen", f"{HOST}:{self.port}" if tls_dir() is None else f"mqtts://{HOST}:{self.port}",
+                *(["--certfile", str(tls_dir() / "server.pem"), "--keyfile", str(tls_dir() / "server.key")]
+                  if tls_dir() is not None else []),
+                "--log", "off",
                 *shlex.split(os.environ.get("BROKERD_BENCH_ARGS", "")),  # e.g. "--log on" (last wins)
             ]
         conf = self.dir / "mosquitto.conf"
@@ -175,6 +211,8 @@ class RunningBroker:
                 "max_connections -1",
                 "set_tcp_nodelay true",  # brokerd (asyncio) sets TCP_NODELAY too: same footing for latency
                 "log_dest none",
+                *([f"certfile {tls_dir() / 'server.pem'}", f"keyfile {tls_dir() / 'server.key'}"]
+                  if tls_dir() is not None else []),
                 "",
             ])
         )

@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from . import mqtt_wire as wire
-from .brokers import port_sockets
+from .brokers import client_tls_context, port_sockets
 from .scenarios import ClientSpec, GroupSpec, Plan
 
 WRITE_HIGH_WATER = 256 * 1024
@@ -450,6 +450,7 @@ class Worker:
         self.port = port
         self.payload = b"\xa5" * plan.payload
         self.lost_connections = 0
+        self._tls = client_tls_context()  # --tls: every connection over TLS
         self.conns: list[Conn] = []
         self.publishers: list[Publisher] = []
         self.subscribers: list[Subscriber] = []
@@ -474,7 +475,8 @@ class Worker:
         client_id = f"bench-{os.getpid()}-{self.proc}-{index}"
         async with sem:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: Conn(self._lost), self.host, self.port), CONNECT_TIMEOUT_S
+                loop.create_connection(lambda: Conn(self._lost), self.host, self.port, ssl=self._tls),
+                CONNECT_TIMEOUT_S
             )
             body = await conn.request(wire.connect(client_id), wire.CONNACK, CONNECT_TIMEOUT_S)
             if len(body) < 2 or body[1] != 0:
