@@ -94,7 +94,13 @@ def test_without_a_log_what_a_silent_peer_cannot_be_kept_is_counted_and_logged(s
     broker.wait_log("is back", timeout=10)
     pubs[b].publish(f"nl{u}/x", b"after", qos=1)
     wait_for(lambda: b"after" in collect(subs[a], f"nl{u}/"), what="delivery after the return")
-    assert "5 were dropped (backlog full)" in broker.log_text()
+    # Every one of the 5 is either counted as dropped or delivered (the last may still be in the
+    # tick's batch when the peer comes back, and then it goes to it): none vanishes uncounted.
+    import re
+
+    dropped = sum(int(n) for n in re.findall(r"(\d+) were dropped \(backlog full\)", broker.log_text()))
+    delivered = sum(1 for p in collect(subs[a], f"nl{u}/") if p.startswith(b"m"))
+    assert dropped >= 1 and dropped + delivered == 5, (dropped, delivered)
 
 
 def test_bad_mesh_frames_are_dropped_counted_and_logged_once(start_broker, tmp_path):
