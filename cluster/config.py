@@ -19,10 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from brokerd.connection.listener import TLS_VERSIONS
+from brokerd.router.limits import ClientLimits
 
 from . import __version__
 from . import listeners as _listeners
 from .cpus import usable_cpus
+
+# The limits a client cannot get around have their defaults in one home, the router's.
+_LIMITS = ClientLimits()
 
 
 class ConfigError(Exception):
@@ -154,25 +158,25 @@ OPTIONS: tuple[Option, ...] = (
            "N", check=_at_least(1)),
     Option("max_client_buffer", _size, 1 << 20, "outgoing bytes buffered per client before QoS 0 messages "
            "to it are dropped (slow consumer)", "BYTES", check=_at_least(4096)),
-    Option("max_client_id_length", int, 256, "longest client id accepted (longer: CONNACK 0x02 identifier "
+    Option("max_client_id_length", int, _LIMITS.max_client_id_length, "longest client id accepted (longer: CONNACK 0x02 identifier "
            "rejected, MQTT 5: 0x85)", "N", check=_at_least(23)),
-    Option("max_subscriptions", int, 1000, "subscriptions per client (beyond: the new filter gets SUBACK 0x80, "
+    Option("max_subscriptions", int, _LIMITS.max_subscriptions, "subscriptions per client (beyond: the new filter gets SUBACK 0x80, "
            "MQTT 5: 0x97 quota exceeded)", "N", check=_at_least(1)),
-    Option("max_retained", int, 1_000_000, "retained messages per router (beyond: a new retained topic is "
+    Option("max_retained", int, _LIMITS.max_retained, "retained messages per router (beyond: a new retained topic is "
            "delivered but not retained)", "N", check=_at_least(1)),
-    Option("max_retained_bytes", _size, 1 << 30, "bytes of retained topics and payloads per router (beyond: "
+    Option("max_retained_bytes", _size, _LIMITS.max_retained_bytes, "bytes of retained topics and payloads per router (beyond: "
            "delivered but not retained)", "BYTES", check=_at_least(1024)),
-    Option("max_qos2_pending", int, 1024, "received QoS 2 messages per client awaiting PUBREL (beyond: the "
+    Option("max_qos2_pending", int, _LIMITS.max_qos2_pending, "received QoS 2 messages per client awaiting PUBREL (beyond: the "
            "connection is closed, MQTT 5: DISCONNECT 0x93; also MQTT 5's Receive Maximum in CONNACK)", "N",
            check=lambda v: None if 1 <= v <= 65535 else "must be 1-65535"),
-    Option("qos2_timeout", float, 300.0, "seconds a received QoS 2 message waits for its PUBREL before its "
+    Option("qos2_timeout", float, _LIMITS.qos2_timeout, "seconds a received QoS 2 message waits for its PUBREL before its "
            "packet id is forgotten", "SECONDS", check=_positive),
     Option("packet_timeout", float, 30.0, "seconds a connection may hold an unfinished packet (longer: "
            "closed)", "SECONDS", check=_positive),
-    Option("max_keepalive", int, 65535, "largest keepalive in seconds (MQTT 5: keepalive 0 or more gets this "
+    Option("max_keepalive", int, _LIMITS.max_keepalive, "largest keepalive in seconds (MQTT 5: keepalive 0 or more gets this "
            "as Server Keep Alive; MQTT 3.1.1: more is refused with CONNACK 0x02, 0 is held to it)", "SECONDS",
            check=lambda v: None if 1 <= v <= 65535 else "must be 1-65535"),
-    Option("max_session_expiry", float, 604800.0, "seconds an offline persistent session is kept at most, "
+    Option("max_session_expiry", float, _LIMITS.max_session_expiry, "seconds an offline persistent session is kept at most, "
            "MQTT 3.1.1 sessions included (MQTT 5: a longer Session Expiry Interval is cut to this)", "SECONDS",
            check=_positive),
     Option("max_connection_rate", float, 1000.0, "new connections per second per listener, shared by the "
@@ -257,15 +261,15 @@ class Config:
     max_queued: int = 1000
     max_connections: int = 100_000
     max_client_buffer: int = 1 << 20
-    max_client_id_length: int = 256
-    max_subscriptions: int = 1000
-    max_retained: int = 1_000_000
-    max_retained_bytes: int = 1 << 30
-    max_qos2_pending: int = 1024
-    qos2_timeout: float = 300.0
+    max_client_id_length: int = _LIMITS.max_client_id_length
+    max_subscriptions: int = _LIMITS.max_subscriptions
+    max_retained: int = _LIMITS.max_retained
+    max_retained_bytes: int = _LIMITS.max_retained_bytes
+    max_qos2_pending: int = _LIMITS.max_qos2_pending
+    qos2_timeout: float = _LIMITS.qos2_timeout
     packet_timeout: float = 30.0
-    max_keepalive: int = 65535
-    max_session_expiry: float = 604800.0
+    max_keepalive: int = _LIMITS.max_keepalive
+    max_session_expiry: float = _LIMITS.max_session_expiry
     max_connection_rate: float = 1000.0
     max_client_msg_rate: float = 0.0
     max_client_byte_rate: int = 0
