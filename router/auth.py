@@ -341,24 +341,19 @@ class Auth:
         return None if answer is None else bool(answer)
 
     def may_publish(self, username: str | None, client_id: str, topic: str) -> bool:
-        if is_sys(topic):
-            return False
-        key = (username, client_id, topic, WRITE)
-        answer = self._cache.get(key)
-        if answer is None:
-            answer = self._ask_plugin(client_id, username, topic, "write")
-            if answer is None:
-                answer = self.acl is None or check_rules(self._client_rules(username, client_id), topic, WRITE)
-            self._remember(key, answer)
-        return answer
+        return not is_sys(topic) and self._may(username, client_id, topic, WRITE, "write")
 
     def may_read(self, username: str | None, client_id: str, topic: str) -> bool:
-        key = (username, client_id, topic, READ)
+        return self._may(username, client_id, topic, READ, "read")
+
+    def _may(self, username: str | None, client_id: str, topic: str, access: int, name: str) -> bool:
+        """The plugin's answer, else the ACL's, cached per (user, client, topic, access)."""
+        key = (username, client_id, topic, access)
         answer = self._cache.get(key)
         if answer is None:
-            answer = self._ask_plugin(client_id, username, topic, "read")
+            answer = self._ask_plugin(client_id, username, topic, name)
             if answer is None:
-                answer = self.acl is None or check_rules(self._client_rules(username, client_id), topic, READ)
+                answer = self.acl is None or check_rules(self._client_rules(username, client_id), topic, access)
             self._remember(key, answer)
         return answer
 
