@@ -179,6 +179,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_session_expiry", float, _LIMITS.max_session_expiry, "seconds an offline persistent session is kept at most, "
            "MQTT 3.1.1 sessions included (MQTT 5: a longer Session Expiry Interval is cut to this)", "SECONDS",
            check=_positive),
+    Option("max_topic_alias", int, _LIMITS.max_topic_alias, "topic aliases an MQTT 5 client may set per "
+           "connection, sent as Topic Alias Maximum in CONNACK (an alias beyond it: DISCONNECT 0x94; 0: none "
+           "allowed, as Mosquitto's max_topic_alias)", "N", check=lambda v: None if 0 <= v <= 65535 else "must be 0-65535"),
+    Option("topic_alias_out", _on_off, False, "send repeated topics to MQTT 5 clients that allow it (Topic Alias "
+           "Maximum in their CONNECT) as topic aliases, saving bandwidth on constrained links", "on|off"),
     Option("max_connection_rate", float, 1000.0, "new connections per second per listener, shared by the "
            "workers (beyond: the socket is closed at once; 0: no limit)", "N", check=_at_least(0)),
     Option("max_client_msg_rate", float, 0.0, "packets per second one client may send (beyond: its reads are "
@@ -270,6 +275,8 @@ class Config:
     packet_timeout: float = 30.0
     max_keepalive: int = _LIMITS.max_keepalive
     max_session_expiry: float = _LIMITS.max_session_expiry
+    max_topic_alias: int = _LIMITS.max_topic_alias
+    topic_alias_out: bool = False
     max_connection_rate: float = 1000.0
     max_client_msg_rate: float = 0.0
     max_client_byte_rate: int = 0

@@ -65,6 +65,7 @@ class Worker:
             max_packet_size=c.max_packet_size,
             session=SessionLimits(max_inflight=c.max_inflight, max_queued=c.max_queued),
             limits=ClientLimits.from_config(c),
+            topic_alias_out=c.topic_alias_out,
         )
 
     def _open(self, conn: MQTTConnection) -> Client:

@@ -155,6 +155,17 @@ class Subscription:
     no_local: bool = False
     retain_as_published: bool = False
     retain_handling: int = 0
+    sub_id: int = 0  # MQTT 5 Subscription Identifier of its SUBSCRIBE (0: none)
+
+    def to_values(self) -> tuple:
+        """As plain values (msgpack-able): session transfer, snapshots. One home for the form."""
+        return (self.topic_filter, self.qos, self.no_local, self.retain_as_published, self.retain_handling,
+                self.sub_id)
+
+    @classmethod
+    def from_values(cls, values: list | tuple) -> Subscription:
+        """The inverse of ``to_values``; also takes the five values written before identifiers."""
+        return cls(*values)
 
 
 @dataclass(slots=True)

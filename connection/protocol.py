@@ -15,7 +15,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from .batching import EndOfTick, TurnBudget
 from .codec import DEFAULT_MAX_TOPIC_LEVELS, Decoder, encode, is_tls_client_hello
@@ -57,6 +57,9 @@ class Connection(Protocol):
     max_topic_levels: int
     listener: Listener | None  # the listener it came in on: allow_anonymous, use_identity_as_username ...
     tls_identity: str | None  # TLS listeners: the client certificate's CN (or first SAN), when it sent one
+    # What an MQTT 5 client asked of the PUBLISHes sent to it (a Maximum Packet Size, topic
+    # aliases): the router's ``router.outbound.Outbound``, None when it asked neither.
+    outbound: Any
 
     def send(self, data: bytes) -> None:
         """Queue bytes for this loop iteration's one write."""
@@ -146,6 +149,7 @@ class MQTTConnection(asyncio.Protocol):
         self.peer = "?"
         self.client_id: str | None = None
         self.protocol_level = 4
+        self.outbound: Any = None
         self.counters = ConnectionCounters()
         self.write_paused = False  # transport above its high-water mark: a slow consumer
         self.closing = False

@@ -48,6 +48,7 @@ from .limits import (
 )
 from .log.errors import LogUnavailable
 from .message import Message
+from .outbound import NO_LIMIT, Outbound
 from .ports import TAKEOVER_FAILED
 from .shared import is_shared, parse_share
 from .topics import valid_topic_filter
@@ -66,7 +67,7 @@ _PROTOCOLS = {3: "MQTT 3.1", 4: "MQTT 3.1.1", 5: "MQTT 5.0"}  # protocol level â
 
 class Client:
     __slots__ = ("conn", "router", "session", "client_id", "level", "will", "_pending", "_connecting",
-                 "_taken_over", "_max_qos", "_unconnected", "_listener")
+                 "_taken_over", "_max_qos", "_unconnected", "_listener", "_aliases", "_problem_info")
 
     def __init__(self, router: Router, conn: Connection) -> None:
         self.router = router
@@ -83,6 +84,8 @@ class Client:
         self._unconnected = True
         router.stats.unconnected += 1
         self._listener = listener_opened(router, conn)
+        self._aliases: dict[int, str] | None = None  # topic aliases this client set (MQTT 5)
+        self._problem_info = True  # MQTT 5 Request Problem Information: reason strings wanted
 
     # -- Handler interface ----------------------------------------------------------------------------
 
@@ -106,7 +109,7 @@ class Client:
             elif cls is Puback:
                 self.session.puback(packet.packet_id)  # type: ignore[union-attr]
             elif cls is Pubrec:
-                self.session.pubrec(packet.packet_id)  # type: ignore[union-attr]
+                self.session.pubrec(packet.packet_id, packet.reason_code)  # type: ignore[union-attr]
             elif cls is Pubrel:
                 inbound = self.session.inbound_qos2  # type: ignore[union-attr]
                 if packet.packet_id in inbound:
@@ -119,16 +122,27 @@ class Client:
             elif cls is Unsubscribe:
                 self._on_unsubscribe(packet)  # type: ignore[arg-type]
             elif cls is Disconnect:
-                if packet.reason_code != Reason.DISCONNECT_WITH_WILL:  # type: ignore[union-attr]
-                    self.will = None
-                if self.level >= MQTT_5 and Prop.SESSION_EXPIRY_INTERVAL in packet.properties:  # type: ignore[union-attr]
-                    self.session.expiry_s = session_expiry(  # type: ignore[union-attr]
-                        self.level, True, packet.properties[Prop.SESSION_EXPIRY_INTERVAL],  # type: ignore[union-attr]
-                        self.router.config.limits)
+                self._on_disconnect(packet)  # type: ignore[arg-type]
             else:
                 raise ProtocolError(f"a client may not send {cls.__name__}", Reason.PROTOCOL_ERROR)
         except ProtocolError as exc:
             self.conn.protocol_violation(exc)
+
+    def _on_disconnect(self, packet: Disconnect) -> None:
+        """DISCONNECT: the will is kept only with reason 0x04; MQTT 5 may change the session
+        expiry interval, but not from 0 to more (MQTT-3.14.2-2: a protocol error, and then the
+        will goes out, as for any protocol error)."""
+        session = self.session
+        assert session is not None
+        if self.level >= MQTT_5 and Prop.SESSION_EXPIRY_INTERVAL in packet.properties:
+            asked = packet.properties[Prop.SESSION_EXPIRY_INTERVAL]
+            if session.expiry_s == 0 and asked:
+                raise ProtocolError("MQTT-3.14.2-2 DISCONNECT sets a session expiry interval after "
+                                    "CONNECT set 0", Reason.PROTOCOL_ERROR)
+            session.expiry_s = session_expiry(self.level, True, asked, self.router.config.limits)
+            session.persistent = session.expiry_s > 0
+        if packet.reason_code != Reason.DISCONNECT_WITH_WILL:
+            self.will = None
 
     def violation(self, exc: ProtocolError) -> None:
         """The connection is being closed for breaking a rule: count it (and why)."""
@@ -165,17 +179,23 @@ class Client:
                      "DISCONNECT" if graceful else "closed without DISCONNECT" +
                      ("; will published" if self.will is not None else ""))
         session = self._let_go()
+        will, self.will = self.will, None
         if session is not None:
             if session.persistent or session.expiry_s:
+                delay = will.properties.get(Prop.WILL_DELAY_INTERVAL, 0) if will is not None and will.properties else 0
+                if delay:  # out at the earlier of the delay and the session's end, if it is not resumed
+                    router.delay_will(session, will, delay)  # type: ignore[arg-type]
+                    will = None
                 router.schedule_expiry(session)
                 if session.shared:
                     router.shared_presence(session)
             else:
                 router.end_session(session)
-        if not graceful and self.will is not None:
-            will, self.will = self.will, None
-            router.stats.wills_published += 1
-            router.publish(will)
+        elif will is not None and will.properties and will.properties.get(Prop.WILL_DELAY_INTERVAL):
+            # Taken over: a new connection has the session before the delay ran out (MQTT-3.1.3-9).
+            will = None
+        if will is not None:  # a DISCONNECT other than 0x04 cleared it
+            router.publish_will(will)
 
     # -- CONNECT --------------------------------------------------------------------------------------
 
@@ -193,6 +213,13 @@ class Client:
             self._unconnected = False
             router.stats.unconnected -= 1
         if connect_refused(self, connect, router.config.limits, router.stats):
+            return
+        if self.level >= MQTT_5 and Prop.AUTHENTICATION_METHOD in connect.properties:
+            # Enhanced authentication (AUTH exchanges): no method is supported, as Mosquitto
+            # without an auth plugin that offers one (MQTT 5 4.12).
+            self.client_id = client_id
+            self._refuse(Reason.BAD_AUTHENTICATION_METHOD, "enhanced authentication method "
+                         f"{connect.properties[Prop.AUTHENTICATION_METHOD]!r} not supported")
             return
         if not client_id:
             if not connect.clean_start and self.level < MQTT_5:
@@ -256,6 +283,7 @@ class Client:
             persistent = asked > 0
         limits = router.config.limits
         expiry = session_expiry(level, persistent, asked, limits)
+        router.cancel_will(client_id)  # the session is resumed (or replaced): its delayed will never goes
         session = router.sessions.get(client_id)
         if remote_state is not None and session is None:
             session = router.import_session(client_id, remote_state)
@@ -277,17 +305,26 @@ class Client:
         props: dict = {}
         receive_max = None
         if level >= MQTT_5:
-            receive_max = connect.properties.get(Prop.RECEIVE_MAXIMUM)
+            cp = connect.properties
+            receive_max = cp.get(Prop.RECEIVE_MAXIMUM)
+            self._problem_info = cp.get(Prop.REQUEST_PROBLEM_INFORMATION, 1) == 1
             props = {
                 Prop.RETAIN_AVAILABLE: 1,
+                Prop.WILDCARD_SUBSCRIPTION_AVAILABLE: 1,
                 Prop.SHARED_SUBSCRIPTION_AVAILABLE: 1,
-                Prop.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 0,
+                Prop.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 1,
                 Prop.MAXIMUM_PACKET_SIZE: router.config.max_packet_size,
                 Prop.RECEIVE_MAXIMUM: limits.max_qos2_pending,
             }
+            if limits.max_topic_alias:
+                props[Prop.TOPIC_ALIAS_MAXIMUM] = limits.max_topic_alias
             connack_limits(props, connect.keepalive, asked, expiry, limits, router.stats)
             if assigned:
                 props[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id
+            # What it accepts of what is sent to it: a Maximum Packet Size, topic aliases.
+            alias_max = cp.get(Prop.TOPIC_ALIAS_MAXIMUM, 0) if router.config.topic_alias_out else 0
+            if Prop.MAXIMUM_PACKET_SIZE in cp or alias_max:
+                self.conn.outbound = Outbound(cp.get(Prop.MAXIMUM_PACKET_SIZE, NO_LIMIT), alias_max)
         self.conn.accept(server_keepalive(connect.keepalive, limits), level)
         self.conn.send(encode(Connack(session_present, 0, props), level))
         # Like Mosquitto, one line per connect and disconnect, nothing per message; never the password.
@@ -324,7 +361,7 @@ class Client:
         if qos > self._max_qos:
             raise ProtocolError("MQTT-3.2.2-11 QoS above the maximum", Reason.QOS_NOT_SUPPORTED)
         if p.properties and Prop.TOPIC_ALIAS in p.properties:
-            raise ProtocolError("topic alias not allowed: topic alias maximum is 0", Reason.TOPIC_ALIAS_INVALID)
+            self._resolve_alias(p)
         if (self.session.acl is not None or p.topic.startswith("$")) and not may_publish(self.session, p.topic):  # type: ignore[union-attr]
             refuse_publish(self, p)  # ACL, or $SYS/
             return
@@ -358,6 +395,30 @@ class Client:
         except LogUnavailable as exc:
             self._refuse_publish(p, exc)
 
+    def _resolve_alias(self, p: Publish) -> None:
+        """MQTT 5 topic alias from the client (3.3.2.3.4): a topic with an alias sets the mapping,
+        an empty topic uses it. Out of 1..--max-topic-alias: DISCONNECT 0x94; an alias never set
+        on this connection: protocol error 0x82, as Mosquitto answers. The alias is taken out of
+        the message's properties: it means nothing beyond this connection."""
+        props = dict(p.properties)
+        alias = props.pop(Prop.TOPIC_ALIAS)
+        limit = self.router.config.limits.max_topic_alias
+        if not 0 < alias <= limit:
+            raise ProtocolError(f"topic alias {alias} outside 1..{limit} (Topic Alias Maximum)",
+                                Reason.TOPIC_ALIAS_INVALID)
+        aliases = self._aliases
+        if aliases is None:
+            aliases = self._aliases = {}
+        if p.topic:
+            aliases[alias] = p.topic
+        else:
+            topic = aliases.get(alias)
+            if topic is None:
+                raise ProtocolError(f"MQTT-3.3.4 topic alias {alias} used before it was set on this connection",
+                                    Reason.PROTOCOL_ERROR)
+            p.topic = topic
+        p.properties = props
+
     def _acknowledge(self, ack: bytes, msg: Message) -> None:
         router = self.router
         if router.ack_when_durable and msg.log_offset >= 0:
@@ -371,8 +432,9 @@ class Client:
         and the client resends after reconnecting."""
         if self.level >= MQTT_5:
             ack = Puback if p.qos == 1 else Pubrec
-            self.conn.send(encode(ack(p.packet_id, Reason.IMPLEMENTATION_SPECIFIC_ERROR,  # type: ignore[arg-type]
-                                      {Prop.REASON_STRING: "commit log unavailable"}), self.level))
+            why = {Prop.REASON_STRING: "commit log unavailable"} if self._problem_info else {}
+            self.conn.send(encode(ack(p.packet_id, Reason.IMPLEMENTATION_SPECIFIC_ERROR, why),  # type: ignore[arg-type]
+                                  self.level))
             return
         log.warning("client %s (%s): QoS %d publish refused, commit log unavailable (%s); closing",
                     self.client_id, self.conn.peer, p.qos, exc)
@@ -390,6 +452,9 @@ class Client:
         if any(s.no_local and is_shared(s.topic_filter) for s in p.subscriptions):
             # Checked before any filter of the packet takes effect: the whole packet is refused.
             raise ProtocolError("MQTT-3.8.3-4 No Local set on a shared subscription", Reason.PROTOCOL_ERROR)
+        sub_id = p.properties.get(Prop.SUBSCRIPTION_IDENTIFIER, 0) if p.properties else 0
+        if sub_id.__class__ is list:  # the codec keeps a property that may repeat as a list
+            sub_id = sub_id[0] if sub_id else 0  # type: ignore[index]
         for sub in p.subscriptions:
             f = sub.topic_filter
             shared = is_shared(f)
@@ -407,8 +472,9 @@ class Client:
                 codes.append(0x80 if self.level < MQTT_5 else Reason.NOT_AUTHORIZED)
                 continue
             granted = min(sub.qos, self._max_qos)
-            if granted != sub.qos:
-                sub = Subscription(f, granted, sub.no_local, sub.retain_as_published, sub.retain_handling)
+            if granted != sub.qos or sub_id:  # the identifier is kept with the subscription (MQTT 5 3.8.2.1.2)
+                sub = Subscription(f, granted, sub.no_local, sub.retain_as_published, sub.retain_handling,
+                                   sub_id)  # type: ignore[arg-type]
             codes.append(granted)
             announced.append(f)
             if shared:  # no retained messages on establishing a shared subscription (MQTT 4.8.2)
@@ -450,7 +516,7 @@ class Client:
             for msg in router.retained.match(sub.topic_filter):
                 if acl is not None and not acl.may_read(session.username, session.client_id, msg.topic):
                     continue
-                session.deliver(msg, min(msg.qos, sub.qos), True)
+                session.deliver(msg.with_ids((sub.sub_id,)) if sub.sub_id else msg, min(msg.qos, sub.qos), True)
 
     def _on_unsubscribe(self, p: Unsubscribe) -> None:
         session = self.session

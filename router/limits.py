@@ -30,6 +30,7 @@ class ClientLimits:
     qos2_timeout: float = 300.0
     max_keepalive: int = 65535
     max_session_expiry: float = 604800.0
+    max_topic_alias: int = 10
 
     @classmethod
     def from_config(cls, config: Any) -> ClientLimits:
@@ -112,13 +113,20 @@ class Qos2Sweeper:
 
 
 def connect_refused(client: Any, connect: Any, limits: ClientLimits, stats: RouterStats) -> bool:
-    """Refuse a CONNECT over a limit (True when refused): a client id longer than
+    """Refuse a CONNECT over a limit (True when refused): an MQTT 3.1 client id outside 1-23
+    characters (CONNACK 0x02), a client id longer than
     --max-client-id-length (CONNACK 0x02, MQTT 5: 0x85 client identifier not valid), or an MQTT
     3.1/3.1.1 keepalive above --max-keepalive, which that protocol cannot be told to lower
     (CONNACK 0x02 identifier rejected, as Mosquitto's max_keepalive does)."""
     from brokerd.connection.reasons import Reason
 
     client_id = connect.client_id
+    if connect.protocol_level == 3 and not 0 < len(client_id) <= 23:
+        # MQTT 3.1 (MQIsdp) allows 1-23 characters; Mosquitto holds 3.1 clients to it.
+        client.client_id = client_id[:32]
+        client._refuse(Reason.CLIENT_IDENTIFIER_NOT_VALID, f"MQTT 3.1 client id of {len(client_id)} "
+                       "characters (3.1 allows 1-23)")
+        return True
     if len(client_id) > limits.max_client_id_length:
         stats.limit_client_id += 1
         client.client_id = client_id[:32] + "..."

@@ -19,7 +19,8 @@ transfers in chunks: TAKEOVER_RESP ``[req, header, more]``, then TAKEOVER_CHUNK 
 last]`` frames, answered by TAKEOVER_DONE ``[req, ok]`` (the old owner keeps the session until then);
 and numbered PUBLISH frames, ``[seq, messages]`` per (sender, receiver), whose receipt HELLO
 confirms (``acks``: {sender: last seq received}) so that frames a crashed peer never read are sent
-again to its next incarnation.
+again to its next incarnation. 7: a subscription in a session transfer carries its MQTT 5
+Subscription Identifier (six values, ``Subscription.to_values``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from .message import _QOS0_V3, _QOS0_V4, _QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4,
 # the full one (Message.to_list()); one more value names the shared groups it was chosen for.
 PLAIN, FULL = 5, 9
 
-MESH_VERSION = 6
+MESH_VERSION = 7
 (HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE,
  RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE) = range(1, 13)
 KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST_ACK: "interest-ack",
@@ -208,6 +209,7 @@ def from_mesh(values: list, sender: str) -> Message:
     msg.origin_offset = origin_offset
     msg.properties = None
     msg.timestamp_ms = ts
+    msg.expires_ms = 0  # no properties in this form
     msg.log_offset = -1
     msg._enc = enc
     msg._topic_bytes = None

@@ -14,12 +14,27 @@ import msgpack
 from brokerd.connection.codec import publish_parts, qos0_payload
 from brokerd.connection.packets import MQTT_5, Prop
 
-# Properties a broker forwards unchanged to MQTT 5 subscribers (spec 3.3.2.3); Topic Alias and
-# Subscription Identifier are per connection and never forwarded.
+# Properties a broker forwards to MQTT 5 subscribers (spec 3.3.2.3): unchanged, except the Message
+# Expiry Interval (the time left) and the Subscription Identifiers (the subscriber's own, set on
+# the copy ``with_ids`` makes). A Topic Alias is per connection and never kept in a message.
 _FORWARDED = frozenset({
     Prop.PAYLOAD_FORMAT_INDICATOR, Prop.MESSAGE_EXPIRY_INTERVAL, Prop.CONTENT_TYPE,
-    Prop.RESPONSE_TOPIC, Prop.CORRELATION_DATA, Prop.USER_PROPERTY,
+    Prop.RESPONSE_TOPIC, Prop.CORRELATION_DATA, Prop.USER_PROPERTY, Prop.SUBSCRIPTION_IDENTIFIER,
 })
+_EXPIRY = Prop.MESSAGE_EXPIRY_INTERVAL
+_SUB_IDS = Prop.SUBSCRIPTION_IDENTIFIER
+_V5_KEYS = MQTT_5 << 3  # keys of Message._enc from here up are MQTT 5 encodings
+
+
+def expiry_deadline(properties: dict | None, timestamp_ms: int) -> int:
+    """When a message with these properties expires, in ms since the epoch (0: never). An
+    absolute time travels with the message (mesh, log, takeover, restart) as its timestamp and
+    interval, so every router and every restart agrees on it (MQTT 5 3.3.2.3.3)."""
+    if properties:
+        interval = properties.get(_EXPIRY)
+        if interval is not None:
+            return timestamp_ms + int(interval) * 1000
+    return 0
 
 _new = object.__new__
 _time = time.time
@@ -31,7 +46,7 @@ encode_count = 0  # how many encodes happened: the unit test of "encode once" re
 
 class Message:
     __slots__ = ("topic", "_payload", "qos", "retain", "client_id", "origin_router", "origin_offset",
-                 "properties", "timestamp_ms", "log_offset", "_enc", "_topic_bytes")
+                 "properties", "timestamp_ms", "log_offset", "_enc", "_topic_bytes", "expires_ms")
 
     def __init__(
         self,
@@ -57,6 +72,7 @@ class Message:
         self.log_offset = -1  # where this router's commit log holds it (-1: not logged)
         self._enc: dict[int, tuple[bytes, bytes]] = {}
         self._topic_bytes: bytes | None = None
+        self.expires_ms = expiry_deadline(self.properties, self.timestamp_ms)  # 0: never
 
     @property
     def payload(self) -> bytes:
@@ -94,7 +110,8 @@ class Message:
         msg.origin_router = router_id
         msg.origin_offset = -1
         msg.properties = properties or None
-        msg.timestamp_ms = int(_time() * 1000)
+        msg.timestamp_ms = now = int(_time() * 1000)
+        msg.expires_ms = expiry_deadline(properties, now) if properties else 0
         msg.log_offset = -1
         if raw is None:
             msg._enc = {}
@@ -133,16 +150,65 @@ class Message:
     def packed_properties(self) -> bytes:
         return msgpack.packb(self.properties) if self.properties else b""
 
+    def expired(self) -> bool:
+        """Whether its Message Expiry Interval has passed (only messages with one are asked)."""
+        return self.expires_ms <= _time() * 1000
+
+    def with_ids(self, ids: tuple[int, ...]) -> Message:
+        """This message as a subscriber with Subscription Identifiers ``ids`` gets it: a copy that
+        shares the payload and the MQTT 3.1/3.1.1 encodings (which carry no identifiers) and
+        adds the identifiers to the properties; made per delivery, only for such subscribers."""
+        msg = _new(Message)
+        msg.topic = self.topic
+        msg._payload = self.payload
+        msg.qos = self.qos
+        msg.retain = self.retain
+        msg.client_id = self.client_id
+        msg.origin_router = self.origin_router
+        msg.origin_offset = self.origin_offset
+        props = dict(self.properties) if self.properties else {}
+        props[_SUB_IDS] = list(ids)
+        msg.properties = props
+        msg.timestamp_ms = self.timestamp_ms
+        msg.expires_ms = self.expires_ms
+        msg.log_offset = self.log_offset
+        msg._enc = {k: v for k, v in self._enc.items() if k < _V5_KEYS}
+        msg._topic_bytes = self._topic_bytes
+        return msg
+
+    def outgoing_properties(self) -> dict | None:
+        """The properties an MQTT 5 subscriber gets: those forwarded, the expiry interval as the
+        time left (MQTT-3.3.2-6; at least 1 s: 0 would mean it never expires)."""
+        props = self.properties
+        if not props:
+            return None
+        out = {k: v for k, v in props.items() if k in _FORWARDED}
+        if self.expires_ms:
+            out[_EXPIRY] = max(1, -int((_time() * 1000 - self.expires_ms) // 1000))
+        return out or None
+
     def encoded(self, level: int, qos: int, retain: bool) -> tuple[bytes, bytes]:
-        """(head, tail) of the PUBLISH for this variant; QoS 0: head + tail is the whole packet."""
+        """(head, tail) of the PUBLISH for this variant; QoS 0: head + tail is the whole packet.
+
+        An MQTT 5 encoding of a message that expires carries the seconds left, so it is cached
+        under its key and those seconds (never under the key alone: that lookup stays the
+        common case's single dict hit)."""
         key = (level << 3) | (qos << 1) | retain
         parts = self._enc.get(key)
         if parts is None:
-            global encode_count
-            encode_count += 1
             props = None
             if level >= MQTT_5 and self.properties:
-                props = {k: v for k, v in self.properties.items() if k in _FORWARDED} or None
+                props = self.outgoing_properties()
+                if self.expires_ms:
+                    enc = self._enc
+                    if len(enc) > 32:
+                        enc.clear()
+                    key |= props[_EXPIRY] << 8  # type: ignore[index]
+                    parts = enc.get(key)
+                    if parts is not None:
+                        return parts
+            global encode_count
+            encode_count += 1
             parts = publish_parts(self.topic_bytes, self.payload, qos, retain, level, props)
             if qos == 0:
                 parts = (parts[0] + parts[1], b"")

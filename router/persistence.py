@@ -56,10 +56,8 @@ class StateStore:
                 continue
             sessions[cid] = {
                 "expiry": s.expiry_s,
-                "subs": [(x.topic_filter, x.qos, x.no_local, x.retain_as_published, x.retain_handling)
-                         for x in s.subscriptions.values()],
-                "shared": [(x.topic_filter, x.qos, x.no_local, x.retain_as_published, x.retain_handling)
-                           for x in s.shared.values()],
+                "subs": [x.to_values() for x in s.subscriptions.values()],
+                "shared": [x.to_values() for x in s.shared.values()],
                 "position": s.position(),
                 "ranges": [r.to_list() for r in s.ranges],
                 "qos2_in": sorted(s.inbound_qos2),
@@ -144,10 +142,10 @@ class StateStore:
         for cid, st in state.get("sessions", {}).items():
             session = router.new_session(cid, True)
             session.expiry_s = st.get("expiry", 0)
-            for f, qos, nl, rap, rh in st["subs"]:
-                router.subscribe(session, Subscription(f, qos, nl, rap, rh))
-            for key, qos, nl, rap, rh in st.get("shared", ()):
-                router.subscribe_shared(session, Subscription(key, qos, nl, rap, rh))
+            for values in st["subs"]:
+                router.subscribe(session, Subscription.from_values(values))
+            for values in st.get("shared", ()):
+                router.subscribe_shared(session, Subscription.from_values(values))
             if st.get("qos2_in"):
                 session.qos2_ids().update(st["qos2_in"])
             for pid in st.get("pubrel", ()):  # PUBREL must be sent again on reconnect

@@ -8,6 +8,7 @@ the whole subtree, '$' topics are hidden from a leading wildcard as in subscript
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from .message import Message
 
@@ -21,10 +22,11 @@ class _Node:
 
 
 class RetainedStore:
-    def __init__(self) -> None:
+    def __init__(self, stats: Any = None) -> None:
         self._root = _Node()
         self.count = 0
         self.bytes = 0  # topics and payloads held (--max-retained-bytes)
+        self.stats = stats  # RouterStats: expired messages found are counted in drop_expired
 
     def set(self, msg: Message) -> None:
         """Store ``msg`` for its topic; an empty payload clears it (MQTT-3.3.1-10/11)."""
@@ -105,6 +107,22 @@ class RetainedStore:
                 child = node.children.get(level)
                 if child is not None:
                     stack.append((child, i + 1))
+        for msg in out:
+            if msg.expires_ms and msg.expired():
+                return self._drop_expired(out)
+        return out
+
+    def _drop_expired(self, found: list[Message]) -> list[Message]:
+        """A retained message past its Message Expiry Interval is deleted when a match finds it
+        (MQTT-3.3.2-5: no longer delivered), not by a timer per message."""
+        out = []
+        for msg in found:
+            if msg.expires_ms and msg.expired():
+                self.clear(msg.topic)
+                if self.stats is not None:
+                    self.stats.drop_expired += 1
+            else:
+                out.append(msg)
         return out
 
     def _all(self, node: _Node, out: list[Message]) -> None:

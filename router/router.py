@@ -55,6 +55,24 @@ __all__ = ["TAKEOVER_FAILED", "MeshPort", "Router", "RouterConfig"]
 log = logging.getLogger(__name__)
 
 
+class Identified:
+    """A session in a route whose matching subscriptions carry Subscription Identifiers: it gets
+    each message as a copy with them (``Message.with_ids``), which only MQTT 5 needs."""
+
+    __slots__ = ("session", "ids", "client_id")
+
+    def __init__(self, session: Session, ids: tuple[int, ...]) -> None:
+        self.session = session
+        self.ids = ids
+        self.client_id = session.client_id
+
+    def deliver(self, msg: Message, qos: int, retain: bool) -> None:
+        self.session.deliver(msg.with_ids(self.ids), qos, retain)
+
+    def deliver_packet(self, packet: bytes) -> bool:
+        return self.session.deliver_packet(packet)  # False for MQTT 5: then ``deliver``
+
+
 @dataclass(slots=True)
 class RouterConfig:
     router_id: str = "r0"
@@ -64,6 +82,7 @@ class RouterConfig:
     max_packet_size: int = 1 << 20
     session: SessionLimits = field(default_factory=SessionLimits)
     limits: ClientLimits = field(default_factory=ClientLimits)
+    topic_alias_out: bool = False  # aliases for topics sent to MQTT 5 clients that allow them
 
 
 class Router(SharedRouting, SessionLife):
@@ -81,12 +100,13 @@ class Router(SharedRouting, SessionLife):
         self.local_filters: dict[str, int] = {}  # filter → number of local sessions subscribed
         self.interest_pending: dict[str, Awaitable[None]] = {}  # announced, not yet acknowledged
         self.interest: TopicIndex[str, None] = TopicIndex()  # peers' filters → router ids
-        self.retained = RetainedStore()
+        self.retained = RetainedStore(self.stats)
         # Folded routes per topic: [(session, qos cap, no_local, retain_as_published)] and the peer
         # routers to forward to. Cleared on any subscription / interest change.
         self._routes: dict[str, list[tuple[Session, int, bool, bool]]] = {}
         self._peer_routes: dict[str, tuple[str, ...]] = {}
         self._expiry: dict[str, asyncio.TimerHandle] = {}
+        self._wills: dict[str, asyncio.TimerHandle] = {}  # delayed wills of offline sessions
         # Shared subscriptions: this router's members per key, every router's presence per key
         # (this one's included), and the routes matching each topic. ``has_shared`` keeps the
         # publish path of a cluster without any shared subscription to one attribute test.
@@ -298,18 +318,25 @@ class Router(SharedRouting, SessionLife):
             session.deliver(msg, qos if qos < cap else cap, retain and rap)
 
     def _fold_routes(self, topic: str) -> list[tuple[Session, int, bool, bool]]:
-        """Overlapping subscriptions of one client: deliver once, at the highest granted QoS."""
+        """Overlapping subscriptions of one client: deliver once, at the highest granted QoS, with
+        the Subscription Identifiers of all of them (MQTT-3.3.4-3/-5): such a session's route holds
+        an ``Identified`` in its place, so routes without identifiers cost nothing more."""
         folded: dict[Session, tuple[Session, int, bool, bool]] = {}
+        ids: dict[Session, tuple[int, ...]] = {}
         acl = self.acl
         for session, sub in self.subs.match(topic):
             if acl is not None and not acl.may_read(session.username, session.client_id, topic):
                 continue  # checked once per topic and session: routes are cached until a change
+            if sub.sub_id:
+                ids[session] = ids.get(session, ()) + (sub.sub_id,)
             prev = folded.get(session)
             if prev is None:
                 folded[session] = (session, sub.qos, sub.no_local, sub.retain_as_published)
             else:
                 folded[session] = (session, max(prev[1], sub.qos), prev[2] and sub.no_local,
                                    prev[3] or sub.retain_as_published)
+        for session, sub_ids in ids.items():
+            folded[session] = (Identified(session, sub_ids), *folded[session][1:])  # type: ignore[assignment]
         routes = list(folded.values())
         if len(self._routes) > 65536:
             self._routes.clear()

@@ -154,6 +154,9 @@ class Session:
 
     def deliver(self, msg: Message, qos: int, retain: bool) -> None:
         """Send now if the window allows, else queue (bounded); QoS 0 never waits."""
+        if msg.expires_ms and msg.expired():  # it waited (retained, forwarded late) too long
+            self.stats.drop_expired += 1
+            return
         conn = self.conn
         if qos == 0:
             if conn is None:
@@ -162,7 +165,15 @@ class Session:
                 self.stats.drop_slow_consumer += 1
                 self.dropped += 1
                 return
-            conn.send(msg.encoded(conn.protocol_level, 0, retain)[0])
+            outbound = conn.outbound
+            if outbound is None:
+                conn.send(msg.encoded(conn.protocol_level, 0, retain)[0])
+            else:
+                parts = outbound.parts(msg, 0, retain)
+                if parts is None:
+                    self.stats.drop_too_large += 1
+                    return
+                conn.send(parts[0])
             conn.counters.msgs_out += 1
             self.stats.msgs_out += 1
             return
@@ -234,9 +245,17 @@ class Session:
         return pid
 
     def _send_new(self, conn: Connection, msg: Message, qos: int, retain: bool) -> None:
+        outbound = conn.outbound
+        if outbound is None:
+            head, tail = msg.encoded(conn.protocol_level, qos, retain)
+        else:
+            parts = outbound.parts(msg, qos, retain)
+            if parts is None:  # beyond the client's Maximum Packet Size: discarded for it
+                self.stats.drop_too_large += 1
+                return
+            head, tail = parts
         pid = self._alloc_pid()
         self.inflight[pid] = Inflight(msg, qos, retain)
-        head, tail = msg.encoded(conn.protocol_level, qos, retain)
         # Three shared/tiny chunks; the connection joins a tick's chunks once, so the payload is
         # copied once, on its way to the socket.
         conn.send(head)
@@ -264,6 +283,9 @@ class Session:
                 queue = self.queue  # the refill may have made it
                 continue
             msg, qos, retain = queue.popleft()
+            if msg.expires_ms and msg.expired():  # MQTT-3.3.2-5: not delivered once expired
+                self.stats.drop_expired += 1
+                continue
             self._send_new(conn, msg, qos, retain)
 
     def _refill(self, batch: int = 256) -> bool:
@@ -289,11 +311,14 @@ class Session:
         return True
 
     def _queue_matching(self, records: list) -> None:
-        """Queue the QoS 1/2 records this session's normal subscriptions match."""
+        """Queue the QoS 1/2 records this session's normal subscriptions match (expired ones are
+        dropped when they reach the window, as any queued message)."""
         for rec in records:
-            best = self._best_qos(rec)
-            if best > 0 and rec.qos > 0:
-                self._queue().append((Message.from_record(rec), min(best, rec.qos), False))
+            if rec.qos > 0:
+                best, ids = self._best_qos(rec)
+                if best > 0:
+                    msg = Message.from_record(rec)
+                    self._queue().append((msg.with_ids(ids) if ids else msg, min(best, rec.qos), False))
 
     def position(self) -> int | None:
         """Where a catch-up must start to lose nothing unacknowledged (for snapshots)."""
@@ -317,10 +342,17 @@ class Session:
             self.pump()
         return True
 
-    def pubrec(self, pid: int) -> bool:
+    def pubrec(self, pid: int, reason: int = 0) -> bool:
+        """PUBREC for a QoS 2 message sent; an error reason code (0x80 and up) ends the flow
+        there: no PUBREL, the packet id is free again (MQTT 5 4.3.3)."""
         entry = self.inflight.get(pid)
         if entry is None or entry.qos != 2:
             return False
+        if reason >= 0x80:
+            del self.inflight[pid]
+            if self.queue or self.cursor is not None:
+                self.pump()
+            return True
         entry.state = AWAIT_COMP
         entry.msg = None  # type: ignore[assignment]  # the payload is no longer needed
         if self.conn is not None:
@@ -343,9 +375,22 @@ class Session:
         self.conn = conn
         self.receive_max = min(self.limits.max_inflight, receive_max or self.limits.max_inflight)
         level = conn.protocol_level
-        for pid, entry in self.inflight.items():
+        outbound = conn.outbound
+        for pid, entry in list(self.inflight.items()):
             if entry.state == AWAIT_ACK:
-                head, tail = entry.msg.encoded(level, entry.qos, entry.retain)
+                msg = entry.msg
+                # Expired or too large for this connection: dropped, as Mosquitto drops expired
+                # messages from the inflight window when it resends.
+                parts = msg.encoded(level, entry.qos, entry.retain) if outbound is None else \
+                    outbound.parts(msg, entry.qos, entry.retain)
+                if parts is None or (msg.expires_ms and msg.expired()):
+                    del self.inflight[pid]
+                    if parts is None:
+                        self.stats.drop_too_large += 1
+                    else:
+                        self.stats.drop_expired += 1
+                    continue
+                head, tail = parts
                 conn.send(with_dup(head) + pid.to_bytes(2, "big") + tail)
             else:
                 conn.send(encode(Pubrel(pid), level))
@@ -410,16 +455,14 @@ class Session:
             "username": self.username,
             "persistent": self.persistent,
             "expiry_s": self.expiry_s,
-            "subs": [(s.topic_filter, s.qos, s.no_local, s.retain_as_published, s.retain_handling)
-                     for s in self.subscriptions.values()],
+            "subs": [s.to_values() for s in self.subscriptions.values()],
             "inflight": [(pid, e.qos, e.retain, e.state, e.msg.to_list() if e.msg is not None else None)
                          for pid, e in self.inflight.items()],
             "queue": [],
             "log": ranges if same_node else [],
             "inbound_qos2": sorted(self.inbound_qos2),
             "next_pid": self._next_pid,
-            "shared": [(s.topic_filter, s.qos, s.no_local, s.retain_as_published, s.retain_handling)
-                       for s in self.shared.values()],
+            "shared": [s.to_values() for s in self.shared.values()],
         }
 
     def export_copies(self, same_node: bool, chunk_bytes: int = 1 << 20) -> Iterator[list]:
@@ -442,13 +485,18 @@ class Session:
             for rng in ranges:
                 while (records := rng.read(256)) is not None and records:
                     for rec in records:
-                        best = self._best_qos(rec)
-                        if best > 0 and rec.qos > 0:
-                            yield Message.from_record(rec), min(best, rec.qos), False
+                        if rec.qos > 0:
+                            best, ids = self._best_qos(rec)
+                            if best > 0:
+                                msg = Message.from_record(rec)
+                                yield msg.with_ids(ids) if ids else msg, min(best, rec.qos), False
                 rng.close()
 
         dropped = 0
         for msg, qos, retain in items():
+            if msg.expires_ms and msg.expired():
+                self.stats.drop_expired += 1
+                continue
             if n >= limit:
                 dropped += 1
                 continue
@@ -464,18 +512,22 @@ class Session:
                         "dropped (this node's log cannot be read there)", self.client_id, dropped, limit)
         yield chunk
 
-    def _best_qos(self, rec: Any) -> int:
-        """The highest QoS of this session's subscriptions matching a log record (-1: none)."""
+    def _best_qos(self, rec: Any) -> tuple[int, tuple[int, ...]]:
+        """The highest QoS of this session's subscriptions matching a log record (-1: none), and
+        their Subscription Identifiers (as live delivery folds overlapping subscriptions)."""
         best = -1
+        ids: tuple[int, ...] = ()
         topic = rec.topic
         me = self.client_id
         if self.acl is not None and not self.acl.may_read(self.username, me, topic):
-            return best
+            return best, ids
         for sub in self.subscriptions.values():
-            if sub.qos > best and filter_matches(sub.topic_filter, topic) and not (
-                    sub.no_local and rec.client_id == me):
-                best = sub.qos
-        return best
+            if filter_matches(sub.topic_filter, topic) and not (sub.no_local and rec.client_id == me):
+                if sub.qos > best:
+                    best = sub.qos
+                if sub.sub_id:
+                    ids += (sub.sub_id,)
+        return best, ids
 
     def import_state(self, state: dict) -> None:
         """Load the state exported by another router (subscriptions are indexed by the caller)."""

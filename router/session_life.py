@@ -32,6 +32,7 @@ class SessionLife:
     moving: dict[str, Session]
     clients: dict[str, ClientHandle]
     _expiry: dict[str, asyncio.TimerHandle]
+    _wills: dict[str, asyncio.TimerHandle]
 
     if TYPE_CHECKING:  # the parts of Router (and its other mixins) used here
         def subscribe(self, session: Session, sub: Subscription) -> bool: ...  # Router's
@@ -39,6 +40,7 @@ class SessionLife:
         def subscribe_shared(self, session: Session, sub: Subscription) -> bool: ...  # SharedRouting's
         def unsubscribe_shared(self, session: Session, key: str) -> bool: ...  # SharedRouting's
         def _hand_on(self, msg: Any, key: str) -> None: ...  # SharedRouting's
+        def publish(self, msg: Any, source: Any = None) -> None: ...  # Router's
 
     # -- sessions -------------------------------------------------------------------------------------
 
@@ -69,6 +71,8 @@ class SessionLife:
         timer = self._expiry.pop(session.client_id, None)
         if timer is not None:
             timer.cancel()
+        if session.will is not None:
+            self.cancel_will(session.client_id)
 
     def schedule_expiry(self, session: Session) -> None:
         """MQTT 5 session expiry: a finite interval removes the offline session when it runs out."""
@@ -85,16 +89,51 @@ class SessionLife:
         self._expiry.pop(session.client_id, None)
         if session.conn is None and self.sessions.get(session.client_id) is session:
             log.info("session %s expired", session.client_id)
+            will = session.will
             self.end_session(session)
+            if will is not None:  # the session ended before its will's delay did: the will goes now
+                self.publish_will(will)
+
+    # -- wills ----------------------------------------------------------------------------------------
+
+    def publish_will(self, will: Any) -> None:
+        """Publish a will (counted); a QoS 1/2 will the commit log cannot take is lost, logged."""
+        self.stats.wills_published += 1
+        try:
+            self.publish(will)
+        except Exception as exc:  # noqa: BLE001 - LogUnavailable: nobody waits for a will's ack
+            log.warning("will of %s on %r not published: %s", will.client_id, will.topic, exc)
+
+    def delay_will(self, session: Session, will: Any, delay: int) -> None:
+        """MQTT 5 Will Delay Interval (3.1.3.2.2): the will waits with the offline session and goes
+        out after ``delay`` seconds or when the session ends, whichever comes first, and never if
+        a connection resumes the session before (on this router, or on another by a takeover)."""
+        self.cancel_will(session.client_id)
+        session.will = will
+        self._wills[session.client_id] = asyncio.get_event_loop().call_later(delay, self._will_due, session)
+
+    def cancel_will(self, client_id: str) -> None:
+        timer = self._wills.pop(client_id, None)
+        if timer is not None:
+            timer.cancel()
+        session = self.sessions.get(client_id)
+        if session is not None:
+            session.will = None
+
+    def _will_due(self, session: Session) -> None:
+        self._wills.pop(session.client_id, None)
+        will, session.will = session.will, None
+        if will is not None and session.conn is None:
+            self.publish_will(will)
 
     def import_session(self, client_id: str, state: dict) -> Session:
         """A session handed over by another router (takeover) becomes ours."""
         session = self.new_session(client_id, state["persistent"])
         session.import_state(state)
-        for topic_filter, qos, no_local, rap, rh in state["subs"]:
-            self.subscribe(session, Subscription(topic_filter, qos, no_local, rap, rh))
-        for key, qos, no_local, rap, rh in state.get("shared", ()):
-            self.subscribe_shared(session, Subscription(key, qos, no_local, rap, rh))
+        for values in state["subs"]:
+            self.subscribe(session, Subscription.from_values(values))
+        for values in state.get("shared", ()):
+            self.subscribe_shared(session, Subscription.from_values(values))
         return session
 
     def release_session(self, client_id: str, same_node: bool) -> tuple[dict, Iterator[list]] | None:
@@ -109,6 +148,7 @@ class SessionLife:
         if session is None or client_id in self.moving:
             return None
         session.detach()
+        self.cancel_will(client_id)  # a connection elsewhere resumes it: the delayed will never goes
         if self.commit_log is not None:
             self.commit_log.flush()  # the position handed over must be readable from the disk
         self.moving[client_id] = session

@@ -80,7 +80,8 @@ class SharedRouting:
             return
         session, sub = picked
         qos = msg.qos
-        session.deliver_shared(msg, qos if qos < sub.qos else sub.qos, msg.retain and sub.retain_as_published)
+        session.deliver_shared(msg.with_ids((sub.sub_id,)) if sub.sub_id else msg, qos if qos < sub.qos else sub.qos,
+                               msg.retain and sub.retain_as_published)
 
     def _hand_on(self, msg: Message, key: str) -> None:
         """Deliver ``msg`` to another member of group ``key``, wherever the choice falls, and to

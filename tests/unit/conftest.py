@@ -21,6 +21,7 @@ class FakeConn:
     def __init__(self, level: int = 4, counters: ConnectionCounters | None = None,
                  peer: str = "127.0.0.1:1") -> None:
         self.protocol_level = level
+        self.outbound = None
         self.write_paused = False
         self.closing = False
         self.counters = counters if counters is not None else ConnectionCounters()
