@@ -67,7 +67,7 @@ _PROTOCOLS = {3: "MQTT 3.1", 4: "MQTT 3.1.1", 5: "MQTT 5.0"}  # protocol level â
 
 class Client:
     __slots__ = ("conn", "router", "session", "client_id", "level", "will", "_pending", "_connecting",
-                 "_taken_over", "_max_qos", "_unconnected", "_listener", "_aliases", "_problem_info")
+                 "_taken_over", "_max_qos", "_unconnected", "_listener", "_aliases", "_problem_info", "held_acks")
 
     def __init__(self, router: Router, conn: Connection) -> None:
         self.router = router
@@ -86,6 +86,7 @@ class Client:
         self._listener = listener_opened(router, conn)
         self._aliases: dict[int, str] | None = None  # topic aliases this client set (MQTT 5)
         self._problem_info = True  # MQTT 5 Request Problem Information: reason strings wanted
+        self.held_acks = 0  # QoS 1/2 acknowledgements waiting for the disk (--fsync always)
 
     # -- Handler interface ----------------------------------------------------------------------------
 
@@ -374,6 +375,8 @@ class Client:
             if qos == 0:
                 router.publish(msg, conn)
             elif qos == 1:
+                if self.held_acks:  # only --fsync always holds PUBACKs back
+                    self._receive_maximum(self.held_acks + len(self.session.inbound_qos2))  # type: ignore[union-attr]
                 router.publish(msg, conn)
                 self._acknowledge(success_ack(PUBACK, p.packet_id), msg)  # type: ignore[arg-type]
             else:
@@ -385,15 +388,22 @@ class Client:
                 ids = session.inbound_qos2  # type: ignore[union-attr]
                 if not ids:
                     router.qos2_sweeper.track(session)  # type: ignore[arg-type]
-                elif len(ids) >= router.config.limits.max_qos2_pending:
-                    router.stats.limit_qos2_pending += 1
-                    raise ProtocolError(f"more than {len(ids)} QoS 2 messages awaiting PUBREL",
-                                        Reason.RECEIVE_MAXIMUM_EXCEEDED)
+                else:
+                    self._receive_maximum(len(ids) + self.held_acks)  # the held ones are QoS 1
                 router.publish(msg, conn)
                 session.qos2_ids().add(pid)  # type: ignore[union-attr, arg-type]
                 self._acknowledge(success_ack(PUBREC, pid), msg)  # type: ignore[arg-type]
         except LogUnavailable as exc:
             self._refuse_publish(p, exc)
+
+    def _receive_maximum(self, unacknowledged: int) -> None:
+        """MQTT 5 flow control (4.9): a client may have at most Receive Maximum (CONNACK, the
+        --max-qos2-pending value) QoS 1/2 PUBLISHes unacknowledged: QoS 2 ones until their
+        PUBREL, QoS 1 ones while their PUBACK waits for the disk. One more: DISCONNECT 0x93."""
+        if unacknowledged >= self.router.config.limits.max_qos2_pending:
+            self.router.stats.limit_qos2_pending += 1
+            raise ProtocolError(f"more than {unacknowledged} QoS 1/2 messages unacknowledged (Receive Maximum)",
+                                Reason.RECEIVE_MAXIMUM_EXCEEDED)
 
     def _resolve_alias(self, p: Publish) -> None:
         """MQTT 5 topic alias from the client (3.3.2.3.4): a topic with an alias sets the mapping,
@@ -422,7 +432,7 @@ class Client:
     def _acknowledge(self, ack: bytes, msg: Message) -> None:
         router = self.router
         if router.ack_when_durable and msg.log_offset >= 0:
-            router.defer_ack(msg.log_offset, self.conn, ack)
+            router.defer_ack(msg.log_offset, self, ack)
         else:
             self.conn.send(ack)
 

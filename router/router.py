@@ -28,7 +28,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from brokerd.connection.codec import PUBLISH_QOS0
+from brokerd.connection.codec import PUBACK, PUBLISH_QOS0
 from brokerd.connection.packets import Subscription
 from brokerd.connection.reasons import ProtocolError, Reason
 
@@ -280,12 +280,16 @@ class Router(SharedRouting, SessionLife):
             log_.on_durable(self._durable)
             log_.on_error(self._log_failed)
 
-    def defer_ack(self, offset: int, conn: Any, ack: bytes) -> None:
-        """Send ``ack`` once the record at ``offset`` is durable."""
+    def defer_ack(self, offset: int, client: Any, ack: bytes) -> None:
+        """Send ``ack`` to ``client`` (a ``router.client.Client``) once the record at ``offset`` is
+        durable; ``client.held_acks`` counts the PUBACKs it waits for (MQTT 5 Receive Maximum;
+        a QoS 2 message held is counted among the client's ids awaiting PUBREL already)."""
         if offset <= self.commit_log.durable_offset:
-            conn.send(ack)
+            client.conn.send(ack)
         else:
-            self._deferred_acks.append((offset, conn, ack))
+            if ack[0] == PUBACK:
+                client.held_acks += 1
+            self._deferred_acks.append((offset, client, ack))
 
     def _log_failed(self, error: OSError | None) -> None:
         """Records waiting to become durable never will: refuse them by closing their connections
@@ -293,17 +297,21 @@ class Router(SharedRouting, SessionLife):
         if error is None:
             return
         acks, self._deferred_acks = self._deferred_acks, deque()
-        for conn in {id(c): c for _, c, _ in acks}.values():
+        for client in {id(c): c for _, c, _ in acks}.values():
+            conn = client.conn
+            client.held_acks = 0
             log.warning("client %s (%s): closing, %d publish(es) could not be made durable: %s",
-                        conn.client_id, conn.peer, sum(1 for _, c, _ in acks if c is conn), error)
+                        conn.client_id, conn.peer, sum(1 for _, c, _ in acks if c is client), error)
             conn.close(Reason.IMPLEMENTATION_SPECIFIC_ERROR)
 
     def _durable(self, durable: int) -> None:
         acks = self._deferred_acks
         while acks and acks[0][0] <= durable:
-            _, conn, ack = acks.popleft()
-            if not conn.closing:
-                conn.send(ack)
+            _, client, ack = acks.popleft()
+            if ack[0] == PUBACK:
+                client.held_acks -= 1
+            if not client.conn.closing:
+                client.conn.send(ack)
 
     def _deliver(self, msg: Message, routes: list[tuple[Session, int, bool, bool]]) -> None:
         """Hand ``msg`` to this router's subscribers of its topic (``routes``, folded). The callers
