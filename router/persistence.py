@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +63,9 @@ class StateStore:
                 "ranges": [r.to_list() for r in s.ranges],
                 "qos2_in": sorted(s.inbound_qos2),
                 "pubrel": sorted(pid for pid, e in s.inflight.items() if e.state == 1),
+                "username": s.username,  # ACLs apply to it after a restart too
+                # A delayed will is session state (MQTT 5 4.1): it outlives a restart.
+                "will": [s.will.to_list(), s.will_due_ms] if s.will is not None else None,
             }
         return msgpack.packb({
             "version": SNAPSHOT_VERSION,
@@ -157,7 +161,11 @@ class StateStore:
             pos = st.get("position")
             if log_ is not None and pos is not None:
                 session.cursor = max(pos, log_.start_offset)
+            session.username = st.get("username")
             router.schedule_expiry(session)
+            if st.get("will"):
+                will, due_ms = st["will"]
+                router.delay_will(session, Message.from_list(will), max(0.0, (due_ms - time.time() * 1000) / 1000))
         return len(state.get("sessions", {})), len(router.retained)
 
 

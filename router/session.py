@@ -119,7 +119,7 @@ class Inflight:
 class Session:
     __slots__ = ("client_id", "persistent", "subscriptions", "conn", "inflight", "queue",
                  "inbound_qos2", "limits", "stats", "_next_pid", "receive_max", "expiry_s",
-                 "will", "dropped", "log", "cursor", "shared", "ranges", "username", "acl")
+                 "will", "will_due_ms", "dropped", "log", "cursor", "shared", "ranges", "username", "acl")
 
     def __init__(self, client_id: str, persistent: bool, limits: SessionLimits, stats: RouterStats) -> None:
         self.client_id = client_id
@@ -135,7 +135,8 @@ class Session:
         self._next_pid = 1
         self.receive_max = limits.max_inflight
         self.expiry_s = 0
-        self.will = None
+        self.will: Message | None = None  # a delayed will, waiting with the offline session
+        self.will_due_ms = 0  # when it goes out (ms since the epoch)
         self.username: str | None = None  # the identity it connected with (ACLs apply to it)
         self.acl: Any = None  # the router's ``auth.Auth`` when topics are restricted (router.acl)
         self.dropped = 0

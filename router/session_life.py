@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -104,12 +105,13 @@ class SessionLife:
         except Exception as exc:  # noqa: BLE001 - LogUnavailable: nobody waits for a will's ack
             log.warning("will of %s on %r not published: %s", will.client_id, will.topic, exc)
 
-    def delay_will(self, session: Session, will: Any, delay: int) -> None:
+    def delay_will(self, session: Session, will: Any, delay: float) -> None:
         """MQTT 5 Will Delay Interval (3.1.3.2.2): the will waits with the offline session and goes
         out after ``delay`` seconds or when the session ends, whichever comes first, and never if
         a connection resumes the session before (on this router, or on another by a takeover)."""
         self.cancel_will(session.client_id)
         session.will = will
+        session.will_due_ms = int(time.time() * 1000 + delay * 1000)
         self._wills[session.client_id] = asyncio.get_event_loop().call_later(delay, self._will_due, session)
 
     def cancel_will(self, client_id: str) -> None:

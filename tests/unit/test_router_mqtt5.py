@@ -129,3 +129,37 @@ def test_identifiers_travel_with_a_session_transfer(router):
     other = Router(RouterConfig(router_id="r1"))
     moved = other.import_session("moving", state)
     assert moved.subscriptions["s/#"].sub_id == 42
+
+
+def test_a_delayed_will_and_the_identity_outlive_a_restart(tmp_path):
+    """The Will Delay Interval is session state (MQTT 5 4.1): a snapshot keeps the will and when it
+    is due; a restarted router publishes it then, to whoever subscribes."""
+    import asyncio
+
+    from brokerd.router.persistence import StateStore
+
+    async def run() -> tuple[list, list, Router]:
+        first = Router(RouterConfig())
+        session = first.new_session("dev", True)
+        session.expiry_s = 3600
+        session.username = "alice"
+        first.delay_will(session, Message("wills/dev", b"gone", client_id="dev"), 0.3)
+        StateStore(first, str(tmp_path)).write_now()
+        first.cancel_will("dev")
+
+        second = Router(RouterConfig())
+        _, watcher = _v5(second, "watcher", Subscription("wills/#", 0))
+        StateStore(second, str(tmp_path)).load()
+        assert second.sessions["dev"].username == "alice"
+        early = watcher.packets()  # not before its delay
+        for _ in range(100):
+            if watcher.packets():
+                break
+            await asyncio.sleep(0.02)
+        return early, watcher.packets(), second
+
+    early, late, second = asyncio.run(run())
+    assert early == []
+    [p] = late
+    assert (p.topic, p.payload) == ("wills/dev", b"gone")
+    assert second.stats.wills_published == 1
