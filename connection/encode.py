@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .packets import (
+    MQTT_3_1,
     MQTT_3_1_1,
     MQTT_5,
     Auth,
@@ -101,7 +102,8 @@ def _enc_connect(pk: Connect, level: int) -> bytes:
 
 
 def _enc_connack(pk: Connack, level: int) -> bytes:
-    body = bytes((1 if pk.session_present else 0, pk.reason_code))
+    # MQTT 3.1 has no session present flag: that byte is reserved there, so it is sent as 0.
+    body = bytes((1 if pk.session_present and level != MQTT_3_1 else 0, pk.reason_code))
     if level == MQTT_5:
         body += _encode_props(pk.properties)
     return _packet(0x20, body)
