@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from brokerd.connection.packets import Subscription
 
+from .message import expiry_deadline
 from .session import Session
 
 if TYPE_CHECKING:
@@ -98,7 +99,11 @@ class SessionLife:
     # -- wills ----------------------------------------------------------------------------------------
 
     def publish_will(self, will: Any) -> None:
-        """Publish a will (counted); a QoS 1/2 will the commit log cannot take is lost, logged."""
+        """Publish a will (counted); a QoS 1/2 will the commit log cannot take is lost, logged.
+        It is published now, not when its CONNECT came: its timestamp, and with it the start of
+        its Message Expiry Interval (MQTT 5 3.1.3.2.4), are now."""
+        will.timestamp_ms = now = int(time.time() * 1000)
+        will.expires_ms = expiry_deadline(will.properties, now)
         self.stats.wills_published += 1
         try:
             self.publish(will)
