@@ -44,14 +44,27 @@ from .properties import (
     _TOPIC_ALIAS,
     _UNSUBSCRIBE_PROPS,
     _WILL_PROPS,
+    PropTable,
+    _check_auth_props,
+    _check_client_publish,
+    _check_payload_format,
     _read_props,
 )
-from .reasons import ProtocolError, Reason
+from .reasons import (
+    AUTH_REASONS,
+    DISCONNECT_REASONS,
+    DISCONNECT_REASONS_FROM_CLIENT,
+    PUBACK_REASONS,
+    PUBREL_REASONS,
+    ProtocolError,
+    Reason,
+)
 from .wire import (
     _VALID_B0_V3,
     _VALID_B0_V5,
     MAX_REMAINING_LENGTH,
     _first_byte_error,
+    _not_minimal,
     _read_bin,
     _read_pid,
     _read_str,
@@ -77,7 +90,7 @@ _PROTOCOL_ERROR = Reason.PROTOCOL_ERROR
 _PROTOCOLS = {("MQTT", MQTT_3_1_1), ("MQTT", MQTT_5), ("MQIsdp", MQTT_3_1)}
 
 
-def _read_pid_props(data: bytes, p: int, stop: int, v5: bool, allowed: frozenset[int],
+def _read_pid_props(data: bytes, p: int, stop: int, v5: bool, allowed: PropTable,
                     required: bool = True) -> tuple[int, Properties, int]:
     """The opening of SUBSCRIBE, SUBACK and UNSUBSCRIBE: a packet identifier (non-zero where
     ``required``), then the MQTT 5 properties. Returns (packet id, properties, where the rest starts)."""
@@ -113,8 +126,8 @@ def _too_deep(topic: str, what: str, max_levels: int) -> ProtocolError:
 def _header_length(data: bytes, pos: int, end: int) -> tuple[int, int]:
     """Remaining length of the packet at ``pos`` and where its body starts; (-1, -1) if incomplete.
 
-    Only called when the length takes more than two bytes or is cut off (the loop handles one- and
-    two-byte lengths inline).
+    Only called when the length takes more than two bytes, is cut off, or is a two-byte form of a
+    value that fits in one (the loop handles valid one- and two-byte lengths inline).
     """
     value = 0
     shift = 0
@@ -125,6 +138,8 @@ def _header_length(data: bytes, pos: int, end: int) -> tuple[int, int]:
         p += 1
         value |= (b & 0x7F) << shift
         if b < 0x80:
+            if not b and shift:
+                raise _not_minimal()
             return value, p
         shift += 7
     if p == limit:
@@ -187,16 +202,22 @@ class Decoder:
     the caller still knows which form of CONNACK to answer with. Packets after a CONNECT in the same
     ``feed`` are decoded at the new level.
 
+    ``from_client``: the packets come from a client, so the rules that bind only a client's packets
+    apply too (no Subscription Identifier in a PUBLISH, no DISCONNECT reason code that only a server
+    sends, the payload format check). A decoder that decodes a CONNECT reads a client and sets it
+    then (a client's decoder never sees one), so the broker's decoders need not be told.
+
     After ``feed`` raises, the decoder's state is undefined: the connection is to be closed. The
     ProtocolError then carries ``packets``: the packets decoded from that call's data before the
     violation, in case the caller wants to act on them (for example a DISCONNECT before garbage).
     """
 
     __slots__ = ("max_packet_size", "protocol_level", "limit", "_buf", "_need", "_connect_seen", "_rest",
-                 "_rest_pos", "_max_topic_levels", "_topics")
+                 "_rest_pos", "_max_topic_levels", "_topics", "_from_client")
 
     def __init__(self, max_packet_size: int = MAX_REMAINING_LENGTH, protocol_level: int | None = None,
-                 limit: int = 0, max_topic_levels: int = DEFAULT_MAX_TOPIC_LEVELS) -> None:
+                 limit: int = 0, max_topic_levels: int = DEFAULT_MAX_TOPIC_LEVELS,
+                 from_client: bool = False) -> None:
         """``limit``: most packets one ``feed`` or ``more`` decodes (0: all). The rest of the data
         stays here, undecoded and uncopied, until ``more`` is called (see ``has_more``): a reader
         that handles a bounded number of packets per turn also decodes only that many.
@@ -214,6 +235,12 @@ class Decoder:
         self._connect_seen = False
         self._rest: bytes | None = None  # data beyond the limit, from _rest_pos on
         self._rest_pos = 0
+        self._from_client = from_client
+
+    @property
+    def from_client(self) -> bool:
+        """Whether the client-only rules apply (see the class docstring)."""
+        return self._from_client
 
     @property
     def max_topic_levels(self) -> int:
@@ -317,7 +344,7 @@ class Decoder:
             rl = data[pos + 1]
             if rl < 0x80:
                 start = pos + 2
-            elif pos + 2 < end and data[pos + 2] < 0x80:  # 128 B to 16 KiB: two bytes, inline too
+            elif pos + 2 < end and 0 < data[pos + 2] < 0x80:  # 128 B to 16 KiB: two bytes, inline too
                 rl = (rl & 0x7F) | data[pos + 2] << 7
                 start = pos + 3
             else:
@@ -364,6 +391,8 @@ class Decoder:
                         p += 1
                     else:
                         props, p = _read_props(data, p, stop, _PUBLISH_PROPS)
+                        if self._from_client:
+                            _check_client_publish(props, data, p, stop)
                     if not topic and _TOPIC_ALIAS not in props:
                         raise ProtocolError(
                             "MQTT-3.3.2-1 empty PUBLISH topic name without a Topic Alias", _PROTOCOL_ERROR
@@ -415,6 +444,7 @@ class Decoder:
                 f"MQTT-3.1.2-2 unsupported protocol {name!r} level {level}", Reason.UNSUPPORTED_PROTOCOL_VERSION
             )
         self._connect_seen = True
+        self._from_client = True
         self.protocol_level = level
         v5 = level == MQTT_5
         if p + 4 > stop:
@@ -436,6 +466,7 @@ class Decoder:
         props: Properties = {}
         if v5:
             props, p = _read_props(data, p, stop, _CONNECT_PROPS)
+            _check_auth_props(props)
         client_id, p = _read_str(data, p, stop)
         will = None
         if will_flag:
@@ -445,6 +476,8 @@ class Decoder:
             will_topic, p = _read_str(data, p, stop)
             _check_topic_name(will_topic, "Will Topic", self._max_topic_levels)
             will_payload, p = _read_bin(data, p, stop)
+            if will_props:
+                _check_payload_format(will_props, data, p - len(will_payload), p, "Will")
             will = Will(will_topic, will_payload, will_qos, bool(will_retain), will_props)
         username = password = None
         if flags & 0x80:
@@ -469,41 +502,43 @@ class Decoder:
         return Connack(bool(ack_flags), code, props)
 
     def _puback(self, data: bytes, p: int, stop: int, v5: bool) -> Puback:
-        return _decode_ack(Puback, "PUBACK", data, p, stop, v5)
+        return _decode_ack(Puback, "PUBACK", data, p, stop, v5, PUBACK_REASONS)
 
     def _pubrec(self, data: bytes, p: int, stop: int, v5: bool) -> Pubrec:
-        return _decode_ack(Pubrec, "PUBREC", data, p, stop, v5)
+        return _decode_ack(Pubrec, "PUBREC", data, p, stop, v5, PUBACK_REASONS)
 
     def _pubrel(self, data: bytes, p: int, stop: int, v5: bool) -> Pubrel:
-        return _decode_ack(Pubrel, "PUBREL", data, p, stop, v5)
+        return _decode_ack(Pubrel, "PUBREL", data, p, stop, v5, PUBREL_REASONS)
 
     def _pubcomp(self, data: bytes, p: int, stop: int, v5: bool) -> Pubcomp:
-        return _decode_ack(Pubcomp, "PUBCOMP", data, p, stop, v5)
+        return _decode_ack(Pubcomp, "PUBCOMP", data, p, stop, v5, PUBREL_REASONS)
 
     def _subscribe(self, data: bytes, p: int, stop: int, v5: bool) -> Subscribe:
         pid, props, p = _read_pid_props(data, p, stop, v5, _SUBSCRIBE_PROPS)
         subs: list[Subscription] = []
         while p < stop:
-            topic_filter, p = _read_str(data, p, stop)
+            topic_filter, p = _read_filter(data, p, stop)
             if p >= stop:
                 raise _truncated("subscription options")
             opts = data[p]
             p += 1
             qos = opts & 3
             if qos == 3:
+                if v5:  # 3.8.3.1
+                    raise ProtocolError("subscription Maximum QoS must not be 3", _PROTOCOL_ERROR)
                 raise ProtocolError("MQTT-3.8.3-4 subscription QoS must not be 3", _MALFORMED)
             if v5:
                 if opts & 0xC0:
                     raise ProtocolError("MQTT-3.8.3-5 reserved subscription option bits must be 0", _MALFORMED)
                 retain_handling = (opts >> 4) & 3
                 if retain_handling == 3:
-                    raise ProtocolError("MQTT-3.8.3.1 Retain Handling must not be 3", _PROTOCOL_ERROR)
+                    raise ProtocolError("Retain Handling must not be 3 (3.8.3.1)", _PROTOCOL_ERROR)
                 subs.append(Subscription(topic_filter, qos, bool(opts & 4), bool(opts & 8), retain_handling))
             else:
                 if opts & 0xFC:
                     raise ProtocolError("MQTT-3.8.3-4 reserved subscription option bits must be 0", _MALFORMED)
                 subs.append(Subscription(topic_filter, qos))
-        if not subs:
+        if not subs:  # MQTT-3.8.3-2 in the 5.0 numbering
             raise ProtocolError("MQTT-3.8.3-3 SUBSCRIBE must contain at least one topic filter", _PROTOCOL_ERROR)
         return Subscribe(pid, subs, props)
 
@@ -515,7 +550,7 @@ class Decoder:
         pid, props, p = _read_pid_props(data, p, stop, v5, _UNSUBSCRIBE_PROPS)
         filters: list[str] = []
         while p < stop:
-            topic_filter, p = _read_str(data, p, stop)
+            topic_filter, p = _read_filter(data, p, stop)
             filters.append(topic_filter)
         if not filters:
             raise ProtocolError(
@@ -544,21 +579,24 @@ class Decoder:
         if not v5:
             _check_end(p, stop, "DISCONNECT")
             return Disconnect()
-        code, props = self._reason_and_props(data, p, stop, _DISCONNECT_PROPS, "DISCONNECT")
+        codes = DISCONNECT_REASONS_FROM_CLIENT if self._from_client else DISCONNECT_REASONS
+        code, props = self._reason_and_props(data, p, stop, _DISCONNECT_PROPS, "DISCONNECT", codes)
         return Disconnect(code, props)
 
     def _auth(self, data: bytes, p: int, stop: int, v5: bool) -> Auth:
-        code, props = self._reason_and_props(data, p, stop, _AUTH_PROPS, "AUTH")
+        code, props = self._reason_and_props(data, p, stop, _AUTH_PROPS, "AUTH", AUTH_REASONS)
         return Auth(code, props)
 
     @staticmethod
     def _reason_and_props(
-        data: bytes, p: int, stop: int, allowed: frozenset[int], what: str
+        data: bytes, p: int, stop: int, allowed: PropTable, what: str, codes: frozenset[int]
     ) -> tuple[int, Properties]:
         """v5 DISCONNECT/AUTH body: both fields may be omitted (remaining length 0 = success)."""
         if p == stop:
             return 0, {}
         code = data[p]
+        if code not in codes:
+            raise _bad_reason(code, what)
         p += 1
         props: Properties = {}
         if p < stop:
@@ -594,8 +632,27 @@ def _check_end(p: int, stop: int, what: str) -> None:
         raise ProtocolError(f"malformed packet: {stop - p} unexpected bytes at the end of {what}", _MALFORMED)
 
 
-def _decode_ack(cls: type[_AckT], what: str, data: bytes, p: int, stop: int, v5: bool) -> _AckT:
-    """PUBACK, PUBREC, PUBREL, PUBCOMP: packet id, then (v5) optional reason code and properties."""
+def _bad_reason(code: int, what: str) -> ProtocolError:
+    """A reason code outside its packet's table (see ``connection.reasons``)."""
+    return ProtocolError(f"reason code 0x{code:02x} is not valid in {what} from this sender", _PROTOCOL_ERROR)
+
+
+def _read_filter(data: bytes, p: int, stop: int) -> tuple[str, int]:
+    """A SUBSCRIBE or UNSUBSCRIBE topic filter: a UTF-8 string (MQTT-3.8.3-1, MQTT-3.10.3-1) at least
+    one character long (MQTT-4.7.3-1). An empty one makes the packet malformed, the whole packet,
+    as Mosquitto has it, not a per-filter failure code: the standard leaves no room for an empty
+    filter. Its syntax (wildcards, shared-subscription form, depth) is the router's to judge, with
+    a SUBACK failure code per filter."""
+    topic_filter, p = _read_str(data, p, stop)
+    if not topic_filter:
+        raise ProtocolError("MQTT-4.7.3-1 topic filter must not be empty", _MALFORMED)
+    return topic_filter, p
+
+
+def _decode_ack(cls: type[_AckT], what: str, data: bytes, p: int, stop: int, v5: bool,
+                codes: frozenset[int]) -> _AckT:
+    """PUBACK, PUBREC, PUBREL, PUBCOMP: packet id, then (v5) optional reason code (one of ``codes``)
+    and properties."""
     pid = _read_pid(data, p, stop)
     p += 2
     if not v5:
@@ -605,6 +662,8 @@ def _decode_ack(cls: type[_AckT], what: str, data: bytes, p: int, stop: int, v5:
     props: Properties = {}
     if p < stop:  # 5.0 3.4.2.1: reason code and properties may be omitted
         code = data[p]
+        if code not in codes:
+            raise _bad_reason(code, what)
         p += 1
         if p < stop:
             props, p = _read_props(data, p, stop, _ACK_PROPS)

@@ -74,7 +74,10 @@ def _truncated(what: str) -> ProtocolError:
 
 
 def _read_varint(data: bytes, p: int, stop: int) -> tuple[int, int]:
-    """A variable byte integer of at most 4 bytes (spec 1.5.5)."""
+    """A variable byte integer of at most 4 bytes (spec 1.5.5), in its shortest form (MQTT-1.5.5-1).
+
+    At most 4 bytes also bounds every value read here (a Subscription Identifier among them) to
+    268,435,455, the largest the standard allows."""
     value = 0
     shift = 0
     for _ in range(4):
@@ -84,9 +87,17 @@ def _read_varint(data: bytes, p: int, stop: int) -> tuple[int, int]:
         p += 1
         value |= (b & 0x7F) << shift
         if b < 0x80:
+            if not b and shift:
+                raise _not_minimal()
             return value, p
         shift += 7
     raise ProtocolError("MQTT-1.5.5 variable byte integer longer than 4 bytes", _MALFORMED)
+
+
+def _not_minimal() -> ProtocolError:
+    """A variable byte integer whose last byte is 0 after a continuation byte is longer than its
+    value needs: the standard allows one encoding per value (MQTT-1.5.5-1), so it is malformed."""
+    return ProtocolError("MQTT-1.5.5-1 variable byte integer not in its shortest form", _MALFORMED)
 
 
 def _read_u16(data: bytes, p: int, stop: int, what: str) -> int:

@@ -48,6 +48,8 @@ levels = st.sampled_from([None, 3, 4, 5])
 # --------------------------------------------------------------------------------------------------
 
 mqtt_text = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=12)
+# Any text but the empty string, which makes a SUBSCRIBE or UNSUBSCRIBE malformed (MQTT-4.7.3-1).
+topic_filter = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=12)
 topic_name = st.text(st.characters(codec="utf-8", exclude_characters="\x00+#"), min_size=1, max_size=20)
 u16 = st.integers(1, 0xFFFF)
 u32 = st.integers(0, 0xFFFFFFFF)
@@ -91,10 +93,10 @@ def publishes(draw: st.DrawFn, level: int) -> Publish:
 @st.composite
 def subscribes(draw: st.DrawFn, level: int) -> Subscribe:
     if level == 5:
-        sub = st.builds(Subscription, mqtt_text, st.integers(0, 2), st.booleans(), st.booleans(),
+        sub = st.builds(Subscription, topic_filter, st.integers(0, 2), st.booleans(), st.booleans(),
                         st.integers(0, 2))
     else:
-        sub = st.builds(Subscription, mqtt_text, st.integers(0, 2))
+        sub = st.builds(Subscription, topic_filter, st.integers(0, 2))
     return Subscribe(
         packet_id=draw(u16),
         subscriptions=draw(st.lists(sub, min_size=1, max_size=4)),
