@@ -24,6 +24,14 @@ Why it is built this way:
   committed micro-batch ended. A micro-batch ``[start, end)`` always reads the same records because
   the log is append-only.
 
+* **MQTT 5 properties as columns, decoded only where there are any.** The log keeps a record's
+  PUBLISH properties as one opaque msgpack map (``router.message``); the source turns the ones a
+  query is likely to want into typed columns (``content_type``, ``user_properties`` ...). Most
+  traffic carries no properties, so a batch in which no record has any gets constant null/empty
+  columns without a per-record step, and in a mixed batch only the records that have properties
+  are unpacked. The raw msgpack is not a column: it is the broker's internal encoding, not a
+  format to promise readers.
+
 Layout read: ``<path>/<node>/<router>/`` (router names ``w0``, ``w1``, ...), each a commit log
 directory. Columns ``node`` and ``router`` come from that path; ``origin_router`` from the record.
 """
@@ -36,10 +44,13 @@ import json
 import logging
 import math
 import os
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any
 
+import msgpack
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import (
@@ -59,12 +70,14 @@ from pyspark.sql.types import (
     BooleanType,
     IntegerType,
     LongType,
+    MapType,
     StringType,
     StructField,
     StructType,
     TimestampType,
 )
 
+from brokerd.connection.packets import Prop
 from brokerd.pipeline.topics import filter_regex
 from brokerd.router.log import LogReader, Record, iter_record_batches
 
@@ -84,6 +97,13 @@ SCHEMA = StructType([
     StructField("qos", IntegerType()),
     StructField("retain", BooleanType()),
     StructField("payload", BinaryType()),
+    # MQTT 5 PUBLISH properties (appended after the original columns so positions stay stable).
+    StructField("content_type", StringType()),
+    StructField("user_properties", MapType(StringType(), StringType())),
+    StructField("response_topic", StringType()),
+    StructField("correlation_data", BinaryType()),
+    StructField("message_expiry", LongType()),    # seconds, a u32 on the wire: int would overflow
+    StructField("payload_format", IntegerType()),
 ])
 
 # What Spark expects a batch to be for SCHEMA (pyspark's to_arrow_schema(SCHEMA, timezone="UTC");
@@ -101,7 +121,23 @@ ARROW_SCHEMA = pa.schema([
     ("qos", pa.int32()),
     ("retain", pa.bool_()),
     ("payload", pa.binary()),
+    ("content_type", pa.string()),
+    ("user_properties", pa.map_(pa.string(), pa.string())),
+    ("response_topic", pa.string()),
+    ("correlation_data", pa.binary()),
+    ("message_expiry", pa.int64()),
+    ("payload_format", pa.int32()),
 ])
+_PROPERTY_SCHEMA = pa.schema(list(ARROW_SCHEMA)[-6:])  # the property columns, decoded together
+_USER_PROPERTIES = ARROW_SCHEMA.field("user_properties").type
+
+# Property identifiers as the log's msgpack map keys them (plain ints once unpacked).
+_PAYLOAD_FORMAT = int(Prop.PAYLOAD_FORMAT_INDICATOR)
+_MESSAGE_EXPIRY = int(Prop.MESSAGE_EXPIRY_INTERVAL)
+_CONTENT_TYPE = int(Prop.CONTENT_TYPE)
+_RESPONSE_TOPIC = int(Prop.RESPONSE_TOPIC)
+_CORRELATION_DATA = int(Prop.CORRELATION_DATA)
+_USER_PROPERTY = int(Prop.USER_PROPERTY)
 
 DEFAULT_SPLIT_BYTES = 32 << 20
 DEFAULT_CLOCK_SKEW_MS = 60_000
@@ -403,9 +439,9 @@ def plan_batch(opts: ReadOptions) -> list[LogPartition]:
 
 def records_to_arrow(records: Sequence[Record], node: str, router: str) -> pa.RecordBatch:
     """One Arrow batch (ARROW_SCHEMA) from decoded records: one transpose, then one C-level
-    conversion per column."""
+    conversion per column (the property columns: see ``properties_to_arrow``)."""
     n = len(records)
-    offset, ts, origin, origin_offset, client, topic, qos, retain, _props, payload = zip(*records, strict=True)
+    offset, ts, origin, origin_offset, client, topic, qos, retain, props, payload = zip(*records, strict=True)
     return pa.RecordBatch.from_arrays([
         pa.repeat(pa.scalar(node, pa.string()), n),
         pa.repeat(pa.scalar(router, pa.string()), n),
@@ -418,7 +454,146 @@ def records_to_arrow(records: Sequence[Record], node: str, router: str) -> pa.Re
         pa.array(qos, pa.int32()),
         pa.array(retain, pa.bool_()),
         pa.array(payload, pa.binary()),
+        *properties_to_arrow(props),
     ], schema=ARROW_SCHEMA)
+
+
+_NO_STRINGS = pa.array([], pa.string())
+
+
+def _empty_maps(n: int) -> pa.MapArray:
+    """``n`` empty (not null) ``user_properties`` maps: offsets all 0 (a zeroed buffer, no Python
+    list of n zeros), no entries."""
+    offsets = pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(bytes(4 * (n + 1)))])
+    return pa.MapArray.from_arrays(offsets, _NO_STRINGS, _NO_STRINGS, type=_USER_PROPERTIES)
+
+
+def properties_to_arrow(props: Sequence[bytes]) -> list[pa.Array]:
+    """The property columns (``content_type`` .. ``payload_format``, in ARROW_SCHEMA order) from
+    the records' ``properties`` fields.
+
+    Empty bytes (no properties: the common case, and every MQTT 3 message) cost no Python work per
+    record: a batch without any is answered with constant arrays after one C-level scan; in a mixed
+    batch only the records with properties are unpacked, into short arrays that one Arrow ``take``
+    spreads over the batch (rows without properties point at one extra absent row).
+    """
+    n = len(props)
+    if props.count(b"") == n:  # the common case stops here (C-level; b"" is one shared object)
+        return _absent(n)
+    wanted = list(compress(range(n), props))  # C-level: the indices of the non-empty fields
+    k = len(wanted)
+    if k == n:
+        return decode_properties(props)
+    decoded = decode_properties([*(props[i] for i in wanted), b""])
+    where = array("i", [k]) * n  # row i of the batch is row where[i] of the decoded columns
+    for j, i in enumerate(wanted):
+        where[i] = j
+    indices = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(where)])
+    # A property no record of the batch has stays a constant column: no take for it.
+    return [absent if _all_absent(column) else column.take(indices)
+            for column, absent in zip(decoded, _absent(n), strict=True)]
+
+
+def _absent(n: int) -> list[pa.Array]:
+    """The property columns of ``n`` records without properties."""
+    return [pa.nulls(n, pa.string()), _empty_maps(n), pa.nulls(n, pa.string()), pa.nulls(n, pa.binary()),
+            pa.nulls(n, pa.int64()), pa.nulls(n, pa.int32())]
+
+
+def _all_absent(column: pa.Array) -> bool:
+    """Whether a decoded column holds nothing: all null, or (``user_properties``) all empty."""
+    if isinstance(column, pa.MapArray):
+        return len(column.keys) == 0
+    return column.null_count == len(column)
+
+
+def decode_properties(props: Sequence[bytes]) -> list[pa.Array]:
+    """The property columns for every record of ``props``, each unpacked in Python (empty bytes:
+    all absent).
+
+    A property of an unexpected type, or a properties field that is not a msgpack map (a format
+    this reader does not know), reads as absent, with one warning per batch, rather than failing
+    the query over metadata. ``user_properties`` is never null: no user property is an empty map.
+    MQTT 5 lets a key repeat; a map holds one value per key, so the last value given wins (as
+    ``dict(pairs)`` and Spark's ``LAST_WIN`` map-key policy decide), keeping the key's first place.
+    """
+    n = len(props)
+    content_type: list[str | None] = [None] * n
+    response_topic: list[str | None] = [None] * n
+    correlation: list[bytes | None] = [None] * n
+    expiry: list[int | None] = [None] * n
+    payload_format: list[int | None] = [None] * n
+    offsets = array("i", bytes(4 * (n + 1)))
+    keys: list[str] = []
+    values: list[str] = []
+    bad = 0
+    unpackb = msgpack.unpackb
+    for i, raw in enumerate(props):
+        offsets[i + 1] = len(keys)
+        if not raw:
+            continue
+        try:
+            p = unpackb(raw, strict_map_key=False)
+        except (ValueError, TypeError, msgpack.UnpackException):
+            bad += 1
+            continue
+        if p.__class__ is not dict:
+            bad += 1
+            continue
+        v = p.get(_CONTENT_TYPE)
+        if v is not None:
+            if v.__class__ is str:
+                content_type[i] = v
+            else:
+                bad += 1
+        v = p.get(_RESPONSE_TOPIC)
+        if v is not None:
+            if v.__class__ is str:
+                response_topic[i] = v
+            else:
+                bad += 1
+        v = p.get(_CORRELATION_DATA)
+        if v is not None:
+            if v.__class__ is bytes:
+                correlation[i] = v
+            else:
+                bad += 1
+        v = p.get(_MESSAGE_EXPIRY)
+        if v is not None:
+            if v.__class__ is int and 0 <= v <= 0xFFFFFFFF:
+                expiry[i] = v
+            else:
+                bad += 1
+        v = p.get(_PAYLOAD_FORMAT)
+        if v is not None:
+            if v.__class__ is int and 0 <= v <= 0xFF:
+                payload_format[i] = v
+            else:
+                bad += 1
+        pairs = p.get(_USER_PROPERTY)
+        if pairs is not None:
+            kept: dict[str, str] = {}
+            for pair in pairs if pairs.__class__ is list else (None,):
+                if (pair.__class__ is list and len(pair) == 2 and pair[0].__class__ is str
+                        and pair[1].__class__ is str):
+                    kept[pair[0]] = pair[1]  # a repeated key: the later value replaces the earlier
+                else:
+                    bad += 1
+            keys += kept
+            values += kept.values()
+            offsets[i + 1] = len(keys)
+    if bad:
+        log.warning("brokerlog: %d MQTT 5 propert(ies) of an unexpected form read as absent", bad)
+    return [
+        pa.array(content_type, pa.string()),
+        pa.MapArray.from_arrays(pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(offsets)]),
+                                pa.array(keys, pa.string()), pa.array(values, pa.string()),
+                                type=_USER_PROPERTIES),
+        pa.array(response_topic, pa.string()),
+        pa.array(correlation, pa.binary()),
+        pa.array(expiry, pa.int64()),
+        pa.array(payload_format, pa.int32()),
+    ]
 
 
 def _row_mask(batch: pa.RecordBatch, opts: ReadOptions, lo: int, hi: int | None,

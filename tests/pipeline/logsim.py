@@ -29,6 +29,7 @@ class Sent:
     qos: int
     retain: bool
     payload: bytes
+    properties: bytes = b""   # MQTT 5 properties as the broker logs them (msgpack; b"": none)
 
 
 class LogSim:
@@ -55,17 +56,17 @@ class LogSim:
 
     def publish(self, router: str, topic: str, payload: bytes, *, client_id: str = "c",
                 qos: int = 0, retain: bool = False, timestamp_ms: int | None = None,
-                forward_to: tuple[str, ...] = ()) -> Sent:
+                forward_to: tuple[str, ...] = (), properties: bytes = b"") -> Sent:
         ts = timestamp_ms if timestamp_ms is not None else time.time_ns() // 1_000_000
         rid = f"{self.node}/{router}"
         off = self._append(router, topic, payload, qos=qos, retain=retain, client_id=client_id,
-                           timestamp_ms=ts)
-        sent = Sent(rid, off, ts, client_id, topic, qos, retain, payload)
+                           timestamp_ms=ts, properties=properties)
+        sent = Sent(rid, off, ts, client_id, topic, qos, retain, payload, properties)
         self.sent.append(sent)
         self.logged.append((rid, off, sent))
         for other in forward_to:
             copy = self._append(other, topic, payload, qos=qos, retain=retain, client_id=client_id,
-                                origin_router=rid, origin_offset=off, timestamp_ms=ts)
+                                origin_router=rid, origin_offset=off, timestamp_ms=ts, properties=properties)
             self.logged.append((f"{self.node}/{other}", copy, sent))
         return sent
 
