@@ -284,13 +284,18 @@ class Client:
             persistent = asked > 0
         limits = router.config.limits
         expiry = session_expiry(level, persistent, asked, limits)
-        router.cancel_will(client_id)  # the session is resumed (or replaced): its delayed will never goes
         session = router.sessions.get(client_id)
         if remote_state is not None and session is None:
             session = router.import_session(client_id, remote_state)
         if session is not None and connect.clean_start:
+            # The old session ends here: a will it held back goes out now (MQTT 5 3.1.3.2.2).
+            will = session.will
             router.end_session(session)
             session = None
+            if will is not None:
+                router.publish_will(will)
+        else:
+            router.cancel_will(client_id)  # the session is resumed: its delayed will never goes
         session_present = session is not None
         if session is None:
             session = router.new_session(client_id, persistent)

@@ -587,9 +587,6 @@ def dropped_expired(broker: Broker) -> Callable[[Callable[[int], bool], str], in
     return until
 
 
-XFAIL = pytest.mark.xfail(reason="#16 not implemented yet", strict=True)
-
-
 # == 1. Topic aliases, client to server ===========================================================
 
 def test_connack_topic_alias_maximum_is_10_by_default(b2):
@@ -1045,7 +1042,6 @@ def test_reconnecting_within_the_will_delay_cancels_the_will(b2, where):
     back.disconnect()
 
 
-@XFAIL
 def test_a_clean_start_reconnect_within_the_will_delay_sends_the_will(b2):
     """A Clean Start 1 reconnect ends the old session, and the will is sent when the session ends
     (spec 3.1.3.2.2 and its non-normative comment) [MQTT-3.1.2-4]: not held until the delay,
