@@ -317,6 +317,9 @@ class Router(SharedRouting, SessionLife):
         """Hand ``msg`` to this router's subscribers of its topic (``routes``, folded). The callers
         look the routes up themselves: a forwarding router mostly finds none, and the call is
         skipped."""
+        if msg.expires_ms and msg.expired():  # it waited (in a mesh backlog, say) too long
+            self.stats.drop_expired += len(routes)
+            return
         qos = msg.qos
         retain = msg.retain
         publisher = msg.client_id

@@ -154,10 +154,9 @@ class Session:
     # -- delivery -------------------------------------------------------------------------------------
 
     def deliver(self, msg: Message, qos: int, retain: bool) -> None:
-        """Send now if the window allows, else queue (bounded); QoS 0 never waits."""
-        if msg.expires_ms and msg.expired():  # it waited (retained, forwarded late) too long
-            self.stats.drop_expired += 1
-            return
+        """Send now if the window allows, else queue (bounded); QoS 0 never waits. A message that
+        expired before it got here is the caller's to drop (once per message, not per session:
+        ``Router._deliver``); one that expires while it waits here is dropped in ``pump``."""
         conn = self.conn
         if qos == 0:
             if conn is None:

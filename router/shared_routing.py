@@ -79,6 +79,9 @@ class SharedRouting:
             self.stats.shared_no_member += 1
             return
         session, sub = picked
+        if msg.expires_ms and msg.expired():
+            self.stats.drop_expired += 1
+            return
         qos = msg.qos
         session.deliver_shared(msg.with_ids((sub.sub_id,)) if sub.sub_id else msg, qos if qos < sub.qos else sub.qos,
                                msg.retain and sub.retain_as_published)
