@@ -270,8 +270,34 @@ class Client:
                 # Its old owner let the session go: keep it here, offline, as if this client left.
                 router.schedule_expiry(router.import_session(self.client_id, state))
             return
+        if state is not None and not connect.clean_start and self.client_id not in router.sessions:
+            state = await self._import_announced(state)
+            if state is TAKEOVER_FAILED:
+                return
         self._finish_connect(connect, state, assigned)
         self.conn.resume_reading(CONNECTING)
+
+    async def _import_announced(self, state: dict) -> None | object:
+        """Take in a session moved here from another router and hold the CONNACK, as a SUBACK is
+        held, until every other router has acknowledged the interest its subscriptions announce:
+        whatever is published anywhere after the CONNACK then reaches it. Returns None (the
+        session is here now), or TAKEOVER_FAILED when the connection went away meanwhile (the
+        session stays here, offline)."""
+        router = self.router
+        session = router.import_session(self.client_id, state)
+        pending = router.interest_pending
+        waits = [pending[f] for f in session.subscriptions if f in pending]
+        if waits:
+            await asyncio.gather(*waits, return_exceptions=True)
+        if not self.conn.closing:
+            return None
+        if router.clients.get(self.client_id) is self:
+            del router.clients[self.client_id]
+        if session.persistent or session.expiry_s:
+            router.schedule_expiry(session)
+        else:
+            router.end_session(session)
+        return TAKEOVER_FAILED
 
     def _finish_connect(self, connect: Connect, remote_state: dict | None, assigned: bool) -> None:
         router = self.router
