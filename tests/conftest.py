@@ -31,17 +31,33 @@ def _close_clients() -> Iterator[None]:
     _close_clients_made()
 
 
+def _free_port_not_in(host: str, args: tuple[str, ...]) -> int:
+    """A free port that no argument names (``_ports`` of a test may have picked it for a listener
+    it passes: two free ports asked for one after the other can be the same)."""
+    while True:
+        port = free_port(host)
+        if not any(a.endswith(f":{port}") or f":{port}/" in a for a in args):
+            return port
+
+
 @pytest.fixture
 def start_broker(xprocess, tmp_path) -> Iterator[Callable[..., Broker]]:
     """Start brokerd with the given arguments; every broker started is stopped after the test.
 
-    Defaults: one worker on 127.0.0.1, a free port, the data directory in the test's tmp_path.
+    Defaults: two workers (routers joined by the mesh, as brokerd is deployed: a test then also
+    covers the forwarded path wherever the kernel puts its clients) on 127.0.0.1, a free port (not
+    one the arguments name for another listener), the data directory in the test's tmp_path. A test
+    passes ``workers=1`` only where one worker is what it is about, and says why. A node of a
+    multi-node test (started with ``--peer``) has one worker unless it asks for more: those tests
+    are about nodes (tests/cluster/test_faults.py counts a node's one worker).
     """
     started: list[Broker] = []
 
-    def start(*args: str, workers: int = 1, host: str = "127.0.0.1", port: int | None = None,
+    def start(*args: str, workers: int | None = None, host: str = "127.0.0.1", port: int | None = None,
               data_dir: str | None = None, node_id: str = "t", prefix: list[str] | None = None) -> Broker:
-        port = port or free_port(host)
+        if workers is None:
+            workers = 1 if "--peer" in args else 2
+        port = port or _free_port_not_in(host, args)
         argv = ["--workers", str(workers), "--listen", f"{host}:{port}", "--node-id", node_id,
                 "--data-dir", data_dir or str(tmp_path / "data"), *args]
         broker = Broker(xprocess, f"brokerd-{next(_names)}-{port}", argv, host, port, prefix=prefix or [])

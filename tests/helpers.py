@@ -6,6 +6,7 @@ Every wait here is bounded and waits for an event (a message, a CONNACK, a log l
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,7 +26,30 @@ BROKERD = str(Path(sys.executable).with_name("brokerd"))
 WAIT = 10.0  # the bound of every wait for an event
 
 
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_EPHEMERAL_LOW = _ephemeral_low()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A free port below the kernel's ephemeral range: a port bound to 0 comes from that range,
+    where every client connection also takes its local port, and one could take it between now
+    and the broker's bind (a broker of two workers binds after its mesh has joined)."""
+    if _EPHEMERAL_LOW > 10_000:
+        for _ in range(100):
+            port = random.randrange(10_000, _EPHEMERAL_LOW - 1)
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -214,6 +238,10 @@ class Client:
         self.c.loop_start()
         self._wait(lambda: self.connack is not None, "CONNACK")
         assert self.connack is not None and self.connack[0] == expect_rc, self.connack
+        if expect_rc:
+            # Refused as expected: paho would try again every few seconds (each try one more
+            # refusal in the broker's counters, on any of its workers); it is done.
+            self.c.disconnect()
         return self
 
     @property
@@ -221,9 +249,18 @@ class Client:
         assert self.connack is not None
         return self.connack[1]
 
-    def subscribe(self, topic: str | list[tuple[str, int]], qos: int = 0) -> list[int]:
-        result, mid = self.c.subscribe(topic, qos)
+    def subscribe(self, topic: str | list[tuple[str, int]], qos: int = 0, options: object = None) -> list[int]:
+        """SUBSCRIBE and wait for the SUBACK; ``options``: MQTT 5 subscription options (paho's
+        ``SubscribeOptions``, No Local ...) in place of ``qos``."""
+        return self.wait_suback(self.send_subscribe(topic, qos, options))
+
+    def send_subscribe(self, topic: str | list[tuple[str, int]], qos: int = 0, options: object = None) -> int:
+        """SUBSCRIBE without waiting; returns its packet id for ``wait_suback``."""
+        result, mid = self.c.subscribe(topic, qos) if options is None else self.c.subscribe(topic, options=options)
         assert result == mqtt.MQTT_ERR_SUCCESS
+        return mid
+
+    def wait_suback(self, mid: int) -> list[int]:
         self._wait(lambda: mid in self.subacks, "SUBACK")
         return self.subacks[mid]
 
@@ -245,6 +282,10 @@ class Client:
     def wait_topic(self, topic: str, timeout: float = WAIT) -> mqtt.MQTTMessage:
         self._wait(lambda: any(m.topic == topic for m in self.messages), f"a message on {topic}", timeout)
         return next(m for m in self.messages if m.topic == topic)
+
+    def wait_payload(self, payload: bytes, timeout: float = WAIT) -> mqtt.MQTTMessage:
+        self._wait(lambda: any(m.payload == payload for m in self.messages), f"a message {payload!r}", timeout)
+        return next(m for m in self.messages if m.payload == payload)
 
     def disconnect(self) -> None:
         self.c.disconnect()

@@ -65,7 +65,8 @@ def test_options_from_toml_file(xprocess, tmp_path):
                    f'data_dir = "{tmp_path}/d"\n')
     broker = Broker(xprocess, f"brokerd-toml-{port}", ["--config", str(cfg)], "127.0.0.1", port).start()
     try:
-        # Each option took effect: listen (we connect there), workers (one worker process), log off
+        # Each option took effect: listen (we connect there), workers (one worker process, not the
+        # default of one per CPU: so 1 here, where the tests' brokers have 2), log off
         # (no data directory made), max_queued (an offline session keeps 3 of 5 QoS 1 messages).
         assert len(broker.workers()) == 1
         assert not (tmp_path / "d").exists()

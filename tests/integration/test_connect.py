@@ -5,6 +5,7 @@ from __future__ import annotations
 import ssl
 
 import paho.mqtt.client as mqtt
+import pytest
 
 from tests.helpers import Client, RawClient, cid, connect_packet
 
@@ -32,6 +33,31 @@ def test_empty_client_id_with_clean_session_is_assigned_one(broker):
     raw.send(connect_packet("", clean=True))
     assert raw.recv_exact(4) == b"\x20\x02\x00\x00"
     raw.close()
+
+
+def _publish_qos1(topic: bytes, pid: int, payload: bytes) -> bytes:
+    body = len(topic).to_bytes(2, "big") + topic + pid.to_bytes(2, "big") + payload
+    return bytes([0x32, len(body)]) + body
+
+
+@pytest.mark.parametrize("workers", [
+    1,
+    pytest.param(2, marks=pytest.mark.xfail(strict=True, reason=(
+        "broker bug: a CONNECT that waits for the cluster (any --workers > 1) lets the packets "
+        "behind it through the connection layer: PINGREQ answered before the CONNACK, DISCONNECT "
+        "closing before it (connection/protocol.py MQTTConnection._dispatch)"))),
+])
+def test_packets_pipelined_behind_connect_are_answered_after_the_connack(start_broker, workers):
+    """A client need not wait for the CONNACK (MQTT 3.1.4): what it sends behind its CONNECT is
+    handled after it, in order, and the CONNACK is the first packet it gets (MQTT-3.2.0-1)."""
+    broker = start_broker(workers=workers)
+    sub = Client(broker.port, cid("pipe-sub")).connect()
+    sub.subscribe("pipe/t", 1)
+    raw = RawClient(broker.port)
+    raw.send(connect_packet(cid("pipe")) + _publish_qos1(b"pipe/t", 1, b"behind the CONNECT")
+             + b"\xc0\x00" + b"\xe0\x00")  # PINGREQ, DISCONNECT: one write, one read
+    assert raw.recv_until_closed() == b"\x20\x02\x00\x00" + b"\x40\x02\x00\x01" + b"\xd0\x00"
+    assert sub.wait_topic("pipe/t").payload == b"behind the CONNECT"
 
 
 def test_reserved_connect_flag_closes_the_connection(broker):

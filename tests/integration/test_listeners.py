@@ -292,7 +292,8 @@ def test_a_listeners_max_connections_refuses_beyond_it_while_other_listeners_acc
     toml = tmp_path / "listeners.toml"
     toml.write_text(f'listen = "127.0.0.1:{port}"\n\n[[listener]]\nlisten = "mqtt://127.0.0.1:{limited}"\n'
                     'max_connections = 2\n')
-    # Not start_broker: its --listen would replace the file's listeners.
+    # Not start_broker: its --listen would replace the file's listeners. One worker: each worker
+    # takes its share of a listener's max_connections, and the kernel picks the worker.
     broker = Broker(xprocess, f"brokerd-lim-{port}", ["--workers", "1", "--node-id", "t", "--data-dir",
                     str(tmp_path / "data"), "--config", str(toml), "--stats-interval", "0.2"], "127.0.0.1", port)
     broker.start()
