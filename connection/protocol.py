@@ -33,6 +33,7 @@ CONNECT_TIMEOUT_S = 10.0
 AWAITING_CONNECT = "awaiting CONNECT"  # the connection's phases (see MQTTConnection)
 CONNECTED = "connected"
 _NOBODY: frozenset[object] = frozenset()  # no pause_reading causes yet (an empty set is 216 bytes)
+_OWN_PAUSES = frozenset({BUDGET, RATE})  # the connection's own pause causes; any other is the handler's
 
 
 class Handler(Protocol):
@@ -161,6 +162,10 @@ class MQTTConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_event_loop()
         self._reading_paused_by: set[object] | frozenset[object] = _NOBODY  # a set once paused
+        # Packets that came behind a CONNECT while the handler decides on it (reading paused for
+        # the cluster or an auth plugin): dispatched once it resumes, after its CONNACK
+        # (MQTT-3.2.0-1), in the client's order. None: nothing is held.
+        self._held: list[Packet] | None = None
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
 
@@ -266,6 +271,12 @@ class MQTTConnection(asyncio.Protocol):
                     log.debug("client %s (%s): user %r from its TLS certificate", self.client_id, self.peer,
                               self.tls_identity)
                 handler.packet_received(packet)
+                if not self._reading_paused_by <= _OWN_PAUSES:  # the handler waits for an answer
+                    self._held = []
+                continue
+            held = self._held
+            if held is not None:
+                held.append(packet)
                 continue
             cls = type(packet)
             if cls is Pingreq:
@@ -415,8 +426,16 @@ class MQTTConnection(asyncio.Protocol):
     def resume_reading(self, by: object) -> None:
         if by in self._reading_paused_by:
             self._reading_paused_by.remove(by)  # type: ignore[union-attr]
+        if self._held is not None and self._reading_paused_by <= _OWN_PAUSES:
+            self._loop.call_soon(self._release_held)  # the handler has answered the CONNECT
         if not self._reading_paused_by and self.transport is not None and not self.closing:
             self.transport.resume_reading()
+
+    def _release_held(self) -> None:
+        """Dispatch what came behind the CONNECT (packets decoded meanwhile joined the list)."""
+        held, self._held = self._held, None
+        if held and not self.closing:
+            self._dispatch(held)
 
     # -- timers ---------------------------------------------------------------------------------------
 

@@ -40,13 +40,7 @@ def _publish_qos1(topic: bytes, pid: int, payload: bytes) -> bytes:
     return bytes([0x32, len(body)]) + body
 
 
-@pytest.mark.parametrize("workers", [
-    1,
-    pytest.param(2, marks=pytest.mark.xfail(strict=True, reason=(
-        "broker bug: a CONNECT that waits for the cluster (any --workers > 1) lets the packets "
-        "behind it through the connection layer: PINGREQ answered before the CONNACK, DISCONNECT "
-        "closing before it (connection/protocol.py MQTTConnection._dispatch)"))),
-])
+@pytest.mark.parametrize("workers", [1, 2])
 def test_packets_pipelined_behind_connect_are_answered_after_the_connack(start_broker, workers):
     """A client need not wait for the CONNACK (MQTT 3.1.4): what it sends behind its CONNECT is
     handled after it, in order, and the CONNACK is the first packet it gets (MQTT-3.2.0-1)."""

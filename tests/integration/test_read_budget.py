@@ -24,11 +24,7 @@ def _publish(topic: bytes, pid: int, payload: bytes) -> bytes:
 @pytest.mark.parametrize("budgets", [("--read-budget", "4"), ("--turn-budget", "2"), ("--turn-budget", "0"),
                                      ("--fan-budget", "2"), ("--turn-budget", "0", "--fan-budget", "2")])
 def test_a_long_read_is_handled_in_turns_in_order_and_completely(start_broker, budgets):
-    # One worker until the broker bug that test_connect's
-    # test_packets_pipelined_behind_connect_are_answered_after_the_connack[2] pins is fixed: a
-    # CONNECT that waits for the cluster lets the PINGREQ and DISCONNECT pipelined behind it
-    # through before its CONNACK. Then this runs on the default two workers.
-    broker = start_broker(*budgets, workers=1)
+    broker = start_broker(*budgets)
     topic = f"budget/{cid('t')}"
     sub = Client(broker.port, cid("sub")).connect()
     sub.subscribe(topic, qos=1)
