@@ -47,7 +47,7 @@ from .limits import (
     session_expiry,
 )
 from .log.errors import LogUnavailable
-from .message import Message
+from .message import Message, will_delay
 from .outbound import NO_LIMIT, Outbound
 from .ports import TAKEOVER_FAILED
 from .shared import is_shared, parse_share
@@ -183,18 +183,16 @@ class Client:
         will, self.will = self.will, None
         if session is not None:
             if session.persistent or session.expiry_s:
-                delay = will.properties.get(Prop.WILL_DELAY_INTERVAL, 0) if will is not None and will.properties else 0
-                if delay:  # out at the earlier of the delay and the session's end, if it is not resumed
-                    router.delay_will(session, will, delay)  # type: ignore[arg-type]
-                    will = None
+                if will is not None and will_delay(will):  # out at the earlier of the delay and
+                    router.delay_will(session, will, will_delay(will))  # the session's end,
+                    will = None  # if it is not resumed
                 router.schedule_expiry(session)
                 if session.shared:
                     router.shared_presence(session)
             else:
                 router.end_session(session)
-        elif will is not None and will.properties and will.properties.get(Prop.WILL_DELAY_INTERVAL):
-            # Taken over: a new connection has the session before the delay ran out (MQTT-3.1.3-9).
-            will = None
+        # Else taken over: a delayed will went with the session (``taken_over``); one still here
+        # has no delay, or its session ends with this connection, so it goes out now.
         if will is not None:  # a DISCONNECT other than 0x04 cleared it
             router.publish_will(will)
 
@@ -268,7 +266,9 @@ class Client:
                              "transfer broke off (the session stays there); the client may retry")
             elif state is not None and state["persistent"] and self.client_id not in router.sessions:
                 # Its old owner let the session go: keep it here, offline, as if this client left.
-                router.schedule_expiry(router.import_session(self.client_id, state))
+                session = router.import_session(self.client_id, state)
+                router.schedule_expiry(session)
+                router.rearm_will(session)
             return
         if state is not None and not connect.clean_start and self.client_id not in router.sessions:
             state = await self._import_announced(state)
@@ -295,6 +295,7 @@ class Client:
             del router.clients[self.client_id]
         if session.persistent or session.expiry_s:
             router.schedule_expiry(session)
+            router.rearm_will(session)
         else:
             router.end_session(session)
         return TAKEOVER_FAILED
@@ -380,6 +381,13 @@ class Client:
             return
         self._taken_over = True
         session = self._let_go()
+        will = self.will
+        if session is not None and will is not None and will_delay(will) and (session.persistent or session.expiry_s):
+            # The delayed will waits with the session, wherever it goes: the new connection
+            # publishes it if it starts clean (the session ends), drops it if it resumes
+            # (MQTT-3.1.3-9); if the session stays here after all, it goes out when due.
+            self.will = None
+            self.router.delay_will(session, will, will_delay(will))
         if session is not None and session.shared:
             self.router.shared_presence(session)
         self.session = None

@@ -36,6 +36,13 @@ def expiry_deadline(properties: dict | None, timestamp_ms: int) -> int:
             return timestamp_ms + int(interval) * 1000
     return 0
 
+
+def will_delay(will: Message) -> int:
+    """A will's Will Delay Interval in seconds (MQTT 5 3.1.3.2.2; 0: none, it goes out with its
+    connection)."""
+    return will.properties.get(Prop.WILL_DELAY_INTERVAL, 0) if will.properties else 0
+
+
 _new = object.__new__
 _time = time.time
 # Keys of Message._enc: (protocol level << 3) | (QoS << 1) | RETAIN.

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -64,8 +63,7 @@ class StateStore:
                 "qos2_in": sorted(s.inbound_qos2),
                 "pubrel": sorted(pid for pid, e in s.inflight.items() if e.state == 1),
                 "username": s.username,  # ACLs apply to it after a restart too
-                # A delayed will is session state (MQTT 5 4.1): it outlives a restart.
-                "will": [s.will.to_list(), s.will_due_ms] if s.will is not None else None,
+                "will": s.will_state(),
             }
         return msgpack.packb({
             "version": SNAPSHOT_VERSION,
@@ -163,9 +161,8 @@ class StateStore:
                 session.cursor = max(pos, log_.start_offset)
             session.username = st.get("username")
             router.schedule_expiry(session)
-            if st.get("will"):
-                will, due_ms = st["will"]
-                router.delay_will(session, Message.from_list(will), max(0.0, (due_ms - time.time() * 1000) / 1000))
+            session.restore_will(st.get("will"))
+            router.rearm_will(session)
         return len(state.get("sessions", {})), len(router.retained)
 
 

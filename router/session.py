@@ -463,6 +463,7 @@ class Session:
             "inbound_qos2": sorted(self.inbound_qos2),
             "next_pid": self._next_pid,
             "shared": [s.to_values() for s in self.shared.values()],
+            "will": self.will_state(),
         }
 
     def export_copies(self, same_node: bool, chunk_bytes: int = 1 << 20) -> Iterator[list]:
@@ -529,6 +530,16 @@ class Session:
                     ids += (sub.sub_id,)
         return best, ids
 
+    def will_state(self) -> list | None:
+        """A delayed will and when it is due, as plain values: it is session state (MQTT 5 4.1),
+        carried by a takeover and kept across a restart."""
+        return [self.will.to_list(), self.will_due_ms] if self.will is not None else None
+
+    def restore_will(self, values: list | None) -> None:
+        if values:
+            will, self.will_due_ms = values
+            self.will = Message.from_list(will)
+
     def import_state(self, state: dict) -> None:
         """Load the state exported by another router (subscriptions are indexed by the caller)."""
         self.persistent = state["persistent"]
@@ -543,6 +554,7 @@ class Session:
         if state["inbound_qos2"]:
             self.qos2_ids().update(state["inbound_qos2"])
         self._next_pid = state.get("next_pid", 1)
+        self.restore_will(state.get("will"))  # the importer publishes, drops or re-arms it
         ranges = state.get("log") or []
         if ranges:
             self.ranges = [LogRange(d, start, end) for d, start, end in ranges]

@@ -119,10 +119,20 @@ class SessionLife:
         session.will_due_ms = int(time.time() * 1000 + delay * 1000)
         self._wills[session.client_id] = asyncio.get_event_loop().call_later(delay, self._will_due, session)
 
-    def cancel_will(self, client_id: str) -> None:
+    def rearm_will(self, session: Session) -> None:
+        """An offline session that came with a delayed will (a takeover that broke off, a
+        session left here by a connection that went away while it moved): the will waits
+        for the rest of its delay."""
+        if session.will is not None:
+            self.delay_will(session, session.will, max(0.0, session.will_due_ms / 1000 - time.time()))
+
+    def _stop_will_timer(self, client_id: str) -> None:
         timer = self._wills.pop(client_id, None)
         if timer is not None:
             timer.cancel()
+
+    def cancel_will(self, client_id: str) -> None:
+        self._stop_will_timer(client_id)
         session = self.sessions.get(client_id)
         if session is not None:
             session.will = None
@@ -155,7 +165,9 @@ class SessionLife:
         if session is None or client_id in self.moving:
             return None
         session.detach()
-        self.cancel_will(client_id)  # a connection elsewhere resumes it: the delayed will never goes
+        # A delayed will goes with the session: the new connection publishes it if it starts
+        # clean, drops it if it resumes the session; here it waits no more.
+        self._stop_will_timer(client_id)
         if self.commit_log is not None:
             self.commit_log.flush()  # the position handed over must be readable from the disk
         self.moving[client_id] = session
@@ -176,5 +188,6 @@ class SessionLife:
             if session.persistent or session.expiry_s:
                 self.cancel_expiry(client_id)
                 self.schedule_expiry(session)
+                self.rearm_will(session)
             else:
                 self.end_session(session)

@@ -173,6 +173,29 @@ def test_reconnecting_on_another_node_within_the_will_delay_cancels_the_will(nod
     back.disconnect(0, [(SESSION_EXPIRY, 0)])
 
 
+def test_a_clean_start_reconnect_on_another_node_sends_the_delayed_will_at_once(nodes):
+    """The session of a client on node a (Will Delay Interval 10, connection still open) is ended
+    by a Clean Start CONNECT on node b: the will travels with the session and goes out then, not
+    after the delay [MQTT-3.1.2-4]; watchers on both nodes get it once."""
+    a, b = nodes
+    u = uid()
+    name = cid("wc")
+    watchers = [will_watcher(a, f"{u}/will"), will_watcher(b, f"{u}/will")]
+    raw = dying(a, name, f"{u}/will", 10, 60)
+    t0 = time.monotonic()
+    back = raw_on(b)
+    assert not back.connect(name, clean=True).session_present
+    for w in watchers:
+        w.wait_messages(1, timeout=5)
+    assert time.monotonic() - t0 < 4.0
+    marker = v5(a, "m")
+    for w in watchers:
+        no_message(w, marker, f"{u}/will")
+        assert [m.payload for m in w.messages].count(b"gone") == 1
+    back.disconnect()
+    raw.close()
+
+
 def test_properties_pass_through_across_nodes(nodes):
     """Published on node a at QoS 0, 1 and 2, received on node b with every property unchanged."""
     a, b = nodes

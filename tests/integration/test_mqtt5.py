@@ -1042,21 +1042,47 @@ def test_reconnecting_within_the_will_delay_cancels_the_will(b2, where):
     back.disconnect()
 
 
-def test_a_clean_start_reconnect_within_the_will_delay_sends_the_will(b2):
+@pytest.mark.parametrize("old", ["closed", "still open"])
+@pytest.mark.parametrize("where", ["same worker", "other worker"])
+def test_a_clean_start_reconnect_within_the_will_delay_sends_the_will(b2, where, old):
     """A Clean Start 1 reconnect ends the old session, and the will is sent when the session ends
     (spec 3.1.3.2.2 and its non-normative comment) [MQTT-3.1.2-4]: not held until the delay,
-    not cancelled."""
+    not cancelled; whether the old connection is gone already or is taken over by the new one,
+    on its worker or the other."""
     u = uid()
     name = cid("wc")
     watcher = will_watcher(b2, f"{u}/will")
     raw = dying(b2, name, f"{u}/will", 10, 60)
-    raw.close()
+    if old == "closed":
+        raw.close()
     t0 = time.monotonic()
-    back = raw_on(b2)
+    back = raw_on(b2, **({"on": raw.worker} if where == "same worker" else {"off": raw.worker}))
     assert not back.connect(name, clean=True).session_present
     watcher.wait_messages(1, timeout=5)
     assert time.monotonic() - t0 < 3.0
+    assert [m.payload for m in watcher.messages] == [b"gone"]
     back.disconnect()
+    raw.close()
+
+
+@pytest.mark.parametrize("where", ["same worker", "other worker"])
+def test_a_resuming_takeover_of_a_live_connection_never_sends_its_delayed_will(b2, where):
+    """The old connection is still open when a Clean Start 0 CONNECT takes its session over: the
+    old connection closes (0x8E) but its delayed will waits with the session, which is resumed,
+    so it is never sent [MQTT-3.1.3-9]."""
+    u = uid()
+    name = cid("wt")
+    watcher = will_watcher(b2, f"{u}/will")
+    raw = dying(b2, name, f"{u}/will", 2, 60)
+    t0 = time.monotonic()
+    back = raw_on(b2, **({"on": raw.worker} if where == "same worker" else {"off": raw.worker}))
+    assert back.connect(name, clean=False, props=[(SESSION_EXPIRY, 60)]).session_present
+    assert time.monotonic() - t0 < 1.5, "the takeover took too long to prove anything"
+    time.sleep(max(0.0, t0 + 3.0 - time.monotonic()))  # past the 2 s delay
+    no_message(watcher, Client(b2.port, cid("m")).connect(), f"{u}/will")
+    assert b"gone" not in [m.payload for m in watcher.messages]
+    back.disconnect()
+    raw.close()
 
 
 def test_the_will_is_sent_when_the_session_ends_before_the_delay(b2):

@@ -163,3 +163,34 @@ def test_a_delayed_will_and_the_identity_outlive_a_restart(tmp_path):
     [p] = late
     assert (p.topic, p.payload) == ("wills/dev", b"gone")
     assert second.stats.wills_published == 1
+
+
+def test_a_delayed_will_travels_with_a_moved_session_and_stays_when_the_move_breaks_off():
+    """A takeover carries the delayed will to the new owner (which publishes it on a Clean Start
+    and drops it on a resume); the old owner's timer stops, and starts again for the rest of the
+    delay if the transfer fails and the session stays."""
+    import asyncio
+
+    async def run() -> tuple[dict, list, list, Router]:
+        first = Router(RouterConfig())
+        session = first.new_session("dev", True)
+        session.expiry_s = 3600
+        first.delay_will(session, Message("wills/dev", b"gone", client_id="dev"), 0.3)
+        header, copies = first.release_session("dev", same_node=True)  # type: ignore[misc]
+        list(copies)
+        _, watcher = _v5(first, "watcher", Subscription("wills/#", 0))
+        await asyncio.sleep(0.5)  # past the delay: the timer stopped with the move
+        during = watcher.packets()
+        first.moved("dev", ok=False)  # the session stays here: the will waits for the rest (none)
+        for _ in range(100):
+            if watcher.chunks:
+                break
+            await asyncio.sleep(0.02)
+        return header, during, watcher.packets(), first
+
+    header, during, after, first = asyncio.run(run())
+    assert during == []
+    assert [(p.topic, p.payload) for p in after] == [("wills/dev", b"gone")]
+    second = Router(RouterConfig())
+    moved = second.import_session("dev", header)
+    assert moved.will is not None and moved.will.payload == b"gone"
