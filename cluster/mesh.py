@@ -74,6 +74,7 @@ import msgpack
 import zmq
 
 from brokerd.router.mesh_format import (
+    CATCHUP,
     GOODBYE,
     HELLO,
     INTEREST,
@@ -209,7 +210,7 @@ class Peer:
     __slots__ = ("router_id", "node_id", "ipc", "tcp", "incarnation", "last_seen", "alive", "link",
                  "batch", "batch_sources", "stats", "parked", "parked_at", "backlog", "backlog_bytes",
                  "backlog_msgs", "dropped", "log_mark", "replay_from", "seq_out", "seq_in", "acked",
-                 "ring", "ring_bytes", "resend", "stats_tcp")
+                 "ring", "ring_bytes", "resend", "stats_tcp", "origin_mark", "replaying")
 
     def __init__(self, router_id: str, node_id: str, ipc: str | None, tcp: str | None) -> None:
         self.router_id = router_id
@@ -241,6 +242,11 @@ class Peer:
         self.ring_bytes = 0
         self.resend: list[bytes] = []  # the ring's unconfirmed frames, for a new incarnation
         self.stats_tcp: str | None = None  # its stats socket, when other nodes can read it
+        # Its log offset below which we have every message of its own our interest matched (the
+        # marks of its PUBLISH frames; -1: unknown). Kept across its incarnations: a new one is
+        # asked (CATCHUP) for what its crashed predecessor acknowledged and never sent us.
+        self.origin_mark = -1
+        self.replaying = 0  # reads of our log back to it under way: our frames claim no mark
 
 
 class _Waiter:
@@ -514,6 +520,10 @@ class Mesh:
         if self.closed:
             return
         stats = self.router.stats
+        commit_log = self.router.commit_log
+        # Every message of ours logged so far that a peer's interest matched is in its batch now
+        # (``Router.publish`` logs, then forwards, in one call): the log's end is each frame's mark.
+        mark = commit_log.next_offset if commit_log is not None else -1
         for peer in self.peers.values():
             batch = peer.batch
             if not batch:
@@ -523,7 +533,7 @@ class Mesh:
             peer.batch_sources = set()
             if peer.link is None:
                 continue
-            for seq, frame, n in self._publish_frames(peer, batch):
+            for seq, frame, n in self._publish_frames(peer, batch, -1 if peer.replaying else mark):
                 peer.stats[0] += n
                 peer.stats[1] += len(frame)
                 stats.mesh_msgs_out += n
@@ -547,17 +557,18 @@ class Mesh:
                 if peer.alive and peer.link is not None:
                     peer.link.send(frame)
 
-    def _publish_frames(self, peer: Peer, batch: list) -> list[tuple[int, bytes, int]]:
+    def _publish_frames(self, peer: Peer, batch: list, mark: int) -> list[tuple[int, bytes, int]]:
         """``batch`` as one PUBLISH frame numbered for ``peer`` (seq, frame, messages), or split
         in halves until each frame is at most half the receivers' limit (a tick's batch of large
-        messages; the length check is all it costs otherwise)."""
+        messages; the length check is all it costs otherwise). Only the last frame carries the
+        ``mark``: the others claim nothing (-1)."""
         seq = peer.seq_out + 1
-        frame = self._frame(PUBLISH, [seq, batch])
+        frame = self._frame(PUBLISH, [seq, batch, mark])
         if len(frame) <= self.max_frame // 2 or len(batch) == 1:
             peer.seq_out = seq
             return [(seq, frame, len(batch))]
         half = len(batch) // 2
-        return self._publish_frames(peer, batch[:half]) + self._publish_frames(peer, batch[half:])
+        return self._publish_frames(peer, batch[:half], -1) + self._publish_frames(peer, batch[half:], mark)
 
     def _unconfirmed(self, peer: Peer, seq: int, frame: bytes) -> None:
         """A numbered frame handed to ``peer``'s link: kept until the peer confirms it (bounded by
@@ -606,17 +617,36 @@ class Mesh:
         if commit_log is not None:
             peer.log_mark = commit_log.next_offset
 
+    def _start_replay(self, peer: Peer, offset: int, why: str) -> None:
+        """Read this router's log back to ``peer`` from ``offset`` to its end now (``_replay``);
+        until that is done, live frames to it claim no mark."""
+        commit_log = self.router.commit_log
+        if commit_log is None or offset >= commit_log.next_offset:
+            return
+        if offset < commit_log.start_offset:
+            log.warning("mesh: router %s asks for this router's log from offset %d (%s), but it starts at "
+                        "%d now (retention): the %d record(s) before are gone", peer.router_id, offset, why,
+                        commit_log.start_offset, commit_log.start_offset - offset)
+            offset = commit_log.start_offset
+        log.info("mesh: reading this router's log back to router %s from offset %d to %d (%s)",
+                 peer.router_id, offset, commit_log.next_offset, why)
+        peer.replaying += 1
+        self._replay(peer, offset, commit_log.next_offset)
+
     def _replay(self, peer: Peer, offset: int, end: int, sent: int = 0) -> None:
         """Forward again, by the peer's interest, the messages published here (records whose
         origin is this router: copies from other routers are theirs to replay) in ``[offset,
-        end)`` of this router's log, 256 records per loop iteration, as the link drains."""
+        end)`` of this router's log, 256 records per loop iteration, as the link drains. Each
+        frame's mark is the offset after its last record: a crash midway is resumed from there."""
         if not peer.alive or self.closed or peer.link is None:
+            peer.replaying -= 1
             return
         if peer.link.pending:
             self.loop.call_later(0.005, self._replay, peer, offset, end, sent)
             return
         records = [r for r in self.router.commit_log.read(offset, max_records=256) if r.offset < end]
         if not records:
+            peer.replaying -= 1
             log.info("mesh: %d message(s) read back from the log for router %s", sent, peer.router_id)
             return
         rid = peer.router_id
@@ -631,7 +661,7 @@ class Mesh:
             batch.append(to_mesh(msg))
             if rec.retain:
                 self._send(peer, RETAINED, [msg.to_list()])
-        for seq, frame, n in self._publish_frames(peer, batch) if batch else ():
+        for seq, frame, n in self._publish_frames(peer, batch, records[-1].offset + 1) if batch else ():
             self.router.stats.mesh_msgs_out += n
             self._unconfirmed(peer, seq, frame)
             peer.link.send(frame)
@@ -803,10 +833,12 @@ class Mesh:
             self._rejoin(peer, "heard again")
         router = self.router
         if kind == PUBLISH:
-            seq, batch = body
+            seq, batch, mark = body
             if seq <= peer.seq_in:
                 return  # sent again to a new incarnation of ours, or twice: we have it
             peer.seq_in = seq
+            if mark > peer.origin_mark:
+                peer.origin_mark = mark
             stats = router.stats
             stats.mesh_frames_in += 1
             stats.mesh_msgs_in += len(batch)
@@ -871,6 +903,8 @@ class Mesh:
                 self._send(peer, RETAINED, [m.to_list() for m in snapshot[i:i + 1000]])
         elif kind == RESYNC:
             self._announce_all(peer)
+        elif kind == CATCHUP:
+            self._start_replay(peer, body, "it restarted and asks for what it may have missed")
         elif kind == GOODBYE:
             self._park(peer, "said goodbye")
 
@@ -942,8 +976,9 @@ class Mesh:
     def _hello_body(self) -> dict:
         known = [[p.router_id, p.node_id, p.ipc, p.tcp] for p in self.peers.values() if p.alive]
         acks = {p.router_id: p.seq_in for p in self.peers.values() if p.seq_in}
+        commit_log = self.router.commit_log
         return {"node": self.node_id, "ipc": self.ipc, "tcp": self.tcp, "peers": known, "acks": acks,
-                "stats": self.stats_tcp}
+                "stats": self.stats_tcp, "log": commit_log.next_offset if commit_log is not None else -1}
 
     def _on_hello(self, sender: str, inc: int, body: dict) -> None:
         if sender == self.router_id:
@@ -963,8 +998,17 @@ class Mesh:
                 return
             peer.link = self._link(endpoint)
         peer.last_seen = time.monotonic()
+        catchup = -1
         if peer.incarnation != inc:
-            if peer.incarnation is not None:
+            if peer.incarnation is None:
+                if peer.origin_mark < 0:  # first met: what it logged before is not ours to ask
+                    peer.origin_mark = body.get("log", -1)
+            else:
+                # It crashed and came back: ask it (after our interest, below) for what it
+                # acknowledged since our mark and never sent, or from where its log is now if it
+                # came back with less (a lost disk).
+                log_now = body.get("log", -1)
+                catchup = peer.origin_mark if log_now < 0 else min(peer.origin_mark, log_now)
                 # What its old incarnation had not read is lost with it; what was kept for it
                 # while it was silent goes to the new one, whose restored sessions want it.
                 self._park(peer, "restarted")
@@ -977,6 +1021,9 @@ class Mesh:
                 self._rejoin(peer, "restarted")
             else:
                 self._joined(peer)
+            if catchup >= 0:
+                peer.origin_mark = catchup  # raised again by its frames as it reads back
+                self._send(peer, CATCHUP, catchup)
         elif not peer.alive:
             self._rejoin(peer, "heard again")
         acked = body.get("acks", {}).get(self.router_id)
@@ -1067,8 +1114,8 @@ class Mesh:
         replay_from, peer.replay_from = peer.replay_from, None
         self._joined(peer, quiet=was_parked)
         self._send(peer, RESYNC, None)
-        if replay_from is not None and self.router.commit_log is not None:
-            self._replay(peer, replay_from, self.router.commit_log.next_offset)
+        if replay_from is not None:
+            self._start_replay(peer, replay_from, "its backlog here was full")
 
     def _forget(self, peer: Peer) -> None:
         """Parked for ``--mesh-forget`` seconds: drop its interest and what was kept for it."""

@@ -20,7 +20,12 @@ last]`` frames, answered by TAKEOVER_DONE ``[req, ok]`` (the old owner keeps the
 and numbered PUBLISH frames, ``[seq, messages]`` per (sender, receiver), whose receipt HELLO
 confirms (``acks``: {sender: last seq received}) so that frames a crashed peer never read are sent
 again to its next incarnation. 7: a subscription in a session transfer carries its MQTT 5
-Subscription Identifier (six values, ``Subscription.to_values``).
+Subscription Identifier (six values, ``Subscription.to_values``). 8: a PUBLISH frame carries a
+*mark*, ``[seq, messages, mark]``: the sender's log offset below which every message of its own
+that the receiver's interest matched is in this frame or an earlier one (-1: no claim, e.g. while
+the sender reads its log back to that receiver); HELLO carries the sender's ``log`` offset; and
+CATCHUP ``offset`` asks a restarted router to read its log back from there, by the asker's
+interest: what it acknowledged and crashed before sending reaches the other routers.
 """
 
 from __future__ import annotations
@@ -36,13 +41,13 @@ from .message import _QOS0_V3, _QOS0_V4, _QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4,
 # the full one (Message.to_list()); one more value names the shared groups it was chosen for.
 PLAIN, FULL = 5, 9
 
-MESH_VERSION = 7
+MESH_VERSION = 8
 (HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE,
- RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE) = range(1, 13)
+ RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE, CATCHUP) = range(1, 14)
 KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST_ACK: "interest-ack",
               RETAINED: "retained", TAKEOVER_REQ: "takeover-request", TAKEOVER_RESP: "takeover",
               SYNC_REQ: "sync-request", GOODBYE: "goodbye", RESYNC: "resync",
-              TAKEOVER_CHUNK: "takeover-chunk", TAKEOVER_DONE: "takeover-done"}
+              TAKEOVER_CHUNK: "takeover-chunk", TAKEOVER_DONE: "takeover-done", CATCHUP: "catch-up"}
 
 # The largest frame a router accepts (ZeroMQ's MAXMSGSIZE on its PULL sockets; a peer sending a
 # bigger one is disconnected by ZeroMQ and reconnects). Senders split publish batches well below it.
@@ -65,6 +70,8 @@ def _hello(body: Any) -> bool:
     if body.__class__ is not dict or body.get("node").__class__ is not str:
         return False
     if not (_opt_str(body.get("ipc")) and _opt_str(body.get("tcp")) and _opt_str(body.get("stats"))):
+        return False
+    if body.get("log", -1).__class__ is not int:
         return False
     acks = body.get("acks", {})
     if acks.__class__ is not dict or not all(k.__class__ is str and v.__class__ is int for k, v in acks.items()):
@@ -111,8 +118,8 @@ def _takeover_done(body: Any) -> bool:
 
 _CHECKS = {
     HELLO: _hello,
-    PUBLISH: lambda b: (b.__class__ is list and len(b) == 2 and b[0].__class__ is int
-                        and b[1].__class__ is list),
+    PUBLISH: lambda b: (b.__class__ is list and len(b) == 3 and b[0].__class__ is int
+                        and b[1].__class__ is list and b[2].__class__ is int),
     INTEREST: _interest,
     INTEREST_ACK: lambda b: b.__class__ is int,
     RETAINED: lambda b: b.__class__ is list and all(t.__class__ is list for t in b),
@@ -123,6 +130,7 @@ _CHECKS = {
     SYNC_REQ: lambda b: b is None,
     GOODBYE: lambda b: b is None,
     RESYNC: lambda b: b is None,
+    CATCHUP: lambda b: b.__class__ is int and b >= 0,
 }
 
 

@@ -7,7 +7,17 @@ import signal
 import uuid
 
 from tests.cluster.conftest import client_worker
-from tests.helpers import Client
+from tests.helpers import Client, wait_for
+
+
+def publisher_elsewhere(broker, home: int, u: str) -> Client:
+    """A connected client whose connection landed on a worker other than ``home``."""
+    for i in range(40):
+        c = Client(broker.port, f"p{u}{i}").connect()
+        if client_worker(broker, c) != home:
+            return c
+        c.disconnect()
+    raise AssertionError("no publisher landed on the other worker")
 
 
 def test_copies_lost_in_a_crash_are_restored_from_the_origin_router(start_broker, tmp_path):
@@ -19,14 +29,7 @@ def test_copies_lost_in_a_crash_are_restored_from_the_origin_router(start_broker
     sub.subscribe(f"cc{u}/#", 1)
     home = client_worker(broker, sub)
     sub.disconnect()
-    pub = None
-    for i in range(40):  # a publisher on the other worker
-        c = Client(broker.port, f"p{u}{i}").connect()
-        if client_worker(broker, c) != home:
-            pub = c
-            break
-        c.disconnect()
-    assert pub is not None, "no publisher landed on the other worker"
+    pub = publisher_elsewhere(broker, home, u)
     # The session's worker stops: it never logs the copies of what the other worker acknowledges.
     os.kill(home, signal.SIGSTOP)
     try:
@@ -44,3 +47,30 @@ def test_copies_lost_in_a_crash_are_restored_from_the_origin_router(start_broker
     msgs = back.wait_messages(30, timeout=20)
     assert [int(m.payload) for m in msgs] == list(range(30))
     broker.wait_log("restored 30 message(s)")
+
+
+def test_what_a_crashed_router_acknowledged_but_never_sent_reaches_the_other_routers(start_broker):
+    """The publisher's router acknowledges (durable: ``--fsync always``) and crashes before its
+    mesh frames left the process: the subscriber's router is stopped, so they pile up in the
+    publisher's queues and die with it. When the publisher's router comes back, the subscriber's
+    router asks it for what it never got (from the last log offset of its own it was sent) and
+    gets every acknowledged message, to a clean subscriber that stayed connected throughout."""
+    broker = start_broker("--fsync", "always", "--mesh-timeout", "30", workers=2)
+    u = uuid.uuid4().hex[:6]
+    sub = Client(broker.port, f"s{u}").connect()
+    sub.subscribe(f"lost{u}/#", 1)
+    home = client_worker(broker, sub)
+    pub = publisher_elsewhere(broker, home, u)
+    publisher_worker = client_worker(broker, pub)
+    n, payload = 120, bytes(64 << 10)
+    os.kill(home, signal.SIGSTOP)
+    try:
+        for i in range(n):  # ~8 MB: far more than the socket between the two workers holds
+            pub.publish(f"lost{u}/x", str(i).encode() + payload, qos=1)
+        os.kill(publisher_worker, signal.SIGKILL)
+        wait_for(lambda: len(broker.workers()) == 2 and publisher_worker not in broker.workers(),
+                 what="the crashed worker restarted")
+    finally:
+        os.kill(home, signal.SIGCONT)
+    got = sub.wait_messages(n, timeout=30)
+    assert sorted({int(m.payload[:-len(payload)]) for m in got}) == list(range(n))
