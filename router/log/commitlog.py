@@ -10,7 +10,8 @@ Why it is shaped this way:
   batch; at the end of the loop iteration with ``--fsync always``) hands the batch
   to ONE background thread that does ``pwrite`` and, per the fsync policy, ``fsync``, then reports back
   with ``loop.call_soon_threadsafe``. The loop never waits for the disk; batches that queue up during
-  an fsync share the next one (group commit).
+  an fsync share the next one (group commit). A small batch that waits for no fsync is written by
+  the loop itself while the thread is idle (``WriterThread.write_inline``: no hand-off per batch).
 * The broker holds QoS 1/2 acknowledgements on ``on_durable`` / ``wait_durable`` when it runs with
   ``--fsync always``; a failed write puts the log in a failed state in which ``append`` raises
   ``LogUnavailable``, so the broker refuses publishes rather than acknowledging what it cannot store.
@@ -248,6 +249,7 @@ class CommitLog:
         self._chunk_index_pos = FILE_HEADER_SIZE
         self._chunk_new = False
         self._inflight: deque[Batch] = deque()  # flushed, not yet reported written
+        self._round = 0  # the writer core's round of the newest report applied
         linger_s = linger_ms / 1000.0 if self._policy is not FsyncPolicy.ALWAYS else 0.0
         self._linger_s = linger_s
         # What the first append of a batch calls to have the batch flushed (no method call between).
@@ -542,7 +544,11 @@ class CommitLog:
             return
         if self._thread is not None:
             if batch is not None:
-                self._thread.put(batch)
+                report = self._thread.write_inline(batch, batch.size) if not fsync else None
+                if report is None:
+                    self._thread.put(batch)
+                else:
+                    self._apply_report(report)
             if fsync:
                 self._thread.put(SYNC)
         else:
@@ -665,7 +671,14 @@ class CommitLog:
             pass
 
     def _apply_report(self, report: Report) -> None:
-        """Runs on the loop (or inline in synchronous mode). Idempotent: offsets only move forward."""
+        """Runs on the loop (or inline in synchronous mode). Idempotent: offsets only move forward.
+        Reports come from the thread and from the loop's own writes: one from an older round than
+        the last applied may arrive later (through ``call_soon_threadsafe``), and says nothing
+        about whether the log is failed now."""
+        if report.round >= self._round:
+            self._round = report.round
+        elif report.error is not self._error:
+            report = report._replace(error=self._error)  # stale: the newer round said it
         written = report.written_offset
         if written > self._written_offset:
             inflight = self._inflight

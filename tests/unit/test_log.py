@@ -487,6 +487,38 @@ def test_failed_write_enters_failed_state_and_recovers(tmp_path, caplog):
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_failed_write_by_the_loop_fails_the_log_at_once_and_the_thread_recovers_it(tmp_path):
+    """With ``interval`` the loop writes small batches itself: a write that fails there puts the
+    log in the failed state before ``flush`` returns (the next append is refused, nothing more is
+    acknowledged), and the writer thread's retry writes the held batch once the disk is back."""
+    async def main():
+        log = await CommitLog.open_async(tmp_path, router_id="r1", fsync="interval", fsync_interval_ms=20,
+                                         segment_bytes=8192)
+        log.append("t", b"a" * 100)
+        log.flush()
+        base = _next_roll_base(tmp_path, log, b"a" * 100)
+        log.flush()
+        # Everything so far durable: the thread is idle, so the next small batch is the loop's.
+        assert await asyncio.wait_for(log.wait_durable(base - 1), 5) == base - 1
+        os.symlink("/dev/full", tmp_path / segment_name(base))
+        assert log.append("t", b"b" * 100) == base
+        log.flush()
+        assert isinstance(log.error, OSError)
+        with pytest.raises(LogUnavailable):
+            log.append("t", b"refused")
+        assert [r.offset for r in log.read(base, 10)] == [base]  # held in memory, readable
+        os.unlink(tmp_path / segment_name(base))
+        assert await asyncio.wait_for(log.recover(), 5) is True
+        assert await asyncio.wait_for(log.wait_durable(base), 5) >= base
+        await log.aclose()
+
+    asyncio.run(main())
+    assert check(tmp_path).ok
+    with LogReader(tmp_path) as reader:
+        assert reader.read(0, 10_000, 1 << 30)[-1].offset == reader.end_offset - 1
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_failed_write_synchronous_mode(tmp_path):
     log = open_log(tmp_path, fsync="always")
     log.append("t", b"a")

@@ -6,6 +6,7 @@ Real files in tmp_path; the page cache is observed with mincore(2) on a mapping 
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import mmap
@@ -16,7 +17,7 @@ import pytest
 
 from brokerd.router.log import CommitLog, LogReader, check, encode_record
 from brokerd.router.log.format import FILE_HEADER_SIZE, encode_record_into
-from brokerd.router.log.writer import DROP_STEP, Report, _pwritev_all
+from brokerd.router.log.writer import DROP_STEP, INLINE_MAX_BYTES, Report, _pwritev_all
 
 T0 = 1_700_000_000_000
 
@@ -231,3 +232,48 @@ def test_page_cache_left_alone_when_disabled(cache_dir):
     pages = resident(log.segments()[-1].path)
     log.close()
     assert all(pages[FILE_HEADER_SIZE // mmap.PAGESIZE:])
+
+
+def test_small_batches_are_written_by_the_loop_and_fsynced_by_the_thread(tmp_path):
+    """A quiet broker's batch is a message or two: the loop writes it itself (the records are in
+    the file when ``flush`` returns: no hand-off to the thread and no report back), and the thread
+    still fsyncs it within the interval although nothing was queued for it. A big batch, and every
+    batch under ``always``, still goes to the thread."""
+    async def main():
+        log = await CommitLog.open_async(tmp_path / "interval", fsync="interval", fsync_interval_ms=30)
+        for _ in range(3):
+            off = log.append("t", b"quiet")
+            log.flush()
+            assert log.written_offset == off and log.durable_offset < off
+            assert await asyncio.wait_for(log.wait_durable(off), 5) >= off
+            assert log.durable_offset == off
+        big = log.append("t", bytes(INLINE_MAX_BYTES))
+        log.flush()
+        assert log.written_offset < big  # the thread writes it and reports on a later iteration
+        assert await asyncio.wait_for(log.wait_durable(big), 5) >= big
+        await log.aclose()
+        always = await CommitLog.open_async(tmp_path / "always", fsync="always")
+        off = always.append("t", b"x")
+        always.flush()
+        assert always.written_offset < off
+        assert await asyncio.wait_for(always.wait_durable(off), 5) == off
+        await always.aclose()
+
+    asyncio.run(main())
+    assert check(tmp_path / "interval").ok and check(tmp_path / "always").ok
+
+
+def test_an_older_report_does_not_undo_a_newer_failure(tmp_path):
+    """Reports reach the log from the thread (through the loop's queue, later) and from the loop's
+    own writes (at once): one from an earlier round arriving after a failure must not clear it."""
+    log = CommitLog(tmp_path, router_id="r1")
+    log.append("t", b"x")
+    log.flush()
+    err = OSError(28, "No space left on device")
+    log._apply_report(Report(0, 0, err, False, round=7))
+    assert log.error is err
+    log._apply_report(Report(0, 0, None, False, round=6))  # stale: says nothing of now
+    assert log.error is err
+    log._apply_report(Report(0, 0, None, True, round=8))  # a newer healthy round clears it
+    assert log.error is None
+    log.close()
