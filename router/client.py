@@ -543,17 +543,21 @@ class Client:
                 waits.append(barrier)
         if waits:
             # Other routers have not confirmed this interest yet: SUBACK once they have, so that
-            # whatever is published anywhere after the SUBACK reaches this subscriber.
-            asyncio.ensure_future(self._suback_when_acked(waits, suback, retained_out))
+            # whatever is published anywhere after the SUBACK reaches this subscriber. The
+            # subscriptions are live here meanwhile: what a publish here retains until then
+            # reaches them live, and is not sent again with the SUBACK (``live_after``).
+            asyncio.ensure_future(self._suback_when_acked(waits, suback, retained_out,
+                                                          router.retained.local_seq))
             return
         self._suback(suback, retained_out)
 
-    async def _suback_when_acked(self, waits: list, suback: bytes, retained_out: list) -> None:
+    async def _suback_when_acked(self, waits: list, suback: bytes, retained_out: list, live_after: int) -> None:
         await asyncio.gather(*waits, return_exceptions=True)
         if not self.conn.closing and self.session is not None:
-            self._suback(suback, retained_out)
+            self._suback(suback, retained_out, live_after)
 
-    def _suback(self, suback: bytes, retained_out: list[tuple[Subscription, bool]]) -> None:
+    def _suback(self, suback: bytes, retained_out: list[tuple[Subscription, bool]],
+                live_after: int | None = None) -> None:
         self.conn.send(suback)
         router = self.router
         session = self.session
@@ -562,7 +566,7 @@ class Client:
             if sub.retain_handling == 2 or (sub.retain_handling == 1 and not new):
                 continue
             acl = session.acl
-            for msg in router.retained.match(sub.topic_filter):
+            for msg in router.retained.match(sub.topic_filter, live_after):
                 if acl is not None and not acl.may_read(session.username, session.client_id, msg.topic):
                     continue
                 session.deliver(msg.with_ids((sub.sub_id,)) if sub.sub_id else msg, min(msg.qos, sub.qos), True)

@@ -14,11 +14,12 @@ from .message import Message
 
 
 class _Node:
-    __slots__ = ("children", "msg")
+    __slots__ = ("children", "msg", "seq")
 
     def __init__(self) -> None:
         self.children: dict[str, _Node] = {}
         self.msg: Message | None = None
+        self.seq = 0  # RetainedStore.local_seq when a publish on this router set it; 0 otherwise
 
 
 class RetainedStore:
@@ -27,9 +28,15 @@ class RetainedStore:
         self.count = 0
         self.bytes = 0  # topics and payloads held (--max-retained-bytes)
         self.stats = stats  # RouterStats: expired messages found are counted in drop_expired
+        # Counts the retained messages set by publishes on this router. A subscription is live on
+        # its router before its SUBACK (which may wait for the other routers): what a publish here
+        # retained after that moment was delivered to it live, so ``match(..., live_after=mark)``
+        # leaves it out of the retained messages sent with the SUBACK (else it arrives twice).
+        self.local_seq = 0
 
-    def set(self, msg: Message) -> None:
-        """Store ``msg`` for its topic; an empty payload clears it (MQTT-3.3.1-10/11)."""
+    def set(self, msg: Message, local: bool = False) -> None:
+        """Store ``msg`` for its topic; an empty payload clears it (MQTT-3.3.1-10/11). ``local``:
+        published on this router (not a peer's update, not restored from disk)."""
         if not msg.payload:
             self.clear(msg.topic)
             return
@@ -45,6 +52,11 @@ class RetainedStore:
             self.bytes -= len(node.msg.topic) + len(node.msg.payload)
         self.bytes += len(msg.topic) + len(msg.payload)
         node.msg = msg
+        if local:
+            self.local_seq += 1
+            node.seq = self.local_seq
+        else:
+            node.seq = 0
 
     def clear(self, topic: str) -> None:
         path: list[tuple[_Node, str]] = []
@@ -74,8 +86,9 @@ class RetainedStore:
                 return None
         return node.msg
 
-    def match(self, topic_filter: str) -> list[Message]:
-        """Every retained message whose topic ``topic_filter`` matches.
+    def match(self, topic_filter: str, live_after: int | None = None) -> list[Message]:
+        """Every retained message whose topic ``topic_filter`` matches; with ``live_after`` (a
+        ``local_seq`` taken earlier) not those that publishes on this router set since then.
 
         A loop over a stack of (node, level index), not recursion: a filter (and the stored topics)
         may be deeper than Python's recursion limit, whatever limit the codec enforces. Children
@@ -88,18 +101,18 @@ class RetainedStore:
         while stack:
             node, i = stack.pop()
             if i == n:
-                if node.msg is not None:
+                if node.msg is not None and (live_after is None or node.seq <= live_after):
                     out.append(node.msg)
                 continue
             level = levels[i]
             if level == "#":
                 # '#' also matches the parent level itself ("a/#" matches "a").
-                if node.msg is not None and i > 0:
+                if node.msg is not None and i > 0 and (live_after is None or node.seq <= live_after):
                     out.append(node.msg)
                 for name, child in node.children.items():
                     if i == 0 and name.startswith("$"):
                         continue
-                    self._all(child, out)
+                    self._all(child, out, live_after)
             elif level == "+":
                 stack.extend(reversed([(child, i + 1) for name, child in node.children.items()
                                        if i or not name.startswith("$")]))
@@ -125,11 +138,11 @@ class RetainedStore:
                 out.append(msg)
         return out
 
-    def _all(self, node: _Node, out: list[Message]) -> None:
+    def _all(self, node: _Node, out: list[Message], live_after: int | None = None) -> None:
         stack = [node]
         while stack:
             n = stack.pop()
-            if n.msg is not None:
+            if n.msg is not None and (live_after is None or n.seq <= live_after):
                 out.append(n.msg)
             stack.extend(n.children.values())
 

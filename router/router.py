@@ -141,7 +141,7 @@ class Router(SharedRouting, SessionLife):
                     raise
         self.stats.msgs_in += 1
         if msg.retain and may_retain(self.retained, msg, self.config.limits, self.stats):
-            self.retained.set(msg)
+            self.retained.set(msg, local=True)
             self.stats.retained_count = len(self.retained)
             self.mesh.retained_update(msg)
         topic = msg.topic

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import signal
 
-import pytest
-
 from tests.cluster.conftest import client_worker
 from tests.helpers import WAIT, Client, cid, wait_for
 
@@ -80,11 +78,6 @@ def test_retained_will(broker):
 
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "broker bug: a subscription is live on its router while its SUBACK waits for the other "
-    "routers (router/client.py _on_subscribe), and the retained messages are read only when the "
-    "SUBACK goes (_suback): one published in between on that router arrives twice, live and "
-    "retained"))
 def test_a_retained_message_published_while_the_suback_waits_arrives_once(broker):
     """The subscriber's SUBACK waits for the other worker's acknowledgement of its new filter; a
     retained message published on the subscriber's own worker meanwhile reaches it once, live or

@@ -182,3 +182,21 @@ def test_deep_trie_and_retained_agree_with_the_reference(case):
     store.set(Message(topic, b"v", retain=True))
     for f in fs:
         assert bool(store.match(f)) == filter_matches(f, topic)
+
+
+def test_retained_set_here_after_a_mark_is_left_out_of_a_match_since_it():
+    """What a publish on this router retains after a subscription went live reached it live: a
+    match with ``live_after`` leaves it out, whatever the filter's shape ('#', '+', exact). A
+    peer's update or a restored message is not delivered live here, so it always counts."""
+    store = RetainedStore()
+    store.set(Message("a/old", b"1", retain=True), local=True)
+    store.set(Message("a/peer", b"2", retain=True))
+    mark = store.local_seq
+    store.set(Message("a/new", b"3", retain=True), local=True)
+    store.set(Message("a/peer2", b"4", retain=True))
+    for f in ("a/#", "a/+", "#"):
+        assert sorted(m.topic for m in store.match(f, mark)) == ["a/old", "a/peer", "a/peer2"], f
+        assert sorted(m.topic for m in store.match(f)) == ["a/new", "a/old", "a/peer", "a/peer2"], f
+    assert store.match("a/new", mark) == [] and [m.payload for m in store.match("a/new")] == [b"3"]
+    store.set(Message("a/old", b"5", retain=True), local=True)  # replaced here after the mark
+    assert store.match("a/old", mark) == []
