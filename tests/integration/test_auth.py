@@ -48,8 +48,9 @@ def files(tmp_path):
 
 
 def _client(port: int, user: str | None, password: str | None, v5: bool = False, client_id: str = "",
-            clean: bool = True) -> Client:
-    c = Client(port, client_id or cid("a"), protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311, clean=clean)
+            clean: bool = True, host: str = "127.0.0.1") -> Client:
+    c = Client(port, client_id or cid("a"), protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311, clean=clean,
+               host=host)
     if user is not None:
         c.c.username_pw_set(user, password)
     return c
