@@ -12,37 +12,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.test_multihost import mesh_port, wait_mesh_complete
-from tests.helpers import Broker, Client, cid, free_port, wait_for
+from tests.cluster.test_multihost import two_nodes
+from tests.helpers import Broker, Client, cid, wait_for
 from tests.integration.test_auth import PASSWORD, _client, files  # noqa: F401 - a fixture
 
 
 @pytest.fixture
 def secured(xprocess, tmp_path, files) -> Iterator[tuple[Broker, Broker]]:  # noqa: F811
     pw, acl = files
-    hosts = ["127.0.0.1", "127.0.0.2"]
-    mports = [mesh_port(h) for h in hosts]
-    started: list[Broker] = []
-    try:
-        for i, name in enumerate("ab"):
-            host, other = hosts[i], 1 - i
-            port = free_port(host)
-            argv = ["--workers", "2", "--listen", f"{host}:{port}", "--node-id", name,
-                    "--data-dir", str(tmp_path / f"node-{name}"),
-                    "--mesh", f"{host}:{mports[i]}", "--peer", f"{hosts[other]}:{mports[other]}",
-                    "--password-file", str(pw), "--acl-file", str(acl)]
-            broker = Broker(xprocess, f"brokerd-auth-node-{name}-{port}", argv, host, port)
-            started.append(broker)
-            broker.start()
-        for n in started:
-            n.wait_log("joined")
-        wait_mesh_complete(started, routers=4)
-        yield started[0], started[1]
-    finally:
-        for broker in started:
-            info = xprocess.getinfo(broker.name)
-            if info.isrunning():
-                info.terminate(timeout=15)
+    with two_nodes(xprocess, lambda name: tmp_path / f"node-{name}", "auth",
+                   "--password-file", str(pw), "--acl-file", str(acl)) as ab:
+        yield ab
 
 
 PASSWORDS = {"alice": PASSWORD, "bob": "bobs-pw"}

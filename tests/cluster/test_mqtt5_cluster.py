@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import paho.mqtt.client as mqtt
 import pytest
 
-from tests.cluster.test_multihost import mesh_port, wait_mesh_complete
-from tests.helpers import Broker, Client, cid, free_port
+from tests.cluster.test_multihost import two_nodes
+from tests.helpers import Broker, Client, cid
 from tests.integration.test_mqtt5 import (
     MESSAGE_EXPIRY,
     NO_LOCAL,
@@ -42,28 +42,8 @@ PERSIST = [(SESSION_EXPIRY, 300)]
 @pytest.fixture(scope="module")
 def nodes(xprocess, tmp_path_factory) -> Iterator[tuple[Broker, Broker]]:
     """Nodes a and b, each the other's --peer, shared by this module's tests."""
-    hosts = ["127.0.0.1", "127.0.0.2"]
-    mports = [mesh_port(h) for h in hosts]
-    started: list[Broker] = []
-    try:
-        for i, name in enumerate("ab"):
-            host, other = hosts[i], 1 - i
-            port = free_port(host)
-            argv = ["--workers", "2", "--listen", f"{host}:{port}", "--node-id", name,
-                    "--data-dir", str(tmp_path_factory.mktemp(f"node-{name}")),
-                    "--mesh", f"{host}:{mports[i]}", "--peer", f"{hosts[other]}:{mports[other]}"]
-            broker = Broker(xprocess, f"brokerd-mqtt5-node-{name}-{port}", argv, host, port)
-            started.append(broker)
-            broker.start()
-        for n in started:
-            n.wait_log("joined")
-        wait_mesh_complete(started, routers=4)
-        yield started[0], started[1]
-    finally:
-        for broker in started:
-            info = xprocess.getinfo(broker.name)
-            if info.isrunning():
-                info.terminate(timeout=15)
+    with two_nodes(xprocess, lambda name: tmp_path_factory.mktemp(f"node-{name}"), "mqtt5") as ab:
+        yield ab
 
 
 def v5(node: Broker, prefix: str) -> Client:

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from brokerd.cluster.config import load
 from brokerd.cluster.stats_cli import StatsReader
-from tests.helpers import BROKERD, Broker, Client
+from tests.helpers import BROKERD, Broker, Client, free_port
 
 
 def mesh_port(host: str) -> int:
@@ -79,6 +81,35 @@ def wait_mesh_complete(nodes, routers: int = 6, timeout: float = 15.0) -> None:
     routers count only what they met since)."""
     for n in nodes:
         mesh_peers(n, timeout, lambda peers: all(len(p) >= routers - 1 for p in peers.values()))
+
+
+@contextlib.contextmanager
+def two_nodes(xprocess, data_dir: Callable[[str], object], label: str, *extra: str) -> Iterator[tuple[Broker, Broker]]:
+    """Nodes a (127.0.0.1) and b (127.0.0.2), 2 workers each, each the other's --peer, with
+    ``extra`` options, started as xprocess ``brokerd-<label>-node-<name>-<port>``; ``data_dir(name)``
+    gives each its --data-dir. Stopped on the way out."""
+    hosts = ["127.0.0.1", "127.0.0.2"]
+    mports = [mesh_port(h) for h in hosts]
+    started: list[Broker] = []
+    try:
+        for i, name in enumerate("ab"):
+            host, other = hosts[i], 1 - i
+            port = free_port(host)
+            argv = ["--workers", "2", "--listen", f"{host}:{port}", "--node-id", name,
+                    "--data-dir", str(data_dir(name)),
+                    "--mesh", f"{host}:{mports[i]}", "--peer", f"{hosts[other]}:{mports[other]}", *extra]
+            broker = Broker(xprocess, f"brokerd-{label}-node-{name}-{port}", argv, host, port)
+            started.append(broker)
+            broker.start()
+        for n in started:
+            n.wait_log("joined")
+        wait_mesh_complete(started, routers=4)
+        yield started[0], started[1]
+    finally:
+        for broker in started:
+            info = xprocess.getinfo(broker.name)
+            if info.isrunning():
+                info.terminate(timeout=15)
 
 
 def test_pub_on_one_node_reaches_subscribers_on_others_and_survives_a_node_restart(start_broker):
