@@ -79,6 +79,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--connections", type=int, default=d.connections, help="conn: idle connections")
     g.add_argument("--window", type=int, default=d.window, help="flow control: messages per subscriber in flight")
     g.add_argument("--inflight", type=int, default=d.inflight, help="qos1: unacknowledged PUBLISHes per publisher")
+    g.add_argument("--per-write", type=int, default=d.per_write,
+                   help="PUBLISH packets a publisher writes per write() at most: 0 pipelines what its window "
+                   "allows; 1 writes each on its own, as paho or a microcontroller client does (with "
+                   "--inflight 1..10, a device's QoS 1 window)")
+    g.add_argument("--devices", type=int, default=d.devices,
+                   help="fleet: connected devices, each publishing QoS 1 to its own topic as a device does "
+                   "(one PUBLISH per write, the next after its PUBACK), read by 2 wildcard subscribers")
+    g.add_argument("--device-rate", type=float, default=d.device_rate, help="fleet: messages a second per device")
     g.add_argument("--latency-rate", type=float, default=d.latency_rate, help="side-channel messages per second")
     g.add_argument("--latency-load", type=float, default=d.latency_load, help="latency: p2p msg/s offered meanwhile")
     g.add_argument("--probe-with-load", action="store_true",
@@ -91,8 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.placement == "cross" and min(args.workers) < 2 or args.placement == "same" and max(args.workers) < 2:
         ap.error(f"--placement {args.placement} needs --workers 2 or more (one worker holds every connection)")
     if min(args.pairs, args.subscribers, args.publishers, args.members, args.connections, args.window,
-           args.inflight) < 1:
-        ap.error("sizes must be positive")
+           args.inflight, args.devices) < 1 or args.per_write < 0 or not 0 < args.device_rate <= 1000:
+        ap.error("sizes must be positive (--per-write 0 or more, 0 < --device-rate <= 1000)")
     return args
 
 
@@ -149,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = Sizes(
         pairs=args.pairs, subscribers=args.subscribers, publishers=args.publishers, members=args.members,
         connections=args.connections,
-        window=args.window, inflight=args.inflight, latency_rate=args.latency_rate, latency_load=args.latency_load,
+        window=args.window, inflight=args.inflight, per_write=args.per_write,
+        devices=args.devices, device_rate=args.device_rate,
+        latency_rate=args.latency_rate, latency_load=args.latency_load,
         probe_alone=not args.probe_with_load,
     )
     fd_limit = raise_fd_limit()

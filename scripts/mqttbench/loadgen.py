@@ -17,6 +17,7 @@ The coordinator talks to each process over a pipe: ready -> go(t0, w0, w1) -> re
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import resource
 import struct
@@ -31,6 +32,7 @@ from .scenarios import ClientSpec, GroupSpec, Plan
 
 WRITE_HIGH_WATER = 256 * 1024
 BATCH_BYTES = 64 * 1024
+MANY_PUBLISHERS = 200  # beyond this many publishers in a process, the tick visits a slice of them
 MAX_MISSES = 16  # reads whose packets differ in size before a subscriber stops trying count_same
 PLACE_ROUNDS_PER_WORKER = 40  # reconnect rounds (per broker worker) to place clients for --placement
 STALL_S = 0.5  # no delivery for this long while blocked: count the window as lost and go on
@@ -521,6 +523,8 @@ class Worker:
             n_pubs = sum(1 for c in self.plan.clients if c.gid == spec.gid and c.role == "pub")
             rate = group.spec.rate / n_pubs if group.spec.rate else 0.0
             cap = max(1, group.window // n_pubs)
+            if self.plan.per_write:  # a device's client: a write per PUBLISH (or a few)
+                cap = min(cap, self.plan.per_write)
             p = Publisher(conn, group, spec.topic, self.payload, group.spec.qos, self.plan.inflight, rate, cap)
             group.publishers.append(p)
             self.publishers.append(p)
@@ -581,8 +585,16 @@ class Worker:
         for group in self.groups.values():
             if group.publishers:
                 group.check_stall(now)
-        for p in self.publishers:
-            p.pump()
+        pubs = self.publishers
+        if len(pubs) <= MANY_PUBLISHERS:
+            for p in pubs:
+                p.pump()
+        else:  # a fleet: each publisher visited once per its period, a slice of them per tick
+            k = self._slice
+            start = self._next_pub
+            for i in range(start, start + k):
+                pubs[i % len(pubs)].pump()
+            self._next_pub = (start + k) % len(pubs)
         asyncio.get_running_loop().call_later(self._tick_s, self._tick)
 
     async def run_load(self) -> dict[str, Any]:
@@ -595,6 +607,13 @@ class Worker:
         cross = any(not g.local_only for g in self.groups.values())
         rated = any(g.spec.rate for g in self.groups.values() if not g.spec.side)
         self._tick_s = 0.001 if cross or rated else 0.005
+        if len(self.publishers) > MANY_PUBLISHERS:
+            # Pumping thousands of rated publishers every tick would cost the generator more than
+            # the broker: visit each once per period of its own rate (a second at most).
+            slowest = min((p.rate for p in self.publishers if p.rate), default=1.0)
+            period = min(1.0, 1.0 / slowest)
+            self._slice = max(1, math.ceil(len(self.publishers) * self._tick_s / period))
+            self._next_pub = 0
         await asyncio.sleep(max(0.0, t0 - time.monotonic()))
         start = self._snapshot()
         self.running = True

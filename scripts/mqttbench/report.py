@@ -17,6 +17,7 @@ import psutil
 
 from .brokers import mosquitto_version
 from .runner import RunResult
+from .scenarios import FIXED_RATE_SCENARIOS
 
 MEDIAN_FIELDS = (
     "delivered_per_s", "published_per_s", "loss", "duplicates", "subscriber_balance", "msgs_per_cpu_s", "broker_cpu_share", "lat_p50_ms",
@@ -214,7 +215,7 @@ def comparison_table(rows: list[dict[str, Any]], workers: list[int]) -> str:
                 scenario, payload_label(any_row), str(w),
                 rate(_primary(bd)) + (" conn/s" if conn and bd else ""),
                 rate(_primary(mq)) + (" conn/s" if conn and mq else ""),
-                "(fixed load)" if scenario == "latency" else ratio(_primary(bd), _primary(mq)),
+                "(fixed load)" if scenario in FIXED_RATE_SCENARIOS else ratio(_primary(bd), _primary(mq)),
                 rate(bd["msgs_per_cpu_s"] if bd else None), rate(mq["msgs_per_cpu_s"] if mq else None),
                 ratio(bd["msgs_per_cpu_s"] if bd else None, mq["msgs_per_cpu_s"] if mq else None),
                 _lat(bd, conn), _lat(mq, conn), "; ".join(note),

@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 
 PLACEMENTS = ("any", "same", "cross")
 PLACED_SCENARIOS = frozenset({"p2p", "qos1", "latency"})
-SCENARIOS = ("p2p", "fanout", "fanin", "qos1", "conn", "latency", "sharedsub")
-PAYLOAD_SCENARIOS = frozenset({"p2p", "fanout", "fanin", "qos1", "latency", "sharedsub"})
+SCENARIOS = ("p2p", "fanout", "fanin", "qos1", "conn", "latency", "sharedsub", "fleet")
+PAYLOAD_SCENARIOS = frozenset({"p2p", "fanout", "fanin", "qos1", "latency", "sharedsub", "fleet"})
+FIXED_RATE_SCENARIOS = frozenset({"latency", "fleet"})  # offered load, not saturation
+FLEET_SUBSCRIBERS = 2  # the backend's wildcard subscribers of a fleet
 SHARED_GROUP = "bench"  # sharedsub: members subscribe $share/bench/bench/shared/# (MQTT 3.1.1 is enough)
 
 LATENCY_GROUP_TOPIC = "bench/lat/side"
@@ -33,6 +35,9 @@ class Sizes:
     connections: int = 2000
     window: int = 500
     inflight: int = 100
+    per_write: int = 0  # PUBLISH packets per write at most (0: what the window allows; 1: a device)
+    devices: int = 5000  # fleet: connected devices ...
+    device_rate: float = 1.0  # ... each publishing this many QoS 1 messages a second
     latency_rate: float = 100.0
     latency_load: float = 10_000.0
     probe_alone: bool = True  # the side channel in a generator process of its own
@@ -74,6 +79,7 @@ class Plan:
     groups: list[GroupSpec] = field(default_factory=list)
     clients: list[ClientSpec] = field(default_factory=list)
     inflight: int = 100
+    per_write: int = 0
     connect_concurrency: int = 100
     # p2p/qos1/latency on a multi-worker brokerd: "same" puts each publisher on its subscriber's
     # worker, "cross" on another one (what cross-worker delivery costs); "any": where the kernel puts it.
@@ -129,11 +135,27 @@ def _sharedsub(plan: Plan, sizes: Sizes) -> None:
         plan.clients.append(ClientSpec("pub", 0, f"bench/shared/{i}", i % plan.procs))
 
 
+def _fleet(plan: Plan, sizes: Sizes) -> None:
+    """A device fleet: ``devices`` connections, each publishing QoS 1 to its own topic
+    ``device_rate`` times a second as a device does (one PUBLISH per write, the next only after its
+    PUBACK), and the backend's two wildcard subscribers (QoS 1) of all of them. A fixed load: what
+    it measures is the CPU per message of a broker that is mostly waiting."""
+    plan.inflight = 1
+    plan.per_write = 1
+    total = sizes.devices * sizes.device_rate
+    plan.groups.append(GroupSpec(0, fan=FLEET_SUBSCRIBERS, qos=1, window=max(sizes.window, sizes.devices), rate=total))
+    for i in range(FLEET_SUBSCRIBERS):
+        plan.clients.append(ClientSpec("sub", 0, "bench/fleet/#", i % plan.procs))
+    for i in range(sizes.devices):
+        plan.clients.append(ClientSpec("pub", 0, f"bench/fleet/{i}", i % plan.procs))
+
+
 def build(scenario: str, payload: int, procs: int, sizes: Sizes) -> Plan:
     """The plan for one scenario run. Subscribers are listed before publishers so they subscribe first."""
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
-    plan = Plan(scenario, payload if scenario in PAYLOAD_SCENARIOS else 0, max(1, procs), inflight=sizes.inflight)
+    plan = Plan(scenario, payload if scenario in PAYLOAD_SCENARIOS else 0, max(1, procs), inflight=sizes.inflight,
+                per_write=sizes.per_write)
     if scenario == "p2p":
         _p2p(plan, sizes, qos=0, total_rate=0.0)
     elif scenario == "qos1":
@@ -152,6 +174,8 @@ def build(scenario: str, payload: int, procs: int, sizes: Sizes) -> Plan:
             plan.clients.append(ClientSpec("pub", 0, f"bench/fanin/{i}", i % plan.procs))
     elif scenario == "sharedsub":
         _sharedsub(plan, sizes)
+    elif scenario == "fleet":
+        _fleet(plan, sizes)
     elif scenario == "conn":
         for i in range(sizes.connections):
             plan.clients.append(ClientSpec("idle", -1, "", i % plan.procs))

@@ -42,6 +42,32 @@ def test_qos1_and_fanout_on_one_worker(tmp_path):
         assert run["delivered_per_s"] > 0 and run["loss"] == 0.0
 
 
+def test_qos1_with_device_publishers_one_publish_per_write(tmp_path):
+    """Publishers as devices write (one PUBLISH per write, a window of 4): measured, nothing lost."""
+    report = _bench(tmp_path, "--scenarios", "qos1", "--payload", "16", "--pairs", "4",
+                    "--per-write", "1", "--inflight", "4")
+    [run] = report["runs"]
+    assert run["ok"], run["error"]
+    assert run["delivered_per_s"] > 0 and run["loss"] == 0.0 and run["broker_cpu_s"] > 0
+
+
+def test_fleet_delivers_each_devices_message_to_both_backend_subscribers(tmp_path):
+    """A small fleet (50 devices x 10 msg/s): a fixed load, every message at both subscribers."""
+    report = _bench(tmp_path, "--scenarios", "fleet", "--payload", "16", "--devices", "50", "--device-rate", "10")
+    [run] = report["runs"]
+    assert run["ok"], run["error"]
+    # Loss and duplicates count deliveries against publishes x 2 over the whole run.
+    assert run["loss"] == 0.0 and run["duplicates"] == 0.0 and run["broker_cpu_s"] > 0
+    assert 200 < run["published_per_s"] < 800  # offered 500 msg/s, measured over half a second
+    assert run["connections"] >= 52
+
+
+def test_a_negative_per_write_is_refused():
+    proc = subprocess.run([str(ROOT / "scripts" / "bench"), "--per-write", "-1"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "--per-write" in proc.stderr
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_sharedsub_delivers_each_message_once(tmp_path, workers):
     report = _bench(tmp_path, "--scenarios", "sharedsub", "--payload", "16", "--workers", workers,
