@@ -4,6 +4,7 @@ anyone believes its figures (no loss, every delivery counted, placement where it
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -60,6 +61,18 @@ def test_fleet_delivers_each_devices_message_to_both_backend_subscribers(tmp_pat
     assert run["loss"] == 0.0 and run["duplicates"] == 0.0 and run["broker_cpu_s"] > 0
     assert 200 < run["published_per_s"] < 800  # offered 500 msg/s, measured over half a second
     assert run["connections"] >= 52
+
+
+@pytest.mark.skipif(shutil.which("mosquitto_pub") is None, reason="needs mosquitto-clients")
+def test_crosscheck_with_mosquittos_clients_delivers_everything_to_both_brokers():
+    """The second generator (mosquitto_pub -l / mosquitto_sub -C) against brokerd and Mosquitto."""
+    proc = subprocess.run([str(ROOT / "scripts" / "crosscheck"), "--pairs", "2", "--messages", "300",
+                           "--qos", "1", "--reps", "1", "--timeout", "60"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "qos1 brokerd/1w: 600/600 delivered" in proc.stdout
+    assert "qos1 mosquitto: 600/600 delivered" in proc.stdout
+    assert "| p2p x2 QoS 1 | 16 B |" in proc.stdout and "| 0 / 0 |" in proc.stdout
 
 
 def test_a_negative_per_write_is_refused():
