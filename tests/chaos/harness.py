@@ -189,6 +189,8 @@ class Conn(Client):
         self.gen = next(Conn._gens)
         self.retired = False  # replaced by another connection: its events no longer count
         self.c.reconnect_delay_set(*RECONNECT_DELAY)
+        if owner.sc.credentials is not None:
+            self.c.username_pw_set(*owner.sc.credentials)
         self.c.on_pre_connect = self._on_pre_connect
         self.c.on_publish = self._on_publish
 
@@ -576,7 +578,10 @@ class Report:
 class Scenario:
     """Clients, faults and checks over a set of nodes; see the module docstring."""
 
-    def __init__(self, name: str, seed: int, nodes: list[Node]) -> None:
+    def __init__(self, name: str, seed: int, nodes: list[Node], credentials: tuple[str, str] | None = None) -> None:
+        """``credentials``: the user name and password every client connects with (a broker with
+        a password file and ACLs: identities and ACLs must survive the faults too)."""
+        self.credentials = credentials
         self.name = name
         self.seed = seed
         self.rng = random.Random(seed)
@@ -994,7 +999,7 @@ class Scenario:
     def _check_probes(self, report: Report) -> None:
         """The behavioural side of the interest tables: a fresh subscriber on every router gets a
         fresh message published from every other router."""
-        pairs = probe_mesh(self.nodes, f"end{self.uid}", WAIT)
+        pairs = probe_mesh(self.nodes, f"end{self.uid}", WAIT, self.credentials)
         if pairs:
             report.violations.append(f"after the faults, {len(pairs)} router pairs do not deliver: "
                                      + ", ".join(pairs))
@@ -1034,7 +1039,7 @@ def start_nodes(start_broker: Callable[..., Broker], names: str = "abc", workers
     return nodes
 
 
-def probe_mesh(nodes: list[Node], tag: str, wait: float) -> list[str]:
+def probe_mesh(nodes: list[Node], tag: str, wait: float, credentials: tuple[str, str] | None = None) -> list[str]:
     """Connect clients until one lands on every router (the kernel picks the worker; bounded), let
     each subscribe to ``chaosprobe/<tag>/#`` and publish one message there; returns the
     ``source -> destination`` router pairs whose message did not arrive within ``wait`` seconds
@@ -1046,7 +1051,10 @@ def probe_mesh(nodes: list[Node], tag: str, wait: float) -> list[str]:
     try:
         for node in nodes:
             for i in range(8 * node.workers):
-                c = Client(node.port, f"probe-{tag}-{node.name}{i}", host=node.host).connect()
+                c = Client(node.port, f"probe-{tag}-{node.name}{i}", host=node.host)
+                if credentials is not None:
+                    c.c.username_pw_set(*credentials)
+                c.connect()
                 index = node.worker_of(c.c.socket().getsockname()[1])
                 rid = f"{node.name}/w{index}"
                 if index is None or rid in probes:

@@ -5,10 +5,12 @@ lets us exclude). ``CHAOS_SEED=<seed>`` replays a run's fault schedule; every fa
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 from tests.chaos.harness import BROKER_ARGS, Node, Scenario, chaos_seed, start_nodes
-from tests.helpers import Broker
+from tests.helpers import BROKERD, Broker
 
 
 def _run(scenario: Scenario, schedule: list[str], cap_s: float, record_property: Callable) -> None:
@@ -20,15 +22,24 @@ def _run(scenario: Scenario, schedule: list[str], cap_s: float, record_property:
     assert not report.violations, report.message()
 
 
-def test_chaos_one_node_two_workers(start_broker: Callable[..., Broker], record_property: Callable) -> None:
+def test_chaos_one_node_two_workers(start_broker: Callable[..., Broker], record_property: Callable,
+                                    tmp_path: Path) -> None:
     """One node, two workers: publishers and subscribers (persistent and clean; #, +, one
     publisher's #, exact; a shared group of two) spread over both by the kernel, while workers are
     SIGSTOPped beyond the mesh timeout and SIGKILLed, sessions taken over and connections dropped.
-    A subscriber on a stopped worker stays connected, so it is owed every message."""
+    A subscriber on a stopped worker stays connected, so it is owed every message. Every client
+    authenticates, and the ACL lets its user read and write only the chaos (and probe) topics: a session whose
+    identity were lost in a takeover or a crash would be refused what it is owed."""
     seed = chaos_seed()
     print(f"chaos one-node seed={seed}")
-    node = Node("t", start_broker(*BROKER_ARGS, workers=2, node_id="t"), 2)
-    sc = Scenario("one-node", seed, [node])
+    password = "chaos-pw-" + str(seed)
+    out = subprocess.run([BROKERD, "passwd", str(tmp_path / "passwd"), "chaos"], input=password + "\n",
+                         text=True, capture_output=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    (tmp_path / "acl").write_text("user chaos\ntopic readwrite chaos/#\ntopic readwrite chaosprobe/#\n")
+    secured = ("--password-file", str(tmp_path / "passwd"), "--acl-file", str(tmp_path / "acl"))
+    node = Node("t", start_broker(*BROKER_ARGS, *secured, workers=2, node_id="t"), 2)
+    sc = Scenario("one-node", seed, [node], credentials=("chaos", password))
     for i in range(4):
         sc.add_publisher(f"p{i}", node, period=0.04)
     for i in range(3):
