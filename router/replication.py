@@ -1,0 +1,176 @@
+"""Replication of one router's log: the state machines of its leader and of a follower (issue 19).
+
+No I/O here (docs/replication.md, "The replication protocol"): the router tells these classes
+what happened (its log wrote a batch, a follower acknowledged an offset, a batch arrived, time
+passed) and does what they return (release or refuse held acknowledgements, append, acknowledge,
+fetch). The mesh carries the frames; tests drive these classes with no mesh at all.
+
+Why these rules (Kafka's, where brokerd has no reason to differ):
+
+* The **high-water mark** is the highest offset held by ``min_insync`` nodes, counting the leader:
+  a QoS 1/2 acknowledgement for a record at or below it is safe to send, because that many nodes
+  would have to lose their disks for it to be lost.
+* A follower is **in sync** while the oldest batch it has not acknowledged is younger than
+  ``max_lag_s`` (Kafka's ``replica.lag.time.max.ms``): a follower that is merely busy stays in,
+  one that stopped falls out, and the leader stops waiting for it. Only in-sync followers count
+  towards the high-water mark, so a dead follower cannot hold it back for longer than that.
+* With fewer than ``min_insync`` nodes in sync nothing new is acknowledged: acknowledgements are
+  held until enough followers are back, or refused at their deadline (never sent unreplicated).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(slots=True)
+class Held:
+    """An acknowledgement (``token``: what the router sends when released) waiting for ``offset``."""
+
+    offset: int
+    token: Any
+    deadline: float
+
+
+class LeaderState:
+    """The leader side of one partition: who holds what, and which acknowledgements may go.
+
+    ``end`` is the last offset the leader's own log holds (written; with ``--fsync always``,
+    durable): the leader counts as one of the ``min_insync`` nodes only up to it."""
+
+    def __init__(self, followers: Iterable[str], min_insync: int, max_lag_s: float, hold_timeout_s: float,
+                 clock: Callable[[], float], end: int = -1) -> None:
+        if min_insync < 1:
+            raise ValueError("min_insync must be at least 1")
+        self.min_insync = min_insync
+        self.max_lag_s = max_lag_s
+        self.hold_timeout_s = hold_timeout_s
+        self.clock = clock
+        self.end = end
+        self.high_water = end if min_insync == 1 else -1
+        self.acked: dict[str, int] = dict.fromkeys(followers, -1)  # follower -> last offset it holds
+        self._batches: deque[tuple[int, float]] = deque()  # (last offset, when written), unacked by someone
+        self._held: deque[Held] = deque()  # in offset order (appends only grow)
+
+    # -- what happened ----------------------------------------------------------------------------
+
+    def written(self, last_offset: int) -> list[Held]:
+        """The leader's log holds everything up to ``last_offset``; returns what that releases."""
+        if last_offset <= self.end:
+            return []
+        self.end = last_offset
+        self._batches.append((last_offset, self.clock()))
+        return self._advance()
+
+    def acknowledged(self, follower: str, offset: int) -> list[Held]:
+        """``follower`` holds everything up to ``offset`` (an older, repeated ack changes nothing)."""
+        if follower not in self.acked or offset <= self.acked[follower]:
+            return []
+        self.acked[follower] = min(offset, self.end)
+        self._prune()
+        return self._advance()
+
+    def add_follower(self, follower: str, offset: int = -1) -> list[Held]:
+        """A new follower (placement changed), holding up to ``offset`` already; returns what its
+        copy releases."""
+        self.acked.setdefault(follower, min(offset, self.end))
+        return self._advance()
+
+    def remove_follower(self, follower: str) -> list[Held]:
+        """A follower that is no longer one (its node left the cluster view)."""
+        if self.acked.pop(follower, None) is None:
+            return []
+        self._prune()
+        return self._advance()
+
+    def hold(self, offset: int, token: Any) -> bool:
+        """Whether the acknowledgement of the record at ``offset`` must wait (then it is held and
+        comes back from ``written``/``acknowledged``/``tick``); False: send it now."""
+        if offset <= self.high_water:
+            return False
+        self._held.append(Held(offset, token, self.clock() + self.hold_timeout_s))
+        return True
+
+    def tick(self) -> tuple[list[Held], list[Held]]:
+        """Time passed: (released, refused). Followers that fell out of sync stop holding the
+        high-water mark back; acknowledgements past their deadline are refused (the client is
+        told, or its connection closed: never acknowledged unreplicated)."""
+        released = self._advance()
+        refused: list[Held] = []
+        now = self.clock()
+        held = self._held
+        while held and held[0].deadline <= now:
+            refused.append(held.popleft())
+        return released, refused
+
+    # -- what follows from it ---------------------------------------------------------------------
+
+    def lag_s(self, follower: str) -> float:
+        """How long the oldest batch ``follower`` does not hold has been written (0: none)."""
+        ack = self.acked[follower]
+        for last, t in self._batches:
+            if last > ack:
+                return max(0.0, self.clock() - t)
+        return 0.0
+
+    def in_sync(self) -> list[str]:
+        return [f for f in self.acked if self.lag_s(f) <= self.max_lag_s]
+
+    def lag_records(self, follower: str) -> int:
+        return self.end - self.acked[follower]
+
+    def _advance(self) -> list[Held]:
+        holders = sorted([self.end, *(self.acked[f] for f in self.in_sync())], reverse=True)
+        if len(holders) >= self.min_insync:
+            mark = holders[self.min_insync - 1]
+            if mark > self.high_water:
+                self.high_water = mark
+        released: list[Held] = []
+        held = self._held
+        while held and held[0].offset <= self.high_water:
+            released.append(held.popleft())
+        return released
+
+    def _prune(self) -> None:
+        """Forget the batches every follower holds (the lag is measured from the oldest missing)."""
+        low = min(self.acked.values(), default=self.end)
+        batches = self._batches
+        while batches and batches[0][0] <= low:
+            batches.popleft()
+
+
+@dataclass
+class FollowerState:
+    """A follower's side of one partition: where its replica log ends, and what to do with a batch
+    that arrives (append it, acknowledge a repeat, or fetch the gap before it)."""
+
+    next_offset: int = 0
+
+    APPEND = "append"
+    REPEAT = "repeat"
+    FETCH = "fetch"
+
+    def arrived(self, first: int, last: int) -> str:
+        """A batch of records ``first..last``: APPEND it (then call ``appended``), REPEAT the
+        current acknowledgement (it holds them already), or FETCH from ``next_offset`` (records
+        before ``first`` are missing: a frame was lost with a crashed leader, or this replica is
+        new). Batches are the leader's log batches, whose boundaries never change, so one that
+        starts before ``next_offset`` and ends after it is a lie: ValueError (a bad frame)."""
+        if last < first:
+            raise ValueError("an empty batch")
+        if first < self.next_offset <= last:
+            raise ValueError(f"batch {first}..{last} straddles the replica's end {self.next_offset}")
+        if last < self.next_offset:
+            return self.REPEAT
+        if first > self.next_offset:
+            return self.FETCH
+        return self.APPEND
+
+    def appended(self, last: int) -> int:
+        """The replica log holds everything up to ``last``: the offset to acknowledge."""
+        if last >= self.next_offset:
+            self.next_offset = last + 1
+        return self.next_offset - 1

@@ -1,0 +1,151 @@
+"""The replication state machines (router/replication.py) driven by hand, with a fake clock: the
+high-water mark, the in-sync set, held acknowledgements released or refused, and a follower's
+answer to each batch. No mesh, no disk: these are the rules the transport will follow."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from brokerd.router.replication import FollowerState, LeaderState
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def leader(followers=("b", "c"), min_insync=2, clock=None) -> LeaderState:
+    return LeaderState(followers, min_insync, max_lag_s=2.0, hold_timeout_s=5.0, clock=clock or Clock())
+
+
+def tokens(held) -> list:
+    return [h.token for h in held]
+
+
+def test_an_acknowledgement_waits_until_min_insync_nodes_hold_the_record():
+    lead = leader()
+    assert lead.written(9) == [] and lead.high_water == -1
+    assert lead.hold(4, "ack4") and lead.hold(9, "ack9")
+    assert tokens(lead.acknowledged("b", 4)) == ["ack4"]  # leader + b: 2 nodes hold 0..4
+    assert lead.high_water == 4
+    assert tokens(lead.acknowledged("c", 9)) == ["ack9"]  # leader + c hold 9
+    assert lead.high_water == 9
+    assert not lead.hold(9, "again")  # at or below the high-water mark: sent at once
+
+
+def test_the_released_acknowledgements_come_back_in_offset_order():
+    lead = leader()
+    lead.written(5)
+    for i in range(6):
+        assert lead.hold(i, f"a{i}")
+    assert tokens(lead.acknowledged("b", 3)) == ["a0", "a1", "a2", "a3"]
+    assert tokens(lead.acknowledged("c", 5)) == ["a4", "a5"]
+
+
+def test_a_follower_that_stops_falls_out_of_sync_and_stops_holding_the_mark_back():
+    clock = Clock()
+    lead = leader(followers=("b", "c"), min_insync=2, clock=clock)
+    lead.written(0)
+    lead.acknowledged("b", 0)
+    lead.acknowledged("c", 0)
+    clock.t += 1
+    lead.written(10)
+    lead.hold(10, "ack10")
+    assert lead.acknowledged("b", 10) != [] and lead.high_water == 10  # b alone is enough (M = 2)
+    lead.written(20)
+    lead.hold(20, "ack20")
+    clock.t += 3  # c has not acknowledged 10 for 3 s: out of sync; b has not acked 20 either
+    assert lead.in_sync() == []
+    released, refused = lead.tick()
+    assert released == [] and refused == [] and lead.high_water == 10
+    assert tokens(lead.acknowledged("b", 20)) == ["ack20"]  # b is back in sync by catching up
+    assert lead.in_sync() == ["b"]
+
+
+def test_with_fewer_than_min_insync_nodes_nothing_is_acknowledged_and_held_ones_are_refused():
+    clock = Clock()
+    lead = leader(followers=("b",), min_insync=2, clock=clock)
+    lead.written(3)
+    assert lead.hold(3, "ack3")
+    clock.t += 4
+    assert lead.tick() == ([], [])
+    clock.t += 1.5  # the hold timeout (5 s) passes: refused, never sent unreplicated
+    released, refused = lead.tick()
+    assert released == [] and tokens(refused) == ["ack3"]
+    assert lead.high_water == -1
+
+
+def test_a_leader_alone_with_min_insync_1_acknowledges_what_it_wrote():
+    lead = leader(followers=(), min_insync=1)
+    lead.hold(0, "a0")
+    assert tokens(lead.written(0)) == ["a0"] and lead.high_water == 0
+
+
+def test_a_removed_follower_no_longer_counts_and_an_added_one_does():
+    lead = leader(followers=("b", "c"), min_insync=3)
+    lead.written(7)
+    lead.hold(7, "ack7")
+    lead.acknowledged("b", 7)
+    assert lead.high_water == -1  # c has nothing: 2 of 3
+    assert lead.remove_follower("c") == []  # now only 2 nodes exist: M = 3 cannot be met
+    assert tokens(lead.add_follower("d", 7)) == ["ack7"]  # a new follower that fetched it already
+    assert lead.high_water == 7 and lead.hold(7, "x") is False
+
+
+def test_acknowledgements_never_move_backwards_or_past_the_leaders_end():
+    lead = leader()
+    lead.written(5)
+    lead.acknowledged("b", 5)
+    assert lead.acknowledged("b", 2) == [] and lead.acked["b"] == 5
+    lead.acknowledged("c", 99)
+    assert lead.acked["c"] == 5 and lead.high_water == 5
+    assert lead.acknowledged("unknown", 5) == []
+
+
+def test_lag_is_measured_from_the_oldest_batch_a_follower_does_not_hold():
+    clock = Clock()
+    lead = leader(clock=clock)
+    lead.written(1)
+    clock.t += 1
+    lead.written(2)
+    clock.t += 1
+    lead.acknowledged("b", 1)
+    assert lead.lag_s("b") == pytest.approx(1.0) and lead.lag_s("c") == pytest.approx(2.0)
+    assert lead.lag_records("b") == 1 and lead.lag_records("c") == 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["w", "b", "c", "d"]), st.integers(0, 40)), max_size=60),
+       st.integers(1, 4))
+def test_the_high_water_mark_is_what_min_insync_nodes_hold(events, m):
+    """Whatever the order of writes and acknowledgements (no time passes: all in sync), the mark
+    is the m-th highest of the leader's end and the followers' offsets, and never goes down."""
+    lead = leader(followers=("b", "c", "d"), min_insync=m)
+    last = -1
+    for who, off in events:
+        if who == "w":
+            lead.written(off)
+        else:
+            lead.acknowledged(who, off)
+        holders = sorted([lead.end, *lead.acked.values()], reverse=True)
+        assert lead.high_water >= last
+        assert lead.high_water == max(last, holders[m - 1])
+        last = lead.high_water
+
+
+def test_a_follower_appends_in_order_repeats_what_it_has_and_fetches_a_gap():
+    f = FollowerState()
+    assert f.arrived(0, 4) == FollowerState.APPEND and f.appended(4) == 4
+    assert f.arrived(0, 4) == FollowerState.REPEAT  # the leader sent it again (a reconnect)
+    assert f.arrived(9, 12) == FollowerState.FETCH  # 5..8 were lost: fetch from 5
+    assert f.next_offset == 5
+    assert f.arrived(5, 8) == FollowerState.APPEND and f.appended(8) == 8
+    with pytest.raises(ValueError):
+        f.arrived(7, 10)  # straddles the end: batches never change their boundaries
+    with pytest.raises(ValueError):
+        f.arrived(10, 9)
