@@ -39,6 +39,13 @@ STALL_S = 0.5  # no delivery for this long while blocked: count the window as lo
 DRAIN_QUIET_S = 0.3
 DRAIN_MAX_S = 3.0
 CONNECT_TIMEOUT_S = 10.0
+RECONNECT_WINDOW_S = 30.0  # a client closed before its CONNACK tries again this long at most ...
+RECONNECT_PAUSE_S = 0.1  # ... this long after each attempt
+
+
+class Refused(ConnectionError):
+    """The broker answered and said no (CONNACK or SUBACK): not worth trying again."""
+
 
 
 def raise_fd_limit() -> int:
@@ -183,6 +190,8 @@ class Conn(asyncio.Protocol):
         fut: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
         self._waiting = (expect, fut)
         assert self.transport is not None
+        if self.transport.is_closing():  # the broker closed it as soon as it was accepted
+            raise ConnectionError("connection closed before the handshake")
         self.transport.write(packet)
         try:
             _, body = await asyncio.wait_for(fut, timeout)
@@ -452,6 +461,7 @@ class Worker:
         self.port = port
         self.payload = b"\xa5" * plan.payload
         self.lost_connections = 0
+        self.reconnects = 0  # connects tried again after the broker closed the socket before CONNACK
         self._tls = client_tls_context()  # --tls: every connection over TLS
         self.conns: list[Conn] = []
         self.publishers: list[Publisher] = []
@@ -473,6 +483,23 @@ class Worker:
             self.lost_connections += 1
 
     async def connect(self, spec: ClientSpec, index: int, sem: asyncio.Semaphore) -> Conn:
+        """Connect (and subscribe) one client. A socket the broker closes before CONNACK (a
+        connection-rate limit: brokerd's default --max-connection-rate, as EMQX's) is tried again
+        after a pause, as a device's client library does, within ``RECONNECT_WINDOW_S``; a CONNACK
+        or SUBACK that refuses is not."""
+        deadline = time.monotonic() + RECONNECT_WINDOW_S
+        while True:
+            try:
+                return await self._connect_once(spec, index, sem)
+            except Refused:
+                raise
+            except (ConnectionError, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                self.reconnects += 1
+                await asyncio.sleep(RECONNECT_PAUSE_S)
+
+    async def _connect_once(self, spec: ClientSpec, index: int, sem: asyncio.Semaphore) -> Conn:
         loop = asyncio.get_running_loop()
         client_id = f"bench-{os.getpid()}-{self.proc}-{index}"
         async with sem:
@@ -483,13 +510,13 @@ class Worker:
             body = await conn.request(wire.connect(client_id), wire.CONNACK, CONNECT_TIMEOUT_S)
             if len(body) < 2 or body[1] != 0:
                 conn.close()
-                raise ConnectionError(f"CONNACK refused: return code {body[1:2].hex()}")
+                raise Refused(f"CONNACK refused: return code {body[1:2].hex()}")
             if spec.role in ("sub", "lat_sub"):
                 qos = self.groups[spec.gid].spec.qos
                 body = await conn.request(wire.subscribe(1, spec.topic, qos), wire.SUBACK, CONNECT_TIMEOUT_S)
                 if len(body) < 3 or body[2] == 0x80:
                     conn.close()
-                    raise ConnectionError(f"SUBACK refused the filter {spec.topic!r}")
+                    raise Refused(f"SUBACK refused the filter {spec.topic!r}")
         self.conns.append(conn)
         return conn
 
@@ -646,6 +673,7 @@ class Worker:
             "stalls": sum(g.stalls for g in self.groups.values()),
             "acked": sum(p.acked for p in self.publishers),
             "lost_connections": self.lost_connections,
+            "reconnects": self.reconnects,
             "bad_reads": sum(s.bad for s in self.subscribers),
             "publisher_sent": [p.sent for p in self.publishers],
             "subscriber_received": [s.received for s in self.subscribers],
@@ -696,6 +724,7 @@ class Worker:
             "ok": len(results) - len(errors),
             "errors": len(errors),
             "first_error": repr(errors[0]) if errors else "",
+            "reconnects": self.reconnects,
             "t_first": t_first,
             "t_last": t_last,
             "cpu": cpu_seconds_self() - cpu0,

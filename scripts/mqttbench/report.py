@@ -80,6 +80,7 @@ def summarize(results: list[RunResult]) -> list[dict[str, Any]]:
             "loadgen_saturated": any(r.loadgen_saturated for r in good),
             "stalls": sum(r.stalls for r in good),
             "lost_connections": sum(r.lost_connections for r in good),
+            "reconnects": sum(r.reconnects for r in good),
         }
         for name in MEDIAN_FIELDS:
             row[name] = _median(getattr(r, name) for r in good)
@@ -134,6 +135,8 @@ def notes(row: dict[str, Any]) -> str:
         out.append(f"{row['stalls']} window stalls")
     if row["lost_connections"]:
         out.append(f"{row['lost_connections']} connections dropped")
+    if row.get("reconnects"):
+        out.append(f"{row['reconnects']} connects tried again (closed before CONNACK: a connection-rate limit)")
     if row["failed"]:
         out.append(f"{row['failed']} failed: {'; '.join(row['errors'])[:120]}")
     elif row["errors"]:

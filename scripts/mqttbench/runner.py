@@ -56,6 +56,7 @@ class RunResult:
     loadgen_saturated: bool = False
     stalls: int = 0
     lost_connections: int = 0
+    reconnects: int = 0  # connects the generator tried again (the broker closed them before CONNACK)
     bad_reads: int = 0  # reads that did not begin with a PUBLISH on the subscribed topic
     publisher_balance: float | None = None  # least / most messages sent by one publisher (1.0 = even)
     subscriber_balance: float | None = None  # least / most messages received by one subscriber
@@ -189,6 +190,7 @@ def _reduce_load(plan: Plan, reports: list[dict[str, Any]], cpu: float, wall: fl
         samples.extend(r["latency_ns"])
         result.stalls += r["stalls"]
         result.lost_connections += r["lost_connections"]
+        result.reconnects += r.get("reconnects", 0)
         result.bad_reads += r["bad_reads"]
     for g, pub in pub_by_group.items():
         expected_total += pub * fan[g]
@@ -246,6 +248,7 @@ def run_conn(plan: Plan, broker: RunningBroker, result: RunResult) -> None:
     result.loadgen_cpu = [round(i["cpu"] / span, 3) if span > 0 else 0.0 for i in infos]
     result.loadgen_saturated = any(c > SATURATED_CPU for c in result.loadgen_cpu)
     result.lost_connections = sum(f["lost_connections"] for f in finals)
+    result.reconnects = sum(i.get("reconnects", 0) for i in infos)
     errors = sum(i["errors"] for i in infos)
     if errors:
         first = next(i["first_error"] for i in infos if i["errors"])
