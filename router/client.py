@@ -314,8 +314,10 @@ class Client:
         session = router.sessions.get(client_id)
         if remote_state is not None and session is None:
             session = router.import_session(client_id, remote_state)
-        if session is not None and connect.clean_start:
-            # The old session ends here: a will it held back goes out now (MQTT 5 3.1.3.2.2).
+        if session is not None and (connect.clean_start or not session.persistent):
+            # The old session ends here: a will it held back goes out now (MQTT 5 3.1.3.2.2). One
+            # that lasts only as long as its connection (3.1.1 clean session, MQTT 5 expiry 0) ends
+            # with the connection this CONNECT takes over, and is never resumed (MQTT-3.1.2-6).
             will = session.will
             router.end_session(session)
             session = None

@@ -82,3 +82,36 @@ def test_same_client_id_takes_over_and_closes_the_old_connection(broker):
     pub.publish("tk/x", b"to-new", qos=1)
     assert new.wait_topic("tk/x").payload == b"to-new"
     broker.wait_log("taken over")
+
+
+def test_a_clean_session_is_not_resumed_by_a_takeover_that_asks_for_a_persistent_one(broker):
+    """MQTT-3.1.2-6: the state of a clean session (CleanSession 1) must not be reused in any later
+    session, also when a CleanSession 0 connection of the same client id takes the live one over:
+    session present 0, and the old connection's subscription is gone. Tried until the takeover has
+    happened both on the same worker and across workers (the kernel places the connections)."""
+    from tests.cluster.conftest import client_worker
+
+    pub = Client(broker.port, cid("p")).connect()
+    seen: set[bool] = set()
+    for i in range(16):
+        name = cid(f"clean-then-kept{i}")
+        old = Client(broker.port, name, clean=True).connect()
+        old.c.reconnect_delay_set(60, 120)  # paho must not fight back for the client id
+        old.subscribe(f"ct{i}/old", 1)
+        old_worker = client_worker(broker, old)
+        new = Client(broker.port, name, clean=False)
+        new.c.reconnect_delay_set(60, 120)
+        new.connect()
+        same_worker = client_worker(broker, new) == old_worker
+        assert not new.session_present, f"round {i} (same worker: {same_worker}): a clean session was resumed"
+        assert old.disconnected.wait(10)
+        new.subscribe(f"ct{i}/marker", 1)
+        pub.publish(f"ct{i}/old", b"old", qos=1)
+        pub.publish(f"ct{i}/marker", b"marker", qos=1)  # same publisher: after "old", if that came
+        new.wait_payload(b"marker")
+        assert [m.payload for m in new.messages] == [b"marker"], f"round {i}: the old subscription survived"
+        seen.add(same_worker)
+        new.disconnect()
+        if len(seen) == 2:
+            break
+    assert seen == {True, False}, f"takeovers seen only with same worker = {seen}"
