@@ -96,7 +96,7 @@ from brokerd.router.mesh_format import (
     to_mesh_shared,
 )
 from brokerd.router.message import Message
-from brokerd.router.ports import TAKEOVER_FAILED
+from brokerd.router.ports import TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE
 
 from .config import Config
 from .paths import ensure_run_dir, mesh_ipc
@@ -116,6 +116,7 @@ RECV_MSGS = 128  # forwarded messages after which the rest waits for the next lo
 LINGER_BELOW = 64  # publishes in a tick's frames below which they wait one more loop iteration
 SYNC_WINDOW_S = 30.0  # after start, fetch the retained messages of every router that joins
 MOVE_TIMEOUT_S = 60.0  # an exported session not confirmed by its new owner within this stays here
+LOCAL_DOWN_WAIT_S = 5.0  # a CONNECT waits this long for a router of this node that is down
 
 
 class _Transfer:
@@ -252,12 +253,13 @@ class Peer:
 class _Waiter:
     """A request answered by every live peer (interest acks, takeover answers)."""
 
-    __slots__ = ("future", "waiting", "result")
+    __slots__ = ("future", "waiting", "result", "missed")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, peers: set[str]) -> None:
         self.future: asyncio.Future = loop.create_future()
         self.waiting = peers
         self.result: Any = None
+        self.missed: set[str] = set()  # peers that fell silent or timed out instead of answering
 
     def answer(self, router_id: str, result: Any = None) -> None:
         self.waiting.discard(router_id)
@@ -290,6 +292,10 @@ class Mesh:
         self._interest_batch: list[tuple[str, bool]] = []
         self._interest_waiter: _Waiter | None = None
         self._waiters: dict[int, _Waiter] = {}
+        # The other routers of this node (a CONNECT waits for them while they are down), and the
+        # future that the next one to join again completes.
+        self._local_ids = {f"{self.node_id}/w{j}" for j in range(config.workers)} - {self.router_id}
+        self._local_joined: asyncio.Future | None = None
         self._req_ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
         self._drain_timer: asyncio.TimerHandle | None = None
@@ -406,16 +412,15 @@ class Mesh:
         # Serve only once the routers of this node know each other (bounded): a client that
         # subscribes on one worker right after start must be reachable from every other.
         deadline = time.monotonic() + 10.0
-        local = {f"{self.node_id}/w{j}" for j in range(self.config.workers)} - {self.router_id}
         while time.monotonic() < deadline:
-            if all(rid in self.peers and self.peers[rid].alive for rid in local):
+            if not self._local_down():
                 break
             await asyncio.sleep(0.02)
         else:
             log.warning("mesh: not every local router answered within 10 s; serving anyway")
             return
-        if self.index == 0 and local:  # the node's own routers, in one line (each pair: DEBUG)
-            log.info("mesh: the %d routers of node %s joined each other", len(local) + 1, self.node_id)
+        if self.index == 0 and self._local_ids:  # the node's own routers, in one line (each pair: DEBUG)
+            log.info("mesh: the %d routers of node %s joined each other", len(self._local_ids) + 1, self.node_id)
 
     def _setup_curve(self, path: str) -> None:
         import zmq.auth
@@ -728,12 +733,52 @@ class Mesh:
             elif peer.parked:
                 self._keep(peer, frame, 1)
 
-    def takeover(self, client_id: str) -> asyncio.Future:
-        alive = set() if self.closed else self._alive()
+    async def takeover(self, client_id: str) -> dict | None:
+        """Ask every live peer for ``client_id``'s session. The routers of this node are always
+        asked: while one is down (crashed and being restarted by the supervisor, or stopped) the
+        request waits for it, bounded by ``LOCAL_DOWN_WAIT_S``, and is asked again when one fell
+        silent instead of answering, since the sessions it restores from its disk would
+        otherwise exist twice. Routers of other nodes that are parked are not waited for (a
+        silent node may never come back; README: "Not guaranteed yet")."""
+        deadline = time.monotonic() + LOCAL_DOWN_WAIT_S
+        while not self.closed:
+            down = self._local_down()
+            if down:
+                if not await self._local_back(deadline):
+                    log.warning("mesh: client %r refused: router(s) %s of this node, which may hold its "
+                                "session, stayed down for %g s", client_id, ", ".join(sorted(down)),
+                                LOCAL_DOWN_WAIT_S)
+                    return TAKEOVER_UNAVAILABLE
+                continue
+            waiter = self._ask_takeover(client_id)
+            result = await waiter.future
+            if result is not None or not any(self.peers[rid].node_id == self.node_id for rid in waiter.missed):
+                return result
+        return None
+
+    def _local_down(self) -> set[str]:
+        """The routers of this node that are not alive now."""
+        return {rid for rid in self._local_ids if not (rid in self.peers and self.peers[rid].alive)}
+
+    async def _local_back(self, deadline: float) -> bool:
+        """Wait until a router of this node joins again (True), or the deadline (False)."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if self._local_joined is None or self._local_joined.done():
+            self._local_joined = self.loop.create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._local_joined), left)
+        except TimeoutError:
+            return False
+        return True
+
+    def _ask_takeover(self, client_id: str) -> _Waiter:
+        alive = self._alive()
         waiter = _Waiter(self.loop, alive)
         if not alive:
             waiter.future.set_result(None)
-            return waiter.future
+            return waiter
         req = next(self._req_ids)
         self._waiters[req] = waiter
         self._flush()
@@ -743,7 +788,7 @@ class Mesh:
             if link is not None:
                 link.send(frame)
         self.loop.call_later(ACK_TIMEOUT_S + 1.0, self._expire_waiter, req, "takeover")
-        return waiter.future
+        return waiter
 
     def _expire_waiter(self, req: int, what: str) -> None:
         transfers = [k for k in self._incoming if k[0] == req]
@@ -758,6 +803,7 @@ class Mesh:
         if waiter is not None and not waiter.future.done():
             log.warning("mesh: %s request %d unanswered by %s; continuing", what, req,
                         ", ".join(sorted(waiter.waiting)))
+            waiter.missed |= waiter.waiting
             waiter.future.set_result(waiter.result)
 
     # -- receiving ------------------------------------------------------------------------------------
@@ -1045,6 +1091,8 @@ class Mesh:
         """A router (re)appeared: greet it, tell it our interest, fetch retained messages once."""
         first = not any(p.alive for p in self.peers.values() if p.node_id == peer.node_id)
         peer.alive = True
+        if peer.node_id == self.node_id and self._local_joined is not None and not self._local_joined.done():
+            self._local_joined.set_result(None)  # CONNECTs waiting for a router of this node go on
         if not quiet:
             # One INFO line per node that joins, from router 0 of this node; each router pair: DEBUG.
             where = peer.link.endpoint if peer.link else "?"
@@ -1083,7 +1131,9 @@ class Mesh:
             self._transfer_failed(key, why)
         for key in [k for k in self._moves if k[0] == peer.router_id]:
             self._move_expired(key)  # it may never confirm: the session stays here
-        for req in list(self._waiters):
+        for req, waiter in list(self._waiters.items()):
+            if peer.router_id in waiter.waiting:
+                waiter.missed.add(peer.router_id)
             self._answer(req, peer.router_id)
         if self._interest_waiter is not None:
             self._interest_waiter.answer(peer.router_id)

@@ -49,7 +49,7 @@ from .limits import (
 from .log.errors import LogUnavailable
 from .message import Message, will_delay
 from .outbound import NO_LIMIT, Outbound
-from .ports import TAKEOVER_FAILED
+from .ports import TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE
 from .shared import is_shared, parse_share
 from .topics import valid_topic_filter
 
@@ -258,12 +258,15 @@ class Client:
     async def _connect_via_cluster(self, connect: Connect, assigned: bool) -> None:
         router = self.router
         state = await router.mesh.takeover(self.client_id)  # bounded by the mesh
-        if self.conn.closing or state is TAKEOVER_FAILED:
+        if self.conn.closing or state is TAKEOVER_FAILED or state is TAKEOVER_UNAVAILABLE:
             if router.clients.get(self.client_id) is self:
                 del router.clients[self.client_id]
             if state is TAKEOVER_FAILED:
                 self._refuse(Reason.SERVER_UNAVAILABLE, "its session is moving from another router and the "
                              "transfer broke off (the session stays there); the client may retry")
+            elif state is TAKEOVER_UNAVAILABLE:
+                self._refuse(Reason.SERVER_UNAVAILABLE, "a router of this node that may hold its session "
+                             "is down (restarting); the client may retry")
             elif state is not None and state["persistent"] and self.client_id not in router.sessions:
                 # Its old owner let the session go: keep it here, offline, as if this client left.
                 session = router.import_session(self.client_id, state)

@@ -15,6 +15,10 @@ from .message import Message
 # What ``MeshPort.takeover`` answers when a session was being moved here and the transfer broke
 # off: the session stayed with its old owner, and the CONNECT is refused (the client retries).
 TAKEOVER_FAILED: dict = {"failed": True}
+# What it answers when a router of this node that may hold the session stayed down (crashed and
+# not restarted yet, or stopped) for the whole bounded wait: a new session here would leave two
+# of them once it is back, so the CONNECT is refused (server unavailable) and the client retries.
+TAKEOVER_UNAVAILABLE: dict = {"unavailable": True}
 
 
 class MeshPort(Protocol):
@@ -42,8 +46,9 @@ class MeshPort(Protocol):
         None without live peers."""
 
     def takeover(self, client_id: str) -> Awaitable[dict | None]:
-        """Ask every peer to give up ``client_id``: its session state, None if nobody had it, or
-        ``TAKEOVER_FAILED``. The port bounds the wait (it goes on while a session arrives)."""
+        """Ask every peer to give up ``client_id``: its session state, None if nobody had it,
+        ``TAKEOVER_FAILED`` or ``TAKEOVER_UNAVAILABLE``. The port bounds the wait (it goes on
+        while a session arrives, and while a router of this node is down)."""
 
     def peer_stats(self) -> dict[str, list[int]]:
         """Traffic per peer router: {router id: [msgs out, bytes out, msgs in, bytes in]}."""
