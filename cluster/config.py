@@ -136,6 +136,15 @@ OPTIONS: tuple[Option, ...] = (
            "is heard again (beyond: dropped and counted as mesh_peer_gone)", "BYTES", check=_at_least(0)),
     Option("mesh_forget", float, 300.0, "seconds a silent peer router's interest and backlog are kept before "
            "it is forgotten", "SECONDS", check=lambda v: None if v > 0 else "must be positive"),
+    Option("replication_factor", int, None, "nodes that hold each router's commit log (its own and R-1 "
+           "followers on other nodes); default 1 alone, 2 with --mesh", "R", check=_at_least(1)),
+    Option("min_insync", int, None, "nodes (counting the router's own) that must hold a QoS 1/2 message "
+           "before it is acknowledged (Kafka's min.insync.replicas); default min(2, R); capped at the live "
+           "nodes", "M", check=_at_least(1)),
+    Option("replica_lag", float, 5.0, "seconds a follower may leave a batch unacknowledged before it counts "
+           "as out of sync (it no longer holds acknowledgements back)", "SECONDS", check=_positive),
+    Option("replica_timeout", float, 10.0, "seconds a QoS 1/2 acknowledgement waits for --min-insync nodes "
+           "before it is refused (the connection closes; the client resends)", "SECONDS", check=_positive),
     Option("data_dir", str, "./data", "commit log directory (one log per router under DATA/<node>/<router>)",
            "DIR"),
     Option("log", _on_off, True, "commit log on/off", "on|off"),
@@ -253,6 +262,10 @@ class Config:
     mesh_timeout: float = 3.0
     mesh_backlog: int = 64 << 20
     mesh_forget: float = 300.0
+    replication_factor: int | None = None
+    min_insync: int | None = None
+    replica_lag: float = 5.0
+    replica_timeout: float = 10.0
     data_dir: str = "./data"
     log: bool = True
     fsync: str = "interval"
@@ -448,6 +461,7 @@ def load(argv: list[str], environ: Mapping[str, str] | None = None) -> Config:
     if not cfg.node_id or "/" in cfg.node_id or "+" in cfg.node_id or "#" in cfg.node_id:
         raise ConfigError(f"--node-id: invalid value {cfg.node_id!r} (no '/', '+' or '#')")
     _check_ports(cfg)
+    _check_replication(cfg)
     if cfg.mesh is not None and not cfg.mesh_key and not cfg.mesh_insecure and \
             not _listeners.is_loopback(cfg.mesh[0]):
         # Without a key any process that reaches the mesh port can read every message, inject
@@ -459,6 +473,23 @@ def load(argv: list[str], environ: Mapping[str, str] | None = None) -> Config:
 
 
 _WILDCARDS = ("", "0.0.0.0", "::")
+
+
+def _check_replication(cfg: Config) -> None:
+    """Fill in the replication defaults (1 alone, 2 with --mesh; min-insync min(2, R)) and check
+    what they need: another node to follow on, a log to replicate."""
+    given = cfg.replication_factor is not None
+    if not given:
+        cfg.replication_factor = 2 if cfg.mesh is not None and cfg.log else 1
+    r = cfg.replication_factor
+    if r > 1 and cfg.mesh is None:
+        raise ConfigError(f"--replication-factor: {r} needs --mesh (followers are on other nodes)")
+    if r > 1 and not cfg.log:
+        raise ConfigError(f"--replication-factor: {r} needs --log on (the log is what is replicated)")
+    if cfg.min_insync is None:
+        cfg.min_insync = min(2, r)
+    elif cfg.min_insync > r:
+        raise ConfigError(f"--min-insync: {cfg.min_insync} is more than --replication-factor {r}")
 
 
 def _check_ports(cfg: Config) -> None:

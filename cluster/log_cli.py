@@ -30,6 +30,8 @@ def _router_dirs(data_dir: str, routers: list[str] | None) -> list[tuple[str, st
         for name in sorted(os.listdir(node_dir)):
             path = os.path.join(node_dir, name)
             rid = f"{node}/{name}"
+            if name.startswith(("_", ".")):
+                continue  # ``_replicas``: copies of other nodes' logs
             if os.path.isdir(path) and (not routers or rid in routers or name in routers):
                 out.append((rid, path))
     return out

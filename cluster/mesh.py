@@ -82,6 +82,11 @@ from brokerd.router.mesh_format import (
     KIND_NAMES,
     MESH_VERSION,
     PUBLISH,
+    REPLICA_ACK,
+    REPLICA_CATCHUP,
+    REPLICA_FETCH,
+    REPLICA_PUBLISH,
+    REPLICATE,
     RESYNC,
     RETAINED,
     SYNC_REQ,
@@ -211,7 +216,7 @@ class Peer:
     __slots__ = ("router_id", "node_id", "ipc", "tcp", "incarnation", "last_seen", "alive", "link",
                  "batch", "batch_sources", "stats", "parked", "parked_at", "backlog", "backlog_bytes",
                  "backlog_msgs", "dropped", "log_mark", "replay_from", "seq_out", "seq_in", "acked",
-                 "ring", "ring_bytes", "resend", "stats_tcp", "origin_mark", "replaying")
+                 "ring", "ring_bytes", "resend", "stats_tcp", "origin_mark", "replaying", "replicas")
 
     def __init__(self, router_id: str, node_id: str, ipc: str | None, tcp: str | None) -> None:
         self.router_id = router_id
@@ -243,6 +248,7 @@ class Peer:
         self.ring_bytes = 0
         self.resend: list[bytes] = []  # the ring's unconfirmed frames, for a new incarnation
         self.stats_tcp: str | None = None  # its stats socket, when other nodes can read it
+        self.replicas: dict[str, int] = {}  # the replicas it holds: {partition: last offset} (HELLO)
         # Its log offset below which we have every message of its own our interest matched (the
         # marks of its PUBLISH frames; -1: unknown). Kept across its incarnations: a new one is
         # asked (CATCHUP) for what its crashed predecessor acknowledged and never sent us.
@@ -296,6 +302,7 @@ class Mesh:
         # future that the next one to join again completes.
         self._local_ids = {f"{self.node_id}/w{j}" for j in range(config.workers)} - {self.router_id}
         self._local_joined: asyncio.Future | None = None
+        self.replication: Any = None  # cluster.replication.Replication, with --replication-factor > 1
         self._req_ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
         self._drain_timer: asyncio.TimerHandle | None = None
@@ -493,6 +500,23 @@ class Mesh:
     def _send(self, peer: Peer, kind: int, body: Any) -> None:
         if peer.link is not None:
             peer.link.send(self._frame(kind, body))
+
+    def _replication_hook(self, hook: Any, *args: Any) -> None:
+        """Call replication from the mesh's own callbacks: its failure is logged, and the mesh
+        (heartbeats, parking) goes on."""
+        try:
+            hook(*args)
+        except Exception:  # noqa: BLE001 - the heartbeat must be rescheduled whatever happens
+            log.exception("replication: %s failed", getattr(hook, "__name__", hook))
+
+    _REPLICATION_KINDS = {"replicate": REPLICATE, "ack": REPLICA_ACK, "fetch": REPLICA_FETCH,
+                          "catchup": REPLICA_CATCHUP, "publish": REPLICA_PUBLISH}
+
+    def send_replication(self, peer: Peer, what: str, body: Any) -> None:
+        """A replication frame (``cluster.replication``) to ``peer``."""
+        if self.closed:
+            return
+        self._send(peer, self._REPLICATION_KINDS[what], body)
 
     def _mark(self) -> None:
         if not self._dirty and not self.closed:
@@ -953,6 +977,18 @@ class Mesh:
             self._start_replay(peer, body, "it restarted and asks for what it may have missed")
         elif kind == GOODBYE:
             self._park(peer, "said goodbye")
+        elif self.replication is None:
+            return  # replication frames for a router that replicates nothing (R = 1 here)
+        elif kind == REPLICATE:
+            self.replication.replicate(peer, *body)
+        elif kind == REPLICA_ACK:
+            self.replication.acknowledged(sender, *body)
+        elif kind == REPLICA_FETCH:
+            self.replication.fetch(peer, *body)
+        elif kind == REPLICA_CATCHUP:
+            self.replication.catchup(peer, *body)
+        elif kind == REPLICA_PUBLISH:
+            self.replication.replayed(*body)
 
     # -- session transfers ----------------------------------------------------------------------------
 
@@ -1023,8 +1059,11 @@ class Mesh:
         known = [[p.router_id, p.node_id, p.ipc, p.tcp] for p in self.peers.values() if p.alive]
         acks = {p.router_id: p.seq_in for p in self.peers.values() if p.seq_in}
         commit_log = self.router.commit_log
-        return {"node": self.node_id, "ipc": self.ipc, "tcp": self.tcp, "peers": known, "acks": acks,
+        body = {"node": self.node_id, "ipc": self.ipc, "tcp": self.tcp, "peers": known, "acks": acks,
                 "stats": self.stats_tcp, "log": commit_log.next_offset if commit_log is not None else -1}
+        if self.replication is not None and self.replication.replicas:
+            body["replicas"] = self.replication.hello()
+        return body
 
     def _on_hello(self, sender: str, inc: int, body: dict) -> None:
         if sender == self.router_id:
@@ -1036,6 +1075,7 @@ class Mesh:
             self._peer_stats[sender] = peer.stats
         peer.ipc, peer.tcp = body.get("ipc"), body.get("tcp")
         peer.stats_tcp = body.get("stats")
+        peer.replicas = body.get("replicas", {})
         if peer.link is None:
             endpoint = peer.ipc if peer.node_id == self.node_id else peer.tcp
             if endpoint is None:
@@ -1137,6 +1177,8 @@ class Mesh:
             self._answer(req, peer.router_id)
         if self._interest_waiter is not None:
             self._interest_waiter.answer(peer.router_id)
+        if self.replication is not None:
+            self._replication_hook(self.replication.parked, peer)
 
     def _rejoin(self, peer: Peer, why: str) -> None:
         """A parked (or forgotten) peer is heard again: the frames kept for it first, then
@@ -1206,6 +1248,8 @@ class Mesh:
                 self._park(peer, f"silent for {timeout:g} s")
             elif peer.parked and now - peer.parked_at > self.config.mesh_forget:
                 self._forget(peer)
+        if self.replication is not None:
+            self._replication_hook(self.replication.heartbeat)  # followers placed on the live nodes
         for link in self.links.values():
             self._send_hello(link)
         if self._monitors:

@@ -280,6 +280,40 @@ class SnapshotCollector:
                     lambda s: s["process"]["rss_bytes"])
         yield gauge("brokerd_event_loop_lag_seconds", "how late the router's stats timer fired",
                     lambda s: s["loop_lag"])
+        yield from _replication_metrics(fresh, lbl)
+
+
+def _replication_metrics(fresh: list[dict[str, Any]], lbl: list[str]) -> Iterator[Any]:
+    """Each router's log as a replicated partition: its high-water mark, held and refused
+    acknowledgements, and per follower the lag and whether it is in sync (README: Replication)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    reps = [(s, s["replication"]) for s in fresh if s.get("replication")]
+    hw = GaugeMetricFamily("brokerd_replication_high_water_offset", "the highest offset of the router's "
+                           "log held by --min-insync nodes (acknowledgements up to it were sent)", labels=lbl)
+    end = GaugeMetricFamily("brokerd_replication_log_end_offset", "the last offset of the router's own log "
+                            "written (durable with --fsync always)", labels=lbl)
+    held = GaugeMetricFamily("brokerd_replication_held_acks", "QoS 1/2 acknowledgements waiting for "
+                             "followers", labels=lbl)
+    refused = CounterMetricFamily("brokerd_replication_refused_acks", "QoS 1/2 publishes never acknowledged "
+                                  "because too few nodes held them within --replica-timeout", labels=lbl)
+    lag = GaugeMetricFamily("brokerd_replica_lag_records", "records of the router's log a follower does not "
+                            "hold yet", labels=[*lbl, "replica"])
+    lag_s = GaugeMetricFamily("brokerd_replica_lag_seconds", "age of the oldest batch a follower has not "
+                              "acknowledged", labels=[*lbl, "replica"])
+    in_sync = GaugeMetricFamily("brokerd_replica_in_sync", "1 while the follower is in sync (counts towards "
+                                "the high-water mark)", labels=[*lbl, "replica"])
+    for s, r in reps:
+        key = [s["node"], s["router"]]
+        hw.add_metric(key, r["high_water"])
+        end.add_metric(key, r["end"])
+        held.add_metric(key, r["held"])
+        refused.add_metric(key, r["refused_total"])
+        for follower, f in sorted(r["followers"].items()):
+            lag.add_metric([*key, follower], f["lag_records"])
+            lag_s.add_metric([*key, follower], f["lag_seconds"])
+            in_sync.add_metric([*key, follower], 1 if f["in_sync"] else 0)
+    yield from (hw, end, held, refused, lag, lag_s, in_sync)
 
 
 def metrics_text(stats: NodeStats) -> bytes:

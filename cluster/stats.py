@@ -240,6 +240,7 @@ class StatsPublisher:
         self.started = time.monotonic()
         self.seq = 0
         self.rates = RateRing(self.interval)
+        self.replication: Any = None  # cluster.replication.Replication, set by the worker
         self.process = psutil.Process()
         self.process.cpu_percent(None)  # the first call only starts the measurement
         self.ctx: zmq.Context | None = None
@@ -475,6 +476,8 @@ class StatsPublisher:
                     if self.config.stats_clients else []),
             # Peer routers' stats sockets that can be read from elsewhere (`brokerd stats --cluster`).
             "peer_stats": router.peer_stats_endpoints(),
+            # This router's log's followers and the replicas it holds (cluster.replication).
+            "replication": self.replication.stats() if self.replication is not None else None,
         }
 
     def connection_list(self) -> dict[str, Any]:

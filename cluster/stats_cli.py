@@ -279,7 +279,32 @@ def routers_view(snaps: list[dict[str, Any]], missing: Iterable[str] = (), *, wi
     what = f"node{'s' if multi else ''} {', '.join(nodes)}"
     missing = list(missing)
     notes = [f"no snapshot from: {', '.join(missing)}"] if missing else []
+    notes += replication_lines(sorted(snaps, key=lambda s: (s["node"], s["index"])))
     return _render(_summary(snaps, total, routers, what), make_table(ROUTER_COLUMNS, rows, width), notes)
+
+
+def replication_lines(snaps: Iterable[dict[str, Any]]) -> list[str]:
+    """Per router with replication: its log's high-water mark, held acknowledgements, and each
+    follower's lag and whether it is in sync; then the replicas it holds for other routers."""
+    lines = []
+    for s in snaps:
+        r = s.get("replication")
+        if not r:
+            continue
+        head = f"replication {s['router_id']}:"
+        if r["factor"] > 1:
+            followers = ", ".join(
+                f"{f} lag {human_count(v['lag_records'])} ({'in sync' if v['in_sync'] else 'out of sync'})"
+                for f, v in sorted(r["followers"].items())) or "none live"
+            head += (f" R {r['factor']} min-insync {r['required']}/{r['min_insync']}  end {r['end']}  "
+                     f"high-water {r['high_water']}  held {r['held']}  refused {r['refused_total']}  "
+                     f"followers: {followers}")
+        if r["replicas"]:
+            head += "  replicas: " + ", ".join(f"{p} to {v['end']}" for p, v in sorted(r["replicas"].items()))
+        if head.endswith(":"):
+            continue
+        lines.append(head)
+    return lines
 
 
 def cluster_view(snaps: list[dict[str, Any]], unreachable: Iterable[str] = (), missing: Iterable[str] = (),

@@ -48,6 +48,7 @@ class Worker:
         self.servers: list[asyncio.base_events.Server] = []  # one per listener
         self.tls_contexts: dict[Listener, Any] = {}  # TLS listeners' SSL contexts, reloaded on SIGUSR1
         self.mesh: Any = None
+        self.replication: Any = None
         # Banks each leaving connection's counters, so router totals outlive connections at no
         # per-message cost (read by the stats publisher).
         self.connections = ConnectionSet()
@@ -108,6 +109,12 @@ class Worker:
                 from brokerd.router.persistence import restore_missing_copies
 
                 restore_missing_copies(self.router, os.path.join(c.data_dir, c.node_id), self.name)
+            if self.commit_log is not None and c.mesh is not None:
+                # Follower of other nodes' logs placed here; leader of its own with R > 1.
+                from .replication import Replication
+
+                self.replication = Replication(c, self.router, self.mesh, self.loop)
+                self.mesh.replication = self.replication
         self.servers = await serve_listeners(self.loop, c, self._protocol, self.tls_contexts)
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stop.set)
@@ -183,6 +190,7 @@ class Worker:
 
         self.stats_publisher: StatsPublisher | None = StatsPublisher(
             self.config, self.index, self.router, self.connections, self.loop)  # type: ignore[arg-type]
+        self.stats_publisher.replication = self.replication
         self.stats_publisher.start()
 
     def _stop_stats(self) -> None:
@@ -214,6 +222,8 @@ class Worker:
         if self.mesh is not None:
             await self.mesh.stop()
         await asyncio.sleep(0)  # let the transports flush their closing writes
+        if self.replication is not None:
+            await self.replication.close()
         await self._close_log()
         log.info("router %s stopped", self.router_id)
 

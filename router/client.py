@@ -86,7 +86,7 @@ class Client:
         self._listener = listener_opened(router, conn)
         self._aliases: dict[int, str] | None = None  # topic aliases this client set (MQTT 5)
         self._problem_info = True  # MQTT 5 Request Problem Information: reason strings wanted
-        self.held_acks = 0  # QoS 1/2 acknowledgements waiting for the disk (--fsync always)
+        self.held_acks = 0  # QoS 1/2 acknowledgements waiting for the disk or the followers
 
     # -- Handler interface ----------------------------------------------------------------------------
 
@@ -419,7 +419,7 @@ class Client:
             if qos == 0:
                 router.publish(msg, conn)
             elif qos == 1:
-                if self.held_acks:  # only --fsync always holds PUBACKs back
+                if self.held_acks:  # only --fsync always and replication hold PUBACKs back
                     self._receive_maximum(self.held_acks + len(self.session.inbound_qos2))  # type: ignore[union-attr]
                 router.publish(msg, conn)
                 self._acknowledge(success_ack(PUBACK, p.packet_id), msg)  # type: ignore[arg-type]
@@ -475,7 +475,7 @@ class Client:
 
     def _acknowledge(self, ack: bytes, msg: Message) -> None:
         router = self.router
-        if router.ack_when_durable and msg.log_offset >= 0:
+        if (router.ack_when_durable or router.replication is not None) and msg.log_offset >= 0:
             router.defer_ack(msg.log_offset, self, ack)
         else:
             self.conn.send(ack)

@@ -25,7 +25,12 @@ Subscription Identifier (six values, ``Subscription.to_values``). 8: a PUBLISH f
 that the receiver's interest matched is in this frame or an earlier one (-1: no claim, e.g. while
 the sender reads its log back to that receiver); HELLO carries the sender's ``log`` offset; and
 CATCHUP ``offset`` asks a restarted router to read its log back from there, by the asker's
-interest: what it acknowledged and crashed before sending reaches the other routers.
+interest: what it acknowledged and crashed before sending reaches the other routers. 9:
+replication (``cluster.replication``): REPLICATE ``[partition, first, last, body, high_water]``
+(``body``: the records of one log batch as the leader's log packed them), REPLICA_ACK
+``[partition, offset]``, REPLICA_FETCH ``[partition, offset]``, REPLICA_CATCHUP ``[partition,
+offset]`` (read your replica of that router back to me by my interest) answered by
+REPLICA_PUBLISH ``[partition, messages, mark]``; HELLO carries ``replicas`` ({partition: end}).
 """
 
 from __future__ import annotations
@@ -41,13 +46,16 @@ from .message import _QOS0_V3, _QOS0_V4, _QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4,
 # the full one (Message.to_list()); one more value names the shared groups it was chosen for.
 PLAIN, FULL = 5, 9
 
-MESH_VERSION = 8
+MESH_VERSION = 9
 (HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE,
- RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE, CATCHUP) = range(1, 14)
+ RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE, CATCHUP, REPLICATE, REPLICA_ACK, REPLICA_FETCH, REPLICA_CATCHUP,
+ REPLICA_PUBLISH) = range(1, 19)
 KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST_ACK: "interest-ack",
               RETAINED: "retained", TAKEOVER_REQ: "takeover-request", TAKEOVER_RESP: "takeover",
               SYNC_REQ: "sync-request", GOODBYE: "goodbye", RESYNC: "resync",
-              TAKEOVER_CHUNK: "takeover-chunk", TAKEOVER_DONE: "takeover-done", CATCHUP: "catch-up"}
+              TAKEOVER_CHUNK: "takeover-chunk", TAKEOVER_DONE: "takeover-done", CATCHUP: "catch-up",
+              REPLICATE: "replicate", REPLICA_ACK: "replica-ack", REPLICA_FETCH: "replica-fetch",
+              REPLICA_CATCHUP: "replica-catch-up", REPLICA_PUBLISH: "replica-publish"}
 
 # The largest frame a router accepts (ZeroMQ's MAXMSGSIZE on its PULL sockets; a peer sending a
 # bigger one is disconnected by ZeroMQ and reconnects). Senders split publish batches well below it.
@@ -72,6 +80,10 @@ def _hello(body: Any) -> bool:
     if not (_opt_str(body.get("ipc")) and _opt_str(body.get("tcp")) and _opt_str(body.get("stats"))):
         return False
     if body.get("log", -1).__class__ is not int:
+        return False
+    replicas = body.get("replicas", {})
+    if replicas.__class__ is not dict or not all(
+            k.__class__ is str and v.__class__ is int for k, v in replicas.items()):
         return False
     acks = body.get("acks", {})
     if acks.__class__ is not dict or not all(k.__class__ is str and v.__class__ is int for k, v in acks.items()):
@@ -112,6 +124,23 @@ def _takeover_chunk(body: Any) -> bool:
             and all(i.__class__ is list and len(i) == QUEUE_ITEM_LEN for i in body[1]))
 
 
+def _replicate(body: Any) -> bool:
+    return (body.__class__ is list and len(body) == 5 and body[0].__class__ is str and body[1].__class__ is int
+            and body[2].__class__ is int and 0 <= body[1] <= body[2] and body[3].__class__ is bytes
+            and body[4].__class__ is int)
+
+
+def _partition_offset(body: Any) -> bool:
+    return body.__class__ is list and len(body) == 2 and body[0].__class__ is str and body[1].__class__ is int \
+        and body[1] >= -1
+
+
+def _replica_publish(body: Any) -> bool:
+    return (body.__class__ is list and len(body) == 3 and body[0].__class__ is str
+            and body[1].__class__ is list and all(m.__class__ is list and len(m) == FULL for m in body[1])
+            and body[2].__class__ is int)
+
+
 def _takeover_done(body: Any) -> bool:
     return body.__class__ is list and len(body) == 2 and body[0].__class__ is int and body[1].__class__ is bool
 
@@ -131,6 +160,11 @@ _CHECKS = {
     GOODBYE: lambda b: b is None,
     RESYNC: lambda b: b is None,
     CATCHUP: lambda b: b.__class__ is int and b >= 0,
+    REPLICATE: _replicate,
+    REPLICA_ACK: _partition_offset,
+    REPLICA_FETCH: _partition_offset,
+    REPLICA_CATCHUP: _partition_offset,
+    REPLICA_PUBLISH: _replica_publish,
 }
 
 

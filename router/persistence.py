@@ -226,8 +226,8 @@ def restore_missing_copies(router: Router, node_dir: str, own_name: str, margin_
     restored = 0
     for name in sorted(os.listdir(node_dir)):
         path = os.path.join(node_dir, name)
-        if name == own_name or not os.path.isdir(path):
-            continue
+        if name == own_name or name.startswith(("_", ".")) or not os.path.isdir(path):
+            continue  # (``_replicas``: other nodes' logs, not this node's routers)
         origin = f"{node}/{name}"
         try:
             reader = LogReader(path)

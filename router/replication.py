@@ -20,10 +20,30 @@ Why these rules (Kafka's, where brokerd has no reason to differ):
 
 from __future__ import annotations
 
+import hashlib
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+
+
+def follower_nodes(partition: str, own_node: str, nodes: Iterable[str], count: int) -> list[str]:
+    """The ``count`` nodes (other than the partition's own) that follow ``partition``: the first in
+    rendezvous (highest random weight) order of ``hash(partition, node)``. Every router that
+    knows the same nodes computes the same answer, and a node that leaves moves only the
+    partitions it followed."""
+    def weight(node: str) -> bytes:
+        return hashlib.blake2b(f"{partition}\0{node}".encode(), digest_size=8).digest()
+
+    return sorted({n for n in nodes if n != own_node}, key=weight, reverse=True)[:max(count, 0)]
+
+
+def follower_router(partition: str, routers: Iterable[str]) -> str:
+    """Which of a follower node's routers holds the replica of ``partition``: the work of
+    following spreads over the node's workers."""
+    ordered = sorted(routers)
+    return ordered[zlib.crc32(partition.encode()) % len(ordered)]
 
 
 @dataclass(slots=True)
@@ -66,10 +86,12 @@ class LeaderState:
         return self._advance()
 
     def acknowledged(self, follower: str, offset: int) -> list[Held]:
-        """``follower`` holds everything up to ``offset`` (an older, repeated ack changes nothing)."""
+        """``follower`` holds everything up to ``offset`` (an older, repeated ack changes nothing).
+        It may be ahead of ``end``: a follower can write a batch before the leader's own write
+        is done (the transport caps it at what was sent)."""
         if follower not in self.acked or offset <= self.acked[follower]:
             return []
-        self.acked[follower] = min(offset, self.end)
+        self.acked[follower] = offset
         self._prune()
         return self._advance()
 
@@ -77,6 +99,19 @@ class LeaderState:
         """A new follower (placement changed), holding up to ``offset`` already; returns what its
         copy releases."""
         self.acked.setdefault(follower, min(offset, self.end))
+        return self._advance()
+
+    def set_followers(self, followers: Iterable[str], min_insync: int) -> list[Held]:
+        """The placement changed: these are the followers now (a new one holds nothing yet), and
+        ``min_insync`` the nodes a record must be on (capped by the transport at the nodes there
+        are); returns what that releases."""
+        wanted = list(followers)
+        for f in [f for f in self.acked if f not in wanted]:
+            del self.acked[f]
+        for f in wanted:
+            self.acked.setdefault(f, -1)
+        self.min_insync = max(1, min_insync)
+        self._prune()
         return self._advance()
 
     def remove_follower(self, follower: str) -> list[Held]:
@@ -145,24 +180,28 @@ class LeaderState:
 @dataclass
 class FollowerState:
     """A follower's side of one partition: where its replica log ends, and what to do with a batch
-    that arrives (append it, acknowledge a repeat, or fetch the gap before it)."""
+    that arrives (append it, acknowledge a repeat, or fetch the gap before it).
 
-    next_offset: int = 0
+    ``next_offset`` is None for a replica that holds nothing yet: it starts at the leader's
+    high-water mark + 1 (what is at or below it was on enough nodes before this one was chosen),
+    or at the batch if that starts lower."""
+
+    next_offset: int | None = None
 
     APPEND = "append"
     REPEAT = "repeat"
     FETCH = "fetch"
 
-    def arrived(self, first: int, last: int) -> str:
-        """A batch of records ``first..last``: APPEND it (then call ``appended``), REPEAT the
-        current acknowledgement (it holds them already), or FETCH from ``next_offset`` (records
-        before ``first`` are missing: a frame was lost with a crashed leader, or this replica is
-        new). Batches are the leader's log batches, whose boundaries never change, so one that
-        starts before ``next_offset`` and ends after it is a lie: ValueError (a bad frame)."""
+    def arrived(self, first: int, last: int, high_water: int = -1) -> str:
+        """A batch of records ``first..last``: APPEND it from ``next_offset`` on (then call
+        ``appended``; a batch that starts before it, a fetched range read back beside a live
+        batch, is appended from there), REPEAT the current acknowledgement (it holds them
+        already), or FETCH from ``next_offset`` (records before ``first`` are missing: a frame
+        was lost, or this replica is new)."""
         if last < first:
             raise ValueError("an empty batch")
-        if first < self.next_offset <= last:
-            raise ValueError(f"batch {first}..{last} straddles the replica's end {self.next_offset}")
+        if self.next_offset is None:
+            self.next_offset = max(0, min(first, high_water + 1))
         if last < self.next_offset:
             return self.REPEAT
         if first > self.next_offset:
@@ -171,6 +210,6 @@ class FollowerState:
 
     def appended(self, last: int) -> int:
         """The replica log holds everything up to ``last``: the offset to acknowledge."""
-        if last >= self.next_offset:
+        if self.next_offset is None or last >= self.next_offset:
             self.next_offset = last + 1
         return self.next_offset - 1

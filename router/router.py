@@ -123,6 +123,10 @@ class Router(SharedRouting, SessionLife):
         self.auth: Any = None
         self.acl: Any = None
         self._deferred_acks: deque[tuple[int, Any, bytes]] = deque()
+        # Replication (cluster.replication.Replication, when --replication-factor > 1): it holds
+        # QoS 1/2 acknowledgements until enough nodes have the record, and gives them back
+        # through ``release_acks`` / ``refuse_acks``.
+        self.replication: Any = None
 
     # -- publishing ---------------------------------------------------------------------------------
 
@@ -284,12 +288,40 @@ class Router(SharedRouting, SessionLife):
         """Send ``ack`` to ``client`` (a ``router.client.Client``) once the record at ``offset`` is
         durable; ``client.held_acks`` counts the PUBACKs it waits for (MQTT 5 Receive Maximum;
         a QoS 2 message held is counted among the client's ids awaiting PUBREL already)."""
-        if offset <= self.commit_log.durable_offset:
+        if self.replication is not None:
+            if self.replication.hold(offset, client, ack):
+                if ack[0] == PUBACK:
+                    client.held_acks += 1
+            else:
+                client.conn.send(ack)
+        elif offset <= self.commit_log.durable_offset:
             client.conn.send(ack)
         else:
             if ack[0] == PUBACK:
                 client.held_acks += 1
             self._deferred_acks.append((offset, client, ack))
+
+    def release_acks(self, held: list[tuple[Any, bytes]]) -> None:
+        """Acknowledgements replication held, now safe to send: (client, ack) in offset order."""
+        for client, ack in held:
+            if ack[0] == PUBACK:
+                client.held_acks -= 1
+            if not client.conn.closing:
+                client.conn.send(ack)
+
+    def refuse_acks(self, held: list[tuple[Any, bytes]], why: str) -> None:
+        """Acknowledgements that cannot be given (the record is not on enough nodes in time):
+        never sent; their connections close, and the clients resend after reconnecting."""
+        counts: dict[int, list] = {}
+        for client, ack in held:
+            if ack[0] == PUBACK:
+                client.held_acks -= 1
+            counts.setdefault(id(client), [client, 0])[1] += 1
+        for client, n in counts.values():
+            conn = client.conn
+            if not conn.closing:
+                log.warning("client %s (%s): closing, %d publish(es) %s", conn.client_id, conn.peer, n, why)
+                conn.close(Reason.IMPLEMENTATION_SPECIFIC_ERROR)
 
     def _log_failed(self, error: OSError | None) -> None:
         """Records waiting to become durable never will: refuse them by closing their connections

@@ -264,6 +264,9 @@ class CommitLog:
         # would grow its traceback on every refused publish.
         self._refuse: str | None = None
         self._durable_cbs: list[Callable[[int], Any]] = []
+        # Called with (first offset, last offset, the records' msgpack body) for each version 2
+        # batch as it is flushed: replication sends those bytes to followers as they are.
+        self.on_batch: Callable[[int, int, bytes], Any] | None = None
         self._error_cbs: list[Callable[[OSError | None], Any]] = []
         self._waiters: list[tuple[int, int, asyncio.Future[int], bool]] = []
         self._recover_futs: list[asyncio.Future[bool]] = []
@@ -339,6 +342,21 @@ class CommitLog:
     def pending_records(self) -> int:
         """Records appended but not yet reported written."""
         return self._next_offset - 1 - self._written_offset
+
+    def start_at(self, offset: int) -> None:
+        """Make an empty log begin at ``offset`` (a replica of another router's log starts where
+        its leader is when it is chosen, and keeps the leader's offsets)."""
+        if self._segs or self._buf or self._inflight or self._next_offset != self._buf_first:
+            raise ValueError("start_at: the log is not empty")
+        self._next_offset = self._buf_first = offset
+        self._written_offset = self._durable_offset = offset - 1
+        thread = self._thread
+        if thread is None:
+            self._core.written_offset = self._core.durable_offset = offset - 1
+            return
+        with thread._lock:  # the writer thread is idle (nothing was handed to it), but say so
+            self._core.written_offset = self._core.durable_offset = offset - 1
+            thread._handed = thread._last_durable = offset - 1
 
     # -------------------------------------------------------------------------------------- append
 
@@ -573,6 +591,8 @@ class CommitLog:
         self._buf_first = self._next_offset
         chunks: list[Chunk] = []
         body = self._pack(recs)
+        if self.on_batch is not None:
+            self.on_batch(first, self._next_offset - 1, body)
         if not self._must_roll and (self._seg_size + BATCH_HEADER_SIZE + len(body) <= self._segment_bytes
                                     or (len(recs) == 1 and self._seg_size == FILE_HEADER_SIZE)):
             self._place_batch(first, recs, body, chunks)

@@ -19,10 +19,10 @@ from .brokers import (
     TLS_ENV,
     BrokerKind,
     BrokerUnavailable,
-    RunningBroker,
     check_brokerd,
     make_certificates,
     mosquitto_executable,
+    start_broker,
 )
 from .loadgen import raise_fd_limit
 from .runner import RunResult, Timing
@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--broker", choices=("brokerd", "mosquitto"), default="brokerd", help="broker to measure")
     ap.add_argument("--against", choices=("mosquitto",), help="also run Mosquitto, alternating, and print ratios")
     ap.add_argument("--workers", type=_ints, default=[1], help="brokerd worker counts (scaling runs)")
+    ap.add_argument("--replication-factor", type=_ints, default=[],
+                    help="brokerd as three nodes on 127.0.0.1-3 (log on) with each of these --replication-factor "
+                         "values, e.g. 1,2,3; clients on the first node, CPU and RSS of all three")
     ap.add_argument("--procs", type=int, default=1, help="load-generator processes")
     ap.add_argument("--placement", choices=PLACEMENTS, default="any",
                     help="brokerd --workers >= 2, p2p/qos1/latency: publisher on its subscriber's worker (same) "
@@ -105,11 +108,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _kinds(args: argparse.Namespace) -> list[BrokerKind]:
+    brokerd = ([BrokerKind("brokerd", w, r) for r in args.replication_factor for w in args.workers]
+               if args.replication_factor else [BrokerKind("brokerd", w) for w in args.workers])
     if args.against:
-        return [*(BrokerKind("brokerd", w) for w in args.workers), BrokerKind("mosquitto")]
+        return [*brokerd, BrokerKind("mosquitto")]
     if args.broker == "mosquitto":
         return [BrokerKind("mosquitto")]
-    return [BrokerKind("brokerd", w) for w in args.workers]
+    return brokerd
 
 
 def _progress(r: RunResult, rep: int, reps: int) -> str:
@@ -133,12 +138,12 @@ def _progress(r: RunResult, rep: int, reps: int) -> str:
 
 
 def run_one(kind: BrokerKind, scenario: str, payload: int, rep: int, args: argparse.Namespace, sizes: Sizes) -> RunResult:
-    result = RunResult(scenario, payload, kind.name, kind.workers, rep)
+    result = RunResult(scenario, payload, kind.row_name, kind.workers, rep)
     plan = build(scenario, payload, args.procs, sizes)
     if kind.name == "brokerd" and kind.workers > 1 and scenario in PLACED_SCENARIOS:
         plan.placement = args.placement
     try:
-        with RunningBroker(kind) as broker:
+        with start_broker(kind) as broker:
             if plan.is_conn:
                 runner.run_conn(plan, broker, result)
             else:
@@ -216,7 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.against:
         print(report.comparison_table(rows, args.workers))
         print()
-    if len(args.workers) > 1:
+    if args.replication_factor:
+        print(report.replication_table(rows, args.replication_factor))
+        print()
+    if len(args.workers) > 1 and not args.replication_factor:
         print(report.scaling_table(rows, args.workers))
         gen_procs = args.procs + (0 if args.probe_with_load else 1)  # the side channel's process
         caveat = report.scaling_caveat(args.workers, gen_procs, info["logical_cpus"])

@@ -69,10 +69,20 @@ class BrokerUnavailable(RuntimeError):
 class BrokerKind:
     name: str  # "brokerd" or "mosquitto"
     workers: int = 1
+    # brokerd only: > 0 runs a cluster of three nodes (127.0.0.1, .2, .3) with this
+    # --replication-factor and the commit log on; the clients connect to the first node.
+    replication: int = 0
 
     @property
     def label(self) -> str:
-        return f"{self.name}/{self.workers}w" if self.name == "brokerd" else self.name
+        if self.name != "brokerd":
+            return self.name
+        return f"brokerd/{self.workers}w" + (f" R{self.replication}" if self.replication else "")
+
+    @property
+    def row_name(self) -> str:
+        """The broker column of the tables: a replicated cluster is a broker of its own."""
+        return f"brokerd R{self.replication}" if self.replication else self.name
 
 
 def port_sockets(pids: Iterable[int], port: int) -> tuple[list[int], dict[int, int]]:
@@ -95,9 +105,9 @@ def port_sockets(pids: Iterable[int], port: int) -> tuple[list[int], dict[int, i
     return sorted(listeners), owners
 
 
-def free_port() -> int:
+def free_port(host: str = HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -160,10 +170,10 @@ def check_brokerd() -> str | None:
     return None
 
 
-def mqtt_probe(port: int, timeout: float = 1.0) -> bool:
+def mqtt_probe(port: int, timeout: float = 1.0, host: str = HOST) -> bool:
     """One CONNECT/CONNACK round trip: the broker accepts and speaks MQTT."""
     try:
-        with socket.create_connection((HOST, port), timeout=timeout) as raw:
+        with socket.create_connection((host, port), timeout=timeout) as raw:
             ctx = client_tls_context()
             s = ctx.wrap_socket(raw, server_hostname=HOST) if ctx is not None else raw
             s.settimeout(timeout)
@@ -184,9 +194,11 @@ def mqtt_probe(port: int, timeout: float = 1.0) -> bool:
 class RunningBroker:
     """A broker process tree started for one run; use as a context manager so it always stops."""
 
-    def __init__(self, kind: BrokerKind) -> None:
+    def __init__(self, kind: BrokerKind, host: str = HOST, extra: tuple[str, ...] = ()) -> None:
         self.kind = kind
-        self.port = free_port()
+        self.host = host
+        self.extra = extra  # brokerd: options after the others (a cluster node's)
+        self.port = free_port(host)
         self.dir = Path(tempfile.mkdtemp(prefix=f"bench-{kind.name}-"))
         self.proc: subprocess.Popen[bytes] | None = None
         self.root: psutil.Process | None = None
@@ -195,11 +207,12 @@ class RunningBroker:
         if self.kind.name == "brokerd":
             return [
                 str(brokerd_executable()), "--workers", str(self.kind.workers),
-                "--listen", f"{HOST}:{self.port}" if tls_dir() is None else f"mqtts://{HOST}:{self.port}",
+                "--listen", f"{self.host}:{self.port}" if tls_dir() is None else f"mqtts://{self.host}:{self.port}",
                 *(["--certfile", str(tls_dir() / "server.pem"), "--keyfile", str(tls_dir() / "server.key")]
                   if tls_dir() is not None else []),
                 "--log", "off",
                 *shlex.split(os.environ.get("BROKERD_BENCH_ARGS", "")),  # e.g. "--log on" (last wins)
+                *self.extra,
             ]
         conf = self.dir / "mosquitto.conf"
         conf.write_text(
@@ -252,10 +265,10 @@ class RunningBroker:
                 raise BrokerUnavailable(
                     f"{self.kind.label} exited with {self.proc.returncode} at start: {self.log_tail()}"
                 )
-            if self.listening() >= listeners and mqtt_probe(self.port):
+            if self.listening() >= listeners and mqtt_probe(self.port, host=self.host):
                 return
             time.sleep(0.05)
-        raise BrokerUnavailable(f"{self.kind.label} did not accept MQTT on {HOST}:{self.port} in {START_TIMEOUT_S:.0f} s")
+        raise BrokerUnavailable(f"{self.kind.label} did not accept MQTT on {self.host}:{self.port} in {START_TIMEOUT_S:.0f} s")
 
     def listening(self) -> int:
         """How many of the broker's processes listen on its port."""
@@ -321,3 +334,78 @@ class RunningBroker:
                 pass
             self.proc = None
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+CLUSTER_HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
+
+
+class BrokerdCluster:
+    """Three brokerd nodes on 127.0.0.1, .2 and .3 with ``--replication-factor R`` and the commit
+    log on (what replication copies); the clients connect to the first node, so the figures are
+    what replication costs a node's own traffic: its CPU is the three nodes' together (the
+    followers' appends count), its RSS too. Same interface as ``RunningBroker``."""
+
+    def __init__(self, kind: BrokerKind) -> None:
+        self.kind = kind
+        mesh = [free_port(h) for h in CLUSTER_HOSTS]
+        self.nodes = []
+        for i, (host, name) in enumerate(zip(CLUSTER_HOSTS, "abc", strict=True)):
+            extra = ["--log", "on", "--node-id", name, "--mesh", f"{host}:{mesh[i]}",
+                     "--replication-factor", str(kind.replication)]
+            if i:
+                extra += ["--peer", f"{CLUSTER_HOSTS[0]}:{mesh[0]}"]
+            self.nodes.append(RunningBroker(kind, host=host, extra=tuple(extra)))
+        self.port = self.nodes[0].port
+        self.dir = self.nodes[0].dir
+
+    def __enter__(self) -> BrokerdCluster:
+        try:
+            for node in self.nodes:
+                node.start()
+            self._wait_placed()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _wait_placed(self) -> None:
+        """Until the first node's routers have met the others and placed their followers."""
+        want = self.kind.replication - 1
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            text = (self.dir / "broker.log").read_text(errors="replace")
+            joined = "node b joined" in text and "node c joined" in text
+            placed = [line.split(" follows ", 1)[1] for line in text.splitlines() if " follows " in line
+                      and "replication: a/" in line]
+            if joined and (want == 0 or (placed and len(placed[-1].split(", ")) >= want)):
+                return
+            time.sleep(0.1)
+        raise BrokerUnavailable(f"{self.kind.label}: the three nodes did not join and place replicas in "
+                                f"{START_TIMEOUT_S:.0f} s: {self.log_tail()}")
+
+    def processes(self) -> list[psutil.Process]:
+        return [p for node in self.nodes for p in node.processes()]
+
+    def cpu_seconds(self) -> float:
+        return sum(node.cpu_seconds() for node in self.nodes)
+
+    def rss_bytes(self) -> int:
+        return sum(node.rss_bytes() for node in self.nodes)
+
+    def alive(self) -> bool:
+        return all(node.alive() for node in self.nodes)
+
+    def log_tail(self, lines: int = 3) -> str:
+        return " / ".join(f"{n}: {node.log_tail(lines)}" for n, node in zip("abc", self.nodes, strict=True))
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+def start_broker(kind: BrokerKind) -> RunningBroker | BrokerdCluster:
+    """The broker (or replicated cluster) a run measures, to use as a context manager."""
+    return BrokerdCluster(kind) if kind.replication else RunningBroker(kind)

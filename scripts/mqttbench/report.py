@@ -226,6 +226,30 @@ def comparison_table(rows: list[dict[str, Any]], workers: list[int]) -> str:
     return _table(header, lines)
 
 
+def replication_table(rows: list[dict[str, Any]], factors: list[int]) -> str:
+    """A three-node cluster at each --replication-factor, side by side against the lowest: what
+    replication costs in throughput, CPU per message (all three nodes) and latency."""
+    by_key = {(r["scenario"], r["payload"], r["broker"]): r for r in rows}
+    base_r = min(factors)
+    header = ["scenario", "payload", "R", "delivered msg/s", f"vs R{base_r}", "msg per broker-CPU-s",
+              f"vs R{base_r}", "p50 / p99 ms", "RSS (3 nodes)", "notes"]
+    lines = []
+    for scenario, payload in _cases([r for r in rows if r["broker"].startswith("brokerd R")]):
+        base = by_key.get((scenario, payload, f"brokerd R{base_r}"))
+        for f in factors:
+            row = by_key.get((scenario, payload, f"brokerd R{f}"))
+            if row is None:
+                continue
+            lines.append([
+                scenario, payload_label(row), str(f), rate(_primary(row)),
+                ratio(_primary(row), _primary(base) if base else None),
+                rate(row["msgs_per_cpu_s"]), ratio(row["msgs_per_cpu_s"], base["msgs_per_cpu_s"] if base else None),
+                _lat(row, False), f"{row['broker_rss_mb']:.0f} MB" if row.get("broker_rss_mb") else "n/a",
+                notes(row),
+            ])
+    return _table(header, lines)
+
+
 def scaling_table(rows: list[dict[str, Any]], workers: list[int]) -> str:
     """brokerd at each worker count against the fewest: throughput, and CPU per message.
 

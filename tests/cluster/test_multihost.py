@@ -49,9 +49,8 @@ def start_nodes(start_broker, *extra_by_node: list[str]):
     return nodes
 
 
-def mesh_peers(node: Broker, timeout: float = 15.0, until=None) -> dict[str, set[str]]:
-    """Router name → the peer routers it has met in the mesh, from the node's stats snapshots (the
-    log says one line per node joined, not one per router pair), read until ``until(peers)`` holds."""
+def stats_reader(node: Broker) -> tuple[StatsReader, int]:
+    """A reader of the node's routers' stats sockets, and how many routers it has."""
     args = node.args
     node_id, workers = args[args.index("--node-id") + 1], int(args[args.index("--workers") + 1])
     given = ["--node-id", node_id, "--listen", f"{node.host}:{node.port}"]
@@ -61,6 +60,13 @@ def mesh_peers(node: Broker, timeout: float = 15.0, until=None) -> dict[str, set
     base = node.env.get("BROKERD_RUN_DIR")  # the broker's own run directory base, if it was given one
     reader = StatsReader(load(given, environ={}), workers=workers,
                          run_path=os.path.join(base, f"{node_id}-{node.port}") if base else None)
+    return reader, workers
+
+
+def mesh_peers(node: Broker, timeout: float = 15.0, until=None) -> dict[str, set[str]]:
+    """Router name → the peer routers it has met in the mesh, from the node's stats snapshots (the
+    log says one line per node joined, not one per router pair), read until ``until(peers)`` holds."""
+    reader, workers = stats_reader(node)
     peers: dict[str, set[str]] = {}
     deadline = time.monotonic() + timeout
     try:

@@ -112,3 +112,20 @@ def test_scaling_run_prints_a_table_against_one_worker(tmp_path):
     assert header.count("x 1 worker(s)") == 2
     two = next(line for line in proc.stdout.splitlines() if line.startswith("| p2p | 16 B | 2 |"))
     assert float(two.split("|")[5]) > 0  # the throughput ratio against one worker
+
+
+def test_replication_runs_three_nodes_at_each_factor_and_compares(tmp_path):
+    """--replication-factor 1,2: a three-node cluster per run (clients on the first node), qos1
+    measured with nothing lost, and the replication table against R 1."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [str(ROOT / "scripts" / "bench"), "--reps", "1", "--duration", "0.5", "--warmup", "0.2", "--json", str(out),
+         "--scenarios", "qos1", "--payload", "16", "--pairs", "4", "--replication-factor", "1,2"],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["broker"], r["ok"], r["loss"]) for r in runs] == [("brokerd R1", True, 0.0), ("brokerd R2", True, 0.0)]
+    assert all(r["broker_cpu_s"] > 0 and r["delivered_per_s"] > 0 for r in runs)
+    two = next(line for line in proc.stdout.splitlines() if line.startswith("| qos1 | 16 B | 2 |"))
+    assert float(two.split("|")[5]) > 0  # R 2's throughput against R 1's

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brokerd.router.replication import FollowerState, LeaderState
+from brokerd.router.replication import FollowerState, LeaderState, follower_nodes, follower_router
 
 
 class Clock:
@@ -97,13 +97,15 @@ def test_a_removed_follower_no_longer_counts_and_an_added_one_does():
     assert lead.high_water == 7 and lead.hold(7, "x") is False
 
 
-def test_acknowledgements_never_move_backwards_or_past_the_leaders_end():
+def test_acknowledgements_never_move_backwards_and_may_run_ahead_of_the_leaders_write():
     lead = leader()
     lead.written(5)
     lead.acknowledged("b", 5)
     assert lead.acknowledged("b", 2) == [] and lead.acked["b"] == 5
-    lead.acknowledged("c", 99)
-    assert lead.acked["c"] == 5 and lead.high_water == 5
+    assert lead.hold(9, "ack9")
+    # c wrote 6..9 before the leader's own write finished: held by c alone so far.
+    assert lead.acknowledged("c", 9) == [] and lead.acked["c"] == 9 and lead.high_water == 5
+    assert tokens(lead.written(9)) == ["ack9"]  # the leader's write: leader and c hold 9
     assert lead.acknowledged("unknown", 5) == []
 
 
@@ -145,7 +147,40 @@ def test_a_follower_appends_in_order_repeats_what_it_has_and_fetches_a_gap():
     assert f.arrived(9, 12) == FollowerState.FETCH  # 5..8 were lost: fetch from 5
     assert f.next_offset == 5
     assert f.arrived(5, 8) == FollowerState.APPEND and f.appended(8) == 8
+    # A fetched range read back beside a live batch: appended from the replica's end on.
+    assert f.arrived(7, 10) == FollowerState.APPEND and f.next_offset == 9 and f.appended(10) == 10
     with pytest.raises(ValueError):
-        f.arrived(7, 10)  # straddles the end: batches never change their boundaries
-    with pytest.raises(ValueError):
-        f.arrived(10, 9)
+        f.arrived(12, 11)
+
+
+def test_a_new_replica_starts_after_the_leaders_high_water_mark():
+    f = FollowerState()
+    assert f.arrived(100, 110, high_water=89) == FollowerState.FETCH and f.next_offset == 90
+    g = FollowerState()
+    assert g.arrived(100, 110, high_water=104) == FollowerState.APPEND and g.next_offset == 100
+    assert FollowerState(next_offset=7).arrived(7, 9, high_water=100) == FollowerState.APPEND
+
+
+def test_followers_by_rendezvous_hashing_move_only_where_a_node_left():
+    nodes = [f"n{i}" for i in range(6)]
+    parts = [f"n{i % 6}/w{i % 4}x{i}" for i in range(300)]
+    before = {p: follower_nodes(p, p.split("/")[0], nodes, 2) for p in parts}
+    assert all(len(f) == 2 and p.split("/")[0] not in f for p, f in before.items())
+    after = {p: follower_nodes(p, p.split("/")[0], [n for n in nodes if n != "n5"], 2) for p in parts}
+    for p in parts:
+        if "n5" not in before[p]:
+            assert after[p] == before[p]  # untouched where the node that left did not follow
+    assert follower_nodes("a/w0", "a", ["a"], 2) == []
+    assert follower_router("a/w0", ["b/w1", "b/w0"]) in ("b/w0", "b/w1")
+    assert follower_router("a/w0", ["b/w1", "b/w0"]) == follower_router("a/w0", ["b/w0", "b/w1"])
+
+
+def test_set_followers_keeps_what_remaining_followers_hold_and_caps_min_insync():
+    lead = leader(followers=("b", "c"), min_insync=2)
+    lead.written(10)
+    lead.acknowledged("b", 10)
+    assert lead.high_water == 10
+    lead.written(20)
+    assert lead.hold(20, "ack20")
+    assert lead.set_followers(["b", "d"], 2) == [] and lead.acked == {"b": 10, "d": -1}
+    assert tokens(lead.set_followers([], 1)) == ["ack20"]  # alone: the leader's own copy counts

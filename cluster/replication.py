@@ -1,0 +1,368 @@
+"""Replication's transport (issue 19, docs/replication.md step 1): one router's log copied to
+followers on other nodes, acknowledgements held until ``--min-insync`` nodes hold a record, and
+a dead router's messages delivered from a replica.
+
+The rules are ``router.replication`` (no I/O); this module moves their frames over the mesh and
+their records to and from disk. Per router, on its own log (the *partition* named by its router
+id) it is the leader; on other nodes' logs placed here it is a follower.
+
+Leader. The followers are the first R-1 live nodes of the rendezvous order
+(``follower_nodes``), on each the router ``follower_router`` picks; the placement is recomputed
+on every heartbeat, so a follower whose node falls silent is replaced by the next live node (a
+new follower starts at the high-water mark + 1 and fetches what it lacks). Each log batch, as
+the log packs it (``CommitLog.on_batch``: the records' msgpack body, encoded once), goes to each
+follower in one REPLICATE frame ``[partition, first, last, body, high_water]``. The leader's own
+copy counts up to what its log wrote (with ``--fsync always``: what is durable). QoS 1/2
+acknowledgements are held (``Router.defer_ack``) until the high-water mark passes them, and
+refused at ``--replica-timeout``: the connection closes and the client sends again. With fewer
+live nodes than ``--min-insync``, the live nodes are what is required (a node alone acknowledges
+alone): until the cluster view is agreed (step 2), a node cannot tell a dead peer from a
+partition, and refusing every publish on a peer's death is not what a user of one would expect.
+
+Follower. A replica is a commit log of the same format under
+``DATA/<node>/_replicas/<router>/<partition>``
+(names that start with ``_`` are not router logs to the tools that list them); it keeps the
+leader's offsets. A batch is appended and acknowledged with REPLICA_ACK ``[partition, offset]``
+(with ``--fsync always``: once durable); a gap is asked for with REPLICA_FETCH ``[partition,
+offset]``, answered from the leader's log.
+
+Failover of delivery. HELLO says which replicas a router holds (``replicas``: {partition: end}).
+When a router of another node falls silent, each router asks the holder of its replica with the
+highest end (REPLICA_CATCHUP ``[partition, offset]``, from the offset below which it has every
+message of that router's own: the mark of mesh version 8) to read the replica back by its
+interest; the holder answers with REPLICA_PUBLISH ``[partition, messages, mark]`` frames. A router
+that holds the replica itself reads it back to its own subscribers. Every message the dead router
+acknowledged is in the replicas of ``--min-insync`` nodes, so its subscribers on the surviving
+nodes get it (at least once: what they had is delivered again only if it lies after the mark).
+Shared subscriptions are not served this way (a group's message reaches its group when the
+router returns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from brokerd.router.log import CommitLog
+from brokerd.router.message import Message
+from brokerd.router.replication import FollowerState, Held, LeaderState, follower_nodes, follower_router
+
+if TYPE_CHECKING:
+    from brokerd.router.router import Router
+
+    from .config import Config
+    from .mesh import Mesh, Peer
+
+log = logging.getLogger(__name__)
+
+FETCH_RECORDS = 2000  # records per REPLICATE frame that answers a fetch (and per catch-up step)
+FETCH_BYTES = 4 << 20
+FETCH_AGAIN_S = 1.0  # a fetch not answered within this is asked again
+TICK_S = 0.1  # held acknowledgements' deadlines and the in-sync set are looked at this often
+REPLICAS_DIR = "_replicas"
+
+
+class Replica:
+    """A follower's copy of one partition."""
+
+    __slots__ = ("partition", "log", "state", "fetch_sent", "acked")
+
+    def __init__(self, partition: str, log_: CommitLog) -> None:
+        self.partition = partition
+        self.log = log_
+        self.state = FollowerState(None if log_.next_offset == log_.start_offset == 0 else log_.next_offset)
+        self.fetch_sent = 0.0
+        self.acked = -1  # the last offset acknowledged to the leader
+
+
+class Replication:
+    """The replication of one router: leader of its own log, follower of what is placed here."""
+
+    def __init__(self, config: Config, router: Router, mesh: Mesh, loop: asyncio.AbstractEventLoop) -> None:
+        assert router.commit_log is not None
+        self.config = config
+        self.router = router
+        self.mesh = mesh
+        self.loop = loop
+        self.partition = router.router_id
+        self.log = router.commit_log
+        self.factor = config.replication_factor or 1
+        self.min_insync = config.min_insync or 1
+        self.always = config.fsync == "always"
+        end = self.log.durable_offset if self.always else self.log.next_offset - 1
+        self.leader = LeaderState([], 1, config.replica_lag, config.replica_timeout, time.monotonic, end)
+        self.followers: list[str] = []
+        self.flushed = self.log.next_offset - 1  # the last offset handed to followers in a live batch
+        self.replicas: dict[str, Replica] = {}
+        # Each router's replicas in a directory of its own: two workers of a node may follow the
+        # same partition one after the other (its leader picks among the live ones).
+        self.root = os.path.join(config.data_dir, config.node_id, REPLICAS_DIR, router.router_id.rsplit("/", 1)[1])
+        self.refused = 0  # acknowledgements refused at --replica-timeout
+        self._timer: asyncio.TimerHandle | None = None
+        self._warned_short = False
+        if self.factor > 1:  # with R = 1 this router only follows (acknowledgements never wait)
+            self.log.on_batch = self._on_batch
+            if self.always:
+                self.log.on_durable(self._leader_end)
+            router.replication = self
+        self._open_replicas()
+        self._timer = loop.call_later(TICK_S, self._tick)
+
+    # -- leader ------------------------------------------------------------------------------------
+
+    def hold(self, offset: int, client: Any, ack: bytes) -> bool:
+        """Whether the acknowledgement of the record at ``offset`` must wait for the followers."""
+        return self.leader.hold(offset, (client, ack))
+
+    def _on_batch(self, first: int, last: int, body: bytes) -> None:
+        self.flushed = last
+        if self.followers:
+            frame_body = [self.partition, first, last, body, self.leader.high_water]
+            for rid in self.followers:
+                peer = self.mesh.peers.get(rid)
+                if peer is not None and peer.alive:
+                    self.mesh.send_replication(peer, "replicate", frame_body)
+        if not self.always:
+            self._release(self.leader.written(last))
+
+    def _leader_end(self, durable: int) -> None:
+        self._release(self.leader.written(durable))
+
+    def _release(self, held: list[Held]) -> None:
+        if held:
+            self.router.release_acks([h.token for h in held])
+
+    def acknowledged(self, sender: str, partition: str, offset: int) -> None:
+        if partition == self.partition:  # never beyond what was sent: a lying follower releases nothing
+            self._release(self.leader.acknowledged(sender, min(offset, self.flushed)))
+
+    def fetch(self, peer: Peer, partition: str, offset: int) -> None:
+        """A follower lacks our records from ``offset`` on: read them back from the log, up to
+        the last batch that went out live (later ones are on their way)."""
+        if partition != self.partition:
+            return
+        start = max(offset, self.log.start_offset)
+        if start > self.flushed:
+            return
+        records = [r for r in self.log.read(start, max_records=FETCH_RECORDS, max_bytes=FETCH_BYTES)
+                   if r.offset <= self.flushed]
+        if not records:
+            return
+        body = msgpack.packb([[r.timestamp_ms, r.origin_router, r.origin_offset, r.client_id, r.topic, r.qos,
+                               r.retain, r.properties, r.payload] for r in records])
+        # ``start`` beyond ``offset``: retention deleted what it asks for; -2 tells it to begin anew.
+        hw = self.leader.high_water if start == offset else -2
+        self.mesh.send_replication(peer, "replicate", [self.partition, records[0].offset, records[-1].offset,
+                                                       body, hw])
+
+    def _place(self) -> None:
+        """The followers for the live nodes now (called on every heartbeat)."""
+        if self.factor <= 1:
+            return
+        routers_by_node: dict[str, list[str]] = {}
+        for rid, peer in self.mesh.peers.items():
+            if peer.alive and peer.node_id != self.config.node_id:
+                routers_by_node.setdefault(peer.node_id, []).append(rid)
+        nodes = follower_nodes(self.partition, self.config.node_id, routers_by_node, self.factor - 1)
+        followers = [follower_router(self.partition, routers_by_node[n]) for n in nodes]
+        needed = min(self.min_insync, 1 + len(followers))
+        if needed < self.min_insync and not self._warned_short:
+            self._warned_short = True
+            log.warning("replication: %d live node(s), fewer than --min-insync %d: QoS 1/2 messages are "
+                        "acknowledged once on %d node(s)", 1 + len(followers), self.min_insync, needed)
+        elif needed == self.min_insync:
+            self._warned_short = False
+        if followers != self.followers or needed != self.leader.min_insync:
+            added = [f for f in followers if f not in self.followers]
+            if followers != self.followers:
+                log.info("replication: %s follows %s", self.partition, ", ".join(followers) or "nobody")
+            self.followers = followers
+            self._release(self.leader.set_followers(followers, needed))
+            for rid in added:  # what waits for it already went out before it was chosen: send it now
+                self.fetch(self.mesh.peers[rid], self.partition, self.leader.high_water + 1)
+
+    def _tick(self) -> None:
+        released, refused = self.leader.tick()
+        self._release(released)
+        if refused:
+            self.refused += len(refused)
+            self.router.refuse_acks([h.token for h in refused],
+                                    f"not on {self.leader.min_insync} node(s) within {self.config.replica_timeout:g} s")
+        now = time.monotonic()
+        for rep in self.replicas.values():
+            if rep.fetch_sent and now - rep.fetch_sent > FETCH_AGAIN_S:
+                rep.fetch_sent = 0.0  # the next batch asks again
+        self._timer = self.loop.call_later(TICK_S, self._tick)
+
+    def heartbeat(self) -> None:
+        self._place()
+
+    # -- follower ----------------------------------------------------------------------------------
+
+    def _replica_dir(self, partition: str) -> str:
+        return os.path.join(self.root, *partition.split("/"))
+
+    def _open_replicas(self) -> None:
+        """The replicas this router held before a restart: kept, and followed again if placed here."""
+        if not os.path.isdir(self.root):
+            return
+        for node in sorted(os.listdir(self.root)):
+            node_dir = os.path.join(self.root, node)
+            for name in sorted(os.listdir(node_dir)) if os.path.isdir(node_dir) else ():
+                self._open(f"{node}/{name}")
+
+    def _open(self, partition: str, fresh: bool = False) -> Replica:
+        directory = self._replica_dir(partition)
+        if fresh and os.path.isdir(directory):
+            shutil.rmtree(directory)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        c = self.config
+        log_ = CommitLog(directory, router_id=partition, loop=self.loop, fsync=c.fsync,
+                         fsync_interval_ms=c.fsync_interval_ms, segment_bytes=c.segment_bytes,
+                         retention_bytes=c.retention_bytes or None, retention_hours=c.retention_hours or None)
+        rep = self.replicas[partition] = Replica(partition, log_)
+        if self.always:
+            log_.on_durable(lambda durable, rep=rep: self._ack(rep, durable))
+        return rep
+
+    def replicate(self, peer: Peer, partition: str, first: int, last: int, body: bytes, hw: int) -> None:
+        """A batch of ``partition`` from its leader."""
+        if partition != peer.router_id or peer.node_id == self.config.node_id:
+            raise ValueError(f"replicate: {peer.router_id} sent records of {partition}")
+        rep = self.replicas.get(partition)
+        if rep is None:
+            rep = self._open(partition, fresh=True)
+            log.info("replication: following %s from offset %d", partition, max(0, min(first, hw + 1)))
+        if hw == -2:  # the leader's log no longer has what we asked for: begin anew at what it has
+            if first > (rep.state.next_offset or 0):
+                rep.log.close()
+                rep = self._open(partition, fresh=True)
+                log.warning("replication: %s's log starts at %d now (retention): its replica here "
+                            "begins again there", partition, first)
+            hw = first - 1
+        empty = rep.state.next_offset is None
+        action = rep.state.arrived(first, last, hw)
+        if empty:
+            rep.log.start_at(rep.state.next_offset)  # type: ignore[arg-type]
+        if action == FollowerState.FETCH:
+            if not rep.fetch_sent:
+                rep.fetch_sent = time.monotonic()
+                self.mesh.send_replication(peer, "fetch", [partition, rep.state.next_offset])
+            return
+        if action == FollowerState.APPEND:
+            skip = rep.state.next_offset - first  # type: ignore[operator]
+            append = rep.log.append_fields
+            for rec in msgpack.unpackb(body, raw=False)[skip:]:
+                append(*rec)
+            rep.log.flush()
+            rep.fetch_sent = 0.0
+            rep.state.appended(last)
+            if self.always:
+                return  # acknowledged once durable (``_ack`` from the log)
+        self._ack(rep, rep.state.next_offset - 1)  # type: ignore[operator]
+
+    def _ack(self, rep: Replica, offset: int) -> None:
+        peer = self.mesh.peers.get(rep.partition)
+        if peer is not None and peer.alive:
+            rep.acked = offset
+            self.mesh.send_replication(peer, "ack", [rep.partition, offset])
+
+    def hello(self) -> dict[str, int]:
+        """The replicas held here and their ends, for HELLO."""
+        return {p: r.log.next_offset - 1 for p, r in self.replicas.items()}
+
+    # -- failover of delivery ---------------------------------------------------------------------
+
+    def parked(self, peer: Peer) -> None:
+        """A router fell silent: if it is of another node, have its replica read back what it
+        acknowledged and this router's subscribers may not have had."""
+        if peer.node_id == self.config.node_id or peer.origin_mark < 0:
+            return
+        partition = peer.router_id
+        best, best_end = None, -1
+        own = self.replicas.get(partition)
+        if own is not None:
+            best, best_end = self.mesh, own.log.next_offset - 1
+        for other in self.mesh.peers.values():
+            end = other.replicas.get(partition, -1) if other.alive else -1
+            if end > best_end:
+                best, best_end = other, end
+        if best is None or best_end < peer.origin_mark:
+            return
+        log.info("replication: router %s is silent; reading its replica on %s back from offset %d",
+                 partition, "this router" if best is self.mesh else best.router_id, peer.origin_mark)
+        if best is self.mesh:
+            self._read_back(partition, peer.origin_mark, None)
+        else:
+            self.mesh.send_replication(best, "catchup", [partition, peer.origin_mark])
+
+    def catchup(self, peer: Peer | None, partition: str, offset: int) -> None:
+        """``peer`` (None: this router) asks for what ``partition`` published from ``offset`` on."""
+        self._read_back(partition, offset, peer)
+
+    def _read_back(self, partition: str, offset: int, peer: Peer | None, sent: int = 0) -> None:
+        """Read the replica of ``partition`` back from ``offset``, by ``peer``'s interest (or to
+        this router's own subscribers), one step per loop iteration."""
+        rep = self.replicas.get(partition)
+        if rep is None or (peer is not None and not peer.alive):
+            return
+        records = rep.log.read(max(offset, rep.log.start_offset), max_records=FETCH_RECORDS // 8)
+        if not records:
+            if sent:
+                log.info("replication: %d message(s) of %s read back from its replica for %s", sent, partition,
+                         "this router" if peer is None else peer.router_id)
+            return
+        match = self.router.interest.match
+        batch = []
+        for rec in records:
+            if rec.origin_router != partition:
+                continue  # a copy from a third router: that one replays its own
+            if peer is not None and not any(r == peer.router_id for r, _ in match(rec.topic)):
+                continue
+            batch.append(Message.from_record(rec).to_list())
+        mark = records[-1].offset + 1
+        if peer is None:
+            if batch:
+                self.router.deliver_forwarded(batch, partition)
+            origin = self.mesh.peers.get(partition)
+            if origin is not None and mark > origin.origin_mark:
+                origin.origin_mark = mark
+        else:
+            self.mesh.send_replication(peer, "publish", [partition, batch, mark])
+        self.loop.call_soon(self._read_back, partition, mark, peer, sent + len(batch))
+
+    def replayed(self, partition: str, batch: list, mark: int) -> None:
+        """Messages of ``partition`` read back from a replica elsewhere."""
+        if batch:
+            bad = self.router.deliver_forwarded(batch, partition)
+            if bad:
+                log.error("replication: dropped %d malformed message(s) of %s", bad, partition)
+        origin = self.mesh.peers.get(partition)
+        if origin is not None and mark > origin.origin_mark:
+            origin.origin_mark = mark
+
+    # -- stats and life ----------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        lead = self.leader
+        in_sync = set(lead.in_sync())
+        return {
+            "factor": self.factor, "min_insync": self.min_insync, "required": lead.min_insync,
+            "end": lead.end, "high_water": lead.high_water, "held": len(lead._held), "refused_total": self.refused,
+            "followers": {f: {"offset": lead.acked[f], "lag_records": max(0, lead.lag_records(f)),
+                              "lag_seconds": round(lead.lag_s(f), 3), "in_sync": f in in_sync}
+                          for f in lead.acked},
+            "replicas": {p: {"end": r.log.next_offset - 1, "acked": r.acked} for p, r in self.replicas.items()},
+        }
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for rep in self.replicas.values():
+            await rep.log.aclose()

@@ -1,0 +1,140 @@
+"""Replication across three nodes (127.0.0.1/.2/.3, one worker each, ``--replication-factor 2``):
+acknowledged means on two nodes, and a dead publisher's node loses nothing it acknowledged."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from brokerd.cluster.metrics import NodeStats, metrics_text
+from brokerd.cluster.stats_cli import replication_lines
+from brokerd.router.replication import follower_nodes
+from tests.cluster.test_multihost import mesh_peers, mesh_port, stats_reader
+from tests.helpers import Client, wait_for
+
+HOSTS = {"a": "127.0.0.1", "b": "127.0.0.2", "c": "127.0.0.3"}
+
+
+def three_nodes(start_broker, *extra: str) -> dict:
+    """Nodes a, b, c (one worker each, each peering with a), started with ``extra``; returns
+    {name: Broker} once every router has met the other two."""
+    ports = {n: mesh_port(h) for n, h in HOSTS.items()}
+    nodes = {}
+    for name, host in HOSTS.items():
+        args = ["--mesh", f"{host}:{ports[name]}", "--mesh-timeout", "1", "--fsync", "always", *extra]
+        if name != "a":
+            args += ["--peer", f"{HOSTS['a']}:{ports['a']}"]
+        nodes[name] = start_broker(*args, host=host, node_id=name, workers=1)
+    for node in nodes.values():
+        mesh_peers(node, 15.0, lambda peers: all(len(p) >= 2 for p in peers.values()))
+    return nodes
+
+
+def snapshot_of(node, until, timeout: float = 10.0) -> dict:
+    """The node's (one) router's stats snapshot, once ``until(its replication part)`` holds."""
+    reader, _ = stats_reader(node)
+    found: dict = {}
+
+    def check() -> bool:
+        for topic, body in reader.receive(0.5):
+            if topic == b"snap" and body.get("replication"):
+                found.clear()
+                found.update(body)
+        return bool(found) and until(found["replication"])
+    try:
+        wait_for(check, timeout, f"replication stats of {node.name}")
+    finally:
+        reader.close()
+    return found
+
+
+def test_acknowledged_means_on_two_nodes_and_a_dead_publishers_node_loses_nothing(start_broker):
+    """The publisher's node acknowledges once a follower node holds the record, then dies with
+    messages it acknowledged still in its queues for a third node, whose router was stopped: that
+    node's subscriber, connected throughout, gets every acknowledged message, read back from the
+    follower's replica. (With one copy, those messages lived only in the dead node.)"""
+    nodes = three_nodes(start_broker, "--replication-factor", "2")
+    follower = follower_nodes("a/w0", "a", ["b", "c"], 1)[0]
+    stopped = "c" if follower == "b" else "b"
+    rep = snapshot_of(nodes["a"], lambda r: f"{follower}/w0" in r["followers"])["replication"]
+    assert rep["factor"] == 2 and rep["min_insync"] == 2 and rep["required"] == 2
+    u = uuid.uuid4().hex[:6]
+    subs = {}
+    for name in (follower, stopped):
+        subs[name] = Client(nodes[name].port, f"s{name}{u}", host=HOSTS[name]).connect()
+        subs[name].subscribe(f"rp{u}/#", 1)
+    pub = Client(nodes["a"].port, f"p{u}", host=HOSTS["a"]).connect()
+    pub.publish(f"rp{u}/x", b"first", qos=1)
+    for s in subs.values():
+        s.wait_messages(1)
+    # Acknowledged only once on two nodes: the follower's replica holds what a acknowledged.
+    snap = snapshot_of(nodes["a"], lambda r: r["high_water"] >= 0)
+    assert snap["replication"]["followers"][f"{follower}/w0"]["in_sync"]
+    # What an operator sees: `brokerd stats` and Prometheus.
+    (line,) = replication_lines([snap])
+    assert f"followers: {follower}/w0 lag 0 (in sync)" in line and "high-water" in line
+    stats = NodeStats("a", 1, 1.0)
+    stats.update(snap)
+    families = {f.name: f for f in text_string_to_metric_families(metrics_text(stats).decode())}
+    (sample,) = families["brokerd_replica_in_sync"].samples
+    assert sample.labels["replica"] == f"{follower}/w0" and sample.value == 1
+    assert families["brokerd_replication_high_water_offset"].samples[0].value >= 0
+
+    victim = nodes[stopped].workers()[0]
+    n, payload = 120, bytes(64 << 10)
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        for i in range(n):  # ~8 MB for the stopped node: far more than the sockets to it hold
+            pub.publish(f"rp{u}/x", str(i).encode() + payload, qos=1)
+        nodes["a"].kill()  # its supervisor and worker: the frames for the stopped node die with it
+    finally:
+        os.kill(victim, signal.SIGCONT)
+    for name, s in subs.items():
+        wait_for(lambda s=s: {m.payload[:-len(payload)] for m in s.messages if m.payload != b"first"}
+                 >= {str(i).encode() for i in range(n)}, 30,
+                 f"every acknowledged message at the subscriber on node {name}")
+    nodes[stopped].wait_log("reading its replica on")
+
+
+def test_replication_needs_a_mesh_and_a_log(tmp_path):
+    from brokerd.cluster.config import ConfigError, load
+
+    with pytest.raises(ConfigError, match="needs --mesh"):
+        load(["--replication-factor", "2"], environ={})
+    with pytest.raises(ConfigError, match="needs --log on"):
+        load(["--replication-factor", "2", "--mesh", "127.0.0.1:7000", "--log", "off"], environ={})
+    with pytest.raises(ConfigError, match="more than --replication-factor"):
+        load(["--min-insync", "3", "--replication-factor", "2", "--mesh", "127.0.0.1:7000"], environ={})
+    cfg = load(["--mesh", "127.0.0.1:7000"], environ={})
+    assert (cfg.replication_factor, cfg.min_insync) == (2, 2)
+    assert (load([], environ={}).replication_factor, load([], environ={}).min_insync) == (1, 1)
+
+
+def test_a_dead_follower_is_replaced_and_publishes_go_on_being_acknowledged(start_broker):
+    """The follower's node dies: acknowledgements wait (at most about the mesh timeout) until the
+    leader places its log on the third node, which fetches what it lacks and counts in sync."""
+    import time
+
+    nodes = three_nodes(start_broker, "--replication-factor", "2")
+    follower = follower_nodes("a/w0", "a", ["b", "c"], 1)[0]
+    other = "c" if follower == "b" else "b"
+    snapshot_of(nodes["a"], lambda r: f"{follower}/w0" in r["followers"])
+    u = uuid.uuid4().hex[:6]
+    pub = Client(nodes["a"].port, f"p{u}", host=HOSTS["a"]).connect()
+    for i in range(20):
+        pub.publish(f"df{u}/x", str(i), qos=1)
+    nodes[follower].kill()
+    t0 = time.monotonic()
+    pub.publish(f"df{u}/x", b"after", qos=1)  # waits for a new follower, bounded by the helper's wait
+    waited = time.monotonic() - t0
+    assert waited < 5, f"acknowledged after {waited:.1f} s"
+    snap = snapshot_of(nodes["a"], lambda r: r["followers"].get(f"{other}/w0", {}).get("in_sync")
+                       and r["high_water"] >= 20)
+    assert list(snap["replication"]["followers"]) == [f"{other}/w0"]
+    # The new follower holds the records from where it was placed on: it fetched what it lacked.
+    rep = snapshot_of(nodes[other], lambda r: r["replicas"].get("a/w0", {}).get("end", -1) >= 20)
+    assert rep["replication"]["replicas"]["a/w0"]["end"] >= 20
