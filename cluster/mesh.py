@@ -216,7 +216,8 @@ class Peer:
     __slots__ = ("router_id", "node_id", "ipc", "tcp", "incarnation", "last_seen", "alive", "link",
                  "batch", "batch_sources", "stats", "parked", "parked_at", "backlog", "backlog_bytes",
                  "backlog_msgs", "dropped", "log_mark", "replay_from", "seq_out", "seq_in", "acked",
-                 "ring", "ring_bytes", "resend", "stats_tcp", "origin_mark", "replaying", "replicas")
+                 "ring", "ring_bytes", "resend", "stats_tcp", "origin_mark", "replaying", "replicas",
+                 "claim_floor", "interest_known")
 
     def __init__(self, router_id: str, node_id: str, ipc: str | None, tcp: str | None) -> None:
         self.router_id = router_id
@@ -253,6 +254,12 @@ class Peer:
         # marks of its PUBLISH frames; -1: unknown). Kept across its incarnations: a new one is
         # asked (CATCHUP) for what its crashed predecessor acknowledged and never sent us.
         self.origin_mark = -1
+        # Its HELLO's ``marks`` raise ``origin_mark`` too (its claim that nothing matching our
+        # interest is on its way), but only once the mark has reached ``claim_floor``, its log's
+        # end when this incarnation first spoke: below that, what a crashed predecessor never
+        # sent is read back first (CATCHUP), and a claim must not jump over it.
+        self.claim_floor = -1
+        self.interest_known = False  # we have its full interest announcement (this incarnation)
         self.replaying = 0  # reads of our log back to it under way: our frames claim no mark
 
 
@@ -922,6 +929,7 @@ class Mesh:
             seq, changes = body[0], body[1]
             if len(body) == 3 and body[2]:
                 router.peer_left(sender)  # a full announcement replaces everything it said before
+                peer.interest_known = True
             for topic_filter, add in changes:
                 router.peer_interest(sender, topic_filter, add)
             if seq is not None:
@@ -1061,6 +1069,16 @@ class Mesh:
         commit_log = self.router.commit_log
         body = {"node": self.node_id, "ipc": self.ipc, "tcp": self.tcp, "peers": known, "acks": acks,
                 "stats": self.stats_tcp, "log": commit_log.next_offset if commit_log is not None else -1}
+        if commit_log is not None:
+            # To each peer with nothing of ours on its way (nothing collected, waiting in the link,
+            # kept, or being read back), and whose interest we know: every message of this log so
+            # far that its interest matched has been sent, before this HELLO on the same socket.
+            end = commit_log.next_offset
+            marks = {p.router_id: end for p in self.peers.values()
+                     if p.alive and p.interest_known and not p.batch and not p.backlog and not p.replaying
+                     and p.link is not None and not p.link.pending}
+            if marks:
+                body["marks"] = marks
         if self.replication is not None and self.replication.replicas:
             body["replicas"] = self.replication.hello()
         return body
@@ -1086,6 +1104,8 @@ class Mesh:
         peer.last_seen = time.monotonic()
         catchup = -1
         if peer.incarnation != inc:
+            peer.claim_floor = body.get("log", -1)
+            peer.interest_known = False
             if peer.incarnation is None:
                 if peer.origin_mark < 0:  # first met: what it logged before is not ours to ask
                     peer.origin_mark = body.get("log", -1)
@@ -1115,6 +1135,9 @@ class Mesh:
         acked = body.get("acks", {}).get(self.router_id)
         if acked is not None:
             self._confirmed(peer, acked)
+        claim = body.get("marks", {}).get(self.router_id)
+        if claim is not None and peer.origin_mark >= peer.claim_floor and claim > peer.origin_mark:
+            peer.origin_mark = claim
         for rid, node, ipc, tcp in body.get("peers", ()):
             if rid != self.router_id and rid not in self.peers:
                 endpoint = ipc if node == self.node_id else tcp
@@ -1177,7 +1200,9 @@ class Mesh:
             self._answer(req, peer.router_id)
         if self._interest_waiter is not None:
             self._interest_waiter.answer(peer.router_id)
-        if self.replication is not None:
+        if self.replication is not None and why.startswith("silent"):
+            # Fell silent (it may be dead): its replica has what it acknowledged. One that said
+            # goodbye sent everything first; one that restarted reads its own log back (CATCHUP).
             self._replication_hook(self.replication.parked, peer)
 
     def _rejoin(self, peer: Peer, why: str) -> None:

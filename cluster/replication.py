@@ -106,6 +106,7 @@ class Replication:
         self.refused = 0  # acknowledgements refused at --replica-timeout
         self._timer: asyncio.TimerHandle | None = None
         self._warned_short = False
+        self._acks_due: set[str] = set()  # replicas whose acknowledgement goes at the end of this iteration
         if self.factor > 1:  # with R = 1 this router only follows (acknowledgements never wait)
             self.log.on_batch = self._on_batch
             if self.always:
@@ -257,21 +258,35 @@ class Replication:
             return
         if action == FollowerState.APPEND:
             skip = rep.state.next_offset - first  # type: ignore[operator]
-            append = rep.log.append_fields
-            for rec in msgpack.unpackb(body, raw=False)[skip:]:
-                append(*rec)
-            rep.log.flush()
+            records = msgpack.unpackb(body, raw=False)
+            if len(records) != last - first + 1:
+                raise ValueError(f"replicate: {len(records)} records for offsets {first}..{last}")
+            # The leader's bytes as they came (no per-record call), unless part of it is here already.
+            rep.log.append_batch(rep.state.next_offset, records[skip:], body if not skip else None)
             rep.fetch_sent = 0.0
             rep.state.appended(last)
             if self.always:
                 return  # acknowledged once durable (``_ack`` from the log)
-        self._ack(rep, rep.state.next_offset - 1)  # type: ignore[operator]
+        self._ack(rep, rep.state.next_offset - 1, again=action == FollowerState.REPEAT)  # type: ignore[operator]
 
-    def _ack(self, rep: Replica, offset: int) -> None:
-        peer = self.mesh.peers.get(rep.partition)
-        if peer is not None and peer.alive:
-            rep.acked = offset
-            self.mesh.send_replication(peer, "ack", [rep.partition, offset])
+    def _ack(self, rep: Replica, offset: int, again: bool = False) -> None:
+        """Acknowledge up to ``offset``: one REPLICA_ACK per replica per loop iteration, however
+        many batches arrived in it (the mesh reads up to hundreds of frames per callback, and a
+        frame sent costs a ZeroMQ send)."""
+        if offset <= rep.acked and not again:
+            return
+        rep.acked = max(rep.acked, offset)
+        if not self._acks_due:
+            self.loop.call_soon(self._send_acks)
+        self._acks_due.add(rep.partition)
+
+    def _send_acks(self) -> None:
+        due, self._acks_due = self._acks_due, set()
+        for partition in due:
+            rep = self.replicas.get(partition)
+            peer = self.mesh.peers.get(partition)
+            if rep is not None and peer is not None and peer.alive:
+                self.mesh.send_replication(peer, "ack", [partition, rep.acked])
 
     def hello(self) -> dict[str, int]:
         """The replicas held here and their ends, for HELLO."""
@@ -293,10 +308,16 @@ class Replication:
             end = other.replicas.get(partition, -1) if other.alive else -1
             if end > best_end:
                 best, best_end = other, end
-        if best is None or best_end < peer.origin_mark:
+        if best is None:
+            return
+        where = "this router" if best is self.mesh else best.router_id
+        if best_end < peer.origin_mark:
+            log.info("replication: router %s is silent; this router has what it wanted of its messages up to "
+                     "offset %d, as far as its replica on %s goes: nothing to read back", partition,
+                     peer.origin_mark, where)
             return
         log.info("replication: router %s is silent; reading its replica on %s back from offset %d",
-                 partition, "this router" if best is self.mesh else best.router_id, peer.origin_mark)
+                 partition, where, peer.origin_mark)
         if best is self.mesh:
             self._read_back(partition, peer.origin_mark, None)
         else:
@@ -312,19 +333,22 @@ class Replication:
         rep = self.replicas.get(partition)
         if rep is None or (peer is not None and not peer.alive):
             return
-        records = rep.log.read(max(offset, rep.log.start_offset), max_records=FETCH_RECORDS // 8)
+        records = rep.log.read(max(offset, rep.log.start_offset), max_records=FETCH_RECORDS // 4)
         if not records:
             if sent:
                 log.info("replication: %d message(s) of %s read back from its replica for %s", sent, partition,
                          "this router" if peer is None else peer.router_id)
             return
-        match = self.router.interest.match
         batch = []
+        if peer is None:  # to this router's own subscribers
+            def wanted(topic: str, subs: Any = self.router.subs.match) -> bool:
+                return bool(subs(topic))
+        else:
+            def wanted(topic: str, interest: Any = self.router.interest.match, rid: str = peer.router_id) -> bool:
+                return any(r == rid for r, _ in interest(topic))
         for rec in records:
-            if rec.origin_router != partition:
-                continue  # a copy from a third router: that one replays its own
-            if peer is not None and not any(r == peer.router_id for r, _ in match(rec.topic)):
-                continue
+            if rec.origin_router != partition or not wanted(rec.topic):
+                continue  # a copy from a third router (that one replays its own), or not wanted
             batch.append(Message.from_record(rec).to_list())
         mark = records[-1].offset + 1
         if peer is None:
@@ -359,6 +383,10 @@ class Replication:
                               "lag_seconds": round(lead.lag_s(f), 3), "in_sync": f in in_sync}
                           for f in lead.acked},
             "replicas": {p: {"end": r.log.next_offset - 1, "acked": r.acked} for p, r in self.replicas.items()},
+            # Per router of another node: the offset of its log below which this router has what
+            # it wanted (a read-back from a replica after its death starts there).
+            "origin_marks": {rid: p.origin_mark for rid, p in self.mesh.peers.items()
+                             if p.node_id != self.config.node_id and p.origin_mark >= 0},
         }
 
     async def close(self) -> None:

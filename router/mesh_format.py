@@ -30,7 +30,9 @@ replication (``cluster.replication``): REPLICATE ``[partition, first, last, body
 (``body``: the records of one log batch as the leader's log packed them), REPLICA_ACK
 ``[partition, offset]``, REPLICA_FETCH ``[partition, offset]``, REPLICA_CATCHUP ``[partition,
 offset]`` (read your replica of that router back to me by my interest) answered by
-REPLICA_PUBLISH ``[partition, messages, mark]``; HELLO carries ``replicas`` ({partition: end}).
+REPLICA_PUBLISH ``[partition, messages, mark]``; HELLO carries ``replicas`` ({partition: end})
+and ``marks`` ({receiver: offset}: nothing of the sender's log below it that the receiver's
+interest matched is still on its way, a mark without a PUBLISH frame).
 """
 
 from __future__ import annotations
@@ -81,10 +83,11 @@ def _hello(body: Any) -> bool:
         return False
     if body.get("log", -1).__class__ is not int:
         return False
-    replicas = body.get("replicas", {})
-    if replicas.__class__ is not dict or not all(
-            k.__class__ is str and v.__class__ is int for k, v in replicas.items()):
-        return False
+    for key in ("replicas", "marks"):
+        values = body.get(key, {})
+        if values.__class__ is not dict or not all(k.__class__ is str and v.__class__ is int
+                                                   for k, v in values.items()):
+            return False
     acks = body.get("acks", {})
     if acks.__class__ is not dict or not all(k.__class__ is str and v.__class__ is int for k, v in acks.items()):
         return False

@@ -560,6 +560,33 @@ class CommitLog:
             self._buf_first = self._next_offset
         elif not fsync:
             return
+        self._hand(batch, fsync)
+
+    def append_batch(self, first: int, records: list[Any], body: bytes | None) -> None:
+        """Append records another log packed, keeping the bytes it packed (``body``: the msgpack
+        of ``records``, field tuples in ``append_fields`` order, or None to pack them here;
+        ``first`` must be the next offset): a replica takes its leader's batch with no
+        per-record call, and writes it now."""
+        if self._version == 1 or self._buf:
+            if self._buf:
+                self.flush()
+            if self._version == 1:
+                for rec in records:
+                    self.append_fields(*rec)
+                self.flush()
+                return
+        if self._refuse is not None:
+            raise LogUnavailable(self._refuse, self._error)
+        if first != self._next_offset:
+            raise ValueError(f"append_batch: batch starts at {first}, the log at {self._next_offset}")
+        self._buf = records
+        self._next_offset = first + len(records)
+        batch = self._flush_v2(body)
+        self._inflight.append(batch)
+        self._hand(batch, False)
+
+    def _hand(self, batch: Batch | None, fsync: bool) -> None:
+        """Give a flushed batch (and an fsync request) to the writer, or write it now."""
         if self._thread is not None:
             if batch is not None:
                 report = self._thread.write_inline(batch, batch.size) if not fsync else None
@@ -576,7 +603,7 @@ class CommitLog:
                 raise LogUnavailable(f"commit log {self._dir}: write failed: {report.error}",
                                      report.error) from report.error
 
-    def _flush_v2(self) -> Batch:
+    def _flush_v2(self, body: bytes | None = None) -> Batch:
         """Encode the pending records as version 2 batches and place them in the segments.
 
         Normally that is one ``msgpack.packb`` of all the records (C), one CRC, a few struct packs
@@ -590,7 +617,8 @@ class CommitLog:
         self._buf_len = 0
         self._buf_first = self._next_offset
         chunks: list[Chunk] = []
-        body = self._pack(recs)
+        if body is None:
+            body = self._pack(recs)
         if self.on_batch is not None:
             self.on_batch(first, self._next_offset - 1, body)
         if not self._must_roll and (self._seg_size + BATCH_HEADER_SIZE + len(body) <= self._segment_bytes

@@ -138,3 +138,26 @@ def test_a_dead_follower_is_replaced_and_publishes_go_on_being_acknowledged(star
     # The new follower holds the records from where it was placed on: it fetched what it lacked.
     rep = snapshot_of(nodes[other], lambda r: r["replicas"].get("a/w0", {}).get("end", -1) >= 20)
     assert rep["replication"]["replicas"]["a/w0"]["end"] >= 20
+
+
+def test_a_router_that_wanted_nothing_reads_nothing_back_from_a_dead_nodes_replica(start_broker):
+    """A node with no subscriber gets no PUBLISH frame from the publisher's node, whose HELLOs
+    say instead how far it has sent everything the node wanted: when that node dies, the read-back
+    from its replica starts there, not at the start of its log (which every router would read)."""
+    import re
+
+    nodes = three_nodes(start_broker, "--replication-factor", "2")
+    u = uuid.uuid4().hex[:6]
+    sub = Client(nodes["b"].port, f"sb{u}", host=HOSTS["b"]).connect()
+    sub.subscribe(f"rn{u}/#", 1)
+    pub = Client(nodes["a"].port, f"p{u}", host=HOSTS["a"]).connect()
+    for i in range(30):
+        pub.publish(f"rn{u}/x", str(i), qos=1)
+    sub.wait_messages(30)
+    snapshot_of(nodes["c"], lambda r: r["origin_marks"].get("a/w0", -1) >= 30)  # from a's HELLOs alone
+    nodes["a"].kill()
+    nodes["c"].wait_log("router a/w0 is silent;", timeout=15)
+    text = nodes["c"].log_text()
+    assert "reading its replica" not in text
+    assert re.search(r"router a/w0 is silent; this router has what it wanted of its messages up to offset "
+                     r"(3\d|[4-9]\d)", text), text

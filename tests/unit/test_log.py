@@ -691,3 +691,36 @@ def test_open_descriptors_stay_bounded_however_many_segments(tmp_path):
         assert reader.offset_for_time(recs[1500].timestamp_ms) is not None
         assert open_fds() - before <= 2 * MAX_OPEN_READERS
     assert open_fds() == before
+
+
+def test_a_replica_takes_the_leaders_batches_as_they_were_packed(tmp_path):
+    """``on_batch`` hands each batch's packed records out as the log flushes; ``append_batch``
+    on a log started at the first batch's offset (``start_at``) writes them with the same offsets
+    and contents, across segment rolls, and the copy reopens as a plain log."""
+    import msgpack
+
+    leader = open_log(tmp_path / "leader")
+    batches = []
+    leader.on_batch = lambda first, last, body: batches.append((first, last, body))
+    fill(leader, 0, 40)
+    leader.flush()
+    fill(leader, 40, 300)
+    leader.flush()
+    replica = open_log(tmp_path / "replica")
+    replica.start_at(batches[1][0])  # a follower chosen after the first batch
+    for first, last, body in batches[1:]:
+        records = msgpack.unpackb(body, raw=False)
+        assert len(records) == last - first + 1
+        replica.append_batch(first, records, body)
+    with pytest.raises(ValueError):
+        replica.append_batch(5, [], b"")  # not where the replica ends
+    replica.flush()
+    want = leader.read(batches[1][0], max_records=10_000, max_bytes=1 << 30)
+    got = replica.read(0, max_records=10_000, max_bytes=1 << 30)
+    assert [tuple(r) for r in got] == [tuple(r) for r in want] and got[-1].offset == 299
+    replica.close()
+    reopened = open_log(tmp_path / "replica")
+    assert (reopened.start_offset, reopened.next_offset) == (batches[1][0], 300)
+    reopened.close()
+    leader.close()
+    assert check(tmp_path / "replica").ok
