@@ -217,7 +217,7 @@ class Peer:
                  "batch", "batch_sources", "stats", "parked", "parked_at", "backlog", "backlog_bytes",
                  "backlog_msgs", "dropped", "log_mark", "replay_from", "seq_out", "seq_in", "acked",
                  "ring", "ring_bytes", "resend", "stats_tcp", "origin_mark", "replaying", "replicas",
-                 "claim_floor", "interest_known")
+                 "claim_floor", "interest_known", "seen_of_me")
 
     def __init__(self, router_id: str, node_id: str, ipc: str | None, tcp: str | None) -> None:
         self.router_id = router_id
@@ -260,6 +260,7 @@ class Peer:
         # sent is read back first (CATCHUP), and a claim must not jump over it.
         self.claim_floor = -1
         self.interest_known = False  # we have its full interest announcement (this incarnation)
+        self.seen_of_me = -1  # the highest offset of our log it has seen (its HELLO's ``seen``)
         self.replaying = 0  # reads of our log back to it under way: our frames claim no mark
 
 
@@ -1079,6 +1080,11 @@ class Mesh:
                      and p.link is not None and not p.link.pending}
             if marks:
                 body["marks"] = marks
+        # How far we have seen each peer's log: a peer that comes back with an empty disk
+        # continues its offsets beyond, so no offset ever names two messages.
+        seen = {p.router_id: p.origin_mark for p in self.peers.values() if p.origin_mark >= 0}
+        if seen:
+            body["seen"] = seen
         if self.replication is not None and self.replication.replicas:
             body["replicas"] = self.replication.hello()
         return body
@@ -1135,6 +1141,7 @@ class Mesh:
         acked = body.get("acks", {}).get(self.router_id)
         if acked is not None:
             self._confirmed(peer, acked)
+        peer.seen_of_me = body.get("seen", {}).get(self.router_id, -1)
         claim = body.get("marks", {}).get(self.router_id)
         if claim is not None and peer.origin_mark >= peer.claim_floor and claim > peer.origin_mark:
             peer.origin_mark = claim

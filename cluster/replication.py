@@ -66,16 +66,19 @@ FETCH_BYTES = 4 << 20
 FETCH_AGAIN_S = 1.0  # a fetch not answered within this is asked again
 TICK_S = 0.1  # held acknowledgements' deadlines and the in-sync set are looked at this often
 REPLICAS_DIR = "_replicas"
+READY_WAIT_S = 2.0  # an empty log waits at most this long for other nodes to say where it continues
+RETENTION_TICKS = int(60 / TICK_S)  # replicas' retention is enforced once a minute, as the log's
 
 
 class Replica:
     """A follower's copy of one partition."""
 
-    __slots__ = ("partition", "log", "state", "fetch_sent", "acked")
+    __slots__ = ("partition", "log", "state", "fetch_sent", "acked", "leader_inc")
 
     def __init__(self, partition: str, log_: CommitLog) -> None:
         self.partition = partition
         self.log = log_
+        self.leader_inc: int | None = None  # the leader's incarnation whose batches came last
         self.state = FollowerState(None if log_.next_offset == log_.start_offset == 0 else log_.next_offset)
         self.fetch_sent = 0.0
         self.acked = -1  # the last offset acknowledged to the leader
@@ -106,6 +109,8 @@ class Replication:
         self.refused = 0  # acknowledgements refused at --replica-timeout
         self._timer: asyncio.TimerHandle | None = None
         self._warned_short = False
+        self._started = time.monotonic()
+        self._ticks = 0
         self._acks_due: set[str] = set()  # replicas whose acknowledgement goes at the end of this iteration
         if self.factor > 1:  # with R = 1 this router only follows (acknowledgements never wait)
             self.log.on_batch = self._on_batch
@@ -114,6 +119,38 @@ class Replication:
             router.replication = self
         self._open_replicas()
         self._timer = loop.call_later(TICK_S, self._tick)
+
+    async def ready(self) -> None:
+        """Before serving: a router whose log is empty (a first start, or a disk that was lost)
+        and that has peers to ask learns how far the other nodes have its log (their replicas'
+        ends, and the offsets they have seen: HELLO's ``replicas`` and ``seen``) and continues
+        beyond, so that no offset ever names two messages and its replicas stay valid (what
+        they hold before that stays readable there). Bounded by ``READY_WAIT_S``: live peers
+        answer within a HELLO interval."""
+        if self.log.next_offset != 0 or not self.config.peer:
+            return
+        loop = self.loop
+        deadline = loop.time() + READY_WAIT_S
+        heard = None
+        own = self.config.node_id
+        while loop.time() < deadline:
+            if heard is None and any(p.alive and p.node_id != own for p in self.mesh.peers.values()):
+                heard = loop.time()  # a node answered: one more HELLO round meets the routers it knows
+            if heard is not None and loop.time() - heard > 0.6:
+                break
+            await asyncio.sleep(0.05)
+        start = 0
+        for peer in self.mesh.peers.values():
+            if peer.node_id != own:
+                start = max(start, peer.seen_of_me, peer.replicas.get(self.partition, -1) + 1)
+        if start > 0:
+            log.warning("replication: this router's log is empty, but other nodes have it up to offset %d "
+                        "(a lost or replaced disk?): it continues at %d; what came before stays on its "
+                        "replicas", start - 1, start)
+            self.log.start_at(start)
+            self.flushed = start - 1
+            self.leader = LeaderState(self.followers, self.leader.min_insync, self.config.replica_lag,
+                                      self.config.replica_timeout, time.monotonic, start - 1)
 
     # -- leader ------------------------------------------------------------------------------------
 
@@ -173,7 +210,8 @@ class Replication:
         nodes = follower_nodes(self.partition, self.config.node_id, routers_by_node, self.factor - 1)
         followers = [follower_router(self.partition, routers_by_node[n]) for n in nodes]
         needed = min(self.min_insync, 1 + len(followers))
-        if needed < self.min_insync and not self._warned_short:
+        starting = time.monotonic() - self._started < 2 * self.config.mesh_timeout + 1.0  # peers still joining
+        if needed < self.min_insync and not self._warned_short and not starting:
             self._warned_short = True
             log.warning("replication: %d live node(s), fewer than --min-insync %d: QoS 1/2 messages are "
                         "acknowledged once on %d node(s)", 1 + len(followers), self.min_insync, needed)
@@ -189,6 +227,12 @@ class Replication:
                 self.fetch(self.mesh.peers[rid], self.partition, self.leader.high_water + 1)
 
     def _tick(self) -> None:
+        self._ticks += 1
+        if self._ticks % RETENTION_TICKS == 0:
+            for rep in self.replicas.values():  # the same --retention-bytes/-hours as the router's own log
+                deleted = rep.log.enforce_retention()
+                if deleted:
+                    log.info("retention deleted %d segment(s) of the replica of %s", len(deleted), rep.partition)
         released, refused = self.leader.tick()
         self._release(released)
         if refused:
@@ -216,7 +260,8 @@ class Replication:
         for node in sorted(os.listdir(self.root)):
             node_dir = os.path.join(self.root, node)
             for name in sorted(os.listdir(node_dir)) if os.path.isdir(node_dir) else ():
-                self._open(f"{node}/{name}")
+                if ".lost-" not in name:  # one set aside when its leader lost its disk
+                    self._open(f"{node}/{name}")
 
     def _open(self, partition: str, fresh: bool = False) -> Replica:
         directory = self._replica_dir(partition)
@@ -240,6 +285,21 @@ class Replication:
         if rep is None:
             rep = self._open(partition, fresh=True)
             log.info("replication: following %s from offset %d", partition, max(0, min(first, hw + 1)))
+        if rep.leader_inc != peer.incarnation:
+            held = rep.state.next_offset
+            if (rep.leader_inc is not None and held is not None and first < held
+                    and 0 <= peer.claim_floor < held):
+                # Its new incarnation started with less than this replica holds: its disk was lost
+                # (and it could not learn where to continue). Keep what is here, aside, and follow
+                # its new log from scratch: offsets below ``held`` now name other messages.
+                aside = f"{self._replica_dir(partition)}.lost-{int(time.time())}"
+                rep.log.close()
+                os.rename(self._replica_dir(partition), aside)
+                log.error("replication: %s came back with its log at offset %d, below this replica's %d: "
+                          "its disk was lost; the replica is kept in %s, and followed anew", partition,
+                          peer.claim_floor, held, aside)
+                rep = self._open(partition, fresh=True)
+            rep.leader_inc = peer.incarnation
         if hw == -2:  # the leader's log no longer has what we asked for: begin anew at what it has
             if first > (rep.state.next_offset or 0):
                 rep.log.close()

@@ -115,6 +115,8 @@ class Worker:
 
                 self.replication = Replication(c, self.router, self.mesh, self.loop)
                 self.mesh.replication = self.replication
+        if self.replication is not None:
+            await self.replication.ready()  # an empty log continues beyond what other nodes hold
         self.servers = await serve_listeners(self.loop, c, self._protocol, self.tls_contexts)
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stop.set)

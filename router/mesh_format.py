@@ -32,7 +32,9 @@ replication (``cluster.replication``): REPLICATE ``[partition, first, last, body
 offset]`` (read your replica of that router back to me by my interest) answered by
 REPLICA_PUBLISH ``[partition, messages, mark]``; HELLO carries ``replicas`` ({partition: end})
 and ``marks`` ({receiver: offset}: nothing of the sender's log below it that the receiver's
-interest matched is still on its way, a mark without a PUBLISH frame).
+interest matched is still on its way, a mark without a PUBLISH frame), and ``seen`` ({router:
+offset}: how far the sender has seen each router's log; a router back on an empty disk continues
+beyond).
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def _hello(body: Any) -> bool:
         return False
     if body.get("log", -1).__class__ is not int:
         return False
-    for key in ("replicas", "marks"):
+    for key in ("replicas", "marks", "seen"):
         values = body.get(key, {})
         if values.__class__ is not dict or not all(k.__class__ is str and v.__class__ is int
                                                    for k, v in values.items()):

@@ -7,10 +7,23 @@ the whole subtree, '$' topics are hidden from a leading wildcard as in subscript
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
 from .message import Message
+
+TOMBSTONES = 100_000  # cleared topics whose clearing is remembered (to order late updates), newest kept
+
+
+def version(msg: Message) -> tuple[int, str]:
+    """The order of two versions of a topic's retained message, the same on every router: its
+    stamp (the publish time, raised past the version it replaced where the publisher's router
+    had seen a newer one: a per-topic hybrid logical clock), then its origin router's id to
+    break a tie. Every router keeps the highest version whatever order updates arrive in, so all
+    converge on one value (MQTT leaves concurrent retained updates unordered; a cluster should
+    not disagree about them)."""
+    return msg.timestamp_ms, msg.origin_router or ""
 
 
 class _Node:
@@ -33,11 +46,19 @@ class RetainedStore:
         # retained after that moment was delivered to it live, so ``match(..., live_after=mark)``
         # leaves it out of the retained messages sent with the SUBACK (else it arrives twice).
         self.local_seq = 0
+        # Cleared topics: {topic: the version of the clearing}, so a set that the clear
+        # superseded and that arrives late does not bring the topic back (bounded: TOMBSTONES).
+        self.cleared: OrderedDict[str, tuple[int, str]] = OrderedDict()
 
     def set(self, msg: Message, local: bool = False) -> None:
         """Store ``msg`` for its topic; an empty payload clears it (MQTT-3.3.1-10/11). ``local``:
         published on this router (not a peer's update, not restored from disk)."""
         if not msg.payload:
+            cleared = self.cleared
+            cleared[msg.topic] = version(msg)
+            cleared.move_to_end(msg.topic)
+            if len(cleared) > TOMBSTONES:
+                cleared.popitem(last=False)
             self.clear(msg.topic)
             return
         node = self._root
@@ -77,6 +98,27 @@ class RetainedStore:
             if child.msg is not None or child.children:
                 break
             del parent.children[level]
+
+    def current_version(self, topic: str) -> tuple[int, str] | None:
+        """The version of what this router has for ``topic``: its retained message's, or its
+        clearing's (None: never seen, or forgotten)."""
+        msg = self.get(topic)
+        if msg is not None:
+            return version(msg)
+        return self.cleared.get(topic)
+
+    def newer(self, msg: Message) -> bool:
+        """Whether ``msg`` (a peer's update) is newer than what this router has for its topic."""
+        current = self.current_version(msg.topic)
+        return current is None or version(msg) > current
+
+    def stamp(self, msg: Message) -> None:
+        """A publish on this router: raise its stamp past the version it replaces, if this
+        router's clock is behind the router that set that one (the hybrid logical clock's rule),
+        so the update is the newest on every router, as it is here."""
+        current = self.current_version(msg.topic)
+        if current is not None and (msg.timestamp_ms, msg.origin_router or "") <= current:
+            msg.timestamp_ms = current[0] + 1
 
     def get(self, topic: str) -> Message | None:
         node = self._root

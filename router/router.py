@@ -145,6 +145,7 @@ class Router(SharedRouting, SessionLife):
                     raise
         self.stats.msgs_in += 1
         if msg.retain and may_retain(self.retained, msg, self.config.limits, self.stats):
+            self.retained.stamp(msg)
             self.retained.set(msg, local=True)
             self.stats.retained_count = len(self.retained)
             self.mesh.retained_update(msg)
@@ -485,9 +486,9 @@ class Router(SharedRouting, SessionLife):
         self._shared_cache.clear()
 
     def peer_retained(self, msg: Message) -> None:
-        """A retained update from another router; the newer of two versions of a topic wins."""
-        current = self.retained.get(msg.topic)
-        if current is not None and current.timestamp_ms > msg.timestamp_ms:
+        """A retained update from another router: kept if it is a newer version of its topic than
+        this router's (``retained.version``: all routers keep the same one)."""
+        if not self.retained.newer(msg):
             return
         if not may_retain(self.retained, msg, self.config.limits, self.stats):
             return

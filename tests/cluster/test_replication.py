@@ -20,14 +20,15 @@ HOSTS = {"a": "127.0.0.1", "b": "127.0.0.2", "c": "127.0.0.3"}
 
 
 def three_nodes(start_broker, *extra: str) -> dict:
-    """Nodes a, b, c (one worker each, each peering with a), started with ``extra``; returns
+    """Nodes a, b, c (one worker each, peering through a), started with ``extra``; returns
     {name: Broker} once every router has met the other two."""
     ports = {n: mesh_port(h) for n, h in HOSTS.items()}
     nodes = {}
     for name, host in HOSTS.items():
         args = ["--mesh", f"{host}:{ports[name]}", "--mesh-timeout", "1", "--fsync", "always", *extra]
-        if name != "a":
-            args += ["--peer", f"{HOSTS['a']}:{ports['a']}"]
+        # b and c join through a; a names b (down at a's first start: a waits briefly).
+        seed = "b" if name == "a" else "a"
+        args += ["--peer", f"{HOSTS[seed]}:{ports[seed]}"]
         nodes[name] = start_broker(*args, host=host, node_id=name, workers=1)
     for node in nodes.values():
         mesh_peers(node, 15.0, lambda peers: all(len(p) >= 2 for p in peers.values()))
@@ -161,3 +162,37 @@ def test_a_router_that_wanted_nothing_reads_nothing_back_from_a_dead_nodes_repli
     assert "reading its replica" not in text
     assert re.search(r"router a/w0 is silent; this router has what it wanted of its messages up to offset "
                      r"(3\d|[4-9]\d)", text), text
+
+
+def test_a_node_back_on_an_empty_disk_continues_its_log_and_catches_up_as_a_follower(start_broker, tmp_path):
+    """Node a is killed and its data directory deleted (a replaced disk). Back, it learns from
+    the other nodes how far they hold its log and continues beyond (before, its offsets restarted
+    at 0 and its follower took the new records for ones it held: acknowledged with one copy);
+    and where it follows another node's log it catches up to in sync."""
+    import shutil
+
+    nodes = three_nodes(start_broker, "--replication-factor", "2")
+    u = uuid.uuid4().hex[:6]
+    pub = Client(nodes["a"].port, f"p{u}", host=HOSTS["a"]).connect()
+    for i in range(20):
+        pub.publish(f"ed{u}/x", str(i), qos=1)
+    snapshot_of(nodes["a"], lambda r: r["high_water"] >= 19)
+    nodes["a"].kill()
+    shutil.rmtree(tmp_path / "data" / "a")
+    nodes["a"].start()
+    nodes["a"].wait_log("it continues at 20")
+    pub = Client(nodes["a"].port, f"p2{u}", host=HOSTS["a"]).connect()
+    pub.publish(f"ed{u}/x", b"after", qos=1)
+    snap = snapshot_of(nodes["a"], lambda r: r["end"] >= 20 and r["high_water"] >= 20)
+    assert snap["replication"]["end"] == 20  # offset 20: beyond the 0..19 its replica holds
+    for name in ("b", "c"):
+        assert "disk was lost" not in nodes[name].log_text()
+    # The logs a follows: it is placed back, fetches from the high-water mark and is in sync.
+    for leader in ("b", "c"):
+        if follower_nodes(f"{leader}/w0", leader, ["a", "b", "c"], 1) != ["a"]:
+            continue
+        p = Client(nodes[leader].port, f"q{leader}{u}", host=HOSTS[leader]).connect()
+        for i in range(5):
+            p.publish(f"ed{u}/{leader}", str(i), qos=1)
+        snapshot_of(nodes[leader], lambda r: r["followers"].get("a/w0", {}).get("in_sync")
+                    and r["followers"]["a/w0"]["offset"] == r["end"] >= 4)

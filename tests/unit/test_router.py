@@ -323,3 +323,41 @@ def test_published_is_the_constructor_plus_the_encoding_it_came_in(level, qos, r
         assert message_mod.encode_count == before
         assert parts == ((raw, b"") if qos == 0 else (raw, b"p"))
     assert parts == ref.encoded(level, qos, False)  # byte for byte what encoding would give
+
+
+def _retained(router: Router, topic: str) -> bytes | None:
+    msg = router.retained.get(topic)
+    return None if msg is None else msg.payload
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2), (2, 1, 0), (1, 2, 0), (2, 0, 1)])
+def test_every_router_keeps_the_same_retained_version_whatever_order_updates_arrive_in(order):
+    """Two routers set a topic in the same millisecond, a third clears it later: in any order of
+    arrival the clear wins, and without it the tie goes to the higher router id (before, each
+    router kept the one that arrived last, and a set arriving after a clear came back)."""
+    updates = [Message("rt/x", b"from-a", 0, True, "ca", "a/w0", 1, None, 1000),
+               Message("rt/x", b"from-b", 0, True, "cb", "b/w0", 1, None, 1000),
+               Message("rt/x", b"", 0, True, "cc", "c/w0", 1, None, 1001)]
+    router = Router(RouterConfig())
+    for i in order:
+        router.peer_retained(updates[i])
+    assert _retained(router, "rt/x") is None
+    tie = Router(RouterConfig())
+    for i in [j for j in order if j != 2]:
+        tie.peer_retained(updates[i])
+    assert _retained(tie, "rt/x") == b"from-b"
+
+
+def test_a_local_retained_publish_is_stamped_past_what_it_replaces():
+    """This router's clock is behind the router that set the topic's current value: its own
+    publish is stamped one past it, so it is the newest on every router, as it is here."""
+    router = Router(RouterConfig())
+    router.router_id = "a/w0"
+    router.peer_retained(Message("rs/x", b"ahead", 0, True, "cb", "b/w0", 1, None, 5000))
+    mine = Message("rs/x", b"mine", 0, True, "ca", "a/w0", None, None, 4000)
+    router.publish(mine)
+    assert mine.timestamp_ms == 5001 and _retained(router, "rs/x") == b"mine"
+    other = Router(RouterConfig())
+    other.peer_retained(Message("rs/x", b"ahead", 0, True, "cb", "b/w0", 1, None, 5000))
+    other.peer_retained(mine)
+    assert _retained(other, "rs/x") == b"mine"
