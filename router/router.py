@@ -72,6 +72,10 @@ class Identified:
     def deliver_packet(self, packet: bytes) -> bool:
         return self.session.deliver_packet(packet)  # False for MQTT 5: then ``deliver``
 
+    @property
+    def persistent(self) -> bool:
+        return self.session.persistent
+
 
 @dataclass(slots=True)
 class RouterConfig:
@@ -173,17 +177,22 @@ class Router(SharedRouting, SessionLife):
     def deliver_remote(self, msg: Message) -> None:
         """A message another router forwarded here because this router announced interest.
 
-        Logged here too (with its origin), so that this router's sessions can catch up from their
-        own log and readers can count each message once by its origin."""
+        Its origin's log has it. A copy goes into this router's log too (with its origin, so
+        readers count each message once) only where something here may need it after this
+        moment: a persistent session among its subscribers (it catches up from this log when it
+        is offline, and after a crash), or a retained message (restored from the log at start).
+        A clean session's copy would serve nothing: the session ends with its connection, a crash
+        included."""
         topic = msg.topic
-        if self.commit_log is not None and not topic.startswith("$SYS/"):
+        routes = self._routes.get(topic)
+        if routes is None:
+            routes = self._fold_routes(topic)
+        if self.commit_log is not None and (msg.retain or any(r[0].persistent for r in routes)) \
+                and not topic.startswith("$SYS/"):
             try:
                 self._log(msg, True)
             except LogUnavailable:
                 self.stats.refused_log_unavailable += 1
-        routes = self._routes.get(topic)
-        if routes is None:
-            routes = self._fold_routes(topic)
         if routes:
             self._deliver(msg, routes)
 
@@ -199,15 +208,23 @@ class Router(SharedRouting, SessionLife):
         for values in body:
             try:
                 n = len(values)
-                if n == PLAIN and not logged and values[0].__class__ is bytes:
+                if n == PLAIN and values[0].__class__ is bytes:
                     # A plain QoS 0 packet: its MQTT 3.1.1 subscribers get it as it came, and a
-                    # Message is built only if an MQTT 5 one needs its own encoding.
+                    # Message is built only if an MQTT 5 one needs its own encoding, or the log
+                    # a copy (a persistent session among its subscribers: ``deliver_remote``).
                     packet, topic = values[0], values[1]
                     if topic.__class__ is not str:
                         raise TypeError("forwarded topic is not a string")
                     if packet[0] != PUBLISH_QOS0:
                         raise ProtocolError("forwarded packet is not a QoS 0 PUBLISH", Reason.MALFORMED_PACKET)
                     msg = None  # delivered below, before ``groups`` is looked at
+                    if logged:
+                        routes = routes_get(topic)
+                        if routes is None:
+                            routes = self._fold_routes(topic)
+                        if any(r[0].persistent for r in routes):
+                            msg = from_mesh(values, sender)
+                            groups = None
                 elif n == PLAIN or n == FULL:
                     msg = from_mesh(values, sender)
                     groups = None

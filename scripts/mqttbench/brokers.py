@@ -347,14 +347,19 @@ class BrokerdCluster:
 
     def __init__(self, kind: BrokerKind) -> None:
         self.kind = kind
-        mesh = [free_port(h) for h in CLUSTER_HOSTS]
-        self.nodes = []
-        for i, (host, name) in enumerate(zip(CLUSTER_HOSTS, "abc", strict=True)):
-            extra = ["--log", "on", "--node-id", name, "--mesh", f"{host}:{mesh[i]}",
+        self.nodes = [RunningBroker(kind, host=host) for host in CLUSTER_HOSTS]
+        mesh = []
+        for node in self.nodes:  # a port released by the OS may come back: never the listener's
+            port = free_port(node.host)
+            while port == node.port:
+                port = free_port(node.host)
+            mesh.append(port)
+        for i, (node, name) in enumerate(zip(self.nodes, "abc", strict=True)):
+            extra = ["--log", "on", "--node-id", name, "--mesh", f"{node.host}:{mesh[i]}",
                      "--replication-factor", str(kind.replication)]
             if i:
                 extra += ["--peer", f"{CLUSTER_HOSTS[0]}:{mesh[0]}"]
-            self.nodes.append(RunningBroker(kind, host=host, extra=tuple(extra)))
+            node.extra = tuple(extra)
         self.port = self.nodes[0].port
         self.dir = self.nodes[0].dir
 

@@ -74,3 +74,47 @@ def test_what_a_crashed_router_acknowledged_but_never_sent_reaches_the_other_rou
         os.kill(home, signal.SIGCONT)
     got = sub.wait_messages(n, timeout=30)
     assert sorted({int(m.payload[:-len(payload)]) for m in got}) == list(range(n))
+
+
+def test_a_copy_is_logged_only_where_a_persistent_session_or_a_retained_message_needs_it(start_broker, tmp_path):
+    """The subscriber's router logs a forwarded message only for what may need it later: a
+    persistent session among its subscribers (catch-up, crash restore) or a retained message. A
+    clean subscriber's copy is not logged (before, every copy was: a cross-worker message cost
+    two log appends)."""
+    from brokerd.router.log import LogReader
+
+    data = tmp_path / "data"
+    broker = start_broker("--fsync", "always", workers=2, data_dir=str(data))
+    u = uuid.uuid4().hex[:6]
+    base = f"cp{u}/"
+    clean = Client(broker.port, f"c{u}").connect()
+    clean.subscribe(base + "#", 1)
+    home = client_worker(broker, clean)
+    pub = publisher_elsewhere(broker, home, u)
+    for i in range(10):
+        pub.publish(base + "clean", str(i), qos=1 if i % 2 else 0)
+    pub.publish(base + "kept", b"r", qos=1, retain=True)
+    clean.wait_messages(11)
+    for i in range(40):  # a persistent session on the clean subscriber's worker
+        keeper = Client(broker.port, f"k{u}{i}", clean=False).connect()
+        if client_worker(broker, keeper) == home:
+            break
+        keeper.disconnect()
+    else:
+        raise AssertionError("no persistent session landed on the subscriber's worker")
+    keeper.subscribe(base + "#", 1)
+    keeper.wait_messages(1)  # the retained one
+    for i in range(5):
+        pub.publish(base + "both", str(i), qos=1)
+    keeper.wait_messages(6)
+
+    def topics_in(worker: str) -> list[str]:
+        with LogReader(data / "t" / worker) as reader:
+            return [r.topic for r in reader.read(0, max_records=10_000, max_bytes=1 << 30)]
+
+    logs = {w: topics_in(w) for w in ("w0", "w1")}
+    origin = next(w for w, topics in logs.items() if topics.count(base + "clean") == 10)
+    copy = "w1" if origin == "w0" else "w0"
+    assert logs[copy].count(base + "clean") == 0, "a clean subscriber's copy was logged"
+    assert logs[copy].count(base + "kept") == 1, "a retained message's copy was not logged"
+    assert logs[copy].count(base + "both") == 5, "the persistent session's copies were not logged"
