@@ -79,9 +79,16 @@ def prometheus(tmp_path: Path):
 
 
 def test_prometheus_scrapes_brokerd_and_counts_what_was_sent(start_broker, prometheus):
+    from tests.cluster.test_multihost import mesh_port
+
     metrics_port = free_port()
-    broker = start_broker("--metrics-port", str(metrics_port), "--stats-interval", "0.5", workers=2,
-                          node_id="prom")
+    # Node prom, scraped, with a peer node on 127.0.0.2: its logs have a follower there, so the
+    # replication series the alerts use exist too.
+    mesh_a, mesh_b = mesh_port("127.0.0.1"), mesh_port("127.0.0.2")
+    broker = start_broker("--metrics-port", str(metrics_port), "--stats-interval", "0.5", "--mesh",
+                          f"127.0.0.1:{mesh_a}", "--peer", f"127.0.0.2:{mesh_b}", workers=2, node_id="prom")
+    start_broker("--mesh", f"127.0.0.2:{mesh_b}", "--peer", f"127.0.0.1:{mesh_a}", host="127.0.0.2",
+                 node_id="peer")
     base = prometheus([f"127.0.0.1:{metrics_port}"])
 
     # Subscribers on both workers (the kernel spreads connections), so messages cross the mesh too.
@@ -114,6 +121,8 @@ def test_prometheus_scrapes_brokerd_and_counts_what_was_sent(start_broker, prome
     assert not firing, firing
 
     # Every metric the rules and the dashboard query is one this broker really exports.
+    wait_for(lambda: _value(base, 'count(brokerd_replica_in_sync{node="prom"} == 1)') == 2, BOUND_S,
+             "both routers' followers in sync, scraped")
     scraped = set(_get(base, "/api/v1/label/__name__/values")["data"])
     used = set().union(*(metrics_in(r["expr"]) for r in alert_rules()))
     dash = json.loads((DEPLOY / "grafana" / "brokerd.json").read_text())
