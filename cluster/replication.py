@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from brokerd.router.log import CommitLog
+from brokerd.router.log.format import record_fields
 from brokerd.router.message import Message
 from brokerd.router.replication import FollowerState, Held, LeaderState, follower_nodes, follower_router
 
@@ -192,8 +193,7 @@ class Replication:
                    if r.offset <= self.flushed]
         if not records:
             return
-        body = msgpack.packb([[r.timestamp_ms, r.origin_router, r.origin_offset, r.client_id, r.topic, r.qos,
-                               r.retain, r.properties, r.payload] for r in records])
+        body = msgpack.packb([record_fields(r) for r in records])
         # ``start`` beyond ``offset``: retention deleted what it asks for; -2 tells it to begin anew.
         hw = self.leader.high_water if start == offset else -2
         self.mesh.send_replication(peer, "replicate", [self.partition, records[0].offset, records[-1].offset,
@@ -412,11 +412,7 @@ class Replication:
             batch.append(Message.from_record(rec).to_list())
         mark = records[-1].offset + 1
         if peer is None:
-            if batch:
-                self.router.deliver_forwarded(batch, partition)
-            origin = self.mesh.peers.get(partition)
-            if origin is not None and mark > origin.origin_mark:
-                origin.origin_mark = mark
+            self.replayed(partition, batch, mark)  # as if a holder elsewhere had sent it
         else:
             self.mesh.send_replication(peer, "publish", [partition, batch, mark])
         self.loop.call_soon(self._read_back, partition, mark, peer, sent + len(batch))

@@ -291,19 +291,18 @@ def replication_lines(snaps: Iterable[dict[str, Any]]) -> list[str]:
         r = s.get("replication")
         if not r:
             continue
-        head = f"replication {s['router_id']}:"
+        parts = []
         if r["factor"] > 1:
             followers = ", ".join(
                 f"{f} lag {human_count(v['lag_records'])} ({'in sync' if v['in_sync'] else 'out of sync'})"
                 for f, v in sorted(r["followers"].items())) or "none live"
-            head += (f" R {r['factor']} min-insync {r['required']}/{r['min_insync']}  end {r['end']}  "
-                     f"high-water {r['high_water']}  held {r['held']}  refused {r['refused_total']}  "
-                     f"followers: {followers}")
+            parts.append(f"R {r['factor']} min-insync {r['required']}/{r['min_insync']}  end {r['end']}  "
+                         f"high-water {r['high_water']}  held {r['held']}  refused {r['refused_total']}  "
+                         f"followers: {followers}")
         if r["replicas"]:
-            head += "  replicas: " + ", ".join(f"{p} to {v['end']}" for p, v in sorted(r["replicas"].items()))
-        if head.endswith(":"):
-            continue
-        lines.append(head)
+            parts.append("replicas: " + ", ".join(f"{p} to {v['end']}" for p, v in sorted(r["replicas"].items())))
+        if parts:
+            lines.append(f"replication {s['router_id']}: " + "  ".join(parts))
     return lines
 
 

@@ -117,7 +117,7 @@ class RetainedStore:
         router's clock is behind the router that set that one (the hybrid logical clock's rule),
         so the update is the newest on every router, as it is here."""
         current = self.current_version(msg.topic)
-        if current is not None and (msg.timestamp_ms, msg.origin_router or "") <= current:
+        if current is not None and version(msg) <= current:
             msg.timestamp_ms = current[0] + 1
 
     def get(self, topic: str) -> Message | None:

@@ -218,13 +218,12 @@ class Router(SharedRouting, SessionLife):
                     if packet[0] != PUBLISH_QOS0:
                         raise ProtocolError("forwarded packet is not a QoS 0 PUBLISH", Reason.MALFORMED_PACKET)
                     msg = None  # delivered below, before ``groups`` is looked at
-                    if logged:
-                        routes = routes_get(topic)
-                        if routes is None:
-                            routes = self._fold_routes(topic)
-                        if any(r[0].persistent for r in routes):
-                            msg = from_mesh(values, sender)
-                            groups = None
+                    routes = routes_get(topic)
+                    if routes is None:
+                        routes = self._fold_routes(topic)
+                    if logged and any(r[0].persistent for r in routes):
+                        msg = from_mesh(values, sender)
+                        groups = None
                 elif n == PLAIN or n == FULL:
                     msg = from_mesh(values, sender)
                     groups = None
@@ -233,10 +232,7 @@ class Router(SharedRouting, SessionLife):
             except (ProtocolError, ValueError, TypeError, IndexError, KeyError):
                 bad += 1
                 continue
-            if msg is None:
-                routes = routes_get(topic)
-                if routes is None:
-                    routes = self._fold_routes(topic)
+            if msg is None:  # ``routes`` were looked up with the packet above
                 publisher = values[2]
                 for session, _cap, no_local, _rap in routes:
                     if no_local and session.client_id == publisher:
@@ -320,7 +316,8 @@ class Router(SharedRouting, SessionLife):
             self._deferred_acks.append((offset, client, ack))
 
     def release_acks(self, held: list[tuple[Any, bytes]]) -> None:
-        """Acknowledgements replication held, now safe to send: (client, ack) in offset order."""
+        """Held acknowledgements now safe to send (durable, or on enough nodes): (client, ack) in
+        offset order."""
         for client, ack in held:
             if ack[0] == PUBACK:
                 client.held_acks -= 1
@@ -328,8 +325,9 @@ class Router(SharedRouting, SessionLife):
                 client.conn.send(ack)
 
     def refuse_acks(self, held: list[tuple[Any, bytes]], why: str) -> None:
-        """Acknowledgements that cannot be given (the record is not on enough nodes in time):
-        never sent; their connections close, and the clients resend after reconnecting."""
+        """Held acknowledgements that cannot be given (the log failed, or the record is not on
+        enough nodes in time): never sent; their connections close, and the clients resend after
+        reconnecting."""
         counts: dict[int, list] = {}
         for client, ack in held:
             if ack[0] == PUBACK:
@@ -347,21 +345,15 @@ class Router(SharedRouting, SessionLife):
         if error is None:
             return
         acks, self._deferred_acks = self._deferred_acks, deque()
-        for client in {id(c): c for _, c, _ in acks}.values():
-            conn = client.conn
-            client.held_acks = 0
-            log.warning("client %s (%s): closing, %d publish(es) could not be made durable: %s",
-                        conn.client_id, conn.peer, sum(1 for _, c, _ in acks if c is client), error)
-            conn.close(Reason.IMPLEMENTATION_SPECIFIC_ERROR)
+        self.refuse_acks([(client, ack) for _, client, ack in acks], f"could not be made durable: {error}")
 
     def _durable(self, durable: int) -> None:
         acks = self._deferred_acks
+        due = []
         while acks and acks[0][0] <= durable:
             _, client, ack = acks.popleft()
-            if ack[0] == PUBACK:
-                client.held_acks -= 1
-            if not client.conn.closing:
-                client.conn.send(ack)
+            due.append((client, ack))
+        self.release_acks(due)
 
     def _deliver(self, msg: Message, routes: list[tuple[Session, int, bool, bool]]) -> None:
         """Hand ``msg`` to this router's subscribers of its topic (``routes``, folded). The callers
