@@ -89,6 +89,10 @@ from brokerd.router.mesh_format import (
     REPLICATE,
     RESYNC,
     RETAINED,
+    SESSION_CATCHUP,
+    SESSION_COPIES,
+    SESSION_GONE,
+    SESSION_STATE,
     SYNC_REQ,
     TAKEOVER_CHUNK,
     TAKEOVER_DONE,
@@ -122,6 +126,7 @@ LINGER_BELOW = 64  # publishes in a tick's frames below which they wait one more
 SYNC_WINDOW_S = 30.0  # after start, fetch the retained messages of every router that joins
 MOVE_TIMEOUT_S = 60.0  # an exported session not confirmed by its new owner within this stays here
 LOCAL_DOWN_WAIT_S = 5.0  # a CONNECT waits this long for a router of this node that is down
+PARK_SKEW_S = 1.0  # a router parked here this recently may not be parked by the others yet
 
 
 class _Transfer:
@@ -518,7 +523,8 @@ class Mesh:
             log.exception("replication: %s failed", getattr(hook, "__name__", hook))
 
     _REPLICATION_KINDS = {"replicate": REPLICATE, "ack": REPLICA_ACK, "fetch": REPLICA_FETCH,
-                          "catchup": REPLICA_CATCHUP, "publish": REPLICA_PUBLISH}
+                          "catchup": REPLICA_CATCHUP, "publish": REPLICA_PUBLISH, "sessions": SESSION_STATE,
+                          "gone": SESSION_GONE, "session_catchup": SESSION_CATCHUP, "copies": SESSION_COPIES}
 
     def send_replication(self, peer: Peer, what: str, body: Any) -> None:
         """A replication frame (``cluster.replication``) to ``peer``."""
@@ -773,6 +779,7 @@ class Mesh:
         otherwise exist twice. Routers of other nodes that are parked are not waited for (a
         silent node may never come back; README: "Not guaranteed yet")."""
         deadline = time.monotonic() + LOCAL_DOWN_WAIT_S
+        asked_again = False
         while not self.closed:
             down = self._local_down()
             if down:
@@ -784,9 +791,38 @@ class Mesh:
                 continue
             waiter = self._ask_takeover(client_id)
             result = await waiter.future
-            if result is not None or not any(self.peers[rid].node_id == self.node_id for rid in waiter.missed):
+            if result is not None:
                 return result
+            if any(self.peers[rid].node_id == self.node_id for rid in waiter.missed):
+                continue
+            if self.replication is not None and not asked_again and (waiter.missed or self._just_parked()):
+                # A router of another node fell silent instead of answering, or a moment ago: once
+                # it counts as gone everywhere, the follower holding its sessions answers for it.
+                asked_again = True
+                await self._gone(waiter.missed)
+                continue
+            if self.replication is not None:  # the follower holding it may be this router
+                return self.replication.take_replica(client_id)
+            return result
         return None
+
+    def _just_parked(self) -> list[Peer]:
+        """Routers of other nodes parked within the last second: the other routers may not count
+        them as gone yet (each notices a silence by its own clock)."""
+        now = time.monotonic()
+        return [p for p in self.peers.values()
+                if p.parked and p.node_id != self.node_id and now - p.parked_at < PARK_SKEW_S]
+
+    async def _gone(self, routers: set[str]) -> None:
+        """Wait until ``routers`` count as gone (parked) here, at most one mesh timeout and a
+        second, and until every router parked here counts as gone elsewhere too."""
+        end = time.monotonic() + self.config.mesh_timeout + 1.0
+        while time.monotonic() < end and not self.closed and any(
+                self.peers[rid].alive for rid in routers if rid in self.peers):
+            await asyncio.sleep(0.1)
+        recent = self._just_parked()
+        if recent:
+            await asyncio.sleep(PARK_SKEW_S - (time.monotonic() - min(p.parked_at for p in recent)))
 
     def _local_down(self) -> set[str]:
         """The routers of this node that are not alive now."""
@@ -976,6 +1012,8 @@ class Mesh:
             client_id = self._moves.pop((sender, req), None)
             if client_id is not None:
                 router.moved(client_id, ok)
+                if self.replication is not None:
+                    self.replication.replica_moved(client_id, ok)
         elif kind == SYNC_REQ:
             snapshot = router.retained_snapshot()
             for i in range(0, len(snapshot), 1000):
@@ -986,6 +1024,12 @@ class Mesh:
             self._start_replay(peer, body, "it restarted and asks for what it may have missed")
         elif kind == GOODBYE:
             self._park(peer, "said goodbye")
+        elif kind == SESSION_GONE:
+            partition, client_ids = body
+            if partition == self.router_id:  # (also before replication is set up at a start)
+                router.drop_stale_sessions(client_ids)
+            elif self.replication is not None:
+                self.replication.session_gone(partition, client_ids)
         elif self.replication is None:
             return  # replication frames for a router that replicates nothing (R = 1 here)
         elif kind == REPLICATE:
@@ -998,6 +1042,12 @@ class Mesh:
             self.replication.catchup(peer, *body)
         elif kind == REPLICA_PUBLISH:
             self.replication.replayed(*body)
+        elif kind == SESSION_STATE:
+            self.replication.session_state(peer, *body)
+        elif kind == SESSION_CATCHUP:
+            self.replication.session_catchup(peer, *body)
+        elif kind == SESSION_COPIES:
+            self.replication.session_copies(*body)
 
     # -- session transfers ----------------------------------------------------------------------------
 
@@ -1005,6 +1055,8 @@ class Mesh:
         """``peer`` takes ``client_id`` over: answer with the session's header and its first
         chunk of copies, then stream the rest, one chunk per loop iteration."""
         released = self.router.release_session(client_id, peer.node_id == self.node_id)
+        if released is None and self.replication is not None:
+            released = self.replication.release_replica(client_id)  # its router is silent
         self._flush()
         if released is None:
             self._send(peer, TAKEOVER_RESP, [req, None, False])
@@ -1034,6 +1086,8 @@ class Mesh:
         client_id = self._moves.pop(key, None)
         if client_id is not None:
             self.router.moved(client_id, False)
+            if self.replication is not None:
+                self.replication.replica_moved(client_id, False)
 
     def _take(self, peer: Peer, req: int, state: dict) -> None:
         """A whole session arrived: it is ours (the router imports it), and its old owner may let
@@ -1172,6 +1226,8 @@ class Mesh:
         assert peer.link is not None
         self._send_hello(peer.link)
         self._announce_all(peer)
+        if self.replication is not None:
+            self.replication.rejoined(peer)
         if time.monotonic() - self._started < SYNC_WINDOW_S:
             # Starting up: merge the retained set of every router we meet (newest version of a
             # topic wins), so a retained update that only reached some routers before a crash of

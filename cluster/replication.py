@@ -36,6 +36,20 @@ acknowledged is in the replicas of ``--min-insync`` nodes, so its subscribers on
 nodes get it (at least once: what they had is delivered again only if it lies after the mark).
 Shared subscriptions are not served this way (a group's message reaches its group when the
 router returns).
+
+Sessions (step 3 without the agreement of step 2; docs/replication.md, "Sessions"). A leader's
+persistent sessions, as its snapshot holds them (subscriptions, position in its log, QoS 2 state,
+will, expiry), go to the same followers as its log: what changed since the last snapshot, in
+SESSION_STATE frames, and all of them to a new follower (or a follower's new incarnation). When a
+client reconnects elsewhere while its session's router is silent, the follower holding that
+session answers the takeover in the router's place: the session's header, and as copies what it
+subscribed to in the replica from its position on. The new owner then (a) tells every router the
+session is gone from that partition (SESSION_GONE: the other replicas forget it, and the old
+router, when it returns, drops its stale copy), and (b) asks every other router for what it
+published that the session may not have had (SESSION_CATCHUP): what was forwarded to the dead
+router and not yet in its replica when it died. Each answers from its log (or, for a dead router,
+its replica), from the offset after the last of its messages among the copies, or from shortly
+before the session's position in time where none was; at least once, as every catch-up.
 """
 
 from __future__ import annotations
@@ -49,10 +63,13 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from brokerd.router.log import CommitLog
+from brokerd.connection.packets import Subscription
+from brokerd.router.log import CommitLog, LogReader
 from brokerd.router.log.format import record_fields
 from brokerd.router.message import Message
+from brokerd.router.persistence import restore_state
 from brokerd.router.replication import FollowerState, Held, LeaderState, follower_nodes, follower_router
+from brokerd.router.session import LogRange, Session
 
 if TYPE_CHECKING:
     from brokerd.router.router import Router
@@ -69,6 +86,11 @@ TICK_S = 0.1  # held acknowledgements' deadlines and the in-sync set are looked 
 REPLICAS_DIR = "_replicas"
 READY_WAIT_S = 2.0  # an empty log waits at most this long for other nodes to say where it continues
 RETENTION_TICKS = int(60 / TICK_S)  # replicas' retention is enforced once a minute, as the log's
+SESSION_CHUNK = 2000  # sessions per SESSION_STATE frame
+# A session taken over from a replica asks the other routers for their messages from this long
+# before its position's time, where the copies it got name none of theirs: what was on its way
+# to the dead router when it died (a mesh frame's transit, a backlog kept for a paused peer).
+CATCHUP_MARGIN_MS = 10_000
 
 
 class Replica:
@@ -113,6 +135,13 @@ class Replication:
         self._started = time.monotonic()
         self._ticks = 0
         self._acks_due: set[str] = set()  # replicas whose acknowledgement goes at the end of this iteration
+        # Sessions: as last sent to the followers (leader), held for other partitions (follower),
+        # being handed over from a replica, and taken from a replica here (the old router drops
+        # its copy when it returns).
+        self._sessions_sent: dict[str, dict] = {}
+        self._follower_incs: dict[str, int | None] = {}
+        self.sessions: dict[str, dict[str, dict]] = {}
+        self._handing: dict[str, tuple[str, dict]] = {}
         if self.factor > 1:  # with R = 1 this router only follows (acknowledgements never wait)
             self.log.on_batch = self._on_batch
             if self.always:
@@ -219,12 +248,21 @@ class Replication:
             self._warned_short = False
         if followers != self.followers or needed != self.leader.min_insync:
             added = [f for f in followers if f not in self.followers]
+            for rid in self.followers:
+                if rid not in followers:  # a follower no more: its copy of the sessions would go stale
+                    self._send_sessions(rid, {}, True)
+                    self._follower_incs.pop(rid, None)
             if followers != self.followers:
                 log.info("replication: %s follows %s", self.partition, ", ".join(followers) or "nobody")
             self.followers = followers
             self._release(self.leader.set_followers(followers, needed))
             for rid in added:  # what waits for it already went out before it was chosen: send it now
                 self.fetch(self.mesh.peers[rid], self.partition, self.leader.high_water + 1)
+        for rid in followers:  # a new follower, or a new incarnation of one: every session
+            inc = self.mesh.peers[rid].incarnation
+            if self._follower_incs.get(rid, -1) != inc:
+                self._follower_incs[rid] = inc
+                self._send_sessions(rid, self._sessions_sent, True)
 
     def _tick(self) -> None:
         self._ticks += 1
@@ -360,14 +398,7 @@ class Replication:
         if peer.node_id == self.config.node_id or peer.origin_mark < 0:
             return
         partition = peer.router_id
-        best, best_end = None, -1
-        own = self.replicas.get(partition)
-        if own is not None:
-            best, best_end = self.mesh, own.log.next_offset - 1
-        for other in self.mesh.peers.values():
-            end = other.replicas.get(partition, -1) if other.alive else -1
-            if end > best_end:
-                best, best_end = other, end
+        best, best_end = self._holder(partition)
         if best is None:
             return
         where = "this router" if best is self.mesh else best.router_id
@@ -427,6 +458,240 @@ class Replication:
         if origin is not None and mark > origin.origin_mark:
             origin.origin_mark = mark
 
+    # -- sessions ----------------------------------------------------------------------------------
+
+    def sessions_changed(self, sessions: dict[str, dict]) -> None:
+        """The router's persistent sessions as its snapshot holds them (``StateStore``, at every
+        write: within a second of a change, at once after a subscription change): those that
+        changed since the last go to the followers."""
+        if self.factor <= 1:
+            return
+        sent = self._sessions_sent
+        updates: dict[str, dict | None] = {cid: st for cid, st in sessions.items() if sent.get(cid) != st}
+        updates.update((cid, None) for cid in sent if cid not in sessions)
+        self._sessions_sent = sessions
+        if updates:
+            for rid in self.followers:
+                self._send_sessions(rid, updates, False)
+
+    def _send_sessions(self, rid: str, sessions: dict, full: bool) -> None:
+        peer = self.mesh.peers.get(rid)
+        if peer is None or not peer.alive:
+            return
+        items = list(sessions.items())
+        for i in range(0, max(len(items), 1), SESSION_CHUNK):
+            self.mesh.send_replication(peer, "sessions", [self.partition, full and i == 0,
+                                                          dict(items[i:i + SESSION_CHUNK])])
+
+    def session_state(self, peer: Peer, partition: str, full: bool, updates: dict) -> None:
+        """Sessions of ``partition`` from its leader."""
+        if partition != peer.router_id or peer.node_id == self.config.node_id:
+            raise ValueError(f"session-state: {peer.router_id} sent sessions of {partition}")
+        held = self.sessions.setdefault(partition, {})
+        if full:
+            held.clear()
+        for cid, st in updates.items():
+            if st is None:
+                held.pop(cid, None)
+            else:
+                held[cid] = st
+
+    def release_replica(self, client_id: str) -> tuple[dict, Any] | None:
+        """A takeover of ``client_id`` whose router is silent, answered from the replica here:
+        the session's header and its copies from its position on (``Session.export_copies``),
+        or None when no silent router's session of that id is held here."""
+        for partition, held in self.sessions.items():
+            st = held.get(client_id)
+            leader = self.mesh.peers.get(partition)
+            if st is None or (leader is not None and leader.alive) or partition not in self.replicas:
+                continue
+            try:
+                session, since_ms = self._replica_session(client_id, partition, st)
+                header = session.export_header(False)
+            except (KeyError, TypeError, ValueError, OSError) as exc:
+                log.error("replication: session %s of %s cannot be served from its replica: %s", client_id,
+                          partition, exc)
+                return None
+            header["replica"] = partition
+            header["since_ms"] = since_ms
+            del held[client_id]
+            self._handing[client_id] = (partition, st)
+            log.warning("replication: session %s of silent router %s handed over from its replica here",
+                        client_id, partition)
+            return header, session.export_copies(False)
+        return None
+
+    def take_replica(self, client_id: str) -> dict | None:
+        """``release_replica`` for a takeover asked on this router: the whole state at once."""
+        released = self.release_replica(client_id)
+        if released is None:
+            return None
+        header, chunks = released
+        header["queue"] = [item for chunk in chunks for item in chunk]
+        self.replica_moved(client_id, True)
+        return header
+
+    def _replica_session(self, client_id: str, partition: str, st: dict) -> tuple[Session, int]:
+        """A session of ``partition`` rebuilt from its replicated state (not indexed by this
+        router), reading the replica from its position; with the time of that position."""
+        rep = self.replicas[partition]
+        rep.log.flush()  # the range is read from the disk
+        session = self._detached(client_id, st["subs"])
+        restore_state(session, st)
+        for values in st.get("shared", ()):
+            sub = Subscription.from_values(values)
+            session.shared[sub.topic_filter] = sub
+        start = max(st.get("position") or 0, rep.log.start_offset)
+        end = rep.log.next_offset
+        first = rep.log.read(start, max_records=1) if start < end else []
+        since_ms = first[0].timestamp_ms if first else int(time.time() * 1000)
+        session.ranges = [LogRange(rep.log.directory, start, end)]
+        return session, since_ms
+
+    def _detached(self, client_id: str, subs: list) -> Session:
+        """A session that no router indexes, to read logs with (its subscriptions' QoS, No
+        Local, identifiers and the ACLs, as a catch-up reads them)."""
+        session = Session(client_id, True, self.router.config.session, self.router.stats)
+        session.acl = self.router.acl
+        for values in subs:
+            sub = Subscription.from_values(values)
+            session.subscriptions[sub.topic_filter] = sub
+        return session
+
+    def replica_moved(self, client_id: str, ok: bool) -> None:
+        """The new owner has the session handed from a replica (or the transfer failed: it is
+        held here again)."""
+        handing = self._handing.pop(client_id, None)
+        if handing is not None and not ok:
+            partition, st = handing
+            self.sessions.setdefault(partition, {})[client_id] = st
+
+    def adopted(self, session: Session, state: dict) -> None:
+        """A session came here from the replica of a silent router: make it the only one, and ask
+        every other router for what it may have missed (module docstring)."""
+        partition = state["replica"]
+        cid = session.client_id
+        self.router.fenced.setdefault(partition, set()).add(cid)
+        if self.router.state is not None:
+            self.router.state.mark(soon=True)
+        gone = [partition, [cid]]
+        for peer in self.mesh.peers.values():
+            if peer.alive:
+                self.mesh.send_replication(peer, "gone", gone)
+        marks: dict[str, int] = {}
+        for _, _, values in state["queue"]:  # the copies from the replica (not live ones since)
+            msg = Message.from_list(values)
+            if msg.origin_offset >= marks.get(msg.origin_router, -1):
+                marks[msg.origin_router] = msg.origin_offset
+        since = state.get("since_ms", 0) - CATCHUP_MARGIN_MS
+        subs = [s.to_values() for s in session.subscriptions.values()]
+        asked = []
+        for rid in [self.partition, *self.mesh.peers]:
+            if rid == partition:
+                continue  # its messages came from its replica
+            start = marks[rid] + 1 if rid in marks else -1
+            body = [cid, rid, start, since, subs, session.username]
+            if rid == self.partition:
+                self.session_catchup(None, *body)
+                continue
+            peer = self.mesh.peers[rid]
+            holder = peer if peer.alive else self._holder(rid)[0]
+            if holder is self.mesh:
+                self.session_catchup(None, *body)
+            elif holder is not None:
+                self.mesh.send_replication(holder, "session_catchup", body)
+            else:
+                continue
+            asked.append(rid)
+        log.info("replication: session %s taken over from the replica of %s; asked %d router(s) for what "
+                 "was on its way there", cid, partition, len(asked) + 1)
+
+    def _holder(self, partition: str) -> tuple[Any, int]:
+        """Who holds the replica of ``partition`` with the highest end (the mesh: this router; a
+        live peer; None: nobody), and that end."""
+        best, best_end = None, -1
+        own = self.replicas.get(partition)
+        if own is not None:
+            best, best_end = self.mesh, own.log.next_offset - 1
+        for other in self.mesh.peers.values():
+            end = other.replicas.get(partition, -1) if other.alive else -1
+            if end > best_end:
+                best, best_end = other, end
+        return best, best_end
+
+    def session_gone(self, partition: str, client_ids: list[str]) -> None:
+        """Sessions of ``partition`` were taken over from a replica: forget them. (To
+        ``partition`` itself: ``Router.drop_stale_sessions``.)"""
+        held = self.sessions.get(partition, {})
+        for cid in client_ids:
+            held.pop(cid, None)
+
+    def rejoined(self, peer: Peer) -> None:
+        """A router is heard again: the sessions taken from its replica while it was silent
+        are not its any more."""
+        fenced = self.router.fenced.pop(peer.router_id, None)
+        if fenced:
+            self.mesh.send_replication(peer, "gone", [peer.router_id, sorted(fenced)])
+            if self.router.state is not None:
+                self.router.state.mark(soon=True)
+
+    def session_catchup(self, peer: Peer | None, client_id: str, partition: str, start: int, since_ms: int,
+                        subs: list, username: str | None) -> None:
+        """Read this router's log (or the replica of ``partition``) back for one session taken
+        over elsewhere: the QoS 1/2 messages of ``partition`` its subscriptions match, from
+        ``start`` (-1: from ``since_ms``), as SESSION_COPIES to ``peer`` (None: this router)."""
+        if partition == self.partition:
+            log_ = self.log
+        else:
+            rep = self.replicas.get(partition)
+            log_ = rep.log if rep is not None else None
+        if log_ is None:
+            return
+        if start < 0:
+            with LogReader(log_.directory) as reader:
+                found = reader.offset_for_time(since_ms)
+            start = found if found is not None else log_.next_offset
+        session = self._detached(client_id, subs)
+        session.username = username
+        self._catchup_step(peer, session, partition, log_, max(start, log_.start_offset), log_.next_offset, 0)
+
+    def _catchup_step(self, peer: Peer | None, session: Session, partition: str, log_: Any, offset: int,
+                      end: int, sent: int) -> None:
+        if peer is not None and not peer.alive:
+            return
+        records = [r for r in log_.read(offset, max_records=FETCH_RECORDS // 4) if r.offset < end] \
+            if offset < end else []
+        items = []
+        for rec in records:
+            if rec.qos and rec.origin_router in ("", partition):
+                best, ids = session._best_qos(rec)
+                if best > 0:
+                    msg = Message.from_record(rec)
+                    items.append([min(best, rec.qos), False, (msg.with_ids(ids) if ids else msg).to_list()])
+        last = not records or sent + len(items) >= self.config.max_queued
+        body = [session.client_id, items, last]
+        if peer is None:
+            self.session_copies(*body)
+        else:
+            self.mesh.send_replication(peer, "copies", body)
+        if not last:
+            self.loop.call_soon(self._catchup_step, peer, session, partition, log_, records[-1].offset + 1, end,
+                                sent + len(items))
+        elif sent + len(items):
+            log.info("replication: %d message(s) of %s read back for session %s", sent + len(items), partition,
+                     session.client_id)
+
+    def session_copies(self, client_id: str, items: list, last: bool) -> None:
+        """Messages read back elsewhere for a session taken over here from a replica."""
+        session = self.router.sessions.get(client_id)
+        if session is None:
+            return
+        for qos, retain, values in items:
+            msg = Message.from_list(values)
+            if msg.expires_ms and msg.expired():
+                continue
+            session.deliver(msg, qos, retain)
+
     # -- stats and life ----------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
@@ -439,6 +704,7 @@ class Replication:
                               "lag_seconds": round(lead.lag_s(f), 3), "in_sync": f in in_sync}
                           for f in lead.acked},
             "replicas": {p: {"end": r.log.next_offset - 1, "acked": r.acked} for p, r in self.replicas.items()},
+            "sessions": {p: len(held) for p, held in self.sessions.items() if held},  # held for other routers
             # Per router of another node: the offset of its log below which this router has what
             # it wanted (a read-back from a replica after its death starts there).
             "origin_marks": {rid: p.origin_mark for rid, p in self.mesh.peers.items()

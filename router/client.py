@@ -272,6 +272,8 @@ class Client:
                 session = router.import_session(self.client_id, state)
                 router.schedule_expiry(session)
                 router.rearm_will(session)
+                if state.get("replica") and router.replication is not None:
+                    router.replication.adopted(session, state)
             return
         if state is not None and not connect.clean_start and self.client_id not in router.sessions:
             state = await self._import_announced(state)
@@ -292,6 +294,10 @@ class Client:
         waits = [pending[f] for f in session.subscriptions if f in pending]
         if waits:
             await asyncio.gather(*waits, return_exceptions=True)
+        if state.get("replica") and router.replication is not None:
+            # From the replica of a silent router: once its interest is known everywhere, ask the
+            # other routers for what was on its way there (docs/replication.md, "Sessions").
+            router.replication.adopted(session, state)
         if not self.conn.closing:
             return None
         if router.clients.get(self.client_id) is self:

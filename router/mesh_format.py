@@ -34,7 +34,14 @@ REPLICA_PUBLISH ``[partition, messages, mark]``; HELLO carries ``replicas`` ({pa
 and ``marks`` ({receiver: offset}: nothing of the sender's log below it that the receiver's
 interest matched is still on its way, a mark without a PUBLISH frame), and ``seen`` ({router:
 offset}: how far the sender has seen each router's log; a router back on an empty disk continues
-beyond).
+beyond). 10: sessions replicated with the log (``cluster.replication``, "Sessions" in
+docs/replication.md): SESSION_STATE ``[partition, full, {client_id: state or None}]`` (a leader's
+persistent sessions, as its snapshot holds them, to its followers; ``full``: these replace all
+held before), SESSION_GONE ``[partition, [client_id]]`` (a session of that partition was taken over
+from a replica: forget it), SESSION_CATCHUP ``[client_id, partition, start, since_ms, subs,
+username]`` (read your log, or your replica of ``partition``, back for that one session: its
+records from ``start``, or from ``since_ms`` when ``start`` is -1) answered by SESSION_COPIES
+``[client_id, items, last]`` (items as TAKEOVER_CHUNK's).
 """
 
 from __future__ import annotations
@@ -50,16 +57,18 @@ from .message import _QOS0_V3, _QOS0_V4, _QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4,
 # the full one (Message.to_list()); one more value names the shared groups it was chosen for.
 PLAIN, FULL = 5, 9
 
-MESH_VERSION = 9
+MESH_VERSION = 10
 (HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE,
  RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE, CATCHUP, REPLICATE, REPLICA_ACK, REPLICA_FETCH, REPLICA_CATCHUP,
- REPLICA_PUBLISH) = range(1, 19)
+ REPLICA_PUBLISH, SESSION_STATE, SESSION_GONE, SESSION_CATCHUP, SESSION_COPIES) = range(1, 23)
 KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST_ACK: "interest-ack",
               RETAINED: "retained", TAKEOVER_REQ: "takeover-request", TAKEOVER_RESP: "takeover",
               SYNC_REQ: "sync-request", GOODBYE: "goodbye", RESYNC: "resync",
               TAKEOVER_CHUNK: "takeover-chunk", TAKEOVER_DONE: "takeover-done", CATCHUP: "catch-up",
               REPLICATE: "replicate", REPLICA_ACK: "replica-ack", REPLICA_FETCH: "replica-fetch",
-              REPLICA_CATCHUP: "replica-catch-up", REPLICA_PUBLISH: "replica-publish"}
+              REPLICA_CATCHUP: "replica-catch-up", REPLICA_PUBLISH: "replica-publish",
+              SESSION_STATE: "session-state", SESSION_GONE: "session-gone", SESSION_CATCHUP: "session-catch-up",
+              SESSION_COPIES: "session-copies"}
 
 # The largest frame a router accepts (ZeroMQ's MAXMSGSIZE on its PULL sockets; a peer sending a
 # bigger one is disconnected by ZeroMQ and reconnects). Senders split publish batches well below it.
@@ -146,6 +155,29 @@ def _replica_publish(body: Any) -> bool:
             and body[2].__class__ is int)
 
 
+def _session_state(body: Any) -> bool:
+    return (body.__class__ is list and len(body) == 3 and body[0].__class__ is str and body[1].__class__ is bool
+            and body[2].__class__ is dict
+            and all(k.__class__ is str and (v is None or v.__class__ is dict) for k, v in body[2].items()))
+
+
+def _session_gone(body: Any) -> bool:
+    return (body.__class__ is list and len(body) == 2 and body[0].__class__ is str
+            and body[1].__class__ is list and all(c.__class__ is str for c in body[1]))
+
+
+def _session_catchup(body: Any) -> bool:
+    return (body.__class__ is list and len(body) == 6 and body[0].__class__ is str and body[1].__class__ is str
+            and body[2].__class__ is int and body[3].__class__ is int and body[4].__class__ is list
+            and all(s.__class__ is list for s in body[4]) and _opt_str(body[5]))
+
+
+def _session_copies(body: Any) -> bool:
+    return (body.__class__ is list and len(body) == 3 and body[0].__class__ is str
+            and body[1].__class__ is list and body[2].__class__ is bool
+            and all(i.__class__ is list and len(i) == QUEUE_ITEM_LEN for i in body[1]))
+
+
 def _takeover_done(body: Any) -> bool:
     return body.__class__ is list and len(body) == 2 and body[0].__class__ is int and body[1].__class__ is bool
 
@@ -170,6 +202,10 @@ _CHECKS = {
     REPLICA_FETCH: _partition_offset,
     REPLICA_CATCHUP: _partition_offset,
     REPLICA_PUBLISH: _replica_publish,
+    SESSION_STATE: _session_state,
+    SESSION_GONE: _session_gone,
+    SESSION_CATCHUP: _session_catchup,
+    SESSION_COPIES: _session_copies,
 }
 
 

@@ -25,7 +25,7 @@ import msgpack
 from brokerd.connection.packets import Subscription
 
 from .message import Message
-from .session import AWAIT_COMP, Inflight, LogRange
+from .session import AWAIT_COMP, Inflight, LogRange, Session
 
 if TYPE_CHECKING:
     from .router import Router
@@ -65,12 +65,15 @@ class StateStore:
                 "username": s.username,  # ACLs apply to it after a restart too
                 "will": s.will_state(),
             }
+        if router.replication is not None:  # the same state goes to the log's followers
+            router.replication.sessions_changed(sessions)
         return msgpack.packb({
             "version": SNAPSHOT_VERSION,
             "router": router.router_id,
             "log_offset": log_.next_offset if log_ is not None else 0,
             "sessions": sessions,
             "retained": [m.to_list() for m in router.retained if not m.topic.startswith("$SYS/")],
+            "fenced": {rid: sorted(cids) for rid, cids in router.fenced.items() if cids},
         })
 
     def write_now(self) -> None:
@@ -130,6 +133,7 @@ class StateStore:
             log.error("session snapshot %s has version %s, expected %d: ignored", self.path,
                       state.get("version"), SNAPSHOT_VERSION)
             state = {}
+        router.fenced = {rid: set(cids) for rid, cids in state.get("fenced", {}).items()}
         for values in state.get("retained", ()):
             router.retained.set(Message.from_list(values))
         log_ = router.commit_log
@@ -143,27 +147,33 @@ class StateStore:
         router.stats.retained_count = len(router.retained)
         for cid, st in state.get("sessions", {}).items():
             session = router.new_session(cid, True)
-            session.expiry_s = st.get("expiry", 0)
+            restore_state(session, st)
             for values in st["subs"]:
                 router.subscribe(session, Subscription.from_values(values))
             for values in st.get("shared", ()):
                 router.subscribe_shared(session, Subscription.from_values(values))
-            if st.get("qos2_in"):
-                session.qos2_ids().update(st["qos2_in"])
-            for pid in st.get("pubrel", ()):  # PUBREL must be sent again on reconnect
-                entry = Inflight(None, 2, False)  # type: ignore[arg-type]
-                entry.state = AWAIT_COMP
-                session.inflight[pid] = entry
             if st.get("ranges"):  # other routers' log ranges a takeover brought, still to read
                 session.ranges = [LogRange(d, start, end) for d, start, end in st["ranges"]]
             pos = st.get("position")
             if log_ is not None and pos is not None:
                 session.cursor = max(pos, log_.start_offset)
-            session.username = st.get("username")
             router.schedule_expiry(session)
-            session.restore_will(st.get("will"))
             router.rearm_will(session)
         return len(state.get("sessions", {})), len(router.retained)
+
+
+def restore_state(session: Session, st: dict) -> None:
+    """A session's state in the snapshot's form (also what replication sends its followers),
+    besides its subscriptions and position, which the caller places."""
+    session.expiry_s = st.get("expiry", 0)
+    session.username = st.get("username")  # ACLs apply to it after a restart too
+    if st.get("qos2_in"):
+        session.qos2_ids().update(st["qos2_in"])
+    for pid in st.get("pubrel", ()):  # PUBREL must be sent again on reconnect
+        entry = Inflight(None, 2, False)  # type: ignore[arg-type]
+        entry.state = AWAIT_COMP
+        session.inflight[pid] = entry
+    session.restore_will(st.get("will"))
 
 
 def _records(source: Any, offset: int, batch: int = 4096) -> Iterator[Any]:

@@ -35,6 +35,7 @@ class SessionLife:
     clients: dict[str, ClientHandle]
     _expiry: dict[str, asyncio.TimerHandle]
     _wills: dict[str, asyncio.TimerHandle]
+    state: Any
 
     if TYPE_CHECKING:  # the parts of Router (and its other mixins) used here
         def subscribe(self, session: Session, sub: Subscription) -> bool: ...  # Router's
@@ -142,6 +143,24 @@ class SessionLife:
         will, session.will = session.will, None
         if will is not None and session.conn is None:
             self.publish_will(will)
+
+    def drop_stale_sessions(self, client_ids: list[str]) -> None:
+        """Sessions of this router that were taken over elsewhere from a replica while it was
+        taken for dead (cluster.replication): the copies restored here are stale. One with a
+        client connected to it here is kept (logged): that client is the session's now."""
+        for cid in client_ids:
+            session = self.sessions.get(cid)
+            if session is None or cid in self.moving:
+                continue
+            if session.conn is not None:
+                log.warning("session %s was taken over on another node while this router was taken for "
+                            "dead, but a client is connected to it here: kept", cid)
+                continue
+            log.warning("session %s was taken over on another node while this router was taken for dead: "
+                        "its stale copy here is dropped", cid)
+            self.drop_session(session)
+        if self.state is not None:
+            self.state.mark(soon=True)
 
     def import_session(self, client_id: str, state: dict) -> Session:
         """A session handed over by another router (takeover) becomes ours."""

@@ -30,7 +30,8 @@ is printed too, so the width of every such gap stays visible:
   session-present = 1 and every QoS 1/2 message it missed"; a crashed worker's sessions come back
   from ``state.msgpack`` and the log, "what the other routers kept for it while it was down goes
   to its restored sessions", and what they had sent it but it never confirmed is sent again to
-  its next incarnation; a takeover never loses the session). Every publish is durable before its
+  its next incarnation; a takeover never loses the session; a node lost for good does not lose
+  it either: its clients reconnected elsewhere get it from a replica). Every publish is durable before its
   PUBACK (``--fsync always``). Excused, as the README's "Not guaranteed yet" says: "messages
   published in the instant a persistent session moves between routers may miss it": for every
   reconnection of the session, messages whose [t_send, t_ack] overlaps [connection attempt,
@@ -763,6 +764,29 @@ class Scenario:
         self.pause(down)
         node.broker.start()  # returns once every worker serves ("brokerd ready")
         self.crashes.append(Outage(node.name, t_kill, now(), on_node))
+
+    def _node_loss(self) -> None:
+        """SIGKILL a whole node and, while it is down, move the persistent subscribers that were
+        on it to the other nodes (a client sent elsewhere by DNS or a load balancer): their
+        sessions come from the replicas (``--replication-factor 2``, the default with --mesh)
+        with session present. Then the node returns, and drops the copies of those sessions it
+        restored from its disk (the checks of the interest tables find one it kept)."""
+        node = self.rng.choice(self.nodes)
+        others = [n for n in self.nodes if n is not node]
+        moved = [s for s in self.subscribers if s.persistent and s.conn is not None and s.conn.node is node]
+        self.fault("node-loss", f"SIGKILL node {node.name}; {', '.join(s.name for s in moved) or 'no session'} "
+                                "reconnect(s) on another node while it is down")
+        t_kill = now()
+        node.broker.kill()
+        for s in moved:
+            s.drop(self.rng.uniform(0.0, 0.3), self.rng.choice(others))
+        try:
+            wait_for(lambda: all(s.ready() for s in moved), SETTLE, "the moved sessions back")
+        except AssertionError:
+            self.problem(f"node {node.name} lost: sessions not back elsewhere within {SETTLE:g} s: "
+                         f"{', '.join(s.name for s in moved if not s.ready())}")
+        node.broker.start()
+        self.crashes.append(Outage(node.name, t_kill, now(), {s.name for s in moved}))
 
     def _takeover(self) -> None:
         """A persistent subscriber's client id connects again, on a node the seed picks, while its

@@ -54,8 +54,9 @@ def test_chaos_one_node_two_workers(start_broker: Callable[..., Broker], record_
 
 def test_chaos_three_nodes(start_broker: Callable[..., Broker], record_property: Callable) -> None:
     """Nodes a, b, c on 127.0.0.1/.2/.3 with two workers each: every node publishes and
-    subscribes, takeovers and reconnections may move a session to another node, and one whole
-    node is SIGKILLed and restarted besides the worker faults."""
+    subscribes, takeovers and reconnections may move a session to another node, one whole node
+    is SIGKILLed and restarted besides the worker faults, and one is SIGKILLed while the
+    persistent sessions that were on it reconnect elsewhere (from the replicas)."""
     seed = chaos_seed()
     print(f"chaos three-nodes seed={seed}")
     nodes = start_nodes(start_broker)
@@ -69,5 +70,5 @@ def test_chaos_three_nodes(start_broker: Callable[..., Broker], record_property:
             sc.add_subscriber(f"c{n.name}{i}", n, sc.filter_for(2 * k + i + 1), persistent=False)
     for i, n in enumerate(sc.rng.sample(nodes, 2)):
         sc.add_member(f"g{i}", n, f"g{sc.uid}")
-    schedule = ["stop", "stop", "kill", "kill", "node-kill", "takeover", "takeover", "drop", "drop"]
+    schedule = ["stop", "stop", "kill", "kill", "node-kill", "node-loss", "takeover", "takeover", "drop", "drop"]
     _run(sc, schedule, 45.0, record_property)

@@ -196,3 +196,63 @@ def test_a_node_back_on_an_empty_disk_continues_its_log_and_catches_up_as_a_foll
             p.publish(f"ed{u}/{leader}", str(i), qos=1)
         snapshot_of(nodes[leader], lambda r: r["followers"].get("a/w0", {}).get("in_sync")
                     and r["followers"]["a/w0"]["offset"] == r["end"] >= 4)
+
+
+@pytest.mark.parametrize("publishers,reconnect", [("b", "c"), ("c", "b")])
+def test_a_persistent_session_survives_its_nodes_death(start_broker, publishers, reconnect):
+    """A persistent session lives on node a while QoS 1 publishers stream on another node; a is
+    SIGKILLed mid-stream and the client reconnects to a third node: session present, and every
+    message the publishers had acknowledged arrives (at least once). a's sessions and log are
+    followed by c: reconnected to c, c serves the session from its own replica; reconnected to b,
+    b asks c for it. What was on its way to a and not yet in its replica comes from the
+    publishers' own logs (SESSION_CATCHUP)."""
+    import threading
+    import time
+
+    assert follower_nodes("a/w0", "a", ["b", "c"], 1) == ["c"]  # the test's layout rests on it
+    nodes = three_nodes(start_broker, "--replication-factor", "2")
+    u = uuid.uuid4().hex[:6]
+    topic = f"ps{u}/x"
+    first = Client(nodes["a"].port, f"s{u}", clean=False, host=HOSTS["a"]).connect()
+    first.subscribe(f"ps{u}/#", 1)
+    # The session is on c before the stream starts (at once after a SUBSCRIBE).
+    snapshot_of(nodes["c"], lambda r: r["sessions"].get("a/w0", 0) == 1)
+    pub = Client(nodes[publishers].port, f"p{u}", host=HOSTS[publishers])
+    pub.connect()
+    n = 300
+    infos: list = []
+    stop = threading.Event()
+
+    def stream() -> None:
+        for i in range(n):
+            if stop.is_set():
+                return
+            infos.append(pub.c.publish(topic, str(i).encode(), 1))
+            if i % 20 == 19:
+                infos[-1].wait_for_publish(20)  # a device's pace: a window of about 20
+    streamer = threading.Thread(target=stream, daemon=True)
+    streamer.start()
+    first.wait_messages(100, timeout=30)
+    nodes["a"].kill()
+    first.drop()
+    t0 = time.monotonic()
+    second = Client(nodes[reconnect].port, f"s{u}", clean=False, host=HOSTS[reconnect])
+    second.connect()
+    took = time.monotonic() - t0
+    assert second.session_present, "the session was not found after its node died"
+    streamer.join(60)
+    stop.set()
+    for info in infos:
+        info.wait_for_publish(20)
+    acked = {str(i).encode() for i, info in enumerate(infos) if info.is_published()}
+    assert len(acked) == n, f"only {len(acked)} of {n} publishes acknowledged"
+
+    def received() -> set[bytes]:
+        return {m.payload for m in first.messages} | {m.payload for m in second.messages}
+    try:
+        wait_for(lambda: received() >= acked, 30, "every acknowledged message")
+    except AssertionError:
+        missing = sorted(int(p) for p in acked - received())
+        raise AssertionError(f"{len(missing)} acknowledged message(s) missing: {missing[:20]}...") from None
+    nodes["c"].wait_log("handed over from its replica here")
+    assert took < 15, f"reconnecting took {took:.1f} s"

@@ -29,3 +29,23 @@ def test_hello_may_name_its_log_offset():
     assert check_body(HELLO, {"node": "a", "log": 10}) is None
     assert check_body(HELLO, {"node": "a"}) is None
     assert check_body(HELLO, {"node": "a", "log": "10"}) == "malformed hello body"
+
+
+def test_session_frames_of_version_10():
+    """Sessions replicated with the log (cluster.replication): well-formed bodies pass, and a
+    lying or buggy peer's are refused by name."""
+    from brokerd.router.mesh_format import SESSION_CATCHUP, SESSION_COPIES, SESSION_GONE, SESSION_STATE
+
+    assert check_body(SESSION_STATE, ["a/w0", True, {"c1": {"subs": []}, "c2": None}]) is None
+    assert check_body(SESSION_GONE, ["a/w0", ["c1", "c2"]]) is None
+    assert check_body(SESSION_CATCHUP, ["c1", "b/w0", -1, 1700000000000, [["t/#", 1]], None]) is None
+    assert check_body(SESSION_COPIES, ["c1", [[1, False, ["t", b"x"]]], True]) is None
+    for kind, bad, name in [
+        (SESSION_STATE, ["a/w0", True, {"c1": "subs"}], "session-state"),
+        (SESSION_STATE, ["a/w0", {}, True], "session-state"),
+        (SESSION_GONE, ["a/w0", [1]], "session-gone"),
+        (SESSION_CATCHUP, ["c1", "b/w0", "0", 0, [], None], "session-catch-up"),
+        (SESSION_CATCHUP, ["c1", "b/w0", 0, 0, [], 7], "session-catch-up"),
+        (SESSION_COPIES, ["c1", [[1, False]], True], "session-copies"),
+    ]:
+        assert check_body(kind, bad) == f"malformed {name} body"
