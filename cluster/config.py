@@ -122,6 +122,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("node_id", str, socket.gethostname().split(".")[0], "this node's name in the cluster", "ID"),
     Option("mesh", _host_port, None, "where this node accepts mesh traffic from other nodes (enables multi-host)",
            "HOST:PORT", check=_address),
+    Option("mesh_advertise", _host_port, None, "the address other nodes reach this node's mesh at, when it is "
+           "not --mesh's (NAT, containers, a proxy in front); router i at PORT+i", "HOST:PORT", check=_address),
     Option("peer", _host_port, (), "another node's --mesh address (repeatable; one live peer is enough)",
            "HOST:PORT", repeat=True, check=_address),
     Option("mesh_key", str, None, "CURVE secret key file of this node (from `brokerd keygen`); "
@@ -255,6 +257,7 @@ class Config:
     tls_version: str = "tlsv1.2"
     node_id: str = "local"
     mesh: tuple[str, int] | None = None
+    mesh_advertise: tuple[str, int] | None = None
     peer: tuple[tuple[str, int], ...] = ()
     mesh_key: str | None = None
     mesh_insecure: bool = False
@@ -458,6 +461,8 @@ def load(argv: list[str], environ: Mapping[str, str] | None = None) -> Config:
     cfg.listen = cfg.listeners[0].address
     if cfg.peer and cfg.mesh is None:
         raise ConfigError("--peer: needs --mesh HOST:PORT (where this node accepts mesh traffic)")
+    if cfg.mesh_advertise is not None and cfg.mesh is None:
+        raise ConfigError("--mesh-advertise: needs --mesh HOST:PORT (where this node accepts mesh traffic)")
     if not cfg.node_id or "/" in cfg.node_id or "+" in cfg.node_id or "#" in cfg.node_id:
         raise ConfigError(f"--node-id: invalid value {cfg.node_id!r} (no '/', '+' or '#')")
     _check_ports(cfg)

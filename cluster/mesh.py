@@ -352,7 +352,14 @@ class Mesh:
             s.curve_publickey = public
             s.curve_serverkey = public
             self._monitor(s, f"link to {endpoint}")
-        s.connect(endpoint)
+        mesh = self.config.mesh
+        if endpoint.startswith("tcp://") and mesh is not None and mesh[0] not in ("0.0.0.0", "::", ""):
+            # From the mesh's address: on a host with several, traffic between nodes leaves from
+            # the one the operator chose for it (and firewalls see the address they expect).
+            source = f"[{mesh[0]}]" if ":" in mesh[0] else mesh[0]
+            s.connect(f"tcp://{source}:0;{endpoint[6:]}")
+        else:
+            s.connect(endpoint)
         return s
 
     def _monitor(self, s: zmq.Socket, what: str) -> None:
@@ -412,6 +419,9 @@ class Mesh:
                 raise OSError(f"--mesh: cannot bind {host}:{port + self.index}: {exc}") from None
             advertised = host if host not in ("0.0.0.0", "::", "") else socket.getfqdn()
             self.tcp = f"tcp://{advertised}:{port + self.index}"
+            if self.config.mesh_advertise is not None:
+                ad_host, ad_port = self.config.mesh_advertise
+                self.tcp = f"tcp://{ad_host}:{ad_port + self.index}"
             if self.config.stats_port:
                 # Where other nodes' `brokerd stats --cluster` reads this router (a tcp stats socket,
                 # at the listener's address, or the mesh's advertised one for a wildcard listener).

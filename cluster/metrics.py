@@ -303,8 +303,11 @@ def _replication_metrics(fresh: list[dict[str, Any]], lbl: list[str]) -> Iterato
                               "acknowledged", labels=[*lbl, "replica"])
     in_sync = GaugeMetricFamily("brokerd_replica_in_sync", "1 while the follower is in sync (counts towards "
                                 "the high-water mark)", labels=[*lbl, "replica"])
+    majority = GaugeMetricFamily("brokerd_cluster_majority", "1 while the router's node sees a majority of the "
+                                 "cluster's members (0: cut off; QoS 1/2 not acknowledged)", labels=lbl)
     for s, r in reps:
         key = [s["node"], s["router"]]
+        majority.add_metric(key, 1 if r.get("majority", True) else 0)
         hw.add_metric(key, r["high_water"])
         end.add_metric(key, r["end"])
         held.add_metric(key, r["held"])
@@ -313,7 +316,7 @@ def _replication_metrics(fresh: list[dict[str, Any]], lbl: list[str]) -> Iterato
             lag.add_metric([*key, follower], f["lag_records"])
             lag_s.add_metric([*key, follower], f["lag_seconds"])
             in_sync.add_metric([*key, follower], 1 if f["in_sync"] else 0)
-    yield from (hw, end, held, refused, lag, lag_s, in_sync)
+    yield from (majority, hw, end, held, refused, lag, lag_s, in_sync)
 
 
 def metrics_text(stats: NodeStats) -> bytes:

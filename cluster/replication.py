@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from brokerd.cluster.quorum import MEMBERS_FILE, Members
 from brokerd.connection.packets import Subscription
 from brokerd.router.log import CommitLog, LogReader
 from brokerd.router.log.format import record_fields
@@ -142,6 +143,8 @@ class Replication:
         self._follower_incs: dict[str, int | None] = {}
         self.sessions: dict[str, dict[str, dict]] = {}
         self._handing: dict[str, tuple[str, dict]] = {}
+        self.members = Members(os.path.join(self.log.directory, MEMBERS_FILE), config.node_id)
+        self._cut_off: list[Held] = []  # acknowledgements held while this node sees no majority
         if self.factor > 1:  # with R = 1 this router only follows (acknowledgements never wait)
             self.log.on_batch = self._on_batch
             if self.always:
@@ -185,8 +188,14 @@ class Replication:
     # -- leader ------------------------------------------------------------------------------------
 
     def hold(self, offset: int, client: Any, ack: bytes) -> bool:
-        """Whether the acknowledgement of the record at ``offset`` must wait for the followers."""
-        return self.leader.hold(offset, (client, ack))
+        """Whether the acknowledgement of the record at ``offset`` must wait for the followers
+        (or for the majority, on a node cut off from it)."""
+        if self.leader.hold(offset, (client, ack)):
+            return True
+        if not self.members.has_majority:
+            self._cut_off.append(Held(offset, (client, ack), time.monotonic() + self.config.replica_timeout))
+            return True
+        return False
 
     def _on_batch(self, first: int, last: int, body: bytes) -> None:
         self.flushed = last
@@ -203,8 +212,12 @@ class Replication:
         self._release(self.leader.written(durable))
 
     def _release(self, held: list[Held]) -> None:
-        if held:
-            self.router.release_acks([h.token for h in held])
+        if not held:
+            return
+        if not self.members.has_majority and self.factor > 1:
+            self._cut_off.extend(held)  # replicated, but this side of a partition may not acknowledge
+            return
+        self.router.release_acks([h.token for h in held])
 
     def acknowledged(self, sender: str, partition: str, offset: int) -> None:
         if partition == self.partition:  # never beyond what was sent: a lying follower releases nothing
@@ -273,6 +286,12 @@ class Replication:
                     log.info("retention deleted %d segment(s) of the replica of %s", len(deleted), rep.partition)
         released, refused = self.leader.tick()
         self._release(released)
+        if self._cut_off and not self.members.has_majority:
+            now = time.monotonic()
+            late = [h for h in self._cut_off if h.deadline <= now]
+            if late:
+                self._cut_off = [h for h in self._cut_off if h.deadline > now]
+                refused += late
         if refused:
             self.refused += len(refused)
             self.router.refuse_acks([h.token for h in refused],
@@ -284,7 +303,36 @@ class Replication:
         self._timer = self.loop.call_later(TICK_S, self._tick)
 
     def heartbeat(self) -> None:
+        self._majority()
         self._place()
+
+    # -- a node cut off from the majority (cluster.quorum) ----------------------------------------
+
+    def _majority(self) -> None:
+        """Count the members this node hears; on losing the majority, stop acknowledging QoS 1/2
+        (held, then refused at --replica-timeout) and taking sessions in; on regaining it, send
+        what was held."""
+        if time.monotonic() - self._started < self.config.mesh_timeout + 1.0:
+            return  # starting: the other nodes' HELLOs are still on their way
+        known: dict[str, bool] = {}
+        live = set()
+        for peer in self.mesh.peers.values():
+            known[peer.node_id] = known.get(peer.node_id, False) or peer.alive or peer.parked
+            if peer.alive:
+                live.add(peer.node_id)
+        changed = self.members.update(live, {n for n, k in known.items() if not k})
+        if changed is None or self.factor <= 1:
+            return
+        if changed:
+            held, self._cut_off = self._cut_off, []
+            log.warning("cluster: this node sees a majority of the cluster again (%d of %d nodes): QoS 1/2 "
+                        "acknowledgements go on (%d held ones sent)", len(live) + 1, len(self.members.nodes),
+                        len(held))
+            self._release(held)
+        else:
+            log.error("cluster: this node sees %d of %d member nodes, not a majority (cut off by a partition, "
+                      "or the others are down): QoS 1/2 publishes are not acknowledged and no session is taken "
+                      "in until it sees a majority again", len(live) + 1, len(self.members.nodes))
 
     # -- follower ----------------------------------------------------------------------------------
 
@@ -500,6 +548,11 @@ class Replication:
         """A takeover of ``client_id`` whose router is silent, answered from the replica here:
         the session's header and its copies from its position on (``Session.export_copies``),
         or None when no silent router's session of that id is held here."""
+        if not self.members.has_majority:
+            if any(client_id in held for held in self.sessions.values()):
+                log.warning("replication: session %s not handed over from its replica: this node sees no "
+                            "majority of the cluster", client_id)
+            return None
         for partition, held in self.sessions.items():
             st = held.get(client_id)
             leader = self.mesh.peers.get(partition)
@@ -705,6 +758,7 @@ class Replication:
                           for f in lead.acked},
             "replicas": {p: {"end": r.log.next_offset - 1, "acked": r.acked} for p, r in self.replicas.items()},
             "sessions": {p: len(held) for p, held in self.sessions.items() if held},  # held for other routers
+            "majority": self.members.has_majority, "members": len(self.members.nodes),
             # Per router of another node: the offset of its log below which this router has what
             # it wanted (a read-back from a replica after its death starts there).
             "origin_marks": {rid: p.origin_mark for rid, p in self.mesh.peers.items()

@@ -248,6 +248,12 @@ class Client:
         if not router.clustered:
             self._finish_connect(connect, None, assigned)
             return
+        replication = router.replication
+        if replication is not None and not connect.clean_start and not replication.members.has_majority:
+            # A partition's minority side takes no session in: the majority may be serving it.
+            self._refuse(Reason.SERVER_UNAVAILABLE, "this node is cut off from the majority of the cluster; "
+                         "the client may retry (elsewhere)")
+            return
         # Another router may hold this client id: ask the cluster first (bounded wait). Until the
         # CONNACK, nothing more is read from the client: what it pipelined behind the CONNECT in
         # this read is held (one read's worth), the rest waits in its socket.

@@ -256,3 +256,63 @@ def test_a_persistent_session_survives_its_nodes_death(start_broker, publishers,
         raise AssertionError(f"{len(missing)} acknowledged message(s) missing: {missing[:20]}...") from None
     nodes["c"].wait_log("handed over from its replica here")
     assert took < 15, f"reconnecting took {took:.1f} s"
+
+
+def test_a_partitioned_minority_stops_acknowledging_and_nothing_acknowledged_is_lost(start_broker):
+    """Node c is cut off from a and b (its mesh traffic dropped both ways, by proxies in front of
+    every node's mesh). a and b, a majority, go on acknowledging; c sees no majority and stops:
+    its QoS 1 publishes are not acknowledged (refused at --replica-timeout) and a persistent
+    session cannot connect there. After the partition heals, every message that was
+    acknowledged anywhere has reached the subscribers on both sides."""
+    from tests.cluster.partition import MeshProxy
+
+    ports = {n: mesh_port(h) for n, h in HOSTS.items()}
+    proxies = {n: MeshProxy(HOSTS[n], ports[n]) for n in HOSTS}
+    nodes = {}
+    try:
+        for name, host in HOSTS.items():
+            seed = "b" if name == "a" else "a"
+            nodes[name] = start_broker(
+                "--mesh", f"{host}:{ports[name]}", "--mesh-advertise", f"{host}:{proxies[name].port}",
+                "--peer", f"{HOSTS[seed]}:{proxies[seed].port}", "--mesh-timeout", "1", "--fsync", "always",
+                "--replication-factor", "2", "--replica-timeout", "3", host=host, node_id=name, workers=1)
+        for node in nodes.values():
+            mesh_peers(node, 15.0, lambda peers: all(len(p) >= 2 for p in peers.values()))
+        u = uuid.uuid4().hex[:6]
+        subs = {}
+        for name in ("a", "c"):
+            subs[name] = Client(nodes[name].port, f"s{name}{u}", host=HOSTS[name]).connect()
+            subs[name].subscribe(f"pt{u}/#", 1)
+        pubs = {n: Client(nodes[n].port, f"p{n}{u}", host=HOSTS[n]).connect() for n in ("a", "c")}
+        acked: set[bytes] = set()
+        for i in range(10):
+            for n, p in pubs.items():
+                p.publish(f"pt{u}/{n}", f"{n}-before-{i}".encode(), qos=1)
+                acked.add(f"{n}-before-{i}".encode())
+
+        proxies["c"].cut({HOSTS["a"], HOSTS["b"]})
+        for n in ("a", "b"):
+            proxies[n].cut({HOSTS["c"]})
+        nodes["c"].wait_log("not a majority", timeout=15)
+        # The minority: a QoS 1 publish is held, then refused; no persistent session comes in.
+        info = pubs["c"].c.publish(f"pt{u}/c", b"c-during", 1)
+        info.wait_for_publish(5)
+        assert not info.is_published(), "the cut-off node acknowledged a QoS 1 publish"
+        nodes["c"].wait_log("not on")  # "... refused: not on 2 node(s) within 3 s" (the connection closes)
+        Client(nodes["c"].port, f"q{u}", clean=False, host=HOSTS["c"]).connect(expect_rc=0x88)
+        # The majority goes on (a's follower moves from c to b).
+        for i in range(10):
+            pubs["a"].publish(f"pt{u}/a", f"a-during-{i}".encode(), qos=1)
+            acked.add(f"a-during-{i}".encode())
+        assert "not a majority" not in nodes["a"].log_text()
+
+        for proxy in proxies.values():
+            proxy.heal()
+        nodes["c"].wait_log("sees a majority of the cluster again", timeout=15)
+        for name, s in subs.items():
+            wait_for(lambda s=s: {m.payload for m in s.messages} >= acked, 30,
+                     f"every acknowledged message at the subscriber on node {name}")
+    finally:
+        for proxy in proxies.values():
+            proxy.heal()
+            proxy.close()
