@@ -92,6 +92,8 @@ from brokerd.router.mesh_format import (
     SESSION_CATCHUP,
     SESSION_COPIES,
     SESSION_GONE,
+    SESSION_RESTORE,
+    SESSION_RESTORED,
     SESSION_STATE,
     SYNC_REQ,
     TAKEOVER_CHUNK,
@@ -534,7 +536,8 @@ class Mesh:
 
     _REPLICATION_KINDS = {"replicate": REPLICATE, "ack": REPLICA_ACK, "fetch": REPLICA_FETCH,
                           "catchup": REPLICA_CATCHUP, "publish": REPLICA_PUBLISH, "sessions": SESSION_STATE,
-                          "gone": SESSION_GONE, "session_catchup": SESSION_CATCHUP, "copies": SESSION_COPIES}
+                          "gone": SESSION_GONE, "session_catchup": SESSION_CATCHUP, "copies": SESSION_COPIES,
+                          "restore": SESSION_RESTORE, "restored": SESSION_RESTORED}
 
     def send_replication(self, peer: Peer, what: str, body: Any) -> None:
         """A replication frame (``cluster.replication``) to ``peer``."""
@@ -1058,6 +1061,10 @@ class Mesh:
             self.replication.session_catchup(peer, *body)
         elif kind == SESSION_COPIES:
             self.replication.session_copies(*body)
+        elif kind == SESSION_RESTORE:
+            self.replication.restore_sessions(peer, body)
+        elif kind == SESSION_RESTORED:
+            self.replication.restored(sender, *body)
 
     # -- session transfers ----------------------------------------------------------------------------
 

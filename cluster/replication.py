@@ -86,6 +86,7 @@ FETCH_AGAIN_S = 1.0  # a fetch not answered within this is asked again
 TICK_S = 0.1  # held acknowledgements' deadlines and the in-sync set are looked at this often
 REPLICAS_DIR = "_replicas"
 READY_WAIT_S = 2.0  # an empty log waits at most this long for other nodes to say where it continues
+RESTORE_WAIT_S = 10.0  # ... and at most this long for its followers to send its sessions back
 RETENTION_TICKS = int(60 / TICK_S)  # replicas' retention is enforced once a minute, as the log's
 SESSION_CHUNK = 2000  # sessions per SESSION_STATE frame
 # A session taken over from a replica asks the other routers for their messages from this long
@@ -145,6 +146,13 @@ class Replication:
         self._handing: dict[str, tuple[str, dict]] = {}
         self.members = Members(os.path.join(self.log.directory, MEMBERS_FILE), config.node_id)
         self._cut_off: list[Held] = []  # acknowledgements held while this node sees no majority
+        # Back on an empty disk: the followers asked for this router's sessions (``_restore``).
+        self._restoring: set[str] = set()
+        self._restore_done: asyncio.Future | None = None
+        self._restored = 0
+        # No full set of sessions goes to the followers before ``ready``: on an empty disk it
+        # would replace the sessions this router is about to ask them for.
+        self._sessions_ready = self.log.next_offset != 0 or not config.peer
         if self.factor > 1:  # with R = 1 this router only follows (acknowledgements never wait)
             self.log.on_batch = self._on_batch
             if self.always:
@@ -158,10 +166,17 @@ class Replication:
         and that has peers to ask learns how far the other nodes have its log (their replicas'
         ends, and the offsets they have seen: HELLO's ``replicas`` and ``seen``) and continues
         beyond, so that no offset ever names two messages and its replicas stay valid (what
-        they hold before that stays readable there). Bounded by ``READY_WAIT_S``: live peers
-        answer within a HELLO interval."""
+        they hold before that stays readable there), then gets its persistent sessions back
+        from its followers (``_restore``). Bounded by ``READY_WAIT_S``, live peers answer within a
+        HELLO interval, and ``RESTORE_WAIT_S``."""
         if self.log.next_offset != 0 or not self.config.peer:
             return
+        try:
+            await self._continue_log()
+        finally:
+            self._sessions_ready = True
+
+    async def _continue_log(self) -> None:
         loop = self.loop
         deadline = loop.time() + READY_WAIT_S
         heard = None
@@ -184,6 +199,75 @@ class Replication:
             self.flushed = start - 1
             self.leader = LeaderState(self.followers, self.leader.min_insync, self.config.replica_lag,
                                       self.config.replica_timeout, time.monotonic, start - 1)
+        holders = [p for p in self.mesh.peers.values()
+                   if p.alive and p.node_id != own and self.partition in p.replicas]
+        if holders:
+            await self._restore(holders)
+
+    async def _restore(self, holders: list[Peer]) -> None:
+        """The persistent sessions of this router that its followers hold, with what each is
+        owed from their replicas, come back before it serves (a lost disk loses no session that
+        was not taken over elsewhere meanwhile). Bounded by ``RESTORE_WAIT_S``."""
+        self._restoring = {p.router_id for p in holders}
+        done = self._restore_done = self.loop.create_future()
+        for peer in holders:
+            self.mesh.send_replication(peer, "restore", self.partition)
+        try:
+            await asyncio.wait_for(done, RESTORE_WAIT_S)
+        except TimeoutError:
+            log.warning("replication: %s did not send this router's sessions back within %g s: serving with "
+                        "the %d restored so far", ", ".join(sorted(self._restoring)), RESTORE_WAIT_S,
+                        self._restored)
+        else:
+            log.warning("replication: %d persistent session(s) of this router restored from its followers",
+                        self._restored)
+        self._restoring = set()
+
+    def restore_sessions(self, peer: Peer, partition: str) -> None:
+        """``peer`` came back on an empty disk and asks for its sessions held here: one
+        SESSION_RESTORED frame per session (its header and copies from the replica), one
+        session per loop iteration, then a last, empty one."""
+        if partition != peer.router_id:
+            raise ValueError(f"session-restore: {peer.router_id} asked for the sessions of {partition}")
+        self._restore_step(peer, partition, list(self.sessions.get(partition, {})), 0, 0)
+
+    def _restore_step(self, peer: Peer, partition: str, client_ids: list[str], i: int, sent: int) -> None:
+        if not peer.alive:
+            return
+        while i < len(client_ids):
+            cid = client_ids[i]
+            i += 1
+            st = self.sessions.get(partition, {}).get(cid)
+            if st is None or partition not in self.replicas:
+                continue
+            try:
+                session, _ = self._replica_session(cid, partition, st)
+                header = session.export_header(False)
+                header["queue"] = [item for chunk in session.export_copies(False) for item in chunk]
+            except (KeyError, TypeError, ValueError, OSError) as exc:
+                log.error("replication: session %s of %s cannot be served from its replica: %s", cid, partition,
+                          exc)
+                continue
+            self.mesh.send_replication(peer, "restored", [partition, header, False])
+            self.loop.call_soon(self._restore_step, peer, partition, client_ids, i, sent + 1)
+            return
+        self.mesh.send_replication(peer, "restored", [partition, None, True])
+        log.info("replication: %d session(s) of %s sent back to it from the replica here", sent, partition)
+
+    def restored(self, sender: str, partition: str, header: dict | None, last: bool) -> None:
+        """A session of this router sent back by a follower (``_restore``)."""
+        if partition != self.partition or sender not in self._restoring:
+            return
+        router = self.router
+        if header is not None and header["client_id"] not in router.sessions:
+            session = router.import_session(header["client_id"], header)
+            router.schedule_expiry(session)
+            router.rearm_will(session)
+            self._restored += 1
+        if last:
+            self._restoring.discard(sender)
+            if not self._restoring and not self._restore_done.done():
+                self._restore_done.set_result(None)
 
     # -- leader ------------------------------------------------------------------------------------
 
@@ -271,8 +355,8 @@ class Replication:
             self._release(self.leader.set_followers(followers, needed))
             for rid in added:  # what waits for it already went out before it was chosen: send it now
                 self.fetch(self.mesh.peers[rid], self.partition, self.leader.high_water + 1)
-        for rid in followers:  # a new follower, or a new incarnation of one: every session
-            inc = self.mesh.peers[rid].incarnation
+        for rid in followers if self._sessions_ready else ():  # a new follower, or a new incarnation
+            inc = self.mesh.peers[rid].incarnation  # of one: every session
             if self._follower_incs.get(rid, -1) != inc:
                 self._follower_incs[rid] = inc
                 self._send_sessions(rid, self._sessions_sent, True)
@@ -330,9 +414,15 @@ class Replication:
                         len(held))
             self._release(held)
         else:
+            router = self.router
+            moved = [c for cid, c in router.clients.items()
+                     if (s := router.sessions.get(cid)) is not None and s.persistent and s.conn is c.conn]
             log.error("cluster: this node sees %d of %d member nodes, not a majority (cut off by a partition, "
                       "or the others are down): QoS 1/2 publishes are not acknowledged and no session is taken "
-                      "in until it sees a majority again", len(live) + 1, len(self.members.nodes))
+                      "in until it sees a majority again; %d client(s) of persistent sessions asked to connect "
+                      "elsewhere", len(live) + 1, len(self.members.nodes), len(moved))
+            for client in moved:  # the majority side serves their sessions from the replicas
+                client.move_away()
 
     # -- follower ----------------------------------------------------------------------------------
 

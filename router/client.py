@@ -392,6 +392,16 @@ class Client:
                 break
             self.packet_received(packet)
 
+    def move_away(self) -> None:
+        """This node is cut off from the majority of the cluster (cluster.quorum): close with
+        Use Another Server (MQTT 5; 3.1.1 clients just see the close) so that the client connects
+        to the majority side, which serves its session from a replica. The client is not gone:
+        a will without a delay is not published (one with a delay waits with the session, as
+        on any close, and is cancelled when the session resumes elsewhere)."""
+        if self.will is not None and not will_delay(self.will):
+            self.will = None
+        self.conn.close(Reason.USE_ANOTHER_SERVER)
+
     def taken_over(self) -> None:
         """The same client id connected elsewhere: close this connection (its will fires)."""
         if self._taken_over:

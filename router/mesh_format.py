@@ -41,7 +41,9 @@ held before), SESSION_GONE ``[partition, [client_id]]`` (a session of that parti
 from a replica: forget it), SESSION_CATCHUP ``[client_id, partition, start, since_ms, subs,
 username]`` (read your log, or your replica of ``partition``, back for that one session: its
 records from ``start``, or from ``since_ms`` when ``start`` is -1) answered by SESSION_COPIES
-``[client_id, items, last]`` (items as TAKEOVER_CHUNK's).
+``[client_id, items, last]`` (items as TAKEOVER_CHUNK's); SESSION_RESTORE ``partition`` (a router
+back on an empty disk asks a follower of its log for its sessions) answered by SESSION_RESTORED
+``[partition, header or None, last]``, one session (a takeover header with its copies) a frame.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ PLAIN, FULL = 5, 9
 MESH_VERSION = 10
 (HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE,
  RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE, CATCHUP, REPLICATE, REPLICA_ACK, REPLICA_FETCH, REPLICA_CATCHUP,
- REPLICA_PUBLISH, SESSION_STATE, SESSION_GONE, SESSION_CATCHUP, SESSION_COPIES) = range(1, 23)
+ REPLICA_PUBLISH, SESSION_STATE, SESSION_GONE, SESSION_CATCHUP, SESSION_COPIES, SESSION_RESTORE,
+ SESSION_RESTORED) = range(1, 25)
 KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST_ACK: "interest-ack",
               RETAINED: "retained", TAKEOVER_REQ: "takeover-request", TAKEOVER_RESP: "takeover",
               SYNC_REQ: "sync-request", GOODBYE: "goodbye", RESYNC: "resync",
@@ -68,7 +71,8 @@ KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST
               REPLICATE: "replicate", REPLICA_ACK: "replica-ack", REPLICA_FETCH: "replica-fetch",
               REPLICA_CATCHUP: "replica-catch-up", REPLICA_PUBLISH: "replica-publish",
               SESSION_STATE: "session-state", SESSION_GONE: "session-gone", SESSION_CATCHUP: "session-catch-up",
-              SESSION_COPIES: "session-copies"}
+              SESSION_COPIES: "session-copies", SESSION_RESTORE: "session-restore",
+              SESSION_RESTORED: "session-restored"}
 
 # The largest frame a router accepts (ZeroMQ's MAXMSGSIZE on its PULL sockets; a peer sending a
 # bigger one is disconnected by ZeroMQ and reconnects). Senders split publish batches well below it.
@@ -178,6 +182,11 @@ def _session_copies(body: Any) -> bool:
             and all(i.__class__ is list and len(i) == QUEUE_ITEM_LEN for i in body[1]))
 
 
+def _session_restored(body: Any) -> bool:
+    return (body.__class__ is list and len(body) == 3 and body[0].__class__ is str and body[2].__class__ is bool
+            and (body[1] is None or (body[1].__class__ is dict and all(k in body[1] for k in SESSION_KEYS))))
+
+
 def _takeover_done(body: Any) -> bool:
     return body.__class__ is list and len(body) == 2 and body[0].__class__ is int and body[1].__class__ is bool
 
@@ -206,6 +215,8 @@ _CHECKS = {
     SESSION_GONE: _session_gone,
     SESSION_CATCHUP: _session_catchup,
     SESSION_COPIES: _session_copies,
+    SESSION_RESTORE: lambda b: b.__class__ is str,
+    SESSION_RESTORED: _session_restored,
 }
 
 

@@ -96,3 +96,7 @@ class ClientHandle(Protocol):
 
     def taken_over(self) -> None:
         """The same client id connected elsewhere: close this connection (its will fires)."""
+
+    def move_away(self) -> None:
+        """This node is cut off from the cluster's majority: close, asking the client to connect
+        elsewhere (its will does not fire)."""

@@ -167,12 +167,18 @@ def test_a_router_that_wanted_nothing_reads_nothing_back_from_a_dead_nodes_repli
 def test_a_node_back_on_an_empty_disk_continues_its_log_and_catches_up_as_a_follower(start_broker, tmp_path):
     """Node a is killed and its data directory deleted (a replaced disk). Back, it learns from
     the other nodes how far they hold its log and continues beyond (before, its offsets restarted
-    at 0 and its follower took the new records for ones it held: acknowledged with one copy);
+    at 0 and its follower took the new records for ones it held: acknowledged with one copy); its
+    offline persistent session comes back from its follower, with the messages that waited for it;
     and where it follows another node's log it catches up to in sync."""
     import shutil
 
     nodes = three_nodes(start_broker, "--replication-factor", "2")
     u = uuid.uuid4().hex[:6]
+    # A persistent session, offline, with messages waiting for it: its follower holds it.
+    offline = Client(nodes["a"].port, f"k{u}", clean=False, host=HOSTS["a"]).connect()
+    offline.subscribe(f"ed{u}/#", 1)
+    snapshot_of(nodes[follower_nodes("a/w0", "a", ["b", "c"], 1)[0]], lambda r: r["sessions"].get("a/w0", 0) == 1)
+    offline.disconnect()
     pub = Client(nodes["a"].port, f"p{u}", host=HOSTS["a"]).connect()
     for i in range(20):
         pub.publish(f"ed{u}/x", str(i), qos=1)
@@ -181,6 +187,11 @@ def test_a_node_back_on_an_empty_disk_continues_its_log_and_catches_up_as_a_foll
     shutil.rmtree(tmp_path / "data" / "a")
     nodes["a"].start()
     nodes["a"].wait_log("it continues at 20")
+    nodes["a"].wait_log("1 persistent session(s) of this router restored from its followers")
+    back = Client(nodes["a"].port, f"k{u}", clean=False, host=HOSTS["a"]).connect()
+    assert back.session_present, "the session of a node back on an empty disk was lost"
+    wait_for(lambda: {m.payload for m in back.messages} >= {str(i).encode() for i in range(20)}, 15,
+             "the messages that waited for the session, from the follower's replica")
     pub = Client(nodes["a"].port, f"p2{u}", host=HOSTS["a"]).connect()
     pub.publish(f"ed{u}/x", b"after", qos=1)
     snap = snapshot_of(nodes["a"], lambda r: r["end"] >= 20 and r["high_water"] >= 20)
@@ -261,9 +272,11 @@ def test_a_persistent_session_survives_its_nodes_death(start_broker, publishers,
 def test_a_partitioned_minority_stops_acknowledging_and_nothing_acknowledged_is_lost(start_broker):
     """Node c is cut off from a and b (its mesh traffic dropped both ways, by proxies in front of
     every node's mesh). a and b, a majority, go on acknowledging; c sees no majority and stops:
-    its QoS 1 publishes are not acknowledged (refused at --replica-timeout) and a persistent
-    session cannot connect there. After the partition heals, every message that was
-    acknowledged anywhere has reached the subscribers on both sides."""
+    its QoS 1 publishes are not acknowledged (refused at --replica-timeout), the client of a
+    persistent session there is asked to connect elsewhere and cannot connect there again. On the
+    majority side that client gets its session (from c's replica) with session present. After the
+    partition heals, c drops its stale copy of the session (one owner), and every message that was
+    acknowledged anywhere has reached the subscribers on both sides and the moved session."""
     from tests.cluster.partition import MeshProxy
 
     ports = {n: mesh_port(h) for n, h in HOSTS.items()}
@@ -283,6 +296,10 @@ def test_a_partitioned_minority_stops_acknowledging_and_nothing_acknowledged_is_
         for name in ("a", "c"):
             subs[name] = Client(nodes[name].port, f"s{name}{u}", host=HOSTS[name]).connect()
             subs[name].subscribe(f"pt{u}/#", 1)
+        moving = Client(nodes["c"].port, f"m{u}", clean=False, host=HOSTS["c"]).connect()
+        moving.subscribe(f"pt{u}/#", 1)
+        snapshot_of(nodes[follower_nodes("c/w0", "c", ["a", "b"], 1)[0]],
+                    lambda r: r["sessions"].get("c/w0", 0) == 1)  # its session is on c's follower
         pubs = {n: Client(nodes[n].port, f"p{n}{u}", host=HOSTS[n]).connect() for n in ("a", "c")}
         acked: set[bytes] = set()
         for i in range(10):
@@ -294,6 +311,8 @@ def test_a_partitioned_minority_stops_acknowledging_and_nothing_acknowledged_is_
         for n in ("a", "b"):
             proxies[n].cut({HOSTS["c"]})
         nodes["c"].wait_log("not a majority", timeout=15)
+        assert moving.disconnected.wait(5), "the persistent session's client was not asked to go"
+        moving.drop()  # (paho would keep trying c)
         # The minority: a QoS 1 publish is held, then refused; no persistent session comes in.
         info = pubs["c"].c.publish(f"pt{u}/c", b"c-during", 1)
         info.wait_for_publish(5)
@@ -305,13 +324,18 @@ def test_a_partitioned_minority_stops_acknowledging_and_nothing_acknowledged_is_
             pubs["a"].publish(f"pt{u}/a", f"a-during-{i}".encode(), qos=1)
             acked.add(f"a-during-{i}".encode())
         assert "not a majority" not in nodes["a"].log_text()
+        moved = Client(nodes["a"].port, f"m{u}", clean=False, host=HOSTS["a"]).connect()
+        assert moved.session_present, "the majority side did not serve the cut-off node's session"
 
         for proxy in proxies.values():
             proxy.heal()
         nodes["c"].wait_log("sees a majority of the cluster again", timeout=15)
-        for name, s in subs.items():
-            wait_for(lambda s=s: {m.payload for m in s.messages} >= acked, 30,
-                     f"every acknowledged message at the subscriber on node {name}")
+        nodes["c"].wait_log(f"session m{u} was taken over on another node while this router was taken for "
+                            "dead: its stale copy here is dropped")
+        got = {name: (lambda s=s: {m.payload for m in s.messages}) for name, s in subs.items()}
+        got["the moved session"] = lambda: {m.payload for m in moving.messages + moved.messages}
+        for name, received in got.items():
+            wait_for(lambda received=received: received() >= acked, 30, f"every acknowledged message at {name}")
     finally:
         for proxy in proxies.values():
             proxy.heal()

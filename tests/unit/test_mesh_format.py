@@ -49,3 +49,16 @@ def test_session_frames_of_version_10():
         (SESSION_COPIES, ["c1", [[1, False]], True], "session-copies"),
     ]:
         assert check_body(kind, bad) == f"malformed {name} body"
+
+
+def test_session_restore_frames():
+    """A router back on an empty disk asks a follower for its sessions; each comes back with
+    the keys of a takeover header, and a last frame without one ends the answer."""
+    from brokerd.router.mesh_format import SESSION_KEYS, SESSION_RESTORE, SESSION_RESTORED
+
+    header = {k: [] for k in SESSION_KEYS}
+    assert check_body(SESSION_RESTORE, "a/w0") is None
+    assert check_body(SESSION_RESTORED, ["a/w0", header, False]) is None
+    assert check_body(SESSION_RESTORED, ["a/w0", None, True]) is None
+    assert check_body(SESSION_RESTORE, ["a/w0"]) == "malformed session-restore body"
+    assert check_body(SESSION_RESTORED, ["a/w0", {"client_id": "c"}, False]) == "malformed session-restored body"
