@@ -128,7 +128,7 @@ LINGER_BELOW = 64  # publishes in a tick's frames below which they wait one more
 SYNC_WINDOW_S = 30.0  # after start, fetch the retained messages of every router that joins
 MOVE_TIMEOUT_S = 60.0  # an exported session not confirmed by its new owner within this stays here
 LOCAL_DOWN_WAIT_S = 5.0  # a CONNECT waits this long for a router of this node that is down
-PARK_SKEW_S = 1.0  # a router parked here this recently may not be parked by the others yet
+SEEN_WINDOW = 4096  # PUBLISH frame numbers remembered per peer, to drop a frame received twice
 
 
 class _Transfer:
@@ -224,7 +224,7 @@ class Peer:
                  "batch", "batch_sources", "stats", "parked", "parked_at", "backlog", "backlog_bytes",
                  "backlog_msgs", "dropped", "log_mark", "replay_from", "seq_out", "seq_in", "acked",
                  "ring", "ring_bytes", "resend", "stats_tcp", "origin_mark", "replaying", "replicas",
-                 "claim_floor", "interest_known", "seen_of_me")
+                 "claim_floor", "interest_known", "seen_of_me", "seqs_seen")
 
     def __init__(self, router_id: str, node_id: str, ipc: str | None, tcp: str | None) -> None:
         self.router_id = router_id
@@ -251,6 +251,9 @@ class Peer:
         # confirmed, and those sent but not confirmed yet (for its next incarnation, if it crashes).
         self.seq_out = 0
         self.seq_in = 0
+        # The numbers of its last PUBLISH frames received (``SEEN_WINDOW``), not only the
+        # highest: frames sent again to a new incarnation of ours may come after newer ones.
+        self.seqs_seen: dict[int, None] = {}
         self.acked = 0
         self.ring: deque[tuple[int, bytes]] = deque()
         self.ring_bytes = 0
@@ -819,23 +822,30 @@ class Mesh:
             return result
         return None
 
+    def _park_skew(self) -> float:
+        """How long after a router is parked here the others may still count it as alive: each
+        notices a silence by its own clock, and one that got its GOODBYE (a stop, or a dying
+        node that managed to say it to some) parks it a whole mesh timeout before the others."""
+        return self.config.mesh_timeout + 1.0
+
     def _just_parked(self) -> list[Peer]:
-        """Routers of other nodes parked within the last second: the other routers may not count
-        them as gone yet (each notices a silence by its own clock)."""
+        """Routers of other nodes parked so recently that the other routers may not count them
+        as gone yet."""
         now = time.monotonic()
+        skew = self._park_skew()
         return [p for p in self.peers.values()
-                if p.parked and p.node_id != self.node_id and now - p.parked_at < PARK_SKEW_S]
+                if p.parked and p.node_id != self.node_id and now - p.parked_at < skew]
 
     async def _gone(self, routers: set[str]) -> None:
         """Wait until ``routers`` count as gone (parked) here, at most one mesh timeout and a
-        second, and until every router parked here counts as gone elsewhere too."""
+        second, and until every router parked here counts as gone elsewhere too (``_park_skew``)."""
         end = time.monotonic() + self.config.mesh_timeout + 1.0
         while time.monotonic() < end and not self.closed and any(
                 self.peers[rid].alive for rid in routers if rid in self.peers):
             await asyncio.sleep(0.1)
         recent = self._just_parked()
         if recent:
-            await asyncio.sleep(PARK_SKEW_S - (time.monotonic() - min(p.parked_at for p in recent)))
+            await asyncio.sleep(self._park_skew() - (time.monotonic() - min(p.parked_at for p in recent)))
 
     def _local_down(self) -> set[str]:
         """The routers of this node that are not alive now."""
@@ -961,9 +971,17 @@ class Mesh:
         router = self.router
         if kind == PUBLISH:
             seq, batch, mark = body
-            if seq <= peer.seq_in:
+            seen = peer.seqs_seen
+            if seq <= peer.seq_in and (seq in seen or seq <= peer.seq_in - SEEN_WINDOW):
                 return  # sent again to a new incarnation of ours, or twice: we have it
-            peer.seq_in = seq
+            # A number below the highest that is not among those seen: a frame our previous
+            # incarnation never read, sent again after newer ones reached us (the sender's link
+            # reconnected to us before it knew we had restarted).
+            seen[seq] = None
+            if len(seen) > SEEN_WINDOW:
+                del seen[next(iter(seen))]
+            if seq > peer.seq_in:
+                peer.seq_in = seq
             if mark > peer.origin_mark:
                 peer.origin_mark = mark
             stats = router.stats
@@ -1197,6 +1215,7 @@ class Mesh:
                 self._park(peer, "restarted")
                 peer.link.reset()
                 peer.seq_in = 0  # its frames are numbered anew
+                peer.seqs_seen.clear()
                 # What its old incarnation never confirmed goes to the new one first.
                 peer.resend = [frame for seq, frame in peer.ring if seq > peer.acked]
             peer.incarnation = inc

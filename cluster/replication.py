@@ -407,10 +407,11 @@ class Replication:
         changed = self.members.update(live, {n for n, k in known.items() if not k})
         if changed is None or self.factor <= 1:
             return
+        heard = len(live | {self.config.node_id})
         if changed:
             held, self._cut_off = self._cut_off, []
             log.warning("cluster: this node sees a majority of the cluster again (%d of %d nodes): QoS 1/2 "
-                        "acknowledgements go on (%d held ones sent)", len(live) + 1, len(self.members.nodes),
+                        "acknowledgements go on (%d held ones sent)", heard, len(self.members.nodes),
                         len(held))
             self._release(held)
         else:
@@ -420,7 +421,7 @@ class Replication:
             log.error("cluster: this node sees %d of %d member nodes, not a majority (cut off by a partition, "
                       "or the others are down): QoS 1/2 publishes are not acknowledged and no session is taken "
                       "in until it sees a majority again; %d client(s) of persistent sessions asked to connect "
-                      "elsewhere", len(live) + 1, len(self.members.nodes), len(moved))
+                      "elsewhere", heard, len(self.members.nodes), len(moved))
             for client in moved:  # the majority side serves their sessions from the replicas
                 client.move_away()
 

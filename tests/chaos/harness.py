@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 import paho.mqtt.client as mqtt
 import psutil
 
+from tests.cluster.partition import MeshProxy
 from tests.helpers import WAIT, Broker, Client, wait_for
 
 MESH_TIMEOUT = 1.0  # --mesh-timeout of every broker: short, so a SIGSTOP beyond it is short too
@@ -78,6 +79,7 @@ STOP_BEYOND = (0.5, 1.2)  # a SIGSTOP lasts the mesh timeout plus this much (sec
 GAP = (0.6, 1.8)  # traffic without a new fault between two faults (seconds, uniform)
 OFFLINE = (0.2, 1.5)  # how long a client that dropped its connection stays away
 NODE_DOWN = (0.3, 1.2)  # how long a SIGKILLed node stays down before it is restarted
+PARTITION = (MESH_TIMEOUT + 0.5, MESH_TIMEOUT + 2.5)  # how long a node stays cut off from the others
 QUIET = 2.0  # traffic after the last fault, before the publishers stop
 RECONNECT_DELAY = (0.5, 2)  # paho's back-off between reconnection attempts
 KEEPALIVE = 30
@@ -123,6 +125,7 @@ class Node:
     name: str
     broker: Broker
     workers: int
+    proxies: list[MeshProxy] = field(default_factory=list)  # in front of its routers' mesh (partitions)
 
     @property
     def host(self) -> str:
@@ -788,6 +791,27 @@ class Scenario:
         node.broker.start()
         self.crashes.append(Outage(node.name, t_kill, now(), {s.name for s in moved}))
 
+    def _partition(self) -> None:
+        """Cut one node off from the others (its mesh traffic stops both ways at the proxies, as
+        a network dropping packets; clients still reach every node) for a moment beyond the mesh
+        timeout, then heal. The cut-off node sees no majority: it acknowledges nothing and sends
+        its persistent sessions' clients away (they retry it, refused, until it heals: their
+        sessions wait there); the others go on. After healing, everything acknowledged on either
+        side reaches its subscribers (the usual checks)."""
+        node = self.rng.choice(self.nodes)
+        cut = self.rng.uniform(*PARTITION)
+        self.fault("partition", f"node {node.name} cut off from the others for {cut:.2f} s")
+        others = {n.host for n in self.nodes if n is not node}
+        for n in self.nodes:
+            for proxy in n.proxies:
+                proxy.cut(others if n is node else {node.host})
+        try:
+            self.pause(cut)
+        finally:
+            for n in self.nodes:
+                for proxy in n.proxies:
+                    proxy.heal()
+
     def _takeover(self) -> None:
         """A persistent subscriber's client id connects again, on a node the seed picks, while its
         session is live and messages stream to it."""
@@ -1038,17 +1062,25 @@ class Scenario:
                 report.violations.append(f"node {n.name}: {count} traceback(s) in its log, the first:\n{excerpt}")
 
 
-def start_nodes(start_broker: Callable[..., Broker], names: str = "abc", workers: int = 2) -> list[Node]:
+def start_nodes(start_broker: Callable[..., Broker], names: str = "abc", workers: int = 2,
+                partitionable: bool = False) -> list[Node]:
     """Nodes on 127.0.0.1, .2, .3, each with ``workers`` workers and a mesh port; each peers with
     the previous one (the first with the second): the rest is learned by gossip. Returns once
-    every router delivers to every other (``probe_mesh``), bounded."""
+    every router delivers to every other (``probe_mesh``), bounded. ``partitionable``: every
+    router's mesh behind a proxy the node advertises (``--mesh-advertise``), which the partition
+    fault cuts (tests/cluster/partition.py); the caller closes them (``close_proxies``)."""
     hosts = [f"127.0.0.{i + 1}" for i in range(len(names))]
     ports = [_mesh_port(h, workers) for h in hosts]
+    advertised = [_mesh_port(h, workers) for h in hosts] if partitionable else ports
     nodes = []
     for i, (host, name) in enumerate(zip(hosts, names, strict=True)):
         peer = 1 if i == 0 else i - 1
-        args = [*BROKER_ARGS, "--mesh", f"{host}:{ports[i]}", "--peer", f"{hosts[peer]}:{ports[peer]}"]
-        nodes.append(Node(name, start_broker(*args, workers=workers, host=host, node_id=name), workers))
+        args = [*BROKER_ARGS, "--mesh", f"{host}:{ports[i]}", "--peer", f"{hosts[peer]}:{advertised[peer]}"]
+        proxies = []
+        if partitionable:
+            proxies = [MeshProxy(host, ports[i] + w, advertised[i] + w) for w in range(workers)]
+            args += ["--mesh-advertise", f"{host}:{advertised[i]}"]
+        nodes.append(Node(name, start_broker(*args, workers=workers, host=host, node_id=name), workers, proxies))
     rounds = itertools.count()
     missing: list[str] = []
 
@@ -1061,6 +1093,13 @@ def start_nodes(start_broker: Callable[..., Broker], names: str = "abc", workers
     except AssertionError as exc:
         raise AssertionError(f"{exc}: {len(missing)} router pairs do not deliver: {', '.join(missing)}") from None
     return nodes
+
+
+def close_proxies(nodes: list[Node]) -> None:
+    for node in nodes:
+        for proxy in node.proxies:
+            proxy.heal()
+            proxy.close()
 
 
 def probe_mesh(nodes: list[Node], tag: str, wait: float, credentials: tuple[str, str] | None = None) -> list[str]:

@@ -5,11 +5,12 @@ lets us exclude). ``CHAOS_SEED=<seed>`` replays a run's fault schedule; every fa
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.chaos.harness import BROKER_ARGS, Node, Scenario, chaos_seed, start_nodes
+from tests.chaos.harness import BROKER_ARGS, Node, Scenario, chaos_seed, close_proxies, start_nodes
 from tests.helpers import BROKERD, Broker
 
 
@@ -55,11 +56,21 @@ def test_chaos_one_node_two_workers(start_broker: Callable[..., Broker], record_
 def test_chaos_three_nodes(start_broker: Callable[..., Broker], record_property: Callable) -> None:
     """Nodes a, b, c on 127.0.0.1/.2/.3 with two workers each: every node publishes and
     subscribes, takeovers and reconnections may move a session to another node, one whole node
-    is SIGKILLed and restarted besides the worker faults, and one is SIGKILLed while the
-    persistent sessions that were on it reconnect elsewhere (from the replicas)."""
+    is SIGKILLed and restarted besides the worker faults, one is SIGKILLed while the persistent
+    sessions that were on it reconnect elsewhere (from the replicas); with CHAOS_PARTITION=1, one is
+    also cut off from the others by a partition for a moment (every mesh behind a proxy the fault
+    cuts)."""
     seed = chaos_seed()
-    print(f"chaos three-nodes seed={seed}")
-    nodes = start_nodes(start_broker)
+    partitions = os.environ.get("CHAOS_PARTITION") == "1"
+    print(f"chaos three-nodes seed={seed}{' with partitions' if partitions else ''}")
+    nodes = start_nodes(start_broker, partitionable=partitions)
+    try:
+        _three_nodes(nodes, seed, record_property, partitions)
+    finally:
+        close_proxies(nodes)
+
+
+def _three_nodes(nodes: list, seed: int, record_property: Callable, partitions: bool) -> None:
     sc = Scenario("three-nodes", seed, nodes)
     for n in nodes:
         for i in range(2):
@@ -71,4 +82,10 @@ def test_chaos_three_nodes(start_broker: Callable[..., Broker], record_property:
     for i, n in enumerate(sc.rng.sample(nodes, 2)):
         sc.add_member(f"g{i}", n, f"g{sc.uid}")
     schedule = ["stop", "stop", "kill", "kill", "node-kill", "node-loss", "takeover", "takeover", "drop", "drop"]
-    _run(sc, schedule, 45.0, record_property)
+    if partitions:
+        # Off by default (CHAOS_PARTITION=1 turns it on): behind the proxies a partition needs,
+        # node restarts still lose a few acknowledged messages in some seeds (a peer's link
+        # reconnects to a restarted node through the proxy before the peer knows it restarted;
+        # docs/replication.md, "Chaos with partitions").
+        schedule.append("partition")
+    _run(sc, schedule, 55.0 if partitions else 45.0, record_property)

@@ -3,7 +3,8 @@ mesh (the node advertises the proxy with ``--mesh-advertise``; its own connectio
 ``--mesh`` address, so the proxy knows which node a connection comes from). ``cut`` stops
 forwarding, both ways, on the connections from the given addresses, as a network that drops
 their packets: nothing is closed, bytes wait in the kernel's buffers and TCP's retransmissions,
-and flow again when the partition heals (``heal``)."""
+and flow again when the partition heals (``heal``). A connection that one side closes (a node that
+dies) is closed on the other side too, as a direct one would be."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import threading
 class MeshProxy:
     """Forwards ``host:port`` (where other nodes connect) to ``host:target`` (the node's mesh)."""
 
-    def __init__(self, host: str, target: int) -> None:
+    def __init__(self, host: str, target: int, port: int = 0) -> None:
         self.host, self.target = host, target
-        self.server = socket.create_server((host, 0))
+        self.server = socket.create_server((host, port))
         self.port = self.server.getsockname()[1]
         self.cut_from: set[str] = set()
         self.cond = threading.Condition()
@@ -65,9 +66,18 @@ class MeshProxy:
                     return
             try:
                 data = src.recv(65536)
-                if not data:
-                    dst.shutdown(socket.SHUT_WR)
-                    return
-                dst.sendall(data)
+                if data:
+                    dst.sendall(data)
+                    continue
             except OSError:
-                return
+                pass
+            # One side closed or failed (a node died): close both, as a direct connection would
+            # be, so the other side's ZeroMQ reconnects (to the node's next incarnation) instead
+            # of writing into a connection nobody reads.
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)  # wakes the other direction's recv
+                except OSError:
+                    pass
+                sock.close()
+            return
