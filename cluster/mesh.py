@@ -33,7 +33,8 @@ was paused does not blame its peers for the silence it did not hear: it gives th
 timeout.
 
 PUBLISH frames are numbered per peer, and every HELLO says up to which number it has received
-each peer's frames. Until then a frame stays in the sender's ring of unconfirmed frames (bounded
+each peer's frames and its log has written the copies it made of them (durable with --fsync
+always). Until then a frame stays in the sender's ring of unconfirmed frames (bounded
 by ``--mesh-backlog`` bytes too): when a peer comes back as a new incarnation (a worker or node
 that crashed and restarted), what its old incarnation never confirmed is sent again, before what
 was kept while it was silent, so the sessions it restored from its disk get what other routers
@@ -224,7 +225,7 @@ class Peer:
                  "batch", "batch_sources", "stats", "parked", "parked_at", "backlog", "backlog_bytes",
                  "backlog_msgs", "dropped", "log_mark", "replay_from", "seq_out", "seq_in", "acked",
                  "ring", "ring_bytes", "resend", "stats_tcp", "origin_mark", "replaying", "replicas",
-                 "claim_floor", "interest_known", "seen_of_me", "seqs_seen")
+                 "claim_floor", "interest_known", "seen_of_me", "seqs_seen", "unwritten")
 
     def __init__(self, router_id: str, node_id: str, ipc: str | None, tcp: str | None) -> None:
         self.router_id = router_id
@@ -254,6 +255,9 @@ class Peer:
         # The numbers of its last PUBLISH frames received (``SEEN_WINDOW``), not only the
         # highest: frames sent again to a new incarnation of ours may come after newer ones.
         self.seqs_seen: dict[int, None] = {}
+        # (frame number, the log offset its copies end at) of its frames whose copies our log
+        # has not written yet (durable, with --fsync always): HELLO confirms only frames before.
+        self.unwritten: deque[tuple[int, int]] = deque()
         self.acked = 0
         self.ring: deque[tuple[int, bytes]] = deque()
         self.ring_bytes = 0
@@ -993,6 +997,10 @@ class Mesh:
             bad = router.deliver_forwarded(batch, sender)
             if bad:
                 log.error("mesh: dropped %d malformed message(s) from %s", bad, sender)
+            if router.commit_log is not None:
+                peer.unwritten.append((seq, router.commit_log.next_offset - 1))
+                if len(peer.unwritten) > SEEN_WINDOW:  # the log stalls (a failing disk): as before,
+                    peer.unwritten.popleft()  # confirmed on receipt
         elif kind == INTEREST:
             seq, changes = body[0], body[1]
             if len(body) == 3 and body[2]:
@@ -1155,7 +1163,7 @@ class Mesh:
 
     def _hello_body(self) -> dict:
         known = [[p.router_id, p.node_id, p.ipc, p.tcp] for p in self.peers.values() if p.alive]
-        acks = {p.router_id: p.seq_in for p in self.peers.values() if p.seq_in}
+        acks = {p.router_id: self._confirmable(p) for p in self.peers.values() if p.seq_in}
         commit_log = self.router.commit_log
         body = {"node": self.node_id, "ipc": self.ipc, "tcp": self.tcp, "peers": known, "acks": acks,
                 "stats": self.stats_tcp, "log": commit_log.next_offset if commit_log is not None else -1}
@@ -1177,6 +1185,21 @@ class Mesh:
         if self.replication is not None and self.replication.replicas:
             body["replicas"] = self.replication.hello()
         return body
+
+    def _confirmable(self, peer: Peer) -> int:
+        """The number up to which ``peer``'s PUBLISH frames can be confirmed: received, and the
+        copies our log made of them written (durable with --fsync always). A crash loses what is
+        not confirmed from the sender's ring, which sends it to our next incarnation; confirmed
+        on receipt alone, a copy still in memory would be lost with the crash."""
+        pending = peer.unwritten
+        if pending:
+            commit_log = self.router.commit_log
+            done = commit_log.durable_offset if self.config.fsync == "always" else commit_log.written_offset
+            while pending and pending[0][1] <= done:
+                pending.popleft()
+            if pending:
+                return min(peer.seq_in, pending[0][0] - 1)
+        return peer.seq_in
 
     def _on_hello(self, sender: str, inc: int, body: dict) -> None:
         if sender == self.router_id:
@@ -1216,6 +1239,7 @@ class Mesh:
                 peer.link.reset()
                 peer.seq_in = 0  # its frames are numbered anew
                 peer.seqs_seen.clear()
+                peer.unwritten.clear()
                 # What its old incarnation never confirmed goes to the new one first.
                 peer.resend = [frame for seq, frame in peer.ring if seq > peer.acked]
             peer.incarnation = inc
