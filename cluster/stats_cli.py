@@ -284,8 +284,9 @@ def routers_view(snaps: list[dict[str, Any]], missing: Iterable[str] = (), *, wi
 
 
 def replication_lines(snaps: Iterable[dict[str, Any]]) -> list[str]:
-    """Per router with replication: its log's high-water mark, held acknowledgements, and each
-    follower's lag and whether it is in sync; then the replicas it holds for other routers."""
+    """Per router with replication: whether its node is cut off from the majority, its log's
+    high-water mark, held acknowledgements, and each follower's lag and whether it is in sync;
+    then the replicas it holds for other routers (and how many of their sessions)."""
     lines = []
     for s in snaps:
         r = s.get("replication")
@@ -300,7 +301,13 @@ def replication_lines(snaps: Iterable[dict[str, Any]]) -> list[str]:
                          f"high-water {r['high_water']}  held {r['held']}  refused {r['refused_total']}  "
                          f"followers: {followers}")
         if r["replicas"]:
-            parts.append("replicas: " + ", ".join(f"{p} to {v['end']}" for p, v in sorted(r["replicas"].items())))
+            sessions = r.get("sessions", {})
+            parts.append("replicas: " + ", ".join(
+                f"{p} to {v['end']}" + (f" ({sessions[p]} session(s))" if sessions.get(p) else "")
+                for p, v in sorted(r["replicas"].items())))
+        if not r.get("majority", True):
+            parts.insert(0, f"CUT OFF: no majority of the {r.get('members', '?')} member nodes, QoS 1/2 not "
+                            "acknowledged")
         if parts:
             lines.append(f"replication {s['router_id']}: " + "  ".join(parts))
     return lines

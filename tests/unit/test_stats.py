@@ -247,3 +247,20 @@ def test_render_tables():
     text = render_connections(lists)
     rows = [line for line in text.splitlines() if line.startswith("client-")]
     assert rows[0].split()[:2] == ["client-1", "w1"] and rows[1].split()[:2] == ["client-0", "w0"]
+
+
+def test_replication_line_says_a_node_is_cut_off_and_counts_the_sessions_held():
+    """`brokerd stats`: a router whose node sees no majority says so first; a replica shows how
+    many of its router's sessions are held here (served from it if that router dies)."""
+    from brokerd.cluster.stats_cli import replication_lines
+
+    rep = {"factor": 2, "min_insync": 2, "required": 2, "end": 9, "high_water": 7, "held": 2,
+           "refused_total": 0, "followers": {"b/w0": {"lag_records": 2, "in_sync": True}},
+           "replicas": {"b/w0": {"end": 41, "acked": 41}}, "sessions": {"b/w0": 3},
+           "majority": False, "members": 3}
+    (line,) = replication_lines([{"router_id": "a/w0", "replication": rep}])
+    assert line.startswith("replication a/w0: CUT OFF: no majority of the 3 member nodes")
+    assert "replicas: b/w0 to 41 (3 session(s))" in line
+    rep["majority"] = True
+    (line,) = replication_lines([{"router_id": "a/w0", "replication": rep}])
+    assert "CUT OFF" not in line
