@@ -477,7 +477,7 @@ def load(argv: list[str], environ: Mapping[str, str] | None = None) -> Config:
     return cfg
 
 
-_WILDCARDS = ("", "0.0.0.0", "::")
+WILDCARDS = ("", "0.0.0.0", "::")  # bind addresses that name no one address to reach or leave from
 
 
 def _check_replication(cfg: Config) -> None:
@@ -514,7 +514,7 @@ def _check_ports(cfg: Config) -> None:
                               "go beyond 65535")
         for other, other_addr, other_ports in used[:i]:
             shared = set(ports) & set(other_ports)
-            if shared and (addr == other_addr or addr in _WILDCARDS or other_addr in _WILDCARDS):
+            if shared and (addr == other_addr or addr in WILDCARDS or other_addr in WILDCARDS):
                 raise ConfigError(f"{flag}: port {min(shared)} is also used by {other}")
 
 

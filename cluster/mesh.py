@@ -110,7 +110,7 @@ from brokerd.router.mesh_format import (
 from brokerd.router.message import Message
 from brokerd.router.ports import TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE
 
-from .config import Config
+from .config import WILDCARDS, Config
 from .paths import ensure_run_dir, mesh_ipc
 
 if TYPE_CHECKING:
@@ -362,7 +362,7 @@ class Mesh:
             s.curve_serverkey = public
             self._monitor(s, f"link to {endpoint}")
         mesh = self.config.mesh
-        if endpoint.startswith("tcp://") and mesh is not None and mesh[0] not in ("0.0.0.0", "::", ""):
+        if endpoint.startswith("tcp://") and mesh is not None and mesh[0] not in WILDCARDS:
             # From the mesh's address: on a host with several, traffic between nodes leaves from
             # the one the operator chose for it (and firewalls see the address they expect).
             source = f"[{mesh[0]}]" if ":" in mesh[0] else mesh[0]
@@ -426,7 +426,7 @@ class Mesh:
                 tcp_pull.bind(f"tcp://{host}:{port + self.index}")
             except zmq.ZMQError as exc:
                 raise OSError(f"--mesh: cannot bind {host}:{port + self.index}: {exc}") from None
-            advertised = host if host not in ("0.0.0.0", "::", "") else socket.getfqdn()
+            advertised = host if host not in WILDCARDS else socket.getfqdn()
             self.tcp = f"tcp://{advertised}:{port + self.index}"
             if self.config.mesh_advertise is not None:
                 ad_host, ad_port = self.config.mesh_advertise
@@ -435,7 +435,7 @@ class Mesh:
                 # Where other nodes' `brokerd stats --cluster` reads this router (a tcp stats socket,
                 # at the listener's address, or the mesh's advertised one for a wildcard listener).
                 stats_host = self.config.stats_host
-                if stats_host in ("0.0.0.0", "::", ""):
+                if stats_host in WILDCARDS:
                     stats_host = advertised
                 self.stats_tcp = f"tcp://{stats_host}:{self.config.stats_port + self.index}"
         self.pull = pull
@@ -1050,9 +1050,7 @@ class Mesh:
             req, ok = body
             client_id = self._moves.pop((sender, req), None)
             if client_id is not None:
-                router.moved(client_id, ok)
-                if self.replication is not None:
-                    self.replication.replica_moved(client_id, ok)
+                self._moved(client_id, ok)
         elif kind == SYNC_REQ:
             snapshot = router.retained_snapshot()
             for i in range(0, len(snapshot), 1000):
@@ -1128,9 +1126,14 @@ class Mesh:
     def _move_expired(self, key: tuple[str, int]) -> None:
         client_id = self._moves.pop(key, None)
         if client_id is not None:
-            self.router.moved(client_id, False)
-            if self.replication is not None:
-                self.replication.replica_moved(client_id, False)
+            self._moved(client_id, False)
+
+    def _moved(self, client_id: str, ok: bool) -> None:
+        """A session exported to another router (by this router, or from a replica held here)
+        is with its new owner (``ok``), or stays here."""
+        self.router.moved(client_id, ok)
+        if self.replication is not None:
+            self.replication.replica_moved(client_id, ok)
 
     def _take(self, peer: Peer, req: int, state: dict) -> None:
         """A whole session arrived: it is ours (the router imports it), and its old owner may let

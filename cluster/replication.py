@@ -240,15 +240,10 @@ class Replication:
             st = self.sessions.get(partition, {}).get(cid)
             if st is None or partition not in self.replicas:
                 continue
-            try:
-                session, _ = self._replica_session(cid, partition, st)
-                header = session.export_header(False)
-                header["queue"] = [item for chunk in session.export_copies(False) for item in chunk]
-            except (KeyError, TypeError, ValueError, OSError) as exc:
-                log.error("replication: session %s of %s cannot be served from its replica: %s", cid, partition,
-                          exc)
+            exported = self._export_replica(cid, partition, st, True)
+            if exported is None:
                 continue
-            self.mesh.send_replication(peer, "restored", [partition, header, False])
+            self.mesh.send_replication(peer, "restored", [partition, exported[0], False])
             self.loop.call_soon(self._restore_step, peer, partition, client_ids, i, sent + 1)
             return
         self.mesh.send_replication(peer, "restored", [partition, None, True])
@@ -649,20 +644,17 @@ class Replication:
             leader = self.mesh.peers.get(partition)
             if st is None or (leader is not None and leader.alive) or partition not in self.replicas:
                 continue
-            try:
-                session, since_ms = self._replica_session(client_id, partition, st)
-                header = session.export_header(False)
-            except (KeyError, TypeError, ValueError, OSError) as exc:
-                log.error("replication: session %s of %s cannot be served from its replica: %s", client_id,
-                          partition, exc)
+            exported = self._export_replica(client_id, partition, st, False)
+            if exported is None:
                 return None
+            header, copies, since_ms = exported
             header["replica"] = partition
             header["since_ms"] = since_ms
             del held[client_id]
             self._handing[client_id] = (partition, st)
             log.warning("replication: session %s of silent router %s handed over from its replica here",
                         client_id, partition)
-            return header, session.export_copies(False)
+            return header, copies
         return None
 
     def take_replica(self, client_id: str) -> dict | None:
@@ -674,6 +666,22 @@ class Replication:
         header["queue"] = [item for chunk in chunks for item in chunk]
         self.replica_moved(client_id, True)
         return header
+
+    def _export_replica(self, client_id: str, partition: str, st: dict, whole: bool) -> tuple[dict, Any, int] | None:
+        """A session of ``partition`` held here, exported from its replica: its takeover header,
+        its copies (``Session.export_copies``: in the header's queue already when ``whole``), and
+        the time of its position; None (logged) when its held state cannot be read back."""
+        try:
+            session, since_ms = self._replica_session(client_id, partition, st)
+            header = session.export_header(False)
+            copies = session.export_copies(False)
+            if whole:
+                header["queue"] = [item for chunk in copies for item in chunk]
+        except (KeyError, TypeError, ValueError, OSError) as exc:
+            log.error("replication: session %s of %s cannot be served from its replica: %s", client_id,
+                      partition, exc)
+            return None
+        return header, copies, since_ms
 
     def _replica_session(self, client_id: str, partition: str, st: dict) -> tuple[Session, int]:
         """A session of ``partition`` rebuilt from its replicated state (not indexed by this

@@ -24,7 +24,7 @@ import sys
 import time
 from collections import deque
 
-from .config import Config
+from .config import WILDCARDS, Config
 from .limits import FD_RESERVE, connections_per_worker, raise_open_files
 from .listeners import describe, tls_problem
 from .notify import notify
@@ -344,7 +344,7 @@ def ready_line(cfg: Config) -> str:
         parts.append("single node (no --mesh)")
     if cfg.metrics_port:
         mhost = cfg.metrics_host
-        shown = socket.gethostname() if mhost in ("", "0.0.0.0", "::") else mhost
+        shown = socket.gethostname() if mhost in WILDCARDS else mhost
         scheme = "https" if cfg.metrics_certfile else "http"
         parts.append(f"metrics {scheme}://{_address(shown, cfg.metrics_port)}/metrics"
                      + (" (basic auth)" if cfg.metrics_password_file else ""))

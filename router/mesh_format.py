@@ -128,18 +128,25 @@ def _takeover_req(body: Any) -> bool:
     return body.__class__ is list and len(body) == 2 and body[0].__class__ is int and body[1].__class__ is str
 
 
+def _session_header(state: Any) -> bool:
+    """A session as a takeover (or a restore) carries it, or None."""
+    return state is None or (state.__class__ is dict and all(k in state for k in SESSION_KEYS))
+
+
+def _queue_items(items: Any) -> bool:
+    """Queued copies as a takeover's chunks (and a session catch-up) carry them."""
+    return items.__class__ is list and all(i.__class__ is list and len(i) == QUEUE_ITEM_LEN for i in items)
+
+
 def _takeover_resp(body: Any) -> bool:
     if body.__class__ is not list or len(body) != 3 or body[0].__class__ is not int:
         return False
-    state = body[1]
-    return body[2].__class__ is bool and (
-        state is None or (state.__class__ is dict and all(k in state for k in SESSION_KEYS)))
+    return body[2].__class__ is bool and _session_header(body[1])
 
 
 def _takeover_chunk(body: Any) -> bool:
     return (body.__class__ is list and len(body) == 3 and body[0].__class__ is int
-            and body[1].__class__ is list and body[2].__class__ is bool
-            and all(i.__class__ is list and len(i) == QUEUE_ITEM_LEN for i in body[1]))
+            and _queue_items(body[1]) and body[2].__class__ is bool)
 
 
 def _replicate(body: Any) -> bool:
@@ -178,13 +185,12 @@ def _session_catchup(body: Any) -> bool:
 
 def _session_copies(body: Any) -> bool:
     return (body.__class__ is list and len(body) == 3 and body[0].__class__ is str
-            and body[1].__class__ is list and body[2].__class__ is bool
-            and all(i.__class__ is list and len(i) == QUEUE_ITEM_LEN for i in body[1]))
+            and _queue_items(body[1]) and body[2].__class__ is bool)
 
 
 def _session_restored(body: Any) -> bool:
-    return (body.__class__ is list and len(body) == 3 and body[0].__class__ is str and body[2].__class__ is bool
-            and (body[1] is None or (body[1].__class__ is dict and all(k in body[1] for k in SESSION_KEYS))))
+    return (body.__class__ is list and len(body) == 3 and body[0].__class__ is str
+            and _session_header(body[1]) and body[2].__class__ is bool)
 
 
 def _takeover_done(body: Any) -> bool:
