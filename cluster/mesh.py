@@ -1166,7 +1166,9 @@ class Mesh:
 
     def _hello_body(self) -> dict:
         known = [[p.router_id, p.node_id, p.ipc, p.tcp] for p in self.peers.values() if p.alive]
-        acks = {p.router_id: self._confirmable(p) for p in self.peers.values() if p.seq_in}
+        # Each confirmation names the incarnation whose frames it counts: a HELLO queued for a
+        # peer that restarted meanwhile must not confirm its new incarnation's frames.
+        acks = {p.router_id: [p.incarnation, self._confirmable(p)] for p in self.peers.values() if p.seq_in}
         commit_log = self.router.commit_log
         body = {"node": self.node_id, "ipc": self.ipc, "tcp": self.tcp, "peers": known, "acks": acks,
                 "stats": self.stats_tcp, "log": commit_log.next_offset if commit_log is not None else -1}
@@ -1256,8 +1258,8 @@ class Mesh:
         elif not peer.alive:
             self._rejoin(peer, "heard again")
         acked = body.get("acks", {}).get(self.router_id)
-        if acked is not None:
-            self._confirmed(peer, acked)
+        if acked is not None and acked[0] == self.incarnation:
+            self._confirmed(peer, acked[1])
         peer.seen_of_me = body.get("seen", {}).get(self.router_id, -1)
         claim = body.get("marks", {}).get(self.router_id)
         if claim is not None and peer.origin_mark >= peer.claim_floor and claim > peer.origin_mark:

@@ -44,6 +44,9 @@ records from ``start``, or from ``since_ms`` when ``start`` is -1) answered by S
 ``[client_id, items, last]`` (items as TAKEOVER_CHUNK's); SESSION_RESTORE ``partition`` (a router
 back on an empty disk asks a follower of its log for its sessions) answered by SESSION_RESTORED
 ``[partition, header or None, last]``, one session (a takeover header with its copies) a frame.
+11: HELLO's ``acks`` name the incarnation they confirm, ``{sender: [its incarnation, last seq]}``:
+a HELLO queued for a peer that restarted meanwhile confirmed its new incarnation's frames by the
+old one's numbers, so a crash of the receiver lost them.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from .message import _QOS0_V3, _QOS0_V4, _QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4,
 # the full one (Message.to_list()); one more value names the shared groups it was chosen for.
 PLAIN, FULL = 5, 9
 
-MESH_VERSION = 10
+MESH_VERSION = 11
 (HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE,
  RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE, CATCHUP, REPLICATE, REPLICA_ACK, REPLICA_FETCH, REPLICA_CATCHUP,
  REPLICA_PUBLISH, SESSION_STATE, SESSION_GONE, SESSION_CATCHUP, SESSION_COPIES, SESSION_RESTORE,
@@ -104,7 +107,9 @@ def _hello(body: Any) -> bool:
                                                    for k, v in values.items()):
             return False
     acks = body.get("acks", {})
-    if acks.__class__ is not dict or not all(k.__class__ is str and v.__class__ is int for k, v in acks.items()):
+    if acks.__class__ is not dict or not all(
+            k.__class__ is str and v.__class__ is list and len(v) == 2 and v[0].__class__ is int
+            and v[1].__class__ is int for k, v in acks.items()):
         return False
     peers = body.get("peers", [])
     return peers.__class__ is list and all(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import uuid
+from collections.abc import Callable
 
 import msgpack
 import pytest
@@ -518,3 +519,106 @@ def test_a_connect_waits_for_a_stopped_worker_of_its_node_bounded(start_broker):
         assert _read_distinct(raw.sock, {b"m0", b"m1"}) == {b"m0", b"m1"}
     finally:
         raw.close()
+
+
+class _FakeRouter:
+    """A router of another node, spoken by the test over ZeroMQ: it says HELLO (as one
+    incarnation or another), announces interest, and reads the PUBLISH frames sent to it."""
+
+    def __init__(self, ctx: zmq.Context, target: str, name: str = "fake/w0") -> None:
+        from brokerd.router.mesh_format import MESH_VERSION
+
+        self.version, self.name, self.inc = MESH_VERSION, name, 1
+        self.pull = ctx.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        port = self.pull.bind_to_random_port("tcp://127.0.0.1")
+        self.tcp = f"tcp://127.0.0.1:{port}"
+        self.push = ctx.socket(zmq.PUSH)
+        self.push.setsockopt(zmq.LINGER, 0)
+        self.push.connect(target)
+        self.frames: list[tuple[int, str, int, object]] = []  # (kind, sender, incarnation, body)
+
+    def send(self, kind: int, body: object) -> None:
+        self.push.send(msgpack.packb([self.version, kind, self.name, self.inc, body], use_bin_type=True))
+
+    def hello(self, acks: dict | None = None) -> None:
+        from brokerd.router.mesh_format import HELLO
+
+        self.send(HELLO, {"node": "fake", "ipc": None, "tcp": self.tcp, "stats": None, "peers": [],
+                          "acks": acks or {}, "log": -1})
+
+    def read(self, until: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+        """Read frames (saying HELLO now and then, as a live router does) until ``until()``."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        next_hello = 0.0
+        while not until():
+            now = time.monotonic()
+            assert now < deadline, f"timed out after {timeout} s waiting for {what}"
+            if now >= next_hello:
+                self.hello()
+                next_hello = now + 0.3
+            if self.pull.poll(100):
+                _, kind, sender, inc, body = msgpack.unpackb(self.pull.recv(), raw=False)
+                self.frames.append((kind, sender, inc, body))
+
+    def publishes(self, payload: bytes) -> list[int]:
+        """The numbers of the PUBLISH frames received that carry ``payload``."""
+        from brokerd.router.mesh_format import PUBLISH
+
+        return [body[0] for kind, _, _, body in self.frames
+                if kind == PUBLISH and payload in msgpack.packb(body[1], use_bin_type=True)]
+
+
+def test_a_confirmation_meant_for_an_old_incarnation_confirms_nothing(start_broker):
+    """HELLO confirms the PUBLISH frames a router received (``acks``), so that what a crashed
+    router never confirmed is sent again to its next incarnation. A HELLO that a router queued
+    before its peer restarted, delivered after, carried the old incarnation's numbers: the new
+    incarnation took them as confirming its own frames, dropped them from its ring, and when the
+    receiver crashed next, those frames were sent to nobody (acknowledged messages lost; the chaos
+    suite with partitions, seed 37). Now a confirmation names the incarnation it counts the frames
+    of. Here a fake router of another node gets frames, confirms the first through the broker's
+    own incarnation and the second only through another one, then comes back as a new
+    incarnation: the second is sent again, the first is not. One worker: the one router the fake
+    one talks to."""
+    from brokerd.router.mesh_format import HELLO, INTEREST
+    from tests.helpers import free_port
+
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", "--replication-factor", "1", workers=1)
+    u = uid()
+    run_dirs = [d for d in _run_dirs() if d.endswith(f"t-{broker.port}")]
+    assert run_dirs, "no run directory for the broker"
+    pub = Client(broker.port, f"p{u}").connect()
+    ctx = zmq.Context()
+    try:
+        fake = _FakeRouter(ctx, f"ipc://{run_dirs[0]}/w0.mesh")
+        fake.read(lambda: any(k == HELLO and s == "t/w0" for k, s, _, _ in fake.frames), "the broker's HELLO")
+        broker_inc = next(i for k, s, i, _ in fake.frames if k == HELLO and s == "t/w0")
+        fake.send(INTEREST, [None, [[f"ack{u}/#", True]], True])
+        # Probes until one reaches the fake router (its interest is known from then on), then
+        # the first message: its frame comes after every probe's.
+        probes = iter(range(1000))
+
+        def probe_arrived() -> bool:
+            if any(fake.publishes(f"probe{u}".encode())):
+                return True
+            pub.publish(f"ack{u}/x", f"probe{u}-{next(probes)}", qos=0)
+            return False
+
+        fake.read(probe_arrived, "a probe forwarded")
+        pub.publish(f"ack{u}/x", b"first", qos=0)
+        fake.read(lambda: bool(fake.publishes(b"first")), "the first message forwarded")
+        first = max(fake.publishes(b"first"))
+        fake.hello(acks={"t/w0": [broker_inc, first]})  # confirmed, by the broker's incarnation
+        pub.publish(f"ack{u}/x", b"second", qos=0)
+        fake.read(lambda: bool(fake.publishes(b"second")), "the second message forwarded")
+        second = max(fake.publishes(b"second"))
+        assert second > first
+        fake.hello(acks={"t/w0": [broker_inc ^ 1, second]})  # an old incarnation's numbers
+        fake.frames.clear()
+        fake.inc = 2  # the fake router restarts
+        fake.read(lambda: bool(fake.publishes(b"second")), "the unconfirmed frame sent again")
+        assert not fake.publishes(b"first"), "a confirmed frame was sent again"
+    finally:
+        ctx.destroy(linger=0)
