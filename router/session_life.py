@@ -32,6 +32,7 @@ class SessionLife:
     commit_log: Any
     sessions: dict[str, Session]
     moving: dict[str, Session]
+    stale_moving: set[str]
     clients: dict[str, ClientHandle]
     _expiry: dict[str, asyncio.TimerHandle]
     _wills: dict[str, asyncio.TimerHandle]
@@ -150,17 +151,25 @@ class SessionLife:
         client connected to it here is kept (logged): that client is the session's now."""
         for cid in client_ids:
             session = self.sessions.get(cid)
-            if session is None or cid in self.moving:
+            if session is None:
+                continue
+            if cid in self.moving:
+                # Being handed over (a takeover request that was on its way to this router's
+                # previous incarnation, say): dropped if the transfer fails rather than kept.
+                self.stale_moving.add(cid)
                 continue
             if session.conn is not None:
                 log.warning("session %s was taken over on another node while this router was taken for "
                             "dead, but a client is connected to it here: kept", cid)
                 continue
-            log.warning("session %s was taken over on another node while this router was taken for dead: "
-                        "its stale copy here is dropped", cid)
-            self.drop_session(session)
+            self._drop_stale(session)
         if self.state is not None:
             self.state.mark(soon=True)
+
+    def _drop_stale(self, session: Session) -> None:
+        log.warning("session %s was taken over on another node while this router was taken for dead: "
+                    "its stale copy here is dropped", session.client_id)
+        self.drop_session(session)
 
     def import_session(self, client_id: str, state: dict) -> Session:
         """A session handed over by another router (takeover) becomes ours."""
@@ -196,11 +205,16 @@ class SessionLife:
         """The new owner of a session being moved has it (``ok``), or the transfer failed: then
         the session stays here, offline, as if its client had gone."""
         session = self.moving.pop(client_id, None)
+        stale = client_id in self.stale_moving
+        self.stale_moving.discard(client_id)
         if session is None or self.sessions.get(client_id) is not session:
             return
         if ok:
             self.drop_session(session)
             self.stats.takeovers += 1
+            return
+        if stale and session.conn is None:
+            self._drop_stale(session)
             return
         log.warning("session %s: its transfer to another router failed; it stays here", client_id)
         if session.conn is None:

@@ -1038,7 +1038,8 @@ class Scenario:
                 wrong.append(f"{rid} knows {s['shared']['routes']} shared groups, not 1")
         held = sum(s["subscriptions"] for s in snaps.values())
         if held != subs:
-            wrong.append(f"{held} subscriptions held in the cluster, {subs} live")
+            by_router = {rid: s["subscriptions"] for rid, s in sorted(snaps.items())}
+            wrong.append(f"{held} subscriptions held in the cluster, {subs} live (by router: {by_router})")
         held_members = sum(s["shared"]["members"] for s in snaps.values())
         if held_members != members:
             wrong.append(f"{held_members} shared group members held, {members} live")

@@ -361,3 +361,28 @@ def test_a_local_retained_publish_is_stamped_past_what_it_replaces():
     other.peer_retained(Message("rs/x", b"ahead", 0, True, "cb", "b/w0", 1, None, 5000))
     other.peer_retained(mine)
     assert _retained(other, "rs/x") == b"mine"
+
+
+def test_a_stale_session_being_handed_over_is_dropped_when_the_transfer_fails():
+    """A router back from the dead restores a session that was taken over elsewhere meanwhile; a
+    takeover request that was on its way to its previous incarnation starts handing it over just
+    as the fence saying it is stale arrives. Before, the fence skipped a session being moved and
+    the failed transfer kept it: a stale session (and its subscriptions) stayed for good (the
+    chaos suite with partitions, seed 40). Now the failed transfer drops it; one that is not stale
+    still stays, and one handed over successfully goes as before."""
+    async def run() -> Router:
+        r = Router(RouterConfig())
+        for cid in ("stale", "kept"):
+            s = r.new_session(cid, True)
+            r.subscribe(s, Subscription(f"{cid}/#", 1))
+            assert r.release_session(cid, same_node=False) is not None  # being handed over
+        r.drop_stale_sessions(["stale"])
+        assert "stale" in r.sessions, "dropped while its transfer was under way"
+        r.moved("stale", ok=False)
+        r.moved("kept", ok=False)
+        return r
+
+    r = asyncio.run(run())
+    assert "stale" not in r.sessions and "kept" in r.sessions
+    assert not r.stale_moving
+    assert len(r.subs) == 1
