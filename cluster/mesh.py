@@ -1062,11 +1062,13 @@ class Mesh:
         elif kind == GOODBYE:
             self._park(peer, "said goodbye")
         elif kind == SESSION_GONE:
-            partition, client_ids = body
+            partition, client_ids = body[0], body[1]
+            wills = body[2] if len(body) == 3 else []
             if partition == self.router_id:  # (also before replication is set up at a start)
                 router.drop_stale_sessions(client_ids)
+                router.wills_published_elsewhere(wills)
             elif self.replication is not None:
-                self.replication.session_gone(partition, client_ids)
+                self.replication.session_gone(partition, client_ids, wills)
         elif self.replication is None:
             return  # replication frames for a router that replicates nothing (R = 1 here)
         elif kind == REPLICATE:

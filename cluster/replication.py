@@ -50,6 +50,11 @@ published that the session may not have had (SESSION_CATCHUP): what was forwarde
 router and not yet in its replica when it died. Each answers from its log (or, for a dead router,
 its replica), from the offset after the last of its messages among the copies, or from shortly
 before the session's position in time where none was; at least once, as every catch-up.
+
+The delayed wills of a silent router's offline sessions go out from a holder of its sessions when
+they fall due (the holders stagger by ``WILL_STAGGER_S`` in router-id order; the first tells the
+others and, when it returns, the router: SESSION_GONE's third list), unless the session is taken
+over first or the router is heard again.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -93,6 +99,7 @@ SESSION_CHUNK = 2000  # sessions per SESSION_STATE frame
 # before its position's time, where the copies it got name none of theirs: what was on its way
 # to the dead router when it died (a mesh frame's transit, a backlog kept for a paused peer).
 CATCHUP_MARGIN_MS = 10_000
+WILL_STAGGER_S = 0.5  # between the holders of a silent router's sessions publishing its delayed wills
 
 
 class Replica:
@@ -144,6 +151,7 @@ class Replication:
         self._follower_incs: dict[str, int | None] = {}
         self.sessions: dict[str, dict[str, dict]] = {}
         self._handing: dict[str, tuple[str, dict]] = {}
+        self._will_timers: dict[tuple[str, str], asyncio.TimerHandle] = {}  # (partition, client id)
         self.members = Members(os.path.join(self.log.directory, MEMBERS_FILE), config.node_id)
         self._cut_off: list[Held] = []  # acknowledgements held while this node sees no majority
         # Back on an empty disk: the followers asked for this router's sessions (``_restore``).
@@ -528,8 +536,12 @@ class Replication:
 
     def parked(self, peer: Peer) -> None:
         """A router fell silent: if it is of another node, have its replica read back what it
-        acknowledged and this router's subscribers may not have had."""
-        if peer.node_id == self.config.node_id or peer.origin_mark < 0:
+        acknowledged and this router's subscribers may not have had; arm its sessions' delayed
+        wills held here."""
+        if peer.node_id == self.config.node_id:
+            return
+        self._arm_wills(peer.router_id)
+        if peer.origin_mark < 0:
             return
         partition = peer.router_id
         best, best_end = self._holder(partition)
@@ -771,21 +783,86 @@ class Replication:
                 best, best_end = other, end
         return best, best_end
 
-    def session_gone(self, partition: str, client_ids: list[str]) -> None:
-        """Sessions of ``partition`` were taken over from a replica: forget them. (To
-        ``partition`` itself: ``Router.drop_stale_sessions``.)"""
+    def session_gone(self, partition: str, client_ids: list[str], wills: Iterable[str] = ()) -> None:
+        """Sessions of ``partition`` were taken over from a replica: forget them; and the delayed
+        wills of ``wills`` were published from one: not again from here. (To ``partition``
+        itself: ``Router.drop_stale_sessions`` and ``Router.wills_published_elsewhere``.)"""
         held = self.sessions.get(partition, {})
         for cid in client_ids:
             held.pop(cid, None)
+        for cid in wills:
+            st = held.get(cid)
+            if st is not None:
+                st["will"] = None
+            self._disarm_will(partition, cid)
 
     def rejoined(self, peer: Peer) -> None:
         """A router is heard again: the sessions taken from its replica while it was silent
-        are not its any more."""
+        are not its any more, and the delayed wills published from here not its to publish; its
+        other wills are its own again."""
+        for key in [k for k in self._will_timers if k[0] == peer.router_id]:
+            self._disarm_will(*key)
         fenced = self.router.fenced.pop(peer.router_id, None)
-        if fenced:
-            self.mesh.send_replication(peer, "gone", [peer.router_id, sorted(fenced)])
+        wills = self.router.fenced_wills.pop(peer.router_id, None)
+        if fenced or wills:
+            body: list = [peer.router_id, sorted(fenced or ())]
+            if wills:
+                body.append(sorted(wills))
+            self.mesh.send_replication(peer, "gone", body)
             if self.router.state is not None:
                 self.router.state.mark(soon=True)
+
+    # -- the delayed wills of a silent router's sessions ---------------------------------------------
+
+    def _arm_wills(self, partition: str) -> None:
+        """``partition``'s router fell silent: each delayed will of its offline sessions held here
+        goes out when due (``_will_due``), this router's turn among the live holders of its
+        replica later by ``WILL_STAGGER_S`` each."""
+        held = self.sessions.get(partition)
+        if not held:
+            return
+        holders = sorted({self.partition, *(p.router_id for p in self.mesh.peers.values()
+                                            if p.alive and partition in p.replicas)})
+        stagger = holders.index(self.partition) * WILL_STAGGER_S
+        now = time.time()
+        for cid, st in held.items():
+            will = st.get("will")
+            if will and (partition, cid) not in self._will_timers:
+                delay = max(0.0, will[1] / 1000 - now) + stagger
+                self._will_timers[(partition, cid)] = self.loop.call_later(delay, self._will_due, partition, cid)
+
+    def _disarm_will(self, partition: str, cid: str) -> None:
+        timer = self._will_timers.pop((partition, cid), None)
+        if timer is not None:
+            timer.cancel()
+
+    def _will_due(self, partition: str, cid: str) -> None:
+        """Publish the delayed will of ``cid`` (of silent ``partition``) unless its router is
+        back or the session was taken over; without a majority (the router may be alive on the
+        other side of a partition), look again in a second."""
+        self._will_timers.pop((partition, cid), None)
+        leader = self.mesh.peers.get(partition)
+        st = self.sessions.get(partition, {}).get(cid)
+        if st is None or not st.get("will") or (leader is not None and leader.alive):
+            return
+        if not self.members.has_majority:
+            self._will_timers[(partition, cid)] = self.loop.call_later(1.0, self._will_due, partition, cid)
+            return
+        will, st["will"] = st["will"], None
+        try:
+            msg = Message.from_list(will[0])
+        except (TypeError, ValueError, IndexError) as exc:
+            log.error("replication: the delayed will of session %s of %s cannot be read: %s", cid, partition, exc)
+            return
+        self.router.publish_will(msg)
+        self.router.fenced_wills.setdefault(partition, set()).add(cid)
+        if self.router.state is not None:
+            self.router.state.mark(soon=True)
+        notice = [partition, [], [cid]]
+        for peer in self.mesh.peers.values():
+            if peer.alive:
+                self.mesh.send_replication(peer, "gone", notice)
+        log.info("replication: the delayed will of session %s of silent router %s published here", cid, partition)
 
     def session_catchup(self, peer: Peer | None, client_id: str, partition: str, start: int, since_ms: int,
                         subs: list, username: str | None) -> None:
@@ -857,6 +934,9 @@ class Replication:
                           for f in lead.acked},
             "replicas": {p: {"end": r.log.next_offset - 1, "acked": r.acked} for p, r in self.replicas.items()},
             "sessions": {p: len(held) for p, held in self.sessions.items() if held},  # held for other routers
+            # Of those, the offline ones with a delayed will waiting (published from here if their
+            # router dies and it falls due).
+            "wills": {p: n for p, held in self.sessions.items() if (n := sum(1 for st in held.values() if st.get("will")))},
             "majority": self.members.has_majority, "members": len(self.members.nodes),
             # Per router of another node: the offset of its log below which this router has what
             # it wanted (a read-back from a replica after its death starts there).
@@ -867,5 +947,7 @@ class Replication:
     async def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        for key in list(self._will_timers):
+            self._disarm_will(*key)
         for rep in self.replicas.values():
             await rep.log.aclose()

@@ -146,7 +146,10 @@ class Worker:
             retention_bytes=c.retention_bytes or None, retention_hours=c.retention_hours or None)
         router.attach_log(self.commit_log, c.fsync == "always")
         router.attach_state(StateStore(router, directory))
-        sessions, retained = router.state.load()
+        # In a cluster a will due while this router was down waits as long as a CONNECT right
+        # after a death does (cluster.mesh ``_park_skew``): time for a replica's notice.
+        clustered = bool(c.peer or c.mesh)
+        sessions, retained = router.state.load(will_grace=c.mesh_timeout + 1.0 if clustered else 0.0)
         router.state.write_now()
         log.info("commit log %s: offsets %d..%d, %d persistent sessions, %d retained messages restored",
                  directory, self.commit_log.start_offset, self.commit_log.next_offset - 1, sessions, retained)

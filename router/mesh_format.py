@@ -46,7 +46,9 @@ back on an empty disk asks a follower of its log for its sessions) answered by S
 ``[partition, header or None, last]``, one session (a takeover header with its copies) a frame.
 11: HELLO's ``acks`` name the incarnation they confirm, ``{sender: [its incarnation, last seq]}``:
 a HELLO queued for a peer that restarted meanwhile confirmed its new incarnation's frames by the
-old one's numbers, so a crash of the receiver lost them.
+old one's numbers, so a crash of the receiver lost them. SESSION_GONE may carry a third list,
+``[partition, [client_id], [client_id]]``: sessions of that partition whose delayed will was
+published from its replica (not again by that router, nor by another holder).
 """
 
 from __future__ import annotations
@@ -178,8 +180,8 @@ def _session_state(body: Any) -> bool:
 
 
 def _session_gone(body: Any) -> bool:
-    return (body.__class__ is list and len(body) == 2 and body[0].__class__ is str
-            and body[1].__class__ is list and all(c.__class__ is str for c in body[1]))
+    return (body.__class__ is list and len(body) in (2, 3) and body[0].__class__ is str
+            and all(ids.__class__ is list and all(c.__class__ is str for c in ids) for ids in body[1:]))
 
 
 def _session_catchup(body: Any) -> bool:

@@ -74,6 +74,7 @@ class StateStore:
             "sessions": sessions,
             "retained": [m.to_list() for m in router.retained if not m.topic.startswith("$SYS/")],
             "fenced": {rid: sorted(cids) for rid, cids in router.fenced.items() if cids},
+            "fenced_wills": {rid: sorted(cids) for rid, cids in router.fenced_wills.items() if cids},
         })
 
     def write_now(self) -> None:
@@ -118,8 +119,11 @@ class StateStore:
 
     # -- loading --------------------------------------------------------------------------------------
 
-    def load(self) -> tuple[int, int]:
-        """Restore sessions and retained messages; returns (sessions, retained) counts."""
+    def load(self, will_grace: float = 0.0) -> tuple[int, int]:
+        """Restore sessions and retained messages; returns (sessions, retained) counts. A delayed
+        will that fell due while this router was down waits ``will_grace`` seconds more: in a
+        cluster, the holder of this router's replica may have published it meanwhile, and says so
+        when it meets this router again (``Router.wills_published_elsewhere``)."""
         router = self.router
         state: dict[str, Any] = {}
         try:
@@ -134,6 +138,7 @@ class StateStore:
                       state.get("version"), SNAPSHOT_VERSION)
             state = {}
         router.fenced = {rid: set(cids) for rid, cids in state.get("fenced", {}).items()}
+        router.fenced_wills = {rid: set(cids) for rid, cids in state.get("fenced_wills", {}).items()}
         for values in state.get("retained", ()):
             router.retained.set(Message.from_list(values))
         log_ = router.commit_log
@@ -158,7 +163,7 @@ class StateStore:
             if log_ is not None and pos is not None:
                 session.cursor = max(pos, log_.start_offset)
             router.schedule_expiry(session)
-            router.rearm_will(session)
+            router.rearm_will(session, will_grace)
         return len(state.get("sessions", {})), len(router.retained)
 
 

@@ -136,6 +136,9 @@ class Router(SharedRouting, SessionLife):
         # that router drops its stale copies when it is heard again. In the snapshot: a restart
         # of this router in between must not forget them.
         self.fenced: dict[str, set[str]] = {}
+        # Delayed wills of a silent router's sessions published here from its replica: that router
+        # is told (with the fence) not to publish them again when it returns.
+        self.fenced_wills: dict[str, set[str]] = {}
 
     # -- publishing ---------------------------------------------------------------------------------
 

@@ -121,12 +121,22 @@ class SessionLife:
         session.will_due_ms = int(time.time() * 1000 + delay * 1000)
         self._wills[session.client_id] = asyncio.get_event_loop().call_later(delay, self._will_due, session)
 
-    def rearm_will(self, session: Session) -> None:
+    def rearm_will(self, session: Session, at_least: float = 0.0) -> None:
         """An offline session that came with a delayed will (a takeover that broke off, a
-        session left here by a connection that went away while it moved): the will waits
-        for the rest of its delay."""
+        session left here by a connection that went away while it moved, a restart): the will
+        waits for the rest of its delay, and at least ``at_least`` seconds."""
         if session.will is not None:
-            self.delay_will(session, session.will, max(0.0, session.will_due_ms / 1000 - time.time()))
+            self.delay_will(session, session.will, max(at_least, session.will_due_ms / 1000 - time.time()))
+
+    def wills_published_elsewhere(self, client_ids: list[str]) -> None:
+        """The delayed wills of these sessions went out from a replica of this router while it
+        was taken for dead (cluster.replication): not again from here."""
+        for cid in client_ids:
+            session = self.sessions.get(cid)
+            if session is not None and session.will is not None:
+                log.info("session %s: its delayed will was published on another node while this router "
+                         "was taken for dead: not again here", cid)
+                self.cancel_will(cid)
 
     def _stop_will_timer(self, client_id: str) -> None:
         timer = self._wills.pop(client_id, None)

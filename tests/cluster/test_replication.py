@@ -340,3 +340,39 @@ def test_a_partitioned_minority_stops_acknowledging_and_nothing_acknowledged_is_
         for proxy in proxies.values():
             proxy.heal()
             proxy.close()
+
+
+def test_a_dead_nodes_delayed_will_goes_out_from_the_holder_of_its_sessions(start_broker):
+    """An MQTT 5 persistent session on node a whose client went away with a will delayed by 3 s:
+    node a is SIGKILLed before the will is due. c holds a's sessions (its log's follower): it
+    publishes the will when due, once, to a watcher on b. When a returns with its disk (its
+    snapshot still has the will waiting), it does not publish it again."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    assert follower_nodes("a/w0", "a", ["b", "c"], 1) == ["c"]  # the test's layout rests on it
+    nodes = three_nodes(start_broker, "--replication-factor", "2")
+    u = uuid.uuid4().hex[:6]
+    watcher = Client(nodes["b"].port, f"w{u}", host=HOSTS["b"]).connect()
+    watcher.subscribe(f"will{u}/#", 1)
+    connect_props = Properties(PacketTypes.CONNECT)
+    connect_props.SessionExpiryInterval = 300
+    device = Client(nodes["a"].port, f"d{u}", clean=False, host=HOSTS["a"], protocol=mqtt.MQTTv5,
+                    properties=connect_props)
+    will_props = Properties(PacketTypes.WILLMESSAGE)
+    will_props.WillDelayInterval = 3
+    device.c.will_set(f"will{u}/gone", b"gone", 1, False, will_props)
+    device.connect()
+    device.subscribe(f"cmd{u}", 1)
+    device.drop()  # an abnormal close: the will waits 3 s with the offline session
+    snapshot_of(nodes["c"], lambda r: r.get("wills", {}).get("a/w0") == 1)  # c holds it
+    nodes["a"].kill()
+    watcher.wait_payload(b"gone", timeout=15)
+    nodes["c"].wait_log(f"the delayed will of session d{u} of silent router a/w0 published here")
+    nodes["a"].start()
+    # Told before its own timer (its grace: --mesh-timeout + 1 s) fired: had the timer fired
+    # first, the session would have had no will left to cancel, and this line would not come.
+    nodes["a"].wait_log(f"session d{u}: its delayed will was published on another node")
+    wills = [m for m in watcher.messages if m.payload == b"gone"]
+    assert len(wills) == 1, f"the will was published {len(wills)} times"
