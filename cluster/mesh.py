@@ -1360,6 +1360,9 @@ class Mesh:
             self._blocked(peer.link)
         replay_from, peer.replay_from = peer.replay_from, None
         self._joined(peer, quiet=was_parked)
+        if was_parked and self.replication is not None:
+            silent_since = time.time() - (time.monotonic() - peer.parked_at) - self.config.mesh_timeout
+            self._replication_hook(self.replication.moved_in_catchup, peer, silent_since)
         self._send(peer, RESYNC, None)
         if replay_from is not None:
             self._start_replay(peer, replay_from, "its backlog here was full")

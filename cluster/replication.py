@@ -864,6 +864,30 @@ class Replication:
                 self.mesh.send_replication(peer, "gone", notice)
         log.info("replication: the delayed will of session %s of silent router %s published here", cid, partition)
 
+    def moved_in_catchup(self, peer: Peer, silent_since: float) -> None:
+        """``peer`` is heard again after a silence that began at ``silent_since`` (Unix time).
+        Sessions that moved to this router from another one meanwhile may have missed what it
+        published for them: it sent that to their old router, by the interest it knew, and a
+        partition can deliver it there after they left. Ask it for those messages
+        (SESSION_CATCHUP, from ``CATCHUP_MARGIN_MS`` before the silence): at least once."""
+        moved = self.router.moved_in
+        horizon = time.time() - self.config.mesh_forget  # a peer silent longer is forgotten
+        for cid in [c for c, t in moved.items() if t < horizon]:
+            del moved[cid]
+        since_ms = int(silent_since * 1000) - CATCHUP_MARGIN_MS
+        asked = 0
+        for cid, t in moved.items():
+            session = self.router.sessions.get(cid)
+            if t < silent_since - self.config.mesh_timeout or session is None or not session.subscriptions:
+                continue
+            subs = [s.to_values() for s in session.subscriptions.values()]
+            self.mesh.send_replication(peer, "session_catchup",
+                                       [cid, peer.router_id, -1, since_ms, subs, session.username])
+            asked += 1
+        if asked:
+            log.info("replication: %d session(s) that moved to this router while %s was silent ask it for what "
+                     "it published meanwhile", asked, peer.router_id)
+
     def session_catchup(self, peer: Peer | None, client_id: str, partition: str, start: int, since_ms: int,
                         subs: list, username: str | None) -> None:
         """Read this router's log (or the replica of ``partition``) back for one session taken
@@ -911,7 +935,8 @@ class Replication:
                      session.client_id)
 
     def session_copies(self, client_id: str, items: list, last: bool) -> None:
-        """Messages read back elsewhere for a session taken over here from a replica."""
+        """Messages read back elsewhere for a session taken over here from a replica, or one that
+        moved here while a router was silent (``moved_in_catchup``)."""
         session = self.router.sessions.get(client_id)
         if session is None:
             return

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+MOVED_IN_MAX = 100_000  # arrival times kept (the oldest go first): a bound, not a rule
+
 
 class SessionLife:
     config: RouterConfig
@@ -32,6 +34,7 @@ class SessionLife:
     commit_log: Any
     sessions: dict[str, Session]
     moving: dict[str, Session]
+    moved_in: dict[str, float]
     stale_moving: set[str]
     clients: dict[str, ClientHandle]
     _expiry: dict[str, asyncio.TimerHandle]
@@ -182,8 +185,17 @@ class SessionLife:
         self.drop_session(session)
 
     def import_session(self, client_id: str, state: dict) -> Session:
-        """A session handed over by another router (takeover) becomes ours."""
+        """A session handed over by another router (takeover) becomes ours. When, is kept
+        (``moved_in``): a router silent meanwhile may have sent what it published for the session
+        to the old router, which had let it go (cluster.replication ``moved_in_catchup``). Not
+        for a session from a replica: that one asks every router at once (``adopted``)."""
         session = self.new_session(client_id, state["persistent"])
+        if not state.get("replica"):
+            moved = self.moved_in
+            moved.pop(client_id, None)
+            moved[client_id] = time.time()
+            if len(moved) > MOVED_IN_MAX:
+                del moved[next(iter(moved))]
         session.import_state(state)
         for values in state["subs"]:
             self.subscribe(session, Subscription.from_values(values))

@@ -35,6 +35,25 @@ def three_nodes(start_broker, *extra: str) -> dict:
     return nodes
 
 
+def three_nodes_behind_proxies(start_broker, proxies: dict, *extra: str) -> dict:
+    """``three_nodes``, each node's mesh behind its proxy in ``proxies`` (tests/cluster/partition.py:
+    a test cuts and heals them); returns {name: Broker} once every router has met the other two."""
+    ports = {n: mesh_port(h) for n, h in HOSTS.items()}
+    from tests.cluster.partition import MeshProxy
+
+    proxies.update({n: MeshProxy(HOSTS[n], ports[n]) for n in HOSTS})
+    nodes = {}
+    for name, host in HOSTS.items():
+        seed = "b" if name == "a" else "a"
+        nodes[name] = start_broker(
+            "--mesh", f"{host}:{ports[name]}", "--mesh-advertise", f"{host}:{proxies[name].port}",
+            "--peer", f"{HOSTS[seed]}:{proxies[seed].port}", "--mesh-timeout", "1", "--fsync", "always",
+            "--replication-factor", "2", *extra, host=host, node_id=name, workers=1)
+    for node in nodes.values():
+        mesh_peers(node, 15.0, lambda peers: all(len(p) >= 2 for p in peers.values()))
+    return nodes
+
+
 def snapshot_of(node, until, timeout: float = 10.0) -> dict:
     """The node's (one) router's stats snapshot, once ``until(its replication part)`` holds."""
     reader, _ = stats_reader(node)
@@ -277,20 +296,9 @@ def test_a_partitioned_minority_stops_acknowledging_and_nothing_acknowledged_is_
     majority side that client gets its session (from c's replica) with session present. After the
     partition heals, c drops its stale copy of the session (one owner), and every message that was
     acknowledged anywhere has reached the subscribers on both sides and the moved session."""
-    from tests.cluster.partition import MeshProxy
-
-    ports = {n: mesh_port(h) for n, h in HOSTS.items()}
-    proxies = {n: MeshProxy(HOSTS[n], ports[n]) for n in HOSTS}
-    nodes = {}
+    proxies: dict = {}
     try:
-        for name, host in HOSTS.items():
-            seed = "b" if name == "a" else "a"
-            nodes[name] = start_broker(
-                "--mesh", f"{host}:{ports[name]}", "--mesh-advertise", f"{host}:{proxies[name].port}",
-                "--peer", f"{HOSTS[seed]}:{proxies[seed].port}", "--mesh-timeout", "1", "--fsync", "always",
-                "--replication-factor", "2", "--replica-timeout", "3", host=host, node_id=name, workers=1)
-        for node in nodes.values():
-            mesh_peers(node, 15.0, lambda peers: all(len(p) >= 2 for p in peers.values()))
+        nodes = three_nodes_behind_proxies(start_broker, proxies, "--replica-timeout", "3")
         u = uuid.uuid4().hex[:6]
         subs = {}
         for name in ("a", "c"):
@@ -376,3 +384,45 @@ def test_a_dead_nodes_delayed_will_goes_out_from_the_holder_of_its_sessions(star
     nodes["a"].wait_log(f"session d{u}: its delayed will was published on another node")
     wills = [m for m in watcher.messages if m.payload == b"gone"]
     assert len(wills) == 1, f"the will was published {len(wills)} times"
+
+
+def test_a_session_that_moves_during_a_partition_gets_what_the_cut_off_side_published(start_broker):
+    """Node a is cut off; its publisher's QoS 1 messages for a persistent session on b wait (kept
+    for b's router, their acknowledgements held). Meanwhile the session moves from b to c. When
+    the partition heals, a sends what it kept to b, by the interest it knew, but the session has
+    left b: before, those acknowledged messages were lost. Now c, hearing a again, asks it for what
+    it published for the sessions that moved to c while a was silent (SESSION_CATCHUP)."""
+    proxies: dict = {}
+    try:
+        nodes = three_nodes_behind_proxies(start_broker, proxies, "--replica-timeout", "30")
+        u = uuid.uuid4().hex[:6]
+        first = Client(nodes["b"].port, f"mv{u}", clean=False, host=HOSTS["b"]).connect()
+        first.subscribe(f"mv{u}/#", 1)
+        pub = Client(nodes["a"].port, f"p{u}", host=HOSTS["a"]).connect()
+        pub.publish(f"mv{u}/x", b"before", qos=1)
+        first.wait_payload(b"before")
+
+        proxies["a"].cut({HOSTS["b"], HOSTS["c"]})
+        for n in ("b", "c"):
+            proxies[n].cut({HOSTS["a"]})
+        nodes["a"].wait_log("not a majority", timeout=15)
+        for n in ("b", "c"):
+            nodes[n].wait_log("router a/w0 silent", timeout=15)
+        infos = [pub.c.publish(f"mv{u}/x", f"during-{i}".encode(), 1) for i in range(5)]
+        first.drop()
+        second = Client(nodes["c"].port, f"mv{u}", clean=False, host=HOSTS["c"]).connect()
+        assert second.session_present, "the session did not move from b to c"
+
+        for proxy in proxies.values():
+            proxy.heal()
+        nodes["a"].wait_log("sees a majority of the cluster again", timeout=15)
+        for info in infos:
+            info.wait_for_publish(30)
+        assert all(info.is_published() for info in infos), "the cut-off node's publishes were not acknowledged"
+        want = {f"during-{i}".encode() for i in range(5)}
+        wait_for(lambda: {m.payload for m in first.messages + second.messages} >= want, 30,
+                 "every acknowledged message at the moved session")
+    finally:
+        for proxy in proxies.values():
+            proxy.heal()
+            proxy.close()
