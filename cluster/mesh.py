@@ -1360,7 +1360,8 @@ class Mesh:
             self._blocked(peer.link)
         replay_from, peer.replay_from = peer.replay_from, None
         self._joined(peer, quiet=was_parked)
-        if was_parked and self.replication is not None:
+        if was_parked and why != "restarted" and self.replication is not None:
+            # (A restarted router's own catch-up reads its log back by our interest as it is now.)
             silent_since = time.time() - (time.monotonic() - peer.parked_at) - self.config.mesh_timeout
             self._replication_hook(self.replication.moved_in_catchup, peer, silent_since)
         self._send(peer, RESYNC, None)
