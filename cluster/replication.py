@@ -74,7 +74,7 @@ from brokerd.connection.packets import Subscription
 from brokerd.router.log import CommitLog, LogReader
 from brokerd.router.log.format import record_fields
 from brokerd.router.message import Message
-from brokerd.router.persistence import restore_state
+from brokerd.router.persistence import atomic_write, restore_state
 from brokerd.router.replication import FollowerState, Held, LeaderState, follower_nodes, follower_router
 from brokerd.router.session import LogRange, Session
 
@@ -91,6 +91,8 @@ FETCH_BYTES = 4 << 20
 FETCH_AGAIN_S = 1.0  # a fetch not answered within this is asked again
 TICK_S = 0.1  # held acknowledgements' deadlines and the in-sync set are looked at this often
 REPLICAS_DIR = "_replicas"
+SESSIONS_FILE = "sessions.msgpack"  # beside a replica: the sessions of its router held here
+SESSIONS_WRITE_S = 1.0  # held sessions are written at most this often (a write per dirty partition)
 READY_WAIT_S = 2.0  # an empty log waits at most this long for other nodes to say where it continues
 RESTORE_WAIT_S = 10.0  # ... and at most this long for its followers to send its sessions back
 RETENTION_TICKS = int(60 / TICK_S)  # replicas' retention is enforced once a minute, as the log's
@@ -152,6 +154,10 @@ class Replication:
         self.sessions: dict[str, dict[str, dict]] = {}
         self._handing: dict[str, tuple[str, dict]] = {}
         self._will_timers: dict[tuple[str, str], asyncio.TimerHandle] = {}  # (partition, client id)
+        # Held sessions are kept on disk beside their replica, so that a follower restarted while
+        # their router is dead still has them (two failures in a row).
+        self._sessions_dirty: set[str] = set()
+        self._sessions_timer: asyncio.TimerHandle | None = None
         self.members = Members(os.path.join(self.log.directory, MEMBERS_FILE), config.node_id)
         self._cut_off: list[Held] = []  # acknowledgements held while this node sees no majority
         # Back on an empty disk: the followers asked for this router's sessions (``_restore``).
@@ -453,6 +459,10 @@ class Replication:
                          fsync_interval_ms=c.fsync_interval_ms, segment_bytes=c.segment_bytes,
                          retention_bytes=c.retention_bytes or None, retention_hours=c.retention_hours or None)
         rep = self.replicas[partition] = Replica(partition, log_)
+        if not fresh:
+            self._load_sessions(partition)
+        elif self.sessions.get(partition):  # they came before its first batch: keep them now
+            self._sessions_changed(partition)
         if self.always:
             log_.on_durable(lambda durable, rep=rep: self._ack(rep, durable))
         return rep
@@ -641,6 +651,50 @@ class Replication:
                 held.pop(cid, None)
             else:
                 held[cid] = st
+        self._sessions_changed(partition)
+
+    def _sessions_changed(self, partition: str) -> None:
+        self._sessions_dirty.add(partition)
+        if self._sessions_timer is None:
+            self._sessions_timer = self.loop.call_later(SESSIONS_WRITE_S, self._write_sessions)
+
+    def _write_sessions(self, wait: bool = False) -> None:
+        """Write the held sessions of the partitions changed since the last write (in a thread;
+        ``wait``: here, at a stop)."""
+        self._sessions_timer = None
+        dirty, self._sessions_dirty = self._sessions_dirty, set()
+        for partition in dirty:
+            directory = self._replica_dir(partition)
+            if not os.path.isdir(directory):
+                continue  # not following it (any more): nothing to keep
+            path = os.path.join(directory, SESSIONS_FILE)
+            data = msgpack.packb(self.sessions.get(partition, {}), use_bin_type=True)
+            if wait:
+                self._write_file(path, data)
+            else:
+                self.loop.run_in_executor(None, self._write_file, path, data)
+
+    @staticmethod
+    def _write_file(path: str, data: bytes) -> None:
+        try:
+            atomic_write(path, data)
+        except OSError as exc:
+            log.error("replication: cannot write %s: %s (a restart of this router before its leader "
+                      "returns would not have those sessions)", path, exc.strerror)
+
+    def _load_sessions(self, partition: str) -> None:
+        path = os.path.join(self._replica_dir(partition), SESSIONS_FILE)
+        try:
+            with open(path, "rb") as f:
+                held = msgpack.unpackb(f.read(), raw=False, strict_map_key=False)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, msgpack.UnpackException) as exc:
+            log.error("replication: %s unreadable (%s): the sessions of %s held here are not restored",
+                      path, exc, partition)
+            return
+        if isinstance(held, dict) and held:
+            self.sessions[partition] = held
 
     def release_replica(self, client_id: str) -> tuple[dict, Any] | None:
         """A takeover of ``client_id`` whose router is silent, answered from the replica here:
@@ -663,6 +717,7 @@ class Replication:
             header["replica"] = partition
             header["since_ms"] = since_ms
             del held[client_id]
+            self._sessions_changed(partition)
             self._handing[client_id] = (partition, st)
             log.warning("replication: session %s of silent router %s handed over from its replica here",
                         client_id, partition)
@@ -729,6 +784,7 @@ class Replication:
         if handing is not None and not ok:
             partition, st = handing
             self.sessions.setdefault(partition, {})[client_id] = st
+            self._sessions_changed(partition)
 
     def adopted(self, session: Session, state: dict) -> None:
         """A session came here from the replica of a silent router: make it the only one, and ask
@@ -788,13 +844,17 @@ class Replication:
         wills of ``wills`` were published from one: not again from here. (To ``partition``
         itself: ``Router.drop_stale_sessions`` and ``Router.wills_published_elsewhere``.)"""
         held = self.sessions.get(partition, {})
+        changed = False
         for cid in client_ids:
-            held.pop(cid, None)
+            changed = held.pop(cid, None) is not None or changed
         for cid in wills:
             st = held.get(cid)
             if st is not None:
                 st["will"] = None
+                changed = True
             self._disarm_will(partition, cid)
+        if changed:
+            self._sessions_changed(partition)
 
     def rejoined(self, peer: Peer) -> None:
         """A router is heard again: the sessions taken from its replica while it was silent
@@ -849,6 +909,7 @@ class Replication:
             self._will_timers[(partition, cid)] = self.loop.call_later(1.0, self._will_due, partition, cid)
             return
         will, st["will"] = st["will"], None
+        self._sessions_changed(partition)
         try:
             msg = Message.from_list(will[0])
         except (TypeError, ValueError, IndexError) as exc:
@@ -974,5 +1035,8 @@ class Replication:
             self._timer.cancel()
         for key in list(self._will_timers):
             self._disarm_will(*key)
+        if self._sessions_timer is not None:
+            self._sessions_timer.cancel()
+        self._write_sessions(wait=True)
         for rep in self.replicas.values():
             await rep.log.aclose()

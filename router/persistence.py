@@ -79,7 +79,7 @@ class StateStore:
 
     def write_now(self) -> None:
         """Write synchronously (start-up, graceful stop)."""
-        _atomic_write(self.path, self.snapshot())
+        atomic_write(self.path, self.snapshot())
         self.dirty = False
 
     def mark(self, soon: bool = False) -> None:
@@ -100,7 +100,7 @@ class StateStore:
         self.dirty = False
         self._writing = True
         loop = asyncio.get_event_loop()
-        fut = loop.run_in_executor(None, _atomic_write, self.path, data)
+        fut = loop.run_in_executor(None, atomic_write, self.path, data)
         fut.add_done_callback(self._written)
 
     def _written(self, fut: asyncio.Future) -> None:
@@ -191,7 +191,8 @@ def _records(source: Any, offset: int, batch: int = 4096) -> Iterator[Any]:
         offset = records[-1].offset + 1
 
 
-def _atomic_write(path: str, data: bytes) -> None:
+def atomic_write(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data``, durably: a crash leaves the old file or the new one."""
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # sessions, retained messages
     try:

@@ -426,3 +426,28 @@ def test_a_session_that_moves_during_a_partition_gets_what_the_cut_off_side_publ
         for proxy in proxies.values():
             proxy.heal()
             proxy.close()
+
+
+def test_a_follower_restarted_while_the_sessions_router_is_dead_still_serves_them(start_broker):
+    """Two failures in a row: node a (a persistent session with a queued message) is SIGKILLed,
+    then c, the follower holding a's sessions, is SIGKILLed and restarted while a stays down.
+    Before, c kept a's sessions in memory only: the client, reconnecting to b, got a new session.
+    Now c keeps them beside a's replica and serves the takeover after its restart: session
+    present, and the message."""
+    assert follower_nodes("a/w0", "a", ["b", "c"], 1) == ["c"]  # the test's layout rests on it
+    nodes = three_nodes(start_broker, "--replication-factor", "2")
+    u = uuid.uuid4().hex[:6]
+    first = Client(nodes["a"].port, f"s{u}", clean=False, host=HOSTS["a"]).connect()
+    first.subscribe(f"tf{u}/#", 1)
+    first.disconnect()
+    pub = Client(nodes["b"].port, f"p{u}", host=HOSTS["b"]).connect()
+    pub.publish(f"tf{u}/x", b"queued", qos=1)  # acknowledged: in a's log and its replica on c
+    snapshot_of(nodes["c"], lambda r: r["sessions"].get("a/w0", 0) == 1)
+    nodes["a"].kill()
+    nodes["b"].wait_log("router a/w0 silent", timeout=15)
+    nodes["c"].kill()
+    nodes["c"].start()
+    mesh_peers(nodes["c"], 15.0, lambda peers: any(len(p) >= 1 for p in peers.values()))
+    second = Client(nodes["b"].port, f"s{u}", clean=False, host=HOSTS["b"]).connect()
+    assert second.session_present, "the session was lost with the follower's restart"
+    second.wait_payload(b"queued", timeout=15)
