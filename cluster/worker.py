@@ -15,6 +15,7 @@ from typing import Any
 
 from brokerd.connection.batching import EndOfTick, TurnBudget
 from brokerd.connection.guard import ConnectionGuard
+from brokerd.connection.keepalive import KeepaliveWheel
 from brokerd.connection.listener import Listener
 from brokerd.connection.protocol import MQTTConnection
 from brokerd.router.client import Client
@@ -42,6 +43,7 @@ class Worker:
         self.router_id = f"{config.node_id}/{self.name}"
         self.loop = asyncio.get_event_loop()
         self.batcher = EndOfTick(self.loop)
+        self.keepalive = KeepaliveWheel(self.loop)  # every connection's keepalive deadline, one timer
         self.turn: TurnBudget | None = None  # made in start(): the fan budget counts the router's deliveries
         self.guard: ConnectionGuard | None = None  # made in start(): it counts in the router's stats
         self.router: Router | None = None
@@ -78,7 +80,7 @@ class Worker:
                               write_buffer_high=self.config.max_client_buffer,
                               read_budget=self.config.read_budget, turn=self.turn,
                               max_topic_levels=self.config.max_topic_levels, listener=listener,
-                              guard=self.guard)
+                              guard=self.guard, keepalive=self.keepalive)
 
     async def start(self) -> None:
         c = self.config
@@ -223,6 +225,7 @@ class Worker:
             server.close()
         for conn in list(self.connections):
             conn.close(0x8B)  # MQTT 5: server shutting down
+        self.keepalive.close()
         self._stop_stats()
         if self.mesh is not None:
             await self.mesh.stop()

@@ -21,6 +21,7 @@ from .batching import EndOfTick, TurnBudget
 from .codec import DEFAULT_MAX_TOPIC_LEVELS, Decoder, encode, is_tls_client_hello
 from .flow import BUDGET, FlowControl
 from .guard import RATE, ClientRate, ConnectionGuard
+from .keepalive import KeepaliveWheel
 from .listener import Listener
 from .packets import MQTT_5, Connack, Connect, Disconnect, Packet, Pingreq, Pingresp
 from .ratelimit import VIOLATIONS
@@ -112,6 +113,14 @@ class MQTTConnection(asyncio.Protocol):
     ``phase`` is AWAITING_CONNECT or CONNECTED; ``closing`` is set by ``close``, ``abort``,
     ``protocol_violation`` and ``connection_lost`` alone, and checked where input arrives."""
 
+    # One per client, so no instance dict: with 31 attributes the dict outgrew CPython's shared
+    # keys (30) and cost 1.5 KB a connection.
+    __slots__ = ("_open_handler", "_flow", "_batcher", "_decoder", "max_topic_levels", "listener", "_guard",
+                 "_rate", "partial_since", "tls_identity", "_write_buffer_high", "transport", "handler", "peer",
+                 "client_id", "protocol_level", "outbound", "counters", "write_paused", "closing", "phase",
+                 "_graceful", "_out", "_keepalive", "_last_rx", "_timer", "_loop", "_wheel", "keepalive_key",
+                 "_reading_paused_by", "_held")
+
     def __init__(
         self,
         open_handler: Callable[[MQTTConnection], Handler],
@@ -124,6 +133,7 @@ class MQTTConnection(asyncio.Protocol):
         max_topic_levels: int = DEFAULT_MAX_TOPIC_LEVELS,
         listener: Listener | None = None,
         guard: ConnectionGuard | None = None,
+        keepalive: KeepaliveWheel | None = None,
     ) -> None:
         """``read_budget``: most packets of one connection decoded and handled per loop iteration;
         the rest of a read stays undecoded, with reading paused, until the next iteration. Without
@@ -159,8 +169,11 @@ class MQTTConnection(asyncio.Protocol):
         self._out: list[bytes] = []
         self._keepalive = 0.0
         self._last_rx = 0.0
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None  # the CONNECT timeout
         self._loop = asyncio.get_event_loop()
+        # The worker's keepalive deadlines (one of its own where none is given: a test's).
+        self._wheel = keepalive if keepalive is not None else KeepaliveWheel(self._loop)
+        self.keepalive_key: int | None = None  # its bucket there
         self._reading_paused_by: set[object] | frozenset[object] = _NOBODY  # a set once paused
         # Packets that came behind a CONNECT while the handler decides on it (reading paused for
         # the cluster or an auth plugin): dispatched once it resumes, after its CONNACK
@@ -332,6 +345,7 @@ class MQTTConnection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._wheel.discard(self)
         self._out.clear()
         handler, self.handler = self.handler, None
         if handler is not None:
@@ -379,7 +393,7 @@ class MQTTConnection(asyncio.Protocol):
             self._timer = None
         self._keepalive = keepalive * 1.5
         if keepalive:
-            self._timer = self._loop.call_later(self._keepalive, self._check_keepalive)
+            self._wheel.add(self, self._loop.time() + self._keepalive)
 
     def close(self, reason: int | None = None) -> None:
         """Close after flushing what is queued. MQTT 5 clients get DISCONNECT with ``reason``."""
@@ -445,8 +459,9 @@ class MQTTConnection(asyncio.Protocol):
             log.info("%s: no CONNECT within %.0f s; closing", self.peer, CONNECT_TIMEOUT_S)
             self.abort()
 
-    def _check_keepalive(self) -> None:
-        self._timer = None
+    def check_keepalive(self) -> None:
+        """Its keepalive bucket came due (``KeepaliveWheel``): close it if it has been silent for
+        its whole keepalive, else check again at its new deadline."""
         if self.closing:
             return
         idle = self._loop.time() - self._last_rx
@@ -455,4 +470,4 @@ class MQTTConnection(asyncio.Protocol):
                      self.client_id or "-", self.peer, idle)
             self.close(Reason.KEEP_ALIVE_TIMEOUT)
             return
-        self._timer = self._loop.call_later(self._keepalive - idle, self._check_keepalive)
+        self._wheel.add(self, self._last_rx + self._keepalive)
