@@ -225,7 +225,7 @@ class Peer:
                  "batch", "batch_sources", "stats", "parked", "parked_at", "backlog", "backlog_bytes",
                  "backlog_msgs", "dropped", "log_mark", "replay_from", "seq_out", "seq_in", "acked",
                  "ring", "ring_bytes", "resend", "stats_tcp", "origin_mark", "replaying", "replicas",
-                 "claim_floor", "interest_known", "seen_of_me", "seqs_seen", "unwritten")
+                 "claim_floor", "interest_known", "seen_of_me", "seqs_seen", "unwritten", "left")
 
     def __init__(self, router_id: str, node_id: str, ipc: str | None, tcp: str | None) -> None:
         self.router_id = router_id
@@ -276,6 +276,7 @@ class Peer:
         self.interest_known = False  # we have its full interest announcement (this incarnation)
         self.seen_of_me = -1  # the highest offset of our log it has seen (its HELLO's ``seen``)
         self.replaying = 0  # reads of our log back to it under way: our frames claim no mark
+        self.left = False  # parked because it said GOODBYE (a graceful stop), not heard since
 
 
 class _Waiter:
@@ -1061,6 +1062,7 @@ class Mesh:
             self._start_replay(peer, body, "it restarted and asks for what it may have missed")
         elif kind == GOODBYE:
             self._park(peer, "said goodbye")
+            peer.left = True
         elif kind == SESSION_GONE:
             partition, client_ids = body[0], body[1]
             wills = body[2] if len(body) == 3 else []
@@ -1282,6 +1284,7 @@ class Mesh:
         """A router (re)appeared: greet it, tell it our interest, fetch retained messages once."""
         first = not any(p.alive for p in self.peers.values() if p.node_id == peer.node_id)
         peer.alive = True
+        peer.left = False
         if peer.node_id == self.node_id and self._local_joined is not None and not self._local_joined.done():
             self._local_joined.set_result(None)  # CONNECTs waiting for a router of this node go on
         if not quiet:

@@ -427,10 +427,17 @@ class Replication:
             router = self.router
             moved = [c for cid, c in router.clients.items()
                      if (s := router.sessions.get(cid)) is not None and s.persistent and s.conn is c.conn]
-            log.error("cluster: this node sees %d of %d member nodes, not a majority (cut off by a partition, "
-                      "or the others are down): QoS 1/2 publishes are not acknowledged and no session is taken "
-                      "in until it sees a majority again; %d client(s) of persistent sessions asked to connect "
-                      "elsewhere", heard, len(self.members.nodes), len(moved))
+            # The others stopped gracefully (each said GOODBYE): a cluster being shut down or
+            # upgraded, not a fault; said as a warning, the rule is the same.
+            stopped = {p.node_id for p in self.mesh.peers.values() if p.left}
+            missing = self.members.nodes - live - {self.config.node_id}
+            graceful = bool(missing) and missing <= stopped
+            log.log(logging.WARNING if graceful else logging.ERROR,
+                    "cluster: this node sees %d of %d member nodes, not a majority (%s): QoS 1/2 publishes "
+                    "are not acknowledged and no session is taken in until it sees a majority again; %d "
+                    "client(s) of persistent sessions asked to connect elsewhere", heard, len(self.members.nodes),
+                    "the others stopped" if graceful else "cut off by a partition, or the others are down",
+                    len(moved))
             for client in moved:  # the majority side serves their sessions from the replicas
                 client.move_away()
 

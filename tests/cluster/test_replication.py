@@ -451,3 +451,15 @@ def test_a_follower_restarted_while_the_sessions_router_is_dead_still_serves_the
     second = Client(nodes["b"].port, f"s{u}", clean=False, host=HOSTS["b"]).connect()
     assert second.session_present, "the session was lost with the follower's restart"
     second.wait_payload(b"queued", timeout=15)
+
+
+def test_a_node_left_alone_by_graceful_stops_warns_rather_than_errs(start_broker):
+    """The whole cluster being shut down: b and c stop gracefully (SIGTERM, each says GOODBYE), so
+    a sees one of three members. The majority rule applies as ever, but the line is a WARNING
+    that says the others stopped (it was an ERROR blaming a partition or dead nodes)."""
+    nodes = three_nodes(start_broker, "--replication-factor", "2")
+    for name in ("b", "c"):
+        assert nodes[name].stop() == 0
+    nodes["a"].wait_log("not a majority (the others stopped)", timeout=15)
+    line = next(x for x in nodes["a"].log_text().splitlines() if "not a majority" in x)
+    assert " WARNING " in line, line
