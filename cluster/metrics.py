@@ -305,6 +305,11 @@ def _replication_metrics(fresh: list[dict[str, Any]], lbl: list[str]) -> Iterato
                                 "the high-water mark)", labels=[*lbl, "replica"])
     majority = GaugeMetricFamily("brokerd_cluster_majority", "1 while the router's node sees a majority of the "
                                  "cluster's members (0: cut off; QoS 1/2 not acknowledged)", labels=lbl)
+    sessions = GaugeMetricFamily("brokerd_replica_sessions", "persistent sessions of another router held here "
+                                 "(served from its replica if it dies)", labels=[*lbl, "partition"])
+    wills = GaugeMetricFamily("brokerd_replica_wills", "of those, offline ones with a delayed will waiting "
+                              "(published from here if that router is dead when it falls due)",
+                              labels=[*lbl, "partition"])
     for s, r in reps:
         key = [s["node"], s["router"]]
         majority.add_metric(key, 1 if r.get("majority", True) else 0)
@@ -316,7 +321,11 @@ def _replication_metrics(fresh: list[dict[str, Any]], lbl: list[str]) -> Iterato
             lag.add_metric([*key, follower], f["lag_records"])
             lag_s.add_metric([*key, follower], f["lag_seconds"])
             in_sync.add_metric([*key, follower], 1 if f["in_sync"] else 0)
-    yield from (majority, hw, end, held, refused, lag, lag_s, in_sync)
+        for partition, n in sorted(r.get("sessions", {}).items()):
+            sessions.add_metric([*key, partition], n)
+        for partition, n in sorted(r.get("wills", {}).items()):
+            wills.add_metric([*key, partition], n)
+    yield from (majority, hw, end, held, refused, lag, lag_s, in_sync, sessions, wills)
 
 
 def metrics_text(stats: NodeStats) -> bytes:

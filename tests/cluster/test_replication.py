@@ -374,7 +374,13 @@ def test_a_dead_nodes_delayed_will_goes_out_from_the_holder_of_its_sessions(star
     device.connect()
     device.subscribe(f"cmd{u}", 1)
     device.drop()  # an abnormal close: the will waits 3 s with the offline session
-    snapshot_of(nodes["c"], lambda r: r.get("wills", {}).get("a/w0") == 1)  # c holds it
+    snap = snapshot_of(nodes["c"], lambda r: r.get("wills", {}).get("a/w0") == 1)  # c holds it
+    stats = NodeStats("c", 1, 1.0)
+    stats.update(snap)
+    families = {f.name: f for f in text_string_to_metric_families(metrics_text(stats).decode())}
+    for family in ("brokerd_replica_sessions", "brokerd_replica_wills"):
+        (sample,) = families[family].samples
+        assert sample.labels["partition"] == "a/w0" and sample.value == 1, (family, sample)
     nodes["a"].kill()
     watcher.wait_payload(b"gone", timeout=15)
     nodes["c"].wait_log(f"the delayed will of session d{u} of silent router a/w0 published here")
