@@ -97,7 +97,7 @@ class Worker:
         self.guard = ConnectionGuard(
             self.loop, connection_rate=c.max_connection_rate / c.workers if c.max_connection_rate else 0.0,
             msg_rate=c.max_client_msg_rate, byte_rate=c.max_client_byte_rate, packet_timeout=c.packet_timeout,
-            stats=self.router.stats, connections=lambda: self.connections)
+            stats=self.router.stats)
         if c.log:
             self._open_log()
         if c.workers > 1 or c.mesh is not None:

@@ -4,15 +4,15 @@ unfinished packet. The router's limits (client ids, subscriptions, retained, QoS
 ``router/limits.py``; these are the ones a client can push against before any packet is whole.
 
 Costs: without rates nothing per read; with them two token-bucket updates per read (not per
-message) and one timer per pause. The unfinished-packet check is one attribute write per read and
-one sweep a second over the worker's connections.
+message) and one timer per pause. The unfinished-packet check is one attribute test per read, a
+set entry while a connection holds an unfinished packet, and once a second a look at those
+connections only (it was all of the worker's connections: a pause a second at 100k of them).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
 from typing import Any
 
 RATE = "rate"  # the pause_reading cause while a client is over its rate
@@ -59,11 +59,10 @@ class ClientRate:
 
 class ConnectionGuard:
     def __init__(self, loop: asyncio.AbstractEventLoop, *, connection_rate: float = 0.0, msg_rate: float = 0.0,
-                 byte_rate: float = 0.0, packet_timeout: float = 0.0, stats: Any = None,
-                 connections: Callable[[], Iterable[Any]] | None = None) -> None:
+                 byte_rate: float = 0.0, packet_timeout: float = 0.0, stats: Any = None) -> None:
         """``connection_rate``: new connections a second per listener for this worker (its share);
         ``msg_rate``/``byte_rate``: per client; ``packet_timeout``: seconds; 0 turns each off.
-        ``stats``: the router's counters (``limit_*``); ``connections``: the worker's live ones."""
+        ``stats``: the router's counters (``limit_*``)."""
         self.loop = loop
         self.connection_rate = connection_rate
         self.msg_rate = msg_rate
@@ -71,9 +70,18 @@ class ConnectionGuard:
         self.packet_timeout = packet_timeout
         self.stats = stats
         self._accepts: dict[Any, TokenBucket] = {}
-        self._connections = connections
-        if packet_timeout > 0 and connections is not None:
-            loop.call_later(1.0, self._sweep)
+        self._partial: set[Any] = set()  # connections that held an unfinished packet at a read
+        self._sweeping = False
+
+    def holding(self, conn: Any) -> None:
+        """``conn`` began holding an unfinished packet (its ``partial_since``): looked at once a
+        second while it does."""
+        if self.packet_timeout <= 0:
+            return
+        self._partial.add(conn)
+        if not self._sweeping:
+            self._sweeping = True
+            self.loop.call_later(1.0, self._sweep)
 
     def admit(self, listener: Any) -> bool:
         """Whether a new connection on ``listener`` is within its rate (counted when not)."""
@@ -99,13 +107,20 @@ class ConnectionGuard:
             self.stats.limit_client_rate += 1
 
     def _sweep(self) -> None:
-        """Close the connections that have held an unfinished packet for ``packet_timeout``."""
+        """Close the connections that have held an unfinished packet for ``packet_timeout``;
+        forget those that finished it (or closed)."""
         now = time.monotonic()
         limit = self.packet_timeout
-        for conn in list(self._connections()):  # type: ignore[misc]
+        for conn in list(self._partial):
             since = conn.partial_since
-            if since and now - since > limit and not conn.closing:
+            if not since or conn.closing:
+                self._partial.discard(conn)
+            elif now - since > limit:
+                self._partial.discard(conn)
                 if self.stats is not None:
                     self.stats.limit_packet_timeout += 1
                 conn.unfinished_packet_timeout(now - since)
-        self.loop.call_later(1.0, self._sweep)
+        if self._partial:
+            self.loop.call_later(1.0, self._sweep)
+        else:
+            self._sweeping = False

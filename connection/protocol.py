@@ -309,7 +309,12 @@ class MQTTConnection(asyncio.Protocol):
     def _guarded(self, packets: int, nbytes: int) -> None:
         """The connection guard's part of a read: when an unfinished packet began, and the
         client's rates (over them: reading pauses until the debt is paid; nothing is dropped)."""
-        self.partial_since = (self.partial_since or time.monotonic()) if self._decoder.buffered else 0.0
+        if self._decoder.buffered:
+            if not self.partial_since:
+                self.partial_since = time.monotonic()
+                self._guard.holding(self)  # type: ignore[union-attr]
+        elif self.partial_since:
+            self.partial_since = 0.0
         rate = self._rate
         if rate is not None:
             wait = rate.charge(packets, nbytes)
