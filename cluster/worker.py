@@ -85,6 +85,7 @@ class Worker:
     async def start(self) -> None:
         c = self.config
         self.router = Router(self._router_config())
+        self.router.moved_in_keep_s = c.mesh_forget  # arrivals a silent peer's catch-up may need
         from .auth_setup import install as install_auth
         from .auth_setup import reload as reload_auth
 

@@ -35,6 +35,7 @@ class SessionLife:
     sessions: dict[str, Session]
     moving: dict[str, Session]
     moved_in: dict[str, float]
+    moved_in_keep_s: float
     stale_moving: set[str]
     clients: dict[str, ClientHandle]
     _expiry: dict[str, asyncio.TimerHandle]
@@ -192,9 +193,11 @@ class SessionLife:
         session = self.new_session(client_id, state["persistent"])
         if not state.get("replica"):
             moved = self.moved_in
+            now = time.time()
             moved.pop(client_id, None)
-            moved[client_id] = time.time()
-            if len(moved) > MOVED_IN_MAX:
+            moved[client_id] = now  # oldest first: the dict's order is their arrival's
+            horizon = now - self.moved_in_keep_s
+            while moved and (len(moved) > MOVED_IN_MAX or moved[next(iter(moved))] < horizon):
                 del moved[next(iter(moved))]
         session.import_state(state)
         for values in state["subs"]:

@@ -386,3 +386,18 @@ def test_a_stale_session_being_handed_over_is_dropped_when_the_transfer_fails():
     assert "stale" not in r.sessions and "kept" in r.sessions
     assert not r.stale_moving
     assert len(r.subs) == 1
+
+
+def test_arrivals_of_moved_sessions_are_kept_for_a_while_only(router):
+    """A session taken over from another router is remembered with its arrival time (a silent
+    router's catch-up asks for what it published since), for ``moved_in_keep_s`` only: a fleet
+    moving between routers all day must not grow this. Sessions from a replica are not kept
+    (their catch-up is asked at once)."""
+    s, _ = online(router, "m", ("e/#", 1))
+    state = s.export_state()
+    router.moved_in_keep_s = 0.5
+    router.moved_in["old"] = 0.0  # long ago
+    router.import_session("n1", state)
+    assert list(router.moved_in) == ["n1"], router.moved_in
+    router.import_session("n2", {**state, "replica": "a/w0"})
+    assert "n2" not in router.moved_in
