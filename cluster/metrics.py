@@ -301,6 +301,8 @@ def _replication_metrics(fresh: list[dict[str, Any]], lbl: list[str]) -> Iterato
                             "hold yet", labels=[*lbl, "replica"])
     lag_s = GaugeMetricFamily("brokerd_replica_lag_seconds", "age of the oldest batch a follower has not "
                               "acknowledged", labels=[*lbl, "replica"])
+    lag_b = GaugeMetricFamily("brokerd_replica_lag_bytes", "bytes of the router's log a follower does not hold "
+                              "yet (its lag in records times the log's mean record size)", labels=[*lbl, "replica"])
     in_sync = GaugeMetricFamily("brokerd_replica_in_sync", "1 while the follower is in sync (counts towards "
                                 "the high-water mark)", labels=[*lbl, "replica"])
     majority = GaugeMetricFamily("brokerd_cluster_majority", "1 while the router's node sees a majority of the "
@@ -320,12 +322,13 @@ def _replication_metrics(fresh: list[dict[str, Any]], lbl: list[str]) -> Iterato
         for follower, f in sorted(r["followers"].items()):
             lag.add_metric([*key, follower], f["lag_records"])
             lag_s.add_metric([*key, follower], f["lag_seconds"])
+            lag_b.add_metric([*key, follower], f.get("lag_bytes", 0))
             in_sync.add_metric([*key, follower], 1 if f["in_sync"] else 0)
         for partition, n in sorted(r.get("sessions", {}).items()):
             sessions.add_metric([*key, partition], n)
         for partition, n in sorted(r.get("wills", {}).items()):
             wills.add_metric([*key, partition], n)
-    yield from (majority, hw, end, held, refused, lag, lag_s, in_sync, sessions, wills)
+    yield from (majority, hw, end, held, refused, lag, lag_s, lag_b, in_sync, sessions, wills)
 
 
 def metrics_text(stats: NodeStats) -> bytes:

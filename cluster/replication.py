@@ -1019,10 +1019,16 @@ class Replication:
     def stats(self) -> dict[str, Any]:
         lead = self.leader
         in_sync = set(lead.in_sync())
+        # A follower's lag in bytes, estimated: its lag in records times the log's mean record
+        # size on disk (headers and index included); offsets do not say bytes without a read.
+        log_stats = self.log.stats()
+        kept = log_stats["next_offset"] - log_stats["start_offset"]
+        per_record = log_stats["bytes"] / kept if kept > 0 else 0.0
         return {
             "factor": self.factor, "min_insync": self.min_insync, "required": lead.min_insync,
             "end": lead.end, "high_water": lead.high_water, "held": len(lead._held), "refused_total": self.refused,
             "followers": {f: {"offset": lead.acked[f], "lag_records": max(0, lead.lag_records(f)),
+                              "lag_bytes": round(max(0, lead.lag_records(f)) * per_record),
                               "lag_seconds": round(lead.lag_s(f), 3), "in_sync": f in in_sync}
                           for f in lead.acked},
             "replicas": {p: {"end": r.log.next_offset - 1, "acked": r.acked} for p, r in self.replicas.items()},

@@ -295,7 +295,9 @@ def replication_lines(snaps: Iterable[dict[str, Any]]) -> list[str]:
         parts = []
         if r["factor"] > 1:
             followers = ", ".join(
-                f"{f} lag {human_count(v['lag_records'])} ({'in sync' if v['in_sync'] else 'out of sync'})"
+                f"{f} lag {human_count(v['lag_records'])}"
+                f"{' ~' + human_bytes(v['lag_bytes']) if v['lag_records'] and v.get('lag_bytes') else ''}"
+                f" ({'in sync' if v['in_sync'] else 'out of sync'})"
                 for f, v in sorted(r["followers"].items())) or "none live"
             parts.append(f"R {r['factor']} min-insync {r['required']}/{r['min_insync']}  end {r['end']}  "
                          f"high-water {r['high_water']}  held {r['held']}  refused {r['refused_total']}  "

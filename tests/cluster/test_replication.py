@@ -102,6 +102,8 @@ def test_acknowledged_means_on_two_nodes_and_a_dead_publishers_node_loses_nothin
     families = {f.name: f for f in text_string_to_metric_families(metrics_text(stats).decode())}
     (sample,) = families["brokerd_replica_in_sync"].samples
     assert sample.labels["replica"] == f"{follower}/w0" and sample.value == 1
+    (sample,) = families["brokerd_replica_lag_bytes"].samples  # in sync: nothing behind
+    assert sample.labels["replica"] == f"{follower}/w0" and sample.value == 0
     assert families["brokerd_replication_high_water_offset"].samples[0].value >= 0
 
     victim = nodes[stopped].workers()[0]

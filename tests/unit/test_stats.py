@@ -264,3 +264,18 @@ def test_replication_line_says_a_node_is_cut_off_and_counts_the_sessions_held():
     rep["majority"] = True
     (line,) = replication_lines([{"router_id": "a/w0", "replication": rep}])
     assert "CUT OFF" not in line
+
+
+def test_replication_line_gives_a_lagging_followers_lag_in_bytes_too():
+    """`brokerd stats`: a follower behind shows its lag in records and (estimated) bytes; one in
+    step shows lag 0 alone."""
+    from brokerd.cluster.stats_cli import replication_lines
+
+    rep = {"factor": 2, "min_insync": 2, "required": 2, "end": 9, "high_water": 7, "held": 0,
+           "refused_total": 0, "followers": {"b/w0": {"lag_records": 2, "lag_bytes": 3072, "in_sync": True}},
+           "replicas": {}, "sessions": {}, "majority": True, "members": 3}
+    (line,) = replication_lines([{"router_id": "a/w0", "replication": rep}])
+    assert "b/w0 lag 2 ~3.0K (in sync)" in line, line
+    rep["followers"]["b/w0"].update(lag_records=0, lag_bytes=0)
+    (line,) = replication_lines([{"router_id": "a/w0", "replication": rep}])
+    assert "b/w0 lag 0 (in sync)" in line, line
