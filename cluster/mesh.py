@@ -298,6 +298,15 @@ class _Waiter:
             self.future.set_result(self.result)
 
 
+def park_skew(config: Config) -> float:
+    """How long after a router is parked here the others may still count it as alive: each
+    notices a silence by its own clock, and one that got its GOODBYE (a stop, or a dying node that
+    managed to say it to some) parks it a whole mesh timeout before the others. Also how long a
+    router back from a death holds its overdue delayed wills (cluster.worker): the same window in
+    which a replica's notice that it published them arrives."""
+    return config.mesh_timeout + 1.0
+
+
 class Mesh:
     """Implements ``router.ports.MeshPort`` for one router."""
 
@@ -827,30 +836,24 @@ class Mesh:
             return result
         return None
 
-    def _park_skew(self) -> float:
-        """How long after a router is parked here the others may still count it as alive: each
-        notices a silence by its own clock, and one that got its GOODBYE (a stop, or a dying
-        node that managed to say it to some) parks it a whole mesh timeout before the others."""
-        return self.config.mesh_timeout + 1.0
-
     def _just_parked(self) -> list[Peer]:
         """Routers of other nodes parked so recently that the other routers may not count them
         as gone yet."""
         now = time.monotonic()
-        skew = self._park_skew()
+        skew = park_skew(self.config)
         return [p for p in self.peers.values()
                 if p.parked and p.node_id != self.node_id and now - p.parked_at < skew]
 
     async def _gone(self, routers: set[str]) -> None:
         """Wait until ``routers`` count as gone (parked) here, at most one mesh timeout and a
-        second, and until every router parked here counts as gone elsewhere too (``_park_skew``)."""
+        second, and until every router parked here counts as gone elsewhere too (``park_skew``)."""
         end = time.monotonic() + self.config.mesh_timeout + 1.0
         while time.monotonic() < end and not self.closed and any(
                 self.peers[rid].alive for rid in routers if rid in self.peers):
             await asyncio.sleep(0.1)
         recent = self._just_parked()
         if recent:
-            await asyncio.sleep(self._park_skew() - (time.monotonic() - min(p.parked_at for p in recent)))
+            await asyncio.sleep(park_skew(self.config) - (time.monotonic() - min(p.parked_at for p in recent)))
 
     def _local_down(self) -> set[str]:
         """The routers of this node that are not alive now."""

@@ -69,6 +69,7 @@ class Worker:
             session=SessionLimits(max_inflight=c.max_inflight, max_queued=c.max_queued),
             limits=ClientLimits.from_config(c),
             topic_alias_out=c.topic_alias_out,
+            moved_in_keep_s=c.mesh_forget,
         )
 
     def _open(self, conn: MQTTConnection) -> Client:
@@ -85,7 +86,6 @@ class Worker:
     async def start(self) -> None:
         c = self.config
         self.router = Router(self._router_config())
-        self.router.moved_in_keep_s = c.mesh_forget  # arrivals a silent peer's catch-up may need
         from .auth_setup import install as install_auth
         from .auth_setup import reload as reload_auth
 
@@ -149,10 +149,14 @@ class Worker:
             retention_bytes=c.retention_bytes or None, retention_hours=c.retention_hours or None)
         router.attach_log(self.commit_log, c.fsync == "always")
         router.attach_state(StateStore(router, directory))
-        # In a cluster a will due while this router was down waits as long as a CONNECT right
-        # after a death does (cluster.mesh ``_park_skew``): time for a replica's notice.
-        clustered = bool(c.peer or c.mesh)
-        sessions, retained = router.state.load(will_grace=c.mesh_timeout + 1.0 if clustered else 0.0)
+        # In a cluster a restored delayed will waits at least as long as a CONNECT right after a
+        # death does: time for a replica's notice that it published the will already.
+        will_grace = 0.0
+        if c.peer or c.mesh:
+            from .mesh import park_skew
+
+            will_grace = park_skew(c)
+        sessions, retained = router.state.load(will_grace=will_grace)
         router.state.write_now()
         log.info("commit log %s: offsets %d..%d, %d persistent sessions, %d retained messages restored",
                  directory, self.commit_log.start_offset, self.commit_log.next_offset - 1, sessions, retained)

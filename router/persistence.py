@@ -120,10 +120,10 @@ class StateStore:
     # -- loading --------------------------------------------------------------------------------------
 
     def load(self, will_grace: float = 0.0) -> tuple[int, int]:
-        """Restore sessions and retained messages; returns (sessions, retained) counts. A delayed
-        will that fell due while this router was down waits ``will_grace`` seconds more: in a
-        cluster, the holder of this router's replica may have published it meanwhile, and says so
-        when it meets this router again (``Router.wills_published_elsewhere``)."""
+        """Restore sessions and retained messages; returns (sessions, retained) counts. A restored
+        delayed will waits at least ``will_grace`` seconds (one that fell due while this router was
+        down, that long): in a cluster, the holder of this router's replica may have published it
+        meanwhile, and says so when it meets this router again (``Router.wills_published_elsewhere``)."""
         router = self.router
         state: dict[str, Any] = {}
         try:

@@ -87,6 +87,9 @@ class RouterConfig:
     session: SessionLimits = field(default_factory=SessionLimits)
     limits: ClientLimits = field(default_factory=ClientLimits)
     topic_alias_out: bool = False  # aliases for topics sent to MQTT 5 clients that allow them
+    # How long a session taken over from another router is remembered (``moved_in``): a peer
+    # silent longer (--mesh-forget) is forgotten, and its catch-up never asked.
+    moved_in_keep_s: float = 300.0
 
 
 class Router(SharedRouting, SessionLife):
@@ -100,7 +103,6 @@ class Router(SharedRouting, SessionLife):
         self.moving: dict[str, Session] = {}  # exported to another router, not yet confirmed there
         self.stale_moving: set[str] = set()  # of those, the ones found stale meanwhile (a fence)
         self.moved_in: dict[str, float] = {}  # sessions taken over from another router: when (Unix time)
-        self.moved_in_keep_s = 300.0  # kept this long (the worker sets --mesh-forget: a peer silent longer is forgotten)
         self.clients: dict[str, ClientHandle] = {}  # client id → the live connection's handler
         self.listener_sockets: dict[Any, int] = {}  # listener with a max_connections → its open sockets here
         self.subs: TopicIndex[Session, Subscription] = TopicIndex()

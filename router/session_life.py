@@ -35,7 +35,6 @@ class SessionLife:
     sessions: dict[str, Session]
     moving: dict[str, Session]
     moved_in: dict[str, float]
-    moved_in_keep_s: float
     stale_moving: set[str]
     clients: dict[str, ClientHandle]
     _expiry: dict[str, asyncio.TimerHandle]
@@ -196,7 +195,7 @@ class SessionLife:
             now = time.time()
             moved.pop(client_id, None)
             moved[client_id] = now  # oldest first: the dict's order is their arrival's
-            horizon = now - self.moved_in_keep_s
+            horizon = now - self.config.moved_in_keep_s
             while moved and (len(moved) > MOVED_IN_MAX or moved[next(iter(moved))] < horizon):
                 del moved[next(iter(moved))]
         session.import_state(state)

@@ -395,7 +395,7 @@ def test_arrivals_of_moved_sessions_are_kept_for_a_while_only(router):
     (their catch-up is asked at once)."""
     s, _ = online(router, "m", ("e/#", 1))
     state = s.export_state()
-    router.moved_in_keep_s = 0.5
+    router.config.moved_in_keep_s = 0.5
     router.moved_in["old"] = 0.0  # long ago
     router.import_session("n1", state)
     assert list(router.moved_in) == ["n1"], router.moved_in
