@@ -282,13 +282,14 @@ class Peer:
 class _Waiter:
     """A request answered by every live peer (interest acks, takeover answers)."""
 
-    __slots__ = ("future", "waiting", "result", "missed")
+    __slots__ = ("future", "waiting", "result", "missed", "offers")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, peers: set[str]) -> None:
         self.future: asyncio.Future = loop.create_future()
         self.waiting = peers
         self.result: Any = None
         self.missed: set[str] = set()  # peers that fell silent or timed out instead of answering
+        self.offers: list[tuple[str | None, int, dict]] = []  # takeover: (router, request, session) offered
 
     def answer(self, router_id: str, result: Any = None) -> None:
         self.waiting.discard(router_id)
@@ -821,8 +822,11 @@ class Mesh:
                 continue
             waiter = self._ask_takeover(client_id)
             result = await waiter.future
-            if result is not None:
+            if result is not None:  # a transfer broke off: that router keeps the session
+                self._settle(client_id, waiter.offers, failed=True)
                 return result
+            if waiter.offers:
+                return self._settle(client_id, waiter.offers)
             if any(self.peers[rid].node_id == self.node_id for rid in waiter.missed):
                 continue
             if self.replication is not None and not asked_again and (waiter.missed or self._just_parked()):
@@ -835,6 +839,46 @@ class Mesh:
                 return self.replication.take_replica(client_id)
             return result
         return None
+
+    def _settle(self, client_id: str, offers: list[tuple[str | None, int, dict]], failed: bool = False) -> dict:
+        """Every router asked has answered a takeover; pick the session state this router takes.
+        Normally one router offers it. More than one when replicas of silent routers hold
+        copies beside the live one, or beside each other: a copy its live router offers is the
+        session; among replicas' copies, the one whose router took the session on last
+        (``arrived``). Each replica's holder drops its copy (the one taken and the stale ones
+        alike: TAKEOVER_DONE true); a second live router keeps its own (false: never expected,
+        and not this router's to drop); the silent routers whose copies were passed over are
+        fenced (``Replication.fence``), the one taken by ``Replication.adopted``. ``failed``: a
+        transfer broke off, nothing is taken and every offer stays where it is."""
+        if failed:
+            for rid, req, _ in offers:
+                self._done(rid, req, False)
+            return TAKEOVER_FAILED
+        live = [o for o in offers if not o[2].get("replica")]
+        if not live and self.replication is not None:
+            local = self.replication.take_replica(client_id)  # this router may hold a newer copy
+            if local is not None:
+                offers.append((None, 0, local))
+        chosen = live[0][2] if live else max(offers, key=lambda o: o[2].get("arrived", 0))[2]
+        stale: list[str] = []
+        for rid, req, state in offers:
+            if state.get("replica"):
+                stale += state.get("stale_replicas", ())
+                if state is not chosen:
+                    stale.append(state["replica"])
+            self._done(rid, req, state is chosen or bool(state.get("replica")))
+        if stale and self.replication is not None:
+            log.warning("mesh: session %s: copies of it held for silent router(s) %s are older than the one "
+                        "taken; passed over", client_id, ", ".join(sorted(set(stale))))
+            self.replication.fence(client_id, stale)
+        return chosen
+
+    def _done(self, rid: str | None, req: int, ok: bool) -> None:
+        """Tell router ``rid`` (None: this one, nothing to tell) whether the session it offered
+        for takeover ``req`` was taken."""
+        peer = self.peers.get(rid) if rid is not None else None
+        if peer is not None and peer.alive:
+            self._send(peer, TAKEOVER_DONE, [req, ok])
 
     def _just_parked(self) -> list[Peer]:
         """Routers of other nodes parked so recently that the other routers may not count them
@@ -1027,7 +1071,7 @@ class Mesh:
                 self._answer(req, sender, None)
                 return
             waiter = self._waiters.get(req)
-            if waiter is None or waiter.future.done() or waiter.result is not None:
+            if waiter is None or waiter.future.done():
                 self._send(peer, TAKEOVER_DONE, [req, False])  # nobody here takes it: it stays there
             elif more:
                 self._incoming[(req, sender)] = _Transfer(state)
@@ -1143,10 +1187,14 @@ class Mesh:
             self.replication.replica_moved(client_id, ok)
 
     def _take(self, peer: Peer, req: int, state: dict) -> None:
-        """A whole session arrived: it is ours (the router imports it), and its old owner may let
-        it go."""
-        self._send(peer, TAKEOVER_DONE, [req, True])
-        self._answer(req, peer.router_id, state)
+        """A whole session arrived: an offer, settled (TAKEOVER_DONE) once every router asked
+        has answered (``_settle``); if the request is over, it stays where it was."""
+        waiter = self._waiters.get(req)
+        if waiter is None or waiter.future.done():
+            self._send(peer, TAKEOVER_DONE, [req, False])
+            return
+        waiter.offers.append((peer.router_id, req, state))
+        self._answer(req, peer.router_id)
 
     def _transfer_failed(self, key: tuple[int, str], why: str) -> None:
         """A session stopped arriving: its old owner keeps it, and the CONNECT waiting for it is

@@ -151,6 +151,7 @@ class Replication:
         # its copy when it returns).
         self._sessions_sent: dict[str, dict] = {}
         self._follower_incs: dict[str, int | None] = {}
+        self._cleared: dict[str, int | None] = {}  # former followers told to drop our sessions: their incarnation
         self.sessions: dict[str, dict[str, dict]] = {}
         self._handing: dict[str, tuple[str, dict]] = {}
         self._will_timers: dict[tuple[str, str], asyncio.TimerHandle] = {}  # (partition, client id)
@@ -162,6 +163,7 @@ class Replication:
         self._cut_off: list[Held] = []  # acknowledgements held while this node sees no majority
         # Back on an empty disk: the followers asked for this router's sessions (``_restore``).
         self._restoring: set[str] = set()
+        self._restored_ids: set[str] = set()
         self._restore_done: asyncio.Future | None = None
         self._restored = 0
         # No full set of sessions goes to the followers before ``ready``: on an empty disk it
@@ -236,6 +238,7 @@ class Replication:
             log.warning("replication: %d persistent session(s) of this router restored from its followers",
                         self._restored)
         self._restoring = set()
+        self._restored_ids = set()
 
     def restore_sessions(self, peer: Peer, partition: str) -> None:
         """``peer`` came back on an empty disk and asks for its sessions held here: one
@@ -268,11 +271,22 @@ class Replication:
         if partition != self.partition or sender not in self._restoring:
             return
         router = self.router
-        if header is not None and header["client_id"] not in router.sessions:
-            session = router.import_session(header["client_id"], header)
-            router.schedule_expiry(session)
-            router.rearm_will(session)
-            self._restored += 1
+        if header is not None:
+            cid = header["client_id"]
+            had = router.sessions.get(cid)
+            # Two holders may answer: a former follower's copy can be older than the current
+            # follower's (this router clears it only once it serves: ``_place``). The newer counts.
+            newer = had is not None and cid in self._restored_ids and had.arrived_ms < header.get("arrived", 0)
+            if had is None or newer:
+                if newer:
+                    router.drop_session(had)
+                else:
+                    self._restored += 1
+                session = router.import_session(cid, header)
+                session.arrived_ms = header.get("arrived") or session.arrived_ms
+                self._restored_ids.add(cid)
+                router.schedule_expiry(session)
+                router.rearm_will(session)
         if last:
             self._restoring.discard(sender)
             if not self._restoring and not self._restore_done.done():
@@ -358,17 +372,29 @@ class Replication:
                 if rid not in followers:  # a follower no more: its copy of the sessions would go stale
                     self._send_sessions(rid, {}, True)
                     self._follower_incs.pop(rid, None)
+                    self._cleared[rid] = self.mesh.peers[rid].incarnation
             if followers != self.followers:
                 log.info("replication: %s follows %s", self.partition, ", ".join(followers) or "nobody")
             self.followers = followers
             self._release(self.leader.set_followers(followers, needed))
             for rid in added:  # what waits for it already went out before it was chosen: send it now
                 self.fetch(self.mesh.peers[rid], self.partition, self.leader.high_water + 1)
-        for rid in followers if self._sessions_ready else ():  # a new follower, or a new incarnation
-            inc = self.mesh.peers[rid].incarnation  # of one: every session
+        if not self._sessions_ready:
+            return
+        for rid in followers:  # a new follower, or a new incarnation of one: every session
+            inc = self.mesh.peers[rid].incarnation
             if self._follower_incs.get(rid, -1) != inc:
                 self._follower_incs[rid] = inc
                 self._send_sessions(rid, self._sessions_sent, True)
+        # A router that holds a replica of this log without being its follower now (it was one
+        # before this router restarted, or before a node came back): the sessions it holds of
+        # this router are stale, and, taken for current after this router's death, would hand
+        # a client an old state of its session. Cleared once per incarnation of each.
+        for rid, peer in self.mesh.peers.items():
+            if (peer.alive and self.partition in peer.replicas and rid not in followers
+                    and peer.node_id != self.config.node_id and self._cleared.get(rid, -1) != peer.incarnation):
+                self._cleared[rid] = peer.incarnation
+                self._send_sessions(rid, {}, True)
 
     def _tick(self) -> None:
         self._ticks += 1
@@ -712,24 +738,31 @@ class Replication:
                 log.warning("replication: session %s not handed over from its replica: this node sees no "
                             "majority of the cluster", client_id)
             return None
+        found = []  # (partition, state) of every silent router whose sessions held here name it
         for partition, held in self.sessions.items():
             st = held.get(client_id)
             leader = self.mesh.peers.get(partition)
-            if st is None or (leader is not None and leader.alive) or partition not in self.replicas:
-                continue
-            exported = self._export_replica(client_id, partition, st, False)
-            if exported is None:
-                return None
-            header, copies, since_ms = exported
-            header["replica"] = partition
-            header["since_ms"] = since_ms
-            del held[client_id]
-            self._sessions_changed(partition)
-            self._handing[client_id] = (partition, st)
-            log.warning("replication: session %s of silent router %s handed over from its replica here",
-                        client_id, partition)
-            return header, copies
-        return None
+            if st is not None and (leader is None or not leader.alive) and partition in self.replicas:
+                found.append((partition, st))
+        if not found:
+            return None
+        # Two silent routers of one node may both have had it (it moved between them shortly
+        # before the node died, before the first said it was gone): the last to get it has it.
+        partition, st = max(found, key=lambda f: f[1].get("arrived", 0))
+        exported = self._export_replica(client_id, partition, st, False)
+        if exported is None:
+            return None
+        header, copies, since_ms = exported
+        header["replica"] = partition
+        header["since_ms"] = since_ms
+        header["stale_replicas"] = [p for p, _ in found if p != partition]
+        for p, _ in found:
+            del self.sessions[p][client_id]
+            self._sessions_changed(p)
+        self._handing[client_id] = (partition, st)
+        log.warning("replication: session %s of silent router %s handed over from its replica here",
+                    client_id, partition)
+        return header, copies
 
     def take_replica(self, client_id: str) -> dict | None:
         """``release_replica`` for a takeover asked on this router: the whole state at once."""
@@ -748,6 +781,7 @@ class Replication:
         try:
             session, since_ms = self._replica_session(client_id, partition, st)
             header = session.export_header(False)
+            header["arrived"] = st.get("arrived", 0)  # which of two replicas' copies is current
             copies = session.export_copies(False)
             if whole:
                 header["queue"] = [item for chunk in copies for item in chunk]
@@ -798,13 +832,7 @@ class Replication:
         every other router for what it may have missed (module docstring)."""
         partition = state["replica"]
         cid = session.client_id
-        self.router.fenced.setdefault(partition, set()).add(cid)
-        if self.router.state is not None:
-            self.router.state.mark(soon=True)
-        gone = [partition, [cid]]
-        for peer in self.mesh.peers.values():
-            if peer.alive:
-                self.mesh.send_replication(peer, "gone", gone)
+        self.fence(cid, [partition])
         marks: dict[str, int] = {}
         for _, _, values in state["queue"]:  # the copies from the replica (not live ones since)
             msg = Message.from_list(values)
@@ -832,6 +860,20 @@ class Replication:
             asked.append(rid)
         log.info("replication: session %s taken over from the replica of %s; asked %d router(s) for what "
                  "was on its way there", cid, partition, len(asked) + 1)
+
+    def fence(self, client_id: str, partitions: Iterable[str]) -> None:
+        """``client_id``'s session is here now, not with the silent routers ``partitions`` (its
+        replicas there were handed over, or stale): their other replicas forget it (SESSION_GONE)
+        and each router drops its copy when it is heard again (``rejoined``)."""
+        fenced = self.router.fenced
+        for partition in partitions:
+            fenced.setdefault(partition, set()).add(client_id)
+            gone = [partition, [client_id]]
+            for peer in self.mesh.peers.values():
+                if peer.alive:
+                    self.mesh.send_replication(peer, "gone", gone)
+        if self.router.state is not None:
+            self.router.state.mark(soon=True)
 
     def _holder(self, partition: str) -> tuple[Any, int]:
         """Who holds the replica of ``partition`` with the highest end (the mesh: this router; a

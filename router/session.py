@@ -119,7 +119,8 @@ class Inflight:
 class Session:
     __slots__ = ("client_id", "persistent", "subscriptions", "conn", "inflight", "queue",
                  "inbound_qos2", "limits", "stats", "_next_pid", "receive_max", "expiry_s",
-                 "will", "will_due_ms", "dropped", "log", "cursor", "shared", "ranges", "username", "acl")
+                 "will", "will_due_ms", "dropped", "log", "cursor", "shared", "ranges", "username", "acl",
+                 "arrived_ms")
 
     def __init__(self, client_id: str, persistent: bool, limits: SessionLimits, stats: RouterStats) -> None:
         self.client_id = client_id
@@ -150,6 +151,10 @@ class Session:
         # Ranges of other routers' logs (this node) still to read, before ``cursor``: a session
         # moved here by a takeover brings its backlog as positions.
         self.ranges: list[LogRange] | tuple = ()
+        # When this router took the session on (created or taken over; kept across a restart):
+        # of two replicas that both hold it after a failure, the one whose router got it last is
+        # the current state (cluster.mesh ``_settle``).
+        self.arrived_ms = 0
 
     # -- delivery -------------------------------------------------------------------------------------
 

@@ -55,6 +55,7 @@ class SessionLife:
         session = Session(client_id, persistent, self.config.session, self.stats)
         session.log = self.commit_log
         session.acl = self.acl  # type: ignore[attr-defined]
+        session.arrived_ms = int(time.time() * 1000)
         self.sessions[client_id] = session
         return session
 

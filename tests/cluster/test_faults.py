@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 import signal
 import uuid
-from collections.abc import Callable
 
 import msgpack
 import pytest
 import zmq
 
 from tests.cluster.conftest import spread
+from tests.cluster.fake_router import FakeRouter, mesh_endpoint
 from tests.helpers import Client, wait_for
 
 
@@ -121,14 +121,12 @@ def test_bad_mesh_frames_are_dropped_counted_and_logged_once(start_broker, tmp_p
     for s in subs.values():
         s.subscribe(f"bad{u}/#", 1)
 
-    run_dirs = [d for d in _run_dirs() if d.endswith(f"t-{broker.port}")]
-    assert run_dirs, "no run directory for the broker"
     ctx = zmq.Context()
     try:
-        for w in ("w0", "w1"):
+        for w in (0, 1):
             push = ctx.socket(zmq.PUSH)
             push.setsockopt(zmq.LINGER, 2000)
-            push.connect(f"ipc://{run_dirs[0]}/{w}.mesh")
+            push.connect(mesh_endpoint(broker.port, worker=w))
             from brokerd.router.mesh_format import HELLO, INTEREST, MESH_VERSION, PUBLISH, TAKEOVER_RESP
             for frame in (
                 [MESH_VERSION, HELLO, "liar/w9", 1, ["not", "a", "dict"]],
@@ -155,16 +153,6 @@ def test_bad_mesh_frames_are_dropped_counted_and_logged_once(start_broker, tmp_p
     wait_for(lambda: len(collect(subs[a], f"bad{u}/ba")) == 5, what="b→a after the bad frames")
     wait_for(lambda: len(collect(subs[b], f"bad{u}/ab")) == 5, what="a→b after the bad frames")
     assert "Traceback" not in broker.log_text()
-
-
-def _run_dirs() -> list[str]:
-    import tempfile
-
-    base = os.environ.get("BROKERD_RUN_DIR") or os.path.join(tempfile.gettempdir(), f"brokerd-{os.getuid()}")
-    try:
-        return [os.path.join(base, d) for d in os.listdir(base)]
-    except FileNotFoundError:
-        pytest.fail("no brokerd run directory")
 
 
 def _publish0(topic: str, payload: bytes) -> bytes:
@@ -521,56 +509,6 @@ def test_a_connect_waits_for_a_stopped_worker_of_its_node_bounded(start_broker):
         raw.close()
 
 
-class _FakeRouter:
-    """A router of another node, spoken by the test over ZeroMQ: it says HELLO (as one
-    incarnation or another), announces interest, and reads the PUBLISH frames sent to it."""
-
-    def __init__(self, ctx: zmq.Context, target: str, name: str = "fake/w0") -> None:
-        from brokerd.router.mesh_format import MESH_VERSION
-
-        self.version, self.name, self.inc = MESH_VERSION, name, 1
-        self.pull = ctx.socket(zmq.PULL)
-        self.pull.setsockopt(zmq.LINGER, 0)
-        port = self.pull.bind_to_random_port("tcp://127.0.0.1")
-        self.tcp = f"tcp://127.0.0.1:{port}"
-        self.push = ctx.socket(zmq.PUSH)
-        self.push.setsockopt(zmq.LINGER, 0)
-        self.push.connect(target)
-        self.frames: list[tuple[int, str, int, object]] = []  # (kind, sender, incarnation, body)
-
-    def send(self, kind: int, body: object) -> None:
-        self.push.send(msgpack.packb([self.version, kind, self.name, self.inc, body], use_bin_type=True))
-
-    def hello(self, acks: dict | None = None) -> None:
-        from brokerd.router.mesh_format import HELLO
-
-        self.send(HELLO, {"node": "fake", "ipc": None, "tcp": self.tcp, "stats": None, "peers": [],
-                          "acks": acks or {}, "log": -1})
-
-    def read(self, until: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-        """Read frames (saying HELLO now and then, as a live router does) until ``until()``."""
-        import time
-
-        deadline = time.monotonic() + timeout
-        next_hello = 0.0
-        while not until():
-            now = time.monotonic()
-            assert now < deadline, f"timed out after {timeout} s waiting for {what}"
-            if now >= next_hello:
-                self.hello()
-                next_hello = now + 0.3
-            if self.pull.poll(100):
-                _, kind, sender, inc, body = msgpack.unpackb(self.pull.recv(), raw=False)
-                self.frames.append((kind, sender, inc, body))
-
-    def publishes(self, payload: bytes) -> list[int]:
-        """The numbers of the PUBLISH frames received that carry ``payload``."""
-        from brokerd.router.mesh_format import PUBLISH
-
-        return [body[0] for kind, _, _, body in self.frames
-                if kind == PUBLISH and payload in msgpack.packb(body[1], use_bin_type=True)]
-
-
 def test_a_confirmation_meant_for_an_old_incarnation_confirms_nothing(start_broker):
     """HELLO confirms the PUBLISH frames a router received (``acks``), so that what a crashed
     router never confirmed is sent again to its next incarnation. A HELLO that a router queued
@@ -587,12 +525,10 @@ def test_a_confirmation_meant_for_an_old_incarnation_confirms_nothing(start_brok
 
     broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", "--replication-factor", "1", workers=1)
     u = uid()
-    run_dirs = [d for d in _run_dirs() if d.endswith(f"t-{broker.port}")]
-    assert run_dirs, "no run directory for the broker"
     pub = Client(broker.port, f"p{u}").connect()
     ctx = zmq.Context()
     try:
-        fake = _FakeRouter(ctx, f"ipc://{run_dirs[0]}/w0.mesh")
+        fake = FakeRouter(ctx, mesh_endpoint(broker.port))
         fake.read(lambda: any(k == HELLO and s == "t/w0" for k, s, _, _ in fake.frames), "the broker's HELLO")
         broker_inc = next(i for k, s, i, _ in fake.frames if k == HELLO and s == "t/w0")
         fake.send(INTEREST, [None, [[f"ack{u}/#", True]], True])

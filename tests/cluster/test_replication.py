@@ -5,16 +5,30 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 import uuid
 
 import pytest
+import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from brokerd.cluster.metrics import NodeStats, metrics_text
 from brokerd.cluster.stats_cli import replication_lines
+from brokerd.router.mesh_format import (
+    HELLO,
+    INTEREST,
+    INTEREST_ACK,
+    SESSION_GONE,
+    SESSION_STATE,
+    TAKEOVER_DONE,
+    TAKEOVER_REQ,
+    TAKEOVER_RESP,
+)
 from brokerd.router.replication import follower_nodes
+from tests.cluster.fake_router import FakeRouter, mesh_endpoint
 from tests.cluster.test_multihost import mesh_peers, mesh_port, stats_reader
-from tests.helpers import Client, wait_for
+from tests.helpers import Client, free_port, wait_for
 
 HOSTS = {"a": "127.0.0.1", "b": "127.0.0.2", "c": "127.0.0.3"}
 
@@ -471,3 +485,121 @@ def test_a_node_left_alone_by_graceful_stops_warns_rather_than_errs(start_broker
     nodes["a"].wait_log("not a majority (the others stopped)", timeout=15)
     line = next(x for x in nodes["a"].log_text().splitlines() if "not a majority" in x)
     assert " WARNING " in line, line
+
+
+def _replica_offer(cid: str, partition: str, topic: str, payload: bytes, arrived_ms: int) -> dict:
+    """A session as the holder of silent router ``partition``'s replica hands it over: one
+    subscription (``topic``'s parent, QoS 1) and one queued copy."""
+    now = int(time.time() * 1000)
+    msg = [topic, payload, 1, False, "p", partition, 7, None, now]
+    return {"client_id": cid, "username": None, "persistent": True, "expiry_s": 0,
+            "subs": [[topic.rsplit("/", 1)[0] + "/#", 1, False, False, 0, None]], "inflight": [],
+            "queue": [[1, False, msg]], "log": [], "inbound_qos2": [], "next_pid": 1, "shared": [],
+            "will": None, "replica": partition, "since_ms": now, "arrived": arrived_ms, "stale_replicas": []}
+
+
+def _two_fake_nodes(ctx: zmq.Context, broker, replicas: dict | None = None) -> list[FakeRouter]:
+    """Routers f1/w0 and f2/w0 of nodes f1 and f2 (claiming ``replicas``), met by ``broker``."""
+    fakes = [FakeRouter(ctx, mesh_endpoint(broker.port), name=f"f{i}/w0", node=f"f{i}") for i in (1, 2)]
+    for fake in fakes:
+        fake.replicas = dict(replicas or {})
+        fake.read(lambda f=fake: bool(f.kinds(HELLO)), f"the broker's HELLO to {fake.name}")
+    return fakes
+
+
+def test_of_two_replicas_copies_of_a_session_the_one_its_router_got_last_is_taken(start_broker):
+    """A session moved between two routers of one node shortly before the node died: the
+    replicas of both routers held a copy, and a takeover on another node took whichever answered
+    first. The chaos suite (seed 1643296784) lost 16 acknowledged messages that way: the stale
+    copy, with an old position, was taken, the current one dropped. Now the takeover weighs
+    every copy offered: the one whose router got the session last (``arrived``) is taken, both
+    holders drop theirs, and the silent router of the stale one is fenced (SESSION_GONE), so it
+    drops its copy when it returns. Two fake routers of other nodes play the holders: the stale
+    copy answers at once, the current one 0.3 s later. One worker: the router that takes over."""
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", "--replication-factor", "2",
+                          "--mesh-timeout", "3", workers=1)
+    u = uuid.uuid4().hex[:6]
+    cid = f"s{u}"
+    now = int(time.time() * 1000)
+    offers = {"f1/w0": (0.0, _replica_offer(cid, "y/w0", f"old{u}/x", b"stale", now - 5000)),
+              "f2/w0": (0.3, _replica_offer(cid, "z/w0", f"new{u}/x", b"current", now - 1000))}
+    ctx = zmq.Context()
+    stop = threading.Event()
+    thread = None
+    try:
+        fakes = _two_fake_nodes(ctx, broker)
+
+        def serve() -> None:  # the fakes' side: answer the takeover, acknowledge interest
+            due: dict[str, tuple[int, float]] = {}
+            deadline = time.monotonic() + 30
+            while not stop.is_set() and time.monotonic() < deadline:
+                for fake in fakes:
+                    for kind, _, _, body in fake.step(20):
+                        if kind == TAKEOVER_REQ and body[1] == cid:
+                            due[fake.name] = (body[0], time.monotonic() + offers[fake.name][0])
+                        elif kind == TAKEOVER_REQ:
+                            fake.send(TAKEOVER_RESP, [body[0], None, False])  # not held here
+                        elif kind == INTEREST and body[0] is not None:
+                            fake.send(INTEREST_ACK, body[0])
+                    req, at = due.get(fake.name, (0, float("inf")))
+                    if at <= time.monotonic():
+                        fake.send(TAKEOVER_RESP, [req, offers[fake.name][1], False])
+                        due[fake.name] = (req, float("inf"))
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        client = Client(broker.port, cid, clean=False).connect()
+        assert client.session_present
+        client.wait_payload(b"current")
+        # Its subscription is the current copy's too: a message on it arrives.
+        # (QoS 0: a QoS 1 one would wait for the fake follower's acknowledgement.)
+        Client(broker.port, f"p{u}").connect().publish(f"new{u}/y", b"live", qos=0)
+        client.wait_payload(b"live")
+        stop.set()
+        thread.join(5)
+        assert not [m for m in client.messages if m.payload == b"stale"], "the stale copy was taken"
+        for fake in fakes:
+            assert [body[1] for body in fake.kinds(TAKEOVER_DONE)] == [True], \
+                f"{fake.name} was not told to drop its copy"
+        gone = [body[:2] for body in fakes[0].kinds(SESSION_GONE)]
+        assert ["y/w0", [cid]] in gone, f"the stale copy's router is not fenced: {gone}"
+        assert ["z/w0", [cid]] in gone, f"the taken copy's router is not fenced: {gone}"
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(5)
+        ctx.destroy(linger=0)
+
+
+def test_a_router_tells_a_former_follower_to_drop_the_sessions_it_holds(start_broker):
+    """A follower holds its leader's persistent sessions, to serve them if the leader dies. When
+    the leader restarts and picks another follower, the old one kept its copies: after the
+    leader's death, a client could be handed that stale state (with its old position: the
+    messages since were lost; the chaos suite, seed 1643296784). Now a router tells every router
+    that holds a replica of its log without following it now to drop its sessions (a full, empty
+    SESSION_STATE), once per incarnation. Two fake routers of other nodes both claim a replica of
+    the broker's log; the one it follows gets the session, the other an empty set."""
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", "--replication-factor", "2",
+                          "--mesh-timeout", "3", workers=1)
+    u = uuid.uuid4().hex[:6]
+    client = Client(broker.port, f"s{u}", clean=False).connect()
+    client.subscribe(f"ff{u}/#", 1)
+    client.disconnect()
+    ctx = zmq.Context()
+    try:
+        fakes = _two_fake_nodes(ctx, broker, {"t/w0": 0})
+        follower = follower_nodes("t/w0", "t", ["f1", "f2"], 1)[0]
+        chosen, other = sorted(fakes, key=lambda f: f.node != follower)
+
+        def states(fake: FakeRouter) -> list:
+            return [body for body in fake.kinds(SESSION_STATE) if body[0] == "t/w0"]
+
+        def told() -> bool:
+            for fake in fakes:
+                fake.step(20)
+            return any(f"s{u}" in body[2] for body in states(chosen)) and any(
+                body[1] and not body[2] for body in states(other))
+        wait_for(told, 15, "the session sent to the follower and an empty set to the other holder")
+        assert not any(body[2] for body in states(other)), "the former follower was sent sessions"
+    finally:
+        ctx.destroy(linger=0)

@@ -1,0 +1,94 @@
+"""A router of another node spoken by a test over ZeroMQ: the mesh's frames, exactly, without a
+broker behind them, for the cases a real cluster reaches only by chance (a confirmation meant
+for an old incarnation, two replicas answering one takeover)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+
+import msgpack
+import pytest
+import zmq
+
+
+def run_dirs() -> list[str]:
+    """The run directories of the brokers started by this user (their mesh's ipc sockets)."""
+    base = os.environ.get("BROKERD_RUN_DIR") or os.path.join(tempfile.gettempdir(), f"brokerd-{os.getuid()}")
+    try:
+        return [os.path.join(base, d) for d in os.listdir(base)]
+    except FileNotFoundError:
+        pytest.fail("no brokerd run directory")
+
+
+def mesh_endpoint(port: int, node: str = "t", worker: int = 0) -> str:
+    """The ipc endpoint of a broker's router (node ``node``, MQTT port ``port``)."""
+    dirs = [d for d in run_dirs() if d.endswith(f"{node}-{port}")]
+    assert dirs, f"no run directory for the broker on port {port}"
+    return f"ipc://{dirs[0]}/w{worker}.mesh"
+
+
+class FakeRouter:
+    """A router of another node: it says HELLO (as one incarnation or another, with the replicas
+    it claims to hold), sends what the test tells it, and keeps every frame sent to it."""
+
+    def __init__(self, ctx: zmq.Context, target: str, name: str = "fake/w0", node: str = "fake") -> None:
+        from brokerd.router.mesh_format import MESH_VERSION
+
+        self.version, self.name, self.node, self.inc = MESH_VERSION, name, node, 1
+        self.replicas: dict[str, int] = {}  # HELLO's ``replicas``: partition -> end
+        self.pull = ctx.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        port = self.pull.bind_to_random_port("tcp://127.0.0.1")
+        self.tcp = f"tcp://127.0.0.1:{port}"
+        self.push = ctx.socket(zmq.PUSH)
+        self.push.setsockopt(zmq.LINGER, 0)
+        self.push.connect(target)
+        self.frames: list[tuple[int, str, int, object]] = []  # (kind, sender, incarnation, body)
+        self._next_hello = 0.0
+
+    def send(self, kind: int, body: object) -> None:
+        self.push.send(msgpack.packb([self.version, kind, self.name, self.inc, body], use_bin_type=True))
+
+    def hello(self, acks: dict | None = None) -> None:
+        from brokerd.router.mesh_format import HELLO
+
+        body = {"node": self.node, "ipc": None, "tcp": self.tcp, "stats": None, "peers": [],
+                "acks": acks or {}, "log": -1}
+        if self.replicas:
+            body["replicas"] = self.replicas
+        self.send(HELLO, body)
+
+    def step(self, wait_ms: int = 100) -> list[tuple[int, str, int, object]]:
+        """Say HELLO when one is due (every 0.3 s, as a live router does) and read what came
+        within ``wait_ms``: the new frames."""
+        now = time.monotonic()
+        if now >= self._next_hello:
+            self.hello()
+            self._next_hello = now + 0.3
+        new = []
+        while self.pull.poll(wait_ms):
+            _, kind, sender, inc, body = msgpack.unpackb(self.pull.recv(), raw=False)
+            new.append((kind, sender, inc, body))
+            wait_ms = 0
+        self.frames += new
+        return new
+
+    def read(self, until: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+        """Read frames (saying HELLO now and then) until ``until()``."""
+        deadline = time.monotonic() + timeout
+        while not until():
+            assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+            self.step()
+
+    def kinds(self, kind: int) -> list[object]:
+        """The bodies of the frames of ``kind`` received."""
+        return [body for k, _, _, body in self.frames if k == kind]
+
+    def publishes(self, payload: bytes) -> list[int]:
+        """The numbers of the PUBLISH frames received that carry ``payload``."""
+        from brokerd.router.mesh_format import PUBLISH
+
+        return [body[0] for body in self.kinds(PUBLISH) if payload in msgpack.packb(body[1], use_bin_type=True)]
