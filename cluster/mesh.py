@@ -93,6 +93,7 @@ from brokerd.router.mesh_format import (
     SESSION_CATCHUP,
     SESSION_COPIES,
     SESSION_GONE,
+    SESSION_HANDON,
     SESSION_RESTORE,
     SESSION_RESTORED,
     SESSION_STATE,
@@ -130,6 +131,11 @@ SYNC_WINDOW_S = 30.0  # after start, fetch the retained messages of every router
 MOVE_TIMEOUT_S = 60.0  # an exported session not confirmed by its new owner within this stays here
 LOCAL_DOWN_WAIT_S = 5.0  # a CONNECT waits this long for a router of this node that is down
 SEEN_WINDOW = 4096  # PUBLISH frame numbers remembered per peer, to drop a frame received twice
+# A session taken over from a live router is confirmed (TAKEOVER_DONE) once the interest its
+# subscriptions announced is acknowledged; at the latest this long after it arrived.
+CONFIRM_S = ACK_TIMEOUT_S + 2.0
+HANDON_KEEP_S = 30.0  # how long the marks that filter a moved session's handed-on copies are kept
+HANDON_ITEMS = 1000  # copies per SESSION_HANDON frame
 
 
 class _Transfer:
@@ -282,7 +288,7 @@ class Peer:
 class _Waiter:
     """A request answered by every live peer (interest acks, takeover answers)."""
 
-    __slots__ = ("future", "waiting", "result", "missed", "offers")
+    __slots__ = ("future", "waiting", "result", "missed", "offers", "ends")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, peers: set[str]) -> None:
         self.future: asyncio.Future = loop.create_future()
@@ -290,13 +296,20 @@ class _Waiter:
         self.result: Any = None
         self.missed: set[str] = set()  # peers that fell silent or timed out instead of answering
         self.offers: list[tuple[str | None, int, dict]] = []  # takeover: (router, request, session) offered
+        # Interest: each acknowledging router's log end when it took the announcement in. The
+        # future of an interest waiter completes with this dict (``Router.hand_on``'s marks).
+        self.ends: dict[str, int] | None = None
 
     def answer(self, router_id: str, result: Any = None) -> None:
         self.waiting.discard(router_id)
         if result is not None and self.result is None:
             self.result = result
-        if not self.waiting and not self.future.done():
-            self.future.set_result(self.result)
+        if not self.waiting:
+            self.finish()
+
+    def finish(self) -> None:
+        if not self.future.done():
+            self.future.set_result(self.ends if self.ends is not None else self.result)
 
 
 def park_skew(config: Config) -> float:
@@ -353,6 +366,13 @@ class Mesh:
         self.stats_tcp: str | None = None  # this router's stats socket, if other nodes can read it
         self._incoming: dict[tuple[int, str], _Transfer] = {}  # (request, sender) → session arriving
         self._moves: dict[tuple[str, int], str] = {}  # (new owner, its request) → client id leaving
+        # Sessions taken over here from a live router, not confirmed to it yet: client id →
+        # (old owner, request, the timer that confirms at the latest).
+        self._unconfirmed_takeovers: dict[str, tuple[str, int, asyncio.TimerHandle]] = {}
+        # Sessions that moved here: client id → ({router: offset of its log from which its
+        # messages reach this router directly}, until when): what the old owner hands on from
+        # there is here already (``_handed_on``).
+        self._handon_marks: dict[str, tuple[dict[str, int], float]] = {}
         self._peer_stats: dict[str, list[int]] = {}
         self._packer = msgpack.Packer(use_bin_type=True)
         self.closed = False  # after stop(): whatever the router still says goes nowhere
@@ -624,6 +644,7 @@ class Mesh:
             seq = None
             if waiter is not None:
                 seq = next(self._req_ids)
+                waiter.ends = {}
                 self._waiters[seq] = waiter
                 self.loop.call_later(ACK_TIMEOUT_S, self._expire_waiter, seq, "interest")
             frame = self._frame(INTEREST, [seq, changes])
@@ -866,12 +887,81 @@ class Mesh:
                 stale += state.get("stale_replicas", ())
                 if state is not chosen:
                     stale.append(state["replica"])
+            if state is chosen and not state.get("replica") and rid is not None:
+                # A live router's: confirmed once its interest is known everywhere
+                # (``confirm_takeover``), so that it hands on all that still reaches it.
+                self.confirm_takeover(client_id)  # a confirmation still due for an earlier one
+                timer = self.loop.call_later(CONFIRM_S, self.confirm_takeover, client_id)
+                self._unconfirmed_takeovers[client_id] = (rid, req, timer)
+                continue
             self._done(rid, req, state is chosen or bool(state.get("replica")))
         if stale and self.replication is not None:
             log.warning("mesh: session %s: copies of it held for silent router(s) %s are older than the one "
                         "taken; passed over", client_id, ", ".join(sorted(set(stale))))
             self.replication.fence(client_id, stale)
         return chosen
+
+    def confirm_takeover(self, client_id: str, acked: list | None = None) -> None:
+        """A session taken over from a live router (``_settle``) is here and the interest its
+        subscriptions announced has been acknowledged (``acked``: the results of those waits,
+        each {router: its log end when it took the announcement in}; None: nothing waited):
+        tell its old owner, TAKEOVER_DONE, which then hands on what still reaches it for the
+        session (``Router.hand_on``). And remember from which offset of each router's log its
+        messages come here directly, so that the copies handed on are not delivered twice: that
+        end for a router that acknowledged every announcement, how far this router has seen its
+        log where nothing was announced (the session's filters were this router's already), this
+        router's own log end; none (every copy counts) for a router that did not acknowledge."""
+        pending = self._unconfirmed_takeovers.pop(client_id, None)
+        if pending is None:
+            return
+        rid, req, timer = pending
+        timer.cancel()
+        marks: dict[str, int] = {}
+        ends = [a for a in acked or () if a.__class__ is dict]
+        if not acked or len(ends) == len(acked):
+            for prid, peer in self.peers.items():
+                mark = peer.origin_mark
+                if acked:
+                    if any(prid not in e for e in ends):
+                        continue
+                    mark = max(mark, *(e[prid] for e in ends))
+                if mark >= 0:
+                    marks[prid] = mark
+        commit_log = self.router.commit_log
+        if commit_log is not None:
+            marks[self.router_id] = commit_log.next_offset
+        now = time.monotonic()
+        kept = self._handon_marks
+        for cid in [c for c, (_, until) in kept.items() if until < now]:
+            del kept[cid]
+        kept[client_id] = (marks, now + HANDON_KEEP_S)
+        self._done(rid, req, True)
+
+    def hand_on(self, router_id: str, client_id: str, items: list) -> None:
+        """Copies for ``client_id``, which moved to ``router_id``, that reached this router
+        after it was handed over (``Router.hand_on``)."""
+        peer = self.peers.get(router_id)
+        if peer is None or not peer.alive or self.closed:
+            log.warning("mesh: %d message(s) for session %s not handed on: its new router %s is gone",
+                        len(items), client_id, router_id)
+            return
+        for i in range(0, len(items), HANDON_ITEMS):
+            self._send(peer, SESSION_HANDON, [client_id, items[i:i + HANDON_ITEMS]])
+
+    def _handed_on(self, client_id: str, items: list) -> None:
+        """Copies handed on by a session's old router: those that also came here directly (at
+        or beyond the marks of ``confirm_takeover``) are dropped, the rest delivered."""
+        marks = self._handon_marks.get(client_id, ({}, 0.0))[0]
+        if marks:
+            kept = []
+            for item in items:
+                values = item[2]
+                mark = marks.get(values[5])
+                if mark is None or values[6] is None or values[6] < mark:
+                    kept.append(item)
+            items = kept
+        if items:
+            self.router.take_copies(client_id, items)
 
     def _done(self, rid: str | None, req: int, ok: bool) -> None:
         """Tell router ``rid`` (None: this one, nothing to tell) whether the session it offered
@@ -947,7 +1037,7 @@ class Mesh:
             log.warning("mesh: %s request %d unanswered by %s; continuing", what, req,
                         ", ".join(sorted(waiter.waiting)))
             waiter.missed |= waiter.waiting
-            waiter.future.set_result(waiter.result)
+            waiter.finish()
 
     # -- receiving ------------------------------------------------------------------------------------
 
@@ -1057,9 +1147,18 @@ class Mesh:
             for topic_filter, add in changes:
                 router.peer_interest(sender, topic_filter, add)
             if seq is not None:
-                self._send(peer, INTEREST_ACK, seq)
+                if self._dirty:  # what was collected before it goes first: the answer follows it
+                    self._flush()
+                # With where this router's log is now: its own messages from there on that the
+                # filters match go to the announcer (a session moved there counts on it).
+                commit_log = router.commit_log
+                self._send(peer, INTEREST_ACK, [seq, commit_log.next_offset if commit_log is not None else -1])
         elif kind == INTEREST_ACK:
-            self._answer(body, sender)
+            seq, end = body
+            waiter = self._waiters.get(seq)
+            if waiter is not None and waiter.ends is not None:
+                waiter.ends[sender] = end
+            self._answer(seq, sender)
         elif kind == RETAINED:
             for t in body:
                 router.peer_retained(Message.from_list(t))
@@ -1094,11 +1193,13 @@ class Mesh:
             if last:
                 del self._incoming[(req, sender)]
                 self._take(peer, req, transfer.state)
+        elif kind == SESSION_HANDON:
+            self._handed_on(body[0], body[1])
         elif kind == TAKEOVER_DONE:
             req, ok = body
             client_id = self._moves.pop((sender, req), None)
             if client_id is not None:
-                self._moved(client_id, ok)
+                self._moved(client_id, ok, sender)
         elif kind == SYNC_REQ:
             snapshot = router.retained_snapshot()
             for i in range(0, len(snapshot), 1000):
@@ -1135,7 +1236,7 @@ class Mesh:
         elif kind == SESSION_CATCHUP:
             self.replication.session_catchup(peer, *body)
         elif kind == SESSION_COPIES:
-            self.replication.session_copies(*body)
+            router.take_copies(body[0], body[1])
         elif kind == SESSION_RESTORE:
             self.replication.restore_sessions(peer, body)
         elif kind == SESSION_RESTORED:
@@ -1179,10 +1280,10 @@ class Mesh:
         if client_id is not None:
             self._moved(client_id, False)
 
-    def _moved(self, client_id: str, ok: bool) -> None:
+    def _moved(self, client_id: str, ok: bool, to: str | None = None) -> None:
         """A session exported to another router (by this router, or from a replica held here)
-        is with its new owner (``ok``), or stays here."""
-        self.router.moved(client_id, ok)
+        is with its new owner ``to`` (``ok``), or stays here."""
+        self.router.moved(client_id, ok, to)
         if self.replication is not None:
             self.replication.replica_moved(client_id, ok)
 

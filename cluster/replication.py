@@ -1032,29 +1032,16 @@ class Replication:
                     msg = Message.from_record(rec)
                     items.append([min(best, rec.qos), False, (msg.with_ids(ids) if ids else msg).to_list()])
         last = not records or sent + len(items) >= self.config.max_queued
-        body = [session.client_id, items, last]
         if peer is None:
-            self.session_copies(*body)
+            self.router.take_copies(session.client_id, items)
         else:
-            self.mesh.send_replication(peer, "copies", body)
+            self.mesh.send_replication(peer, "copies", [session.client_id, items, last])
         if not last:
             self.loop.call_soon(self._catchup_step, peer, session, partition, log_, records[-1].offset + 1, end,
                                 sent + len(items))
         elif sent + len(items):
             log.info("replication: %d message(s) of %s read back for session %s", sent + len(items), partition,
                      session.client_id)
-
-    def session_copies(self, client_id: str, items: list, last: bool) -> None:
-        """Messages read back elsewhere for a session taken over here from a replica, or one that
-        moved here while a router was silent (``moved_in_catchup``)."""
-        session = self.router.sessions.get(client_id)
-        if session is None:
-            return
-        for qos, retain, values in items:
-            msg = Message.from_list(values)
-            if msg.expires_ms and msg.expired():
-                continue
-            session.deliver(msg, qos, retain)
 
     # -- stats and life ----------------------------------------------------------------------------
 

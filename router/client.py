@@ -264,6 +264,13 @@ class Client:
     async def _connect_via_cluster(self, connect: Connect, assigned: bool) -> None:
         router = self.router
         state = await router.mesh.takeover(self.client_id)  # bounded by the mesh
+        try:
+            await self._settle_connect(connect, assigned, state)
+        finally:  # (done already where the session's interest was waited for)
+            router.mesh.confirm_takeover(self.client_id)
+
+    async def _settle_connect(self, connect: Connect, assigned: bool, state: dict | None) -> None:
+        router = self.router
         if self.conn.closing or state is TAKEOVER_FAILED or state is TAKEOVER_UNAVAILABLE:
             if router.clients.get(self.client_id) is self:
                 del router.clients[self.client_id]
@@ -298,8 +305,10 @@ class Client:
         session = router.import_session(self.client_id, state)
         pending = router.interest_pending
         waits = [pending[f] for f in session.subscriptions if f in pending]
-        if waits:
-            await asyncio.gather(*waits, return_exceptions=True)
+        acked = await asyncio.gather(*waits, return_exceptions=True) if waits else None
+        # Its interest is known everywhere: the old owner may let it go, and hands on what
+        # reached it meanwhile (``Router.hand_on``).
+        router.mesh.confirm_takeover(self.client_id, acked)
         if state.get("replica") and router.replication is not None:
             # From the replica of a silent router: once its interest is known everywhere, ask the
             # other routers for what was on its way there (docs/replication.md, "Sessions").

@@ -48,7 +48,11 @@ back on an empty disk asks a follower of its log for its sessions) answered by S
 a HELLO queued for a peer that restarted meanwhile confirmed its new incarnation's frames by the
 old one's numbers, so a crash of the receiver lost them. SESSION_GONE may carry a third list,
 ``[partition, [client_id], [client_id]]``: sessions of that partition whose delayed will was
-published from its replica (not again by that router, nor by another holder).
+published from its replica (not again by that router, nor by another holder). 12: INTEREST_ACK
+is ``[seq, log end]``: the acknowledging router's log offset when it took the announcement in
+(every message of its own from there on that the announced filters match goes to the
+announcer); SESSION_HANDON ``[client_id, items]`` (items as TAKEOVER_CHUNK's): what reached a
+session's old router after it was handed over, handed on to its new one (``Router.hand_on``).
 """
 
 from __future__ import annotations
@@ -64,11 +68,11 @@ from .message import _QOS0_V3, _QOS0_V4, _QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4,
 # the full one (Message.to_list()); one more value names the shared groups it was chosen for.
 PLAIN, FULL = 5, 9
 
-MESH_VERSION = 11
+MESH_VERSION = 12
 (HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE,
  RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE, CATCHUP, REPLICATE, REPLICA_ACK, REPLICA_FETCH, REPLICA_CATCHUP,
  REPLICA_PUBLISH, SESSION_STATE, SESSION_GONE, SESSION_CATCHUP, SESSION_COPIES, SESSION_RESTORE,
- SESSION_RESTORED) = range(1, 25)
+ SESSION_RESTORED, SESSION_HANDON) = range(1, 26)
 KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST_ACK: "interest-ack",
               RETAINED: "retained", TAKEOVER_REQ: "takeover-request", TAKEOVER_RESP: "takeover",
               SYNC_REQ: "sync-request", GOODBYE: "goodbye", RESYNC: "resync",
@@ -77,7 +81,7 @@ KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST
               REPLICA_CATCHUP: "replica-catch-up", REPLICA_PUBLISH: "replica-publish",
               SESSION_STATE: "session-state", SESSION_GONE: "session-gone", SESSION_CATCHUP: "session-catch-up",
               SESSION_COPIES: "session-copies", SESSION_RESTORE: "session-restore",
-              SESSION_RESTORED: "session-restored"}
+              SESSION_RESTORED: "session-restored", SESSION_HANDON: "session-hand-on"}
 
 # The largest frame a router accepts (ZeroMQ's MAXMSGSIZE on its PULL sockets; a peer sending a
 # bigger one is disconnected by ZeroMQ and reconnects). Senders split publish batches well below it.
@@ -209,7 +213,8 @@ _CHECKS = {
     PUBLISH: lambda b: (b.__class__ is list and len(b) == 3 and b[0].__class__ is int
                         and b[1].__class__ is list and b[2].__class__ is int),
     INTEREST: _interest,
-    INTEREST_ACK: lambda b: b.__class__ is int,
+    INTEREST_ACK: lambda b: (b.__class__ is list and len(b) == 2 and b[0].__class__ is int
+                             and b[1].__class__ is int),
     RETAINED: lambda b: b.__class__ is list and all(t.__class__ is list for t in b),
     TAKEOVER_REQ: _takeover_req,
     TAKEOVER_RESP: _takeover_resp,
@@ -230,6 +235,8 @@ _CHECKS = {
     SESSION_COPIES: _session_copies,
     SESSION_RESTORE: lambda b: b.__class__ is str,
     SESSION_RESTORED: _session_restored,
+    SESSION_HANDON: lambda b: (b.__class__ is list and len(b) == 2 and b[0].__class__ is str
+                               and _queue_items(b[1])),
 }
 
 

@@ -50,6 +50,16 @@ class MeshPort(Protocol):
         ``TAKEOVER_FAILED`` or ``TAKEOVER_UNAVAILABLE``. The port bounds the wait (it goes on
         while a session arrives, and while a router of this node is down)."""
 
+    def confirm_takeover(self, client_id: str, acked: list | None = None) -> None:
+        """The session ``takeover`` brought from a live router is here, its interest
+        acknowledged (``acked``: the results of the interest waits): its old owner may let it go
+        and hand on what still reaches it. Called once the CONNECT is settled; a no-op for
+        anything else. The port confirms by itself if this never comes (bounded)."""
+
+    def hand_on(self, router_id: str, client_id: str, items: list) -> None:
+        """Copies ([qos, retain, message values]) for a session that moved to ``router_id``,
+        which reached this router after it moved."""
+
     def peer_stats(self) -> dict[str, list[int]]:
         """Traffic per peer router: {router id: [msgs out, bytes out, msgs in, bytes in]}."""
 
@@ -71,6 +81,12 @@ class NullMesh:
         return None
 
     def barrier(self) -> None:
+        return None
+
+    def confirm_takeover(self, client_id: str, acked: list | None = None) -> None:
+        return None
+
+    def hand_on(self, router_id: str, client_id: str, items: list) -> None:
         return None
 
     def peer_stats(self) -> dict[str, list[int]]:

@@ -101,6 +101,7 @@ class Router(SharedRouting, SessionLife):
         self.sessions: dict[str, Session] = {}
         self.qos2_sweeper = Qos2Sweeper(self.sessions, self.stats, config.limits.qos2_timeout)
         self.moving: dict[str, Session] = {}  # exported to another router, not yet confirmed there
+        self.moving_from: dict[str, int] = {}  # of those, this router's log end when they were exported
         self.stale_moving: set[str] = set()  # of those, the ones found stale meanwhile (a fence)
         self.moved_in: dict[str, float] = {}  # sessions taken over from another router: when (Unix time)
         self.clients: dict[str, ClientHandle] = {}  # client id → the live connection's handler

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from brokerd.connection.packets import Subscription
 
-from .message import expiry_deadline
+from .message import Message, expiry_deadline
 from .session import Session
 
 if TYPE_CHECKING:
@@ -34,6 +34,8 @@ class SessionLife:
     commit_log: Any
     sessions: dict[str, Session]
     moving: dict[str, Session]
+    moving_from: dict[str, int]
+    mesh: Any
     moved_in: dict[str, float]
     stale_moving: set[str]
     clients: dict[str, ClientHandle]
@@ -48,6 +50,7 @@ class SessionLife:
         def unsubscribe_shared(self, session: Session, key: str) -> bool: ...  # SharedRouting's
         def _hand_on(self, msg: Any, key: str) -> None: ...  # SharedRouting's
         def publish(self, msg: Any, source: Any = None) -> None: ...  # Router's
+        def _ref_filter(self, topic_filter: str, delta: int) -> None: ...  # Router's
 
     # -- sessions -------------------------------------------------------------------------------------
 
@@ -159,6 +162,59 @@ class SessionLife:
         if will is not None and session.conn is None:
             self.publish_will(will)
 
+    def _hand_on_later(self, session: Session, to: str, start: int) -> None:
+        """A persistent session moved to router ``to``. Messages for it may still reach this
+        router: routed here by routers that did not know of its move yet, or frames sent again
+        to this router after a restart. Its new owner confirmed only once every router had
+        acknowledged its interest, so from then on they send it there too; whatever they sent
+        here before is in their frames ahead of their answer to a barrier asked now. So the
+        session stays subscribed here (not as a session: a client that connects with its id
+        here is another takeover) until that barrier is answered; what it got meanwhile,
+        logged from ``start`` on (or queued, without a log), is then handed on (SESSION_HANDON),
+        and the new owner drops what came to it directly (``Mesh.confirm_takeover``'s marks).
+        At least once; costs one barrier and one read of this log per move."""
+        cid = session.client_id
+        del self.sessions[cid]
+        self.cancel_expiry(cid)
+        self._stop_will_timer(cid)
+        session.will = None  # it went with the session
+        for key in list(session.shared):  # a group's messages go to its other members
+            self.unsubscribe_shared(session, key)
+        session.queue = ()
+        session.inflight = {}
+        session.ranges = ()
+        session.cursor = start if session.log is not None and start >= 0 else None
+        barrier = self.mesh.barrier()
+        if barrier is None:
+            self.hand_on(session, to)
+        else:
+            barrier.add_done_callback(lambda _f: self.hand_on(session, to))
+
+    def hand_on(self, session: Session, to: str) -> None:
+        """The end of ``_hand_on_later``: what the moved session got here goes to router ``to``;
+        its subscriptions here end (and with them, maybe, this router's interest)."""
+        if self.commit_log is not None:
+            self.commit_log.flush()  # read from the disk
+        items = [item for chunk in session.export_copies(False) for item in chunk]
+        for topic_filter in list(session.subscriptions):
+            self.unsubscribe(session, topic_filter)
+        if items:
+            log.info("session %s: %d message(s) that reached this router after it moved handed on to %s",
+                     session.client_id, len(items), to)
+            self.mesh.hand_on(to, session.client_id, items)
+
+    def take_copies(self, client_id: str, items: list) -> None:
+        """Copies for a session here read back or handed on elsewhere (a catch-up after a
+        takeover from a replica, a hand-on from its old router): delivered as they come."""
+        session = self.sessions.get(client_id)
+        if session is None:
+            return
+        for qos, retain, values in items:
+            msg = Message.from_list(values)
+            if msg.expires_ms and msg.expired():
+                continue
+            session.deliver(msg, qos, retain)
+
     def drop_stale_sessions(self, client_ids: list[str]) -> None:
         """Sessions of this router that were taken over elsewhere from a replica while it was
         taken for dead (cluster.replication): the copies restored here are stale. One with a
@@ -224,19 +280,26 @@ class SessionLife:
         if self.commit_log is not None:
             self.commit_log.flush()  # the position handed over must be readable from the disk
         self.moving[client_id] = session
+        # What this router logs for it from here on, until its new owner's interest is known
+        # everywhere, is handed on to it (``hand_on``).
+        self.moving_from[client_id] = self.commit_log.next_offset if self.commit_log is not None else -1
         return session.export_header(same_node), session.export_copies(same_node)
 
-    def moved(self, client_id: str, ok: bool) -> None:
-        """The new owner of a session being moved has it (``ok``), or the transfer failed: then
-        the session stays here, offline, as if its client had gone."""
+    def moved(self, client_id: str, ok: bool, to: str | None = None) -> None:
+        """The new owner of a session being moved, router ``to``, has it (``ok``), or the
+        transfer failed: then the session stays here, offline, as if its client had gone."""
         session = self.moving.pop(client_id, None)
+        start = self.moving_from.pop(client_id, -1)
         stale = client_id in self.stale_moving
         self.stale_moving.discard(client_id)
         if session is None or self.sessions.get(client_id) is not session:
             return
         if ok:
-            self.drop_session(session)
             self.stats.takeovers += 1
+            if to is not None and session.persistent and session.subscriptions:
+                self._hand_on_later(session, to, start)
+            else:
+                self.drop_session(session)
             return
         if stale and session.conn is None:
             self._drop_stale(session)

@@ -34,7 +34,8 @@ class FakeRouter:
     """A router of another node: it says HELLO (as one incarnation or another, with the replicas
     it claims to hold), sends what the test tells it, and keeps every frame sent to it."""
 
-    def __init__(self, ctx: zmq.Context, target: str, name: str = "fake/w0", node: str = "fake") -> None:
+    def __init__(self, ctx: zmq.Context, target: str, name: str = "fake/w0", node: str = "fake",
+                 target_id: str | None = None) -> None:
         from brokerd.router.mesh_format import MESH_VERSION
 
         self.version, self.name, self.node, self.inc = MESH_VERSION, name, node, 1
@@ -43,14 +44,25 @@ class FakeRouter:
         self.pull.setsockopt(zmq.LINGER, 0)
         port = self.pull.bind_to_random_port("tcp://127.0.0.1")
         self.tcp = f"tcp://127.0.0.1:{port}"
-        self.push = ctx.socket(zmq.PUSH)
-        self.push.setsockopt(zmq.LINGER, 0)
-        self.push.connect(target)
+        self.ctx = ctx
+        self.pushes: dict[str, zmq.Socket] = {}  # router id (as the test names it) -> its socket
+        self.push = self.connect(target, target_id)
         self.frames: list[tuple[int, str, int, object]] = []  # (kind, sender, incarnation, body)
         self._next_hello = 0.0
 
-    def send(self, kind: int, body: object) -> None:
-        self.push.send(msgpack.packb([self.version, kind, self.name, self.inc, body], use_bin_type=True))
+    def connect(self, target: str, router_id: str | None = None) -> zmq.Socket:
+        """A socket to one more router (``target``: its mesh endpoint); HELLO goes to all."""
+        push = self.ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 0)
+        push.connect(target)
+        self.pushes[router_id or target] = push
+        return push
+
+    def send(self, kind: int, body: object, to: str | None = None) -> None:
+        """A frame to every router connected (``to``: the one of that router id)."""
+        frame = msgpack.packb([self.version, kind, self.name, self.inc, body], use_bin_type=True)
+        for push in self.pushes.values() if to is None else [self.pushes[to]]:
+            push.send(frame)
 
     def hello(self, acks: dict | None = None) -> None:
         from brokerd.router.mesh_format import HELLO
