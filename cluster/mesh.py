@@ -110,6 +110,7 @@ from brokerd.router.mesh_format import (
 )
 from brokerd.router.message import Message
 from brokerd.router.ports import TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE
+from brokerd.router.session import recency
 
 from .config import WILDCARDS, Config
 from .paths import ensure_run_dir, mesh_ipc
@@ -864,13 +865,14 @@ class Mesh:
     def _settle(self, client_id: str, offers: list[tuple[str | None, int, dict]], failed: bool = False) -> dict:
         """Every router asked has answered a takeover; pick the session state this router takes.
         Normally one router offers it. More than one when replicas of silent routers hold
-        copies beside the live one, or beside each other: a copy its live router offers is the
-        session; among replicas' copies, the one whose router took the session on last
-        (``arrived``). Each replica's holder drops its copy (the one taken and the stale ones
-        alike: TAKEOVER_DONE true); a second live router keeps its own (false: never expected,
-        and not this router's to drop); the silent routers whose copies were passed over are
-        fenced (``Replication.fence``), the one taken by ``Replication.adopted``. ``failed``: a
-        transfer broke off, nothing is taken and every offer stays where it is."""
+        copies beside the live one, or beside each other, and two live routers for a moment
+        after a partition healed (before the fence reached the side that was cut off): a copy a
+        live router offers is the session, the most recent of them (``recency``: the highest
+        ownership epoch) where there are two; among replicas' copies, the most recent. Every
+        router that offered one drops its copy (TAKEOVER_DONE true: the one taken and the older
+        ones alike); the silent routers whose copies were passed over are fenced
+        (``Replication.fence``), the one taken by ``Replication.adopted``. ``failed``: a transfer
+        broke off, nothing is taken and every offer stays where it is."""
         if failed:
             for rid, req, _ in offers:
                 self._done(rid, req, False)
@@ -880,7 +882,10 @@ class Mesh:
             local = self.replication.take_replica(client_id)  # this router may hold a newer copy
             if local is not None:
                 offers.append((None, 0, local))
-        chosen = live[0][2] if live else max(offers, key=lambda o: o[2].get("arrived", 0))[2]
+        chosen = max(live or offers, key=lambda o: recency(o[2]))[2]
+        if len(live) > 1:
+            log.warning("mesh: session %s was offered by %d live routers (%s): the most recent copy is taken, "
+                        "the others dropped", client_id, len(live), ", ".join(sorted(str(o[0]) for o in live)))
         stale: list[str] = []
         for rid, req, state in offers:
             if state.get("replica"):
@@ -894,7 +899,7 @@ class Mesh:
                 timer = self.loop.call_later(CONFIRM_S, self.confirm_takeover, client_id)
                 self._unconfirmed_takeovers[client_id] = (rid, req, timer)
                 continue
-            self._done(rid, req, state is chosen or bool(state.get("replica")))
+            self._done(rid, req, True)
         if stale and self.replication is not None:
             log.warning("mesh: session %s: copies of it held for silent router(s) %s are older than the one "
                         "taken; passed over", client_id, ", ".join(sorted(set(stale))))

@@ -76,7 +76,7 @@ from brokerd.router.log.format import record_fields
 from brokerd.router.message import Message
 from brokerd.router.persistence import atomic_write, restore_state
 from brokerd.router.replication import FollowerState, Held, LeaderState, follower_nodes, follower_router
-from brokerd.router.session import LogRange, Session
+from brokerd.router.session import LogRange, Session, recency
 
 if TYPE_CHECKING:
     from brokerd.router.router import Router
@@ -276,13 +276,15 @@ class Replication:
             had = router.sessions.get(cid)
             # Two holders may answer: a former follower's copy can be older than the current
             # follower's (this router clears it only once it serves: ``_place``). The newer counts.
-            newer = had is not None and cid in self._restored_ids and had.arrived_ms < header.get("arrived", 0)
+            newer = had is not None and cid in self._restored_ids and recency(
+                {"epoch": had.epoch, "arrived": had.arrived_ms}) < recency(header)
             if had is None or newer:
                 if newer:
                     router.drop_session(had)
                 else:
                     self._restored += 1
                 session = router.import_session(cid, header)
+                session.epoch -= 1  # back with its own router: not a move (as the holder had it)
                 session.arrived_ms = header.get("arrived") or session.arrived_ms
                 self._restored_ids.add(cid)
                 router.schedule_expiry(session)
@@ -748,7 +750,7 @@ class Replication:
             return None
         # Two silent routers of one node may both have had it (it moved between them shortly
         # before the node died, before the first said it was gone): the last to get it has it.
-        partition, st = max(found, key=lambda f: f[1].get("arrived", 0))
+        partition, st = max(found, key=lambda f: recency(f[1]))
         exported = self._export_replica(client_id, partition, st, False)
         if exported is None:
             return None
@@ -781,7 +783,6 @@ class Replication:
         try:
             session, since_ms = self._replica_session(client_id, partition, st)
             header = session.export_header(False)
-            header["arrived"] = st.get("arrived", 0)  # which of two replicas' copies is current
             copies = session.export_copies(False)
             if whole:
                 header["queue"] = [item for chunk in copies for item in chunk]

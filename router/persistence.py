@@ -64,6 +64,7 @@ class StateStore:
                 "pubrel": sorted(pid for pid, e in s.inflight.items() if e.state == 1),
                 "username": s.username,  # ACLs apply to it after a restart too
                 "will": s.will_state(),
+                "epoch": s.epoch,
                 "arrived": s.arrived_ms,
             }
         if router.replication is not None:  # the same state goes to the log's followers
@@ -172,6 +173,7 @@ def restore_state(session: Session, st: dict) -> None:
     """A session's state in the snapshot's form (also what replication sends its followers),
     besides its subscriptions and position, which the caller places."""
     session.expiry_s = st.get("expiry", 0)
+    session.epoch = st.get("epoch", 0)
     session.arrived_ms = st.get("arrived", 0)
     session.username = st.get("username")  # ACLs apply to it after a restart too
     if st.get("qos2_in"):

@@ -116,11 +116,19 @@ class Inflight:
         self.state = AWAIT_ACK
 
 
+
+def recency(state: dict) -> tuple[int, int]:
+    """Which of two copies of a session (a takeover header, or its state in a snapshot) is the
+    current one: the higher (ownership epoch, arrival time at its router). The epoch orders
+    every chain of moves without clocks; the time orders copies of one epoch (a session created
+    anew on two routers) by wall clock."""
+    return state.get("epoch", 0), state.get("arrived", 0)
+
 class Session:
     __slots__ = ("client_id", "persistent", "subscriptions", "conn", "inflight", "queue",
                  "inbound_qos2", "limits", "stats", "_next_pid", "receive_max", "expiry_s",
                  "will", "will_due_ms", "dropped", "log", "cursor", "shared", "ranges", "username", "acl",
-                 "arrived_ms")
+                 "arrived_ms", "epoch")
 
     def __init__(self, client_id: str, persistent: bool, limits: SessionLimits, stats: RouterStats) -> None:
         self.client_id = client_id
@@ -151,9 +159,10 @@ class Session:
         # Ranges of other routers' logs (this node) still to read, before ``cursor``: a session
         # moved here by a takeover brings its backlog as positions.
         self.ranges: list[LogRange] | tuple = ()
-        # When this router took the session on (created or taken over; kept across a restart):
-        # of two replicas that both hold it after a failure, the one whose router got it last is
-        # the current state (cluster.mesh ``_settle``).
+        # Its ownership epoch (one more at every move to another router; kept across a restart)
+        # and when this router took it on: of two copies held after a failure, the one of the
+        # highest epoch is the current state, the later arrival among equals (``recency``).
+        self.epoch = 0
         self.arrived_ms = 0
 
     # -- delivery -------------------------------------------------------------------------------------
@@ -469,6 +478,8 @@ class Session:
             "next_pid": self._next_pid,
             "shared": [s.to_values() for s in self.shared.values()],
             "will": self.will_state(),
+            "epoch": self.epoch,
+            "arrived": self.arrived_ms,
         }
 
     def export_copies(self, same_node: bool, chunk_bytes: int = 1 << 20) -> Iterator[list]:
@@ -559,6 +570,7 @@ class Session:
         if state["inbound_qos2"]:
             self.qos2_ids().update(state["inbound_qos2"])
         self._next_pid = state.get("next_pid", 1)
+        self.epoch = state.get("epoch", 0) + 1  # a new owner: the copy it came from is older
         self.restore_will(state.get("will"))  # the importer publishes, drops or re-arms it
         ranges = state.get("log") or []
         if ranges:

@@ -487,7 +487,7 @@ def test_a_node_left_alone_by_graceful_stops_warns_rather_than_errs(start_broker
     assert " WARNING " in line, line
 
 
-def _replica_offer(cid: str, partition: str, topic: str, payload: bytes, arrived_ms: int) -> dict:
+def _replica_offer(cid: str, partition: str, topic: str, payload: bytes, epoch: int, arrived_ms: int) -> dict:
     """A session as the holder of silent router ``partition``'s replica hands it over: one
     subscription (``topic``'s parent, QoS 1) and one queued copy."""
     now = int(time.time() * 1000)
@@ -495,7 +495,8 @@ def _replica_offer(cid: str, partition: str, topic: str, payload: bytes, arrived
     return {"client_id": cid, "username": None, "persistent": True, "expiry_s": 0,
             "subs": [[topic.rsplit("/", 1)[0] + "/#", 1, False, False, 0, None]], "inflight": [],
             "queue": [[1, False, msg]], "log": [], "inbound_qos2": [], "next_pid": 1, "shared": [],
-            "will": None, "replica": partition, "since_ms": now, "arrived": arrived_ms, "stale_replicas": []}
+            "will": None, "replica": partition, "since_ms": now, "epoch": epoch, "arrived": arrived_ms,
+            "stale_replicas": []}
 
 
 def _two_fake_nodes(ctx: zmq.Context, broker, replicas: dict | None = None) -> list[FakeRouter]:
@@ -507,22 +508,30 @@ def _two_fake_nodes(ctx: zmq.Context, broker, replicas: dict | None = None) -> l
     return fakes
 
 
-def test_of_two_replicas_copies_of_a_session_the_one_its_router_got_last_is_taken(start_broker):
+@pytest.mark.parametrize("holders", ["replicas", "live routers"])
+def test_of_two_copies_of_a_session_the_most_recent_is_taken(start_broker, holders):
     """A session moved between two routers of one node shortly before the node died: the
     replicas of both routers held a copy, and a takeover on another node took whichever answered
     first. The chaos suite (seed 1643296784) lost 16 acknowledged messages that way: the stale
     copy, with an old position, was taken, the current one dropped. Now the takeover weighs
-    every copy offered: the one whose router got the session last (``arrived``) is taken, both
-    holders drop theirs, and the silent router of the stale one is fenced (SESSION_GONE), so it
-    drops its copy when it returns. Two fake routers of other nodes play the holders: the stale
-    copy answers at once, the current one 0.3 s later. One worker: the router that takes over."""
+    every copy offered: the most recent (the highest ownership epoch: one more at every move,
+    whatever the routers' clocks say) is taken, both holders drop theirs, and, for replicas, the
+    silent router of the stale one is fenced (SESSION_GONE), so it drops its copy when it
+    returns. The same holds for two live routers (a partition's two sides for a moment after it
+    healed). Two fake routers of other nodes play the holders: the stale copy answers at once,
+    the current one 0.3 s later. One worker: the router that takes over."""
     broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", "--replication-factor", "2",
                           "--mesh-timeout", "3", workers=1)
     u = uuid.uuid4().hex[:6]
     cid = f"s{u}"
     now = int(time.time() * 1000)
-    offers = {"f1/w0": (0.0, _replica_offer(cid, "y/w0", f"old{u}/x", b"stale", now - 5000)),
-              "f2/w0": (0.3, _replica_offer(cid, "z/w0", f"new{u}/x", b"current", now - 1000))}
+    # The current copy is one move further (epoch 4), though its router's clock ran behind.
+    offers = {"f1/w0": (0.0, _replica_offer(cid, "y/w0", f"old{u}/x", b"stale", 3, now - 1000)),
+              "f2/w0": (0.3, _replica_offer(cid, "z/w0", f"new{u}/x", b"current", 4, now - 5000))}
+    if holders == "live routers":
+        for _, offer in offers.values():
+            for key in ("replica", "since_ms", "stale_replicas"):
+                del offer[key]
     ctx = zmq.Context()
     stop = threading.Event()
     thread = None
@@ -540,7 +549,7 @@ def test_of_two_replicas_copies_of_a_session_the_one_its_router_got_last_is_take
                         elif kind == TAKEOVER_REQ:
                             fake.send(TAKEOVER_RESP, [body[0], None, False])  # not held here
                         elif kind == INTEREST and body[0] is not None:
-                            fake.send(INTEREST_ACK, body[0])
+                            fake.send(INTEREST_ACK, [body[0], 0])
                     req, at = due.get(fake.name, (0, float("inf")))
                     if at <= time.monotonic():
                         fake.send(TAKEOVER_RESP, [req, offers[fake.name][1], False])
@@ -561,9 +570,10 @@ def test_of_two_replicas_copies_of_a_session_the_one_its_router_got_last_is_take
         for fake in fakes:
             assert [body[1] for body in fake.kinds(TAKEOVER_DONE)] == [True], \
                 f"{fake.name} was not told to drop its copy"
-        gone = [body[:2] for body in fakes[0].kinds(SESSION_GONE)]
-        assert ["y/w0", [cid]] in gone, f"the stale copy's router is not fenced: {gone}"
-        assert ["z/w0", [cid]] in gone, f"the taken copy's router is not fenced: {gone}"
+        if holders == "replicas":
+            gone = [body[:2] for body in fakes[0].kinds(SESSION_GONE)]
+            assert ["y/w0", [cid]] in gone, f"the stale copy's router is not fenced: {gone}"
+            assert ["z/w0", [cid]] in gone, f"the taken copy's router is not fenced: {gone}"
     finally:
         stop.set()
         if thread is not None:

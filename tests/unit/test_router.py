@@ -12,7 +12,7 @@ from brokerd.connection.packets import Publish, Subscription
 from brokerd.router.mesh_format import from_mesh, to_mesh
 from brokerd.router.message import Message
 from brokerd.router.router import Router, RouterConfig
-from brokerd.router.session import SessionLimits
+from brokerd.router.session import SessionLimits, recency
 from tests.unit.conftest import FakeConn, online
 
 
@@ -175,6 +175,11 @@ def test_session_export_import_round_trip(router):
     assert list(moved.subscriptions) == ["e/#"]
     assert list(moved.inflight) == list(s.inflight)
     assert [m.payload for m, _, _ in moved.queue] == [m.payload for m, _, _ in s.queue]
+    # Each move raises the ownership epoch: a copy left behind is older than any moved on from it.
+    assert moved.epoch == s.epoch + 1
+    again = Router(RouterConfig(router_id="r8")).import_session("m", moved.export_state())
+    assert again.epoch == s.epoch + 2
+    assert recency(again.export_header(False)) > recency(state) > (-1, 0)
 
 
 def test_expiry_drops_offline_session():

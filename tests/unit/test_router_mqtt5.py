@@ -143,6 +143,7 @@ def test_a_delayed_will_and_the_identity_outlive_a_restart(tmp_path):
         session = first.new_session("dev", True)
         session.expiry_s = 3600
         session.username = "alice"
+        session.epoch, session.arrived_ms = 7, 1234  # ownership order survives a restart too
         first.delay_will(session, Message("wills/dev", b"gone", client_id="dev"), 0.3)
         StateStore(first, str(tmp_path)).write_now()
         first.cancel_will("dev")
@@ -151,6 +152,7 @@ def test_a_delayed_will_and_the_identity_outlive_a_restart(tmp_path):
         _, watcher = _v5(second, "watcher", Subscription("wills/#", 0))
         StateStore(second, str(tmp_path)).load()
         assert second.sessions["dev"].username == "alice"
+        assert (second.sessions["dev"].epoch, second.sessions["dev"].arrived_ms) == (7, 1234)
         early = watcher.packets()  # not before its delay
         for _ in range(100):
             if watcher.packets():
