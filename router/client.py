@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONNECTING = "connecting"  # the pause_reading cause while a CONNECT waits for the cluster
+DURABLE_WAIT_S = 5.0  # a session taken over waits this long at most to be in this router's snapshot
 _PROTOCOLS = {3: "MQTT 3.1", 4: "MQTT 3.1.1", 5: "MQTT 5.0"}  # protocol level → what an operator calls it
 
 
@@ -287,6 +288,7 @@ class Client:
                 router.rearm_will(session)
                 if state.get("replica") and router.replication is not None:
                     router.replication.adopted(session, state)
+                await self._durable(session)
             return
         if state is not None and not connect.clean_start and self.client_id not in router.sessions:
             state = await self._import_announced(state)
@@ -294,6 +296,19 @@ class Client:
                 return
         self._finish_connect(connect, state, assigned)
         self.conn.resume_reading(CONNECTING)
+
+    async def _durable(self, session: Session) -> None:
+        """Wait (bounded) until a persistent session taken in is in this router's snapshot: its
+        old owner drops it from its own once told, and a crash of both in between (one node's
+        two workers) would lose it."""
+        state = self.router.state
+        if state is None or not session.persistent:
+            return
+        try:
+            await asyncio.wait_for(state.durable(), DURABLE_WAIT_S)
+        except TimeoutError:
+            log.warning("session %s: not in this router's snapshot within %g s; its old router is told it "
+                        "is here all the same", self.client_id, DURABLE_WAIT_S)
 
     async def _import_announced(self, state: dict) -> None | object:
         """Take in a session moved here from another router and hold the CONNACK, as a SUBACK is
@@ -306,8 +321,9 @@ class Client:
         pending = router.interest_pending
         waits = [pending[f] for f in session.subscriptions if f in pending]
         acked = await asyncio.gather(*waits, return_exceptions=True) if waits else None
-        # Its interest is known everywhere: the old owner may let it go, and hands on what
-        # reached it meanwhile (``Router.hand_on``).
+        await self._durable(session)
+        # Its interest is known everywhere, and it is in this router's snapshot: the old owner
+        # may let it go, and hands on what reached it meanwhile (``Router.hand_on``).
         router.mesh.confirm_takeover(self.client_id, acked)
         if state.get("replica") and router.replication is not None:
             # From the replica of a silent router: once its interest is known everywhere, ask the

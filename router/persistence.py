@@ -44,6 +44,9 @@ class StateStore:
         self._timer: asyncio.TimerHandle | None = None
         self._writing = False
         self.dirty = False
+        self._soon = False  # a write was asked for soon while one was under way
+        self._waiters: list[asyncio.Future] = []  # ``durable``: for the next write to start
+        self._writing_for: list[asyncio.Future] = []  # ... and for the one under way
 
     # -- writing --------------------------------------------------------------------------------------
 
@@ -84,9 +87,20 @@ class StateStore:
         atomic_write(self.path, self.snapshot())
         self.dirty = False
 
+    def durable(self) -> asyncio.Future:
+        """A future done (True, or False if the write failed) once the state as it is now is on
+        disk: a session taken over from another router of this node must be in this snapshot
+        before the old one drops it from its own, or a crash of the node in between loses it."""
+        fut = asyncio.get_event_loop().create_future()
+        self._waiters.append(fut)
+        self.mark(soon=True)
+        return fut
+
     def mark(self, soon: bool = False) -> None:
         """Something changed: write within ``interval_s`` (``soon``: at the next iteration)."""
         self.dirty = True
+        if soon and self._writing:
+            self._soon = True
         if soon and self._timer is not None and not self._writing:
             self._timer.cancel()
             self._timer = None
@@ -101,6 +115,7 @@ class StateStore:
         data = self.snapshot()  # built on the loop: the state is the loop's
         self.dirty = False
         self._writing = True
+        self._writing_for, self._waiters = self._waiters, []
         loop = asyncio.get_event_loop()
         fut = loop.run_in_executor(None, atomic_write, self.path, data)
         fut.add_done_callback(self._written)
@@ -111,8 +126,13 @@ class StateStore:
         if exc is not None:
             log.error("cannot write the session snapshot %s: %s", self.path, exc)
             self.dirty = True
+        done, self._writing_for = self._writing_for, []
+        for waiter in done:
+            if not waiter.done():
+                waiter.set_result(exc is None)
         if self.dirty:
-            self.mark()
+            soon, self._soon = self._soon or bool(self._waiters), False
+            self.mark(soon)
 
     def periodic(self) -> None:
         """Positions move with every acknowledgement: refresh the snapshot while sessions exist."""

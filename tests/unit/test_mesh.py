@@ -79,6 +79,11 @@ def test_takeover_moves_a_session_between_two_routers(run_dir):
             conn = FakeConn()
             moved.attach(conn)  # type: ignore[arg-type]
             assert _payloads(conn) == [b"%d" % i for i in range(5)]
+            # The old router keeps it until the new one confirms (the caller does, once the
+            # session's interest is acknowledged and it is in the new router's snapshot).
+            await asyncio.sleep(0.2)
+            assert "mover" in b.sessions and b.stats.takeovers == 0
+            meshes[0].confirm_takeover("mover")
             await _until(lambda: "mover" not in b.sessions, "the old router letting the session go")
             assert b.stats.takeovers == 1
         finally:

@@ -406,3 +406,33 @@ def test_arrivals_of_moved_sessions_are_kept_for_a_while_only(router):
     assert list(router.moved_in) == ["n1"], router.moved_in
     router.import_session("n2", {**state, "replica": "a/w0"})
     assert "n2" not in router.moved_in
+
+
+def test_a_durable_wait_ends_once_the_state_as_it_was_is_on_disk(tmp_path):
+    """A session taken over from another router of the node must be in this router's snapshot
+    before the old router drops it from its own (a crash of the node in between lost it: the
+    chaos suite, seed 1964786392). ``StateStore.durable`` is that wait: done once a snapshot taken
+    after the call is written, also when a write was under way at the call (that one does not
+    count), and at once rather than at the next interval."""
+    import msgpack
+
+    from brokerd.router.persistence import StateStore
+
+    async def run() -> tuple[bool, bool, dict]:
+        r = Router(RouterConfig())
+        store = StateStore(r, str(tmp_path), interval_s=60.0)  # the timer alone would wait a minute
+        r.attach_state(store)
+        r.subscribe(r.new_session("d", True), Subscription("a/#", 1))
+        first = store.durable()
+        await asyncio.sleep(0)  # the write of "d" starts
+        r.subscribe(r.new_session("e", True), Subscription("b/#", 1))
+        second = store.durable()  # asked while the first write is under way
+        ok1 = await asyncio.wait_for(first, 5)
+        ok2 = await asyncio.wait_for(second, 5)
+        with open(store.path, "rb") as f:
+            data = msgpack.unpackb(f.read(), strict_map_key=False)
+        return ok1, ok2, data
+
+    ok1, ok2, data = asyncio.run(run())
+    assert ok1 and ok2
+    assert {"d", "e"} <= set(data["sessions"])
