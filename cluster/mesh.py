@@ -892,9 +892,10 @@ class Mesh:
                 stale += state.get("stale_replicas", ())
                 if state is not chosen:
                     stale.append(state["replica"])
-            if state is chosen and not state.get("replica") and rid is not None:
-                # A live router's: confirmed once its interest is known everywhere
-                # (``confirm_takeover``), so that it hands on all that still reaches it.
+            if state is chosen and rid is not None:
+                # Confirmed once its interest is known everywhere and it is in this router's
+                # snapshot (``confirm_takeover``): a live router then hands on all that still
+                # reaches it; a replica's holder drops its copy only when this one is durable.
                 self.confirm_takeover(client_id)  # a confirmation still due for an earlier one
                 timer = self.loop.call_later(CONFIRM_S, self.confirm_takeover, client_id)
                 self._unconfirmed_takeovers[client_id] = (rid, req, timer)

@@ -734,7 +734,10 @@ class Replication:
     def release_replica(self, client_id: str) -> tuple[dict, Any] | None:
         """A takeover of ``client_id`` whose router is silent, answered from the replica here:
         the session's header and its copies from its position on (``Session.export_copies``),
-        or None when no silent router's session of that id is held here."""
+        or None when no silent router's session of that id is held here. The copy stays held
+        until the new owner has it in its snapshot (``replica_moved``)."""
+        if client_id in self._handing:
+            return None  # being handed over already (to another connection of that id)
         if not self.members.has_majority:
             if any(client_id in held for held in self.sessions.values()):
                 log.warning("replication: session %s not handed over from its replica: this node sees no "
@@ -749,7 +752,7 @@ class Replication:
         if not found:
             return None
         # Two silent routers of one node may both have had it (it moved between them shortly
-        # before the node died, before the first said it was gone): the last to get it has it.
+        # before the node died, before the first said it was gone): the most recent counts.
         partition, st = max(found, key=lambda f: recency(f[1]))
         exported = self._export_replica(client_id, partition, st, False)
         if exported is None:
@@ -759,8 +762,9 @@ class Replication:
         header["since_ms"] = since_ms
         header["stale_replicas"] = [p for p, _ in found if p != partition]
         for p, _ in found:
-            del self.sessions[p][client_id]
-            self._sessions_changed(p)
+            if p != partition:  # stale: dropped now
+                del self.sessions[p][client_id]
+                self._sessions_changed(p)
         self._handing[client_id] = (partition, st)
         log.warning("replication: session %s of silent router %s handed over from its replica here",
                     client_id, partition)
@@ -820,13 +824,15 @@ class Replication:
         return session
 
     def replica_moved(self, client_id: str, ok: bool) -> None:
-        """The new owner has the session handed from a replica (or the transfer failed: it is
-        held here again)."""
+        """The new owner has the session handed from a replica, in its snapshot (``ok``): the
+        copy here is dropped; or the transfer failed: it stays held here."""
         handing = self._handing.pop(client_id, None)
-        if handing is not None and not ok:
+        if handing is not None and ok:
             partition, st = handing
-            self.sessions.setdefault(partition, {})[client_id] = st
-            self._sessions_changed(partition)
+            held = self.sessions.get(partition, {})
+            if held.get(client_id) is st:
+                del held[client_id]
+                self._sessions_changed(partition)
 
     def adopted(self, session: Session, state: dict) -> None:
         """A session came here from the replica of a silent router: make it the only one, and ask
@@ -955,7 +961,7 @@ class Replication:
         st = self.sessions.get(partition, {}).get(cid)
         if st is None or not st.get("will") or (leader is not None and leader.alive):
             return
-        if not self.members.has_majority:
+        if not self.members.has_majority or cid in self._handing:  # (a takeover may resume it)
             self._will_timers[(partition, cid)] = self.loop.call_later(1.0, self._will_due, partition, cid)
             return
         will, st["will"] = st["will"], None
