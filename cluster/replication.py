@@ -376,7 +376,8 @@ class Replication:
                     self._follower_incs.pop(rid, None)
                     self._cleared[rid] = self.mesh.peers[rid].incarnation
             if followers != self.followers:
-                log.info("replication: %s follows %s", self.partition, ", ".join(followers) or "nobody")
+                log.info("replication: the log of %s is followed by %s", self.partition,
+                         ", ".join(followers) or "nobody")
             self.followers = followers
             self._release(self.leader.set_followers(followers, needed))
             for rid in added:  # what waits for it already went out before it was chosen: send it now

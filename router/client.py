@@ -294,6 +294,10 @@ class Client:
             state = await self._import_announced(state)
             if state is TAKEOVER_FAILED:
                 return
+        elif state is not None and state.get("replica") and router.replication is not None:
+            # A clean start ends the copy a replica gave: its silent router must drop its own
+            # too when it returns, or the old session would come back there.
+            router.replication.fence(self.client_id, [state["replica"]])
         self._finish_connect(connect, state, assigned)
         self.conn.resume_reading(CONNECTING)
 

@@ -508,6 +508,32 @@ def _two_fake_nodes(ctx: zmq.Context, broker, replicas: dict | None = None) -> l
     return fakes
 
 
+def _serve_takeovers(fakes: list[FakeRouter], cid: str, offers: dict, stop: threading.Event) -> threading.Thread:
+    """The fakes' side, in a thread until ``stop``: each answers a takeover of ``cid`` with its
+    offer ({name: (delay in seconds, session state)}; none: not held), every other takeover with
+    None, and acknowledges interest."""
+    def serve() -> None:
+        due: dict[str, tuple[int, float]] = {}
+        deadline = time.monotonic() + 30
+        while not stop.is_set() and time.monotonic() < deadline:
+            for fake in fakes:
+                for kind, _, _, body in fake.step(20):
+                    if kind == TAKEOVER_REQ and body[1] == cid and fake.name in offers:
+                        due[fake.name] = (body[0], time.monotonic() + offers[fake.name][0])
+                    elif kind == TAKEOVER_REQ:
+                        fake.send(TAKEOVER_RESP, [body[0], None, False])  # not held here
+                    elif kind == INTEREST and body[0] is not None:
+                        fake.send(INTEREST_ACK, [body[0], 0])
+                req, at = due.get(fake.name, (0, float("inf")))
+                if at <= time.monotonic():
+                    fake.send(TAKEOVER_RESP, [req, offers[fake.name][1], False])
+                    due[fake.name] = (req, float("inf"))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
 @pytest.mark.parametrize("holders", ["replicas", "live routers"])
 def test_of_two_copies_of_a_session_the_most_recent_is_taken(start_broker, holders):
     """A session moved between two routers of one node shortly before the node died: the
@@ -538,25 +564,7 @@ def test_of_two_copies_of_a_session_the_most_recent_is_taken(start_broker, holde
     try:
         fakes = _two_fake_nodes(ctx, broker)
 
-        def serve() -> None:  # the fakes' side: answer the takeover, acknowledge interest
-            due: dict[str, tuple[int, float]] = {}
-            deadline = time.monotonic() + 30
-            while not stop.is_set() and time.monotonic() < deadline:
-                for fake in fakes:
-                    for kind, _, _, body in fake.step(20):
-                        if kind == TAKEOVER_REQ and body[1] == cid:
-                            due[fake.name] = (body[0], time.monotonic() + offers[fake.name][0])
-                        elif kind == TAKEOVER_REQ:
-                            fake.send(TAKEOVER_RESP, [body[0], None, False])  # not held here
-                        elif kind == INTEREST and body[0] is not None:
-                            fake.send(INTEREST_ACK, [body[0], 0])
-                    req, at = due.get(fake.name, (0, float("inf")))
-                    if at <= time.monotonic():
-                        fake.send(TAKEOVER_RESP, [req, offers[fake.name][1], False])
-                        due[fake.name] = (req, float("inf"))
-
-        thread = threading.Thread(target=serve, daemon=True)
-        thread.start()
+        thread = _serve_takeovers(fakes, cid, offers, stop)
         client = Client(broker.port, cid, clean=False).connect()
         assert client.session_present
         client.wait_payload(b"current")
@@ -612,4 +620,31 @@ def test_a_router_tells_a_former_follower_to_drop_the_sessions_it_holds(start_br
         wait_for(told, 15, "the session sent to the follower and an empty set to the other holder")
         assert not any(body[2] for body in states(other)), "the former follower was sent sessions"
     finally:
+        ctx.destroy(linger=0)
+
+
+def test_a_clean_start_fences_the_silent_router_whose_replica_gave_the_session(start_broker):
+    """A client that connects with a clean start ends the session a replica's holder handed
+    over; the silent router it came from must drop its own copy when it returns (SESSION_GONE),
+    or the old session, subscriptions and backlog, comes back there. Before, only a resumed
+    session fenced it. A fake router of another node holds the replica copy."""
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", "--replication-factor", "2",
+                          "--mesh-timeout", "3", workers=1)
+    u = uuid.uuid4().hex[:6]
+    cid = f"s{u}"
+    offers = {"f1/w0": (0.0, _replica_offer(cid, "y/w0", f"old{u}/x", b"old", 2, int(time.time() * 1000)))}
+    ctx = zmq.Context()
+    stop = threading.Event()
+    thread = None
+    try:
+        fakes = _two_fake_nodes(ctx, broker)
+        thread = _serve_takeovers(fakes, cid, offers, stop)
+        client = Client(broker.port, cid, clean=True).connect()
+        assert not client.session_present
+        wait_for(lambda: any(body[:2] == ["y/w0", [cid]] for body in fakes[1].kinds(SESSION_GONE)), 10,
+                 "the silent router fenced")
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(5)
         ctx.destroy(linger=0)
