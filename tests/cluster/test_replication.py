@@ -3,11 +3,13 @@ acknowledged means on two nodes, and a dead publisher's node loses nothing it ac
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 
 import pytest
 import zmq
@@ -508,10 +510,15 @@ def _two_fake_nodes(ctx: zmq.Context, broker, replicas: dict | None = None) -> l
     return fakes
 
 
-def _serve_takeovers(fakes: list[FakeRouter], cid: str, offers: dict, stop: threading.Event) -> threading.Thread:
-    """The fakes' side, in a thread until ``stop``: each answers a takeover of ``cid`` with its
-    offer ({name: (delay in seconds, session state)}; none: not held), every other takeover with
-    None, and acknowledges interest."""
+@contextlib.contextmanager
+def _fakes_answering(broker, cid: str, offers: dict) -> Iterator[list[FakeRouter]]:
+    """``_two_fake_nodes``, answering in a thread for the block's length: each a takeover of
+    ``cid`` with its offer ({name: (delay in seconds, session state)}; none: not held), every
+    other takeover with None, and every interest announcement. Their frames stay readable after."""
+    ctx = zmq.Context()
+    stop = threading.Event()
+    fakes = _two_fake_nodes(ctx, broker)
+
     def serve() -> None:
         due: dict[str, tuple[int, float]] = {}
         deadline = time.monotonic() + 30
@@ -531,7 +538,12 @@ def _serve_takeovers(fakes: list[FakeRouter], cid: str, offers: dict, stop: thre
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    return thread
+    try:
+        yield fakes
+    finally:
+        stop.set()
+        thread.join(5)
+        ctx.destroy(linger=0)
 
 
 @pytest.mark.parametrize("holders", ["replicas", "live routers"])
@@ -558,13 +570,7 @@ def test_of_two_copies_of_a_session_the_most_recent_is_taken(start_broker, holde
         for _, offer in offers.values():
             for key in ("replica", "since_ms", "stale_replicas"):
                 del offer[key]
-    ctx = zmq.Context()
-    stop = threading.Event()
-    thread = None
-    try:
-        fakes = _two_fake_nodes(ctx, broker)
-
-        thread = _serve_takeovers(fakes, cid, offers, stop)
+    with _fakes_answering(broker, cid, offers) as fakes:
         client = Client(broker.port, cid, clean=False).connect()
         assert client.session_present
         client.wait_payload(b"current")
@@ -572,21 +578,13 @@ def test_of_two_copies_of_a_session_the_most_recent_is_taken(start_broker, holde
         # (QoS 0: a QoS 1 one would wait for the fake follower's acknowledgement.)
         Client(broker.port, f"p{u}").connect().publish(f"new{u}/y", b"live", qos=0)
         client.wait_payload(b"live")
-        stop.set()
-        thread.join(5)
-        assert not [m for m in client.messages if m.payload == b"stale"], "the stale copy was taken"
-        for fake in fakes:
-            assert [body[1] for body in fake.kinds(TAKEOVER_DONE)] == [True], \
-                f"{fake.name} was not told to drop its copy"
-        if holders == "replicas":
-            gone = [body[:2] for body in fakes[0].kinds(SESSION_GONE)]
-            assert ["y/w0", [cid]] in gone, f"the stale copy's router is not fenced: {gone}"
-            assert ["z/w0", [cid]] in gone, f"the taken copy's router is not fenced: {gone}"
-    finally:
-        stop.set()
-        if thread is not None:
-            thread.join(5)
-        ctx.destroy(linger=0)
+    assert not [m for m in client.messages if m.payload == b"stale"], "the stale copy was taken"
+    for fake in fakes:
+        assert [body[1] for body in fake.kinds(TAKEOVER_DONE)] == [True], f"{fake.name} was not told to drop its copy"
+    if holders == "replicas":
+        gone = [body[:2] for body in fakes[0].kinds(SESSION_GONE)]
+        assert ["y/w0", [cid]] in gone, f"the stale copy's router is not fenced: {gone}"
+        assert ["z/w0", [cid]] in gone, f"the taken copy's router is not fenced: {gone}"
 
 
 def test_a_router_tells_a_former_follower_to_drop_the_sessions_it_holds(start_broker):
@@ -633,18 +631,8 @@ def test_a_clean_start_fences_the_silent_router_whose_replica_gave_the_session(s
     u = uuid.uuid4().hex[:6]
     cid = f"s{u}"
     offers = {"f1/w0": (0.0, _replica_offer(cid, "y/w0", f"old{u}/x", b"old", 2, int(time.time() * 1000)))}
-    ctx = zmq.Context()
-    stop = threading.Event()
-    thread = None
-    try:
-        fakes = _two_fake_nodes(ctx, broker)
-        thread = _serve_takeovers(fakes, cid, offers, stop)
+    with _fakes_answering(broker, cid, offers) as fakes:
         client = Client(broker.port, cid, clean=True).connect()
         assert not client.session_present
         wait_for(lambda: any(body[:2] == ["y/w0", [cid]] for body in fakes[1].kinds(SESSION_GONE)), 10,
                  "the silent router fenced")
-    finally:
-        stop.set()
-        if thread is not None:
-            thread.join(5)
-        ctx.destroy(linger=0)
