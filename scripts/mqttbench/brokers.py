@@ -383,8 +383,9 @@ class BrokerdCluster:
         while time.monotonic() < deadline:
             text = (self.dir / "broker.log").read_text(errors="replace")
             joined = "node b joined" in text and "node c joined" in text
-            placed = [line.split(" follows ", 1)[1] for line in text.splitlines() if " follows " in line
-                      and "replication: a/" in line]
+            # The placement line (cluster.replication): "replication: the log of a/w0 is followed by ..."
+            placed = [line.split(" is followed by ", 1)[1] for line in text.splitlines()
+                      if "replication: the log of a/" in line and " is followed by " in line]
             if joined and (want == 0 or (placed and len(placed[-1].split(", ")) >= want)):
                 return
             time.sleep(0.1)
