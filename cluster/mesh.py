@@ -369,7 +369,7 @@ class Mesh:
         self._moves: dict[tuple[str, int], str] = {}  # (new owner, its request) → client id leaving
         # Sessions taken over here from a live router, not confirmed to it yet: client id →
         # (old owner, request, the timer that confirms at the latest).
-        self._unconfirmed_takeovers: dict[str, tuple[str, int, asyncio.TimerHandle]] = {}
+        self._unconfirmed_takeovers: dict[str, tuple[str | None, int, asyncio.TimerHandle]] = {}
         # Sessions that moved here: client id → ({router: offset of its log from which its
         # messages reach this router directly}, until when): what the old owner hands on from
         # there is here already (``_handed_on``).
@@ -858,7 +858,7 @@ class Mesh:
                 await self._gone(waiter.missed)
                 continue
             if self.replication is not None:  # the follower holding it may be this router
-                return self.replication.take_replica(client_id)
+                return self._take_local_replica(client_id)
             return result
         return None
 
@@ -892,13 +892,17 @@ class Mesh:
                 stale += state.get("stale_replicas", ())
                 if state is not chosen:
                     stale.append(state["replica"])
-            if state is chosen and rid is not None:
+            if rid is None:  # this router's own replica: its copy is kept until confirmed
+                if state is chosen:
+                    self._await_confirm(client_id, None, 0)
+                else:
+                    self.replication.replica_moved(client_id, True)  # an older copy: dropped
+                continue
+            if state is chosen:
                 # Confirmed once its interest is known everywhere and it is in this router's
                 # snapshot (``confirm_takeover``): a live router then hands on all that still
                 # reaches it; a replica's holder drops its copy only when this one is durable.
-                self.confirm_takeover(client_id)  # a confirmation still due for an earlier one
-                timer = self.loop.call_later(CONFIRM_S, self.confirm_takeover, client_id)
-                self._unconfirmed_takeovers[client_id] = (rid, req, timer)
+                self._await_confirm(client_id, rid, req)
                 continue
             self._done(rid, req, True)
         if stale and self.replication is not None:
@@ -906,6 +910,20 @@ class Mesh:
                         "taken; passed over", client_id, ", ".join(sorted(set(stale))))
             self.replication.fence(client_id, stale)
         return chosen
+
+    def _await_confirm(self, client_id: str, rid: str | None, req: int) -> None:
+        """The session taken from router ``rid`` (None: this router's replica) is confirmed by
+        ``confirm_takeover``, at the latest ``CONFIRM_S`` from now."""
+        self.confirm_takeover(client_id)  # a confirmation still due for an earlier one
+        timer = self.loop.call_later(CONFIRM_S, self.confirm_takeover, client_id)
+        self._unconfirmed_takeovers[client_id] = (rid, req, timer)
+
+    def _take_local_replica(self, client_id: str) -> dict | None:
+        """The session from the replica this router holds (nobody else offered one)."""
+        state = self.replication.take_replica(client_id)
+        if state is not None:
+            self._await_confirm(client_id, None, 0)
+        return state
 
     def confirm_takeover(self, client_id: str, acked: list | None = None) -> None:
         """A session taken over from a live router (``_settle``) is here and the interest its
@@ -941,7 +959,10 @@ class Mesh:
         for cid in [c for c, (_, until) in kept.items() if until < now]:
             del kept[cid]
         kept[client_id] = (marks, now + HANDON_KEEP_S)
-        self._done(rid, req, True)
+        if rid is None:
+            self.replication.replica_moved(client_id, True)
+        else:
+            self._done(rid, req, True)
 
     def hand_on(self, router_id: str, client_id: str, items: list) -> None:
         """Copies for ``client_id``, which moved to ``router_id``, that reached this router

@@ -772,13 +772,14 @@ class Replication:
         return header, copies
 
     def take_replica(self, client_id: str) -> dict | None:
-        """``release_replica`` for a takeover asked on this router: the whole state at once."""
+        """``release_replica`` for a takeover asked on this router: the whole state at once. The
+        copy stays held until the caller says it is taken (``replica_moved``: the mesh does, once
+        the session is in this router's snapshot)."""
         released = self.release_replica(client_id)
         if released is None:
             return None
         header, chunks = released
         header["queue"] = [item for chunk in chunks for item in chunk]
-        self.replica_moved(client_id, True)
         return header
 
     def _export_replica(self, client_id: str, partition: str, st: dict, whole: bool) -> tuple[dict, Any, int] | None:
