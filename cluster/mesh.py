@@ -926,11 +926,12 @@ class Mesh:
         return state
 
     def confirm_takeover(self, client_id: str, acked: list | None = None) -> None:
-        """A session taken over from a live router (``_settle``) is here and the interest its
-        subscriptions announced has been acknowledged (``acked``: the results of those waits,
+        """A session taken over (``_settle``) is here, in this router's snapshot, and the interest
+        its subscriptions announced has been acknowledged (``acked``: the results of those waits,
         each {router: its log end when it took the announcement in}; None: nothing waited):
-        tell its old owner, TAKEOVER_DONE, which then hands on what still reaches it for the
-        session (``Router.hand_on``). And remember from which offset of each router's log its
+        tell its old owner, TAKEOVER_DONE (a live router then hands on what still reaches it for
+        the session, ``Router.hand_on``; a replica's holder, this router's included, drops its
+        copy). And remember from which offset of each router's log its
         messages come here directly, so that the copies handed on are not delivered twice: that
         end for a router that acknowledged every announcement, how far this router has seen its
         log where nothing was announced (the session's filters were this router's already), this

@@ -163,7 +163,7 @@ class Replication:
         self._cut_off: list[Held] = []  # acknowledgements held while this node sees no majority
         # Back on an empty disk: the followers asked for this router's sessions (``_restore``).
         self._restoring: set[str] = set()
-        self._restored_ids: set[str] = set()
+        self._restored_from: dict[str, tuple[int, int]] = {}  # client id → recency of the copy restored
         self._restore_done: asyncio.Future | None = None
         self._restored = 0
         # No full set of sessions goes to the followers before ``ready``: on an empty disk it
@@ -238,7 +238,7 @@ class Replication:
             log.warning("replication: %d persistent session(s) of this router restored from its followers",
                         self._restored)
         self._restoring = set()
-        self._restored_ids = set()
+        self._restored_from = {}
 
     def restore_sessions(self, peer: Peer, partition: str) -> None:
         """``peer`` came back on an empty disk and asks for its sessions held here: one
@@ -274,19 +274,19 @@ class Replication:
         if header is not None:
             cid = header["client_id"]
             had = router.sessions.get(cid)
+            earlier = self._restored_from.get(cid)
             # Two holders may answer: a former follower's copy can be older than the current
             # follower's (this router clears it only once it serves: ``_place``). The newer counts.
-            newer = had is not None and cid in self._restored_ids and recency(
-                {"epoch": had.epoch, "arrived": had.arrived_ms}) < recency(header)
-            if had is None or newer:
-                if newer:
+            if had is None or (earlier is not None and earlier < recency(header)):
+                if had is not None:
                     router.drop_session(had)
                 else:
                     self._restored += 1
                 session = router.import_session(cid, header)
-                session.epoch -= 1  # back with its own router: not a move (as the holder had it)
+                # Back with its own router, as the holder had it: not a move.
+                session.epoch = header.get("epoch", 0)
                 session.arrived_ms = header.get("arrived") or session.arrived_ms
-                self._restored_ids.add(cid)
+                self._restored_from[cid] = recency(header)
                 router.schedule_expiry(session)
                 router.rearm_will(session)
         if last:

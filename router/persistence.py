@@ -131,7 +131,7 @@ class StateStore:
             if not waiter.done():
                 waiter.set_result(exc is None)
         if self.dirty:
-            soon, self._soon = self._soon or bool(self._waiters), False
+            soon, self._soon = self._soon, False  # (``durable`` asks soon: its waiters set it)
             self.mark(soon)
 
     def periodic(self) -> None:

@@ -116,13 +116,13 @@ class Inflight:
         self.state = AWAIT_ACK
 
 
-
 def recency(state: dict) -> tuple[int, int]:
     """Which of two copies of a session (a takeover header, or its state in a snapshot) is the
     current one: the higher (ownership epoch, arrival time at its router). The epoch orders
     every chain of moves without clocks; the time orders copies of one epoch (a session created
     anew on two routers) by wall clock."""
     return state.get("epoch", 0), state.get("arrived", 0)
+
 
 class Session:
     __slots__ = ("client_id", "persistent", "subscriptions", "conn", "inflight", "queue",

@@ -50,7 +50,6 @@ class SessionLife:
         def unsubscribe_shared(self, session: Session, key: str) -> bool: ...  # SharedRouting's
         def _hand_on(self, msg: Any, key: str) -> None: ...  # SharedRouting's
         def publish(self, msg: Any, source: Any = None) -> None: ...  # Router's
-        def _ref_filter(self, topic_filter: str, delta: int) -> None: ...  # Router's
 
     # -- sessions -------------------------------------------------------------------------------------
 
@@ -77,6 +76,11 @@ class SessionLife:
             self.unsubscribe(session, topic_filter)
         for key in list(session.shared):
             self.unsubscribe_shared(session, key)
+        self._forget(session)
+
+    def _forget(self, session: Session) -> None:
+        """No longer this router's session: out of ``sessions``, its expiry and will timers
+        stopped (its subscriptions are the caller's to end)."""
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         timer = self._expiry.pop(session.client_id, None)
@@ -173,10 +177,7 @@ class SessionLife:
         logged from ``start`` on (or queued, without a log), is then handed on (SESSION_HANDON),
         and the new owner drops what came to it directly (``Mesh.confirm_takeover``'s marks).
         At least once; costs one barrier and one read of this log per move."""
-        cid = session.client_id
-        del self.sessions[cid]
-        self.cancel_expiry(cid)
-        self._stop_will_timer(cid)
+        self._forget(session)
         session.will = None  # it went with the session
         for key in list(session.shared):  # a group's messages go to its other members
             self.unsubscribe_shared(session, key)

@@ -46,7 +46,7 @@ class FakeRouter:
         self.tcp = f"tcp://127.0.0.1:{port}"
         self.ctx = ctx
         self.pushes: dict[str, zmq.Socket] = {}  # router id (as the test names it) -> its socket
-        self.push = self.connect(target, target_id)
+        self.connect(target, target_id)
         self.frames: list[tuple[int, str, int, object]] = []  # (kind, sender, incarnation, body)
         self._next_hello = 0.0
 
