@@ -1,10 +1,12 @@
 """Per-router stats: the router's counters, once per interval, as a msgpack snapshot on a PUB socket.
 
-Why it is shaped this way: the hot path only bumps plain integers that already exist (the router's
-``RouterStats``, each connection's ``ConnectionCounters``, the mesh's per-peer lists). Everything
-else (sums over connections, rates, the top connections, CPU and memory) is computed here, once per
-``--stats-interval``, from a ``loop.call_at`` callback on the worker's own event loop: no thread, no
-lock, no allocation per message. How late that callback fires is the event-loop lag we report.
+Why it is shaped this way: the hot path only bumps plain integers (the router's ``RouterStats``,
+each connection's ``ConnectionCounters`` and the worker's ``Traffic`` beside them, the mesh's
+per-peer lists). Everything else (rates, the top connections, CPU and memory) is computed here,
+once per ``--stats-interval``, from a ``loop.call_at`` callback on the worker's own event loop: no
+thread, no lock, no allocation per message; and in time proportional to the traffic, not to the
+connections (the top is ranked among the connections that moved: ``Traffic``). How late that
+callback fires is the event-loop lag we report.
 
 Sockets (``docs/stats.md`` has the operator's view):
 
@@ -96,7 +98,7 @@ import msgpack
 import psutil
 import zmq
 
-from brokerd.connection.protocol import ConnectionCounters
+from brokerd.connection.protocol import Traffic
 from brokerd.router.stats import LIMITS
 from brokerd.router.sys_topics import SYS_CLIENT_ID, SysTopics, broker_sys_values, router_sys_values
 from brokerd.router.view import RouterView
@@ -157,26 +159,14 @@ def effective_interval(config: Config) -> float:
 # -- counting what closed connections carried -------------------------------------------------------
 
 class ConnectionSet(set):
-    """The worker's set of live connections, banking each leaving connection's counters.
+    """The worker's set of live connections, and ``traffic``: what all of them, closed ones
+    included, carried (each connection adds to it as it counts: ``connection.protocol.Traffic``)."""
 
-    Router totals are (sum over live connections) + ``closed``; the cost is one method call per
-    closed connection, nothing per message.
-    """
-
-    __slots__ = ("closed",)
+    __slots__ = ("traffic",)
 
     def __init__(self, items: Iterable[MQTTConnection] = ()) -> None:
         super().__init__(items)
-        self.closed = ConnectionCounters()
-
-    def discard(self, conn: MQTTConnection) -> None:  # type: ignore[override]
-        if conn in self:
-            super().discard(conn)
-            c, closed = conn.counters, self.closed
-            closed.bytes_in += c.bytes_in
-            closed.bytes_out += c.bytes_out
-            closed.msgs_in += c.msgs_in
-            closed.msgs_out += c.msgs_out
+        self.traffic = Traffic()
 
 
 # -- rates ------------------------------------------------------------------------------------------
@@ -255,6 +245,7 @@ class StatsPublisher:
         self._log_base: tuple[int, int] | None = None
         self._errors_logged = 0
         self._packer = msgpack.Packer(use_bin_type=True)
+        self._top_conns: list[Any] = []  # the connections of the last snapshot's top
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -366,16 +357,32 @@ class StatsPublisher:
     # -- what a snapshot holds ----------------------------------------------------------------------
 
     def _totals(self) -> tuple[int, int, int, int]:
-        """Client traffic: live connections plus what closed ones carried (msgs in, out, bytes in, out)."""
-        mi = mo = bi = bo = 0
-        for conn in self.connections:
-            c = conn.counters
-            mi += c.msgs_in
-            mo += c.msgs_out
-            bi += c.bytes_in
-            bo += c.bytes_out
-        closed = self.connections.closed
-        return mi + closed.msgs_in, mo + closed.msgs_out, bi + closed.bytes_in, bo + closed.bytes_out
+        """Client traffic since the router started (msgs in, out, bytes in, out)."""
+        t = self.connections.traffic
+        return t.msgs_in, t.msgs_out, t.bytes_in, t.bytes_out
+
+    def _top(self) -> list[dict[str, Any]]:
+        """The ``TOP_N`` connected clients with the most bytes, ranked among the previous top and
+        the connections that moved bytes since: the same as ranking them all, since counters only
+        grow, at a cost proportional to the traffic rather than to the connections."""
+        moved = self.connections.traffic.take_moved()
+        if not self.config.stats_clients:
+            self._top_conns = []
+            return []
+        client_of = self.router.client
+        chosen: dict[int, Client] = {}
+        for conn in (*self._top_conns, *moved):
+            client_id = conn.client_id
+            if client_id is None:
+                if not conn.closing:  # not past CONNECT yet: look again at the next snapshot
+                    self.connections.traffic.mark_moved(conn)
+                continue
+            client = client_of(client_id)
+            if client is not None and client.conn is conn:
+                chosen[id(conn)] = client
+        top = heapq.nlargest(TOP_N, chosen.values(), key=_client_bytes)
+        self._top_conns = [client.conn for client in top]
+        return [_client_row(client) for client in top]
 
     def _log(self) -> dict[str, int]:
         """The commit log's counters since this router started. Appends are not counted in the
@@ -472,8 +479,7 @@ class StatsPublisher:
             "limits": {name: getattr(st, f"limit_{name}") for name in LIMITS},
             "process": {"cpu_percent": cpu_percent, "cpu_seconds": cpu_seconds, "rss_bytes": mem},
             "loop_lag": lag,
-            "top": ([_client_row(c) for c in heapq.nlargest(TOP_N, router.clients(), key=_client_bytes)]
-                    if self.config.stats_clients else []),
+            "top": self._top(),
             # Peer routers' stats sockets that can be read from elsewhere (`brokerd stats --cluster`).
             "peer_stats": router.peer_stats_endpoints(),
             # This router's log's followers and the replicas it holds (cluster.replication).

@@ -51,8 +51,7 @@ class Worker:
         self.tls_contexts: dict[Listener, Any] = {}  # TLS listeners' SSL contexts, reloaded on SIGUSR1
         self.mesh: Any = None
         self.replication: Any = None
-        # Banks each leaving connection's counters, so router totals outlive connections at no
-        # per-message cost (read by the stats publisher).
+        # The live connections, and what all of them carried (read by the stats publisher).
         self.connections = ConnectionSet()
         self.commit_log: Any = None
         self._log_timer: asyncio.TimerHandle | None = None
@@ -81,7 +80,8 @@ class Worker:
                               write_buffer_high=self.config.max_client_buffer,
                               read_budget=self.config.read_budget, turn=self.turn,
                               max_topic_levels=self.config.max_topic_levels, listener=listener,
-                              guard=self.guard, keepalive=self.keepalive)
+                              guard=self.guard, keepalive=self.keepalive,
+                              traffic=self.connections.traffic)
 
     async def start(self) -> None:
         c = self.config
@@ -91,8 +91,8 @@ class Worker:
 
         install_auth(self.router, c)  # before any session exists (sessions hold the ACL)
         if c.turn_budget or c.fan_budget:
-            stats = self.router.stats
-            self.turn = TurnBudget(self.loop, c.turn_budget, c.fan_budget, lambda: stats.msgs_out)
+            traffic = self.connections.traffic
+            self.turn = TurnBudget(self.loop, c.turn_budget, c.fan_budget, lambda: traffic.msgs_out)
         # Connection-layer limits: the listener's rate is shared by the workers (the kernel spreads
         # connections over them), a client's rates and the unfinished-packet timeout are per client.
         self.guard = ConnectionGuard(

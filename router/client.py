@@ -109,15 +109,19 @@ class Client:
             if cls is Publish:
                 self._on_publish(packet)  # type: ignore[arg-type]
             elif cls is Puback:
+                self.router.stats.state_moves += 1
                 self.session.puback(packet.packet_id)  # type: ignore[union-attr]
             elif cls is Pubrec:
+                self.router.stats.state_moves += 1
                 self.session.pubrec(packet.packet_id, packet.reason_code)  # type: ignore[union-attr]
             elif cls is Pubrel:
+                self.router.stats.state_moves += 1
                 inbound = self.session.inbound_qos2  # type: ignore[union-attr]
                 if packet.packet_id in inbound:
                     inbound.remove(packet.packet_id)  # type: ignore[union-attr]
                 self.conn.send(success_ack(PUBCOMP, packet.packet_id))  # type: ignore[union-attr]
             elif cls is Pubcomp:
+                self.router.stats.state_moves += 1
                 self.session.pubcomp(packet.packet_id)  # type: ignore[union-attr]
             elif cls is Subscribe:
                 self._on_subscribe(packet)  # type: ignore[arg-type]
@@ -462,8 +466,9 @@ class Client:
             refuse_publish(self, p)  # ACL, or $SYS/
             return
         router = self.router
-        self.conn.counters.msgs_in += 1
         conn = self.conn
+        conn.counters.msgs_in += 1
+        conn.traffic.msgs_in += 1
         msg = Message.published(p.topic, p.payload, qos, p.retain, self.client_id, router.router_id,
                                 p.properties, p.raw, conn.protocol_level)
         try:

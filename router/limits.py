@@ -99,6 +99,7 @@ class Qos2Sweeper:
             if stale:
                 ids -= stale  # type: ignore[operator]
                 self.stats.limit_qos2_expired += len(stale)
+                self.stats.state_moves += 1
             if ids:
                 self.tracked[client_id] = (session, frozenset(ids))
             else:

@@ -47,11 +47,13 @@ class StateStore:
         self._soon = False  # a write was asked for soon while one was under way
         self._waiters: list[asyncio.Future] = []  # ``durable``: for the next write to start
         self._writing_for: list[asyncio.Future] = []  # ... and for the one under way
+        self._built: tuple[int, ...] = ()  # ``_moves`` when the last snapshot was built
 
     # -- writing --------------------------------------------------------------------------------------
 
     def snapshot(self) -> bytes:
         router = self.router
+        self._built = self._moves()
         log_ = router.commit_log
         sessions = {}
         for cid, s in router.sessions.items():
@@ -134,9 +136,23 @@ class StateStore:
             soon, self._soon = self._soon, False  # (``durable`` asks soon: its waiters set it)
             self.mark(soon)
 
+    def _moves(self) -> tuple[int, ...]:
+        """What changes persistent sessions without marking the snapshot at once (subscription
+        changes, takeovers and fences mark it themselves): the log's end (where an idle session's
+        position is), acknowledgements and catch-up reads (``RouterStats.state_moves``), expired
+        messages, and the life of sessions and connections (a CONNECT sets a session's expiry,
+        user name and will; a close delays its will; a will goes out; a session ends or expires)."""
+        router = self.router
+        st = router.stats
+        return (router.commit_log.next_offset if router.commit_log is not None else 0,
+                st.state_moves, st.drop_expired, st.connects_total, st.connections, st.takeovers,
+                st.wills_published, len(router.sessions))
+
     def periodic(self) -> None:
-        """Positions move with every acknowledgement: refresh the snapshot while sessions exist."""
-        if any(s.persistent for s in self.router.sessions.values()):
+        """Refresh the snapshot once a second while persistent sessions' positions may have moved
+        since it was built. Not otherwise: rewriting it every second regardless cost an idle
+        worker with 6,000 persistent sessions 17 ms of CPU a second and 600 KB of disk writes."""
+        if self._moves() != self._built and any(s.persistent for s in self.router.sessions.values()):
             self.mark()
 
     # -- loading --------------------------------------------------------------------------------------

@@ -160,7 +160,6 @@ class Router(SharedRouting, SessionLife):
                 self.stats.refused_log_unavailable += 1
                 if msg.qos:
                     raise
-        self.stats.msgs_in += 1
         if msg.retain and may_retain(self.retained, msg, self.config.limits, self.stats):
             self.retained.stamp(msg)
             self.retained.set(msg, local=True)

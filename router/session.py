@@ -189,7 +189,7 @@ class Session:
                     return
                 conn.send(parts[0])
             conn.counters.msgs_out += 1
-            self.stats.msgs_out += 1
+            conn.traffic.msgs_out += 1
             return
         if self.cursor is not None and msg.log_offset >= 0:
             return  # the log holds it at or after the cursor: catch-up delivers it, in order
@@ -213,7 +213,7 @@ class Session:
             return True
         conn.send(packet)
         conn.counters.msgs_out += 1
-        self.stats.msgs_out += 1
+        conn.traffic.msgs_out += 1
         return True
 
     def _enqueue(self, msg: Message, qos: int, retain: bool) -> None:
@@ -276,7 +276,7 @@ class Session:
         conn.send(pid.to_bytes(2, "big"))
         conn.send(tail)
         conn.counters.msgs_out += 1
-        self.stats.msgs_out += 1
+        conn.traffic.msgs_out += 1
 
     def pump(self) -> None:
         """Move queued messages (then log records, when catching up) into the inflight window."""
@@ -306,6 +306,7 @@ class Session:
         """Read the next records (of the ranges brought by a takeover, then after ``cursor``) and
         queue those this session subscribes to. False when a range's next records are not
         readable yet (try again later)."""
+        self.stats.state_moves += 1
         if self.ranges:
             rng = self.ranges[0]
             records = rng.read(batch)

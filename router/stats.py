@@ -17,15 +17,18 @@ LIMITS = ("client_id", "keepalive", "subscriptions", "retained", "qos2_pending",
 
 
 class RouterStats:
+    # state_moves: changes of session state that neither grow the log nor ask for a snapshot at once
+    # (acknowledgements from clients, catch-up reads): with the log's end, what tells the snapshot
+    # (router.persistence) that a session's position may have moved.
     # auth_failures: CONNECTs refused by authentication (bad credentials, anonymous not allowed, not
     # authorized); acl_denied: PUBLISH packets and SUBSCRIBE filters refused by the ACL (or $SYS/).
     __slots__ = (
-        "msgs_in", "msgs_out", "connections", "connects_total",
+        "connections", "connects_total",
         "drop_queue_full", "drop_slow_consumer", "drop_too_large", "drop_mesh_backpressure",
         "drop_expired", "drop_mesh_peer_gone", "mesh_bad_frames", "refused_connections", "refused_log_unavailable", "protocol_errors",
         "mesh_msgs_out", "mesh_msgs_in", "mesh_bytes_out", "mesh_bytes_in", "mesh_frames_out",
         "mesh_frames_in", "retained_count", "wills_published", "takeovers", "shared_no_member",
-        "unconnected", "auth_failures", "acl_denied", *(f"limit_{name}" for name in LIMITS),
+        "unconnected", "auth_failures", "acl_denied", "state_moves", *(f"limit_{name}" for name in LIMITS),
     )
 
     def __init__(self) -> None:

@@ -54,6 +54,10 @@ class RouterView:
             queued += len(session.queue)
         return queued, inflight
 
+    def client(self, client_id: str) -> ClientHandle | None:
+        """The connected client of that id, if any."""
+        return self._router.clients.get(client_id)
+
     def clients(self) -> Iterable[ClientHandle]:
         """The live connections' handlers (for the top-clients listing)."""
         return list(self._router.clients.values())

@@ -80,6 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="fanin: publishers to one wildcard subscriber; sharedsub: publishers to the group")
     g.add_argument("--members", type=int, default=d.members, help="sharedsub: members of the one shared subscription group")
     g.add_argument("--connections", type=int, default=d.connections, help="conn: idle connections")
+    g.add_argument("--persistent", action="store_true",
+                   help="conn: the idle connections keep persistent sessions (clean session 0), as fleets often do")
     g.add_argument("--window", type=int, default=d.window, help="flow control: messages per subscriber in flight")
     g.add_argument("--inflight", type=int, default=d.inflight, help="qos1: unacknowledged PUBLISHes per publisher")
     g.add_argument("--per-write", type=int, default=d.per_write,
@@ -145,7 +147,7 @@ def run_one(kind: BrokerKind, scenario: str, payload: int, rep: int, args: argpa
     try:
         with start_broker(kind) as broker:
             if plan.is_conn:
-                runner.run_conn(plan, broker, result)
+                runner.run_conn(plan, broker, result, idle_s=args.duration)
             else:
                 runner.run_load(plan, broker, Timing(args.warmup, args.duration), result)
             if not broker.alive():
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = Sizes(
         pairs=args.pairs, subscribers=args.subscribers, publishers=args.publishers, members=args.members,
-        connections=args.connections,
+        connections=args.connections, persistent=args.persistent,
         window=args.window, inflight=args.inflight, per_write=args.per_write,
         devices=args.devices, device_rate=args.device_rate,
         latency_rate=args.latency_rate, latency_load=args.latency_load,

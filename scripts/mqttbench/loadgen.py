@@ -507,7 +507,8 @@ class Worker:
                 loop.create_connection(lambda: Conn(self._lost), self.host, self.port, ssl=self._tls),
                 CONNECT_TIMEOUT_S
             )
-            body = await conn.request(wire.connect(client_id), wire.CONNACK, CONNECT_TIMEOUT_S)
+            body = await conn.request(wire.connect(client_id, clean_session=spec.role != "kept"), wire.CONNACK,
+                                      CONNECT_TIMEOUT_S)
             if len(body) < 2 or body[1] != 0:
                 conn.close()
                 raise Refused(f"CONNACK refused: return code {body[1:2].hex()}")

@@ -22,6 +22,7 @@ from .scenarios import FIXED_RATE_SCENARIOS
 MEDIAN_FIELDS = (
     "delivered_per_s", "published_per_s", "loss", "duplicates", "subscriber_balance", "msgs_per_cpu_s", "broker_cpu_share", "lat_p50_ms",
     "lat_p99_ms", "lat_max_ms", "connects_per_s", "rss_per_conn_bytes", "broker_rss_mb",
+    "idle_cpu_ms_per_s",
 )
 
 
@@ -174,9 +175,14 @@ def single_table(rows: list[dict[str, Any]]) -> str:
             "-" if conn else f"{ms(r['lat_p50_ms'])} / {ms(r['lat_p99_ms'])} / {ms(r['lat_max_ms'])}",
             kib(r["rss_per_conn_bytes"]) if conn else "-",
             f"{r['loadgen_cpu_max']:.0%}",
-            notes(r),
+            notes(r) + (f"; idle CPU {_idle(r)} ms/s" if conn else ""),
         ])
     return _table(header, lines)
+
+
+def _idle(row: dict[str, Any] | None) -> str:
+    value = row.get("idle_cpu_ms_per_s") if row is not None else None
+    return "n/a" if value is None else f"{value:.1f}"
 
 
 def _lat(row: dict[str, Any] | None, conn: bool) -> str:
@@ -212,7 +218,8 @@ def comparison_table(rows: list[dict[str, Any]], workers: list[int]) -> str:
             if conn:
                 note.append(
                     f"RSS/conn {kib(bd['rss_per_conn_bytes']) if bd else 'n/a'} vs "
-                    f"{kib(mq['rss_per_conn_bytes']) if mq else 'n/a'}"
+                    f"{kib(mq['rss_per_conn_bytes']) if mq else 'n/a'}; idle CPU "
+                    f"{_idle(bd)} vs {_idle(mq)} ms/s"
                 )
             lines.append([
                 scenario, payload_label(any_row), str(w),

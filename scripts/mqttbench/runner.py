@@ -51,6 +51,7 @@ class RunResult:
     connections: int = 0
     connects_per_s: float = 0.0
     rss_per_conn_bytes: float | None = None
+    idle_cpu_ms_per_s: float | None = None  # conn: broker CPU per wall second while the connections idle
     broker_rss_mb: float = 0.0
     loadgen_cpu: list[float] = field(default_factory=list)  # share of one core, per generator process
     loadgen_saturated: bool = False
@@ -218,8 +219,10 @@ def _reduce_load(plan: Plan, reports: list[dict[str, Any]], cpu: float, wall: fl
         result.lat_max_ms = samples[-1] / 1e6
 
 
-def run_conn(plan: Plan, broker: RunningBroker, result: RunResult) -> None:
-    """C idle connections: connects/s while opening them, and the broker's RSS growth per connection."""
+def run_conn(plan: Plan, broker: RunningBroker, result: RunResult, idle_s: float = 5.0) -> None:
+    """C idle connections: connects/s while opening them, the broker's RSS growth per connection,
+    and the CPU the broker spends each second while they idle for ``idle_s`` (timers, stats: what
+    idle costs; process CPU time comes in 10 ms ticks, so a longer window reads finer)."""
     gens = Generators(plan, broker.port)
     try:
         gens.gather("ready", 30.0)
@@ -231,6 +234,9 @@ def run_conn(plan: Plan, broker: RunningBroker, result: RunResult) -> None:
         cpu1 = broker.cpu_seconds()
         time.sleep(SETTLE_S)
         rss1 = broker.rss_bytes()
+        idle0 = broker.cpu_seconds()
+        time.sleep(idle_s)
+        idle_cpu = broker.cpu_seconds() - idle0
         gens.send("release")
         finals = gens.gather("result", 30.0)
     finally:
@@ -245,6 +251,7 @@ def run_conn(plan: Plan, broker: RunningBroker, result: RunResult) -> None:
     result.msgs_per_cpu_s = ok / result.broker_cpu_s if result.broker_cpu_s >= 0.05 else None
     result.rss_per_conn_bytes = (rss1 - rss0) / ok if ok else None
     result.broker_rss_mb = rss1 / 2**20
+    result.idle_cpu_ms_per_s = idle_cpu * 1000.0 / idle_s
     result.loadgen_cpu = [round(i["cpu"] / span, 3) if span > 0 else 0.0 for i in infos]
     result.loadgen_saturated = any(c > SATURATED_CPU for c in result.loadgen_cpu)
     result.lost_connections = sum(f["lost_connections"] for f in finals)

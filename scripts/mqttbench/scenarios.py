@@ -33,6 +33,7 @@ class Sizes:
     publishers: int = 20
     members: int = 5
     connections: int = 2000
+    persistent: bool = False  # conn: persistent sessions (clean session 0) instead of clean ones
     window: int = 500
     inflight: int = 100
     per_write: int = 0  # PUBLISH packets per write at most (0: what the window allows; 1: a device)
@@ -62,8 +63,8 @@ class GroupSpec:
 
 @dataclass(frozen=True)
 class ClientSpec:
-    """One connection: ``role`` is pub, sub, lat_pub, lat_sub or idle; ``topic`` is the topic it
-    publishes to or the filter it subscribes to."""
+    """One connection: ``role`` is pub, sub, lat_pub, lat_sub, idle or kept (idle, with a persistent
+    session); ``topic`` is the topic it publishes to or the filter it subscribes to."""
 
     role: str
     gid: int
@@ -178,7 +179,7 @@ def build(scenario: str, payload: int, procs: int, sizes: Sizes) -> Plan:
         _fleet(plan, sizes)
     elif scenario == "conn":
         for i in range(sizes.connections):
-            plan.clients.append(ClientSpec("idle", -1, "", i % plan.procs))
+            plan.clients.append(ClientSpec("kept" if sizes.persistent else "idle", -1, "", i % plan.procs))
         return plan
     _add_side_channel(plan, sizes)
     return plan

@@ -8,7 +8,7 @@ from typing import Any
 
 from brokerd.connection.codec import Decoder
 from brokerd.connection.packets import Subscription
-from brokerd.connection.protocol import ConnectionCounters
+from brokerd.connection.protocol import ConnectionCounters, Traffic
 from brokerd.router.message import Message
 from brokerd.router.ports import NullMesh
 from brokerd.router.router import Router
@@ -25,6 +25,7 @@ class FakeConn:
         self.write_paused = False
         self.closing = False
         self.counters = counters if counters is not None else ConnectionCounters()
+        self.traffic = Traffic()
         self.peer = peer
         self.client_id: str | None = None
         self.chunks: list[bytes] = []

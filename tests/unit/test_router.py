@@ -296,7 +296,8 @@ def test_a_forwarded_qos0_packet_reaches_each_kind_of_subscriber(router):
     assert message_mod.encode_count == before + 1  # one MQTT 5 encoding, shared by both
     assert [(p.topic, p.payload, p.qos) for p in v5a.packets() + v5b.packets()] == [("q/a", b"hello", 0)] * 2
     assert slow.chunks == [] and mine.chunks == []
-    assert router.stats.drop_slow_consumer == 1 and router.stats.msgs_out == 4
+    assert router.stats.drop_slow_consumer == 1
+    assert sum(c.counters.msgs_out for c in (v3, v4, v5a, v5b, slow, mine)) == 4
     assert v4.counters.msgs_out == 1 and v5b.counters.msgs_out == 1
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from brokerd.cluster.config import Config
@@ -45,25 +47,26 @@ def publisher(node: str = "n", index: int = 0, workers: int = 2) -> tuple[StatsP
     return StatsPublisher(config, index, router, conns, loop=None), router, conns  # type: ignore[arg-type]
 
 
+def carried(conns: ConnectionSet, conn: FakeConn) -> None:
+    """What a real connection does as it counts: add to the worker's traffic, say it moved."""
+    t, c = conns.traffic, conn.counters
+    t.bytes_in += c.bytes_in
+    t.bytes_out += c.bytes_out
+    t.msgs_in += c.msgs_in
+    t.msgs_out += c.msgs_out
+    if not c.moved:
+        t.mark_moved(conn)  # type: ignore[arg-type]
+
+
 def add_client(router: Router, conns: ConnectionSet, client_id: str, **counters: int) -> FakeConn:
     conn = fake_conn(**counters)
+    conn.client_id = client_id
     conns.add(conn)  # type: ignore[arg-type]
+    carried(conns, conn)
     session = router.new_session(client_id, False)
     router.clients[client_id] = SimpleNamespace(conn=conn, session=session, client_id=client_id)  # type: ignore[assignment]
     router.stats.connections += 1
     return conn
-
-
-def test_connection_set_banks_what_closed_connections_carried():
-    conns = ConnectionSet()
-    a, b = fake_conn(10, 20, 1, 2), fake_conn(100, 200, 3, 4)
-    conns.add(a)  # type: ignore[arg-type]
-    conns.add(b)  # type: ignore[arg-type]
-    conns.discard(a)  # type: ignore[arg-type]
-    conns.discard(a)  # type: ignore[arg-type]  # twice: counted once
-    assert b in conns and a not in conns
-    closed = conns.closed
-    assert (closed.bytes_in, closed.bytes_out, closed.msgs_in, closed.msgs_out) == (10, 20, 1, 2)
 
 
 def test_snapshot_counts_live_and_closed_connections_and_sessions():
@@ -72,6 +75,7 @@ def test_snapshot_counts_live_and_closed_connections_and_sessions():
     add_client(router, conns, "small", bytes_in=10, bytes_out=10, msgs_out=3)
     gone = fake_conn(1000, 2000, 4, 5)
     conns.add(gone)  # type: ignore[arg-type]
+    carried(conns, gone)
     conns.discard(gone)  # type: ignore[arg-type]
     router.sessions["big"]._queue().extend([(None, 1, False)] * 3)  # type: ignore[list-item]
     router.sessions["small"].inflight[1] = None  # type: ignore[assignment]
@@ -104,6 +108,36 @@ def test_top_keeps_the_ten_busiest():
         add_client(router, conns, f"c{i}", bytes_in=i * 10)
     top = pub.snapshot()["top"]
     assert [c["client_id"] for c in top] == [f"c{i}" for i in range(24, 14, -1)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add", "bytes", "close", "snap"]), st.integers(0, 29),
+                          st.integers(1, 5000)), max_size=80))
+def test_top_ranked_among_the_moved_is_the_top_of_all(steps):
+    """The snapshot ranks only the previous top and the connections that moved: as counters only
+    grow, that must be the ranking of every connected client, whatever happened in between."""
+    pub, router, conns = publisher()
+    live: dict[str, FakeConn] = {}
+    for op, n, amount in [*steps, ("snap", 0, 0)]:
+        cid = f"c{n}"
+        if op == "add" and cid not in live:
+            live[cid] = add_client(router, conns, cid, bytes_in=amount)
+        elif op == "bytes" and cid in live:
+            conn = live[cid]
+            conn.counters.bytes_out += amount
+            conns.traffic.bytes_out += amount
+            if not conn.counters.moved:
+                conns.traffic.mark_moved(conn)  # type: ignore[arg-type]
+        elif op == "close" and cid in live:
+            conn = live.pop(cid)
+            conn.closing = True
+            conns.discard(conn)  # type: ignore[arg-type]
+            del router.clients[cid]
+        elif op == "snap":
+            top = [c["bytes_in"] + c["bytes_out"] for c in pub.snapshot()["top"]]
+            every = sorted((c.counters.bytes_in + c.counters.bytes_out for c in live.values()), reverse=True)
+            assert top == every[:10]
+            assert conns.traffic.moved_conns == [] and not any(c.counters.moved for c in live.values())
 
 
 def test_rates_over_windows():
