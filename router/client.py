@@ -285,7 +285,7 @@ class Client:
             elif state is TAKEOVER_UNAVAILABLE:
                 self._refuse(Reason.SERVER_UNAVAILABLE, "a router of this node that may hold its session "
                              "is down (restarting); the client may retry")
-            elif state is not None and state["persistent"] and self.client_id not in router.sessions:
+            elif state is not None and state["persistent"] and self._newer_or_only(state):
                 # Its old owner let the session go: keep it here, offline, as if this client left.
                 session = router.import_session(self.client_id, state)
                 router.schedule_expiry(session)
@@ -294,7 +294,7 @@ class Client:
                     router.replication.adopted(session, state)
                 await self._durable(session)
             return
-        if state is not None and not connect.clean_start and self.client_id not in router.sessions:
+        if state is not None and not connect.clean_start and self._newer_or_only(state):
             state = await self._import_announced(state)
             if state is TAKEOVER_FAILED:
                 return
@@ -304,6 +304,12 @@ class Client:
             router.replication.fence(self.client_id, [state["replica"]])
         self._finish_connect(connect, state, assigned)
         self.conn.resume_reading(CONNECTING)
+
+    def _newer_or_only(self, state: dict) -> bool:
+        """Whether the copy of this client's session a takeover brought is to be taken in: there
+        is none here, or the one here is older and is dropped (``yield_to_newer``)."""
+        self.router.yield_to_newer(self.client_id, state)
+        return self.client_id not in self.router.sessions
 
     async def _durable(self, session: Session) -> None:
         """Wait (bounded) until a persistent session taken in is in this router's snapshot: its

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from brokerd.connection.packets import Subscription
 
 from .message import Message, expiry_deadline
-from .session import Session
+from .session import Session, recency
 
 if TYPE_CHECKING:
     from .ports import ClientHandle
@@ -77,6 +77,20 @@ class SessionLife:
         for key in list(session.shared):
             self.unsubscribe_shared(session, key)
         self._forget(session)
+
+    def yield_to_newer(self, client_id: str, state: dict) -> None:
+        """A takeover brought a copy of a session this router holds too (the two sides of a
+        partition that healed before the fence came; a copy restored here from a disk): of two
+        copies the more recent is the session (``recency``, as among the copies a takeover is
+        offered), so the one here is dropped if it is older. Before, the one here was kept
+        whatever its age, and the newer one's holder was told to drop it."""
+        session = self.sessions.get(client_id)
+        if (session is not None and session.conn is None and client_id not in self.moving
+                and recency(state) > (session.epoch, session.arrived_ms)):
+            log.warning("session %s: the copy here (epoch %d) is older than the one %s gave (epoch %d): "
+                        "that one is taken", client_id, session.epoch, state.get("replica") or "another router",
+                        state.get("epoch", 0))
+            self.drop_session(session)
 
     def _forget(self, session: Session) -> None:
         """No longer this router's session: out of ``sessions``, its expiry and will timers

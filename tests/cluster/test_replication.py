@@ -587,6 +587,35 @@ def test_of_two_copies_of_a_session_the_most_recent_is_taken(start_broker, holde
         assert ["z/w0", [cid]] in gone, f"the taken copy's router is not fenced: {gone}"
 
 
+def test_a_copy_here_older_than_the_one_a_takeover_brings_gives_way(start_broker):
+    """The broker holds an offline persistent session (epoch 0); another router offers a copy one
+    move further (epoch 4: the two sides of a partition that healed before the fence came). The
+    client reconnects: the more recent copy is its session (its subscription and queued message),
+    as among copies offered by several routers; before, the copy here was kept whatever its age,
+    and the holder of the current one was told to drop it. One worker: the router that decides."""
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", "--replication-factor", "2",
+                          "--mesh-timeout", "3", workers=1)
+    u = uuid.uuid4().hex[:6]
+    cid = f"s{u}"
+    here = Client(broker.port, cid, clean=False).connect()
+    here.subscribe(f"old{u}/#", 0)
+    here.disconnect()
+    offer = _replica_offer(cid, "z/w0", f"new{u}/x", b"current", 4, int(time.time() * 1000) - 5000)
+    for key in ("replica", "since_ms", "stale_replicas"):
+        del offer[key]  # a live router's copy
+    with _fakes_answering(broker, cid, {"f2/w0": (0.0, offer)}) as fakes:
+        client = Client(broker.port, cid, clean=False).connect()
+        assert client.session_present
+        client.wait_payload(b"current")
+        pub = Client(broker.port, f"p{u}").connect()
+        pub.publish(f"old{u}/y", b"stale", qos=0)  # the older copy's subscription: gone with it
+        pub.publish(f"new{u}/y", b"live", qos=0)
+        client.wait_payload(b"live")
+    assert not [m for m in client.messages if m.payload == b"stale"], "the older copy here was kept"
+    assert [body[1] for body in fakes[1].kinds(TAKEOVER_DONE)] == [True]
+    broker.wait_log(f"session {cid}: the copy here (epoch 0) is older than the one another router gave (epoch 4)")
+
+
 def test_a_router_tells_a_former_follower_to_drop_the_sessions_it_holds(start_broker):
     """A follower holds its leader's persistent sessions, to serve them if the leader dies. When
     the leader restarts and picks another follower, the old one kept its copies: after the
