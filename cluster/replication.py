@@ -169,6 +169,10 @@ class Replication:
         # No full set of sessions goes to the followers before ``ready``: on an empty disk it
         # would replace the sessions this router is about to ask them for.
         self._sessions_ready = self.log.next_offset != 0 or not config.peer
+        # Whether ``_sessions_sent`` lists this router's sessions: a snapshot was taken since it
+        # started (``sessions_changed``). A full set sent before that is empty and would wipe what
+        # the followers hold: the sessions of a restarted router (the chaos suite, seed 697068541).
+        self._sessions_known = False
         if self.factor > 1:  # with R = 1 this router only follows (acknowledgements never wait)
             self.log.on_batch = self._on_batch
             if self.always:
@@ -185,12 +189,18 @@ class Replication:
         they hold before that stays readable there), then gets its persistent sessions back
         from its followers (``_restore``). Bounded by ``READY_WAIT_S``, live peers answer within a
         HELLO interval, and ``RESTORE_WAIT_S``."""
-        if self.log.next_offset != 0 or not self.config.peer:
-            return
         try:
-            await self._continue_log()
+            if self.log.next_offset == 0 and self.config.peer:
+                try:
+                    await self._continue_log()
+                finally:
+                    self._sessions_ready = True
         finally:
-            self._sessions_ready = True
+            # The sessions this router holds now (restored from its disk, or from its followers)
+            # go to its followers at once, not at their next change: until a snapshot has listed
+            # them (``sessions_changed``), no full set goes out (``_place``).
+            if self.router.state is not None:
+                self.router.state.mark(soon=True)
 
     async def _continue_log(self) -> None:
         loop = self.loop
@@ -382,7 +392,7 @@ class Replication:
             self._release(self.leader.set_followers(followers, needed))
             for rid in added:  # what waits for it already went out before it was chosen: send it now
                 self.fetch(self.mesh.peers[rid], self.partition, self.leader.high_water + 1)
-        if not self._sessions_ready:
+        if not self._sessions_ready or not self._sessions_known:
             return
         for rid in followers:  # a new follower, or a new incarnation of one: every session
             inc = self.mesh.peers[rid].incarnation
@@ -658,6 +668,7 @@ class Replication:
         changed since the last go to the followers."""
         if self.factor <= 1:
             return
+        self._sessions_known = True
         sent = self._sessions_sent
         updates: dict[str, dict | None] = {cid: st for cid, st in sessions.items() if sent.get(cid) != st}
         updates.update((cid, None) for cid in sent if cid not in sessions)

@@ -587,6 +587,37 @@ def test_of_two_copies_of_a_session_the_most_recent_is_taken(start_broker, holde
         assert ["z/w0", [cid]] in gone, f"the taken copy's router is not fenced: {gone}"
 
 
+def test_a_restarted_router_does_not_wipe_the_sessions_its_follower_holds(start_broker):
+    """Node a's worker is SIGKILLed and restarted by its supervisor: it restores its persistent
+    sessions from its disk and, as a new incarnation, sends its follower (c) the full set of its
+    sessions. That set was what its last snapshot listed, and after a restart none had been
+    listed yet: the set was empty and wiped c's copies, until some later change of a session
+    listed them again (the chaos suite, seed 697068541: 177 acknowledged messages lost when the
+    node died within that window). Now the sessions restored go to the followers at once, and no
+    full set before them. Here no session changes after the restart; then node a dies, and the
+    client, reconnecting to c, finds its session and the message queued for it."""
+    assert follower_nodes("a/w0", "a", ["b", "c"], 1) == ["c"]  # the test's layout rests on it
+    nodes = three_nodes(start_broker, "--replication-factor", "2")
+    a, c = nodes["a"], nodes["c"]
+    u = uuid.uuid4().hex[:6]
+    first = Client(a.port, f"s{u}", clean=False, host=HOSTS["a"]).connect()
+    first.subscribe(f"rw{u}/#", 1)
+    first.disconnect()
+    Client(nodes["b"].port, f"p{u}", host=HOSTS["b"]).connect().publish(f"rw{u}/x", b"queued", qos=1)
+    snapshot_of(c, lambda r: r["sessions"].get("a/w0", 0) == 1)
+    placed = "the log of a/w0 is followed by c/w0"
+    before = a.log_text().count(placed)
+    (worker,) = a.workers()
+    os.kill(worker, signal.SIGKILL)
+    wait_for(lambda: a.workers() and a.workers()[0] != worker, what="a's worker restarted")
+    wait_for(lambda: a.log_text().count(placed) > before, 15, "the restarted router placing its follower")
+    snapshot_of(c, lambda r: r["sessions"].get("a/w0", 0) == 1)  # a snapshot taken after the placement
+    a.kill()
+    second = Client(c.port, f"s{u}", clean=False, host=HOSTS["c"]).connect()
+    assert second.session_present, "the session was lost with its node after the restart"
+    second.wait_payload(b"queued")
+
+
 def test_a_copy_here_older_than_the_one_a_takeover_brings_gives_way(start_broker):
     """The broker holds an offline persistent session (epoch 0); another router offers a copy one
     move further (epoch 4: the two sides of a partition that healed before the fence came). The
