@@ -108,20 +108,31 @@ class Traffic(ConnectionCounters):
     pays one more integer add per read, per write and per message, and a list append per
     connection per interval."""
 
-    __slots__ = ("moved_conns",)
+    __slots__ = ("moved_conns", "_prune_at")
+
+    PRUNE_MIN = 1024  # the list is cleared of closed connections when it reaches twice its live part
 
     def __init__(self) -> None:
         super().__init__()
         self.moved_conns: list[Connection] = []
+        self._prune_at = self.PRUNE_MIN
 
     def mark_moved(self, conn: Connection) -> None:
-        """``conn`` moved bytes (it was not on the list): on the list until ``take_moved``."""
+        """``conn`` moved bytes (it was not on the list): on the list until ``take_moved``.
+        Connections that closed meanwhile leave the list whenever it doubles: a long
+        ``--stats-interval`` under heavy connection churn must not keep every closed connection
+        of the interval alive."""
         conn.counters.moved = True
-        self.moved_conns.append(conn)
+        moved = self.moved_conns
+        moved.append(conn)
+        if len(moved) >= self._prune_at:
+            self.moved_conns = moved = [c for c in moved if not c.closing]
+            self._prune_at = max(self.PRUNE_MIN, 2 * len(moved))
 
     def take_moved(self) -> list[Connection]:
         """The connections that moved bytes since the last call; they count as unmoved again."""
         moved, self.moved_conns = self.moved_conns, []
+        self._prune_at = self.PRUNE_MIN
         for conn in moved:
             conn.counters.moved = False
         return moved

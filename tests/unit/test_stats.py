@@ -28,7 +28,7 @@ from brokerd.cluster.stats_cli import (
     render_connections,
     render_routers,
 )
-from brokerd.connection.protocol import ConnectionCounters
+from brokerd.connection.protocol import ConnectionCounters, Traffic
 from brokerd.router.router import Router, RouterConfig
 from tests.unit.conftest import FakeConn, PeerStatsMesh
 
@@ -138,6 +138,22 @@ def test_top_ranked_among_the_moved_is_the_top_of_all(steps):
             every = sorted((c.counters.bytes_in + c.counters.bytes_out for c in live.values()), reverse=True)
             assert top == every[:10]
             assert conns.traffic.moved_conns == [] and not any(c.counters.moved for c in live.values())
+
+
+def test_closed_connections_do_not_pile_up_in_the_moved_list():
+    """Under connection churn with a long stats interval the list of connections that moved would
+    keep every closed one of the interval alive: it drops them whenever it doubles."""
+    traffic = Traffic()
+    live = []
+    for i in range(20_000):
+        conn = fake_conn()
+        conn.closing = i % 100 != 0  # 1 in 100 stays open
+        traffic.mark_moved(conn)  # type: ignore[arg-type]
+        if not conn.closing:
+            live.append(conn)
+    assert len(traffic.moved_conns) < Traffic.PRUNE_MIN + 2 * len(live)
+    assert all(c in traffic.moved_conns for c in live)  # the open ones are all still there
+    assert traffic.take_moved() and not any(c.counters.moved for c in live)
 
 
 def test_rates_over_windows():
