@@ -191,11 +191,9 @@ class Replication:
         HELLO interval, and ``RESTORE_WAIT_S``."""
         try:
             if self.log.next_offset == 0 and self.config.peer:
-                try:
-                    await self._continue_log()
-                finally:
-                    self._sessions_ready = True
+                await self._continue_log()
         finally:
+            self._sessions_ready = True  # (it was already, but on an empty disk with peers)
             # The sessions this router holds now (restored from its disk, or from its followers)
             # go to its followers at once, not at their next change: until a snapshot has listed
             # them (``sessions_changed``), no full set goes out (``_place``).

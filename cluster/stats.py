@@ -156,7 +156,7 @@ def effective_interval(config: Config) -> float:
     return max(MIN_INTERVAL, config.stats_interval)
 
 
-# -- counting what closed connections carried -------------------------------------------------------
+# -- the worker's connections and their traffic -----------------------------------------------------
 
 class ConnectionSet(set):
     """The worker's set of live connections, and ``traffic``: what all of them, closed ones

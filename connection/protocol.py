@@ -85,7 +85,7 @@ class Connection(Protocol):
 
 class ConnectionCounters:
     """Per-connection byte counters, plain integers bumped in the hot path. ``moved``: the
-    connection moved bytes since the stats last looked (it is in its ``Traffic.moved``)."""
+    connection moved bytes since the stats last looked (it is in ``Traffic.moved_conns``)."""
 
     __slots__ = ("bytes_in", "bytes_out", "msgs_in", "msgs_out", "moved")
 

@@ -109,19 +109,13 @@ class Client:
             if cls is Publish:
                 self._on_publish(packet)  # type: ignore[arg-type]
             elif cls is Puback:
-                self.router.stats.state_moves += 1
                 self.session.puback(packet.packet_id)  # type: ignore[union-attr]
             elif cls is Pubrec:
-                self.router.stats.state_moves += 1
                 self.session.pubrec(packet.packet_id, packet.reason_code)  # type: ignore[union-attr]
             elif cls is Pubrel:
-                self.router.stats.state_moves += 1
-                inbound = self.session.inbound_qos2  # type: ignore[union-attr]
-                if packet.packet_id in inbound:
-                    inbound.remove(packet.packet_id)  # type: ignore[union-attr]
+                self.session.pubrel(packet.packet_id)  # type: ignore[union-attr]
                 self.conn.send(success_ack(PUBCOMP, packet.packet_id))  # type: ignore[union-attr]
             elif cls is Pubcomp:
-                self.router.stats.state_moves += 1
                 self.session.pubcomp(packet.packet_id)  # type: ignore[union-attr]
             elif cls is Subscribe:
                 self._on_subscribe(packet)  # type: ignore[arg-type]

@@ -352,9 +352,7 @@ class Session:
         entry = self.inflight.get(pid)
         if entry is None or entry.qos != 1:
             return False
-        del self.inflight[pid]
-        if self.queue or self.cursor is not None:
-            self.pump()
+        self._done(pid)
         return True
 
     def pubrec(self, pid: int, reason: int = 0) -> bool:
@@ -364,11 +362,10 @@ class Session:
         if entry is None or entry.qos != 2:
             return False
         if reason >= 0x80:
-            del self.inflight[pid]
-            if self.queue or self.cursor is not None:
-                self.pump()
+            self._done(pid)
             return True
         entry.state = AWAIT_COMP
+        self.stats.state_moves += 1  # no longer awaiting its acknowledgement: the position moves
         entry.msg = None  # type: ignore[assignment]  # the payload is no longer needed
         if self.conn is not None:
             self.conn.send(encode(Pubrel(pid), self.conn.protocol_level))
@@ -378,10 +375,23 @@ class Session:
         entry = self.inflight.get(pid)
         if entry is None or entry.state != AWAIT_COMP:
             return False
+        self._done(pid)
+        return True
+
+    def pubrel(self, pid: int) -> None:
+        """PUBREL for a QoS 2 message received: its packet id is free again."""
+        ids = self.inbound_qos2
+        if pid in ids:
+            ids.remove(pid)  # type: ignore[union-attr]
+            self.stats.state_moves += 1
+
+    def _done(self, pid: int) -> None:
+        """The flow of ``pid`` ended: its place in the window goes to what waits, and the session's
+        state changed without the log growing (``RouterStats.state_moves``: the snapshot's cue)."""
         del self.inflight[pid]
+        self.stats.state_moves += 1
         if self.queue or self.cursor is not None:
             self.pump()
-        return True
 
     # -- connection changes ---------------------------------------------------------------------------
 

@@ -18,8 +18,8 @@ LIMITS = ("client_id", "keepalive", "subscriptions", "retained", "qos2_pending",
 
 class RouterStats:
     # state_moves: changes of session state that neither grow the log nor ask for a snapshot at once
-    # (acknowledgements from clients, catch-up reads): with the log's end, what tells the snapshot
-    # (router.persistence) that a session's position may have moved.
+    # (acknowledgements that end or advance a flow, released QoS 2 ids, catch-up reads): with the
+    # log's end, what tells the snapshot (router.persistence) that a session may have changed.
     # auth_failures: CONNECTs refused by authentication (bad credentials, anonymous not allowed, not
     # authorized); acl_denied: PUBLISH packets and SUBSCRIBE filters refused by the ACL (or $SYS/).
     __slots__ = (
