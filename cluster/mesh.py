@@ -78,6 +78,8 @@ from brokerd.router.mesh_format import (
     CATCHUP,
     GOODBYE,
     HELLO,
+    HISTORY,
+    HISTORY_FETCH,
     INTEREST,
     INTEREST_ACK,
     KIND_NAMES,
@@ -576,7 +578,8 @@ class Mesh:
     _REPLICATION_KINDS = {"replicate": REPLICATE, "ack": REPLICA_ACK, "fetch": REPLICA_FETCH,
                           "catchup": REPLICA_CATCHUP, "publish": REPLICA_PUBLISH, "sessions": SESSION_STATE,
                           "gone": SESSION_GONE, "session_catchup": SESSION_CATCHUP, "copies": SESSION_COPIES,
-                          "restore": SESSION_RESTORE, "restored": SESSION_RESTORED}
+                          "restore": SESSION_RESTORE, "restored": SESSION_RESTORED,
+                          "history_fetch": HISTORY_FETCH, "history": HISTORY}
 
     def send_replication(self, peer: Peer, what: str, body: Any) -> None:
         """A replication frame (``cluster.replication``) to ``peer``."""
@@ -1269,6 +1272,10 @@ class Mesh:
             self.replication.restore_sessions(peer, body)
         elif kind == SESSION_RESTORED:
             self.replication.restored(sender, *body)
+        elif kind == HISTORY_FETCH:
+            self.replication.history_fetch(peer, *body)
+        elif kind == HISTORY:
+            self.replication.history(sender, *body)
 
     # -- session transfers ----------------------------------------------------------------------------
 

@@ -312,8 +312,16 @@ def _replication_metrics(fresh: list[dict[str, Any]], lbl: list[str]) -> Iterato
     wills = GaugeMetricFamily("brokerd_replica_wills", "of those, offline ones with a delayed will waiting "
                               "(published from here if that router is dead when it falls due)",
                               labels=[*lbl, "partition"])
+    history = GaugeMetricFamily("brokerd_replication_history_missing_records", "records below where a log "
+                                "starts still to fetch from another node (a replica placed at the high-water "
+                                "mark, a log continued after a lost disk; partition: whose log)",
+                                labels=[*lbl, "partition"])
     for s, r in reps:
         key = [s["node"], s["router"]]
+        for partition, h in [(s["router_id"], r.get("history")),
+                             *((p, v.get("history")) for p, v in sorted(r["replicas"].items()))]:
+            if h:
+                history.add_metric([*key, partition], max(0, h["below"] - h["next"]))
         majority.add_metric(key, 1 if r.get("majority", True) else 0)
         hw.add_metric(key, r["high_water"])
         end.add_metric(key, r["end"])
@@ -328,7 +336,7 @@ def _replication_metrics(fresh: list[dict[str, Any]], lbl: list[str]) -> Iterato
             sessions.add_metric([*key, partition], n)
         for partition, n in sorted(r.get("wills", {}).items()):
             wills.add_metric([*key, partition], n)
-    yield from (majority, hw, end, held, refused, lag, lag_s, lag_b, in_sync, sessions, wills)
+    yield from (majority, hw, end, held, refused, lag, lag_s, lag_b, in_sync, sessions, wills, history)
 
 
 def metrics_text(stats: NodeStats) -> bytes:

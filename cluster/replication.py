@@ -75,7 +75,14 @@ from brokerd.router.log import CommitLog, LogReader
 from brokerd.router.log.format import record_fields
 from brokerd.router.message import Message
 from brokerd.router.persistence import atomic_write, restore_state
-from brokerd.router.replication import FollowerState, Held, LeaderState, follower_nodes, follower_router
+from brokerd.router.replication import (
+    FollowerState,
+    Held,
+    HistoryState,
+    LeaderState,
+    follower_nodes,
+    follower_router,
+)
 from brokerd.router.session import LogRange, Session, recency
 
 if TYPE_CHECKING:
@@ -102,12 +109,14 @@ SESSION_CHUNK = 2000  # sessions per SESSION_STATE frame
 # to the dead router when it died (a mesh frame's transit, a backlog kept for a paused peer).
 CATCHUP_MARGIN_MS = 10_000
 WILL_STAGGER_S = 0.5  # between the holders of a silent router's sessions publishing its delayed wills
+HISTORY_DIR = "_history"  # inside a log's directory: its records below its start, being fetched
+HISTORY_WAIT_S = 5.0  # a history request not answered within this is asked again (of the source then)
 
 
 class Replica:
     """A follower's copy of one partition."""
 
-    __slots__ = ("partition", "log", "state", "fetch_sent", "acked", "leader_inc")
+    __slots__ = ("partition", "log", "state", "fetch_sent", "acked", "leader_inc", "history_asked")
 
     def __init__(self, partition: str, log_: CommitLog) -> None:
         self.partition = partition
@@ -116,6 +125,7 @@ class Replica:
         self.state = FollowerState(None if log_.next_offset == log_.start_offset == 0 else log_.next_offset)
         self.fetch_sent = 0.0
         self.acked = -1  # the last offset acknowledged to the leader
+        self.history_asked = False  # whether what lies below its start was looked for (``_fetch_history``)
 
 
 class Replication:
@@ -173,6 +183,11 @@ class Replication:
         # started (``sessions_changed``). A full set sent before that is empty and would wipe what
         # the followers hold: the sessions of a restarted router (the chaos suite, seed 697068541).
         self._sessions_known = False
+        # Logs whose records below their start are being fetched (``_fetch_history``): the task,
+        # the request waiting for its answer, and how far it is (next offset, the log's start).
+        self._histories: dict[str, tuple[CommitLog, asyncio.Task]] = {}
+        self._history_waits: dict[str, tuple[str, asyncio.Future]] = {}
+        self.history_at: dict[str, tuple[int, int]] = {}
         if self.factor > 1:  # with R = 1 this router only follows (acknowledgements never wait)
             self.log.on_batch = self._on_batch
             if self.always:
@@ -192,6 +207,8 @@ class Replication:
         try:
             if self.log.next_offset == 0 and self.config.peer:
                 await self._continue_log()
+            if os.path.isdir(self._history_dir(self.log)):  # fetched back on an earlier run, not finished
+                self._fetch_history(self.partition, self.log)
         finally:
             self._sessions_ready = True  # (it was already, but on an empty disk with peers)
             # The sessions this router holds now (restored from its disk, or from its followers)
@@ -225,6 +242,8 @@ class Replication:
                                       self.config.replica_timeout, time.monotonic, start - 1)
         holders = [p for p in self.mesh.peers.values()
                    if p.alive and p.node_id != own and self.partition in p.replicas]
+        if start > 0 and holders:  # its records below ``start`` are fetched back from them (``ready``)
+            os.makedirs(self._history_dir(self.log), mode=0o700, exist_ok=True)
         if holders:
             await self._restore(holders)
 
@@ -495,8 +514,10 @@ class Replication:
 
     def _open(self, partition: str, fresh: bool = False) -> Replica:
         directory = self._replica_dir(partition)
-        if fresh and os.path.isdir(directory):
-            shutil.rmtree(directory)
+        if fresh:
+            self._stop_history(partition)  # its history names the records of what is replaced
+            if os.path.isdir(directory):
+                shutil.rmtree(directory)
         os.makedirs(directory, mode=0o700, exist_ok=True)
         c = self.config
         log_ = CommitLog(directory, router_id=partition, loop=self.loop, fsync=c.fsync,
@@ -545,6 +566,12 @@ class Replication:
         action = rep.state.arrived(first, last, hw)
         if empty:
             rep.log.start_at(rep.state.next_offset)  # type: ignore[arg-type]
+        if not rep.history_asked:
+            # A new replica placed at the high-water mark, or one whose history a restart
+            # interrupted: what lies below it is fetched too (once per replica opened).
+            rep.history_asked = True
+            if rep.log.start_offset > 0 and (empty or os.path.isdir(self._history_dir(rep.log))):
+                self._fetch_history(partition, rep.log)
         if action == FollowerState.FETCH:
             if not rep.fetch_sent:
                 rep.fetch_sent = time.monotonic()
@@ -585,6 +612,149 @@ class Replication:
     def hello(self) -> dict[str, int]:
         """The replicas held here and their ends, for HELLO."""
         return {p: r.log.next_offset - 1 for p, r in self.replicas.items()}
+
+    # -- history: the records below where a log starts -----------------------------------------
+
+    @staticmethod
+    def _history_dir(log_: CommitLog) -> str:
+        return os.path.join(log_.directory, HISTORY_DIR)
+
+    def _fetch_history(self, partition: str, log_: CommitLog) -> None:
+        """Fetch the records of ``partition`` below where ``log_`` starts, from a node that
+        holds them, and join them to it (docs/replication.md, "History"): a follower placed at the
+        high-water mark holds what lies below only once this is done; a router back on an empty
+        disk gets its old records back. One task per log, one request at a time."""
+        running = self._histories.get(partition)
+        if running is not None and running[0] is log_ and not running[1].done():
+            return
+        previous = running[1] if running is not None else None
+        task = self.loop.create_task(self._history(partition, log_, previous))
+        self._histories[partition] = (log_, task)
+
+    def _stop_history(self, partition: str) -> None:
+        running = self._histories.get(partition)
+        if running is not None:
+            running[1].cancel()
+
+    def _history_source(self, partition: str) -> Any:
+        """Whom to fetch ``partition``'s history from: its router while it is alive, else the
+        live holder of the replica with the highest end (this router's own log: a follower)."""
+        peer = self.mesh.peers.get(partition)
+        if peer is not None and peer.alive:
+            return peer
+        best, best_end = None, -1
+        for other in self.mesh.peers.values():
+            end = other.replicas.get(partition, -1) if other.alive else -1
+            if end > best_end:
+                best, best_end = other, end
+        return best
+
+    async def _history(self, partition: str, target: CommitLog, previous: asyncio.Task | None) -> None:
+        if previous is not None:  # the history of a log this one replaced: wait until it let go
+            previous.cancel()
+            await asyncio.wait([previous])
+        directory = self._history_dir(target)
+        if previous is not None and os.path.isdir(directory):
+            shutil.rmtree(directory)
+        c = self.config
+        # No fsync per batch (nothing waits on it): the close makes the history durable before it joins.
+        hist = await CommitLog.open_async(directory, router_id=partition, fsync="interval",
+                                          segment_bytes=c.segment_bytes)
+        try:
+            await self._fetch_into(partition, target, hist, directory)
+        except Exception:  # noqa: BLE001 - a peer that lies, a disk that fails: said, and tried at the next start
+            log.exception("replication: fetching the records of %s below offset %d failed", partition,
+                          target.start_offset)
+        finally:
+            self.history_at.pop(partition, None)
+
+    async def _fetch_into(self, partition: str, target: CommitLog, hist: CommitLog, directory: str) -> None:
+        c = self.config
+        try:
+            before = target.start_offset
+            held = hist.next_offset > hist.start_offset
+            if hist.next_offset > before:  # (a log that began again lower: not this one's history)
+                await hist.aclose()
+                shutil.rmtree(directory)
+                hist = await CommitLog.open_async(directory, router_id=partition, fsync="interval",
+                                                  segment_bytes=c.segment_bytes)
+                held = False
+            state = HistoryState(before, hist.next_offset if held else None)
+            log.info("replication: fetching the records of %s below offset %d%s", partition, before,
+                     f" (from {hist.start_offset}..{hist.next_offset - 1} held)" if held else "")
+            while not target.closed:
+                self.history_at[partition] = (state.ask(), before)
+                source = self._history_source(partition)
+                if source is None:
+                    await asyncio.sleep(FETCH_AGAIN_S)
+                    continue
+                answer = self.loop.create_future()
+                self._history_waits[partition] = (source.router_id, answer)
+                self.mesh.send_replication(source, "history_fetch", [partition, state.ask(), before])
+                try:
+                    first, last, body = await asyncio.wait_for(answer, HISTORY_WAIT_S)
+                except TimeoutError:
+                    continue
+                finally:
+                    if self._history_waits.get(partition, (None, None))[1] is answer:
+                        del self._history_waits[partition]
+                action = state.arrived(first, last)
+                if action == HistoryState.DONE:
+                    break
+                if action == HistoryState.REPEAT:
+                    continue
+                records = msgpack.unpackb(body, raw=False)
+                if len(records) != last - first + 1:
+                    raise ValueError(f"history: {len(records)} records for offsets {first}..{last}")
+                if action == HistoryState.BEGIN:
+                    if hist.next_offset > hist.start_offset:  # the source no longer has what lies between
+                        await hist.aclose()
+                        shutil.rmtree(directory)
+                        hist = await CommitLog.open_async(directory, router_id=partition, fsync="interval",
+                                                          segment_bytes=c.segment_bytes)
+                    hist.start_at(first)
+                skip = state.ask() - first
+                hist.append_batch(state.ask(), records[skip:], body if not skip else None)
+                if state.appended(last):
+                    break
+            held_to = hist.next_offset - 1
+            fetched = hist.next_offset - hist.start_offset
+            await hist.aclose()
+            if target.closed:
+                return
+            joined = target.join_history(directory, held_to) if fetched > 0 else 0
+            shutil.rmtree(directory)
+            log.info("replication: %s: %d record(s) below offset %d fetched%s", partition, max(fetched, 0),
+                     before, f" and joined to the log ({joined} segment(s))" if joined else
+                     "; nobody holds any (none, or retention deleted them)")
+        finally:
+            self.history_at.pop(partition, None)
+            if not hist.closed:
+                await hist.aclose()
+
+    def history_fetch(self, peer: Peer, partition: str, offset: int, before: int) -> None:
+        """``peer`` fetches the records of ``partition`` below ``before`` from ``offset`` on
+        (``_history``): from this router's log, or its replica of it; contiguous records up to
+        ``FETCH_RECORDS``/``FETCH_BYTES``, or an empty answer: no more."""
+        rep = self.replicas.get(partition)
+        log_ = self.log if partition == self.partition else rep.log if rep is not None else None
+        records = []
+        if log_ is not None:
+            for r in log_.read(offset, max_records=FETCH_RECORDS, max_bytes=FETCH_BYTES):
+                if r.offset >= before or (records and r.offset != records[-1].offset + 1):
+                    break  # (a log continued after a lost disk has a gap: the asker begins again after it)
+                records.append(r)
+        if not records:
+            self.mesh.send_replication(peer, "history", [partition, -1, -1, b""])
+            return
+        body = msgpack.packb([record_fields(r) for r in records])
+        self.mesh.send_replication(peer, "history", [partition, records[0].offset, records[-1].offset, body])
+
+    def history(self, sender: str, partition: str, first: int, last: int, body: bytes) -> None:
+        """The answer to a history request: to the task that asked, if it asked ``sender``."""
+        waiting = self._history_waits.get(partition)
+        if waiting is not None and waiting[0] == sender and not waiting[1].done():
+            waiting[1].set_result((first, last, body))
 
     # -- failover of delivery ---------------------------------------------------------------------
 
@@ -1078,7 +1248,9 @@ class Replication:
                               "lag_bytes": round(max(0, lead.lag_records(f)) * per_record),
                               "lag_seconds": round(lead.lag_s(f), 3), "in_sync": f in in_sync}
                           for f in lead.acked},
-            "replicas": {p: {"end": r.log.next_offset - 1, "acked": r.acked} for p, r in self.replicas.items()},
+            "replicas": {p: {"start": r.log.start_offset, "end": r.log.next_offset - 1, "acked": r.acked,
+                             **self._history_stats(p)} for p, r in self.replicas.items()},
+            "start": self.log.start_offset, **self._history_stats(self.partition),
             "sessions": {p: len(held) for p, held in self.sessions.items() if held},  # held for other routers
             # Of those, the offline ones with a delayed will waiting (published from here if their
             # router dies and it falls due).
@@ -1090,6 +1262,11 @@ class Replication:
                              if p.node_id != self.config.node_id and p.origin_mark >= 0},
         }
 
+    def _history_stats(self, partition: str) -> dict[str, Any]:
+        """While the records below a log's start are fetched: from where, and below what."""
+        at = self.history_at.get(partition)
+        return {} if at is None else {"history": {"next": at[0], "below": at[1]}}
+
     async def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -1098,5 +1275,10 @@ class Replication:
         if self._sessions_timer is not None:
             self._sessions_timer.cancel()
         self._write_sessions(wait=True)
+        tasks = [task for _, task in self._histories.values()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)  # each closes its history log: it goes on at the next start
         for rep in self.replicas.values():
             await rep.log.aclose()

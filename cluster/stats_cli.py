@@ -286,7 +286,8 @@ def routers_view(snaps: list[dict[str, Any]], missing: Iterable[str] = (), *, wi
 def replication_lines(snaps: Iterable[dict[str, Any]]) -> list[str]:
     """Per router with replication: whether its node is cut off from the majority, its log's
     high-water mark, held acknowledgements, and each follower's lag and whether it is in sync;
-    then the replicas it holds for other routers (and how many of their sessions)."""
+    then the replicas it holds for other routers (their offsets, how many of their sessions, and
+    whether the records below their start are being fetched)."""
     lines = []
     for s in snaps:
         r = s.get("replication")
@@ -302,10 +303,13 @@ def replication_lines(snaps: Iterable[dict[str, Any]]) -> list[str]:
             parts.append(f"R {r['factor']} min-insync {r['required']}/{r['min_insync']}  end {r['end']}  "
                          f"high-water {r['high_water']}  held {r['held']}  refused {r['refused_total']}  "
                          f"followers: {followers}")
+        if r.get("history"):
+            parts.append(f"fetching its records below {r['history']['below']} back (at {r['history']['next']})")
         if r["replicas"]:
             sessions = r.get("sessions", {})
             parts.append("replicas: " + ", ".join(
-                f"{p} to {v['end']}" + (f" ({sessions[p]} session(s))" if sessions.get(p) else "")
+                f"{p} {v.get('start', 0)}..{v['end']}" + (f" ({sessions[p]} session(s))" if sessions.get(p) else "")
+                + (f" (fetching below {v['history']['below']}, at {v['history']['next']})" if v.get("history") else "")
                 for p, v in sorted(r["replicas"].items())))
         if not r.get("majority", True):
             parts.insert(0, f"CUT OFF: no majority of the {r.get('members', '?')} member nodes, QoS 1/2 not "

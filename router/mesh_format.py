@@ -53,6 +53,11 @@ is ``[seq, log end]``: the acknowledging router's log offset when it took the an
 (every message of its own from there on that the announced filters match goes to the
 announcer); SESSION_HANDON ``[client_id, items]`` (items as TAKEOVER_CHUNK's): what reached a
 session's old router after it was handed over, handed on to its new one (``Router.hand_on``).
+13: HISTORY_FETCH ``[partition, offset, before]`` (send me the records of that log, yours or your
+replica of it, from ``offset`` on and below ``before``: a follower placed at the high-water mark,
+or a router back on an empty disk, fetches what lies below where its log starts) answered by
+HISTORY ``[partition, first, last, body]`` (``body`` as REPLICATE's; ``first`` -1 and an empty
+body: nothing more below ``before``).
 """
 
 from __future__ import annotations
@@ -68,11 +73,11 @@ from .message import _QOS0_V3, _QOS0_V4, _QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4,
 # the full one (Message.to_list()); one more value names the shared groups it was chosen for.
 PLAIN, FULL = 5, 9
 
-MESH_VERSION = 12
+MESH_VERSION = 13
 (HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE,
  RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE, CATCHUP, REPLICATE, REPLICA_ACK, REPLICA_FETCH, REPLICA_CATCHUP,
  REPLICA_PUBLISH, SESSION_STATE, SESSION_GONE, SESSION_CATCHUP, SESSION_COPIES, SESSION_RESTORE,
- SESSION_RESTORED, SESSION_HANDON) = range(1, 26)
+ SESSION_RESTORED, SESSION_HANDON, HISTORY_FETCH, HISTORY) = range(1, 28)
 KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST_ACK: "interest-ack",
               RETAINED: "retained", TAKEOVER_REQ: "takeover-request", TAKEOVER_RESP: "takeover",
               SYNC_REQ: "sync-request", GOODBYE: "goodbye", RESYNC: "resync",
@@ -81,7 +86,8 @@ KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST
               REPLICA_CATCHUP: "replica-catch-up", REPLICA_PUBLISH: "replica-publish",
               SESSION_STATE: "session-state", SESSION_GONE: "session-gone", SESSION_CATCHUP: "session-catch-up",
               SESSION_COPIES: "session-copies", SESSION_RESTORE: "session-restore",
-              SESSION_RESTORED: "session-restored", SESSION_HANDON: "session-hand-on"}
+              SESSION_RESTORED: "session-restored", SESSION_HANDON: "session-hand-on",
+              HISTORY_FETCH: "history-fetch", HISTORY: "history"}
 
 # The largest frame a router accepts (ZeroMQ's MAXMSGSIZE on its PULL sockets; a peer sending a
 # bigger one is disconnected by ZeroMQ and reconnects). Senders split publish batches well below it.
@@ -166,6 +172,17 @@ def _replicate(body: Any) -> bool:
             and body[4].__class__ is int)
 
 
+def _history_fetch(body: Any) -> bool:
+    return (body.__class__ is list and len(body) == 3 and body[0].__class__ is str and body[1].__class__ is int
+            and body[2].__class__ is int and 0 <= body[1] < body[2])
+
+
+def _history(body: Any) -> bool:
+    return (body.__class__ is list and len(body) == 4 and body[0].__class__ is str and body[1].__class__ is int
+            and body[2].__class__ is int and body[3].__class__ is bytes
+            and (0 <= body[1] <= body[2] or body[1] == body[2] == -1))
+
+
 def _partition_offset(body: Any) -> bool:
     return body.__class__ is list and len(body) == 2 and body[0].__class__ is str and body[1].__class__ is int \
         and body[1] >= -1
@@ -237,6 +254,8 @@ _CHECKS = {
     SESSION_RESTORED: _session_restored,
     SESSION_HANDON: lambda b: (b.__class__ is list and len(b) == 2 and b[0].__class__ is str
                                and _queue_items(b[1])),
+    HISTORY_FETCH: _history_fetch,
+    HISTORY: _history,
 }
 
 

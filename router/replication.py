@@ -213,3 +213,49 @@ class FollowerState:
         if self.next_offset is None or last >= self.next_offset:
             self.next_offset = last + 1
         return self.next_offset - 1
+
+
+@dataclass
+class HistoryState:
+    """Fetching the records of a log below where it starts, from a node that holds them: a
+    follower placed at its leader's high-water mark (what lies below was on enough nodes when it
+    was placed, but one of them is gone), or a router back on an empty disk (its old records are
+    on its followers). The history is fetched forwards, one request at a time, into a log of its
+    own, which joins the main log once it reaches it (``CommitLog.join_history``).
+
+    ``before`` is the main log's first offset (the history ends below it); ``next_offset`` where
+    the history goes on (None: it holds nothing yet)."""
+
+    before: int
+    next_offset: int | None = None
+
+    APPEND = "append"
+    BEGIN = "begin"
+    REPEAT = "repeat"
+    DONE = "done"
+
+    def ask(self) -> int:
+        """The offset to fetch from."""
+        return 0 if self.next_offset is None else self.next_offset
+
+    def arrived(self, first: int, last: int) -> str:
+        """An answer: records ``first..last``, or ``first`` -1: the source holds no more below
+        ``before``. DONE; APPEND them from ``next_offset`` on (then call ``appended``); BEGIN the
+        history anew at ``first`` (the first answer, or the source no longer holds what lies
+        between: retention deleted it), then append; or REPEAT the request (they are held
+        already)."""
+        if first < 0:
+            return self.DONE
+        if last < first or last >= self.before:
+            raise ValueError(f"history: records {first}..{last} for a history below {self.before}")
+        if self.next_offset is None or first > self.next_offset:
+            self.next_offset = first
+            return self.BEGIN
+        if last < self.next_offset:
+            return self.REPEAT
+        return self.APPEND
+
+    def appended(self, last: int) -> bool:
+        """The history holds everything up to ``last``: whether it reached the main log."""
+        self.next_offset = last + 1
+        return self.next_offset >= self.before

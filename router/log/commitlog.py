@@ -55,6 +55,7 @@ from brokerd.router.log.format import (
     decode_records,
     encode_batch,
     encode_record_into,
+    index_name,
     nominal_size,
     pack_file_header,
     read_file_header,
@@ -951,6 +952,44 @@ class CommitLog:
                 (self._seg_max_ts if self._seg_max_ts != _NO_TS else s.max_ts) if active else s.max_ts,
                 active))
         return out
+
+    def join_history(self, directory: str, last: int) -> int:
+        """Take the segments of a closed log in ``directory`` in as this log's oldest: the records
+        of this log's partition below ``start_offset`` (up to ``last``), fetched from a node that
+        holds them (``router.replication.HistoryState``: a replica placed at its leader's
+        high-water mark, a log continued after a lost disk). ``directory`` must be on this log's
+        file system (the files are moved); their indexes are checked as at recovery. Returns how
+        many segments joined. A gap between the history and the log stays a gap (reads skip it).
+
+        A log that has no segment yet gets its empty first one on disk before the history
+        joins, so that a reopen goes on at its offset, not at the end of the history."""
+        if last >= self.start_offset:
+            raise ValueError(f"join_history: a history to {last} for a log that starts at {self.start_offset}")
+        logs, _ = list_segment_files(directory)
+        if not logs:
+            return 0
+        if not self._segs:
+            base = self._buf_first
+            fd = os.open(os.path.join(self._dir, segment_name(base)), os.O_CREAT | os.O_WRONLY | _O_CLOEXEC, 0o600)
+            try:
+                os.pwrite(fd, pack_file_header(MAGIC_LOG, base, self._version), 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            write_index(self._dir, base, b"", version=self._version)
+            self._recover_tail(base)
+        for base in logs:
+            for name in (segment_name(base), index_name(base)):
+                os.rename(os.path.join(directory, name), os.path.join(self._dir, name))
+        _fsync_dir(self._dir)
+        segs, self._segs, self._bases, self._by_base = self._segs, [], [], {}
+        try:
+            for base in logs:
+                self._load_closed(base)
+        finally:
+            for seg in segs:
+                self._add_seg(seg)
+        return len(logs)
 
     def stats(self) -> dict[str, Any]:
         """Counters for the broker's stats snapshot."""

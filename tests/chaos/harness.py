@@ -56,6 +56,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import shutil
 import signal
 import socket
 import threading
@@ -771,12 +772,17 @@ class Scenario:
         on it to the other nodes (a client sent elsewhere by DNS or a load balancer): their
         sessions come from the replicas (``--replication-factor 2``, the default with --mesh)
         with session present. Then the node returns, and drops the copies of those sessions it
-        restored from its disk (the checks of the interest tables find one it kept)."""
+        restored from its disk (the checks of the interest tables find one it kept); or, as the
+        seed decides, returns on an empty disk (a replaced machine): it continues its logs beyond
+        what the others hold and fetches their history back, and the logs it followed are placed
+        on it again at their high-water marks and fetch what lies below."""
         node = self.rng.choice(self.nodes)
         others = [n for n in self.nodes if n is not node]
         moved = [s for s in self.subscribers if s.persistent and s.conn is not None and s.conn.node is node]
+        wipe = self.rng.random() < 0.5
         self.fault("node-loss", f"SIGKILL node {node.name}; {', '.join(s.name for s in moved) or 'no session'} "
-                                "reconnect(s) on another node while it is down")
+                                "reconnect(s) on another node while it is down"
+                                + ("; it returns on an empty disk" if wipe else ""))
         t_kill = now()
         node.broker.kill()
         for s in moved:
@@ -786,6 +792,10 @@ class Scenario:
         except AssertionError:
             self.problem(f"node {node.name} lost: sessions not back elsewhere within {SETTLE:g} s: "
                          f"{', '.join(s.name for s in moved if not s.ready())}")
+        if wipe:
+            args = node.broker.args
+            data = os.path.join(args[args.index("--data-dir") + 1], args[args.index("--node-id") + 1])
+            shutil.rmtree(data)
         node.broker.start()
         self.crashes.append(Outage(node.name, t_kill, now(), {s.name for s in moved}))
 

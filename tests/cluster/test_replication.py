@@ -233,6 +233,9 @@ def test_a_node_back_on_an_empty_disk_continues_its_log_and_catches_up_as_a_foll
     pub.publish(f"ed{u}/x", b"after", qos=1)
     snap = snapshot_of(nodes["a"], lambda r: r["end"] >= 20 and r["high_water"] >= 20)
     assert snap["replication"]["end"] == 20  # offset 20: beyond the 0..19 its replica holds
+    # Its records 0..19 come back from its follower's replica and join its log below 20.
+    snapshot_of(nodes["a"], lambda r: r["start"] == 0 and not r.get("history"), timeout=15)
+    nodes["a"].wait_log("20 record(s) below offset 20 fetched and joined to the log")
     for name in ("b", "c"):
         assert "disk was lost" not in nodes[name].log_text()
     # The logs a follows: it is placed back, fetches from the high-water mark and is in sync.
@@ -244,6 +247,48 @@ def test_a_node_back_on_an_empty_disk_continues_its_log_and_catches_up_as_a_foll
             p.publish(f"ed{u}/{leader}", str(i), qos=1)
         snapshot_of(nodes[leader], lambda r: r["followers"].get("a/w0", {}).get("in_sync")
                     and r["followers"]["a/w0"]["offset"] == r["end"] >= 4)
+
+
+def test_a_follower_placed_at_the_high_water_mark_fetches_what_lies_below(start_broker, tmp_path):
+    """Node a's log is followed by c. Messages wait in a's log for an offline persistent session;
+    c dies, and b, placed in its stead at the high-water mark, fetches the records below it too
+    (before, they were then on a alone). c comes back on an empty disk and, placed again, does the
+    same. Then a dies: the client reconnects to c, which serves the session from its replica with
+    every message that waited, those from before c was placed included."""
+    import shutil
+
+    assert follower_nodes("a/w0", "a", ["b", "c"], 1) == ["c"]  # the test's layout rests on it
+    nodes = three_nodes(start_broker, "--replication-factor", "2")
+    u = uuid.uuid4().hex[:6]
+    offline = Client(nodes["a"].port, f"h{u}", clean=False, host=HOSTS["a"]).connect()
+    offline.subscribe(f"hs{u}/#", 1)
+    snapshot_of(nodes["c"], lambda r: r["sessions"].get("a/w0", 0) == 1)
+    offline.disconnect()
+    pub = Client(nodes["a"].port, f"p{u}", host=HOSTS["a"]).connect()
+    for i in range(30):
+        pub.publish(f"hs{u}/x", str(i), qos=1)
+    nodes["c"].kill()
+    pub.publish(f"hs{u}/x", b"30", qos=1)  # acknowledged once b holds it: b is placed
+
+    def whole(r: dict) -> bool:
+        rep = r["replicas"].get("a/w0", {})
+        return r["sessions"].get("a/w0", 0) == 1 and rep.get("end", -1) >= 30 and rep["start"] == 0 \
+            and not rep.get("history")
+    snapshot_of(nodes["b"], whole, timeout=20)
+    nodes["b"].wait_log("a/w0: 30 record(s) below offset 30 fetched and joined to the log")
+    shutil.rmtree(tmp_path / "data" / "c")
+    nodes["c"].start()
+    pub.publish(f"hs{u}/x", b"31", qos=1)
+    snapshot_of(nodes["c"], whole, timeout=20)
+    nodes["a"].kill()
+    back = Client(nodes["c"].port, f"h{u}", clean=False, host=HOSTS["c"]).connect()
+    assert back.session_present, "the session was lost with its node"
+    want = {str(i).encode() for i in range(32)}
+    try:
+        wait_for(lambda: {m.payload for m in back.messages} >= want, 20, "every message that waited")
+    except AssertionError:
+        missing = sorted(int(p) for p in want - {m.payload for m in back.messages})
+        raise AssertionError(f"{len(missing)} acknowledged message(s) missing: {missing}") from None
 
 
 @pytest.mark.parametrize("publishers,reconnect", [("b", "c"), ("c", "b")])

@@ -372,3 +372,39 @@ def test_linger_makes_one_batch_of_several_loop_iterations(tmp_path):
         assert reader.read(0, 100) == [expected(i) for i in range(32)]
     with CommitLog(tmp_path, router_id="r1", fsync="always", linger_ms=300) as log:
         assert log._linger_s == 0  # acknowledgements wait for the write: never linger
+
+
+@pytest.mark.parametrize("live", [0, 40])
+def test_a_history_fetched_below_the_start_joins_the_log(tmp_path, live):
+    """A replica placed at its leader's high-water mark (or a log continued after a lost disk)
+    starts at an offset of its own; the records below it, fetched into a log of their own inside
+    its directory, join it as its oldest segments: read in one pass (across a gap: records no
+    node held), kept across a reopen, which goes on at the log's own end, not the history's,
+    whether or not a record was written after the start."""
+    main = open_log(tmp_path / "main")
+    main.start_at(300)
+    write(main, 300, 300 + live, per_batch=5)
+    history_dir = tmp_path / "main" / "_history"
+    hist = open_log(history_dir)
+    hist.start_at(20)  # the source's log begins at 20 (retention); 250..299 were never held
+    write(hist, 20, 250, per_batch=7)
+    hist.close()
+    with pytest.raises(ValueError):
+        main.join_history(str(history_dir), 300)  # an offset never names two records
+    assert main.join_history(str(history_dir), 249) > 1
+    assert not [n for n in os.listdir(history_dir) if n.endswith((".log", ".index"))]
+    want = [expected(i) for i in range(20, 250)] + [expected(i) for i in range(300, 300 + live)]
+    assert main.start_offset == 20 and main.next_offset == 300 + live
+    assert main.read(0, 10_000, 1 << 30) == want
+    assert main.read(240, 20, 1 << 30) == want[220:240]
+    main.close()
+    with open_log(tmp_path / "main") as again:
+        assert again.start_offset == 20 and again.next_offset == 300 + live
+        write(again, 300 + live, 310 + live, per_batch=3)
+        want += [expected(i) for i in range(300 + live, 310 + live)]
+        assert again.read(0, 10_000, 1 << 30) == want
+    # ``brokerd log check`` says what no node held, and finds nothing else wrong.
+    report = check(tmp_path / "main")
+    assert report.records == len(want) and all(s.ok and s.index_ok for s in report.segments)
+    assert len(report.problems) == 1 and report.problems[0].startswith("offsets 250..299 missing"), \
+        report.format_text()

@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brokerd.router.replication import FollowerState, LeaderState, follower_nodes, follower_router
+from brokerd.router.replication import (
+    FollowerState,
+    HistoryState,
+    LeaderState,
+    follower_nodes,
+    follower_router,
+)
 
 
 class Clock:
@@ -184,3 +190,22 @@ def test_set_followers_keeps_what_remaining_followers_hold_and_caps_min_insync()
     assert lead.hold(20, "ack20")
     assert lead.set_followers(["b", "d"], 2) == [] and lead.acked == {"b": 10, "d": -1}
     assert tokens(lead.set_followers([], 1)) == ["ack20"]  # alone: the leader's own copy counts
+
+
+def test_a_history_is_fetched_forwards_to_where_the_log_starts():
+    """The records below a log's start come in answers of ``first..last``: appended in order
+    (an answer that overlaps what is held is appended from where the history ends), a repeat
+    asked again, a jump (the source no longer holds what lies between) begins the history anew,
+    and it is done when it reaches the log or the source has no more."""
+    h = HistoryState(before=100)
+    assert h.ask() == 0
+    assert h.arrived(10, 39) == HistoryState.BEGIN and h.next_offset == 10  # the source starts at 10
+    assert not h.appended(39) and h.ask() == 40
+    assert h.arrived(30, 39) == HistoryState.REPEAT
+    assert h.arrived(35, 59) == HistoryState.APPEND and h.ask() == 40  # appended from 40 on
+    assert not h.appended(59)
+    assert h.arrived(70, 80) == HistoryState.BEGIN and h.ask() == 70  # retention moved the source on
+    assert h.appended(99) and h.ask() == 100  # reached the log
+    with pytest.raises(ValueError):
+        HistoryState(before=100).arrived(90, 100)  # a source that answers beyond what was asked
+    assert HistoryState(before=100, next_offset=40).arrived(-1, -1) == HistoryState.DONE

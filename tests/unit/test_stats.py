@@ -310,10 +310,25 @@ def test_replication_line_says_a_node_is_cut_off_and_counts_the_sessions_held():
            "majority": False, "members": 3}
     (line,) = replication_lines([{"router_id": "a/w0", "replication": rep}])
     assert line.startswith("replication a/w0: CUT OFF: no majority of the 3 member nodes")
-    assert "replicas: b/w0 to 41 (3 session(s))" in line
+    assert "replicas: b/w0 0..41 (3 session(s))" in line
     rep["majority"] = True
     (line,) = replication_lines([{"router_id": "a/w0", "replication": rep}])
     assert "CUT OFF" not in line
+
+
+def test_replication_line_says_what_history_is_being_fetched():
+    """`brokerd stats`: a replica placed at the high-water mark, and a router back on an empty
+    disk, say that the records below where their log starts are being fetched, and how far."""
+    from brokerd.cluster.stats_cli import replication_lines
+
+    rep = {"factor": 2, "min_insync": 2, "required": 2, "end": 120, "high_water": 120, "held": 0,
+           "refused_total": 0, "followers": {}, "history": {"next": 40, "below": 100},
+           "replicas": {"b/w0": {"start": 500, "end": 900, "acked": 900, "history": {"next": 0, "below": 500}},
+                        "c/w0": {"start": 0, "end": 77, "acked": 77}}}
+    (line,) = replication_lines([{"router_id": "a/w0", "replication": rep}])
+    assert "fetching its records below 100 back (at 40)" in line
+    assert "b/w0 500..900 (fetching below 500, at 0)" in line
+    assert "c/w0 0..77" in line and "c/w0 0..77 (fetching" not in line
 
 
 def test_replication_line_gives_a_lagging_followers_lag_in_bytes_too():
