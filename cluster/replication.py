@@ -74,7 +74,7 @@ from brokerd.connection.packets import Subscription
 from brokerd.router.log import CommitLog, LogReader
 from brokerd.router.log.format import record_fields
 from brokerd.router.message import Message
-from brokerd.router.persistence import atomic_write, restore_state
+from brokerd.router.persistence import SnapshotFile, restore_state
 from brokerd.router.replication import (
     FollowerState,
     Held,
@@ -168,6 +168,7 @@ class Replication:
         # Held sessions are kept on disk beside their replica, so that a follower restarted while
         # their router is dead still has them (two failures in a row).
         self._sessions_dirty: set[str] = set()
+        self._session_files: dict[str, SnapshotFile] = {}
         self._sessions_timer: asyncio.TimerHandle | None = None
         self.members = Members(os.path.join(self.log.directory, MEMBERS_FILE), config.node_id)
         self._cut_off: list[Held] = []  # acknowledgements held while this node sees no majority
@@ -884,15 +885,19 @@ class Replication:
                 continue  # not following it (any more): nothing to keep
             path = os.path.join(directory, SESSIONS_FILE)
             data = msgpack.packb(self.sessions.get(partition, {}), use_bin_type=True)
+            file = self._session_files.get(path)
+            if file is None:
+                file = self._session_files[path] = SnapshotFile(path)
             if wait:
-                self._write_file(path, data)
+                self._write_file(file, data, file.ticket())
             else:
-                self.loop.run_in_executor(None, self._write_file, path, data)
+                self.loop.run_in_executor(None, self._write_file, file, data, file.ticket())
 
     @staticmethod
-    def _write_file(path: str, data: bytes) -> None:
+    def _write_file(file: SnapshotFile, data: bytes, ticket: int) -> None:
+        path = file.path
         try:
-            atomic_write(path, data)
+            file.write(data, ticket)
         except OSError as exc:
             log.error("replication: cannot write %s: %s (a restart of this router before its leader "
                       "returns would not have those sessions)", path, exc.strerror)

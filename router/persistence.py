@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ class StateStore:
     def __init__(self, router: Router, directory: str, interval_s: float = 1.0) -> None:
         self.router = router
         self.path = os.path.join(directory, SNAPSHOT)
+        self.file = SnapshotFile(self.path)
         self.interval_s = interval_s
         self._timer: asyncio.TimerHandle | None = None
         self._writing = False
@@ -85,8 +87,9 @@ class StateStore:
         })
 
     def write_now(self) -> None:
-        """Write synchronously (start-up, graceful stop)."""
-        atomic_write(self.path, self.snapshot())
+        """Write synchronously (start-up, graceful stop): after a write under way in a thread,
+        never beside or before it."""
+        self.file.write(self.snapshot(), self.file.ticket())
         self.dirty = False
 
     def durable(self) -> asyncio.Future:
@@ -119,7 +122,7 @@ class StateStore:
         self._writing = True
         self._writing_for, self._waiters = self._waiters, []
         loop = asyncio.get_event_loop()
-        fut = loop.run_in_executor(None, atomic_write, self.path, data)
+        fut = loop.run_in_executor(None, self.file.write, data, self.file.ticket())
         fut.add_done_callback(self._written)
 
     def _written(self, fut: asyncio.Future) -> None:
@@ -229,6 +232,34 @@ def _records(source: Any, offset: int, batch: int = 4096) -> Iterator[Any]:
             return
         yield from records
         offset = records[-1].offset + 1
+
+
+class SnapshotFile:
+    """A file replaced whole, written both from threads (as things change) and on the loop (at a
+    stop): the writes take turns, and one asked for before the last one done is skipped. Before,
+    a graceful stop's write and a periodic one still under way in a thread wrote the same
+    temporary file: the stop's rename failed (logged), and the file left could hold the older
+    state, or parts of both."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._asked = 0  # tickets handed out, on the loop
+        self._done = 0  # the ticket of the newest write done
+
+    def ticket(self) -> int:
+        """Called where the data is built (the loop): the order in which writes count."""
+        self._asked += 1
+        return self._asked
+
+    def write(self, data: bytes, ticket: int) -> bool:
+        """Replace the file with ``data`` unless a later ticket's write is done already."""
+        with self._lock:
+            if ticket <= self._done:
+                return False
+            atomic_write(self.path, data)
+            self._done = ticket
+            return True
 
 
 def atomic_write(path: str, data: bytes) -> None:
