@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import msgpack
 import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,6 +22,8 @@ from brokerd.router.mesh_format import (
     HELLO,
     INTEREST,
     INTEREST_ACK,
+    REPLICA_ACK,
+    REPLICATE,
     SESSION_GONE,
     SESSION_STATE,
     TAKEOVER_DONE,
@@ -741,3 +744,53 @@ def test_a_clean_start_fences_the_silent_router_whose_replica_gave_the_session(s
         assert not client.session_present
         wait_for(lambda: any(body[:2] == ["y/w0", [cid]] for body in fakes[1].kinds(SESSION_GONE)), 10,
                  "the silent router fenced")
+
+
+def test_the_holder_of_a_replica_keeps_a_session_until_its_new_owner_confirms(start_broker):
+    """The broker follows fake router f1/w0's log and holds its persistent session; f1 falls
+    silent. Fake f2/w0 takes the session over from the replica here: the broker keeps its copy
+    until f2 confirms. While f2 has not answered, a second request gets nothing (the session is
+    on its way); after a failed transfer (TAKEOVER_DONE false) the next request gets the session
+    again, with the same messages; once confirmed (true), the copy here is dropped. (A holder
+    that dropped its copy at the answer would lose the session with a transfer that breaks off.)
+    One worker: the holder."""
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", "--replication-factor", "2",
+                          "--mesh-timeout", "2", workers=1)
+    u = uuid.uuid4().hex[:6]
+    cid = f"r{u}"
+    now = int(time.time() * 1000)
+    ctx = zmq.Context()
+    try:
+        leader, taker = _two_fake_nodes(ctx, broker)
+        records = [[now, "f1/w0", None, "p", f"rk{u}/x", 1, False, b"", f"m{i}".encode()] for i in range(3)]
+        leader.send(REPLICATE, ["f1/w0", 0, 2, msgpack.packb(records, use_bin_type=True), 2])
+        state = {"expiry": 0, "subs": [[f"rk{u}/#", 1, False, False, 0, None]], "shared": [], "position": 0,
+                 "ranges": [], "qos2_in": [], "pubrel": [], "username": None, "will": None, "epoch": 1,
+                 "arrived": now}
+        leader.send(SESSION_STATE, ["f1/w0", True, {cid: state}])
+        leader.read(lambda: any(b == ["f1/w0", 2] for b in leader.kinds(REPLICA_ACK)), "the replica's acknowledgement")
+
+        def held() -> int:
+            return snapshot_of(broker, lambda r: True)["replication"]["sessions"].get("f1/w0", 0)
+
+        def ask(req: int) -> list:
+            taker.send(TAKEOVER_REQ, [req, cid])
+            taker.read(lambda: any(b[0] == req for b in taker.kinds(TAKEOVER_RESP)), f"the answer to {req}")
+            return next(b for b in taker.kinds(TAKEOVER_RESP) if b[0] == req)
+
+        assert held() == 1
+        # f1 falls silent (no more HELLOs); f2 goes on saying HELLO while it waits.
+        taker.read(lambda: "f1/w0 silent" in broker.log_text(), "f1/w0 parked", timeout=20)
+        first = ask(1)
+        assert first[1] is not None and first[1]["client_id"] == cid, first
+        assert sorted(item[2][1] for item in first[1]["queue"]) == [b"m0", b"m1", b"m2"]
+        assert ask(2)[1] is None  # on its way to f2: not handed out twice
+        assert held() == 1, "the copy was dropped before the new owner confirmed"
+        taker.send(TAKEOVER_DONE, [1, False])
+        again = ask(3)
+        assert again[1] is not None and sorted(item[2][1] for item in again[1]["queue"]) == [b"m0", b"m1", b"m2"]
+        assert held() == 1
+        taker.send(TAKEOVER_DONE, [3, True])
+        taker.read(lambda: held() == 0, "the copy dropped once the new owner confirmed", timeout=10)
+    finally:
+        ctx.destroy(linger=0)
