@@ -635,6 +635,8 @@ class Replication:
         if running is not None and running[0] is log_ and not running[1].done():
             return
         previous = running[1] if running is not None else None
+        # At once, not when the task opens it: a restart finds it and goes on (``replicate``).
+        os.makedirs(self._history_dir(log_), mode=0o700, exist_ok=True)
         task = self.loop.create_task(self._history(partition, log_, previous))
         self._histories[partition] = (log_, task)
 
