@@ -1260,10 +1260,10 @@ class Replication:
         return {
             "factor": self.factor, "min_insync": self.min_insync, "required": lead.min_insync,
             "end": lead.end, "high_water": lead.high_water, "held": len(lead._held), "refused_total": self.refused,
-            "followers": {f: {"offset": lead.acked[f], "lag_records": max(0, lead.lag_records(f)),
-                              "lag_bytes": round(max(0, lead.lag_records(f)) * per_record),
+            "followers": {f: {"offset": lead.acked[f], "lag_records": lag,
+                              "lag_bytes": round(lag * per_record),
                               "lag_seconds": round(lead.lag_s(f), 3), "in_sync": f in in_sync}
-                          for f in lead.acked},
+                          for f in lead.acked for lag in (max(0, lead.lag_records(f)),)},
             "replicas": {p: {"start": r.log.start_offset, "end": r.log.next_offset - 1, "acked": r.acked,
                              **self._history_stats(p)} for p, r in self.replicas.items()},
             "start": self.log.start_offset, **self._history_stats(self.partition),
