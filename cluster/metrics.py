@@ -12,7 +12,8 @@ workers are up, the supervisor forks ``brokerd-stats``. It
   carried, so node totals do not fall back when a worker restarts) once per interval on
   ``ipc://<run dir>/node.stats``, from which every router serves ``$SYS/broker/...`` to its clients.
 
-It runs only when there is something to serve (``--metrics-port`` or ``--sys-interval`` > 0), and
+It runs only when there is something to serve over HTTP (``--metrics-port``; for $SYS alone router 0
+builds the node aggregate: ``StatsPublisher._aggregate_here``, the same ``NodeStats``), and
 exits when the supervisor stops it (SIGTERM), or when the supervisor is gone. The supervisor
 restarts it when it dies, at most ``AUX_CRASH_LIMIT`` times in ``AUX_CRASH_WINDOW_S``.
 """
@@ -147,6 +148,22 @@ class NodeStats:
             self.latest[name] = snap
             self.seen[name] = time.monotonic() if now is None else now
         return True
+
+    def drain(self, sub: Any) -> None:
+        """Take in every snapshot waiting on ``sub`` (a ZeroMQ SUB socket of routers' stats
+        sockets) without blocking; a malformed one is logged and ignored."""
+        import msgpack
+        import zmq
+
+        while True:
+            try:
+                _, data = sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self.update(msgpack.unpackb(data, raw=False))
+            except (ValueError, KeyError, TypeError, msgpack.UnpackException):
+                log.warning("stats: a malformed snapshot was ignored")
 
     def stale_after(self) -> float:
         return 3 * self.interval + 1.0
@@ -433,15 +450,7 @@ def aux_main(config: Config, supervisor_pid: int, ready_fd: int | None = None) -
         while not stopping and os.getppid() == supervisor_pid:
             timeout = max(0.0, min(next_publish - time.monotonic(), 0.5))
             if poller.poll(int(timeout * 1000)):
-                while True:
-                    try:
-                        _, data = sub.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    try:
-                        stats.update(msgpack.unpackb(data, raw=False))
-                    except (ValueError, KeyError, TypeError, msgpack.UnpackException):
-                        log.warning("stats process: a malformed snapshot was ignored")
+                stats.drain(sub)
             now = time.monotonic()
             if now >= next_publish:
                 next_publish = max(next_publish + interval, now)
@@ -473,8 +482,9 @@ class AuxProcess:
 
     def start(self, wait: bool = False) -> None:
         """Fork the stats process; with ``wait``, until it serves (bounded by AUX_READY_TIMEOUT_S).
-        Nothing to do without --metrics-port and $SYS: `brokerd stats` reads the routers directly."""
-        if not self.config.metrics_port and self.config.sys_interval <= 0:
+        Only with --metrics-port: without it router 0 builds the node aggregate for $SYS
+        (``StatsPublisher._aggregate_here``), and `brokerd stats` reads the routers directly."""
+        if not self.config.metrics_port:
             return
         now = time.monotonic()
         self.starts.append(now)

@@ -86,9 +86,9 @@ def test_sighup_leaves_the_broker_serving_and_restarting_workers(start_broker):
 
 
 def test_workers_and_stats_process_die_with_a_killed_supervisor(start_broker):
-    broker = start_broker(workers=2)
+    broker = start_broker("--metrics-port", str(free_port()), workers=2)
     children = psutil.Process(broker.pid).children()
-    assert len(children) == 3, children  # two workers and brokerd-stats
+    assert len(children) == 3, children  # two workers and brokerd-stats (it serves /metrics)
     try:
         os.kill(broker.pid, signal.SIGKILL)
         wait_for(lambda: not any(_alive(c.pid) for c in children), what="the workers and brokerd-stats to exit")

@@ -434,6 +434,40 @@ def test_metrics_port_in_use_stops_startup_naming_the_option(tmp_path):
     assert r.returncode != 0 and "--metrics-port" in r.stderr
 
 
+def test_sys_counts_the_whole_node_without_a_stats_process(start_broker):
+    """Without --metrics-port no stats process runs (the node is the supervisor and its workers):
+    router 0 builds the node aggregate for $SYS from every router's snapshot, so $SYS/broker/...
+    counts the clients and messages of both workers."""
+    broker = start_broker(*FAST, workers=WORKERS)
+    assert _stats_process(broker) is None
+    assert len(psutil.Process(broker.pid).children()) == WORKERS
+    view = Snapshots(broker)
+    try:
+        subs, placed = spread(broker, view, "nsub", 4)
+        for s in subs:
+            s.subscribe("nodewide/t", 0)
+        pub = Client(broker.port, "nodepub").connect()
+        n = 30
+        for _ in range(n):
+            pub.publish("nodewide/t", b"z", qos=1)
+        for s in subs:
+            s.wait_messages(n)
+        sys_reader = Client(broker.port, "nodesys").connect()
+        sys_reader.subscribe("$SYS/broker/#", 0)
+
+        def value(topic: str) -> str | None:
+            with sys_reader.cond:
+                found = [m.payload.decode() for m in sys_reader.messages if m.topic == topic]
+            return found[-1] if found else None
+
+        wait_for(lambda: value("$SYS/broker/messages/received") == str(n)
+                 and value("$SYS/broker/clients/connected") == str(len(subs) + 2),
+                 what="$SYS to count both workers' clients and messages")
+        assert len(placed) == WORKERS  # (spread put subscribers on every router)
+    finally:
+        view.close()
+
+
 def test_no_stats_process_without_metrics_or_sys(start_broker):
     broker = start_broker("--sys-interval", "0", workers=WORKERS)
     assert _stats_process(broker) is None
