@@ -674,8 +674,6 @@ class Replication:
         except Exception:  # noqa: BLE001 - a peer that lies, a disk that fails: said, and tried at the next start
             log.exception("replication: fetching the records of %s below offset %d failed", partition,
                           target.start_offset)
-        finally:
-            self.history_at.pop(partition, None)
 
     async def _fetch_into(self, partition: str, target: CommitLog, hist: CommitLog, directory: str) -> None:
         c = self.config
