@@ -126,6 +126,7 @@ MIN_INTERVAL = 0.1  # seconds: bounds the rate ring (15 min / interval samples) 
 WINDOWS: tuple[tuple[str, float], ...] = (("1s", 1.0), ("1min", 60.0), ("5min", 300.0), ("15min", 900.0))
 RATE_KEYS = ("msgs_in", "msgs_out", "bytes_in", "bytes_out", "mesh_msgs_in", "mesh_msgs_out",
              "mesh_bytes_in", "mesh_bytes_out", "log_records", "log_bytes", "connects")
+PENDING_RECOUNT = 10  # snapshots: queued and in-flight counted again at least this often, moved or not
 DROP_REASONS = ("queue_full", "too_large", "slow_consumer", "mesh_backpressure", "mesh_peer_gone", "expired")
 
 
@@ -251,6 +252,8 @@ class StatsPublisher:
         self._errors_logged = 0
         self._packer = msgpack.Packer(use_bin_type=True)
         self._top_conns: list[Any] = []  # the connections of the last snapshot's top
+        self._pending_key: tuple[int, ...] = ()  # what ``queued_inflight`` was counted at
+        self._pending = (0, 0)
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -472,7 +475,13 @@ class StatsPublisher:
         totals = self._totals()
         log_ = self._log()
         self.rates.push(now, self._rate_values(totals, log_))
-        queued, inflight = router.queued_inflight()
+        # The count walks every session (0.36 ms for 6,000; most of an idle worker's CPU): done
+        # again only when something that can change it moved, and every PENDING_RECOUNT snapshots.
+        pending_key = (*router.pending_moves(), totals[0], totals[1])  # PUBLISHes in and out
+        if pending_key != self._pending_key or self.seq % PENDING_RECOUNT == 0:
+            self._pending = router.queued_inflight()
+            self._pending_key = pending_key
+        queued, inflight = self._pending
         counts = router.counts()
         peers = {
             peer: {"msgs_out": s[0], "bytes_out": s[1], "msgs_in": s[2], "bytes_in": s[3]}

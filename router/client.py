@@ -623,6 +623,8 @@ class Client:
         router = self.router
         session = self.session
         assert session is not None
+        if retained_out:
+            router.stats.state_moves += 1  # retained messages may queue behind a full window
         for sub, new in retained_out:
             if sub.retain_handling == 2 or (sub.retain_handling == 1 and not new):
                 continue

@@ -141,16 +141,9 @@ class StateStore:
             self.mark(soon)
 
     def _moves(self) -> tuple[int, ...]:
-        """What changes persistent sessions without marking the snapshot at once (subscription
-        changes, takeovers and fences mark it themselves): the log's end (where an idle session's
-        position is), acknowledgements and catch-up reads (``RouterStats.state_moves``), expired
-        messages, and the life of sessions and connections (a CONNECT sets a session's expiry,
-        user name and will; a close delays its will; a will goes out; a session ends or expires)."""
-        router = self.router
-        st = router.stats
-        return (router.commit_log.next_offset if router.commit_log is not None else 0,
-                st.state_moves, st.drop_expired, st.connects_total, st.connections, st.takeovers,
-                st.wills_published, len(router.sessions))
+        """What changes persistent sessions without marking the snapshot at once
+        (``Router.session_moves``; subscription changes, takeovers and fences mark it themselves)."""
+        return self.router.session_moves()
 
     def periodic(self) -> None:
         """Refresh the snapshot once a second while persistent sessions' positions may have moved

@@ -290,6 +290,19 @@ class Router(SharedRouting, SessionLife):
 
     # -- acknowledgements that wait for the disk (--fsync always) ------------------------------------
 
+    def session_moves(self) -> tuple[int, ...]:
+        """What changes sessions' state without marking anything at once: the log's end (where
+        an idle session's position is, and what a session's backlog is refilled from),
+        acknowledgements and catch-up reads (``RouterStats.state_moves``), expired messages, and
+        the life of sessions and connections (a CONNECT sets a session's expiry, user name and
+        will; a close delays its will; a will goes out; a session ends or expires). Equal twice:
+        nothing of that kind happened in between (``StateStore.periodic``, the stats snapshot's
+        count of queued and in-flight messages)."""
+        st = self.stats
+        return (self.commit_log.next_offset if self.commit_log is not None else 0,
+                st.state_moves, st.drop_expired, st.connects_total, st.connections, st.takeovers,
+                st.wills_published, len(self.sessions))
+
     def attach_mesh(self, mesh: MeshPort) -> None:
         """Join a cluster: the mesh is made after the router (it needs the router to call back)."""
         self.mesh = mesh

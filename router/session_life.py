@@ -229,6 +229,7 @@ class SessionLife:
             if msg.expires_ms and msg.expired():
                 continue
             session.deliver(msg, qos, retain)
+        self.stats.state_moves += 1  # queued without a log record or a client packet
 
     def drop_stale_sessions(self, client_ids: list[str]) -> None:
         """Sessions of this router that were taken over elsewhere from a replica while it was

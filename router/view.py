@@ -46,6 +46,15 @@ class RouterView:
             "retained": len(r.retained),
         }
 
+    def pending_moves(self) -> tuple[int, ...]:
+        """Equal twice: no session's queue or in-flight window can have changed in between by
+        what the router does alone (``Router.session_moves``, and messages from other routers);
+        the PUBLISHes of clients in between are the caller's to compare (``StatsPublisher``):
+        acknowledgements count as state moves, and a SUBSCRIBE that sends retained messages
+        too; a PINGREQ changes nothing, so a quiet fleet's keepalives do not bring the count back."""
+        r = self._router
+        return (*r.session_moves(), r.stats.mesh_msgs_in)
+
     def queued_inflight(self) -> tuple[int, int]:
         """QoS 1/2 messages queued behind the sessions' windows, and unacknowledged on the wire."""
         queued = inflight = 0
