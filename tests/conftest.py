@@ -15,6 +15,29 @@ from tests.helpers import ROOT, Broker, Client, free_port
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 _names = itertools.count()
+LOG_TAIL_LINES = 80  # of each broker's log, printed under a failed test's report
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """Keep each phase's report on the test item, so that fixtures can tell whether it failed."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+def _print_log_tails(brokers: list[Broker]) -> None:
+    """A failed test's brokers: the end of each one's log (xprocess shows only the startup), so a
+    failure seen once in CI says what the broker did meanwhile."""
+    for broker in brokers:
+        if broker.logfile is None:
+            continue
+        try:
+            lines = broker.logfile.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        print(f"--- last {LOG_TAIL_LINES} lines of {broker.name}'s log ---")
+        print("\n".join(lines[-LOG_TAIL_LINES:]))
 
 
 def _close_clients_made() -> None:
@@ -41,7 +64,7 @@ def _free_port_not_in(host: str, args: tuple[str, ...]) -> int:
 
 
 @pytest.fixture
-def start_broker(xprocess, tmp_path) -> Iterator[Callable[..., Broker]]:
+def start_broker(xprocess, tmp_path, request) -> Iterator[Callable[..., Broker]]:
     """Start brokerd with the given arguments; every broker started is stopped after the test.
 
     Defaults: two workers (routers joined by the mesh, as brokerd is deployed: a test then also
@@ -66,6 +89,9 @@ def start_broker(xprocess, tmp_path) -> Iterator[Callable[..., Broker]]:
 
     yield start
     _close_clients_made()
+    call = getattr(request.node, "report_call", None)
+    if call is not None and call.failed:
+        _print_log_tails(started)
     for broker in started:
         info = xprocess.getinfo(broker.name)
         if info.isrunning():
