@@ -139,6 +139,9 @@ SEEN_WINDOW = 4096  # PUBLISH frame numbers remembered per peer, to drop a frame
 CONFIRM_S = 10.0  # (beyond the interest waits and a snapshot write: router.client DURABLE_WAIT_S)
 HANDON_KEEP_S = 30.0  # how long the marks that filter a moved session's handed-on copies are kept
 HANDON_ITEMS = 1000  # copies per SESSION_HANDON frame
+# A heartbeat this much short of a mesh timeout after the last: the peers may have parked us by
+# now (what our last HELLO took to reach them only delays that; the margin is for their clocks).
+PAUSE_MARGIN_S = 0.1
 
 
 class _Transfer:
@@ -234,7 +237,7 @@ class Peer:
                  "batch", "batch_sources", "stats", "parked", "parked_at", "backlog", "backlog_bytes",
                  "backlog_msgs", "dropped", "log_mark", "replay_from", "seq_out", "seq_in", "acked",
                  "ring", "ring_bytes", "resend", "stats_tcp", "origin_mark", "replaying", "replicas",
-                 "claim_floor", "interest_known", "seen_of_me", "seqs_seen", "unwritten", "left")
+                 "claim_floor", "interest_known", "seen_of_me", "seqs_seen", "unwritten", "left", "hears")
 
     def __init__(self, router_id: str, node_id: str, ipc: str | None, tcp: str | None) -> None:
         self.router_id = router_id
@@ -286,6 +289,9 @@ class Peer:
         self.seen_of_me = -1  # the highest offset of our log it has seen (its HELLO's ``seen``)
         self.replaying = 0  # reads of our log back to it under way: our frames claim no mark
         self.left = False  # parked because it said GOODBYE (a graceful stop), not heard since
+        # The routers it hears, by its last HELLO: whether a majority of the nodes take a router
+        # that is silent here for gone (``Replication.gone_for_majority``).
+        self.hears: frozenset[str] = frozenset()
 
 
 class _Waiter:
@@ -1001,6 +1007,14 @@ class Mesh:
         if peer is not None and peer.alive:
             self._send(peer, TAKEOVER_DONE, [req, ok])
 
+    def silent_since(self, peer: Peer) -> float:
+        """When ``peer`` fell silent, as a Unix time: a mesh timeout before it was parked here
+        (now, if it is not parked)."""
+        now = time.time()
+        if not peer.parked:
+            return now
+        return now - (time.monotonic() - peer.parked_at) - self.config.mesh_timeout
+
     def _just_parked(self) -> list[Peer]:
         """Routers of other nodes parked so recently that the other routers may not count them
         as gone yet."""
@@ -1452,6 +1466,7 @@ class Mesh:
         if acked is not None and acked[0] == self.incarnation:
             self._confirmed(peer, acked[1])
         peer.seen_of_me = body.get("seen", {}).get(self.router_id, -1)
+        peer.hears = frozenset(p[0] for p in body.get("peers", ()))
         claim = body.get("marks", {}).get(self.router_id)
         if claim is not None and peer.origin_mark >= peer.claim_floor and claim > peer.origin_mark:
             peer.origin_mark = claim
@@ -1552,8 +1567,7 @@ class Mesh:
         self._joined(peer, quiet=was_parked)
         if was_parked and why != "restarted" and self.replication is not None:
             # (A restarted router's own catch-up reads its log back by our interest as it is now.)
-            silent_since = time.time() - (time.monotonic() - peer.parked_at) - self.config.mesh_timeout
-            self._replication_hook(self.replication.moved_in_catchup, peer, silent_since)
+            self._replication_hook(self.replication.moved_in_catchup, peer, self.silent_since(peer))
         self._send(peer, RESYNC, None)
         if replay_from is not None:
             self._start_replay(peer, replay_from, "its backlog here was full")
@@ -1583,8 +1597,13 @@ class Mesh:
     def _heartbeat(self) -> None:
         now = time.monotonic()
         timeout = self.config.mesh_timeout
-        late = now - self._last_beat - HELLO_INTERVAL_S
+        gap = now - self._last_beat  # since our last HELLO went out
+        late = gap - HELLO_INTERVAL_S
         self._last_beat = now
+        if gap >= timeout - PAUSE_MARGIN_S and self.replication is not None:
+            # The others may have taken this router for gone meanwhile (and its sessions over):
+            # it counts no node as heard until one speaks again (``Replication.paused``).
+            self._replication_hook(self.replication.paused, gap)
         if late > timeout / 2:
             # This process was not running (SIGSTOP, swapped out, a VM paused): the silence was
             # ours. Give every peer a fresh timeout to be heard instead of parking them all.

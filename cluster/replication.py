@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from brokerd.cluster.quorum import MEMBERS_FILE, Members
+from brokerd.cluster.quorum import MEMBERS_FILE, MIN_MEMBERS, Members
 from brokerd.connection.packets import Subscription
 from brokerd.router.log import CommitLog, LogReader
 from brokerd.router.log.format import record_fields
@@ -160,6 +160,9 @@ class Replication:
         self._timer: asyncio.TimerHandle | None = None
         self._warned_short = False
         self._started = time.monotonic()
+        # When this router's loop last came back from a pause long enough for the others to take
+        # it for gone (``paused``): only a node heard since counts towards the majority.
+        self._resumed_at = 0.0
         self._ticks = 0
         self._acks_due: set[str] = set()  # replicas whose acknowledgement goes at the end of this iteration
         # Sessions: as last sent to the followers (leader), held for other partitions (follower),
@@ -462,19 +465,64 @@ class Replication:
         self._majority()
         self._place()
 
+    def paused(self, gap: float) -> None:
+        """The mesh's heartbeat came ``gap`` seconds after the last, about a mesh timeout or
+        more: this router's loop was stopped (SIGSTOP, swapped out, a paused VM) for long enough
+        that the other nodes may have taken it for gone and served its sessions from their
+        replicas. Until a majority of the nodes is heard again, it acts as a node cut off from
+        the majority (no QoS 1/2 acknowledgement, its persistent sessions' clients sent
+        elsewhere), at once rather than a mesh timeout later."""
+        self._resumed_at = time.monotonic()  # (the mesh then stamps every peer heard "now": not counted)
+        if self.members.has_majority and self.factor > 1 and len(self.members.nodes) >= MIN_MEMBERS:
+            log.warning("replication: this router's loop was paused for %.1f s, beyond what the other nodes "
+                        "wait before taking it for gone; nothing more is acknowledged until they are heard "
+                        "again", gap)
+        self._majority(after_pause=True)
+
+    def gone_for_majority(self, router_id: str) -> bool:
+        """Whether a majority of the member nodes take ``router_id`` for gone: this one does
+        (it is not alive here), and so does every router that this node hears of each other node
+        counted (by its last HELLO, which lists the routers it hears). A node that still hears it
+        says it is alive, whatever this one sees: under a partition that cuts only some links
+        (a and c cannot reach each other, b reaches both), a and c each see a majority, and c
+        must not serve the sessions of a while a does. With fewer than three members the rule
+        is off."""
+        peer = self.mesh.peers.get(router_id)
+        if peer is not None and peer.alive:
+            return False
+        members = self.members.nodes
+        if len(members) < MIN_MEMBERS:
+            return True
+        reports: dict[str, bool] = {}  # node: every router of it heard here says it is gone
+        own = self.config.node_id
+        for p in self.mesh.peers.values():
+            if p.alive and p.node_id != own and p.node_id in members:
+                reports[p.node_id] = reports.get(p.node_id, True) and router_id not in p.hears
+        gone = 1 + sum(reports.values())  # this node, and those whose routers all say so
+        return 2 * gone > len(members)
+
+    def undecided(self) -> list[str]:
+        """Routers of other nodes that are silent here but not gone for a majority (another node
+        still hears them): one of them may be serving a session that nobody here was offered."""
+        own = self.config.node_id
+        return sorted(rid for rid, p in self.mesh.peers.items()
+                      if p.parked and p.node_id != own and not self.gone_for_majority(rid))
+
     # -- a node cut off from the majority (cluster.quorum) ----------------------------------------
 
-    def _majority(self) -> None:
+    def _majority(self, after_pause: bool = False) -> None:
         """Count the members this node hears; on losing the majority, stop acknowledging QoS 1/2
         (held, then refused at --replica-timeout) and taking sessions in; on regaining it, send
-        what was held."""
-        if time.monotonic() - self._started < self.config.mesh_timeout + 1.0:
+        what was held. After a pause of this router's loop (``paused``) only the nodes heard
+        since count."""
+        if time.monotonic() - self._started < self.config.mesh_timeout + 1.0 and not after_pause:
             return  # starting: the other nodes' HELLOs are still on their way
         known: dict[str, bool] = {}
         live = set()
+        resumed = self._resumed_at
         for peer in self.mesh.peers.values():
             known[peer.node_id] = known.get(peer.node_id, False) or peer.alive or peer.parked
-            if peer.alive:
+            if peer.alive and peer.last_seen > resumed:
                 live.add(peer.node_id)
         changed = self.members.update(live, {n for n, k in known.items() if not k})
         if changed is None or self.factor <= 1:
@@ -941,8 +989,16 @@ class Replication:
         for partition, held in self.sessions.items():
             st = held.get(client_id)
             leader = self.mesh.peers.get(partition)
-            if st is not None and (leader is None or not leader.alive) and partition in self.replicas:
-                found.append((partition, st))
+            if st is not None and (leader is None or not leader.alive):
+                found.append((partition, st))  # (no replica yet: its router logged nothing)
+        if found and not all(self.gone_for_majority(p) for p, _ in found):
+            # Silent here, but another node still hears its router: that router may be serving
+            # it (a partition that cut only some links). The client is refused, not given a
+            # second copy (``undecided``).
+            log.warning("replication: session %s not handed over from its replica: router(s) %s are silent "
+                        "here but heard by other nodes", client_id,
+                        ", ".join(p for p, _ in found if not self.gone_for_majority(p)))
+            return None
         if not found:
             return None
         # Two silent routers of one node may both have had it (it moved between them shortly
@@ -994,19 +1050,28 @@ class Replication:
     def _replica_session(self, client_id: str, partition: str, st: dict) -> tuple[Session, int]:
         """A session of ``partition`` rebuilt from its replicated state (not indexed by this
         router), reading the replica from its position; with the time of that position."""
-        rep = self.replicas[partition]
-        rep.log.flush()  # the range is read from the disk
         session = self._detached(client_id, st["subs"])
         restore_state(session, st)
         for values in st.get("shared", ()):
             sub = Subscription.from_values(values)
             session.shared[sub.topic_filter] = sub
+        rep = self.replicas.get(partition)
+        if rep is None:  # its router had logged nothing when it fell silent: nothing to read
+            return session, self._silent_since_ms(partition)
+        rep.log.flush()  # the range is read from the disk
         start = max(st.get("position") or 0, rep.log.start_offset)
         end = rep.log.next_offset
         first = rep.log.read(start, max_records=1) if start < end else []
-        since_ms = first[0].timestamp_ms if first else int(time.time() * 1000)
+        since_ms = first[0].timestamp_ms if first else self._silent_since_ms(partition)
         session.ranges = [LogRange(rep.log.directory, start, end)]
         return session, since_ms
+
+    def _silent_since_ms(self, partition: str) -> int:
+        """When the router of ``partition`` fell silent (Unix ms; now if it is not parked here):
+        a session served from its replica with nothing logged after its position asks the others
+        (``adopted``) for what was published since then."""
+        peer = self.mesh.peers.get(partition)
+        return int((self.mesh.silent_since(peer) if peer is not None else time.time()) * 1000)
 
     def _detached(self, client_id: str, subs: list) -> Session:
         """A session that no router indexes, to read logs with (its subscriptions' QoS, No
@@ -1156,7 +1221,8 @@ class Replication:
         st = self.sessions.get(partition, {}).get(cid)
         if st is None or not st.get("will") or (leader is not None and leader.alive):
             return
-        if not self.members.has_majority or cid in self._handing:  # (a takeover may resume it)
+        if not self.members.has_majority or cid in self._handing or not self.gone_for_majority(partition):
+            # (a takeover may resume it; another node may still hear its router)
             self._will_timers[(partition, cid)] = self.loop.call_later(1.0, self._will_due, partition, cid)
             return
         will, st["will"] = st["will"], None

@@ -49,7 +49,7 @@ from .limits import (
 from .log.errors import LogUnavailable
 from .message import Message, will_delay
 from .outbound import NO_LIMIT, Outbound
-from .ports import TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE
+from .ports import TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE, TAKEOVER_UNDECIDED
 from .shared import is_shared, parse_share
 from .topics import valid_topic_filter
 
@@ -270,10 +270,18 @@ class Client:
 
     async def _settle_connect(self, connect: Connect, assigned: bool, state: dict | None) -> None:
         router = self.router
-        if self.conn.closing or state is TAKEOVER_FAILED or state is TAKEOVER_UNAVAILABLE:
+        if state is None and not connect.clean_start and router.replication is not None \
+                and router.replication.undecided():
+            state = TAKEOVER_UNDECIDED
+        if self.conn.closing or state is TAKEOVER_FAILED or state is TAKEOVER_UNAVAILABLE \
+                or state is TAKEOVER_UNDECIDED:
             if router.clients.get(self.client_id) is self:
                 del router.clients[self.client_id]
-            if state is TAKEOVER_FAILED:
+            if state is TAKEOVER_UNDECIDED:
+                self._refuse(Reason.SERVER_UNAVAILABLE, "a router that may hold its session is silent here but "
+                             "heard by other nodes (the cluster does not agree it is gone); the client may "
+                             "retry (elsewhere)")
+            elif state is TAKEOVER_FAILED:
                 self._refuse(Reason.SERVER_UNAVAILABLE, "its session is moving from another router and the "
                              "transfer broke off (the session stays there); the client may retry")
             elif state is TAKEOVER_UNAVAILABLE:

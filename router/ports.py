@@ -19,6 +19,11 @@ TAKEOVER_FAILED: dict = {"failed": True}
 # not restarted yet, or stopped) for the whole bounded wait: a new session here would leave two
 # of them once it is back, so the CONNECT is refused (server unavailable) and the client retries.
 TAKEOVER_UNAVAILABLE: dict = {"unavailable": True}
+# Nobody offered the session while a router of another node is silent here but heard by other
+# nodes (``Replication.undecided``: a partition that cut only some links): that router may be
+# serving it, so a persistent session's CONNECT is refused (server unavailable) rather than
+# given a second, empty session; the client retries, elsewhere or later.
+TAKEOVER_UNDECIDED: dict = {"undecided": True}
 
 
 class MeshPort(Protocol):

@@ -416,6 +416,88 @@ def test_a_partitioned_minority_stops_acknowledging_and_nothing_acknowledged_is_
             proxy.close()
 
 
+def test_a_partition_that_cuts_only_some_links_gives_no_session_two_owners(start_broker):
+    """a and c cannot reach each other; b reaches both. a and c each hear a majority (themselves
+    and b), so counting alone would let c take a for gone and serve its sessions from the replica
+    while a serves them too. It does not: b still hears a, so a is not gone for a majority of the
+    nodes. The client of a persistent session on a that reconnects to c is refused (server
+    unavailable), neither given a's replica nor a second, empty session; through b it gets its
+    session from a itself (session present), with what was queued for it meanwhile."""
+    proxies: dict = {}
+    try:
+        nodes = three_nodes_behind_proxies(start_broker, proxies)
+        u = uuid.uuid4().hex[:6]
+        device = Client(nodes["a"].port, f"m{u}", clean=False, host=HOSTS["a"]).connect()
+        device.subscribe(f"as{u}/#", 1)
+        holder = follower_nodes("a/w0", "a", ["b", "c"], 1)[0]
+        snapshot_of(nodes[holder], lambda r: r["sessions"].get("a/w0", 0) == 1)
+        proxies["a"].cut({HOSTS["c"]})
+        proxies["c"].cut({HOSTS["a"]})
+        nodes["c"].wait_log("router a/w0 silent", timeout=10)
+        nodes["a"].wait_log("router c/w0 silent", timeout=10)
+        device.drop()
+        pub = Client(nodes["b"].port, f"p{u}", host=HOSTS["b"]).connect()
+        pub.publish(f"as{u}/x", b"queued", qos=1)
+        Client(nodes["c"].port, f"m{u}", clean=False, host=HOSTS["c"]).connect(expect_rc=0x88)
+        nodes["c"].wait_log("heard by other nodes")
+        assert "not a majority" not in nodes["c"].log_text()  # c hears a majority: the refusal is the vote's
+        back = Client(nodes["b"].port, f"m{u}", clean=False, host=HOSTS["b"]).connect()
+        assert back.session_present, "the session was not taken over from a, which still held it"
+        back.wait_payload(b"queued")
+    finally:
+        for proxy in proxies.values():
+            proxy.heal()
+            proxy.close()
+
+
+def test_a_node_whose_loop_stopped_beyond_the_mesh_timeout_serves_no_session_when_it_runs_again(start_broker):
+    """Node c's worker is stopped (SIGSTOP) for longer than the mesh timeout while the client of a
+    persistent session there keeps its connection open. The others take c for gone; the client,
+    reconnected to a, gets its session from c's replica, and a message published meanwhile reaches
+    it there. When c runs again it still holds the old connection and, for a moment, frames the
+    others kept for it: it must not serve the session to that connection. Its heartbeat came a
+    mesh timeout late, so at once, before it has heard anyone, it counts itself cut off from the
+    majority and sends that client away (MQTT 5 DISCONNECT 0x9C, use another server), having
+    delivered it nothing published after the takeover; a majority heard again, it acknowledges
+    again. (c had logged nothing when it stopped: its follower serves the session from the state
+    it holds, with no replica log to read.)"""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    nodes = three_nodes(start_broker, "--replication-factor", "2")
+    u = uuid.uuid4().hex[:6]
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 300
+    old = Client(nodes["c"].port, f"s{u}", clean=False, host=HOSTS["c"], protocol=mqtt.MQTTv5,
+                 properties=props).connect()
+    old.subscribe(f"st{u}/#", 1)
+    holder = follower_nodes("c/w0", "c", ["a", "b"], 1)[0]
+    snapshot_of(nodes[holder], lambda r: r["sessions"].get("c/w0", 0) == 1)
+    snapshot_of(nodes["c"], lambda r: r["members"] == 3)  # c counts the others (past its start)
+    pub = Client(nodes["b"].port, f"p{u}", host=HOSTS["b"]).connect()
+    victim = nodes["c"].workers()[0]
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        for name in ("a", "b"):
+            nodes[name].wait_log("router c/w0 silent", timeout=10)
+        new = Client(nodes["a"].port, f"s{u}", clean=False, host=HOSTS["a"], protocol=mqtt.MQTTv5,
+                     properties=props).connect()
+        assert new.session_present, "the stopped node's session was not served from its replica"
+        pub.publish(f"st{u}/x", b"after", qos=1)
+        new.wait_payload(b"after")
+    finally:
+        os.kill(victim, signal.SIGCONT)
+    nodes["c"].wait_log("loop was paused")
+    assert old.disconnected.wait(10), "the old connection was kept"
+    assert old.disconnect_reason == 0x9C, f"disconnected with reason {old.disconnect_reason:#x}"
+    assert not [m for m in old.messages if m.payload == b"after"], "the old connection was served after the takeover"
+    nodes["c"].wait_log("sees a majority of the cluster again", timeout=15)
+    c_pub = Client(nodes["c"].port, f"q{u}", host=HOSTS["c"]).connect()
+    c_pub.publish(f"st{u}/y", b"c-again", qos=1)  # acknowledged: a majority heard again
+    new.wait_payload(b"c-again")
+
+
 def test_a_dead_nodes_delayed_will_goes_out_from_the_holder_of_its_sessions(start_broker):
     """An MQTT 5 persistent session on node a whose client went away with a will delayed by 3 s:
     node a is SIGKILLed before the will is due. c holds a's sessions (its log's follower): it
