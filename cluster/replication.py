@@ -338,7 +338,7 @@ class Replication:
         (or for the majority, on a node cut off from it)."""
         if self.leader.hold(offset, (client, ack)):
             return True
-        if not self.members.has_majority:
+        if self.in_minority:
             self._cut_off.append(Held(offset, (client, ack), time.monotonic() + self.config.replica_timeout))
             return True
         return False
@@ -360,7 +360,7 @@ class Replication:
     def _release(self, held: list[Held]) -> None:
         if not held:
             return
-        if not self.members.has_majority and self.factor > 1:
+        if self.in_minority:
             self._cut_off.extend(held)  # replicated, but this side of a partition may not acknowledge
             return
         self.router.release_acks([h.token for h in held])
@@ -465,6 +465,12 @@ class Replication:
         self._majority()
         self._place()
 
+    @property
+    def in_minority(self) -> bool:
+        """Whether the majority rule holds this router back now: it hears no majority of the
+        member nodes, and replication is on (with R = 1 the rule is off)."""
+        return self.factor > 1 and not self.members.has_majority
+
     def paused(self, gap: float) -> None:
         """The mesh's heartbeat came ``gap`` seconds after the last, about a mesh timeout or
         more: this router's loop was stopped (SIGSTOP, swapped out, a paused VM) for long enough
@@ -472,12 +478,14 @@ class Replication:
         replicas. Until a majority of the nodes is heard again, it acts as a node cut off from
         the majority (no QoS 1/2 acknowledgement, its persistent sessions' clients sent
         elsewhere), at once rather than a mesh timeout later."""
+        if time.monotonic() - self._started < self.config.mesh_timeout + 1.0:
+            return  # starting (its restore took the loop): the majority is not counted yet anyway
         self._resumed_at = time.monotonic()  # (the mesh then stamps every peer heard "now": not counted)
         if self.members.has_majority and self.factor > 1 and len(self.members.nodes) >= MIN_MEMBERS:
             log.warning("replication: this router's loop was paused for %.1f s, beyond what the other nodes "
                         "wait before taking it for gone; nothing more is acknowledged until they are heard "
                         "again", gap)
-        self._majority(after_pause=True)
+        self._majority()
 
     def gone_for_majority(self, router_id: str) -> bool:
         """Whether a majority of the member nodes take ``router_id`` for gone: this one does
@@ -510,12 +518,12 @@ class Replication:
 
     # -- a node cut off from the majority (cluster.quorum) ----------------------------------------
 
-    def _majority(self, after_pause: bool = False) -> None:
+    def _majority(self) -> None:
         """Count the members this node hears; on losing the majority, stop acknowledging QoS 1/2
         (held, then refused at --replica-timeout) and taking sessions in; on regaining it, send
         what was held. After a pause of this router's loop (``paused``) only the nodes heard
         since count."""
-        if time.monotonic() - self._started < self.config.mesh_timeout + 1.0 and not after_pause:
+        if time.monotonic() - self._started < self.config.mesh_timeout + 1.0:
             return  # starting: the other nodes' HELLOs are still on their way
         known: dict[str, bool] = {}
         live = set()
@@ -980,7 +988,7 @@ class Replication:
         until the new owner has it in its snapshot (``replica_moved``)."""
         if client_id in self._handing:
             return None  # being handed over already (to another connection of that id)
-        if not self.members.has_majority:
+        if self.in_minority:
             if any(client_id in held for held in self.sessions.values()):
                 log.warning("replication: session %s not handed over from its replica: this node sees no "
                             "majority of the cluster", client_id)
@@ -1221,7 +1229,7 @@ class Replication:
         st = self.sessions.get(partition, {}).get(cid)
         if st is None or not st.get("will") or (leader is not None and leader.alive):
             return
-        if not self.members.has_majority or cid in self._handing or not self.gone_for_majority(partition):
+        if self.in_minority or cid in self._handing or not self.gone_for_majority(partition):
             # (a takeover may resume it; another node may still hear its router)
             self._will_timers[(partition, cid)] = self.loop.call_later(1.0, self._will_due, partition, cid)
             return
