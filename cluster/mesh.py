@@ -1304,6 +1304,14 @@ class Mesh:
             self._send(peer, TAKEOVER_RESP, [req, None, False])
             return
         header, chunks = released
+        if not header.get("replica"):
+            # Routers silent here may hold, for this router, messages they routed to the session
+            # here; they arrive after it left when they are heard again (a partition that cut
+            # only this link: the new owner may hear them all along). It asks them for what they
+            # published since (``Replication.moved_past_silence``).
+            silent = {rid: int(self.silent_since(p) * 1000) for rid, p in self.peers.items() if p.parked}
+            if silent:
+                header["silent"] = silent
         header["queue"] = next(chunks, [])
         following = next(chunks, None)
         key = (peer.router_id, req)

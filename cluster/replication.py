@@ -1250,6 +1250,36 @@ class Replication:
                 self.mesh.send_replication(peer, "gone", notice)
         log.info("replication: the delayed will of session %s of silent router %s published here", cid, partition)
 
+    def moved_past_silence(self, session: Session, silent: Any) -> None:
+        """A session moved here from a live router to which other routers were silent
+        (``silent``: {router: when its silence began, Unix ms}, as the old router saw it). What
+        they published for the session meanwhile they kept for the old router, which gets it
+        after the session left, when they are heard there again: under a partition that cut
+        only that link, long after this router (which may hear them all along) took the session.
+        Ask each that is alive here for its own messages since (SESSION_CATCHUP, from
+        ``CATCHUP_MARGIN_MS`` before the silence): at least once. One silent here too is asked
+        when it is heard again (``moved_in_catchup``)."""
+        if silent.__class__ is not dict:
+            return
+        cid = session.client_id
+        subs = [s.to_values() for s in session.subscriptions.values()]
+        asked = []
+        for rid, since_ms in silent.items():
+            if rid.__class__ is not str or since_ms.__class__ is not int or not subs:
+                continue
+            body = [cid, rid, -1, since_ms - CATCHUP_MARGIN_MS, subs, session.username]
+            peer = self.mesh.peers.get(rid)
+            if rid == self.partition:
+                self.session_catchup(None, *body)
+            elif peer is not None and peer.alive:
+                self.mesh.send_replication(peer, "session_catchup", body)
+            else:
+                continue
+            asked.append(rid)
+        if asked:
+            log.info("replication: session %s moved here from a router to which %s were silent: asked them "
+                     "for what they published since", cid, ", ".join(sorted(asked)))
+
     def moved_in_catchup(self, peer: Peer, silent_since: float) -> None:
         """``peer`` is heard again after a silence that began at ``silent_since`` (Unix time).
         Sessions that moved to this router from another one meanwhile may have missed what it

@@ -345,6 +345,9 @@ class Client:
             # From the replica of a silent router: once its interest is known everywhere, ask the
             # other routers for what was on its way there (docs/replication.md, "Sessions").
             router.replication.adopted(session, state)
+        elif state.get("silent") and router.replication is not None:
+            # From a live router to which others were silent: ask them what they published.
+            router.replication.moved_past_silence(session, state["silent"])
         if not self.conn.closing:
             return None
         if router.clients.get(self.client_id) is self:

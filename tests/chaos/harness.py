@@ -485,9 +485,10 @@ class Subscriber(Endpoint):
                             f"within {WAIT:g} s")
         Client.close_all([old])
 
-    def drop(self, offline: float, node: Node) -> None:
+    def drop(self, offline: float, node: Node, fallback: Node | None = None) -> None:
         """Close the socket without DISCONNECT (an abnormal close), stay away ``offline`` seconds,
-        come back on a new connection on ``node``."""
+        come back on a new connection on ``node``; refused there, on ``fallback`` (a client
+        with a second server address), if given."""
         old = self.conn
         assert old is not None
         old.retire()
@@ -500,8 +501,19 @@ class Subscriber(Endpoint):
         self.sc.pause(offline)
         try:
             self.open(node)
+            return
         except AssertionError as exc:
-            self.sc.problem(f"{self.name}: no new connection on {node.name}: {exc}")
+            if fallback is None:
+                self.sc.problem(f"{self.name}: no new connection on {node.name}: {exc}")
+                return
+        refused = self.conn
+        assert refused is not None
+        refused.retire()  # (paho would try it again)
+        refused.drop()
+        try:
+            self.open(fallback)
+        except AssertionError as exc:
+            self.sc.problem(f"{self.name}: refused on {node.name}, and no new connection on {fallback.name}: {exc}")
 
 
 @dataclass(frozen=True)
@@ -800,25 +812,51 @@ class Scenario:
         self.crashes.append(Outage(node.name, t_kill, now(), {s.name for s in moved}))
 
     def _partition(self) -> None:
-        """Cut one node off from the others (its mesh traffic stops both ways at the proxies, as
-        a network dropping packets; clients still reach every node) for a moment beyond the mesh
-        timeout, then heal. The cut-off node sees no majority: it acknowledges nothing and sends
-        its persistent sessions' clients away (they retry it, refused, until it heals: their
-        sessions wait there); the others go on. After healing, everything acknowledged on either
-        side reaches its subscribers (the usual checks)."""
+        """Cut the mesh traffic (both ways at the proxies, as a network dropping packets; clients
+        still reach every node) for a moment beyond the mesh timeout, then heal. At the seed's
+        choice, one node from the others: it sees no majority, acknowledges nothing and sends its
+        persistent sessions' clients away (they retry it, refused, until it heals: their
+        sessions wait there), and the others go on. Or only the link between two nodes, the
+        third reaching both: each still hears a majority and goes on, and the persistent
+        sessions' clients of one of them come back on the other, which must not serve those
+        sessions while their node still does (refused: they go to the third node instead, which
+        takes them over from their node). After healing, everything acknowledged on any side
+        reaches its subscribers (the usual checks)."""
         node = self.rng.choice(self.nodes)
         cut = self.rng.uniform(*PARTITION)
-        self.fault("partition", f"node {node.name} cut off from the others for {cut:.2f} s")
-        others = {n.host for n in self.nodes if n is not node}
-        for n in self.nodes:
-            for proxy in n.proxies:
-                proxy.cut(others if n is node else {node.host})
-        try:
-            self.pause(cut)
-        finally:
+        others = [n for n in self.nodes if n is not node]
+        if self.rng.random() < 0.5:
+            self.fault("partition", f"node {node.name} cut off from the others for {cut:.2f} s")
+            hosts = {n.host for n in others}
             for n in self.nodes:
                 for proxy in n.proxies:
-                    proxy.heal()
+                    proxy.cut(hosts if n is node else {node.host})
+            try:
+                self.pause(cut)
+            finally:
+                self._heal()
+            return
+        far, third = self.rng.sample(others, 2)
+        moved = [s for s in self.subscribers if s.persistent and s.conn is not None and s.conn.node is node]
+        self.fault("partition", f"nodes {node.name} and {far.name} cut off from each other for {cut:.2f} s "
+                                f"({third.name} reaches both); "
+                                f"{', '.join(s.name for s in moved) or 'no session'} reconnect(s) on {far.name}, "
+                                f"refused there on {third.name}")
+        t_end = now() + cut
+        for a, b in ((node, far), (far, node)):
+            for proxy in a.proxies:
+                proxy.cut({b.host})
+        try:
+            for s in moved:
+                s.drop(self.rng.uniform(0.0, 0.3), far, third)
+            self.pause(max(0.0, t_end - now()))
+        finally:
+            self._heal()
+
+    def _heal(self) -> None:
+        for n in self.nodes:
+            for proxy in n.proxies:
+                proxy.heal()
 
     def _takeover(self) -> None:
         """A persistent subscriber's client id connects again, on a node the seed picks, while its

@@ -73,6 +73,27 @@ def three_nodes_behind_proxies(start_broker, proxies: dict, *extra: str) -> dict
     return nodes
 
 
+@contextlib.contextmanager
+def proxied_nodes(start_broker, *extra: str) -> Iterator[tuple[dict, dict]]:
+    """``three_nodes_behind_proxies``: yields (nodes, proxies); every proxy healed and closed after."""
+    proxies: dict = {}
+    try:
+        yield three_nodes_behind_proxies(start_broker, proxies, *extra), proxies
+    finally:
+        for proxy in proxies.values():
+            proxy.heal()
+            proxy.close()
+
+
+def cut_link(nodes: dict, proxies: dict, x: str, y: str) -> None:
+    """Cut the mesh link between nodes ``x`` and ``y`` only (the third reaches both), and wait
+    until each has taken the other's router for silent."""
+    proxies[x].cut({HOSTS[y]})
+    proxies[y].cut({HOSTS[x]})
+    nodes[x].wait_log(f"router {y}/w0 silent", timeout=10)
+    nodes[y].wait_log(f"router {x}/w0 silent", timeout=10)
+
+
 def snapshot_of(node, until, timeout: float = 10.0) -> dict:
     """The node's (one) router's stats snapshot, once ``until(its replication part)`` holds."""
     reader, _ = stats_reader(node)
@@ -362,9 +383,7 @@ def test_a_partitioned_minority_stops_acknowledging_and_nothing_acknowledged_is_
     majority side that client gets its session (from c's replica) with session present. After the
     partition heals, c drops its stale copy of the session (one owner), and every message that was
     acknowledged anywhere has reached the subscribers on both sides and the moved session."""
-    proxies: dict = {}
-    try:
-        nodes = three_nodes_behind_proxies(start_broker, proxies, "--replica-timeout", "3")
+    with proxied_nodes(start_broker, "--replica-timeout", "3") as (nodes, proxies):
         u = uuid.uuid4().hex[:6]
         subs = {}
         for name in ("a", "c"):
@@ -410,10 +429,7 @@ def test_a_partitioned_minority_stops_acknowledging_and_nothing_acknowledged_is_
         got["the moved session"] = lambda: {m.payload for m in moving.messages + moved.messages}
         for name, received in got.items():
             wait_for(lambda received=received: received() >= acked, 30, f"every acknowledged message at {name}")
-    finally:
-        for proxy in proxies.values():
-            proxy.heal()
-            proxy.close()
+
 
 
 def test_a_partition_that_cuts_only_some_links_gives_no_session_two_owners(start_broker):
@@ -423,18 +439,13 @@ def test_a_partition_that_cuts_only_some_links_gives_no_session_two_owners(start
     nodes. The client of a persistent session on a that reconnects to c is refused (server
     unavailable), neither given a's replica nor a second, empty session; through b it gets its
     session from a itself (session present), with what was queued for it meanwhile."""
-    proxies: dict = {}
-    try:
-        nodes = three_nodes_behind_proxies(start_broker, proxies)
+    with proxied_nodes(start_broker) as (nodes, proxies):
         u = uuid.uuid4().hex[:6]
         device = Client(nodes["a"].port, f"m{u}", clean=False, host=HOSTS["a"]).connect()
         device.subscribe(f"as{u}/#", 1)
         holder = follower_nodes("a/w0", "a", ["b", "c"], 1)[0]
         snapshot_of(nodes[holder], lambda r: r["sessions"].get("a/w0", 0) == 1)
-        proxies["a"].cut({HOSTS["c"]})
-        proxies["c"].cut({HOSTS["a"]})
-        nodes["c"].wait_log("router a/w0 silent", timeout=10)
-        nodes["a"].wait_log("router c/w0 silent", timeout=10)
+        cut_link(nodes, proxies, "a", "c")
         device.drop()
         pub = Client(nodes["b"].port, f"p{u}", host=HOSTS["b"]).connect()
         pub.publish(f"as{u}/x", b"queued", qos=1)
@@ -444,10 +455,37 @@ def test_a_partition_that_cuts_only_some_links_gives_no_session_two_owners(start
         back = Client(nodes["b"].port, f"m{u}", clean=False, host=HOSTS["b"]).connect()
         assert back.session_present, "the session was not taken over from a, which still held it"
         back.wait_payload(b"queued")
-    finally:
+
+
+
+def test_a_session_moved_away_from_a_router_another_cannot_reach_gets_what_that_one_published(start_broker):
+    """b cannot reach c (a reaches both). A persistent session on c, subscribed to what b's
+    publisher sends, moves to a (its client reconnects there; a takes it from c, alive). What b
+    published before it moved was routed to c and kept by b for c while c is silent to it; when
+    the link heals it reaches c, after the session left, and c no longer has it: its hand-on ended
+    when the routers it hears answered. The session's new router asks b (silent to c, as c said
+    when it handed the session over) for what it published since: every acknowledged message
+    arrives, at least once."""
+    with proxied_nodes(start_broker) as (nodes, proxies):
+        u = uuid.uuid4().hex[:6]
+        device = Client(nodes["c"].port, f"d{u}", clean=False, host=HOSTS["c"]).connect()
+        device.subscribe(f"mv{u}/#", 1)
+        pub = Client(nodes["b"].port, f"p{u}", host=HOSTS["b"]).connect()
+        pub.publish(f"mv{u}/x", b"before", qos=1)
+        device.wait_payload(b"before")
+        cut_link(nodes, proxies, "b", "c")
+        sent = [f"cut-{i}".encode() for i in range(5)]
+        for payload in sent:
+            pub.publish(f"mv{u}/x", payload, qos=1)  # b hears a majority: acknowledged
+        device.drop()
+        moved = Client(nodes["a"].port, f"d{u}", clean=False, host=HOSTS["a"]).connect()
+        assert moved.session_present
         for proxy in proxies.values():
             proxy.heal()
-            proxy.close()
+        nodes["c"].wait_log("router b/w0 is back", timeout=15)
+        wait_for(lambda: {m.payload for m in moved.messages} >= set(sent), 15,
+                 "what b published while c was silent to it, at the session's new router")
+
 
 
 def test_a_node_whose_loop_stopped_beyond_the_mesh_timeout_serves_no_session_when_it_runs_again(start_broker):
@@ -546,9 +584,7 @@ def test_a_session_that_moves_during_a_partition_gets_what_the_cut_off_side_publ
     the partition heals, a sends what it kept to b, by the interest it knew, but the session has
     left b: before, those acknowledged messages were lost. Now c, hearing a again, asks it for what
     it published for the sessions that moved to c while a was silent (SESSION_CATCHUP)."""
-    proxies: dict = {}
-    try:
-        nodes = three_nodes_behind_proxies(start_broker, proxies, "--replica-timeout", "30")
+    with proxied_nodes(start_broker, "--replica-timeout", "30") as (nodes, proxies):
         u = uuid.uuid4().hex[:6]
         first = Client(nodes["b"].port, f"mv{u}", clean=False, host=HOSTS["b"]).connect()
         first.subscribe(f"mv{u}/#", 1)
@@ -576,10 +612,7 @@ def test_a_session_that_moves_during_a_partition_gets_what_the_cut_off_side_publ
         want = {f"during-{i}".encode() for i in range(5)}
         wait_for(lambda: {m.payload for m in first.messages + second.messages} >= want, 30,
                  "every acknowledged message at the moved session")
-    finally:
-        for proxy in proxies.values():
-            proxy.heal()
-            proxy.close()
+
 
 
 def test_a_follower_restarted_while_the_sessions_router_is_dead_still_serves_them(start_broker):
