@@ -838,7 +838,7 @@ class Scenario:
             return
         far, third = self.rng.sample(others, 2)
         moved = [s for s in self.subscribers if s.persistent and s.conn is not None and s.conn.node is node]
-        self.fault("partition", f"nodes {node.name} and {far.name} cut off from each other for {cut:.2f} s "
+        self.fault("link-cut", f"nodes {node.name} and {far.name} cut off from each other for {cut:.2f} s "
                                 f"({third.name} reaches both); "
                                 f"{', '.join(s.name for s in moved) or 'no session'} reconnect(s) on {far.name}, "
                                 f"refused there on {third.name}")
@@ -972,7 +972,8 @@ class Scenario:
 
     def _report(self, msgs: list[Msg], verdicts: list[Verdict]) -> Report:
         counts = Counter(f.kind for f in self.faults)
-        kinds = " ".join(f"{k}={counts[k]}" for k in ("stop", "kill", "node-kill", "takeover", "drop") if counts[k])
+        kinds = " ".join(f"{k}={counts[k]}" for k in ("stop", "kill", "node-kill", "node-loss", "partition",
+                                                      "link-cut", "takeover", "drop") if counts[k])
         checked = sum(len(v.owed) for v in verdicts)
         lost = sum(len(v.lost()) for v in verdicts)
         dup = sum(v.duplicated() for v in verdicts)
