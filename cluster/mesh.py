@@ -370,6 +370,10 @@ class Mesh:
         self._refused_logged: dict[str, float] = {}
         self._bad_logged: set[str] = set()
         self._last_beat = time.monotonic()
+        # A heartbeat this long after the last means a pause the others may have acted on; the
+        # moment that is reached, for ``check_paused``'s callers to compare with cheaply.
+        self._pause_after = config.mesh_timeout - PAUSE_MARGIN_S
+        self.pause_deadline = self._last_beat + self._pause_after
         self.max_frame = max_frame(config.max_packet_size)
         self._tcp_pull: zmq.Socket | None = None
         self.stats_tcp: str | None = None  # this router's stats socket, if other nodes can read it
@@ -1091,6 +1095,8 @@ class Mesh:
         frames) were handled: then the loop's other work (client reads under the turn budget,
         writes) runs before the next frames, so a backlog of frames cannot stall every client of
         this router for the time of thousands of deliveries."""
+        if time.monotonic() >= self.pause_deadline:
+            self.check_paused()
         n = 0
         msgs = 0
         unpackb = msgpack.unpackb
@@ -1602,13 +1608,22 @@ class Mesh:
         except zmq.Again:
             pass  # a blocked or absent peer: the next heartbeat tries again
 
+    def check_paused(self) -> None:
+        """If the heartbeat is a mesh timeout late (this process was paused), run it now, before
+        what waited during the pause is acted on (frames read, acknowledgements, a persistent
+        CONNECT), which the event loop may otherwise run first."""
+        if time.monotonic() >= self.pause_deadline and self._timer is not None and not self.closed:
+            self._timer.cancel()
+            self._heartbeat()
+
     def _heartbeat(self) -> None:
         now = time.monotonic()
         timeout = self.config.mesh_timeout
         gap = now - self._last_beat  # since our last HELLO went out
         late = gap - HELLO_INTERVAL_S
         self._last_beat = now
-        if gap >= timeout - PAUSE_MARGIN_S and self.replication is not None:
+        self.pause_deadline = now + self._pause_after
+        if gap >= self._pause_after and self.replication is not None:
             # The others may have taken this router for gone meanwhile (and its sessions over):
             # it counts no node as heard until one speaks again (``Replication.paused``).
             self._replication_hook(self.replication.paused, gap)

@@ -336,6 +336,8 @@ class Replication:
     def hold(self, offset: int, client: Any, ack: bytes) -> bool:
         """Whether the acknowledgement of the record at ``offset`` must wait for the followers
         (or for the majority, on a node cut off from it)."""
+        if time.monotonic() >= self.mesh.pause_deadline:
+            self.mesh.check_paused()  # after a pause, the majority is counted again first
         if self.leader.hold(offset, (client, ack)):
             return True
         if self.in_minority:
@@ -464,6 +466,10 @@ class Replication:
     def heartbeat(self) -> None:
         self._majority()
         self._place()
+
+    def check_paused(self) -> None:
+        """See ``Mesh.check_paused``: for a persistent CONNECT, before ``in_minority``."""
+        self.mesh.check_paused()
 
     @property
     def in_minority(self) -> bool:

@@ -248,6 +248,8 @@ class Client:
             self._finish_connect(connect, None, assigned)
             return
         replication = router.replication
+        if replication is not None and not connect.clean_start:
+            replication.check_paused()
         if replication is not None and not connect.clean_start and replication.in_minority:
             # A partition's minority side takes no session in: the majority may be serving it.
             self._refuse(Reason.SERVER_UNAVAILABLE, "this node is cut off from the majority of the cluster; "
