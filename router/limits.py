@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .retained import SYS_PREFIX
+
 if TYPE_CHECKING:
     from .message import Message
     from .retained import RetainedStore
@@ -45,15 +47,18 @@ def retained_size(msg: Message) -> int:
 def may_retain(store: RetainedStore, msg: Message, limits: ClientLimits, stats: RouterStats) -> bool:
     """Whether ``msg`` may be retained: clearing (an empty payload) always may; a new topic needs room
     in --max-retained, and the store's bytes after it (the old version replaced) must stay within
-    --max-retained-bytes. Refused: the message is still delivered, only not retained (counted)."""
-    if not msg.payload:
+    --max-retained-bytes. Refused: the message is still delivered, only not retained (counted).
+    The limits are the clients' quota: the broker's own ``$SYS/`` topics (a small set it bounds
+    itself) neither count against it nor are refused by it, so a full store keeps ``$SYS`` readable
+    and ``$SYS`` does not take a client's room (it did, in the first seconds after a start)."""
+    if not msg.payload or msg.topic.startswith(SYS_PREFIX):
         return True
     current = store.get(msg.topic)
-    if current is None and store.count >= limits.max_retained:
+    if current is None and store.count - store.sys_count >= limits.max_retained:
         stats.limit_retained += 1
         return False
     grow = retained_size(msg) - (retained_size(current) if current is not None else 0)
-    if grow > 0 and store.bytes + grow > limits.max_retained_bytes:
+    if grow > 0 and store.bytes - store.sys_bytes + grow > limits.max_retained_bytes:
         stats.limit_retained += 1
         return False
     return True

@@ -26,6 +26,7 @@ import msgpack
 from brokerd.connection.packets import Subscription
 
 from .message import Message
+from .retained import SYS_PREFIX
 from .session import AWAIT_COMP, Inflight, LogRange, Session
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ class StateStore:
             "router": router.router_id,
             "log_offset": log_.next_offset if log_ is not None else 0,
             "sessions": sessions,
-            "retained": [m.to_list() for m in router.retained if not m.topic.startswith("$SYS/")],
+            "retained": [m.to_list() for m in router.retained if not m.topic.startswith(SYS_PREFIX)],
             "fenced": {rid: sorted(cids) for rid, cids in router.fenced.items() if cids},
             "fenced_wills": {rid: sorted(cids) for rid, cids in router.fenced_wills.items() if cids},
         })

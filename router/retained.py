@@ -13,6 +13,7 @@ from typing import Any
 
 from .message import Message
 
+SYS_PREFIX = "$SYS/"  # the broker's own topics (router.sys_topics)
 TOMBSTONES = 100_000  # cleared topics whose clearing is remembered (to order late updates), newest kept
 
 
@@ -40,6 +41,9 @@ class RetainedStore:
         self._root = _Node()
         self.count = 0
         self.bytes = 0  # topics and payloads held (--max-retained-bytes)
+        # Of those, the broker's own ``$SYS/`` topics: not the clients' quota (``limits.may_retain``).
+        self.sys_count = 0
+        self.sys_bytes = 0
         self.stats = stats  # RouterStats: expired messages found are counted in drop_expired
         # Counts the retained messages set by publishes on this router. A subscription is live on
         # its router before its SUBACK (which may wait for the other routers): what a publish here
@@ -67,11 +71,19 @@ class RetainedStore:
             if nxt is None:
                 nxt = node.children[level] = _Node()
             node = nxt
+        size = len(msg.topic) + len(msg.payload)
+        sys = msg.topic.startswith(SYS_PREFIX)
         if node.msg is None:
             self.count += 1
+            self.sys_count += sys
         else:
-            self.bytes -= len(node.msg.topic) + len(node.msg.payload)
-        self.bytes += len(msg.topic) + len(msg.payload)
+            old = len(node.msg.topic) + len(node.msg.payload)
+            self.bytes -= old
+            if sys:
+                self.sys_bytes -= old
+        self.bytes += size
+        if sys:
+            self.sys_bytes += size
         node.msg = msg
         if local:
             self.local_seq += 1
@@ -90,7 +102,11 @@ class RetainedStore:
             node = nxt
         if node.msg is None:
             return
-        self.bytes -= len(node.msg.topic) + len(node.msg.payload)
+        size = len(node.msg.topic) + len(node.msg.payload)
+        self.bytes -= size
+        if topic.startswith(SYS_PREFIX):
+            self.sys_count -= 1
+            self.sys_bytes -= size
         node.msg = None
         self.count -= 1
         for parent, level in reversed(path):

@@ -38,7 +38,7 @@ from .log.errors import LogUnavailable
 from .mesh_format import FULL, PLAIN
 from .message import Message
 from .ports import NULL_MESH, TAKEOVER_FAILED, ClientHandle, MeshPort
-from .retained import RetainedStore
+from .retained import SYS_PREFIX, RetainedStore
 from .session import Session, SessionLimits
 from .session_life import SessionLife
 from .shared import NONE, SharedGroup, SharedRoute, is_shared
@@ -153,7 +153,7 @@ class Router(SharedRouting, SessionLife):
         Raises ``LogUnavailable`` for a QoS 1/2 message the log cannot take (full or unwritable
         disk): the caller refuses it instead of acknowledging it. QoS 0 still flows, unlogged.
         """
-        if self.commit_log is not None and not msg.topic.startswith("$SYS/"):  # metrics stay out
+        if self.commit_log is not None and not msg.topic.startswith(SYS_PREFIX):  # metrics stay out
             try:
                 msg.origin_offset = self._log(msg, False)
             except LogUnavailable:
@@ -200,7 +200,7 @@ class Router(SharedRouting, SessionLife):
         if routes is None:
             routes = self._fold_routes(topic)
         if self.commit_log is not None and (msg.retain or any(r[0].persistent for r in routes)) \
-                and not topic.startswith("$SYS/"):
+                and not topic.startswith(SYS_PREFIX):
             try:
                 self._log(msg, True)
             except LogUnavailable:

@@ -369,6 +369,29 @@ def test_a_local_retained_publish_is_stamped_past_what_it_replaces():
     assert _retained(other, "rs/x") == b"mine"
 
 
+def test_the_brokers_own_sys_topics_take_no_clients_room_in_the_retained_limits():
+    """--max-retained 2: the router's $SYS values (retained, published at its first stats tick,
+    which a slow start put among a client's first publishes) neither take one of the two places
+    nor are refused when clients fill them. A CI run failed so (a client's second retained topic
+    refused because $SYS/.../version had taken its place)."""
+    from brokerd.router.limits import ClientLimits
+
+    router = Router(RouterConfig(limits=ClientLimits(max_retained=2, max_retained_bytes=64)))
+    router.publish(Message("$SYS/brokerd/t/w0/version", b"brokerd 0.1.0", 0, True, "$SYS", "t/w0"))
+    router.publish(Message("$SYS/brokerd/t/w0/uptime", b"1" * 40, 0, True, "$SYS", "t/w0"))
+    router.publish(Message("r/1", b"one", 1, True, "c", "t/w0"))
+    router.publish(Message("r/2", b"two", 1, True, "c", "t/w0"))
+    assert _retained(router, "r/1") == b"one" and _retained(router, "r/2") == b"two"
+    router.publish(Message("r/3", b"three", 1, True, "c", "t/w0"))  # the clients' two places are taken
+    assert _retained(router, "r/3") is None and router.stats.limit_retained == 1
+    router.publish(Message("r/1", b"x" * 60, 1, True, "c", "t/w0"))  # beyond the clients' bytes
+    assert _retained(router, "r/1") == b"one" and router.stats.limit_retained == 2
+    router.publish(Message("$SYS/brokerd/t/w0/clients", b"7", 0, True, "$SYS", "t/w0"))
+    assert _retained(router, "$SYS/brokerd/t/w0/clients") == b"7"  # $SYS stays readable when full
+    router.publish(Message("$SYS/brokerd/t/w0/uptime", b"", 0, True, "$SYS", "t/w0"))
+    assert router.retained.sys_count == 2 and router.retained.count == 4
+
+
 def test_a_stale_session_being_handed_over_is_dropped_when_the_transfer_fails():
     """A router back from the dead restores a session that was taken over elsewhere meanwhile; a
     takeover request that was on its way to its previous incarnation starts handing it over just
