@@ -273,7 +273,7 @@ class Router(SharedRouting, SessionLife):
         if not only:
             self.deliver_remote(msg)
         for key in groups:
-            self._deliver_shared(msg, key)
+            self._deliver_remote_shared(msg, key, only)
 
     def _log(self, msg: Message, forwarded: bool) -> int:
         """Append ``msg`` to this router's log; a forwarded copy keeps its origin. Returns and

@@ -56,7 +56,8 @@ class SharedRouting:
         for route in routes:
             rid = route.choose()
             if rid == me:
-                self._deliver_shared(msg, route.key)
+                if not self._to_member(msg, route.key):
+                    self.stats.shared_no_member += 1
             elif rid is not None:
                 picked.setdefault(rid, []).append(route.key)
         mesh = self.mesh
@@ -70,21 +71,35 @@ class SharedRouting:
 
     def _deliver_shared(self, msg: Message, key: str) -> None:
         """One local member of shared subscription ``key`` gets ``msg`` (none left: nobody)."""
+        if not self._to_member(msg, key):
+            self.stats.shared_no_member += 1
+
+    def _to_member(self, msg: Message, key: str) -> bool:
+        """``_deliver_shared``: False when this router has no member of ``key`` (left to the
+        caller to count, or to hand on)."""
         group = self.shared_local.get(key)
-        if group is None:
-            self.stats.shared_no_member += 1
-            return
-        picked = group.pick(msg.qos)
+        picked = group.pick(msg.qos) if group is not None else None
         if picked is None:
-            self.stats.shared_no_member += 1
-            return
+            return False
         session, sub = picked
         if msg.expires_ms and msg.expired():
             self.stats.drop_expired += 1
-            return
+            return True
         qos = msg.qos
         session.deliver_shared(msg.with_ids((sub.sub_id,)) if sub.sub_id else msg, qos if qos < sub.qos else sub.qos,
                                msg.retain and sub.retain_as_published)
+        return True
+
+    def _deliver_remote_shared(self, msg: Message, key: str, only: bool) -> None:
+        """A message another router chose this one for, for group ``key``. Its last member here
+        may have left while the message was on its way (the publisher's router had not heard
+        yet): then it goes on to another router of the group, once (``only``: it was handed on
+        already, and is not handed back and forth while the routers' views of the group differ)."""
+        if not self._to_member(msg, key):
+            if only:
+                self.stats.shared_no_member += 1
+            else:
+                self._hand_on(msg, key)
 
     def _hand_on(self, msg: Message, key: str) -> None:
         """Deliver ``msg`` to another member of group ``key``, wherever the choice falls, and to

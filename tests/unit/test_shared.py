@@ -250,6 +250,23 @@ def test_handing_on_to_another_router_is_for_the_group_alone():
     assert received(conn) == [b"m"] and received(normal) == []  # the normal subscriber had its copy
 
 
+def test_a_message_that_arrives_after_the_last_local_member_left_goes_on_to_another_router():
+    """n/w1 chose n/w0 for a group message while n/w0's last member was leaving: the message
+    arrives with no member here. It goes on to n/w1 (the group's other router), for the group
+    alone; one already handed on is not handed back (counted instead). Before, it was dropped:
+    the CI saw a QoS 1 message acknowledged to its publisher reach no member."""
+    r = Router(RouterConfig(router_id="n/w0"), FakeMesh())  # type: ignore[arg-type]
+    mesh: FakeMesh = r.mesh  # type: ignore[assignment]
+    a, _ = member(r, "a", "$share/g/late", qos=1)
+    r.peer_interest("n/w1", "$share/g/late", 1)
+    r.end_session(a)
+    r.deliver_remote_shared(Message("late", b"on-its-way", qos=1), ["$share/g/late"])
+    assert mesh.only == [("n/w1", b"on-its-way", ["$share/g/late"])]
+    assert r.stats.shared_no_member == 0
+    r.deliver_remote_shared(Message("late", b"handed-on", qos=1), ["$share/g/late"], True)
+    assert len(mesh.only) == 1 and r.stats.shared_no_member == 1
+
+
 def online_normal(router: Router, topic_filter: str):
     s = router.new_session(f"n-{topic_filter}", False)
     conn = FakeConn()
