@@ -39,7 +39,8 @@ is printed too, so the width of every such gap stays visible:
   message during whose whole life ([t_send, t_ack]) at least one member connection was up; members
   on a SIGSTOPped worker included (their router's copies wait for it). Excused ("member left"):
   messages that overlap [departure - ``GROUP_BEFORE``, departure + ``GROUP_AFTER``] of any member
-  ("a copy that reaches a router just after its last member left is lost for that group"; a member
+  (a copy that reaches a router just after its last member left goes on once, and is lost if the
+  next router has none left either: README, "Shared subscriptions"; a member
   that dies with its worker cannot hand its unacknowledged messages on; the other routers learn
   that its router is gone after the mesh timeout).
 
