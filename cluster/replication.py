@@ -51,10 +51,12 @@ router and not yet in its replica when it died. Each answers from its log (or, f
 its replica), from the offset after the last of its messages among the copies, or from shortly
 before the session's position in time where none was; at least once, as every catch-up.
 
-The delayed wills of a silent router's offline sessions go out from a holder of its sessions when
-they fall due (the holders stagger by ``WILL_STAGGER_S`` in router-id order; the first tells the
-others and, when it returns, the router: SESSION_GONE's third list), unless the session is taken
-over first or the router is heard again.
+The wills of a silent router's sessions go out from a holder of its sessions when they fall due
+(the holders stagger by ``WILL_STAGGER_S`` in router-id order; the first tells the others and,
+when it returns, the router: SESSION_GONE's third list), unless the session is taken over first
+or the router is heard again: the delayed will of an offline session at its time, and the will
+of a session whose client was connected (the snapshot's ``live_will``) its Will Delay Interval
+after the silence began, once a majority takes the router for gone.
 """
 
 from __future__ import annotations
@@ -1018,6 +1020,13 @@ class Replication:
         # Two silent routers of one node may both have had it (it moved between them shortly
         # before the node died, before the first said it was gone): the most recent counts.
         partition, st = max(found, key=lambda f: recency(f[1]))
+        due = self._held_will_due(partition, st)
+        if due is not None and time.time() >= due:
+            # Its will fell due before this connection came (the will of a connection its
+            # router's loss closed, with a Will Delay Interval of 0, at once): it goes out before
+            # the session moves, wherever the holders' timers were (they look once a second
+            # for the majority's vote).
+            self._publish_held_will(partition, client_id, st)
         exported = self._export_replica(client_id, partition, st, False)
         if exported is None:
             return None
@@ -1180,7 +1189,7 @@ class Replication:
         for cid in wills:
             st = held.get(cid)
             if st is not None:
-                st["will"] = None
+                st["will"] = st["live_will"] = None
                 changed = True
             self._disarm_will(partition, cid)
         if changed:
@@ -1205,9 +1214,11 @@ class Replication:
     # -- the delayed wills of a silent router's sessions ---------------------------------------------
 
     def _arm_wills(self, partition: str) -> None:
-        """``partition``'s router fell silent: each delayed will of its offline sessions held here
-        goes out when due (``_will_due``), this router's turn among the live holders of its
-        replica later by ``WILL_STAGGER_S`` each."""
+        """``partition``'s router fell silent: each will of its sessions held here goes out when
+        due (``_will_due``), this router's turn among the live holders of its replica later by
+        ``WILL_STAGGER_S`` each: a delayed will of an offline session at its time, the will of a
+        session whose client was connected (``live_will``) its Will Delay Interval after the
+        silence began (that connection is lost with its node, or sent away from a minority)."""
         held = self.sessions.get(partition)
         if not held:
             return
@@ -1216,10 +1227,19 @@ class Replication:
         stagger = holders.index(self.partition) * WILL_STAGGER_S
         now = time.time()
         for cid, st in held.items():
-            will = st.get("will")
-            if will and (partition, cid) not in self._will_timers:
-                delay = max(0.0, will[1] / 1000 - now) + stagger
+            due = self._held_will_due(partition, st)
+            if due is not None and (partition, cid) not in self._will_timers:
+                delay = max(0.0, due - now) + stagger
                 self._will_timers[(partition, cid)] = self.loop.call_later(delay, self._will_due, partition, cid)
+
+    def _held_will_due(self, partition: str, st: dict) -> float | None:
+        """When the will held with session state ``st`` of silent ``partition`` falls due (Unix
+        time; None: it has none): a delayed will at its time, a connected client's will its
+        delay after the silence began."""
+        if st.get("will"):
+            return st["will"][1] / 1000
+        live = st.get("live_will")
+        return self._silent_since_ms(partition) / 1000 + live[1] if live else None
 
     def _disarm_will(self, partition: str, cid: str) -> None:
         timer = self._will_timers.pop((partition, cid), None)
@@ -1227,24 +1247,33 @@ class Replication:
             timer.cancel()
 
     def _will_due(self, partition: str, cid: str) -> None:
-        """Publish the delayed will of ``cid`` (of silent ``partition``) unless its router is
-        back or the session was taken over; without a majority (the router may be alive on the
-        other side of a partition), look again in a second."""
+        """Publish the will of ``cid`` (of silent ``partition``) unless its router is back or
+        the session was taken over; without a majority (the router may be alive on the other
+        side of a partition), look again in a second."""
         self._will_timers.pop((partition, cid), None)
         leader = self.mesh.peers.get(partition)
         st = self.sessions.get(partition, {}).get(cid)
-        if st is None or not st.get("will") or (leader is not None and leader.alive):
+        if st is None or not (st.get("will") or st.get("live_will")) or (leader is not None and leader.alive):
             return
         if self.in_minority or cid in self._handing or not self.gone_for_majority(partition):
             # (a takeover may resume it; another node may still hear its router)
             self._will_timers[(partition, cid)] = self.loop.call_later(1.0, self._will_due, partition, cid)
             return
-        will, st["will"] = st["will"], None
+        self._publish_held_will(partition, cid, st)
+
+    def _publish_held_will(self, partition: str, cid: str, st: dict) -> None:
+        """Publish the will held in ``st`` (session ``cid`` of silent ``partition``) from this
+        router, once: the other holders and, when it returns, the router are told."""
+        self._disarm_will(partition, cid)
+        delayed = bool(st.get("will"))
+        will = st.get("will") or st["live_will"]
+        st["will"] = st["live_will"] = None
         self._sessions_changed(partition)
+        kind = "delayed will" if delayed else "will"
         try:
             msg = Message.from_list(will[0])
         except (TypeError, ValueError, IndexError) as exc:
-            log.error("replication: the delayed will of session %s of %s cannot be read: %s", cid, partition, exc)
+            log.error("replication: the %s of session %s of %s cannot be read: %s", kind, cid, partition, exc)
             return
         self.router.publish_will(msg)
         self.router.fenced_wills.setdefault(partition, set()).add(cid)
@@ -1254,7 +1283,8 @@ class Replication:
         for peer in self.mesh.peers.values():
             if peer.alive:
                 self.mesh.send_replication(peer, "gone", notice)
-        log.info("replication: the delayed will of session %s of silent router %s published here", cid, partition)
+        log.info("replication: the %s of session %s of silent router %s published here%s", kind, cid, partition,
+                 "" if delayed else " (its client was connected to it)")
 
     def moved_past_silence(self, session: Session, silent: Any) -> None:
         """A session moved here from a live router to which other routers were silent

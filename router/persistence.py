@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,7 @@ import msgpack
 
 from brokerd.connection.packets import Subscription
 
-from .message import Message
+from .message import Message, will_delay
 from .retained import SYS_PREFIX
 from .session import AWAIT_COMP, Inflight, LogRange, Session
 
@@ -60,9 +61,12 @@ class StateStore:
         self._built = self._moves()
         log_ = router.commit_log
         sessions = {}
+        clients = router.clients
         for cid, s in router.sessions.items():
             if not s.persistent:
                 continue
+            client = clients.get(cid) if s.conn is not None else None
+            live = client.will if client is not None and client.session is s else None
             sessions[cid] = {
                 "expiry": s.expiry_s,
                 "subs": [x.to_values() for x in s.subscriptions.values()],
@@ -73,6 +77,11 @@ class StateStore:
                 "pubrel": sorted(pid for pid, e in s.inflight.items() if e.state == 1),
                 "username": s.username,  # ACLs apply to it after a restart too
                 "will": s.will_state(),
+                # The will of the connection attached now, with its Will Delay Interval: a crash
+                # closes that connection without a DISCONNECT, so the will goes out after a
+                # restart (``load``), or from a holder of the replicated sessions if this node
+                # is lost (cluster.replication, "the wills of a silent router's sessions").
+                "live_will": [live.to_list(), will_delay(live)] if live is not None else None,
                 "epoch": s.epoch,
                 "arrived": s.arrived_ms,
             }
@@ -163,7 +172,7 @@ class StateStore:
     def load(self, will_grace: float = 0.0) -> tuple[int, int]:
         """Restore sessions and retained messages; returns (sessions, retained) counts. A restored
         delayed will waits at least ``will_grace`` seconds (one that fell due while this router was
-        down, that long): in a cluster, the holder of this router's replica may have published it
+        down, that long; so does the will of a client that was connected when it crashed): in a cluster, the holder of this router's replica may have published it
         meanwhile, and says so when it meets this router again (``Router.wills_published_elsewhere``)."""
         router = self.router
         state: dict[str, Any] = {}
@@ -203,6 +212,12 @@ class StateStore:
             pos = st.get("position")
             if log_ is not None and pos is not None:
                 session.cursor = max(pos, log_.start_offset)
+            live = st.get("live_will")
+            if live and session.will is None:
+                # Its client was connected when this router stopped without closing it (a
+                # crash): the connection is gone, so the will is due after its delay from now.
+                session.will = Message.from_list(live[0])
+                session.will_due_ms = int((time.time() + live[1]) * 1000)
             router.schedule_expiry(session)
             router.rearm_will(session, will_grace)
         return len(state.get("sessions", {})), len(router.retained)

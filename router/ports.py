@@ -114,6 +114,8 @@ class ClientHandle(Protocol):
 
     client_id: str
     conn: Any  # a connection.protocol.Connection
+    session: Any  # the router.session.Session it is attached to (None before CONNECT is settled)
+    will: Any  # its will (a router.message.Message), until the connection ends or DISCONNECT drops it
 
     def taken_over(self) -> None:
         """The same client id connected elsewhere: close this connection (its will fires)."""

@@ -48,8 +48,9 @@ Then: every reconnection of a persistent session had session present = 1, and ea
 with it once more at the end; the interest tables (the routers' stats snapshots: ``interest`` must
 be the other routers' ``filters``, every router must know the shared group, subscriptions and
 members must be those of the live sessions) equal the live subscriptions; a fresh subscriber on
-every router gets a fresh message from every other router (the behavioural side of the same); and
-no broker log holds a traceback.
+every router gets a fresh message from every other router (the behavioural side of the same); the
+will of every persistent session connected to a node lost for good (each has one, without delay)
+was published by a holder of its session (``_check_wills``); and no broker log holds a traceback.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -89,6 +91,9 @@ BUCKETS = 4  # topics per publisher: <base>/<publisher>/<seq % BUCKETS>
 # The excused windows of a shared group (see the module docstring), in seconds.
 GROUP_BEFORE = 1.5
 GROUP_AFTER = MESH_TIMEOUT + 1.5
+# A persistent session connected this long before its node is lost has its will at the follower
+# (the snapshot is written within a second of a CONNECT, and sent on at once).
+WILL_SETTLED_S = 3.0
 SETTLE = 20.0  # every client back (connected, subscribed) after a fault
 DRAIN = 20.0  # the subscribers get what they are owed, at most this long ...
 STAGNANT = 5.0  # ... or until nothing arrived for this long
@@ -187,7 +192,8 @@ class Conn(Client):
     _gens = itertools.count(1)
 
     def __init__(self, owner: Endpoint, node: Node, clean: bool) -> None:
-        super().__init__(node.port, owner.client_id, clean=clean, host=node.host, keepalive=KEEPALIVE)
+        super().__init__(node.port, owner.client_id, clean=clean, host=node.host, keepalive=KEEPALIVE,
+                         will=owner.will)
         self.owner = owner
         self.node = node
         self.gen = next(Conn._gens)
@@ -241,6 +247,7 @@ class Endpoint:
         self.lock = threading.Condition()
         self.conn: Conn | None = None
         self.attempts: dict[int, float] = {}  # Conn.gen → when its latest connection attempt began
+        self.will: tuple[str, bytes, int, bool] | None = None  # (topic, payload, QoS, retain)
 
     def open(self, node: Node) -> Conn:
         """A new connection on ``node`` (blocking, bounded); paho reconnects it from then on."""
@@ -387,6 +394,8 @@ class Subscriber(Endpoint):
         self.match_filter = topic_filter.split("/", 2)[2] if shared else topic_filter
         self.persistent = persistent
         self.shared = shared
+        if persistent:  # outside the scenario's base: no subscriber's filter matches it
+            self.will = (f"chaos/will-{sc.uid}/{name}", b"gone", 0, False)
         self.received: Counter[tuple[str, int]] = Counter()
         self.first_suback: float | None = None
         self.epochs: list[Epoch] = []
@@ -468,6 +477,13 @@ class Subscriber(Endpoint):
 
     def wait_ready(self) -> None:
         wait_for(self.ready, WAIT, f"{self.name} connected and subscribed")
+
+    def connected_at(self) -> float:
+        """When the current connection got its CONNACK (infinity: it has none)."""
+        conn = self.conn
+        with self.lock:
+            return max((t for _, t, _, gen in self.connacks if conn is not None and gen == conn.gen),
+                       default=float("inf"))
 
     def takeover(self, node: Node) -> None:
         """A new connection with this client id, while the old one is up (it may land on another
@@ -617,6 +633,7 @@ class Scenario:
         self._sleep = threading.Event()
         self._plock = threading.Lock()
         self.placed_at_start: dict[str, str] = {}
+        self.wills_owed: list[tuple[str, str]] = []  # (fault, client id): see ``_check_wills``
 
     # -- small things
 
@@ -798,6 +815,8 @@ class Scenario:
                                 + ("; it returns on an empty disk" if wipe else ""))
         t_kill = now()
         node.broker.kill()
+        self.wills_owed += [(self.faults[-1].what, s.client_id) for s in moved
+                            if t_kill - s.connected_at() > WILL_SETTLED_S]
         for s in moved:
             s.drop(self.rng.uniform(0.0, 0.3), self.rng.choice(others))
         try:
@@ -908,6 +927,7 @@ class Scenario:
         self._check_interest(report)
         self._check_probes(report)
         self._check_logs(report)
+        self._check_wills(report)
         report.details += [f"placement at start: {self.placed_at_start}", f"placement at the end: {placed}"]
         if self.notes:
             report.details += ["notes:", *(f"  {n}" for n in self.notes)]
@@ -1091,6 +1111,21 @@ class Scenario:
         if pairs:
             report.violations.append(f"after the faults, {len(pairs)} router pairs do not deliver: "
                                      + ", ".join(pairs))
+
+    def _check_wills(self, report: Report) -> None:
+        """A node lost for good closes its clients' connections without a DISCONNECT: the will of
+        each persistent session connected to it (for ``WILL_SETTLED_S`` or more: its state had
+        reached the follower) goes out from a holder of its session (README, "What the cluster
+        guarantees under faults"). Read from the nodes' logs: the line the holder writes."""
+        texts = [n.broker.log_text() for n in self.nodes]
+        missing = [f"{cid} ({fault})" for fault, cid in self.wills_owed
+                   if not any(re.search(rf"the will of session {re.escape(cid)} of silent router \S+ published here",
+                                        t) for t in texts)]
+        if missing:
+            report.violations.append(f"{len(missing)} will(s) of clients connected to a lost node never "
+                                     f"published: {', '.join(missing)}")
+        if self.wills_owed:  # on the figures' line: how many were owed, and published
+            report.line += f" wills={len(self.wills_owed) - len(missing)}/{len(self.wills_owed)}"
 
     def _check_logs(self, report: Report) -> None:
         for n in self.nodes:

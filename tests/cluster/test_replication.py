@@ -536,16 +536,15 @@ def test_a_node_whose_loop_stopped_beyond_the_mesh_timeout_serves_no_session_whe
     new.wait_payload(b"c-again")
 
 
-def test_a_dead_nodes_delayed_will_goes_out_from_the_holder_of_its_sessions(start_broker):
-    """An MQTT 5 persistent session on node a whose client went away with a will delayed by 3 s:
-    node a is SIGKILLed before the will is due. c holds a's sessions (its log's follower): it
-    publishes the will when due, once, to a watcher on b. When a returns with its disk (its
-    snapshot still has the will waiting), it does not publish it again."""
+def device_with_a_will(start_broker, delay: int) -> tuple[dict, str, Client, Client]:
+    """Three nodes (R = 2; c follows a's log), a watcher of the wills on b, and a device connected
+    to a: MQTT 5, a persistent session (expiry 300 s) subscribed to ``cmd<u>``, a QoS 1 will on
+    ``will<u>/gone`` with a Will Delay Interval of ``delay`` s. Returns (nodes, u, watcher, device)."""
     import paho.mqtt.client as mqtt
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
 
-    assert follower_nodes("a/w0", "a", ["b", "c"], 1) == ["c"]  # the test's layout rests on it
+    assert follower_nodes("a/w0", "a", ["b", "c"], 1) == ["c"]  # the tests' layout rests on it
     nodes = three_nodes(start_broker, "--replication-factor", "2")
     u = uuid.uuid4().hex[:6]
     watcher = Client(nodes["b"].port, f"w{u}", host=HOSTS["b"]).connect()
@@ -555,10 +554,19 @@ def test_a_dead_nodes_delayed_will_goes_out_from_the_holder_of_its_sessions(star
     device = Client(nodes["a"].port, f"d{u}", clean=False, host=HOSTS["a"], protocol=mqtt.MQTTv5,
                     properties=connect_props)
     will_props = Properties(PacketTypes.WILLMESSAGE)
-    will_props.WillDelayInterval = 3
-    device.c.will_set(f"will{u}/gone", b"gone", 1, False, will_props)
+    will_props.WillDelayInterval = delay
+    device.c.will_set(f"will{u}/gone", b"gone", 1, False, will_props if delay else None)
     device.connect()
     device.subscribe(f"cmd{u}", 1)
+    return nodes, u, watcher, device
+
+
+def test_a_dead_nodes_delayed_will_goes_out_from_the_holder_of_its_sessions(start_broker):
+    """An MQTT 5 persistent session on node a whose client went away with a will delayed by 3 s:
+    node a is SIGKILLed before the will is due. c holds a's sessions (its log's follower): it
+    publishes the will when due, once, to a watcher on b. When a returns with its disk (its
+    snapshot still has the will waiting), it does not publish it again."""
+    nodes, u, watcher, device = device_with_a_will(start_broker, 3)
     device.drop()  # an abnormal close: the will waits 3 s with the offline session
     snap = snapshot_of(nodes["c"], lambda r: r.get("wills", {}).get("a/w0") == 1)  # c holds it
     stats = NodeStats("c", 1, 1.0)
@@ -574,6 +582,30 @@ def test_a_dead_nodes_delayed_will_goes_out_from_the_holder_of_its_sessions(star
     # Told before its own timer (its grace: --mesh-timeout + 1 s) fired: had the timer fired
     # first, the session would have had no will left to cancel, and this line would not come.
     nodes["a"].wait_log(f"session d{u}: its delayed will was published on another node")
+    wills = [m for m in watcher.messages if m.payload == b"gone"]
+    assert len(wills) == 1, f"the will was published {len(wills)} times"
+
+
+def test_a_dead_nodes_connected_client_has_its_will_published_by_the_holder_of_its_session(start_broker):
+    """An MQTT 5 persistent session on node a with its client connected and a will (no delay):
+    node a is SIGKILLed. Its connection is lost without a DISCONNECT, so the will is due: c, the
+    holder of a's sessions, publishes it once the majority takes a for gone, to a watcher on b.
+    a restarted with its disk (its snapshot has the connected client's will, due after a crash)
+    does not publish it again; the client reconnects on b and finds its session."""
+    nodes, u, watcher, device = device_with_a_will(start_broker, 0)
+    snapshot_of(nodes["c"], lambda r: r.get("sessions", {}).get("a/w0") == 1)  # c holds it, will and all
+    nodes["a"].kill()
+    watcher.wait_payload(b"gone", timeout=15)
+    nodes["c"].wait_log(f"the will of session d{u} of silent router a/w0 published here")
+    nodes["a"].start()
+    nodes["a"].wait_log(f"session d{u}: its delayed will was published on another node")
+    device.drop()
+    again = Client(nodes["b"].port, f"d{u}", clean=False, host=HOSTS["b"], protocol=device.protocol,
+                   properties=device.connect_properties).connect()
+    assert again.session_present, "the session was not found on b"
+    pub = Client(nodes["b"].port, f"p{u}", host=HOSTS["b"]).connect()
+    pub.publish(f"cmd{u}", b"cmd", qos=1)
+    again.wait_payload(b"cmd")
     wills = [m for m in watcher.messages if m.payload == b"gone"]
     assert len(wills) == 1, f"the will was published {len(wills)} times"
 

@@ -167,6 +167,46 @@ def test_a_delayed_will_and_the_identity_outlive_a_restart(tmp_path):
     assert second.stats.wills_published == 1
 
 
+def test_the_will_of_a_client_connected_at_a_crash_goes_out_after_the_restart(tmp_path):
+    """A crash closes every connection without a DISCONNECT: the snapshot keeps the will of a
+    persistent session's connected client (``live_will``, also what its followers hold), and a
+    router restarted from it publishes that will; the will of a client that had said DISCONNECT
+    (its handler dropped it) is not kept."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from brokerd.router.persistence import StateStore
+
+    async def run() -> tuple[dict, list, Router]:
+        first = Router(RouterConfig())
+        for cid, will in (("dev", Message("wills/dev", b"gone", qos=1, client_id="dev")), ("polite", None)):
+            session = first.new_session(cid, True)
+            session.expiry_s = 3600
+            session.attach(FakeConn(5))  # type: ignore[arg-type]
+            first.clients[cid] = SimpleNamespace(client_id=cid, session=session, will=will)  # type: ignore[assignment]
+        store = StateStore(first, str(tmp_path))
+        store.write_now()
+        import msgpack
+        with open(store.path, "rb") as f:
+            held = msgpack.unpackb(f.read(), strict_map_key=False)["sessions"]
+
+        second = Router(RouterConfig())
+        _, watcher = _v5(second, "watcher", Subscription("wills/#", 1))
+        StateStore(second, str(tmp_path)).load()
+        for _ in range(100):
+            if watcher.packets():
+                break
+            await asyncio.sleep(0.02)
+        return held, watcher.packets(), second
+
+    held, published, second = asyncio.run(run())
+    assert held["dev"]["live_will"][1] == 0 and held["polite"]["live_will"] is None
+    [p] = published
+    assert (p.topic, p.payload) == ("wills/dev", b"gone")
+    assert second.stats.wills_published == 1
+    assert second.sessions["dev"].will is None and second.sessions["polite"].will is None
+
+
 def test_a_delayed_will_travels_with_a_moved_session_and_stays_when_the_move_breaks_off():
     """A takeover carries the delayed will to the new owner (which publishes it on a Clean Start
     and drops it on a resume); the old owner's timer stops, and starts again for the rest of the
