@@ -34,8 +34,8 @@ interest; the holder answers with REPLICA_PUBLISH ``[partition, messages, mark]`
 that holds the replica itself reads it back to its own subscribers. Every message the dead router
 acknowledged is in the replicas of ``--min-insync`` nodes, so its subscribers on the surviving
 nodes get it (at least once: what they had is delivered again only if it lies after the mark).
-Shared subscriptions are not served this way (a group's message reaches its group when the
-router returns).
+Shared groups are served by the holder that answers the catch-ups: it reads the dead router's QoS
+1/2 messages back to the groups from the lowest mark asked for (``_groups_back``).
 
 Sessions (step 3 without the agreement of step 2; docs/replication.md, "Sessions"). A leader's
 persistent sessions, as its snapshot holds them (subscriptions, position in its log, QoS 2 state,
@@ -199,6 +199,9 @@ class Replication:
         # the request waiting for its answer, and how far it is (next offset, the log's start).
         self._histories: dict[str, tuple[CommitLog, asyncio.Task]] = {}
         self._history_waits: dict[str, tuple[str, asyncio.Future]] = {}
+        # Per silent router whose replica is read back here: the lowest offset from which its
+        # QoS 1/2 messages went to the shared groups (``_groups_back``).
+        self._groups_low: dict[str, int] = {}
         self.history_at: dict[str, tuple[int, int]] = {}
         if self.factor > 1:  # with R = 1 this router only follows (acknowledgements never wait)
             self.log.on_batch = self._on_batch
@@ -855,12 +858,47 @@ class Replication:
                  partition, where, peer.origin_mark)
         if best is self.mesh:
             self._read_back(partition, peer.origin_mark, None)
+            self._groups_back(partition, peer.origin_mark)
         else:
             self.mesh.send_replication(best, "catchup", [partition, peer.origin_mark])
 
     def catchup(self, peer: Peer | None, partition: str, offset: int) -> None:
         """``peer`` (None: this router) asks for what ``partition`` published from ``offset`` on."""
         self._read_back(partition, offset, peer)
+        self._groups_back(partition, offset)
+
+    def _groups_back(self, partition: str, offset: int) -> None:
+        """The shared groups' part of a read-back. A group's message went to one router, chosen
+        by the dead router, and the catch-up each router asks for is by its plain interest: the
+        messages the dead router acknowledged but had not yet sent to a group's router are sent
+        to the groups from here instead (``Router.to_groups``), from the lowest offset any router
+        asked from (its mark: below it, that router had every message of the dead one). Each
+        asker's lower mark extends the range downwards; at least once (a group may get again
+        what reached it between the marks)."""
+        low = self._groups_low.get(partition)
+        if low is not None and offset >= low:
+            return
+        self._groups_low[partition] = offset
+        self._groups_step(partition, offset, low, 0)
+
+    def _groups_step(self, partition: str, offset: int, end: int | None, sent: int) -> None:
+        """One step of ``_groups_back`` (per loop iteration): records from ``offset`` up to
+        ``end`` (None: the replica's end)."""
+        rep = self.replicas.get(partition)
+        if rep is None or not self.router.has_shared:
+            return
+        records = rep.log.read(max(offset, rep.log.start_offset), max_records=FETCH_RECORDS // 4)
+        if end is not None:
+            records = [r for r in records if r.offset < end]
+        if not records:
+            if sent:
+                log.info("replication: %d message(s) of %s read back from its replica for the shared groups",
+                         sent, partition)
+            return
+        for rec in records:
+            if rec.origin_router == partition and rec.qos > 0 and self.router.to_groups(Message.from_record(rec)):
+                sent += 1
+        self.loop.call_soon(self._groups_step, partition, records[-1].offset + 1, end, sent)
 
     def _read_back(self, partition: str, offset: int, peer: Peer | None, sent: int = 0) -> None:
         """Read the replica of ``partition`` back from ``offset``, by ``peer``'s interest (or to
@@ -1201,6 +1239,7 @@ class Replication:
         other wills are its own again."""
         for key in [k for k in self._will_timers if k[0] == peer.router_id]:
             self._disarm_will(*key)
+        self._groups_low.pop(peer.router_id, None)  # a later silence reads back afresh
         fenced = self.router.fenced.pop(peer.router_id, None)
         wills = self.router.fenced_wills.pop(peer.router_id, None)
         if fenced or wills:

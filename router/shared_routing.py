@@ -51,6 +51,19 @@ class SharedRouting:
 
     def _publish_shared(self, msg: Message, routes: tuple[SharedRoute, ...], source: Any) -> None:
         """Pick one router per group; each peer still gets one copy, naming its groups if any."""
+        picked = self._pick_routers(msg, routes)
+        mesh = self.mesh
+        peers = self._peer_routes.get(msg.topic)
+        if peers is None:
+            peers = self._fold_peers(msg.topic)
+        for rid in peers:
+            mesh.forward(rid, msg, source, picked.pop(rid, None))
+        for rid, groups in picked.items():
+            mesh.forward(rid, msg, source, groups)
+
+    def _pick_routers(self, msg: Message, routes: tuple[SharedRoute, ...]) -> dict[str, list[str]]:
+        """One router per group of ``routes``: a member here gets ``msg`` now; returns the other
+        routers picked, with their groups."""
         me = self.router_id
         picked: dict[str, list[str]] = {}
         for route in routes:
@@ -60,14 +73,18 @@ class SharedRouting:
                     self.stats.shared_no_member += 1
             elif rid is not None:
                 picked.setdefault(rid, []).append(route.key)
-        mesh = self.mesh
-        peers = self._peer_routes.get(msg.topic)
-        if peers is None:
-            peers = self._fold_peers(msg.topic)
-        for rid in peers:
-            mesh.forward(rid, msg, source, picked.pop(rid, None))
-        for rid, groups in picked.items():
-            mesh.forward(rid, msg, source, groups)
+        return picked
+
+    def to_groups(self, msg: Message) -> int:
+        """``msg`` for the shared groups alone (read back from a dead router's replica: the plain
+        subscribers get theirs through each router's own catch-up): one member of each matching
+        group, wherever the choice falls. Returns how many groups it went to."""
+        routes = self._shared_cache.get(msg.topic)
+        if routes is None:
+            routes = self._fold_shared(msg.topic)
+        for rid, groups in self._pick_routers(msg, routes).items():
+            self.mesh.forward(rid, msg, None, groups, True)
+        return len(routes)
 
     def _deliver_shared(self, msg: Message, key: str) -> None:
         """One local member of shared subscription ``key`` gets ``msg`` (none left: nobody)."""

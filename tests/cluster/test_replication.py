@@ -112,6 +112,23 @@ def snapshot_of(node, until, timeout: float = 10.0) -> dict:
     return found
 
 
+def publish_and_die(nodes: dict, stopped: str, pub: Client, topic: str) -> tuple[int, bytes]:
+    """With node ``stopped``'s worker SIGSTOPped, ``pub`` on node a publishes n QoS 1 messages
+    (``<i>`` + payload) to ``topic``, each acknowledged, then node a is SIGKILLed (its supervisor
+    and worker: the frames for the stopped node die with it); the worker runs again. Returns
+    (n, payload)."""
+    victim = nodes[stopped].workers()[0]
+    n, payload = 120, bytes(64 << 10)
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        for i in range(n):  # ~8 MB for the stopped node: far more than the sockets to it hold
+            pub.publish(topic, str(i).encode() + payload, qos=1)
+        nodes["a"].kill()
+    finally:
+        os.kill(victim, signal.SIGCONT)
+    return n, payload
+
+
 def test_acknowledged_means_on_two_nodes_and_a_dead_publishers_node_loses_nothing(start_broker):
     """The publisher's node acknowledges once a follower node holds the record, then dies with
     messages it acknowledged still in its queues for a third node, whose router was stopped: that
@@ -146,20 +163,34 @@ def test_acknowledged_means_on_two_nodes_and_a_dead_publishers_node_loses_nothin
     assert sample.labels["replica"] == f"{follower}/w0" and sample.value == 0
     assert families["brokerd_replication_high_water_offset"].samples[0].value >= 0
 
-    victim = nodes[stopped].workers()[0]
-    n, payload = 120, bytes(64 << 10)
-    os.kill(victim, signal.SIGSTOP)
-    try:
-        for i in range(n):  # ~8 MB for the stopped node: far more than the sockets to it hold
-            pub.publish(f"rp{u}/x", str(i).encode() + payload, qos=1)
-        nodes["a"].kill()  # its supervisor and worker: the frames for the stopped node die with it
-    finally:
-        os.kill(victim, signal.SIGCONT)
+    n, payload = publish_and_die(nodes, stopped, pub, f"rp{u}/x")
     for name, s in subs.items():
         wait_for(lambda s=s: {m.payload[:-len(payload)] for m in s.messages if m.payload != b"first"}
                  >= {str(i).encode() for i in range(n)}, 30,
                  f"every acknowledged message at the subscriber on node {name}")
     nodes[stopped].wait_log("reading its replica on")
+
+
+def test_a_dead_publishers_node_loses_nothing_for_a_shared_group(start_broker):
+    """As above, for a shared group whose one member is on the stopped node: the publisher's node
+    dies with the group's messages it acknowledged still queued for that member's router. The
+    routers' catch-ups read back by plain interest only; the holder of the replica now sends
+    those messages to the groups (before, the group never got them)."""
+    nodes = three_nodes(start_broker, "--replication-factor", "2")
+    follower = follower_nodes("a/w0", "a", ["b", "c"], 1)[0]
+    stopped = "c" if follower == "b" else "b"
+    snapshot_of(nodes["a"], lambda r: f"{follower}/w0" in r["followers"])
+    u = uuid.uuid4().hex[:6]
+    member = Client(nodes[stopped].port, f"m{u}", host=HOSTS[stopped]).connect()
+    member.subscribe(f"$share/g{u}/gr{u}/#", 1)
+    pub = Client(nodes["a"].port, f"p{u}", host=HOSTS["a"]).connect()
+    pub.publish(f"gr{u}/x", b"first", qos=1)
+    member.wait_messages(1)  # a's route to the group is known
+
+    n, payload = publish_and_die(nodes, stopped, pub, f"gr{u}/x")
+    wait_for(lambda: {m.payload[:-len(payload)] for m in member.messages if m.payload != b"first"}
+             >= {str(i).encode() for i in range(n)}, 30, "every acknowledged message at the group's member")
+    nodes[follower].wait_log("read back from its replica for the shared groups")
 
 
 def test_replication_needs_a_mesh_and_a_log(tmp_path):

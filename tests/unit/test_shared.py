@@ -267,6 +267,23 @@ def test_a_message_that_arrives_after_the_last_local_member_left_goes_on_to_anot
     assert len(mesh.only) == 1 and r.stats.shared_no_member == 1
 
 
+def test_a_message_read_back_for_the_groups_reaches_one_member_per_group_and_nobody_else():
+    """``Router.to_groups``: a dead router's message read back from its replica goes to one
+    router per matching group (here or, as a group-only copy, elsewhere), not to the plain
+    subscribers (they get theirs through their routers' own catch-up)."""
+    r = Router(RouterConfig(router_id="n/w0"), FakeMesh())  # type: ignore[arg-type]
+    mesh: FakeMesh = r.mesh  # type: ignore[assignment]
+    _, plain = online_normal(r, "rb/#")
+    _, conn = member(r, "m", "$share/g/rb/#", qos=1)
+    r.peer_interest("n/w1", "$share/g/rb/#", 1)
+    assert r.to_groups(Message("rb/x", b"one", qos=1)) == 1
+    assert r.to_groups(Message("rb/x", b"two", qos=1)) == 1
+    assert sorted(received(conn) + [p for _, p, _ in mesh.only]) == [b"one", b"two"]
+    assert [g for _, _, g in mesh.only] == [["$share/g/rb/#"]]
+    assert received(plain) == [] and len(mesh.forwards) == 1
+    assert r.to_groups(Message("elsewhere", b"x", qos=1)) == 0
+
+
 def online_normal(router: Router, topic_filter: str):
     s = router.new_session(f"n-{topic_filter}", False)
     conn = FakeConn()
