@@ -141,8 +141,13 @@ class Client:
                                     "CONNECT set 0", Reason.PROTOCOL_ERROR)
             session.expiry_s = session_expiry(self.level, True, asked, self.router.config.limits)
             session.persistent = session.expiry_s > 0
-        if packet.reason_code != Reason.DISCONNECT_WITH_WILL:
+        if packet.reason_code != Reason.DISCONNECT_WITH_WILL and self.will is not None:
             self.will = None
+            state, router = self.router.state, self.router
+            if session.persistent and state is not None and router.replication is not None:
+                # Its followers hold the will (``live_will``): tell them it is gone at once, not
+                # within the second, or a node lost meanwhile has it published after all.
+                state.mark(soon=True)
 
     def violation(self, exc: ProtocolError) -> None:
         """The connection is being closed for breaking a rule: count it (and why)."""

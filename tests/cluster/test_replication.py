@@ -641,6 +641,24 @@ def test_a_dead_nodes_connected_client_has_its_will_published_by_the_holder_of_i
     assert len(wills) == 1, f"the will was published {len(wills)} times"
 
 
+def test_a_will_dropped_by_disconnect_is_not_published_when_the_node_dies_right_after(start_broker):
+    """The device says DISCONNECT (its will is dropped: MQTT-3.1.2-10) and node a is SIGKILLed at
+    once. Its follower c must not publish the will it held for the connected client: the
+    DISCONNECT reaches the followers at once, not with the next snapshot within a second."""
+    nodes, u, watcher, device = device_with_a_will(start_broker, 0)
+    snapshot_of(nodes["c"], lambda r: r.get("sessions", {}).get("a/w0") == 1)
+    device.disconnect()
+    nodes["a"].wait_log(f"client d{u} (")  # its DISCONNECT is processed
+    nodes["a"].kill()
+    again = Client(nodes["b"].port, f"d{u}", clean=False, host=HOSTS["b"], protocol=device.protocol,
+                   properties=device.connect_properties).connect()  # (waits until a counts as gone)
+    assert again.session_present, "the session was not found on b"
+    # The holder publishes a will that fell due before it hands the session over: none came.
+    nodes["c"].wait_log(f"session d{u} of silent router a/w0 handed over from its replica here")
+    assert f"of session d{u} of silent router a/w0 published here" not in nodes["c"].log_text()
+    assert not [m for m in watcher.messages if m.payload == b"gone"], "a will dropped by DISCONNECT went out"
+
+
 def test_a_session_that_moves_during_a_partition_gets_what_the_cut_off_side_published(start_broker):
     """Node a is cut off; its publisher's QoS 1 messages for a persistent session on b wait (kept
     for b's router, their acknowledgements held). Meanwhile the session moves from b to c. When
