@@ -116,11 +116,13 @@ def tail(argv: list[str]) -> int:
     try:
         while True:
             batch = []
+            read_any = False
             for rid, reader in readers.items():
                 reader.refresh()
                 records = reader.read(positions[rid], max_records=1000)
                 if records:
                     positions[rid] = records[-1].offset + 1
+                    read_any = True
                 for r in records:
                     if since is not None and r.timestamp_ms < since:
                         continue
@@ -143,8 +145,8 @@ def tail(argv: list[str]) -> int:
                 if args.max and printed >= args.max:
                     return 0
             sys.stdout.flush()
-            if not args.follow:
-                return 0
+            if not args.follow and not read_any:
+                return 0  # (read in steps of 1,000: before, only the first step was printed)
             if not batch:
                 time.sleep(0.2)  # polling the files: the broker is never asked to flush
     except KeyboardInterrupt:

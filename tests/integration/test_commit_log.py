@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import threading
@@ -242,3 +243,18 @@ def _varint(n: int) -> bytes:
         out.append(b | (0x80 if n else 0))
         if not n:
             return bytes(out)
+
+
+def test_log_tail_from_the_beginning_prints_every_record_not_the_first_thousand(tmp_path):
+    """``brokerd log tail --from-beginning`` without ``--follow`` reads in steps of 1,000 records:
+    it printed the first step and stopped. Every record now, then it exits."""
+    from brokerd.router.log import CommitLog
+
+    with CommitLog(str(tmp_path / "data" / "n" / "w0"), router_id="n/w0") as log:
+        for i in range(2500):
+            log.append(f"dump/{i % 7}", str(i).encode(), qos=1)
+    out = subprocess.run([BROKERD, "log", "tail", "--data-dir", str(tmp_path / "data"), "--from-beginning",
+                          "--json"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    offsets = [json.loads(line)["offset"] for line in out.stdout.splitlines()]
+    assert offsets == list(range(2500))
