@@ -304,6 +304,72 @@ def test_a_node_back_on_an_empty_disk_continues_its_log_and_catches_up_as_a_foll
                     and r["followers"]["a/w0"]["offset"] == r["end"] >= 4)
 
 
+def test_a_history_fetch_broken_off_by_a_crash_goes_on_from_what_it_had(start_broker, tmp_path):
+    """Node a, back on an empty disk, fetches its log's old records from c (its follower) in
+    paced steps into its ``_history`` directory. Once part is there, c is SIGSTOPped (the fetch
+    stalls) and a SIGKILLed. Restarted, a goes on from what it had fetched (it says so), not from
+    the start, and every record joins its log, once and in order."""
+    import json
+    import re
+    import shutil
+    import subprocess
+
+    from tests.helpers import BROKERD
+
+    assert follower_nodes("a/w0", "a", ["b", "c"], 1) == ["c"]  # the test's layout rests on it
+    nodes = three_nodes(start_broker, "--replication-factor", "2")
+    u = uuid.uuid4().hex[:6]
+    pub = Client(nodes["a"].port, f"p{u}", host=HOSTS["a"]).connect()
+    n, pad = 5000, bytes(1024)  # 10 history answers of 500 records
+    infos = [pub.c.publish(f"hi{u}/x", str(i).encode() + pad, qos=1) for i in range(n)]
+    for info in infos:
+        info.wait_for_publish(60)
+    assert all(info.is_published() for info in infos)
+    pub.drop()
+    nodes["a"].kill()
+    data = tmp_path / "data"
+    shutil.rmtree(data / "a")
+    history = data / "a" / "w0" / "_history"
+    c_worker = nodes["c"].workers()[0]
+
+    def partly_fetched() -> bool:
+        try:
+            return any(f.endswith(".log") and os.path.getsize(history / f) > 0 for f in os.listdir(history))
+        except OSError:
+            return False
+
+    stopped = threading.Event()
+
+    def stop_the_source() -> None:
+        deadline = time.monotonic() + 60
+        while not partly_fetched() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        os.kill(c_worker, signal.SIGSTOP)
+        stopped.set()
+
+    watcher = threading.Thread(target=stop_the_source, daemon=True)
+    watcher.start()
+    try:
+        nodes["a"].start()
+        assert stopped.wait(60), "no history fetched"
+        nodes["a"].kill()
+    finally:
+        watcher.join(60)
+        os.kill(c_worker, signal.SIGCONT)
+    nodes["a"].start()
+    pattern = rf"fetching the records of a/w0 below offset {n} \(from 0\.\.(\d+) held\)"
+    wait_for(lambda: re.search(pattern, nodes["a"].log_text(this_run=True)), 15, "the fetch going on")
+    held = int(re.search(pattern, nodes["a"].log_text(this_run=True)).group(1))  # type: ignore[union-attr]
+    assert 0 <= held < n - 1, held
+    nodes["a"].wait_log(f"a/w0: {n} record(s) below offset {n} fetched and joined to the log", timeout=30)
+    out = subprocess.run([BROKERD, "log", "tail", "--data-dir", str(data), "--router", "a/w0", "--from-beginning",
+                          "--json"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    records = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["offset"] for r in records[:n]] == list(range(n))
+    assert all(r["topic"] == f"hi{u}/x" for r in records[:n])
+
+
 def test_a_follower_placed_at_the_high_water_mark_fetches_what_lies_below(start_broker, tmp_path):
     """Node a's log is followed by c. Messages wait in a's log for an offline persistent session;
     c dies, and b, placed in its stead at the high-water mark, fetches the records below it too
