@@ -106,3 +106,38 @@ def test_a_retained_message_published_while_the_suback_waits_arrives_once(broker
     sub.wait_payload(b"marker")
     kept = [m.retain for m in sub.messages if m.payload == b"kept"]
     assert len(kept) == 1, f"the retained message arrived {len(kept)} times (RETAIN flags {kept})"
+
+
+def test_a_crashed_workers_connected_persistent_client_has_its_will_published(start_broker, tmp_path):
+    """A crash closes the connections of its worker without a DISCONNECT: the will of a
+    persistent session's client that was connected is in the worker's snapshot (``live_will``),
+    and the restarted worker publishes it (MQTT 3.1.2.5: a connection closed without DISCONNECT).
+    Before, it was lost with the process. A watcher on the other worker gets it."""
+    import msgpack
+
+    broker = start_broker(data_dir=str(tmp_path / "data"))
+    dev_id = cid("dev")
+    device = Client(broker.port, dev_id, clean=False, will=("wills/crash", b"gone", 1, False)).connect()
+    here = client_worker(broker, device)
+    watchers: list[Client] = []
+    wait_for(lambda: client_worker(broker, watchers.append(Client(broker.port, cid("w")).connect())
+                                   or watchers[-1]) != here, WAIT, "a watcher on the other worker")
+    watcher = watchers[-1]
+    watcher.subscribe("wills/#", 1)
+
+    def in_snapshot() -> bool:  # written within a second of the CONNECT
+        for w in ("w0", "w1"):
+            try:
+                with open(tmp_path / "data" / "t" / w / "state.msgpack", "rb") as f:
+                    st = msgpack.unpackb(f.read(), strict_map_key=False)["sessions"].get(dev_id)
+            except (OSError, ValueError, KeyError):
+                continue
+            if st and st.get("live_will"):
+                return True
+        return False
+
+    wait_for(in_snapshot, WAIT, "the connected client's will in its worker's snapshot")
+    device.c.loop_stop()  # no reconnection: a client back before the will went out would cancel it
+    os.kill(here, signal.SIGKILL)
+    m = watcher.wait_topic("wills/crash", timeout=30)
+    assert (m.payload, m.qos) == (b"gone", 1)
