@@ -69,6 +69,7 @@ import os
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -142,6 +143,16 @@ HANDON_ITEMS = 1000  # copies per SESSION_HANDON frame
 # A heartbeat this much short of a mesh timeout after the last: the peers may have parked us by
 # now (what our last HELLO took to reach them only delays that; the margin is for their clocks).
 PAUSE_MARGIN_S = 0.1
+
+
+def _drop_older(entries: dict, horizon: float, when: Callable[[Any], float]) -> None:
+    """Drop the entries of ``entries`` (insertion-ordered, oldest first) from before ``horizon``:
+    the cost is the entries dropped, not the dict's size."""
+    while entries:
+        first = next(iter(entries))
+        if when(entries[first]) >= horizon:
+            return
+        del entries[first]
 
 
 class _Transfer:
@@ -379,6 +390,12 @@ class Mesh:
         self.stats_tcp: str | None = None  # this router's stats socket, if other nodes can read it
         self._incoming: dict[tuple[int, str], _Transfer] = {}  # (request, sender) → session arriving
         self._moves: dict[tuple[str, int], str] = {}  # (new owner, its request) → client id leaving
+        # Moves given up unconfirmed (the new owner fell silent): key as ``_moves`` → (client id,
+        # when); a confirmation that comes later settles them (``Router.moved_after_all``).
+        self._in_doubt: dict[tuple[str, int], tuple[str, float]] = {}
+        # Takeovers this router confirmed to a live router: its id → {request: when}. Said again
+        # when that router is heard after a silence (``_confirm_again``): the first may be lost.
+        self._takeovers_confirmed: dict[str, dict[int, float]] = {}
         # Sessions taken over here from a live router, not confirmed to it yet: client id →
         # (old owner, request, the timer that confirms at the latest).
         self._unconfirmed_takeovers: dict[str, tuple[str | None, int, asyncio.TimerHandle]] = {}
@@ -1006,10 +1023,30 @@ class Mesh:
 
     def _done(self, rid: str | None, req: int, ok: bool) -> None:
         """Tell router ``rid`` (None: this one, nothing to tell) whether the session it offered
-        for takeover ``req`` was taken."""
+        for takeover ``req`` was taken. A confirmation is remembered, to be said again if that
+        router turns out to have taken this one for silent meanwhile (``_confirm_again``)."""
         peer = self.peers.get(rid) if rid is not None else None
-        if peer is not None and peer.alive:
+        if peer is None:
+            return
+        if ok:
+            now = time.monotonic()
+            sent = self._takeovers_confirmed.setdefault(peer.router_id, {})
+            _drop_older(sent, now - self.config.mesh_forget, lambda when: when)
+            sent[req] = now
+        if peer.alive:
             self._send(peer, TAKEOVER_DONE, [req, ok])
+
+    def _confirm_again(self, peer: Peer) -> None:
+        """``peer`` is heard again after a silence (on either side): the takeovers confirmed to
+        it lately are confirmed again. One it missed, or never got because it was silent here,
+        left it keeping the session it gave, in doubt (``_move_expired``); one it had already is
+        ignored there."""
+        sent = self._takeovers_confirmed.get(peer.router_id)
+        if not sent:
+            return
+        _drop_older(sent, time.monotonic() - self.config.mesh_forget, lambda when: when)
+        for req in sent:
+            self._send(peer, TAKEOVER_DONE, [req, True])
 
     def silent_since(self, peer: Peer) -> float:
         """When ``peer`` fell silent, as a Unix time: a mesh timeout before it was parked here
@@ -1251,12 +1288,17 @@ class Mesh:
             client_id = self._moves.pop((sender, req), None)
             if client_id is not None:
                 self._moved(client_id, ok, sender)
+                return
+            doubt = self._in_doubt.pop((sender, req), None)
+            if doubt is not None and ok:
+                router.moved_after_all(doubt[0], sender)
         elif kind == SYNC_REQ:
             snapshot = router.retained_snapshot()
             for i in range(0, len(snapshot), 1000):
                 self._send(peer, RETAINED, [m.to_list() for m in snapshot[i:i + 1000]])
         elif kind == RESYNC:
             self._announce_all(peer)
+            self._confirm_again(peer)  # it had taken us for silent: our confirmations may be lost
         elif kind == CATCHUP:
             self._start_replay(peer, body, "it restarted and asks for what it may have missed")
         elif kind == GOODBYE:
@@ -1339,14 +1381,20 @@ class Mesh:
             self.loop.call_soon(self._stream, peer, key, chunks, following)
 
     def _move_expired(self, key: tuple[str, int]) -> None:
+        """The new owner of an exported session fell silent, or never confirmed: it stays here,
+        in doubt until that router, heard again, confirms (or a client resumes it here)."""
         client_id = self._moves.pop(key, None)
-        if client_id is not None:
-            self._moved(client_id, False)
+        if client_id is None:
+            return
+        now = time.monotonic()
+        _drop_older(self._in_doubt, now - self.config.mesh_forget, lambda entry: entry[1])
+        self._in_doubt[key] = (client_id, now)
+        self._moved(client_id, False, key[0], doubt=True)
 
-    def _moved(self, client_id: str, ok: bool, to: str | None = None) -> None:
+    def _moved(self, client_id: str, ok: bool, to: str | None = None, doubt: bool = False) -> None:
         """A session exported to another router (by this router, or from a replica held here)
-        is with its new owner ``to`` (``ok``), or stays here."""
-        self.router.moved(client_id, ok, to)
+        is with its new owner ``to`` (``ok``), or stays here (``doubt``: for now)."""
+        self.router.moved(client_id, ok, to, doubt)
         if self.replication is not None:
             self.replication.replica_moved(client_id, ok)
 
@@ -1461,6 +1509,11 @@ class Mesh:
                 # while it was silent goes to the new one, whose restored sessions want it.
                 self._park(peer, "restarted")
                 peer.link.reset()
+                # Its request numbers start again: what was in doubt with the old one, and what
+                # we confirmed to it, cannot be told from the new one's.
+                for key in [k for k in self._in_doubt if k[0] == sender]:
+                    del self._in_doubt[key]
+                self._takeovers_confirmed.pop(sender, None)
                 peer.seq_in = 0  # its frames are numbered anew
                 peer.seqs_seen.clear()
                 peer.unwritten.clear()
@@ -1579,6 +1632,8 @@ class Mesh:
             self._blocked(peer.link)
         replay_from, peer.replay_from = peer.replay_from, None
         self._joined(peer, quiet=was_parked)
+        if why != "restarted":
+            self._confirm_again(peer)
         if was_parked and why != "restarted" and self.replication is not None:
             # (A restarted router's own catch-up reads its log back by our interest as it is now.)
             self._replication_hook(self.replication.moved_in_catchup, peer, self.silent_since(peer))

@@ -391,6 +391,7 @@ class Client:
                 router.publish_will(will)
         else:
             router.cancel_will(client_id)  # the session is resumed: its delayed will never goes
+            router.in_doubt.pop(client_id, None)  # resumed here: a late confirmation leaves it here
         session_present = session is not None
         if session is None:
             session = router.new_session(client_id, persistent)

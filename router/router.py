@@ -103,6 +103,9 @@ class Router(SharedRouting, SessionLife):
         self.moving: dict[str, Session] = {}  # exported to another router, not yet confirmed there
         self.moving_from: dict[str, int] = {}  # of those, this router's log end when they were exported
         self.stale_moving: set[str] = set()  # of those, the ones found stale meanwhile (a fence)
+        # Exported, then kept: the new owner fell silent before confirming. Client id → (session,
+        # that router, this log's end at the export), until it confirms or a client resumes here.
+        self.in_doubt: dict[str, tuple[Session, str, int]] = {}
         self.moved_in: dict[str, float] = {}  # sessions taken over from another router: when (Unix time)
         self.clients: dict[str, ClientHandle] = {}  # client id → the live connection's handler
         self.listener_sockets: dict[Any, int] = {}  # listener with a max_connections → its open sockets here

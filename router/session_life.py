@@ -38,6 +38,7 @@ class SessionLife:
     mesh: Any
     moved_in: dict[str, float]
     stale_moving: set[str]
+    in_doubt: dict[str, tuple[Session, str, int]]
     clients: dict[str, ClientHandle]
     _expiry: dict[str, asyncio.TimerHandle]
     _wills: dict[str, asyncio.TimerHandle]
@@ -180,7 +181,7 @@ class SessionLife:
         if will is not None and session.conn is None:
             self.publish_will(will)
 
-    def _hand_on_later(self, session: Session, to: str, start: int) -> None:
+    def _hand_on_later(self, session: Session, to: str, start: int, late: bool = False) -> None:
         """A persistent session moved to router ``to``. Messages for it may still reach this
         router: routed here by routers that did not know of its move yet, or frames sent again
         to this router after a restart. Its new owner confirmed only once every router had
@@ -190,12 +191,15 @@ class SessionLife:
         here is another takeover) until that barrier is answered; what it got meanwhile,
         logged from ``start`` on (or queued, without a log), is then handed on (SESSION_HANDON),
         and the new owner drops what came to it directly (``Mesh.confirm_takeover``'s marks).
-        At least once; costs one barrier and one read of this log per move."""
+        At least once; costs one barrier and one read of this log per move. ``late``: a move
+        settled after it was given up (``moved_after_all``): without a log, its queue holds what
+        came meanwhile, and goes too (with what was exported before: at least once)."""
         self._forget(session)
         session.will = None  # it went with the session
         for key in list(session.shared):  # a group's messages go to its other members
             self.unsubscribe_shared(session, key)
-        session.queue = ()
+        if session.log is not None or not late:
+            session.queue = ()
         session.inflight = {}
         session.ranges = ()
         session.cursor = start if session.log is not None and start >= 0 else None
@@ -257,6 +261,34 @@ class SessionLife:
                     "its stale copy here is dropped", session.client_id)
         self.drop_session(session)
 
+    def _moved_away(self, session: Session, to: str | None, start: int, late: bool = False) -> None:
+        """``session`` is router ``to``'s now: what reaches it here from ``start`` (this log's
+        offset) on is handed on (``_hand_on_later``); one with nothing to hand on just goes."""
+        if to is not None and session.persistent and session.subscriptions:
+            self._hand_on_later(session, to, start, late)
+        else:
+            self.drop_session(session)
+
+    def moved_after_all(self, client_id: str, to: str) -> None:
+        """Router ``to``, heard again after a silence, confirms a transfer this router had given
+        up on (``moved`` with ``doubt``): the session is there, and its client may be too. The
+        copy kept here goes, and what reached it meanwhile is handed on, as after any move;
+        unless a client resumed the session here in between (then each keeps its own, as the
+        two sides of a partition do until the next takeover weighs them)."""
+        entry = self.in_doubt.get(client_id)
+        if entry is None or entry[1] != to:
+            return
+        del self.in_doubt[client_id]
+        session, _, start = entry
+        if self.sessions.get(client_id) is not session or session.conn is not None or client_id in self.moving:
+            return
+        log.warning("session %s: router %s confirms it took the session over after all; the copy kept here "
+                    "goes, with what reached it meanwhile", client_id, to)
+        self.stats.takeovers += 1
+        self._moved_away(session, to, start, late=True)
+        if self.state is not None:
+            self.state.mark(soon=True)
+
     def import_session(self, client_id: str, state: dict) -> Session:
         """A session handed over by another router (takeover) becomes ours. When, is kept
         (``moved_in``): a router silent meanwhile may have sent what it published for the session
@@ -289,6 +321,7 @@ class SessionLife:
         session = self.sessions.get(client_id)
         if session is None or client_id in self.moving:
             return None
+        self.in_doubt.pop(client_id, None)
         session.detach()
         # A delayed will goes with the session: the new connection publishes it if it starts
         # clean, drops it if it resumes the session; here it waits no more.
@@ -301,9 +334,12 @@ class SessionLife:
         self.moving_from[client_id] = self.commit_log.next_offset if self.commit_log is not None else -1
         return session.export_header(same_node), session.export_copies(same_node)
 
-    def moved(self, client_id: str, ok: bool, to: str | None = None) -> None:
+    def moved(self, client_id: str, ok: bool, to: str | None = None, doubt: bool = False) -> None:
         """The new owner of a session being moved, router ``to``, has it (``ok``), or the
-        transfer failed: then the session stays here, offline, as if its client had gone."""
+        transfer failed: then the session stays here, offline, as if its client had gone.
+        ``doubt``: not an answer, the new owner fell silent (or never answered) before it
+        confirmed; it may have the session all the same, and say so when it is heard again
+        (``moved_after_all``): until a client resumes the session here, where it left is kept."""
         session = self.moving.pop(client_id, None)
         start = self.moving_from.pop(client_id, -1)
         stale = client_id in self.stale_moving
@@ -312,15 +348,20 @@ class SessionLife:
             return
         if ok:
             self.stats.takeovers += 1
-            if to is not None and session.persistent and session.subscriptions:
-                self._hand_on_later(session, to, start)
-            else:
-                self.drop_session(session)
+            self._moved_away(session, to, start)
             return
         if stale and session.conn is None:
             self._drop_stale(session)
             return
-        log.warning("session %s: its transfer to another router failed; it stays here", client_id)
+        if doubt and to is not None and session.conn is None:
+            log.warning("session %s: its new router %s did not confirm the transfer; it stays here until that "
+                        "router says it has it", client_id, to)
+            doubts = self.in_doubt
+            doubts[client_id] = (session, to, start)
+            while len(doubts) > MOVED_IN_MAX:
+                del doubts[next(iter(doubts))]
+        else:
+            log.warning("session %s: its transfer to another router failed; it stays here", client_id)
         if session.conn is None:
             if session.persistent or session.expiry_s:
                 self.cancel_expiry(client_id)

@@ -49,6 +49,7 @@ class FakeRouter:
         self.connect(target, target_id)
         self.frames: list[tuple[int, str, int, object]] = []  # (kind, sender, incarnation, body)
         self._next_hello = 0.0
+        self.quiet = False  # says no HELLO (falls silent) while set; still reads
 
     def connect(self, target: str, router_id: str | None = None) -> zmq.Socket:
         """A socket to one more router (``target``: its mesh endpoint); HELLO goes to all."""
@@ -74,10 +75,10 @@ class FakeRouter:
         self.send(HELLO, body)
 
     def step(self, wait_ms: int = 100) -> list[tuple[int, str, int, object]]:
-        """Say HELLO when one is due (every 0.3 s, as a live router does) and read what came
-        within ``wait_ms``: the new frames."""
+        """Say HELLO when one is due (every 0.3 s, as a live router does; never while ``quiet``)
+        and read what came within ``wait_ms``: the new frames."""
         now = time.monotonic()
-        if now >= self._next_hello:
+        if now >= self._next_hello and not self.quiet:
             self.hello()
             self._next_hello = now + 0.3
         new = []

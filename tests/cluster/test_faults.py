@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 import uuid
 
 import msgpack
@@ -652,4 +653,105 @@ def test_what_reaches_a_sessions_old_router_after_it_moved_is_handed_on_once(sta
         stop.set()
         if thread is not None:
             thread.join(5)
+        ctx.destroy(linger=0)
+
+
+def test_a_move_confirmed_only_after_its_new_router_fell_silent_is_settled_then(start_broker):
+    """A persistent session was exported to a router of another node that fell silent before its
+    confirmation (TAKEOVER_DONE) arrived: the old router cannot tell a transfer that failed from
+    one that worked, and keeps the session. The chaos suite (seed 491128138, a link cut as the
+    session moved) lost up to 201 acknowledged messages that way: the new router had the session
+    and its client; the old one kept a copy, and what was published on its node for the session
+    went to that copy, for good. Now the move stays in doubt: the new router, heard again, says
+    its confirmation again, and the old one drops its copy and hands on (SESSION_HANDON) what
+    reached it meanwhile. A fake router of another node plays the new router."""
+    from brokerd.router.mesh_format import (
+        HELLO,
+        INTEREST,
+        INTEREST_ACK,
+        RESYNC,
+        SESSION_HANDON,
+        TAKEOVER_DONE,
+        TAKEOVER_REQ,
+        TAKEOVER_RESP,
+    )
+    from tests.helpers import free_port
+
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", "--mesh-timeout", "1",
+                          "--replication-factor", "1", workers=1)  # (the fake acknowledges no replica)
+    u = uid()
+    cid, topic = f"d{u}", f"dt{u}"
+    device = Client(broker.port, cid, clean=False).connect()
+    device.subscribe(f"{topic}/#", 1)
+    device.disconnect()
+    ctx = zmq.Context()
+    try:
+        fake = FakeRouter(ctx, mesh_endpoint(broker.port), name="f/w0", node="f")
+        fake.read(lambda: bool(fake.kinds(HELLO)), "the broker's HELLO")
+        fake.send(TAKEOVER_REQ, [7, cid])
+        fake.read(lambda: any(b[0] == 7 for b in fake.kinds(TAKEOVER_RESP)), "the session")
+        offer = next(b for b in fake.kinds(TAKEOVER_RESP) if b[0] == 7)
+        assert offer[1] is not None and offer[1]["client_id"] == cid, offer
+        fake.quiet = True  # silent before it confirms
+        fake.read(lambda: f"session {cid}: its " in broker.log_text(), "the old router keeping the session",
+                  timeout=10)
+        pub = Client(broker.port, f"p{u}").connect()
+        sent = [f"meanwhile-{i}".encode() for i in range(5)]
+        for payload in sent:
+            pub.publish(f"{topic}/x", payload, qos=1)  # acknowledged: the copy kept here has it
+        fake.quiet = False
+        handed: list[bytes] = []
+        deadline = time.monotonic() + 15
+        while not set(sent) <= set(handed):  # the fake does what a live router does
+            assert time.monotonic() < deadline, f"not handed on: {sorted(set(sent) - set(handed))}"
+            for kind, _, _, body in fake.step(50):
+                if kind == RESYNC:  # it took us for silent: our confirmation, said again
+                    fake.send(TAKEOVER_DONE, [7, True])
+                elif kind == INTEREST and body[0] is not None:
+                    fake.send(INTEREST_ACK, [body[0], 0])
+                elif kind == SESSION_HANDON and body[0] == cid:
+                    handed += [item[2][1] for item in body[1]]
+        broker.wait_log(f"session {cid}: router f/w0 confirms it took the session over after all")
+        assert sorted(handed) == sorted(sent), handed  # once each
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_a_takeover_confirmed_while_the_old_router_was_silent_is_confirmed_when_it_is_heard(start_broker):
+    """The other side of the test above: a session taken over from a live router of another node
+    that falls silent before the new owner confirms (the confirmation waits for its interest
+    acknowledgement, which never comes: it is parked). A confirmation to a silent router went
+    nowhere, and nothing said it again, so the old router kept its copy for good. Now it is said
+    again once the old router is heard."""
+    from brokerd.router.mesh_format import HELLO, TAKEOVER_DONE, TAKEOVER_REQ, TAKEOVER_RESP
+    from tests.helpers import free_port
+
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", "--mesh-timeout", "1",
+                          "--replication-factor", "1", workers=1)
+    u = uid()
+    cid = f"n{u}"
+    state = {"client_id": cid, "username": None, "persistent": True, "expiry_s": 0,
+             "subs": [[f"nt{u}/#", 1, False, False, 0, None]], "inflight": [], "queue": [], "log": [],
+             "inbound_qos2": [], "next_pid": 1, "shared": [], "will": None, "epoch": 1,
+             "arrived": int(time.time() * 1000)}
+    ctx = zmq.Context()
+    connected: dict = {}
+    try:
+        fake = FakeRouter(ctx, mesh_endpoint(broker.port), name="o/w0", node="o")
+        fake.read(lambda: bool(fake.kinds(HELLO)), "the broker's HELLO")
+        thread = threading.Thread(
+            target=lambda: connected.update(client=Client(broker.port, cid, clean=False).connect()), daemon=True)
+        thread.start()
+        fake.read(lambda: any(b[1] == cid for b in fake.kinds(TAKEOVER_REQ)), "the takeover request")
+        req = next(b[0] for b in fake.kinds(TAKEOVER_REQ) if b[1] == cid)
+        fake.send(TAKEOVER_RESP, [req, state, False])
+        fake.quiet = True  # silent from here: it acknowledges no interest either
+        thread.join(15)
+        assert connected["client"].session_present
+        broker.wait_log("router o/w0 silent")
+        fake.step(200)
+        assert not fake.kinds(TAKEOVER_DONE), "confirmed before the silence: the case is not made"
+        fake.quiet = False
+        fake.read(lambda: [req, True] in fake.kinds(TAKEOVER_DONE), "the confirmation, once heard again")
+    finally:
         ctx.destroy(linger=0)

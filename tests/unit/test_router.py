@@ -417,6 +417,44 @@ def test_a_stale_session_being_handed_over_is_dropped_when_the_transfer_fails():
     assert len(r.subs) == 1
 
 
+def test_a_move_in_doubt_is_settled_by_a_late_confirmation_unless_resumed_here():
+    """A transfer given up because the new owner fell silent before confirming (``doubt``)
+    keeps the session here; a confirmation from that router later drops it and hands on what it
+    got meanwhile (its log is off here: its queue). One from another router, or after a client
+    resumed the session here, changes nothing: the copy here is the client's."""
+    from brokerd.router.ports import NullMesh
+
+    class Mesh(NullMesh):
+        def __init__(self) -> None:
+            self.handed: list[tuple[str, str, list]] = []
+
+        def hand_on(self, router_id: str, client_id: str, items: list) -> None:
+            self.handed.append((router_id, client_id, items))
+
+    async def run() -> tuple[Router, Mesh]:
+        mesh = Mesh()
+        r = Router(RouterConfig(), mesh)
+        for cid in ("moved", "resumed"):
+            s = r.new_session(cid, True)
+            r.subscribe(s, Subscription(f"{cid}/#", 1))
+            assert r.release_session(cid, same_node=False) is not None
+            r.moved(cid, ok=False, to="b/w0", doubt=True)
+            assert r.sessions.get(cid) is s, "not kept while in doubt"
+        r.publish(Message("moved/x", b"meanwhile", 1, False, "p", "t/w0"))
+        r.moved_after_all("moved", "c/w0")  # not the router it went to
+        assert "moved" in r.sessions and not mesh.handed
+        r.sessions["resumed"].attach(FakeConn(4))  # type: ignore[arg-type]
+        r.moved_after_all("moved", "b/w0")
+        r.moved_after_all("resumed", "b/w0")
+        return r, mesh
+
+    r, mesh = asyncio.run(run())
+    assert "moved" not in r.sessions and "resumed" in r.sessions
+    assert [(to, cid, [item[2][1] for item in items]) for to, cid, items in mesh.handed] == \
+        [("b/w0", "moved", [b"meanwhile"])]
+    assert not r.in_doubt
+
+
 def test_arrivals_of_moved_sessions_are_kept_for_a_while_only(router):
     """A session taken over from another router is remembered with its arrival time (a silent
     router's catch-up asks for what it published since), for ``moved_in_keep_s`` only: a fleet
