@@ -503,22 +503,31 @@ class Session:
         size = 0
         n = 0
 
+        def matching(records: list) -> Iterator[tuple[Message, int, bool]]:
+            for rec in records:
+                if rec.qos > 0:
+                    best, ids = self._best_qos(rec)
+                    if best > 0:
+                        msg = Message.from_record(rec)
+                        yield msg.with_ids(ids) if ids else msg, min(best, rec.qos), False
+
         def items() -> Iterator[tuple[Message, int, bool]]:
             yield from self.queue
             if same_node:
                 return
-            ranges = [LogRange(*r.to_list()) for r in self.ranges]
-            if self.cursor is not None and self.log is not None:
-                ranges.append(LogRange(self.log.directory, self.cursor, self.log.next_offset))
-            for rng in ranges:
+            for r in self.ranges:
+                rng = LogRange(*r.to_list())
                 while (records := rng.read(256)) is not None and records:
-                    for rec in records:
-                        if rec.qos > 0:
-                            best, ids = self._best_qos(rec)
-                            if best > 0:
-                                msg = Message.from_record(rec)
-                                yield msg.with_ids(ids) if ids else msg, min(best, rec.qos), False
+                    yield from matching(records)
                 rng.close()
+            if self.cursor is not None and self.log is not None:
+                # Its own log is read through the log, not its files: the last records may still
+                # be with the writer thread (a reader of the files would stop short of them, and
+                # the hand-on after the move starts at the log's end).
+                at, end = self.cursor, self.log.next_offset
+                while at < end and (records := self.log.read(at, 256)):
+                    yield from matching([r for r in records if r.offset < end])
+                    at = records[-1].offset + 1
 
         dropped = 0
         for msg, qos, retain in items():
