@@ -1022,11 +1022,23 @@ class Scenario:
                     f"{self.rel(max(m.t_send for m in lost_here)):.2f} s; e.g. {first.pub}:{first.seq} acked at "
                     f"{self.rel(first.t_ack):.2f} s, {last.pub}:{last.seq} at {self.rel(last.t_ack):.2f} s; "
                     f"after faults: {self._after_faults(lost_here)})")
+                report.details += self._warnings_about(f"{v.name}-{self.uid}")
         for s in [*self.subscribers, *self.members]:
             if s.misrouted:
                 report.violations.append(f"{s.name}: {len(s.misrouted)} messages it should not have got, "
                                          f"e.g. {s.misrouted[:SAMPLES]}")
         return report
+
+    def _warnings_about(self, client_id: str, most: int = 12) -> list[str]:
+        """The brokers' warnings and errors that name ``client_id`` (a subscriber that lost
+        messages), oldest first, at most ``most``: where a session was given up, capped or moved
+        against a fault, for whoever reads a failed run (the logs themselves stay with xprocess)."""
+        lines = sorted(line for n in self.nodes for line in n.broker.log_text().splitlines()
+                       if client_id in line and (" WARNING " in line or " ERROR " in line))
+        if not lines:
+            return []
+        return [f"warnings naming {client_id} ({len(lines)}; at most {most} shown):",
+                *(f"  {line[:300]}" for line in lines[:most])]
 
     def _after_faults(self, lost: list[Msg]) -> str:
         """How many lost messages were sent after each fault (before the next)."""
