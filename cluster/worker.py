@@ -188,11 +188,13 @@ class Worker:
             return
         self._log_timer.cancel()
         assert self.router is not None
+        # The log first: the snapshot's positions name at most its written end (``StateStore``),
+        # which after the close is its end, so a restart re-reads nothing.
+        await self.commit_log.aclose()
         try:
             self.router.state.write_now()
         except OSError as exc:
             log.error("cannot write the session snapshot: %s", exc)
-        await self.commit_log.aclose()
 
     # -- stats (cluster/stats.py owns what happens here) -------------------------------------------
 

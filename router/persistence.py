@@ -60,6 +60,10 @@ class StateStore:
         router = self.router
         self._built = self._moves()
         log_ = router.commit_log
+        # Positions name at most the log's written end: records assigned offsets but still with
+        # the writer thread are gone after a crash, and the log goes on from the written end, so
+        # a position beyond it would skip what is written there after the restart.
+        end = log_.written_offset + 1 if log_ is not None else 0
         sessions = {}
         clients = router.clients
         for cid, s in router.sessions.items():
@@ -71,7 +75,7 @@ class StateStore:
                 "expiry": s.expiry_s,
                 "subs": [x.to_values() for x in s.subscriptions.values()],
                 "shared": [x.to_values() for x in s.shared.values()],
-                "position": s.position(),
+                "position": _at_most(s.position(), end),
                 "ranges": [r.to_list() for r in s.ranges],
                 "qos2_in": sorted(s.inbound_qos2),
                 "pubrel": sorted(pid for pid, e in s.inflight.items() if e.state == 1),
@@ -90,7 +94,7 @@ class StateStore:
         return msgpack.packb({
             "version": SNAPSHOT_VERSION,
             "router": router.router_id,
-            "log_offset": log_.next_offset if log_ is not None else 0,
+            "log_offset": end,
             "sessions": sessions,
             "retained": [m.to_list() for m in router.retained if not m.topic.startswith(SYS_PREFIX)],
             "fenced": {rid: sorted(cids) for rid, cids in router.fenced.items() if cids},
@@ -221,6 +225,10 @@ class StateStore:
             router.schedule_expiry(session)
             router.rearm_will(session, will_grace)
         return len(state.get("sessions", {})), len(router.retained)
+
+
+def _at_most(position: int | None, end: int) -> int | None:
+    return position if position is None or position <= end else end
 
 
 def restore_state(session: Session, st: dict) -> None:

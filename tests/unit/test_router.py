@@ -484,6 +484,54 @@ def test_an_offline_backlog_exported_to_another_node_includes_records_not_writte
     assert asyncio.run(run()) == [b"m0", b"m1", b"m2", b"m3", b"m4"]
 
 
+def test_a_snapshot_names_no_position_a_crash_can_take_back(tmp_path):
+    """A session caught up with the log has the log's end as its position. The snapshot took
+    that end as the log had assigned it, though the last records were not written yet (with the
+    writer thread, busy with an fsync): after a SIGKILL the log came back shorter, went on at a
+    lower offset, and the restored session started beyond the records written after the restart
+    and never read them (chaos suite, seed 1375755681: 22 acknowledged messages, offsets 293 to 314
+    of a log that came back at 287 under a position of 315). A snapshot now names at most the
+    written end. Here the crash is the files as they are, copied aside."""
+    import shutil
+
+    from brokerd.router.log.commitlog import CommitLog
+    from brokerd.router.persistence import StateStore
+
+    live, after = tmp_path / "live", tmp_path / "after"
+
+    async def crash() -> None:
+        log_ = CommitLog(live, router_id="t/w0", loop=asyncio.get_running_loop())
+        r = Router(RouterConfig(router_id="t/w0"))
+        r.attach_log(log_, False)
+        r.attach_state(StateStore(r, str(live)))
+        r.subscribe(r.new_session("d", True), Subscription("e/#", 1))
+        for i in range(3):  # (for others: "d" has nothing pending, its position is the log's end)
+            r.publish(Message("z/x", f"m{i}".encode(), 1, False, "p", "t/w0"))
+        log_.flush()  # written (the writer thread was idle)
+        for i in range(3, 5):
+            r.publish(Message("z/x", f"m{i}".encode(), 1, False, "p", "t/w0"))  # not written yet
+        r.state.write_now()
+        shutil.copytree(live, after)  # what a SIGKILL leaves
+        log_.close()
+
+    async def restart() -> list[bytes]:
+        log_ = CommitLog(after, router_id="t/w0", loop=asyncio.get_running_loop())
+        try:
+            r = Router(RouterConfig(router_id="t/w0"))
+            r.attach_log(log_, False)
+            r.attach_state(StateStore(r, str(after)))
+            assert log_.next_offset == 3  # the two unwritten records are gone
+            r.state.load()
+            r.publish(Message("e/x", b"after", 1, False, "p", "t/w0"))  # offset 3 again
+            log_.flush()
+            return [item[2][1] for chunk in r.sessions["d"].export_copies(same_node=False) for item in chunk]
+        finally:
+            log_.close()
+
+    asyncio.run(crash())
+    assert asyncio.run(restart()) == [b"after"]
+
+
 def test_arrivals_of_moved_sessions_are_kept_for_a_while_only(router):
     """A session taken over from another router is remembered with its arrival time (a silent
     router's catch-up asks for what it published since), for ``moved_in_keep_s`` only: a fleet
