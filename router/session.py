@@ -512,19 +512,21 @@ class Session:
                         yield msg.with_ids(ids) if ids else msg, min(best, rec.qos), False
 
         def items() -> Iterator[tuple[Message, int, bool]]:
+            # (Runs from the first chunk on, in the tick of the export: the log's end is that
+            # tick's, where the hand-on after the move starts.)
+            ranges = [] if same_node else [LogRange(*r.to_list()) for r in self.ranges]
+            at, end = (self.cursor, self.log.next_offset) if self.log is not None else (None, 0)
             yield from self.queue
             if same_node:
                 return
-            for r in self.ranges:
-                rng = LogRange(*r.to_list())
+            for rng in ranges:
                 while (records := rng.read(256)) is not None and records:
                     yield from matching(records)
                 rng.close()
-            if self.cursor is not None and self.log is not None:
+            if at is not None:
                 # Its own log is read through the log, not its files: the last records may still
                 # be with the writer thread (a reader of the files would stop short of them, and
                 # the hand-on after the move starts at the log's end).
-                at, end = self.cursor, self.log.next_offset
                 while at < end and (records := self.log.read(at, 256)):
                     yield from matching([r for r in records if r.offset < end])
                     at = records[-1].offset + 1
