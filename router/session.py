@@ -328,12 +328,17 @@ class Session:
     def _queue_matching(self, records: list) -> None:
         """Queue the QoS 1/2 records this session's normal subscriptions match (expired ones are
         dropped when they reach the window, as any queued message)."""
+        for item in self._matching(records):
+            self._queue().append(item)  # (the queue is made only if something matches)
+
+    def _matching(self, records: list) -> Iterator[tuple[Message, int, bool]]:
+        """The QoS 1/2 records this session's normal subscriptions match, as queue entries."""
         for rec in records:
             if rec.qos > 0:
                 best, ids = self._best_qos(rec)
                 if best > 0:
                     msg = Message.from_record(rec)
-                    self._queue().append((msg.with_ids(ids) if ids else msg, min(best, rec.qos), False))
+                    yield msg.with_ids(ids) if ids else msg, min(best, rec.qos), False
 
     def position(self) -> int | None:
         """Where a catch-up must start to lose nothing unacknowledged (for snapshots)."""
@@ -503,14 +508,6 @@ class Session:
         size = 0
         n = 0
 
-        def matching(records: list) -> Iterator[tuple[Message, int, bool]]:
-            for rec in records:
-                if rec.qos > 0:
-                    best, ids = self._best_qos(rec)
-                    if best > 0:
-                        msg = Message.from_record(rec)
-                        yield msg.with_ids(ids) if ids else msg, min(best, rec.qos), False
-
         def items() -> Iterator[tuple[Message, int, bool]]:
             # (Runs from the first chunk on, in the tick of the export: the log's end is that
             # tick's, where the hand-on after the move starts.)
@@ -521,14 +518,14 @@ class Session:
                 return
             for rng in ranges:
                 while (records := rng.read(256)) is not None and records:
-                    yield from matching(records)
+                    yield from self._matching(records)
                 rng.close()
             if at is not None:
                 # Its own log is read through the log, not its files: the last records may still
                 # be with the writer thread (a reader of the files would stop short of them, and
                 # the hand-on after the move starts at the log's end).
                 while at < end and (records := self.log.read(at, 256)):
-                    yield from matching([r for r in records if r.offset < end])
+                    yield from self._matching([r for r in records if r.offset < end])
                     at = records[-1].offset + 1
 
         dropped = 0

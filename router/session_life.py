@@ -98,6 +98,7 @@ class SessionLife:
         stopped (its subscriptions are the caller's to end)."""
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
+            self.in_doubt.pop(session.client_id, None)  # (a move in doubt ends with it)
         timer = self._expiry.pop(session.client_id, None)
         if timer is not None:
             timer.cancel()

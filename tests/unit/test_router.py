@@ -434,7 +434,7 @@ def test_a_move_in_doubt_is_settled_by_a_late_confirmation_unless_resumed_here()
     async def run() -> tuple[Router, Mesh]:
         mesh = Mesh()
         r = Router(RouterConfig(), mesh)
-        for cid in ("moved", "resumed"):
+        for cid in ("moved", "resumed", "ended"):
             s = r.new_session(cid, True)
             r.subscribe(s, Subscription(f"{cid}/#", 1))
             assert r.release_session(cid, same_node=False) is not None
@@ -444,6 +444,8 @@ def test_a_move_in_doubt_is_settled_by_a_late_confirmation_unless_resumed_here()
         r.moved_after_all("moved", "c/w0")  # not the router it went to
         assert "moved" in r.sessions and not mesh.handed
         r.sessions["resumed"].attach(FakeConn(4))  # type: ignore[arg-type]
+        r.end_session(r.sessions["ended"])  # (expired, say): its move in doubt ends with it
+        assert "ended" not in r.in_doubt
         r.moved_after_all("moved", "b/w0")
         r.moved_after_all("resumed", "b/w0")
         return r, mesh
