@@ -156,6 +156,27 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def freeze(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until every one of its threads is stopped.
+
+    ``kill`` returns before the group stop completes: a thread not yet scheduled when the signal
+    came (a loaded two-core CI box) stops only when it next runs, and a test that goes on at once
+    can race the very work it meant to freeze out."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def all_stopped() -> bool:
+        try:
+            states = []
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:
+            return True  # gone: nothing of it runs
+        return all(s in "Tt" for s in states)
+
+    wait_for(all_stopped, 10.0, f"process {pid} stopped")
+
+
 def worker_pids(pid: int) -> list[int]:
     """The supervisor's worker processes (its children except the brokerd-stats process)."""
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout

@@ -7,7 +7,7 @@ import signal
 import uuid
 
 from tests.cluster.conftest import client_worker
-from tests.helpers import Client
+from tests.helpers import Client, freeze
 
 
 def test_stopped_peer_pauses_its_publishers_and_nothing_is_lost(start_broker):
@@ -27,7 +27,7 @@ def test_stopped_peer_pauses_its_publishers_and_nothing_is_lost(start_broker):
     s_remote.subscribe(f"bp{u}/t", 1)
     s2.subscribe(f"bp{u}/other", 1)
 
-    os.kill(w_stop, signal.SIGSTOP)
+    freeze(w_stop)
     try:
         n = 5000
         payload = b"x" * 1000

@@ -17,7 +17,7 @@ import zmq
 
 from tests.cluster.conftest import spread
 from tests.cluster.fake_router import FakeRouter, mesh_endpoint
-from tests.helpers import Client, wait_for
+from tests.helpers import Client, freeze, wait_for
 
 
 def uid() -> str:
@@ -62,7 +62,7 @@ def test_silent_peer_is_taken_back_and_gets_what_was_published_meanwhile(start_b
     wait_for(lambda: len(collect(subs[a], f"sil{u}/ba")) == 10, what="10 b→a before the stop")
     wait_for(lambda: len(collect(subs[b], f"sil{u}/ab")) == 10, what="10 a→b before the stop")
 
-    os.kill(a, signal.SIGSTOP)
+    freeze(a)
     try:
         broker.wait_log("silent for 1 s", timeout=10)
         # Published (and acknowledged by worker b) while worker a is stopped and parked.
@@ -92,7 +92,7 @@ def test_without_a_log_what_a_silent_peer_cannot_be_kept_is_counted_and_logged(s
     subs, (a, b) = two_sides(broker, f"s{u}-")
     pubs, _ = two_sides(broker, f"p{u}-")
     subs[a].subscribe(f"nl{u}/#", 1)
-    os.kill(a, signal.SIGSTOP)
+    freeze(a)
     try:
         broker.wait_log("silent for 1 s", timeout=10)
         for i in range(5):
@@ -184,7 +184,7 @@ def test_nothing_read_while_connect_waits_for_the_cluster(start_broker):
     try:
         mine = worker_of(broker, sock.getsockname()[1])
         other = next(pid for pid in broker.workers() if pid != mine)
-        os.kill(other, signal.SIGSTOP)  # within --mesh-timeout: still a live peer, asked and waited for
+        freeze(other)  # within --mesh-timeout: still a live peer, asked and waited for
         try:
             sock.sendall(connect_packet("flooder"))
             chunk = _publish0("flood/x", b"x" * 16_000) * 64  # ~1 MiB
@@ -486,7 +486,7 @@ def test_a_connect_waits_for_a_stopped_worker_of_its_node_bounded(start_broker):
     u = uid()
     name = f"stop{u}"
     home, other = _persistent_session_with_backlog(broker, name, f"st{u}", 2)
-    os.kill(home, signal.SIGSTOP)
+    freeze(home)
     try:
         broker.wait_log("silent for 1 s", timeout=10)
         t0 = time.monotonic()

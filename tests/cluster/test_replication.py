@@ -33,7 +33,7 @@ from brokerd.router.mesh_format import (
 from brokerd.router.replication import follower_nodes
 from tests.cluster.fake_router import FakeRouter, mesh_endpoint
 from tests.cluster.test_multihost import mesh_peers, mesh_port, stats_reader
-from tests.helpers import Client, free_port, wait_for
+from tests.helpers import Client, free_port, freeze, wait_for
 
 HOSTS = {"a": "127.0.0.1", "b": "127.0.0.2", "c": "127.0.0.3"}
 
@@ -119,7 +119,7 @@ def publish_and_die(nodes: dict, stopped: str, pub: Client, topic: str) -> tuple
     (n, payload)."""
     victim = nodes[stopped].workers()[0]
     n, payload = 120, bytes(64 << 10)
-    os.kill(victim, signal.SIGSTOP)
+    freeze(victim)
     try:
         for i in range(n):  # ~8 MB for the stopped node: far more than the sockets to it hold
             pub.publish(topic, str(i).encode() + payload, qos=1)
@@ -344,7 +344,7 @@ def test_a_history_fetch_broken_off_by_a_crash_goes_on_from_what_it_had(start_br
         deadline = time.monotonic() + 60
         while not partly_fetched() and time.monotonic() < deadline:
             time.sleep(0.001)
-        os.kill(c_worker, signal.SIGSTOP)
+        freeze(c_worker)
         stopped.set()
 
     watcher = threading.Thread(target=stop_the_source, daemon=True)
@@ -612,7 +612,7 @@ def test_a_node_whose_loop_stopped_beyond_the_mesh_timeout_serves_no_session_whe
     snapshot_of(nodes["c"], lambda r: r["members"] == 3)  # c counts the others (past its start)
     pub = Client(nodes["b"].port, f"p{u}", host=HOSTS["b"]).connect()
     victim = nodes["c"].workers()[0]
-    os.kill(victim, signal.SIGSTOP)
+    freeze(victim)
     try:
         for name in ("a", "b"):
             nodes[name].wait_log("router c/w0 silent", timeout=10)

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from tests.cluster.conftest import client_worker, spread, worker_of
-from tests.helpers import Client, RawClient, connect_packet, read_packet, wait_for
+from tests.helpers import Client, RawClient, connect_packet, freeze, read_packet, wait_for
 
 
 def uid() -> str:
@@ -125,7 +125,7 @@ def test_a_suback_on_a_known_filter_waits_for_every_peer(cluster):
     sw, stopped = _busiest_and_another(by)
     holder, probe = by[sw][0], by[sw][-1]
     holder.subscribe(f"sb{u}/t", 1)
-    os.kill(stopped, signal.SIGSTOP)
+    freeze(stopped)
     try:
         result, mid = probe.c.subscribe(f"sb{u}/t", 1)
         assert result == 0

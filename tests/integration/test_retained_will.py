@@ -6,7 +6,7 @@ import os
 import signal
 
 from tests.cluster.conftest import client_worker
-from tests.helpers import WAIT, Client, cid, wait_for
+from tests.helpers import WAIT, Client, cid, freeze, wait_for
 
 
 def test_retained_stored_replaced_and_cleared(broker):
@@ -91,7 +91,7 @@ def test_a_retained_message_published_while_the_suback_waits_arrives_once(broker
     pub = pubs[-1]
     [other] = [w for w in broker.workers() if w != here]
     topic = cid("once")
-    os.kill(other, signal.SIGSTOP)
+    freeze(other)
     try:
         mid = sub.send_subscribe(topic, 1)
         # Live on its worker before the SUBACK: probes until one comes through (bounded).
