@@ -114,6 +114,8 @@ from brokerd.router.mesh_format import (
 from brokerd.router.message import Message
 from brokerd.router.ports import TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE
 from brokerd.router.session import recency
+from brokerd.router.spool import SpoolWriter
+from brokerd.router.spool import remove as remove_spool
 
 from .config import WILDCARDS, Config
 from .paths import ensure_run_dir, mesh_ipc
@@ -155,14 +157,22 @@ def _drop_older(entries: dict, horizon: float, when: Callable[[Any], float]) -> 
         del entries[first]
 
 
-class _Transfer:
-    """A session arriving in chunks (new owner's side)."""
+def _drop_spool(state: dict) -> None:
+    """A session offered here and not taken: the spool its transfer wrote goes."""
+    if state.get("spool"):
+        remove_spool(state["spool"][0])
 
-    __slots__ = ("state", "progress")
+
+class _Transfer:
+    """A session arriving in chunks (new owner's side); ``spool``: where its copies go
+    (``router.spool``), once there are any."""
+
+    __slots__ = ("state", "progress", "spool")
 
     def __init__(self, state: dict) -> None:
         self.state = state
         self.progress = time.monotonic()
+        self.spool: SpoolWriter | None = None
 
 
 class Link:
@@ -904,8 +914,9 @@ class Mesh:
         (``Replication.fence``), the one taken by ``Replication.adopted``. ``failed``: a transfer
         broke off, nothing is taken and every offer stays where it is."""
         if failed:
-            for rid, req, _ in offers:
+            for rid, req, state in offers:
                 self._done(rid, req, False)
+                _drop_spool(state)
             return TAKEOVER_FAILED
         live = [o for o in offers if not o[2].get("replica")]
         if not live and self.replication is not None:
@@ -935,6 +946,7 @@ class Mesh:
                 self._await_confirm(client_id, rid, req)
                 continue
             self._done(rid, req, True)
+            _drop_spool(state)
         if stale and self.replication is not None:
             log.warning("mesh: session %s: copies of it held for silent router(s) %s are older than the one "
                         "taken; passed over", client_id, ", ".join(sorted(set(stale))))
@@ -1101,7 +1113,9 @@ class Mesh:
         req = next(self._req_ids)
         self._waiters[req] = waiter
         self._flush()
-        frame = self._frame(TAKEOVER_REQ, [req, client_id])
+        # Whether this router spools the copies of a backlog moved to it (``router.spool``: it
+        # has a log): then the old router sends all of it, else at most max_queued.
+        frame = self._frame(TAKEOVER_REQ, [req, client_id, self.router.commit_log is not None])
         for rid in alive:
             link = self.peers[rid].link
             if link is not None:
@@ -1257,13 +1271,16 @@ class Mesh:
             if state is None:
                 self._answer(req, sender, None)
                 return
+            state.pop("spool", None)  # (this router's to name, never a peer's)
+            state.pop("spool_marks", None)
             waiter = self._waiters.get(req)
             if waiter is None or waiter.future.done():
                 self._send(peer, TAKEOVER_DONE, [req, False])  # nobody here takes it: it stays there
-            elif more:
-                self._incoming[(req, sender)] = _Transfer(state)
-            else:
-                self._take(peer, req, state)
+                return
+            items, state["queue"] = state["queue"], []
+            transfer = _Transfer(state)
+            self._incoming[(req, sender)] = transfer
+            self._arrived(peer, req, transfer, items, not more)
         elif kind == TAKEOVER_CHUNK:
             req, items, last = body
             transfer = self._incoming.get((req, sender))
@@ -1272,15 +1289,7 @@ class Mesh:
                     self._send(peer, TAKEOVER_DONE, [req, False])
                 return
             transfer.progress = time.monotonic()
-            queue = transfer.state["queue"]
-            room = self.config.max_queued - len(queue)
-            if len(items) > room:
-                router.stats.drop_queue_full += len(items) - max(room, 0)
-                items = items[:max(room, 0)]
-            queue += items
-            if last:
-                del self._incoming[(req, sender)]
-                self._take(peer, req, transfer.state)
+            self._arrived(peer, req, transfer, items, last)
         elif kind == SESSION_HANDON:
             self._handed_on(body[0], body[1])
         elif kind == TAKEOVER_DONE:
@@ -1341,12 +1350,14 @@ class Mesh:
 
     # -- session transfers ----------------------------------------------------------------------------
 
-    def _release(self, peer: Peer, req: int, client_id: str) -> None:
+    def _release(self, peer: Peer, req: int, client_id: str, spools: bool = False) -> None:
         """``peer`` takes ``client_id`` over: answer with the session's header and its first
-        chunk of copies, then stream the rest, one chunk per loop iteration."""
-        released = self.router.release_session(client_id, peer.node_id == self.node_id)
+        chunk of copies, then stream the rest, one chunk per loop iteration. All of them where
+        ``peer`` spools them (``router.spool``); else at most max_queued."""
+        limit = None if spools else -1
+        released = self.router.release_session(client_id, peer.node_id == self.node_id, limit)
         if released is None and self.replication is not None:
-            released = self.replication.release_replica(client_id)  # its router is silent
+            released = self.replication.release_replica(client_id, limit)  # its router is silent
         self._flush()
         if released is None:
             self._send(peer, TAKEOVER_RESP, [req, None, False])
@@ -1398,12 +1409,54 @@ class Mesh:
         if self.replication is not None:
             self.replication.replica_moved(client_id, ok)
 
+    def _arrived(self, peer: Peer, req: int, transfer: _Transfer, items: list, last: bool) -> None:
+        """Copies of a session arriving. Where this router has a log, all go to a spool file
+        (``router.spool``: synced before the session is taken, so before its old router lets it
+        go; read back as the session drains, kept across a restart, any number in bounded
+        memory); a spool that cannot be written (a full disk) fails the transfer, and the
+        session stays where it was. Without a log: up to max_queued into its queue, the rest
+        dropped and counted (as a session without a log keeps no more)."""
+        key = (req, peer.router_id)
+        commit_log = self.router.commit_log
+        if commit_log is None:
+            queue = transfer.state["queue"]
+            room = max(self.config.max_queued - len(queue), 0)
+            if len(items) > room:
+                self.router.stats.drop_queue_full += len(items) - room
+                items = items[:room]
+            queue += items
+        elif items:
+            try:
+                if transfer.spool is None:
+                    transfer.spool = SpoolWriter(commit_log.directory)
+                transfer.spool.add(items)
+            except OSError as exc:
+                self._transfer_failed(key, f"its queued copies could not be spooled: {exc}")
+                return
+        if not last:
+            return
+        spool = transfer.spool
+        if spool is not None:
+            try:
+                transfer.state["spool"] = spool.finish().to_list()
+                transfer.state["spool_marks"] = spool.marks
+            except OSError as exc:
+                self._transfer_failed(key, f"its spooled copies could not be synced: {exc}")
+                return
+            transfer.spool = None
+            if spool.count > self.config.max_queued:
+                log.info("mesh: session %s from %s: %d queued copies (more than --max-queued %d) spooled to disk",
+                         transfer.state.get("client_id"), peer.router_id, spool.count, self.config.max_queued)
+        del self._incoming[key]
+        self._take(peer, req, transfer.state)
+
     def _take(self, peer: Peer, req: int, state: dict) -> None:
         """A whole session arrived: an offer, settled (TAKEOVER_DONE) once every router asked
         has answered (``_settle``); if the request is over, it stays where it was."""
         waiter = self._waiters.get(req)
         if waiter is None or waiter.future.done():
             self._send(peer, TAKEOVER_DONE, [req, False])
+            _drop_spool(state)
             return
         waiter.offers.append((peer.router_id, req, state))
         self._answer(req, peer.router_id)
@@ -1411,7 +1464,9 @@ class Mesh:
     def _transfer_failed(self, key: tuple[int, str], why: str) -> None:
         """A session stopped arriving: its old owner keeps it, and the CONNECT waiting for it is
         refused rather than given an empty session."""
-        self._incoming.pop(key, None)
+        transfer = self._incoming.pop(key, None)
+        if transfer is not None and transfer.spool is not None:
+            transfer.spool.discard()
         req, sender = key
         log.warning("mesh: session transfer %d from %s failed (%s); it stays there", req, sender, why)
         peer = self.peers.get(sender)

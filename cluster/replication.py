@@ -1027,7 +1027,7 @@ class Replication:
         if isinstance(held, dict) and held:
             self.sessions[partition] = held
 
-    def release_replica(self, client_id: str) -> tuple[dict, Any] | None:
+    def release_replica(self, client_id: str, limit: int | None = -1) -> tuple[dict, Any] | None:
         """A takeover of ``client_id`` whose router is silent, answered from the replica here:
         the session's header and its copies from its position on (``Session.export_copies``),
         or None when no silent router's session of that id is held here. The copy stays held
@@ -1065,7 +1065,7 @@ class Replication:
             # the session moves, wherever the holders' timers were (they look once a second
             # for the majority's vote).
             self._publish_held_will(partition, client_id, st)
-        exported = self._export_replica(client_id, partition, st, False)
+        exported = self._export_replica(client_id, partition, st, False, limit)
         if exported is None:
             return None
         header, copies, since_ms = exported
@@ -1092,14 +1092,15 @@ class Replication:
         header["queue"] = [item for chunk in chunks for item in chunk]
         return header
 
-    def _export_replica(self, client_id: str, partition: str, st: dict, whole: bool) -> tuple[dict, Any, int] | None:
+    def _export_replica(self, client_id: str, partition: str, st: dict, whole: bool,
+                        limit: int | None = -1) -> tuple[dict, Any, int] | None:
         """A session of ``partition`` held here, exported from its replica: its takeover header,
         its copies (``Session.export_copies``: in the header's queue already when ``whole``), and
         the time of its position; None (logged) when its held state cannot be read back."""
         try:
             session, since_ms = self._replica_session(client_id, partition, st)
             header = session.export_header(False)
-            copies = session.export_copies(False)
+            copies = session.export_copies(False, limit=limit)
             if whole:
                 header["queue"] = [item for chunk in copies for item in chunk]
         except (KeyError, TypeError, ValueError, OSError) as exc:
@@ -1161,8 +1162,10 @@ class Replication:
         partition = state["replica"]
         cid = session.client_id
         self.fence(cid, [partition])
-        marks: dict[str, int] = {}
-        for _, _, values in state["queue"]:  # the copies from the replica (not live ones since)
+        # The copies from the replica (not live ones since): in the queue, or, where they were
+        # spooled (``router.spool``), their marks taken as they were written.
+        marks: dict[str, int] = dict(state.get("spool_marks") or {})
+        for _, _, values in state["queue"]:
             msg = Message.from_list(values)
             if msg.origin_offset >= marks.get(msg.origin_router, -1):
                 marks[msg.origin_router] = msg.origin_offset

@@ -137,6 +137,7 @@ class Worker:
     def _open_log(self) -> None:
         from brokerd.router.log import CommitLog
         from brokerd.router.persistence import StateStore
+        from brokerd.router.spool import collect as collect_spools
 
         c = self.config
         router = self.router
@@ -158,6 +159,10 @@ class Worker:
             will_grace = park_skew(c)
         sessions, retained = router.state.load(will_grace=will_grace)
         router.state.write_now()
+        # Spool files of this router no restored session names: a transfer a crash cut short.
+        named = [r.directory for s in router.sessions.values() for r in s.ranges if r.copies]
+        if gone := collect_spools(directory, named):
+            log.info("spool: %d file(s) of transfers that did not finish removed", gone)
         log.info("commit log %s: offsets %d..%d, %d persistent sessions, %d retained messages restored",
                  directory, self.commit_log.start_offset, self.commit_log.next_offset - 1, sessions, retained)
         self.commit_log.on_error(self._log_error)

@@ -51,6 +51,7 @@ from .message import Message, will_delay
 from .outbound import NO_LIMIT, Outbound
 from .ports import TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE, TAKEOVER_UNDECIDED
 from .shared import is_shared, parse_share
+from .spool import remove as remove_spool
 from .topics import valid_topic_filter
 
 if TYPE_CHECKING:
@@ -274,6 +275,11 @@ class Client:
             await self._settle_connect(connect, assigned, state)
         finally:  # (done already where the session's interest was waited for)
             router.mesh.confirm_takeover(self.client_id)
+            spooled = state.get("spool") if isinstance(state, dict) else None
+            if spooled:
+                session = router.sessions.get(self.client_id)
+                if session is None or all(r.directory != spooled[0] for r in session.ranges):
+                    remove_spool(spooled[0])  # not taken in (a clean start): its backlog ends here
 
     async def _settle_connect(self, connect: Connect, assigned: bool, state: dict | None) -> None:
         router = self.router

@@ -142,7 +142,9 @@ def _interest(body: Any) -> bool:
 
 
 def _takeover_req(body: Any) -> bool:
-    return body.__class__ is list and len(body) == 2 and body[0].__class__ is int and body[1].__class__ is str
+    """[request, client id, whether the asker spools the copies (it has a log)]."""
+    return (body.__class__ is list and len(body) in (2, 3) and body[0].__class__ is int
+            and body[1].__class__ is str and (len(body) == 2 or body[2].__class__ is bool))
 
 
 def _session_header(state: Any) -> bool:

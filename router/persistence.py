@@ -28,7 +28,7 @@ from brokerd.connection.packets import Subscription
 
 from .message import Message, will_delay
 from .retained import SYS_PREFIX
-from .session import AWAIT_COMP, Inflight, LogRange, Session
+from .session import AWAIT_COMP, Inflight, Session, make_range
 
 if TYPE_CHECKING:
     from .router import Router
@@ -76,7 +76,7 @@ class StateStore:
                 "subs": [x.to_values() for x in s.subscriptions.values()],
                 "shared": [x.to_values() for x in s.shared.values()],
                 "position": _at_most(s.position(), end),
-                "ranges": [r.to_list() for r in s.ranges],
+                "ranges": s.range_values(),
                 "qos2_in": sorted(s.inbound_qos2),
                 "pubrel": sorted(pid for pid, e in s.inflight.items() if e.state == 1),
                 "username": s.username,  # ACLs apply to it after a restart too
@@ -212,7 +212,7 @@ class StateStore:
             for values in st.get("shared", ()):
                 router.subscribe_shared(session, Subscription.from_values(values))
             if st.get("ranges"):  # other routers' log ranges a takeover brought, still to read
-                session.ranges = [LogRange(d, start, end) for d, start, end in st["ranges"]]
+                session.ranges = [make_range(d, start, end) for d, start, end in st["ranges"]]
             pos = st.get("position")
             if log_ is not None and pos is not None:
                 session.cursor = max(pos, log_.start_offset)

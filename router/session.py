@@ -22,6 +22,7 @@ from brokerd.connection.codec import encode, with_dup
 from brokerd.connection.packets import MQTT_5, Pubrel, Subscription
 
 from .message import Message
+from .spool import SpoolRange, is_spool, spool_dir
 from .topics import filter_matches
 
 if TYPE_CHECKING:
@@ -48,6 +49,11 @@ NO_QUEUE: tuple = ()
 NO_IDS: frozenset[int] = frozenset()
 
 
+# A message read from a range (another router's log on this node, or a spool) carries, as its
+# ``log_offset``, RANGED minus its position in that range: negative, so it is no position in this
+# router's log (``position``), and what the snapshot names its range from while it is held.
+RANGED = -2
+
 STALL_LIMIT_S = 10.0  # a log range whose records do not appear on disk for this long is given up
 
 
@@ -57,6 +63,7 @@ class LogRange:
     (any size, no memory). Read lazily, like the session's own log position, when it drains."""
 
     __slots__ = ("directory", "start", "end", "_reader", "_stalled")
+    copies = False  # its reads are log records, matched against the session's subscriptions
 
     def __init__(self, directory: str, start: int, end: int) -> None:
         self.directory = directory
@@ -104,6 +111,16 @@ class LogRange:
 
     def to_list(self) -> list:
         return [self.directory, self.start, self.end]
+
+    def discard(self) -> None:
+        """Read and acknowledged to its end (another router's log: nothing to delete)."""
+        self.close()
+
+
+def make_range(directory: str, start: int, end: int) -> LogRange | SpoolRange:
+    """A range a session still has to read, from its plain values (snapshot, takeover header):
+    another router's log on this node, or a spool file of a backlog moved from another node."""
+    return SpoolRange(directory, start, end) if is_spool(directory) else LogRange(directory, start, end)
 
 
 class Inflight:
@@ -311,11 +328,21 @@ class Session:
             rng = self.ranges[0]
             records = rng.read(batch)
             if records is None:
+                if any(e.msg is not None and e.msg.log_offset <= RANGED for e in self.inflight.values()):
+                    return False  # what it gave is not all acknowledged: the snapshot still names it
                 self.ranges.pop(0)  # type: ignore[union-attr]
+                rng.discard()
                 return True
             if not records:
                 return False
-            self._queue_matching(records)
+            if rng.copies:  # a spool: queue entries as the old router had them
+                queue = self._queue()
+                for pos, (qos, retain, values) in records:
+                    msg = Message.from_list(values)
+                    msg.log_offset = RANGED - pos
+                    queue.append((msg, qos, retain))
+            else:
+                self._queue_matching(records, ranged=True)
             return True
         records = self.log.read(self.cursor, max_records=batch)
         if not records:
@@ -325,20 +352,37 @@ class Session:
         self.cursor = records[-1].offset + 1
         return True
 
-    def _queue_matching(self, records: list) -> None:
+    def _queue_matching(self, records: list, ranged: bool = False) -> None:
         """Queue the QoS 1/2 records this session's normal subscriptions match (expired ones are
-        dropped when they reach the window, as any queued message)."""
-        for item in self._matching(records):
+        dropped when they reach the window, as any queued message). ``ranged``: records of a
+        range (``RANGED``), not of this router's log."""
+        for item in self._matching(records, ranged):
             self._queue().append(item)  # (the queue is made only if something matches)
 
-    def _matching(self, records: list) -> Iterator[tuple[Message, int, bool]]:
+    def _matching(self, records: list, ranged: bool = False) -> Iterator[tuple[Message, int, bool]]:
         """The QoS 1/2 records this session's normal subscriptions match, as queue entries."""
         for rec in records:
             if rec.qos > 0:
                 best, ids = self._best_qos(rec)
                 if best > 0:
                     msg = Message.from_record(rec)
+                    if ranged:
+                        msg.log_offset = RANGED - rec.offset
                     yield msg.with_ids(ids) if ids else msg, min(best, rec.qos), False
+
+    def range_values(self) -> list[list]:
+        """The ranges still to read, as plain values for the snapshot: the first from the oldest
+        of its messages this session still holds unacknowledged (queued or in flight), so a
+        restart delivers those again rather than losing them (at least once). A range is let go
+        only once all it gave is acknowledged (``_refill``): what is held is the first one's."""
+        out = [r.to_list() for r in self.ranges]
+        if out:
+            held = [e.msg.log_offset for e in self.inflight.values() if e.msg is not None]
+            held += [m.log_offset for m, _, _ in self.queue]
+            held = [RANGED - o for o in held if o <= RANGED]
+            if held:
+                out[0][1] = min(out[0][1], *held)
+        return out
 
     def position(self) -> int | None:
         """Where a catch-up must start to lose nothing unacknowledged (for snapshots)."""
@@ -476,7 +520,10 @@ class Session:
     def export_header(self, same_node: bool) -> dict:
         """What a new owner needs besides the queued copies, as plain values (msgpack-able).
         On the same node the offline backlog in the logs travels as positions (``log``)."""
-        ranges = [r.to_list() for r in self.ranges]
+        # From the oldest message read from them still unacknowledged (``range_values``): the
+        # queue's such messages are not copied (``export_copies``), and the new owner's snapshot
+        # then covers those in flight too (they may come twice).
+        ranges = self.range_values()
         if self.cursor is not None and self.log is not None:
             # Absolute: the position must mean the same after a restart from another directory.
             ranges.append([os.path.abspath(self.log.directory), self.cursor, self.log.next_offset])
@@ -498,12 +545,16 @@ class Session:
             "arrived": self.arrived_ms,
         }
 
-    def export_copies(self, same_node: bool, chunk_bytes: int = 1 << 20) -> Iterator[list]:
+    def export_copies(self, same_node: bool, chunk_bytes: int = 1 << 20,
+                      limit: int | None = -1) -> Iterator[list]:
         """The queued messages as copies, in chunks of about ``chunk_bytes``: the queue, then (to
         another node, where this node's logs cannot be read) the offline backlog read from the
-        logs, at most ``max_queued`` copies in all (the bound of a session without a log); what
-        is beyond is counted as dropped (queue full) and logged."""
-        limit = self.limits.max_queued
+        logs and spools. ``limit``: at most this many copies in all, what is beyond counted as
+        dropped (queue full) and logged; -1 (the default): ``max_queued``, the bound of a
+        session without a log; None: all of them (a new owner that spools them:
+        ``router.spool``)."""
+        if limit == -1:
+            limit = self.limits.max_queued
         chunk: list = []
         size = 0
         n = 0
@@ -511,14 +562,21 @@ class Session:
         def items() -> Iterator[tuple[Message, int, bool]]:
             # (Runs from the first chunk on, in the tick of the export: the log's end is that
             # tick's, where the hand-on after the move starts.)
-            ranges = [] if same_node else [LogRange(*r.to_list()) for r in self.ranges]
+            ranges = [] if same_node else [
+                SpoolRange(*r.to_list(), owned=False) if r.copies else LogRange(*r.to_list())
+                for r in self.ranges]
             at, end = (self.cursor, self.log.next_offset) if self.log is not None else (None, 0)
-            yield from self.queue
-            if same_node:
+            if same_node:  # what was read from a range is read from it again there
+                yield from (item for item in self.queue if item[0].log_offset > RANGED)
                 return
+            yield from self.queue
             for rng in ranges:
                 while (records := rng.read(256)) is not None and records:
-                    yield from self._matching(records)
+                    if rng.copies:
+                        for _, (qos, retain, values) in records:
+                            yield Message.from_list(values), qos, retain
+                    else:
+                        yield from self._matching(records)
                 rng.close()
             if at is not None:
                 # Its own log is read through the log, not its files: the last records may still
@@ -533,7 +591,7 @@ class Session:
             if msg.expires_ms and msg.expired():
                 self.stats.drop_expired += 1
                 continue
-            if n >= limit:
+            if limit is not None and n >= limit:
                 dropped += 1
                 continue
             n += 1
@@ -591,9 +649,20 @@ class Session:
         self._next_pid = state.get("next_pid", 1)
         self.epoch = state.get("epoch", 0) + 1  # a new owner: the copy it came from is older
         self.restore_will(state.get("will"))  # the importer publishes, drops or re-arms it
-        ranges = state.get("log") or []
+        # The copies the new owner spooled (``router.spool``: read after the queue, which is then
+        # empty), then the other logs' ranges (same node).
+        ranges = ([state["spool"]] if state.get("spool") else []) + (state.get("log") or [])
         if ranges:
-            self.ranges = [LogRange(d, start, end) for d, start, end in ranges]
+            self.ranges = [make_range(d, start, end) for d, start, end in ranges]
+            if any(r.copies for r in self.ranges):
+                own = spool_dir(self.log.directory) if self.log is not None else None
+                for rng in [r for r in self.ranges if r.copies]:
+                    if own is None or os.path.dirname(rng.directory) != own:
+                        # Only this node's spool directory is read (and its files deleted).
+                        log.error("session %s: spool %s is not in %s: ignored", self.client_id, rng.directory, own)
+                        self.ranges.remove(rng)
+                    else:
+                        rng.adopt(self.log.directory)  # this router's file now (a same-node move)
             if self.log is not None and self.cursor is None:
                 # Live messages from here on wait in this router's log, read after the ranges.
                 self.cursor = self.log.next_offset

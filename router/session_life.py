@@ -104,6 +104,9 @@ class SessionLife:
             timer.cancel()
         if session.will is not None:
             self.cancel_will(session.client_id)
+        for rng in session.ranges:
+            if rng.copies:  # its spool (this router's name of it): ended, or taken elsewhere
+                rng.discard()
 
     def schedule_expiry(self, session: Session) -> None:
         """MQTT 5 session expiry: a finite interval removes the offline session when it runs out."""
@@ -311,9 +314,11 @@ class SessionLife:
             self.subscribe_shared(session, Subscription.from_values(values))
         return session
 
-    def release_session(self, client_id: str, same_node: bool) -> tuple[dict, Iterator[list]] | None:
+    def release_session(self, client_id: str, same_node: bool,
+                        limit: int | None = -1) -> tuple[dict, Iterator[list]] | None:
         """Another router takes ``client_id`` over: close our connection and export the session,
-        as a header and its queued copies in chunks (``Session.export_copies``). The session
+        as a header and its queued copies in chunks (``Session.export_copies``, with its
+        ``limit``: None where the new owner spools them, ``router.spool``). The session
         stays here, offline, until the new owner confirms it has it (``moved``): a transfer
         that fails leaves it in one place, this one."""
         client = self.clients.get(client_id)
@@ -333,7 +338,7 @@ class SessionLife:
         # What this router logs for it from here on, until its new owner's interest is known
         # everywhere, is handed on to it (``hand_on``).
         self.moving_from[client_id] = self.commit_log.next_offset if self.commit_log is not None else -1
-        return session.export_header(same_node), session.export_copies(same_node)
+        return session.export_header(same_node), session.export_copies(same_node, limit=limit)
 
     def moved(self, client_id: str, ok: bool, to: str | None = None, doubt: bool = False) -> None:
         """The new owner of a session being moved, router ``to``, has it (``ok``), or the

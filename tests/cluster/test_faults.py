@@ -304,41 +304,148 @@ def test_takeover_of_a_big_offline_backlog_moves_it_as_a_position(start_broker):
     assert "Traceback" not in broker.log_text()
 
 
-def test_takeover_across_nodes_streams_copies_bounded_by_max_queued(start_broker):
-    """To another node (whose disk holds none of this node's log) the backlog travels as copies,
-    streamed in chunks of about 1 MiB after the session's header, at most --max-queued of them:
-    the oldest 1,500 of 2,500 here, the rest dropped, counted and logged, and the session
-    present on the new node with its subscription."""
+def _two_nodes(start_broker, *both: str, b_only: tuple[str, ...] = ()) -> tuple:
+    """Nodes a and b, --max-queued 1500, with ``both`` options, and b with ``b_only`` too."""
     from tests.cluster.test_multihost import mesh_port
-    from tests.helpers import RawClient, connect_packet
 
     pa, pb = mesh_port("127.0.0.1"), mesh_port("127.0.0.2")
-    a = start_broker("--mesh", f"127.0.0.1:{pa}", "--peer", f"127.0.0.2:{pb}", "--max-queued", "1500",
+    a = start_broker("--mesh", f"127.0.0.1:{pa}", "--peer", f"127.0.0.2:{pb}", "--max-queued", "1500", *both,
                      host="127.0.0.1", node_id="a")
-    b = start_broker("--mesh", f"127.0.0.2:{pb}", "--peer", f"127.0.0.1:{pa}", "--max-queued", "1500",
-                     host="127.0.0.2", node_id="b")
+    b = start_broker("--mesh", f"127.0.0.2:{pb}", "--peer", f"127.0.0.1:{pa}", "--max-queued", "1500", *both,
+                     *b_only, host="127.0.0.2", node_id="b")
     a.wait_log("joined")
     b.wait_log("joined")
-    u = uid()
-    name = f"far{u}"
+    return a, b
+
+
+def _backlog(a, name: str, topic: str, n: int, payload: bytes) -> Client:
+    """A persistent session of ``name`` on node a, offline with ``n`` QoS 1 messages for it."""
     first = Client(a.port, name, clean=False).connect()
-    first.subscribe(f"far{u}/#", 1)
+    first.subscribe(f"{topic}/#", 1)
     first.disconnect()
-    pub = Client(a.port, f"fp{u}").connect()
-    n, payload = 2_500, b"y" * 4090
-    infos = [pub.c.publish(f"far{u}/t", b"%06d" % i + payload, qos=1) for i in range(n)]
+    pub = Client(a.port, f"p{name}").connect()
+    infos = [pub.c.publish(f"{topic}/t", b"%06d" % i + payload, qos=1) for i in range(n)]
     for info in infos:
         info.wait_for_publish(30)
         assert info.is_published()
+    return pub
+
+
+def _numbers_until(sock, last: int, timeout: float = 60.0) -> list[int]:
+    """The numbers (the payloads' first 6 bytes) of the QoS 1 messages read from a raw socket,
+    acknowledged, until the one numbered ``last`` (bounded)."""
+    got: list[int] = []
+    deadline = time.monotonic() + timeout
+    while not got or got[-1] < last:
+        assert time.monotonic() < deadline, f"{len(got)} messages within {timeout} s, the last {got[-1:]}"
+        got += [int(p[:6]) for p in _read_publishes(sock, 1, timeout=timeout)]
+    return got
+
+
+def test_a_backlog_beyond_max_queued_moves_to_another_node_whole_through_a_spool(start_broker, tmp_path):
+    """To another node (whose disk holds none of this node's log) the backlog travels as copies,
+    streamed in chunks of about 1 MiB after the session's header. Before, the new owner kept at
+    most --max-queued of them, in memory: here the oldest 1,500 of 2,500, the rest dropped. Now it
+    writes them all to a spool file, synced before it takes the session: the client reads 1,800
+    and goes, node b is killed (the whole broker, SIGKILL) and started again, and the session
+    resumes there with the rest, in order from where it had acknowledged; the subscription moved
+    too; the spool file is gone once all of it is acknowledged."""
+    from tests.helpers import RawClient, connect_packet
+
+    a, b = _two_nodes(start_broker)
+    u = uid()
+    name, n, payload = f"far{u}", 2_500, b"y" * 4090
+    pub = _backlog(a, name, f"far{u}", n, payload)
+    raw = RawClient(b.port, host="127.0.0.2")
+    try:
+        raw.send(connect_packet(name, clean=False))
+        assert raw.recv_exact(4) == b"\x20\x02\x01\x00", "no CONNACK with session present"
+        got = [int(p[:6]) for p in _read_publishes(raw.sock, 1800, timeout=60)]
+        acked = len(got)  # (each one read is acknowledged; a read may bring a few more than asked)
+        assert got == list(range(acked))
+    finally:
+        raw.close()
+    b.wait_log(f"session {name} from a/w0: 2500 queued copies (more than --max-queued 1500) spooled to disk")
+    spool = tmp_path / "data" / "b" / "_spool"
+    assert len(list(spool.iterdir())) == 1
+    b.kill()
+    b.start()
+    b.wait_log("joined")
+    raw = RawClient(b.port, host="127.0.0.2")
+    try:
+        raw.send(connect_packet(name, clean=False))
+        assert raw.recv_exact(4) == b"\x20\x02\x01\x00", "no CONNACK with session present after the crash"
+        rest = _numbers_until(raw.sock, n - 1)
+        # At least once: what was not acknowledged before the crash may come again first.
+        assert rest[-(n - acked):] == list(range(acked, n)), f"the rest, in order: {rest[:5]}..{rest[-5:]}"
+        assert rest[0] <= acked
+        # The subscription moved too: a message published on node a now comes from node b.
+        pub.publish(f"far{u}/t", b"%06d" % 999_999 + payload, qos=1)
+        assert int(_read_publishes(raw.sock, 1, timeout=10)[0][:6]) == 999_999
+        wait_for(lambda: not list(spool.iterdir()), what="the spool file removed once all of it is acknowledged")
+    finally:
+        raw.close()
+    assert "beyond --max-queued 1500 dropped" not in a.log_text()
+    assert "Traceback" not in a.log_text() + b.log_text()
+
+
+def test_a_spooled_backlog_moves_on_between_the_workers_of_its_node(start_broker, tmp_path):
+    """A session whose backlog a spool holds on node b moves to b's other worker (its client
+    reconnects there): the spool goes with it as a position (a second name of the file, as a
+    log range), the rest arrives in order, and the file is gone once all is acknowledged."""
+    from tests.cluster.conftest import worker_of
+    from tests.helpers import RawClient, connect_packet
+
+    a, b = _two_nodes(start_broker, b_only=("--workers", "2"))
+    u = uid()
+    name, n, payload = f"hop{u}", 2_500, b"h" * 2000
+    _backlog(a, name, f"hop{u}", n, payload)
+    raw = RawClient(b.port, host="127.0.0.2")
+    try:
+        first_worker = worker_of(b, raw.sock.getsockname()[1])
+        raw.send(connect_packet(name, clean=False))
+        assert raw.recv_exact(4) == b"\x20\x02\x01\x00", "no CONNACK with session present"
+        got = [int(p[:6]) for p in _read_publishes(raw.sock, 1000, timeout=60)]
+        acked = len(got)
+        assert got == list(range(acked))
+    finally:
+        raw.close()
+    for _ in range(60):
+        raw = RawClient(b.port, host="127.0.0.2")
+        if worker_of(b, raw.sock.getsockname()[1]) != first_worker:
+            break
+        raw.close()
+    else:
+        pytest.fail("no connection landed on node b's other worker in 60 tries")
+    spool = tmp_path / "data" / "b" / "_spool"
+    try:
+        raw.send(connect_packet(name, clean=False))
+        assert raw.recv_exact(4) == b"\x20\x02\x01\x00", "no CONNACK with session present on the other worker"
+        rest = _numbers_until(raw.sock, n - 1)
+        assert rest[-(n - acked):] == list(range(acked, n)), f"the rest, in order: {rest[:5]}..{rest[-5:]}"
+        wait_for(lambda: not list(spool.iterdir()), what="both names of the spool file removed")
+    finally:
+        raw.close()
+    assert "Traceback" not in a.log_text() + b.log_text()
+
+
+def test_a_node_without_a_log_keeps_at_most_max_queued_of_a_moved_backlog(start_broker):
+    """With --log off there is no disk to spool to: the new owner keeps the oldest --max-queued
+    copies (1,500 of 2,500 here) in memory, as a session without a log keeps no more; the old
+    router sends no more than that, and says how many it dropped."""
+    from tests.helpers import RawClient, connect_packet
+
+    # (Replication needs a log on each node: one copy here.)
+    a, b = _two_nodes(start_broker, "--replication-factor", "1", b_only=("--log", "off"))
+    u = uid()
+    name, payload = f"near{u}", b"z" * 4090
+    _backlog(a, name, f"near{u}", 2_500, payload)
     raw = RawClient(b.port, host="127.0.0.2")
     try:
         raw.send(connect_packet(name, clean=False))
         assert raw.recv_exact(4) == b"\x20\x02\x01\x00", "no CONNACK with session present"
         got = _read_publishes(raw.sock, 1500, timeout=60)
         assert [int(p[:6]) for p in got] == list(range(1500))
-        # The subscription moved too: a message published on node a now comes from node b.
-        pub.publish(f"far{u}/t", b"%06d" % 999_999 + payload, qos=1)
-        assert int(_read_publishes(raw.sock, 1, timeout=10)[0][:6]) == 999_999
     finally:
         raw.close()
     a.wait_log("1000 queued message(s) beyond --max-queued 1500 dropped")

@@ -1,0 +1,230 @@
+"""A moved session's backlog, kept on its new router's disk.
+
+A session that moves to another node brings its offline backlog as copies: that node cannot read
+this node's logs (on one node the backlog moves as positions, ``LogRange``). Before this module
+the new owner kept at most ``--max-queued`` of them, in memory: the rest was dropped (counted
+``queue_full``), and what was kept was lost if that router crashed before delivering it, so a
+move lost acknowledged messages. Now the new owner, when it has a log, writes every copy, as the
+transfer streams in, to one spool file per transfer under ``<data-dir>/<node>/_spool/`` and syncs
+it before it takes the session (and so before it confirms the move, which is when the old router
+lets its copy go). The session reads the file back as it reads a ``LogRange``: lazily, a batch at
+a time, so a backlog of any size moves in bounded memory, and its snapshot names the range (from
+the oldest entry it still holds unacknowledged), so a restart delivers the rest.
+
+The file is a sequence of msgpack items, each one queue entry as a takeover carries it
+(``[qos, retain, message values]``): what the session delivers is exactly what the old router had
+queued for it (delivery QoS, retain flag, subscription identifiers), with no filtering on the way
+back. Its range is ``[path, start, end]`` in bytes, in the session's ``ranges`` and so in the
+snapshot: a restart reads on from where the last snapshot says.
+
+The file belongs to one router, named by its file name's prefix: a move to another router of
+the same node gives it that router's name too (``adopt``, a hard link). A router deletes its name
+of the file once all it gave is acknowledged, when its session ends or moves on, and at start
+when no session of its snapshot names it (``collect``: a transfer a crash cut short).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import msgpack
+
+log = logging.getLogger(__name__)
+
+SPOOL_DIR = "_spool"  # beside the node's router directories ("_": not a router's log)
+SUFFIX = ".spool"
+READ_BYTES = 1 << 20  # read back this much of the file at a time, at most
+
+
+def spool_dir(log_directory: str) -> str:
+    """The spool directory of the node whose router logs to ``log_directory``."""
+    return os.path.join(os.path.dirname(os.path.abspath(log_directory)), SPOOL_DIR)
+
+
+def is_spool(path: str) -> bool:
+    return path.endswith(SUFFIX)
+
+
+def owner_of(path: str) -> str:
+    """The router name (``w0``) a spool file belongs to."""
+    return os.path.basename(path).split("-", 1)[0]
+
+
+class SpoolWriter:
+    """One transfer's overflow, written as it arrives; ``finish`` makes it durable."""
+
+    __slots__ = ("path", "_file", "count", "marks")
+
+    def __init__(self, log_directory: str) -> None:
+        directory = spool_dir(log_directory)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        owner = os.path.basename(os.path.abspath(log_directory))
+        self.path = os.path.join(directory, f"{owner}-{uuid.uuid4().hex}{SUFFIX}")
+        self._file: Any = open(self.path, "xb")  # noqa: SIM115 - closed by finish or discard
+        os.chmod(self.path, 0o600)
+        self.count = 0
+        # The highest origin offset among the copies, per origin router: what a session taken
+        # from a replica asks the other routers for begins after it (``Replication.adopted``).
+        self.marks: dict[str, int] = {}
+
+    def add(self, items: Iterable[list]) -> None:
+        pack = msgpack.Packer().pack
+        write = self._file.write
+        marks = self.marks
+        for item in items:
+            write(pack(item))
+            values = item[2]
+            origin, offset = values[5], values[6]
+            if offset >= marks.get(origin, -1):
+                marks[origin] = offset
+            self.count += 1
+
+    def finish(self) -> SpoolRange:
+        """Flush and fsync the file (and its directory entry): the range of what was written."""
+        f = self._file
+        f.flush()
+        os.fsync(f.fileno())
+        end = f.tell()
+        f.close()
+        dfd = os.open(os.path.dirname(self.path), os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return SpoolRange(self.path, 0, end)
+
+    def discard(self) -> None:
+        """The transfer failed or its offer was passed over: the file goes."""
+        if not self._file.closed:
+            self._file.close()
+        remove(self.path)
+
+
+class SpoolRange:
+    """Bytes ``[start, end)`` of a spool file still to deliver; the same interface as
+    ``LogRange`` (``read``, ``close``, ``to_list``), but what it reads are queue entries."""
+
+    __slots__ = ("directory", "start", "end", "owned", "_file")
+    copies = True  # its reads are queue entries, not log records to match
+
+    def __init__(self, path: str, start: int, end: int, owned: bool = True) -> None:
+        self.directory = path  # (the name LogRange gives its location)
+        self.start = start
+        self.end = end
+        self.owned = owned  # False: a reader of another's range (an export), which leaves the file
+        self._file: Any = None
+
+    def read(self, batch: int) -> list | None:
+        """The next queue entries (up to ``batch``) as ``(position, entry)``, the position being
+        the entry's byte offset in the file; None once the range is done or cannot be read
+        (logged: what is left of it is lost). The file stays until ``discard``."""
+        if self.start >= self.end:
+            self.close()
+            return None
+        try:
+            if self._file is None:
+                self._file = open(self.directory, "rb")  # noqa: SIM115 - closed by close()
+            f = self._file
+            f.seek(self.start)
+            fed = self.start
+            unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=0)
+            items: list = []
+            at = 0
+            while True:
+                for item in unpacker:
+                    items.append((self.start + at, item))
+                    at = unpacker.tell()
+                    if len(items) >= batch:
+                        break
+                if len(items) >= batch or fed >= self.end:
+                    break
+                data = f.read(min(READ_BYTES, self.end - fed))
+                if not data:
+                    if items:
+                        break  # what is whole first; the next read finds the end short
+                    raise OSError(f"the file ends at byte {fed}, {self.end - fed} bytes short")
+                fed += len(data)
+                unpacker.feed(data)
+            if not items:
+                raise ValueError(f"no whole entry in bytes {self.start}..{self.end}")
+        except FileNotFoundError:
+            log.warning("spool %s [%d, %d) is gone (read to its end just before a restart, or deleted): "
+                        "given up", self.directory, self.start, self.end)
+            self.start = self.end
+            return None
+        except (OSError, ValueError, msgpack.UnpackException) as exc:
+            log.error("spool %s [%d, %d) unreadable (%s): given up", self.directory, self.start, self.end, exc)
+            self.close()
+            self.start = self.end
+            return None
+        self.start += at
+        return items
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def to_list(self) -> list:
+        return [self.directory, self.start, self.end]
+
+    def adopt(self, log_directory: str) -> None:
+        """This range moved to the router that logs to ``log_directory`` (a same-node move): the
+        file gets a second name, that router's (a hard link), which it reads, deletes when done
+        and keeps at its start-up; the old router's name goes when it lets its copy of the
+        session go (a move that is not confirmed leaves it the file as it was)."""
+        owner = os.path.basename(os.path.abspath(log_directory))
+        if owner_of(self.directory) == owner:
+            return
+        name = os.path.basename(self.directory).split("-", 1)[1]
+        path = os.path.join(os.path.dirname(self.directory), f"{owner}-{name}")
+        try:
+            os.link(self.directory, path)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            log.error("spool %s could not be taken over (%s): read where it is, and left there", self.directory,
+                      exc)
+            self.owned = False
+            return
+        self.close()
+        self.directory = path
+
+    def discard(self) -> None:
+        """Its session ended, or its backlog went to another node as copies: the file goes."""
+        self.close()
+        if self.owned:
+            remove(self.directory)
+
+
+def remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("spool %s could not be removed: %s", path, exc)
+
+
+def collect(log_directory: str, named: Iterable[str]) -> int:
+    """At start: delete this router's spool files that no session here names (``named``: the
+    paths its restored sessions' ranges name) — a transfer cut short by a crash, a file read to
+    its end just before one. Returns how many were deleted."""
+    directory = spool_dir(log_directory)
+    owner = os.path.basename(os.path.abspath(log_directory))
+    keep = {os.path.abspath(p) for p in named}
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return 0
+    gone = 0
+    for name in names:
+        path = os.path.join(directory, name)
+        if is_spool(name) and owner_of(name) == owner and path not in keep:
+            remove(path)
+            gone += 1
+    return gone
