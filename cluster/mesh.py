@@ -1666,6 +1666,8 @@ class Mesh:
         """A parked (or forgotten) peer is heard again: the frames kept for it first, then
         interest both ways, each side's a full announcement."""
         was_parked = peer.parked
+        # When its silence began: taken while it still counts as parked (after, it reads as now).
+        silent_since = self.silent_since(peer)
         backlog, kept, msgs, dropped = peer.backlog, peer.backlog_bytes, peer.backlog_msgs, peer.dropped
         peer.parked = False
         peer.backlog, peer.backlog_bytes, peer.backlog_msgs, peer.dropped = [], 0, 0, 0
@@ -1691,7 +1693,7 @@ class Mesh:
             self._confirm_again(peer)
         if was_parked and why != "restarted" and self.replication is not None:
             # (A restarted router's own catch-up reads its log back by our interest as it is now.)
-            self._replication_hook(self.replication.moved_in_catchup, peer, self.silent_since(peer))
+            self._replication_hook(self.replication.moved_in_catchup, peer, silent_since)
         self._send(peer, RESYNC, None)
         if replay_from is not None:
             self._start_replay(peer, replay_from, "its backlog here was full")

@@ -236,7 +236,10 @@ class SessionLife:
             msg = Message.from_list(values)
             if msg.expires_ms and msg.expired():
                 continue
-            session.deliver(msg, qos, retain)
+            if qos:
+                session.deliver_copy(msg, qos, retain)
+            else:
+                session.deliver(msg, qos, retain)
         self.stats.state_moves += 1  # queued without a log record or a client packet
 
     def drop_stale_sessions(self, client_ids: list[str]) -> None:

@@ -266,8 +266,8 @@ def test_takeover_of_a_big_offline_backlog_moves_it_as_a_position(start_broker):
     lost, the exporting worker at 1.5 GB). Now, on one node, the backlog moves as a position in
     the old router's log: session present, every message, in order, and neither worker's peak
     memory grows by anything like the backlog's size."""
-    from tests.cluster.conftest import client_worker, worker_of
-    from tests.helpers import RawClient, connect_packet
+    from tests.cluster.conftest import client_worker
+    from tests.helpers import connect_packet
 
     broker = start_broker(workers=2)
     u = uid()
@@ -283,13 +283,7 @@ def test_takeover_of_a_big_offline_backlog_moves_it_as_a_position(start_broker):
         info.wait_for_publish(30)
         assert info.is_published()
     peaks = {pid: _vm_hwm(pid) for pid in broker.workers()}
-    for _ in range(60):
-        raw = RawClient(broker.port)
-        if worker_of(broker, raw.sock.getsockname()[1]) != home:
-            break
-        raw.close()
-    else:
-        pytest.fail("no connection landed on the other worker in 60 tries")
+    raw = _raw_elsewhere(broker, home)
     try:
         raw.send(connect_packet(name, clean=False))
         assert raw.recv_exact(4) == b"\x20\x02\x01\x00", "no CONNACK with session present"
@@ -329,6 +323,19 @@ def _backlog(a, name: str, topic: str, n: int, payload: bytes) -> Client:
         info.wait_for_publish(30)
         assert info.is_published()
     return pub
+
+
+def _raw_elsewhere(broker, home: int, host: str = "127.0.0.1"):
+    """A raw client connection that landed on a worker of ``broker`` other than ``home``."""
+    from tests.cluster.conftest import worker_of
+    from tests.helpers import RawClient
+
+    for _ in range(60):
+        raw = RawClient(broker.port, host=host)
+        if worker_of(broker, raw.sock.getsockname()[1]) != home:
+            return raw
+        raw.close()
+    pytest.fail("no connection landed on another worker in 60 tries")
 
 
 def _numbers_until(sock, last: int, timeout: float = 60.0) -> list[int]:
@@ -410,13 +417,7 @@ def test_a_spooled_backlog_moves_on_between_the_workers_of_its_node(start_broker
         assert got == list(range(acked))
     finally:
         raw.close()
-    for _ in range(60):
-        raw = RawClient(b.port, host="127.0.0.2")
-        if worker_of(b, raw.sock.getsockname()[1]) != first_worker:
-            break
-        raw.close()
-    else:
-        pytest.fail("no connection landed on node b's other worker in 60 tries")
+    raw = _raw_elsewhere(b, first_worker, host="127.0.0.2")
     spool = tmp_path / "data" / "b" / "_spool"
     try:
         raw.send(connect_packet(name, clean=False))
@@ -860,5 +861,51 @@ def test_a_takeover_confirmed_while_the_old_router_was_silent_is_confirmed_when_
         assert not fake.kinds(TAKEOVER_DONE), "confirmed before the silence: the case is not made"
         fake.quiet = False
         fake.read(lambda: [req, True] in fake.kinds(TAKEOVER_DONE), "the confirmation, once heard again")
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_a_session_moved_while_a_router_was_silent_asks_it_for_what_it_published_meanwhile(start_broker):
+    """A router of another node falls silent; meanwhile a persistent session moves between this
+    node's workers. What the silent router published for it went to the old worker (the interest
+    it knew) and reaches it only when heard again, after the session left: so the new worker asks
+    that router, once heard, for its messages since before the silence (SESSION_CATCHUP). It
+    asked from "now" and skipped every session that had moved more than a mesh timeout before
+    that (the silence's start was read after the router no longer counted as silent): chaos seed
+    1657827226 lost 35 in a partition."""
+    from brokerd.router.mesh_format import HELLO, SESSION_CATCHUP
+    from tests.cluster.conftest import worker_of
+    from tests.helpers import connect_packet, free_port
+
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", "--mesh-timeout", "1",
+                          "--replication-factor", "1")
+    u = uid()
+    cid = f"mv{u}"
+    ctx = zmq.Context()
+    try:
+        fake = FakeRouter(ctx, mesh_endpoint(broker.port, worker=0), name="o/w0", node="o", target_id="t/w0")
+        fake.connect(mesh_endpoint(broker.port, worker=1), "t/w1")
+        fake.read(lambda: {s for k, s, _, _ in fake.frames if k == HELLO} >= {"t/w0", "t/w1"}, "both HELLOs")
+        first = Client(broker.port, cid, clean=False).connect()
+        first.subscribe(f"mv{u}/#", 1)
+        home = worker_of(broker, first.c.socket().getsockname()[1])
+        first.disconnect()
+        fake.quiet = True
+        silent_from = time.time()
+        wait_for(lambda: broker.log_text().count("router o/w0 silent") >= 2, what="both workers park o/w0")
+        raw = _raw_elsewhere(broker, home)  # the client comes back on the other worker: the session moves there
+        try:
+            raw.send(connect_packet(cid, clean=False))
+            assert raw.recv_exact(4) == b"\x20\x02\x01\x00", "no CONNACK with session present"
+            moved_at = time.monotonic()
+            while time.monotonic() - moved_at < 2.0:  # more than a mesh timeout after the move
+                fake.step(100)
+            fake.quiet = False
+            fake.read(lambda: any(b[0] == cid for b in fake.kinds(SESSION_CATCHUP)), "the session's catch-up request")
+        finally:
+            raw.close()
+        body = next(b for b in fake.kinds(SESSION_CATCHUP) if b[0] == cid)
+        assert body[1] == "o/w0" and body[2] == -1
+        assert body[3] <= silent_from * 1000, "asked from after the silence began"
     finally:
         ctx.destroy(linger=0)

@@ -577,3 +577,18 @@ def test_a_durable_wait_ends_once_the_state_as_it_was_is_on_disk(tmp_path):
     ok1, ok2, data = asyncio.run(run())
     assert ok1 and ok2
     assert {"d", "e"} <= set(data["sessions"])
+
+
+def test_copies_read_back_for_a_session_are_not_cut_at_max_queued(router):
+    """A catch-up (or a hand-on) brings copies of acknowledged messages, bounded where they are
+    read; several routers' read-backs meeting in one session's queue must not drop the last
+    router's at --max-queued (3 here), as live deliveries to a full queue are dropped."""
+    s = router.new_session("dev", True)
+    router.subscribe(s, Subscription("m/#", 1))
+    items = [[1, False, Message(f"m/{i}", b"%d" % i, 1, origin_router="x/w0", origin_offset=i).to_list()]
+             for i in range(10)]
+    router.take_copies("dev", items[:6])
+    router.take_copies("dev", items[6:])
+    assert [m.payload for m, _, _ in s.queue] == [b"%d" % i for i in range(10)]
+    router.publish(Message("m/live", b"live", 1))  # a live one to the full queue: dropped, counted
+    assert len(s.queue) == 10 and router.stats.drop_queue_full == 1
