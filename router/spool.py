@@ -79,7 +79,7 @@ class SpoolWriter:
             write(pack(item))
             values = item[2]
             origin, offset = values[5], values[6]
-            if offset >= marks.get(origin, -1):
+            if offset.__class__ is int and origin.__class__ is str and offset >= marks.get(origin, -1):
                 marks[origin] = offset
             self.count += 1
 
