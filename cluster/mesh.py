@@ -921,6 +921,8 @@ class Mesh:
         live = [o for o in offers if not o[2].get("replica")]
         if not live and self.replication is not None:
             local = self.replication.take_replica(client_id)  # this router may hold a newer copy
+            if local is TAKEOVER_FAILED:  # (its copies could not be spooled: it stays held here)
+                return self._settle(client_id, offers, failed=True)
             if local is not None:
                 offers.append((None, 0, local))
         chosen = max(live or offers, key=lambda o: recency(o[2]))[2]
@@ -960,10 +962,10 @@ class Mesh:
         timer = self.loop.call_later(CONFIRM_S, self.confirm_takeover, client_id)
         self._unconfirmed_takeovers[client_id] = (rid, req, timer)
 
-    def _take_local_replica(self, client_id: str) -> dict | None:
+    def _take_local_replica(self, client_id: str) -> dict | object | None:
         """The session from the replica this router holds (nobody else offered one)."""
         state = self.replication.take_replica(client_id)
-        if state is not None:
+        if state is not None and state is not TAKEOVER_FAILED:
             self._await_confirm(client_id, None, 0)
         return state
 

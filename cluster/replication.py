@@ -77,6 +77,7 @@ from brokerd.router.log import CommitLog, LogReader
 from brokerd.router.log.format import record_fields
 from brokerd.router.message import Message
 from brokerd.router.persistence import SnapshotFile, restore_state
+from brokerd.router.ports import TAKEOVER_FAILED
 from brokerd.router.replication import (
     FollowerState,
     Held,
@@ -86,6 +87,7 @@ from brokerd.router.replication import (
     follower_router,
 )
 from brokerd.router.session import LogRange, Session, recency
+from brokerd.router.spool import SpoolWriter
 
 if TYPE_CHECKING:
     from brokerd.router.router import Router
@@ -1081,15 +1083,39 @@ class Replication:
                     client_id, partition)
         return header, copies
 
-    def take_replica(self, client_id: str) -> dict | None:
+    def take_replica(self, client_id: str) -> dict | object | None:
         """``release_replica`` for a takeover asked on this router: the whole state at once. The
         copy stays held until the caller says it is taken (``replica_moved``: the mesh does, once
-        the session is in this router's snapshot)."""
-        released = self.release_replica(client_id)
+        the session is in this router's snapshot). With a log here its copies are spooled, all
+        of them (``router.spool``), as a takeover from another node spools them; before, this
+        one took at most ``max_queued``, and the read-back that follows (from after the last of
+        them, at most ``max_queued`` per router too) left the rest out. A spool that cannot be
+        written leaves the copy held here: TAKEOVER_FAILED (the client may retry)."""
+        log_ = self.router.commit_log
+        released = self.release_replica(client_id, None if log_ is not None else -1)
         if released is None:
             return None
         header, chunks = released
-        header["queue"] = [item for chunk in chunks for item in chunk]
+        if log_ is None:
+            header["queue"] = [item for chunk in chunks for item in chunk]
+            return header
+        writer: SpoolWriter | None = None
+        try:
+            for chunk in chunks:
+                if chunk:
+                    if writer is None:
+                        writer = SpoolWriter(log_.directory)
+                    writer.add(chunk)
+            if writer is not None:
+                header["spool"] = writer.finish().to_list()
+                header["spool_marks"] = writer.marks
+        except OSError as exc:
+            if writer is not None:
+                writer.discard()
+            self.replica_moved(client_id, False)
+            log.error("replication: session %s not taken from the replica here: its copies could not be "
+                      "spooled (%s); it stays held", client_id, exc)
+            return TAKEOVER_FAILED
         return header
 
     def _export_replica(self, client_id: str, partition: str, st: dict, whole: bool,

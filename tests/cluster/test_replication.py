@@ -472,6 +472,41 @@ def test_a_persistent_session_survives_its_nodes_death(start_broker, publishers,
     assert took < 15, f"reconnecting took {took:.1f} s"
 
 
+@pytest.mark.parametrize("reconnect", ["c", "b"])
+def test_a_dead_nodes_session_brings_its_whole_backlog_beyond_max_queued(start_broker, reconnect):
+    """A persistent session of node a, offline with 800 messages waiting for it (published on b),
+    --max-queued 20 everywhere; a is SIGKILLed and the client reconnects to c, which holds a's
+    replica and serves the session itself, or to b, which takes it from c. Every one of the 800
+    arrives. Before, the replica gave at most --max-queued copies, and the read-back that follows
+    (from after the last of them, a batch of 256 records at a time until --max-queued are given)
+    left the rest out."""
+    assert follower_nodes("a/w0", "a", ["b", "c"], 1) == ["c"]  # the test's layout rests on it
+    nodes = three_nodes(start_broker, "--replication-factor", "2", "--max-queued", "20")
+    u = uuid.uuid4().hex[:6]
+    first = Client(nodes["a"].port, f"s{u}", clean=False, host=HOSTS["a"]).connect()
+    first.subscribe(f"bq{u}/#", 1)
+    first.disconnect()
+    snapshot_of(nodes["c"], lambda r: r["sessions"].get("a/w0", 0) == 1)
+    pub = Client(nodes["b"].port, f"p{u}", host=HOSTS["b"]).connect()
+    n = 800
+    infos = [pub.c.publish(f"bq{u}/x", str(i), qos=1) for i in range(n)]
+    for info in infos:
+        info.wait_for_publish(20)
+        assert info.is_published()
+    # The copies a logged for the offline session are in its replica on c.
+    snapshot_of(nodes["c"], lambda r: r["replicas"].get("a/w0", {}).get("end", -1) >= n - 1)
+    nodes["a"].kill()
+    second = Client(nodes[reconnect].port, f"s{u}", clean=False, host=HOSTS[reconnect]).connect()
+    assert second.session_present, "the session was not found after its node died"
+    want = {str(i).encode() for i in range(n)}
+    try:
+        wait_for(lambda: {m.payload for m in second.messages} >= want, 30, "every message that waited")
+    except AssertionError:
+        missing = sorted(int(p) for p in want - {m.payload for m in second.messages})
+        raise AssertionError(f"{len(missing)} acknowledged message(s) missing: {missing}") from None
+    nodes["c"].wait_log("handed over from its replica here")
+
+
 def test_a_partitioned_minority_stops_acknowledging_and_nothing_acknowledged_is_lost(start_broker):
     """Node c is cut off from a and b (its mesh traffic dropped both ways, by proxies in front of
     every node's mesh). a and b, a majority, go on acknowledging; c sees no majority and stops:
