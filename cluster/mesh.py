@@ -114,8 +114,7 @@ from brokerd.router.mesh_format import (
 from brokerd.router.message import Message
 from brokerd.router.ports import TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE
 from brokerd.router.session import recency
-from brokerd.router.spool import SpoolWriter
-from brokerd.router.spool import remove as remove_spool
+from brokerd.router.spool import SpoolWriter, drop_named
 
 from .config import WILDCARDS, Config
 from .paths import ensure_run_dir, mesh_ipc
@@ -155,12 +154,6 @@ def _drop_older(entries: dict, horizon: float, when: Callable[[Any], float]) -> 
         if when(entries[first]) >= horizon:
             return
         del entries[first]
-
-
-def _drop_spool(state: dict) -> None:
-    """A session offered here and not taken: the spool its transfer wrote goes."""
-    if state.get("spool"):
-        remove_spool(state["spool"][0])
 
 
 class _Transfer:
@@ -916,7 +909,7 @@ class Mesh:
         if failed:
             for rid, req, state in offers:
                 self._done(rid, req, False)
-                _drop_spool(state)
+                drop_named(state)
             return TAKEOVER_FAILED
         live = [o for o in offers if not o[2].get("replica")]
         if not live and self.replication is not None:
@@ -948,7 +941,7 @@ class Mesh:
                 self._await_confirm(client_id, rid, req)
                 continue
             self._done(rid, req, True)
-            _drop_spool(state)
+            drop_named(state)
         if stale and self.replication is not None:
             log.warning("mesh: session %s: copies of it held for silent router(s) %s are older than the one "
                         "taken; passed over", client_id, ", ".join(sorted(set(stale))))
@@ -1440,8 +1433,7 @@ class Mesh:
         spool = transfer.spool
         if spool is not None:
             try:
-                transfer.state["spool"] = spool.finish().to_list()
-                transfer.state["spool_marks"] = spool.marks
+                spool.finish_into(transfer.state)
             except OSError as exc:
                 self._transfer_failed(key, f"its spooled copies could not be synced: {exc}")
                 return
@@ -1458,7 +1450,7 @@ class Mesh:
         waiter = self._waiters.get(req)
         if waiter is None or waiter.future.done():
             self._send(peer, TAKEOVER_DONE, [req, False])
-            _drop_spool(state)
+            drop_named(state)
             return
         waiter.offers.append((peer.router_id, req, state))
         self._answer(req, peer.router_id)

@@ -87,7 +87,7 @@ from brokerd.router.replication import (
     follower_router,
 )
 from brokerd.router.session import LogRange, Session, recency
-from brokerd.router.spool import SpoolWriter
+from brokerd.router.spool import spool_into
 
 if TYPE_CHECKING:
     from brokerd.router.router import Router
@@ -1099,19 +1099,9 @@ class Replication:
         if log_ is None:
             header["queue"] = [item for chunk in chunks for item in chunk]
             return header
-        writer: SpoolWriter | None = None
         try:
-            for chunk in chunks:
-                if chunk:
-                    if writer is None:
-                        writer = SpoolWriter(log_.directory)
-                    writer.add(chunk)
-            if writer is not None:
-                header["spool"] = writer.finish().to_list()
-                header["spool_marks"] = writer.marks
+            spool_into(header, log_.directory, chunks)
         except OSError as exc:
-            if writer is not None:
-                writer.discard()
             self.replica_moved(client_id, False)
             log.error("replication: session %s not taken from the replica here: its copies could not be "
                       "spooled (%s); it stays held", client_id, exc)

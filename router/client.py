@@ -51,7 +51,7 @@ from .message import Message, will_delay
 from .outbound import NO_LIMIT, Outbound
 from .ports import TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE, TAKEOVER_UNDECIDED
 from .shared import is_shared, parse_share
-from .spool import remove as remove_spool
+from .spool import drop_named
 from .topics import valid_topic_filter
 
 if TYPE_CHECKING:
@@ -279,7 +279,7 @@ class Client:
             if spooled:
                 session = router.sessions.get(self.client_id)
                 if session is None or all(r.directory != spooled[0] for r in session.ranges):
-                    remove_spool(spooled[0])  # not taken in (a clean start): its backlog ends here
+                    drop_named(state)  # not taken in (a clean start): its backlog ends here
 
     async def _settle_connect(self, connect: Connect, assigned: bool, state: dict | None) -> None:
         router = self.router

@@ -97,6 +97,12 @@ class SpoolWriter:
             os.close(dfd)
         return SpoolRange(self.path, 0, end)
 
+    def finish_into(self, state: dict) -> None:
+        """``finish``, and name the spool in a session's takeover state: its range (``spool``)
+        and the marks a replica's read-back starts after (``spool_marks``)."""
+        state["spool"] = self.finish().to_list()
+        state["spool_marks"] = self.marks
+
     def discard(self) -> None:
         """The transfer failed or its offer was passed over: the file goes."""
         if not self._file.closed:
@@ -199,6 +205,32 @@ class SpoolRange:
         self.close()
         if self.owned:
             remove(self.directory)
+
+
+def spool_into(state: dict, log_directory: str, chunks: Iterable[list]) -> None:
+    """Spool every copy of ``chunks`` (a takeover's, read whole on this router) and name the
+    file in ``state`` (``finish_into``); nothing is written when there is no copy. A failure
+    removes what was written and raises ``OSError``."""
+    writer: SpoolWriter | None = None
+    try:
+        for chunk in chunks:
+            if chunk:
+                if writer is None:
+                    writer = SpoolWriter(log_directory)
+                writer.add(chunk)
+        if writer is not None:
+            writer.finish_into(state)
+    except OSError:
+        if writer is not None:
+            writer.discard()
+        raise
+
+
+def drop_named(state: dict) -> None:
+    """A session's takeover state not taken in (an offer passed over, a clean start): the spool
+    it names goes."""
+    if state.get("spool"):
+        remove(state["spool"][0])
 
 
 def remove(path: str) -> None:
