@@ -87,7 +87,7 @@ from brokerd.router.replication import (
     follower_router,
 )
 from brokerd.router.session import LogRange, Session, recency
-from brokerd.router.spool import spool_into
+from brokerd.router.spool import spool_into, valid_spans
 
 if TYPE_CHECKING:
     from brokerd.router.router import Router
@@ -304,6 +304,8 @@ class Replication:
             exported = self._export_replica(cid, partition, st, True)
             if exported is None:
                 continue
+            if st.get("copies"):  # held outside the log that was lost: read back (``restored``)
+                exported[0]["copies"] = st["copies"]
             self.mesh.send_replication(peer, "restored", [partition, exported[0], False])
             self.loop.call_soon(self._restore_step, peer, partition, client_ids, i, sent + 1)
             return
@@ -333,6 +335,7 @@ class Replication:
                 self._restored_from[cid] = recency(header)
                 router.schedule_expiry(session)
                 router.rearm_will(session)
+                self.read_back_copies(session, header.get("copies"))
         if last:
             self._restoring.discard(sender)
             if not self._restoring and not self._restore_done.done():
@@ -1074,6 +1077,8 @@ class Replication:
         header["replica"] = partition
         header["since_ms"] = since_ms
         header["stale_replicas"] = [p for p, _ in found if p != partition]
+        if st.get("copies"):  # copies its router held outside its log: read back (``adopted``)
+            header["copies"] = st["copies"]
         for p, _ in found:
             if p != partition:  # stale: dropped now
                 del self.sessions[p][client_id]
@@ -1187,26 +1192,46 @@ class Replication:
                 marks[msg.origin_router] = msg.origin_offset
         since = state.get("since_ms", 0) - CATCHUP_MARGIN_MS
         subs = [s.to_values() for s in session.subscriptions.values()]
-        asked = []
+        asked = 0
         for rid in [self.partition, *self.mesh.peers]:
             if rid == partition:
                 continue  # its messages came from its replica
             start = marks[rid] + 1 if rid in marks else -1
-            body = [cid, rid, start, since, subs, session.username]
-            if rid == self.partition:
-                self.session_catchup(None, *body)
-                continue
-            peer = self.mesh.peers[rid]
-            holder = peer if peer.alive else self._holder(rid)[0]
-            if holder is self.mesh:
-                self.session_catchup(None, *body)
-            elif holder is not None:
-                self.mesh.send_replication(holder, "session_catchup", body)
-            else:
-                continue
-            asked.append(rid)
+            asked += self._ask_catchup(rid, [cid, rid, start, since, subs, session.username])
+        spans = self.read_back_copies(session, state.get("copies"))
         log.info("replication: session %s taken over from the replica of %s; asked %d router(s) for what "
-                 "was on its way there", cid, partition, len(asked) + 1)
+                 "was on its way there%s", cid, partition, asked + 1,
+                 f", and {spans} for the copies it held" if spans else "")
+
+    def read_back_copies(self, session: Session, copies: Any) -> int:
+        """The copies a lost router held for ``session`` outside its log (a spool not read yet,
+        copies in memory: ``Session.copy_spans``, named by its replicated state as ``copies``)
+        were on that node only: ask each origin router (or, silent, the holder of its replica)
+        for its span of them, to the span's end. Returns how many routers were asked."""
+        subs = [s.to_values() for s in session.subscriptions.values()]
+        asked = 0
+        for rid, (lo, hi, _) in valid_spans(copies).items():
+            asked += self._ask_catchup(rid, [session.client_id, rid, lo, 0, subs, session.username, hi + 1])
+        return asked
+
+    def _ask_catchup(self, rid: str, body: list) -> bool:
+        """Send SESSION_CATCHUP ``body`` to router ``rid``, to this router itself, or (``rid``
+        silent) to the holder of its replica with the highest end; False when none can answer."""
+        if rid == self.partition:
+            self.session_catchup(None, *body)
+            return True
+        peer = self.mesh.peers.get(rid)
+        if peer is None:
+            holder = self._holder(rid)[0] if rid in self.replicas else None
+        else:
+            holder = peer if peer.alive else self._holder(rid)[0]
+        if holder is self.mesh:
+            self.session_catchup(None, *body)
+        elif holder is not None:
+            self.mesh.send_replication(holder, "session_catchup", body)
+        else:
+            return False
+        return True
 
     def fence(self, client_id: str, partitions: Iterable[str]) -> None:
         """``client_id``'s session is here now, not with the silent routers ``partitions`` (its
@@ -1399,10 +1424,13 @@ class Replication:
                      "it published meanwhile", asked, peer.router_id)
 
     def session_catchup(self, peer: Peer | None, client_id: str, partition: str, start: int, since_ms: int,
-                        subs: list, username: str | None) -> None:
+                        subs: list, username: str | None, end: int = -1) -> None:
         """Read this router's log (or the replica of ``partition``) back for one session taken
         over elsewhere: the QoS 1/2 messages of ``partition`` its subscriptions match, from
-        ``start`` (-1: from ``since_ms``), as SESSION_COPIES to ``peer`` (None: this router)."""
+        ``start`` (-1: from ``since_ms``), as SESSION_COPIES to ``peer`` (None: this router).
+        With an ``end``, the records of ``[start, end)`` whatever their origin: copies a lost
+        router held for the session (``read_back_copies``), among them a range of this log it
+        had still to read."""
         if partition == self.partition:
             log_ = self.log
         else:
@@ -1416,17 +1444,18 @@ class Replication:
             start = found if found is not None else log_.next_offset
         session = self._detached(client_id, subs)
         session.username = username
-        self._catchup_step(peer, session, partition, log_, max(start, log_.start_offset), log_.next_offset, 0)
+        stop = log_.next_offset if end < 0 else min(end, log_.next_offset)
+        self._catchup_step(peer, session, partition, end >= 0, log_, max(start, log_.start_offset), stop, 0)
 
-    def _catchup_step(self, peer: Peer | None, session: Session, partition: str, log_: Any, offset: int,
-                      end: int, sent: int) -> None:
+    def _catchup_step(self, peer: Peer | None, session: Session, partition: str, whole: bool, log_: Any,
+                      offset: int, end: int, sent: int) -> None:
         if peer is not None and not peer.alive:
             return
         records = [r for r in log_.read(offset, max_records=FETCH_RECORDS // 4) if r.offset < end] \
             if offset < end else []
         items = []
         for rec in records:
-            if rec.qos and rec.origin_router in ("", partition):
+            if rec.qos and (whole or rec.origin_router in ("", partition)):
                 best, ids = session._best_qos(rec)
                 if best > 0:
                     msg = Message.from_record(rec)
@@ -1437,7 +1466,7 @@ class Replication:
         else:
             self.mesh.send_replication(peer, "copies", [session.client_id, items, last])
         if not last:
-            self.loop.call_soon(self._catchup_step, peer, session, partition, log_, records[-1].offset + 1, end,
+            self.loop.call_soon(self._catchup_step, peer, session, partition, whole, log_, records[-1].offset + 1, end,
                                 sent + len(items))
         elif sent + len(items):
             log.info("replication: %d message(s) of %s read back for session %s", sent + len(items), partition,

@@ -39,8 +39,9 @@ docs/replication.md): SESSION_STATE ``[partition, full, {client_id: state or Non
 persistent sessions, as its snapshot holds them, to its followers; ``full``: these replace all
 held before), SESSION_GONE ``[partition, [client_id]]`` (a session of that partition was taken over
 from a replica: forget it), SESSION_CATCHUP ``[client_id, partition, start, since_ms, subs,
-username]`` (read your log, or your replica of ``partition``, back for that one session: its
-records from ``start``, or from ``since_ms`` when ``start`` is -1) answered by SESSION_COPIES
+username, end?]`` (read your log, or your replica of ``partition``, back for that one session: its
+records from ``start``, or from ``since_ms`` when ``start`` is -1, up to ``end`` when given: the
+copies a lost node held outside its log) answered by SESSION_COPIES
 ``[client_id, items, last]`` (items as TAKEOVER_CHUNK's); SESSION_RESTORE ``partition`` (a router
 back on an empty disk asks a follower of its log for its sessions) answered by SESSION_RESTORED
 ``[partition, header or None, last]``, one session (a takeover header with its copies) a frame.
@@ -73,7 +74,7 @@ from .message import _QOS0_V3, _QOS0_V4, _QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4,
 # the full one (Message.to_list()); one more value names the shared groups it was chosen for.
 PLAIN, FULL = 5, 9
 
-MESH_VERSION = 13
+MESH_VERSION = 14
 (HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE,
  RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE, CATCHUP, REPLICATE, REPLICA_ACK, REPLICA_FETCH, REPLICA_CATCHUP,
  REPLICA_PUBLISH, SESSION_STATE, SESSION_GONE, SESSION_CATCHUP, SESSION_COPIES, SESSION_RESTORE,
@@ -208,9 +209,11 @@ def _session_gone(body: Any) -> bool:
 
 
 def _session_catchup(body: Any) -> bool:
-    return (body.__class__ is list and len(body) == 6 and body[0].__class__ is str and body[1].__class__ is str
-            and body[2].__class__ is int and body[3].__class__ is int and body[4].__class__ is list
-            and all(s.__class__ is list for s in body[4]) and _opt_str(body[5]))
+    """[client id, router, start, since ms, subscriptions, user name] and, optionally, the end."""
+    return (body.__class__ is list and len(body) in (6, 7) and body[0].__class__ is str
+            and body[1].__class__ is str and body[2].__class__ is int and body[3].__class__ is int
+            and body[4].__class__ is list and all(s.__class__ is list for s in body[4]) and _opt_str(body[5])
+            and (len(body) == 6 or body[6].__class__ is int))
 
 
 def _session_copies(body: Any) -> bool:

@@ -71,7 +71,7 @@ class StateStore:
                 continue
             client = clients.get(cid) if s.conn is not None else None
             live = client.will if client is not None and client.session is s else None
-            sessions[cid] = {
+            sessions[cid] = st = {
                 "expiry": s.expiry_s,
                 "subs": [x.to_values() for x in s.subscriptions.values()],
                 "shared": [x.to_values() for x in s.shared.values()],
@@ -89,6 +89,12 @@ class StateStore:
                 "epoch": s.epoch,
                 "arrived": s.arrived_ms,
             }
+            if s.ranges or s.queue or s.inflight:
+                # Copies held outside this router's log: where their origins' logs have them
+                # (read back from there if this node is lost: ``Session.copy_spans``).
+                copies = s.copy_spans()
+                if copies:
+                    st["copies"] = copies
         if router.replication is not None:  # the same state goes to the log's followers
             router.replication.sessions_changed(sessions)
         return msgpack.packb({
@@ -212,7 +218,7 @@ class StateStore:
             for values in st.get("shared", ()):
                 router.subscribe_shared(session, Subscription.from_values(values))
             if st.get("ranges"):  # other routers' log ranges a takeover brought, still to read
-                session.ranges = [make_range(d, start, end) for d, start, end in st["ranges"]]
+                session.ranges = [make_range(*r) for r in st["ranges"]]
             pos = st.get("position")
             if log_ is not None and pos is not None:
                 session.cursor = max(pos, log_.start_offset)

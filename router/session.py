@@ -22,7 +22,7 @@ from brokerd.connection.codec import encode, with_dup
 from brokerd.connection.packets import MQTT_5, Pubrel, Subscription
 
 from .message import Message
-from .spool import SpoolRange, is_spool, spool_dir
+from .spool import SpoolRange, is_spool, note_span, spool_dir
 from .topics import filter_matches
 
 if TYPE_CHECKING:
@@ -117,10 +117,18 @@ class LogRange:
         self.close()
 
 
-def make_range(directory: str, start: int, end: int) -> LogRange | SpoolRange:
+def log_router_id(directory: str) -> str:
+    """The id of the router whose commit log is in ``directory``: ``<data-dir>/<node>/<worker>``
+    is ``<node>/<worker>`` (the layout ``cluster.worker`` makes)."""
+    path = os.path.abspath(directory)
+    return f"{os.path.basename(os.path.dirname(path))}/{os.path.basename(path)}"
+
+
+def make_range(directory: str, start: int, end: int, spans: Any = None) -> LogRange | SpoolRange:
     """A range a session still has to read, from its plain values (snapshot, takeover header):
-    another router's log on this node, or a spool file of a backlog moved from another node."""
-    return SpoolRange(directory, start, end) if is_spool(directory) else LogRange(directory, start, end)
+    another router's log on this node, or a spool file of a backlog moved from another node
+    (with its ``spans``)."""
+    return SpoolRange(directory, start, end, spans) if is_spool(directory) else LogRange(directory, start, end)
 
 
 class Inflight:
@@ -397,6 +405,37 @@ class Session:
                 out[0][1] = min(out[0][1], *held)
         return out
 
+    def copy_spans(self) -> dict[str, list]:
+        """Where the copies this session holds outside its router's log lie in their origins'
+        logs ({origin router: [lowest, highest offset]}): those held unacknowledged (a moved
+        session's, read-back answers, hand-ons), a spool's entries not read yet, and the ranges
+        of this node's other logs it has still to read. They are on this node only (in memory,
+        a spool file, another router's log here); its replicated state names them, so the
+        router that takes the session from a replica after this node's loss reads them back
+        from those logs (``Replication.read_back_copies``). Empty for a session fed from its
+        own log."""
+        spans: dict[str, list] = {}
+        for rng in self.ranges:
+            if rng.copies:
+                for origin, (lo, hi, _) in rng.spans.items():
+                    note_span(spans, origin, lo)
+                    note_span(spans, origin, hi)
+        for directory, start, end, *_ in self.range_values():
+            if not is_spool(directory) and start < end:
+                # Another router's log on this node (a move between its workers), from the
+                # oldest record read from it and held: lost with this node too. Read back from
+                # its replica, the span whole (what that router logged for other origins too).
+                origin = log_router_id(directory)
+                note_span(spans, origin, start)
+                note_span(spans, origin, end - 1)
+        for e in self.inflight.values():
+            if e.msg is not None and e.msg.log_offset < 0:
+                note_span(spans, e.msg.origin_router, e.msg.origin_offset)
+        for m, _, _ in self.queue:
+            if m.log_offset < 0:
+                note_span(spans, m.origin_router, m.origin_offset)
+        return {origin: span[:2] for origin, span in spans.items()}
+
     def position(self) -> int | None:
         """Where a catch-up must start to lose nothing unacknowledged (for snapshots)."""
         if self.log is None:
@@ -666,7 +705,7 @@ class Session:
         # empty), then the other logs' ranges (same node).
         ranges = ([state["spool"]] if state.get("spool") else []) + (state.get("log") or [])
         if ranges:
-            self.ranges = [make_range(d, start, end) for d, start, end in ranges]
+            self.ranges = [make_range(*r) for r in ranges]
             if any(r.copies for r in self.ranges):
                 own = spool_dir(self.log.directory) if self.log is not None else None
                 for rng in [r for r in self.ranges if r.copies]:

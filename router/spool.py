@@ -57,7 +57,7 @@ def owner_of(path: str) -> str:
 class SpoolWriter:
     """One transfer's overflow, written as it arrives; ``finish`` makes it durable."""
 
-    __slots__ = ("path", "_file", "count", "marks")
+    __slots__ = ("path", "_file", "count", "spans")
 
     def __init__(self, log_directory: str) -> None:
         directory = spool_dir(log_directory)
@@ -67,20 +67,20 @@ class SpoolWriter:
         self._file: Any = open(self.path, "xb")  # noqa: SIM115 - closed by finish or discard
         os.chmod(self.path, 0o600)
         self.count = 0
-        # The highest origin offset among the copies, per origin router: what a session taken
-        # from a replica asks the other routers for begins after it (``Replication.adopted``).
-        self.marks: dict[str, int] = {}
+        # Where the copies lie in their origin routers' logs (``spans``): the highest offset is
+        # what a session taken from a replica asks the other routers for begins after
+        # (``Replication.adopted``); the whole span is what a read-back asks for if this node
+        # is lost before the session read the file (``Session.copy_spans``).
+        self.spans: dict[str, list] = {}
 
     def add(self, items: Iterable[list]) -> None:
         pack = msgpack.Packer().pack
         write = self._file.write
-        marks = self.marks
+        spans = self.spans
         for item in items:
             write(pack(item))
             values = item[2]
-            origin, offset = values[5], values[6]
-            if offset.__class__ is int and origin.__class__ is str and offset >= marks.get(origin, -1):
-                marks[origin] = offset
+            note_span(spans, values[5], values[6])
             self.count += 1
 
     def finish(self) -> SpoolRange:
@@ -95,13 +95,13 @@ class SpoolWriter:
             os.fsync(dfd)
         finally:
             os.close(dfd)
-        return SpoolRange(self.path, 0, end)
+        return SpoolRange(self.path, 0, end, self.spans)
 
     def finish_into(self, state: dict) -> None:
-        """``finish``, and name the spool in a session's takeover state: its range (``spool``)
-        and the marks a replica's read-back starts after (``spool_marks``)."""
+        """``finish``, and name the spool in a session's takeover state: its range (``spool``,
+        with its spans) and the marks a replica's read-back starts after (``spool_marks``)."""
         state["spool"] = self.finish().to_list()
-        state["spool_marks"] = self.marks
+        state["spool_marks"] = {origin: span[1] for origin, span in self.spans.items()}
 
     def discard(self) -> None:
         """The transfer failed or its offer was passed over: the file goes."""
@@ -110,17 +110,51 @@ class SpoolWriter:
         remove(self.path)
 
 
+def note_span(spans: dict[str, list], origin: Any, offset: Any) -> None:
+    """Widen ``spans`` ({origin router: [lowest, highest offset, in order]}) by one copy's place
+    in its origin's log; ``in order`` stays true while each origin's offsets only grow (then a
+    reader may move the lowest past what it read: ``SpoolRange.read``). A copy without a place
+    (no log at its origin) is not noted: no log can give it again."""
+    if offset.__class__ is not int or offset < 0 or origin.__class__ is not str or not origin:
+        return
+    span = spans.get(origin)
+    if span is None:
+        spans[origin] = [offset, offset, True]
+    elif offset > span[1]:
+        span[1] = offset
+    else:
+        span[2] = False
+        if offset < span[0]:
+            span[0] = offset
+
+
+def valid_spans(value: Any) -> dict[str, list]:
+    """``value`` (from a snapshot or a peer) as spans, what is malformed left out."""
+    if value.__class__ is not dict:
+        return {}
+    return {o: [lo, hi, bool(s[2]) if len(s) > 2 else False] for o, s in value.items()
+            if o.__class__ is str and s.__class__ is list and len(s) >= 2
+            and (lo := s[0]).__class__ is int and (hi := s[1]).__class__ is int and 0 <= lo <= hi}
+
+
 class SpoolRange:
     """Bytes ``[start, end)`` of a spool file still to deliver; the same interface as
-    ``LogRange`` (``read``, ``close``, ``to_list``), but what it reads are queue entries."""
+    ``LogRange`` (``read``, ``close``, ``to_list``), but what it reads are queue entries.
 
-    __slots__ = ("directory", "start", "end", "owned", "_file")
+    ``spans`` says where the entries not read yet lie in their origins' logs ({origin: [lowest,
+    highest offset, in order]}, ``note_span``): a session's replicated state names them, so that
+    if this node is lost before the file is read, the router that takes the session from a
+    replica reads them back from those logs (``Replication.adopted``). The spool is on this
+    node's disk only."""
+
+    __slots__ = ("directory", "start", "end", "owned", "spans", "_file")
     copies = True  # its reads are queue entries, not log records to match
 
-    def __init__(self, path: str, start: int, end: int, owned: bool = True) -> None:
+    def __init__(self, path: str, start: int, end: int, spans: Any = None, owned: bool = True) -> None:
         self.directory = path  # (the name LogRange gives its location)
         self.start = start
         self.end = end
+        self.spans = valid_spans(spans)
         self.owned = owned  # False: a reader of another's range (an export), which leaves the file
         self._file: Any = None
 
@@ -168,6 +202,15 @@ class SpoolRange:
             self.start = self.end
             return None
         self.start += at
+        spans = self.spans
+        if spans:  # what is read is held by the session until acknowledged (``copy_spans``)
+            for _, (_, _, values) in items:
+                span = spans.get(values[5])
+                if span is not None and span[2] and values[6].__class__ is int and values[6] >= span[0]:
+                    if values[6] >= span[1]:
+                        del spans[values[5]]
+                    else:
+                        span[0] = values[6] + 1
         return items
 
     def close(self) -> None:
@@ -176,7 +219,7 @@ class SpoolRange:
             self._file = None
 
     def to_list(self) -> list:
-        return [self.directory, self.start, self.end]
+        return [self.directory, self.start, self.end, {o: list(s) for o, s in self.spans.items()}]
 
     def adopt(self, log_directory: str) -> None:
         """This range moved to the router that logs to ``log_directory`` (a same-node move): the

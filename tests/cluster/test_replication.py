@@ -33,7 +33,7 @@ from brokerd.router.mesh_format import (
 from brokerd.router.replication import follower_nodes
 from tests.cluster.fake_router import FakeRouter, mesh_endpoint
 from tests.cluster.test_multihost import mesh_peers, mesh_port, stats_reader
-from tests.helpers import Client, free_port, freeze, wait_for
+from tests.helpers import Client, RawClient, connect_packet, free_port, freeze, read_packet, wait_for
 
 HOSTS = {"a": "127.0.0.1", "b": "127.0.0.2", "c": "127.0.0.3"}
 
@@ -472,6 +472,20 @@ def test_a_persistent_session_survives_its_nodes_death(start_broker, publishers,
     assert took < 15, f"reconnecting took {took:.1f} s"
 
 
+def back_with_all(nodes: dict, node: str, client_id: str, n: int) -> Client:
+    """The persistent session ``client_id`` reconnects to ``node`` after its own node died:
+    session present, and each of the messages ``0`` .. ``n - 1`` that waited for it arrives."""
+    second = Client(nodes[node].port, client_id, clean=False, host=HOSTS[node]).connect()
+    assert second.session_present, "the session was not found after its node died"
+    want = {str(i).encode() for i in range(n)}
+    try:
+        wait_for(lambda: {m.payload for m in second.messages} >= want, 30, "every message that waited")
+    except AssertionError:
+        missing = sorted(int(p) for p in want - {m.payload for m in second.messages})
+        raise AssertionError(f"{len(missing)} acknowledged message(s) missing: {missing[:20]}") from None
+    return second
+
+
 @pytest.mark.parametrize("reconnect", ["c", "b"])
 def test_a_dead_nodes_session_brings_its_whole_backlog_beyond_max_queued(start_broker, reconnect):
     """A persistent session of node a, offline with 800 messages waiting for it (published on b),
@@ -496,15 +510,48 @@ def test_a_dead_nodes_session_brings_its_whole_backlog_beyond_max_queued(start_b
     # The copies a logged for the offline session are in its replica on c.
     snapshot_of(nodes["c"], lambda r: r["replicas"].get("a/w0", {}).get("end", -1) >= n - 1)
     nodes["a"].kill()
-    second = Client(nodes[reconnect].port, f"s{u}", clean=False, host=HOSTS[reconnect]).connect()
-    assert second.session_present, "the session was not found after its node died"
-    want = {str(i).encode() for i in range(n)}
-    try:
-        wait_for(lambda: {m.payload for m in second.messages} >= want, 30, "every message that waited")
-    except AssertionError:
-        missing = sorted(int(p) for p in want - {m.payload for m in second.messages})
-        raise AssertionError(f"{len(missing)} acknowledged message(s) missing: {missing}") from None
+    back_with_all(nodes, reconnect, f"s{u}", n)
     nodes["c"].wait_log("handed over from its replica here")
+
+
+def test_a_moved_sessions_spool_is_read_back_from_its_origin_when_its_new_node_dies(start_broker):
+    """A persistent session of node a has 300 messages waiting (published on a, after 600 it
+    had received); its client reconnects to node b, which spools the backlog, reads two of it
+    and acknowledges nothing; b is SIGKILLed and the client reconnects to c. b's spool was on b
+    only: its replicated state names where the copies lie in a's log, and c reads them back
+    from there. Every one of the 300 arrives. Before, c asked a only for what it published from
+    ten seconds before b's silence, at most --max-queued (the 600 came first)."""
+    assert follower_nodes("b/w0", "b", ["a", "c"], 1) == ["a"]  # the test's layout rests on it
+    nodes = three_nodes(start_broker, "--replication-factor", "2", "--max-queued", "100")
+    u = uuid.uuid4().hex[:6]
+    first = Client(nodes["a"].port, f"s{u}", clean=False, host=HOSTS["a"]).connect()
+    first.subscribe(f"mv{u}/#", 1)
+    pub = Client(nodes["a"].port, f"p{u}", host=HOSTS["a"]).connect()
+    before, n = 600, 300
+    pre = [pub.c.publish(f"mv{u}/x", f"before {i}", qos=1) for i in range(before)]
+    for info in pre:
+        info.wait_for_publish(20)
+        assert info.is_published()
+    first.wait_messages(before, timeout=30)
+    first.disconnect()
+    infos = [pub.c.publish(f"mv{u}/x", str(i), qos=1) for i in range(n)]
+    for info in infos:
+        info.wait_for_publish(20)
+        assert info.is_published()
+    raw = RawClient(nodes["b"].port, host=HOSTS["b"])  # reads, never acknowledges
+    try:
+        raw.send(connect_packet(f"s{u}", clean=False))
+        assert read_packet(raw)[:4] == b"\x20\x02\x01\x00", "no session present on b"
+        for _ in range(2):
+            assert read_packet(raw)[0] >> 4 == 3  # PUBLISHes from the spool
+        nodes["b"].wait_log("spooled to disk")
+        # b's follower (a) holds the session as b's snapshot names it: with its copies' spans.
+        snapshot_of(nodes["a"], lambda r: r["sessions"].get("b/w0", 0) == 1)
+        nodes["b"].kill()
+    finally:
+        raw.close()
+    back_with_all(nodes, "c", f"s{u}", n)
+    nodes["c"].wait_log("and 1 for the copies it held")
 
 
 def test_a_partitioned_minority_stops_acknowledging_and_nothing_acknowledged_is_lost(start_broker):

@@ -12,13 +12,15 @@ from brokerd.connection.packets import Publish, Subscription
 from brokerd.router.log import CommitLog
 from brokerd.router.message import Message
 from brokerd.router.router import Router, RouterConfig
-from brokerd.router.session import Session, SessionLimits
+from brokerd.router.session import LogRange, Session, SessionLimits
 from brokerd.router.spool import SpoolRange, SpoolWriter, collect, spool_dir
 from tests.unit.conftest import FakeConn
 
 
 def _items(n: int, size: int = 1000) -> list[list]:
-    return [[1, False, Message(f"m/{i}", b"%05d" % i + b"x" * size, qos=1).to_list()] for i in range(n)]
+    """Queue entries of ``n`` messages published on router m/w0 (logged there at offset i)."""
+    return [[1, False, Message(f"m/{i}", b"%05d" % i + b"x" * size, qos=1, origin_router="m/w0",
+                               origin_offset=i).to_list()] for i in range(n)]
 
 
 def _numbers(entries: list) -> list[int]:
@@ -61,9 +63,33 @@ def test_a_spool_marks_the_newest_copy_of_each_origin_router(tmp_path):
     w = SpoolWriter(str(log_dir))
     w.add([[1, False, Message("t", b"x", 1, origin_router=r, origin_offset=o).to_list()]
            for r, o in (("c/w0", 5), ("c/w1", 9), ("c/w0", 7), ("c/w0", 6))])
-    assert w.marks == {"c/w0": 7, "c/w1": 9}
-    w.discard()
-    assert not os.listdir(spool_dir(str(log_dir)))
+    state: dict = {}
+    w.finish_into(state)
+    assert state["spool_marks"] == {"c/w0": 7, "c/w1": 9}
+    # Where the copies lie in their origins' logs: c/w0's came out of order (7 before 6).
+    assert state["spool"][3] == {"c/w0": [5, 7, False], "c/w1": [9, 9, True]}
+    os.unlink(state["spool"][0])
+
+
+def test_a_spool_s_spans_move_past_what_is_read_where_each_origin_came_in_order(tmp_path):
+    """What a lost node's spool held is read back from the origins' logs (``Session.copy_spans``):
+    from the first entry not read yet, where an origin's copies came in order; from its first
+    one where they did not (the reader cannot tell what is still ahead); no span once read."""
+    log_dir = tmp_path / "n" / "w0"
+    log_dir.mkdir(parents=True)
+    w = SpoolWriter(str(log_dir))
+    w.add([[1, False, Message("t", b"x", 1, origin_router=r, origin_offset=o).to_list()]
+           for r, o in (("a/w0", 10), ("b/w0", 4), ("a/w0", 11), ("b/w0", 2), ("a/w0", 12), ("b/w0", 3))])
+    w.add([[1, False, Message("t", b"x", 1).to_list()]])  # no origin log: nothing to note
+    rng = w.finish()
+    assert rng.spans == {"a/w0": [10, 12, True], "b/w0": [2, 4, False]}
+    assert len(rng.read(3)) == 3
+    assert rng.spans == {"a/w0": [12, 12, True], "b/w0": [2, 4, False]}
+    again = SpoolRange(*rng.to_list(), owned=False)  # as a snapshot names it: the spans go along
+    assert again.spans == rng.spans and again.start == rng.start
+    assert len(rng.read(10)) == 4
+    assert rng.spans == {"b/w0": [2, 4, False]}
+    rng.discard()
 
 
 def test_a_cut_spool_gives_what_is_whole_then_gives_up(tmp_path, caplog):
@@ -148,12 +174,15 @@ def test_a_moved_session_reads_its_spool_in_order_and_a_snapshot_names_what_is_u
                 # Five in flight, unacknowledged: the snapshot's range starts at the oldest.
                 assert len(session.inflight) == 5
                 oldest = min(int(e.msg.payload[:5]) for e in session.inflight.values())
-                path, start, end = session.range_values()[0]
+                path, start, end, spans = session.range_values()[0]
                 assert (path, end) == (spooled.directory, spooled.end)
                 assert _numbers(SpoolRange(path, start, end, owned=False).read(1)) == [oldest]
+                # Where the copies not acknowledged yet lie in their origin's log (read back
+                # from there if this node is lost): from the oldest in flight to the last.
+                assert session.copy_spans() == {"m/w0": [oldest, 1999]}
                 # A move to another worker of this node passes the range on from there too, and
                 # copies none of what the queue holds from it (read there again instead).
-                assert session.export_header(True)["log"][0] == [path, start, end]
+                assert session.export_header(True)["log"][0] == [path, start, end, spans]
                 assert session.queue and [i for c in session.export_copies(True) for i in c] == []
                 checked = True
             for p in new:
@@ -167,6 +196,7 @@ def test_a_moved_session_reads_its_spool_in_order_and_a_snapshot_names_what_is_u
                 break
             await asyncio.sleep(0.01)
         assert not session.ranges and not os.path.exists(spooled.directory)
+        assert session.copy_spans() == {}  # all acknowledged: nothing to read back anywhere
         log_.close()
 
     asyncio.run(run())
@@ -212,3 +242,15 @@ def test_collect_with_no_spool_directory_is_nothing(tmp_path, n):
     if n:
         os.makedirs(spool_dir(str(tmp_path / "n" / "w0")))
     assert collect(str(tmp_path / "n" / "w0"), []) == 0
+
+
+def test_a_sessions_copy_spans_name_another_workers_log_range_and_held_copies(tmp_path):
+    """What a session holds outside its own router's log, by origin: a range of another worker's
+    log (a move between workers of this node) from its start, and copies held in memory (a
+    read-back's); a copy with no origin log (published with the log off) is in none."""
+    s = Session("dev", True, SessionLimits(), Router(RouterConfig(router_id="n/w0")).stats)
+    s.ranges = [LogRange(str(tmp_path / "data" / "n" / "w1"), 5, 20)]
+    s.deliver_copy(Message("t", b"x", 1, origin_router="m/w3", origin_offset=40), 1, False)
+    s.deliver_copy(Message("t", b"x", 1, origin_router="m/w3", origin_offset=42), 1, False)
+    s.deliver_copy(Message("t", b"x", 1), 1, False)
+    assert s.copy_spans() == {"n/w1": [5, 19], "m/w3": [40, 42]}
