@@ -1333,7 +1333,7 @@ class Mesh:
         elif kind == SESSION_CATCHUP:
             self.replication.session_catchup(peer, *body)
         elif kind == SESSION_COPIES:
-            router.take_copies(body[0], body[1])
+            router.take_copies(body[0], body[1], read_back=True)
         elif kind == SESSION_RESTORE:
             self.replication.restore_sessions(peer, body)
         elif kind == SESSION_RESTORED:

@@ -1191,13 +1191,12 @@ class Replication:
             if msg.origin_offset >= marks.get(msg.origin_router, -1):
                 marks[msg.origin_router] = msg.origin_offset
         since = state.get("since_ms", 0) - CATCHUP_MARGIN_MS
-        subs = [s.to_values() for s in session.subscriptions.values()]
         asked = 0
         for rid in [self.partition, *self.mesh.peers]:
             if rid == partition:
                 continue  # its messages came from its replica
             start = marks[rid] + 1 if rid in marks else -1
-            asked += self._ask_catchup(rid, [cid, rid, start, since, subs, session.username])
+            asked += self._ask_catchup(rid, self._catchup_body(session, rid, start, since))
         spans = self.read_back_copies(session, state.get("copies"))
         log.info("replication: session %s taken over from the replica of %s; asked %d router(s) for what "
                  "was on its way there%s", cid, partition, asked + 1,
@@ -1208,11 +1207,18 @@ class Replication:
         copies in memory: ``Session.copy_spans``, named by its replicated state as ``copies``)
         were on that node only: ask each origin router (or, silent, the holder of its replica)
         for its span of them, to the span's end. Returns how many routers were asked."""
-        subs = [s.to_values() for s in session.subscriptions.values()]
         asked = 0
         for rid, (lo, hi, _) in valid_spans(copies).items():
-            asked += self._ask_catchup(rid, [session.client_id, rid, lo, 0, subs, session.username, hi + 1])
+            asked += self._ask_catchup(rid, self._catchup_body(session, rid, lo, 0, hi + 1))
         return asked
+
+    def _catchup_body(self, session: Session, rid: str, start: int, since_ms: int, end: int = -1) -> list:
+        """SESSION_CATCHUP's body asking router ``rid`` for ``session``'s messages (from
+        ``start``, or -1: from ``since_ms``; to ``end``, -1: the log's end), and whether this
+        router spools the answers: with a log it does (``Router.take_copies``), and is sent all
+        of them; without one, at most ``--max-queued`` (they wait in memory)."""
+        return [session.client_id, rid, start, since_ms, [s.to_values() for s in session.subscriptions.values()],
+                session.username, end, self.router.commit_log is not None]
 
     def _ask_catchup(self, rid: str, body: list) -> bool:
         """Send SESSION_CATCHUP ``body`` to router ``rid``, to this router itself, or (``rid``
@@ -1381,12 +1387,11 @@ class Replication:
         if silent.__class__ is not dict:
             return
         cid = session.client_id
-        subs = [s.to_values() for s in session.subscriptions.values()]
         asked = []
         for rid, since_ms in silent.items():
-            if rid.__class__ is not str or since_ms.__class__ is not int or not subs:
+            if rid.__class__ is not str or since_ms.__class__ is not int or not session.subscriptions:
                 continue
-            body = [cid, rid, -1, since_ms - CATCHUP_MARGIN_MS, subs, session.username]
+            body = self._catchup_body(session, rid, -1, since_ms - CATCHUP_MARGIN_MS)
             peer = self.mesh.peers.get(rid)
             if rid == self.partition:
                 self.session_catchup(None, *body)
@@ -1415,22 +1420,22 @@ class Replication:
             session = self.router.sessions.get(cid)
             if t < silent_since - self.config.mesh_timeout or session is None or not session.subscriptions:
                 continue
-            subs = [s.to_values() for s in session.subscriptions.values()]
             self.mesh.send_replication(peer, "session_catchup",
-                                       [cid, peer.router_id, -1, since_ms, subs, session.username])
+                                       self._catchup_body(session, peer.router_id, -1, since_ms))
             asked += 1
         if asked:
             log.info("replication: %d session(s) that moved to this router while %s was silent ask it for what "
                      "it published meanwhile", asked, peer.router_id)
 
     def session_catchup(self, peer: Peer | None, client_id: str, partition: str, start: int, since_ms: int,
-                        subs: list, username: str | None, end: int = -1) -> None:
+                        subs: list, username: str | None, end: int = -1, spools: bool = False) -> None:
         """Read this router's log (or the replica of ``partition``) back for one session taken
         over elsewhere: the QoS 1/2 messages of ``partition`` its subscriptions match, from
         ``start`` (-1: from ``since_ms``), as SESSION_COPIES to ``peer`` (None: this router).
         With an ``end``, the records of ``[start, end)`` whatever their origin: copies a lost
         router held for the session (``read_back_copies``), among them a range of this log it
-        had still to read."""
+        had still to read. All of them where the asker ``spools`` the answers; else at most
+        ``--max-queued`` (whole steps of ``FETCH_RECORDS // 4`` records)."""
         if partition == self.partition:
             log_ = self.log
         else:
@@ -1445,10 +1450,11 @@ class Replication:
         session = self._detached(client_id, subs)
         session.username = username
         stop = log_.next_offset if end < 0 else min(end, log_.next_offset)
-        self._catchup_step(peer, session, partition, end >= 0, log_, max(start, log_.start_offset), stop, 0)
+        cap = None if spools else self.config.max_queued
+        self._catchup_step(peer, session, partition, end >= 0, cap, log_, max(start, log_.start_offset), stop, 0)
 
-    def _catchup_step(self, peer: Peer | None, session: Session, partition: str, whole: bool, log_: Any,
-                      offset: int, end: int, sent: int) -> None:
+    def _catchup_step(self, peer: Peer | None, session: Session, partition: str, whole: bool, cap: int | None,
+                      log_: Any, offset: int, end: int, sent: int) -> None:
         if peer is not None and not peer.alive:
             return
         records = [r for r in log_.read(offset, max_records=FETCH_RECORDS // 4) if r.offset < end] \
@@ -1460,14 +1466,14 @@ class Replication:
                 if best > 0:
                     msg = Message.from_record(rec)
                     items.append([min(best, rec.qos), False, (msg.with_ids(ids) if ids else msg).to_list()])
-        last = not records or sent + len(items) >= self.config.max_queued
+        last = not records or (cap is not None and sent + len(items) >= cap)
         if peer is None:
-            self.router.take_copies(session.client_id, items)
+            self.router.take_copies(session.client_id, items, read_back=True)
         else:
             self.mesh.send_replication(peer, "copies", [session.client_id, items, last])
         if not last:
-            self.loop.call_soon(self._catchup_step, peer, session, partition, whole, log_, records[-1].offset + 1, end,
-                                sent + len(items))
+            self.loop.call_soon(self._catchup_step, peer, session, partition, whole, cap, log_,
+                                records[-1].offset + 1, end, sent + len(items))
         elif sent + len(items):
             log.info("replication: %d message(s) of %s read back for session %s", sent + len(items), partition,
                      session.client_id)

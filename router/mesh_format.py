@@ -39,9 +39,10 @@ docs/replication.md): SESSION_STATE ``[partition, full, {client_id: state or Non
 persistent sessions, as its snapshot holds them, to its followers; ``full``: these replace all
 held before), SESSION_GONE ``[partition, [client_id]]`` (a session of that partition was taken over
 from a replica: forget it), SESSION_CATCHUP ``[client_id, partition, start, since_ms, subs,
-username, end?]`` (read your log, or your replica of ``partition``, back for that one session: its
-records from ``start``, or from ``since_ms`` when ``start`` is -1, up to ``end`` when given: the
-copies a lost node held outside its log) answered by SESSION_COPIES
+username, end?, spools?]`` (read your log, or your replica of ``partition``, back for that one
+session: its records from ``start``, or from ``since_ms`` when ``start`` is -1, up to ``end`` when
+given: the copies a lost node held outside its log; all of them when the asker ``spools`` them,
+else at most ``--max-queued``) answered by SESSION_COPIES
 ``[client_id, items, last]`` (items as TAKEOVER_CHUNK's); SESSION_RESTORE ``partition`` (a router
 back on an empty disk asks a follower of its log for its sessions) answered by SESSION_RESTORED
 ``[partition, header or None, last]``, one session (a takeover header with its copies) a frame.
@@ -209,11 +210,12 @@ def _session_gone(body: Any) -> bool:
 
 
 def _session_catchup(body: Any) -> bool:
-    """[client id, router, start, since ms, subscriptions, user name] and, optionally, the end."""
-    return (body.__class__ is list and len(body) in (6, 7) and body[0].__class__ is str
+    """[client id, router, start, since ms, subscriptions, user name], optionally the end and
+    whether the asker spools the answers."""
+    return (body.__class__ is list and 6 <= len(body) <= 8 and body[0].__class__ is str
             and body[1].__class__ is str and body[2].__class__ is int and body[3].__class__ is int
             and body[4].__class__ is list and all(s.__class__ is list for s in body[4]) and _opt_str(body[5])
-            and (len(body) == 6 or body[6].__class__ is int))
+            and (len(body) < 7 or body[6].__class__ is int) and (len(body) < 8 or body[7].__class__ is bool))
 
 
 def _session_copies(body: Any) -> bool:

@@ -245,7 +245,8 @@ class Session:
         """A QoS 1/2 copy read back or handed on for this session (the catch-up of a session
         taken from a replica, a hand-on after a move): as ``deliver``, but not bounded by
         ``max_queued``. What such copies bring is bounded where it is read (``max_queued`` per
-        router asked), each was acknowledged to its publisher, and they come in bursts from
+        router asked by a router without a log; one with a log spools them instead:
+        ``Router.take_copies``), each was acknowledged to its publisher, and they come in bursts from
         several routers at once while the session drains a backlog: the bound dropped the last
         router's (chaos seed 1657827226 lost 84 when three read-backs of 1,209 met)."""
         conn = self.conn
@@ -404,6 +405,17 @@ class Session:
             if held:
                 out[0][1] = min(out[0][1], *held)
         return out
+
+    def add_range(self, rng: SpoolRange) -> None:
+        """Copies spooled for this session here (a read-back's answers: ``Router.take_copies``),
+        read after the ranges it has. Live messages then wait in the log (the cursor, from its
+        end) and come after them, as after a move that brought ranges."""
+        if self.log is not None and self.cursor is None:
+            self.cursor = self.log.next_offset
+        self.ranges = [*self.ranges, rng]
+        self.stats.state_moves += 1  # the snapshot names the range
+        if self.conn is not None and len(self.inflight) < self.receive_max:
+            self.pump()
 
     def copy_spans(self) -> dict[str, list]:
         """Where the copies this session holds outside its router's log lie in their origins'

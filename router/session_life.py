@@ -17,6 +17,7 @@ from brokerd.connection.packets import Subscription
 
 from .message import Message, expiry_deadline
 from .session import Session, recency
+from .spool import spooled
 
 if TYPE_CHECKING:
     from .ports import ClientHandle
@@ -226,12 +227,27 @@ class SessionLife:
                      session.client_id, len(items), to)
             self.mesh.hand_on(to, session.client_id, items)
 
-    def take_copies(self, client_id: str, items: list) -> None:
+    def take_copies(self, client_id: str, items: list, read_back: bool = False) -> None:
         """Copies for a session here read back or handed on elsewhere (a catch-up after a
-        takeover from a replica, a hand-on from its old router): delivered as they come."""
+        takeover from a replica, a hand-on from its old router): delivered as they come.
+
+        A read-back (``read_back``) asked by a router with a log is not bounded by
+        ``--max-queued`` (``Replication._catchup_body``): its QoS 1/2 copies are written to a
+        spool file of their own (``router.spool``), synced, which the session reads as a range
+        after what it has: any number, in bounded memory, kept across a restart. A spool that
+        cannot be written leaves them in memory (logged)."""
         session = self.sessions.get(client_id)
         if session is None:
             return
+        if read_back and session.log is not None and session.persistent:
+            held = [item for item in items if item[0]]
+            if held:
+                try:
+                    session.add_range(spooled(session.log.directory, held))
+                    items = [item for item in items if not item[0]]
+                except OSError as exc:
+                    log.error("session %s: %d copies read back could not be spooled (%s): kept in memory",
+                              client_id, len(held), exc)
         for qos, retain, values in items:
             msg = Message.from_list(values)
             if msg.expires_ms and msg.expired():

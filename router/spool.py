@@ -269,6 +269,14 @@ def spool_into(state: dict, log_directory: str, chunks: Iterable[list]) -> None:
         raise
 
 
+def spooled(log_directory: str, items: list) -> SpoolRange:
+    """``items`` (queue entries: copies read back for one session) in a spool file of their own,
+    synced: its range. A failure removes what was written and raises ``OSError``."""
+    state: dict = {}
+    spool_into(state, log_directory, [items])
+    return SpoolRange(*state["spool"])
+
+
 def drop_named(state: dict) -> None:
     """A session's takeover state not taken in (an offer passed over, a clean start): the spool
     it names goes."""

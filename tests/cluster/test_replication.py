@@ -515,19 +515,20 @@ def test_a_dead_nodes_session_brings_its_whole_backlog_beyond_max_queued(start_b
 
 
 def test_a_moved_sessions_spool_is_read_back_from_its_origin_when_its_new_node_dies(start_broker):
-    """A persistent session of node a has 300 messages waiting (published on a, after 600 it
+    """A persistent session of node a has 700 messages waiting (published on a, after 600 it
     had received); its client reconnects to node b, which spools the backlog, reads two of it
     and acknowledges nothing; b is SIGKILLed and the client reconnects to c. b's spool was on b
     only: its replicated state names where the copies lie in a's log, and c reads them back
-    from there. Every one of the 300 arrives. Before, c asked a only for what it published from
-    ten seconds before b's silence, at most --max-queued (the 600 came first)."""
+    from there, all of them (it spools the answers). Every one of the 700 arrives. Before, c
+    asked a only for what it published from ten seconds before b's silence (the 600 came
+    first), and a read-back gave at most --max-queued (100; whole steps of 500 records)."""
     assert follower_nodes("b/w0", "b", ["a", "c"], 1) == ["a"]  # the test's layout rests on it
     nodes = three_nodes(start_broker, "--replication-factor", "2", "--max-queued", "100")
     u = uuid.uuid4().hex[:6]
     first = Client(nodes["a"].port, f"s{u}", clean=False, host=HOSTS["a"]).connect()
     first.subscribe(f"mv{u}/#", 1)
     pub = Client(nodes["a"].port, f"p{u}", host=HOSTS["a"]).connect()
-    before, n = 600, 300
+    before, n = 600, 700
     pre = [pub.c.publish(f"mv{u}/x", f"before {i}", qos=1) for i in range(before)]
     for info in pre:
         info.wait_for_publish(20)

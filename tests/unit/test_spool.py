@@ -254,3 +254,43 @@ def test_a_sessions_copy_spans_name_another_workers_log_range_and_held_copies(tm
     s.deliver_copy(Message("t", b"x", 1, origin_router="m/w3", origin_offset=42), 1, False)
     s.deliver_copy(Message("t", b"x", 1), 1, False)
     assert s.copy_spans() == {"n/w1": [5, 19], "m/w3": [40, 42]}
+
+
+def test_copies_read_back_for_a_session_are_spooled_beyond_max_queued_and_come_after_what_it_has(tmp_path):
+    """A read-back (a session taken from a replica asks every router for what it may have
+    missed) is not bounded by --max-queued where the session's router has a log: each answer is
+    spooled and read as a range. 30 copies with --max-queued 10 all arrive, in order, through a
+    window of 5; live messages published meanwhile wait in the log and come after them; a
+    hand-on (not a read-back) stays in memory, bounded as before."""
+
+    async def run() -> None:
+        router, log_ = _router(tmp_path)
+        session = router.new_session("dev", True)
+        router.subscribe(session, Subscription("m/#", 1))
+        conn = FakeConn()
+        session.attach(conn)  # type: ignore[arg-type]
+        items = _items(30, 10)
+        router.take_copies("dev", items[:20], read_back=True)
+        router.take_copies("dev", items[20:], read_back=True)
+        assert [r.copies for r in session.ranges] == [True, True] and len(os.listdir(spool_dir(log_.directory))) == 2
+        assert session.copy_spans() == {"m/w0": [0, 29]}
+        router.publish(Message("m/live", b"99999", 1, client_id="pub", origin_router="n/w0"))
+        got: list[int] = []
+        seen = 0
+        for _ in range(2000):
+            packets = conn.packets()
+            new = [p for p in packets[seen:] if isinstance(p, Publish)]
+            seen = len(packets)
+            got += [int(p.payload[:5]) for p in new]
+            for p in new:
+                session.puback(p.packet_id)
+            if len(got) == 31 and not session.inflight and not session.ranges:
+                break
+            await asyncio.sleep(0.01)
+        assert got == list(range(30)) + [99999]
+        assert not os.listdir(spool_dir(log_.directory))  # read and acknowledged: gone
+        router.take_copies("dev", _items(3, 10))  # a hand-on: delivered from memory
+        assert not session.ranges and len(session.inflight) == 3
+        log_.close()
+
+    asyncio.run(run())
