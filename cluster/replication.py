@@ -87,7 +87,7 @@ from brokerd.router.replication import (
     follower_router,
 )
 from brokerd.router.session import LogRange, Session, recency
-from brokerd.router.spool import spool_into, valid_spans
+from brokerd.router.spool import note_span, spool_into, valid_spans
 
 if TYPE_CHECKING:
     from brokerd.router.router import Router
@@ -301,16 +301,35 @@ class Replication:
             st = self.sessions.get(partition, {}).get(cid)
             if st is None or partition not in self.replicas:
                 continue
-            exported = self._export_replica(cid, partition, st, True)
-            if exported is None:
+            header = self._restore_header(cid, partition, st)
+            if header is None:
                 continue
-            if st.get("copies"):  # held outside the log that was lost: read back (``restored``)
-                exported[0]["copies"] = st["copies"]
-            self.mesh.send_replication(peer, "restored", [partition, exported[0], False])
+            self.mesh.send_replication(peer, "restored", [partition, header, False])
             self.loop.call_soon(self._restore_step, peer, partition, client_ids, i, sent + 1)
             return
         self.mesh.send_replication(peer, "restored", [partition, None, True])
         log.info("replication: %d session(s) of %s sent back to it from the replica here", sent, partition)
+
+    def _restore_header(self, client_id: str, partition: str, st: dict) -> dict | None:
+        """A session of ``partition`` held here, for its router back on an empty disk: its
+        header, without copies; ``copies`` names what it is to read back instead (``restored``):
+        the replica from the session's position, and what its router held for it outside its
+        log (``Session.copy_spans``). Before, the copies came in the header, at most
+        ``--max-queued`` of them. None (logged) when its held state cannot be read back."""
+        try:
+            session, _ = self._replica_session(client_id, partition, st)
+            header = session.export_header(False)
+        except (KeyError, TypeError, ValueError, OSError) as exc:
+            log.error("replication: session %s of %s cannot be served from its replica: %s", client_id,
+                      partition, exc)
+            return None
+        spans = valid_spans(st.get("copies"))
+        for rng in session.ranges:  # the replica, from the session's position
+            if rng.start < rng.end:
+                note_span(spans, partition, rng.start)
+                note_span(spans, partition, rng.end - 1)
+        header["copies"] = {origin: span[:2] for origin, span in spans.items()}
+        return header
 
     def restored(self, sender: str, partition: str, header: dict | None, last: bool) -> None:
         """A session of this router sent back by a follower (``_restore``)."""
@@ -335,7 +354,15 @@ class Replication:
                 self._restored_from[cid] = recency(header)
                 router.schedule_expiry(session)
                 router.rearm_will(session)
-                self.read_back_copies(session, header.get("copies"))
+                # What waited for it in this router's lost log, read back from the sender's
+                # replica, all of it (spooled here); then what it held outside the log.
+                copies = valid_spans(header.get("copies"))
+                own = copies.pop(self.partition, None)
+                peer = self.mesh.peers.get(sender)
+                if own is not None and peer is not None:
+                    body = self._catchup_body(session, self.partition, own[0], 0, own[1] + 1)
+                    self.mesh.send_replication(peer, "session_catchup", body)
+                self.read_back_copies(session, copies)
         if last:
             self._restoring.discard(sender)
             if not self._restoring and not self._restore_done.done():
@@ -1070,7 +1097,7 @@ class Replication:
             # the session moves, wherever the holders' timers were (they look once a second
             # for the majority's vote).
             self._publish_held_will(partition, client_id, st)
-        exported = self._export_replica(client_id, partition, st, False, limit)
+        exported = self._export_replica(client_id, partition, st, limit)
         if exported is None:
             return None
         header, copies, since_ms = exported
@@ -1113,17 +1140,15 @@ class Replication:
             return TAKEOVER_FAILED
         return header
 
-    def _export_replica(self, client_id: str, partition: str, st: dict, whole: bool,
+    def _export_replica(self, client_id: str, partition: str, st: dict,
                         limit: int | None = -1) -> tuple[dict, Any, int] | None:
         """A session of ``partition`` held here, exported from its replica: its takeover header,
-        its copies (``Session.export_copies``: in the header's queue already when ``whole``), and
-        the time of its position; None (logged) when its held state cannot be read back."""
+        its copies (``Session.export_copies``, read as they are taken), and the time of its
+        position; None (logged) when its held state cannot be read back."""
         try:
             session, since_ms = self._replica_session(client_id, partition, st)
             header = session.export_header(False)
             copies = session.export_copies(False, limit=limit)
-            if whole:
-                header["queue"] = [item for chunk in copies for item in chunk]
         except (KeyError, TypeError, ValueError, OSError) as exc:
             log.error("replication: session %s of %s cannot be served from its replica: %s", client_id,
                       partition, exc)

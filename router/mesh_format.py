@@ -45,7 +45,8 @@ given: the copies a lost node held outside its log; all of them when the asker `
 else at most ``--max-queued``) answered by SESSION_COPIES
 ``[client_id, items, last]`` (items as TAKEOVER_CHUNK's); SESSION_RESTORE ``partition`` (a router
 back on an empty disk asks a follower of its log for its sessions) answered by SESSION_RESTORED
-``[partition, header or None, last]``, one session (a takeover header with its copies) a frame.
+``[partition, header or None, last]``, one session a frame (a takeover header without copies:
+its ``copies`` name the spans to read back, the replica's among them, by SESSION_CATCHUP).
 11: HELLO's ``acks`` name the incarnation they confirm, ``{sender: [its incarnation, last seq]}``:
 a HELLO queued for a peer that restarted meanwhile confirmed its new incarnation's frames by the
 old one's numbers, so a crash of the receiver lost them. SESSION_GONE may carry a third list,

@@ -91,10 +91,14 @@ class StateStore:
             }
             if s.ranges or s.queue or s.inflight:
                 # Copies held outside this router's log: where their origins' logs have them
-                # (read back from there if this node is lost: ``Session.copy_spans``).
+                # (read back from there if this node is lost: ``Session.copy_spans``), and those
+                # in memory only, whole (delivered again after a restart: ``held_copies``).
                 copies = s.copy_spans()
                 if copies:
                     st["copies"] = copies
+                held = s.held_copies() if log_ is not None else None
+                if held:
+                    st["held"] = held
         if router.replication is not None:  # the same state goes to the log's followers
             router.replication.sessions_changed(sessions)
         return msgpack.packb({
@@ -217,6 +221,8 @@ class StateStore:
                 router.subscribe(session, Subscription.from_values(values))
             for values in st.get("shared", ()):
                 router.subscribe_shared(session, Subscription.from_values(values))
+            for qos, retain, values in st.get("held", ()):  # copies it held in memory: first
+                session.deliver_copy(Message.from_list(values), qos, retain)
             if st.get("ranges"):  # other routers' log ranges a takeover brought, still to read
                 session.ranges = [make_range(*r) for r in st["ranges"]]
             pos = st.get("position")

@@ -417,6 +417,16 @@ class Session:
         if self.conn is not None and len(self.inflight) < self.receive_max:
             self.pump()
 
+    def held_copies(self) -> list[list]:
+        """The copies this session holds in memory only, unacknowledged, as queue entries: read
+        from no log and no spool (the in-flight window a move from another router brought,
+        hand-ons, a read-back without a log). The snapshot keeps them (``held``), so a restart
+        of this router delivers them again (at least once) rather than losing them."""
+        out = [[e.qos, e.retain, e.msg.to_list()] for e in self.inflight.values()
+               if e.state == AWAIT_ACK and e.msg is not None and e.msg.log_offset == -1]
+        out += [[qos, retain, m.to_list()] for m, qos, retain in self.queue if m.log_offset == -1]
+        return out
+
     def copy_spans(self) -> dict[str, list]:
         """Where the copies this session holds outside its router's log lie in their origins'
         logs ({origin router: [lowest, highest offset]}): those held unacknowledged (a moved

@@ -260,11 +260,13 @@ def test_a_node_back_on_an_empty_disk_continues_its_log_and_catches_up_as_a_foll
     """Node a is killed and its data directory deleted (a replaced disk). Back, it learns from
     the other nodes how far they hold its log and continues beyond (before, its offsets restarted
     at 0 and its follower took the new records for ones it held: acknowledged with one copy); its
-    offline persistent session comes back from its follower, with the messages that waited for it;
-    and where it follows another node's log it catches up to in sync."""
+    offline persistent session comes back from its follower, with all 20 messages that waited
+    for it, beyond --max-queued 10 (read back from the replica and spooled; before, the follower
+    sent at most --max-queued with the session); and where it follows another node's log it
+    catches up to in sync."""
     import shutil
 
-    nodes = three_nodes(start_broker, "--replication-factor", "2")
+    nodes = three_nodes(start_broker, "--replication-factor", "2", "--max-queued", "10")
     u = uuid.uuid4().hex[:6]
     # A persistent session, offline, with messages waiting for it: its follower holds it.
     offline = Client(nodes["a"].port, f"k{u}", clean=False, host=HOSTS["a"]).connect()
