@@ -232,18 +232,22 @@ class SessionLife:
         takeover from a replica, a hand-on from its old router): delivered as they come.
 
         A read-back (``read_back``) asked by a router with a log is not bounded by
-        ``--max-queued`` (``Replication._catchup_body``): its QoS 1/2 copies are written to a
-        spool file of their own (``router.spool``), synced, which the session reads as a range
-        after what it has: any number, in bounded memory, kept across a restart. A spool that
-        cannot be written leaves them in memory (logged)."""
+        ``--max-queued`` (``Replication._catchup_body``): what does not fit in the session's
+        queue below that bound, and everything once a range is pending (the order stays the
+        read's), is written to a spool file of its own (``router.spool``; fsynced with
+        ``--fsync always``), which the session reads as a range after what it has: any number,
+        in bounded memory, kept across a restart (what waits in memory is in the snapshot too:
+        ``Session.held_copies``). A spool that cannot be written leaves them in memory
+        (logged)."""
         session = self.sessions.get(client_id)
         if session is None:
             return
         if read_back and session.log is not None and session.persistent:
             held = [item for item in items if item[0]]
-            if held:
+            if held and (session.ranges or len(session.queue) + len(held) > self.config.session.max_queued):
                 try:
-                    session.add_range(spooled(session.log.directory, held))
+                    sync = session.log.fsync_policy == "always"
+                    session.add_range(spooled(session.log.directory, held, sync))
                     items = [item for item in items if not item[0]]
                 except OSError as exc:
                     log.error("session %s: %d copies read back could not be spooled (%s): kept in memory",

@@ -258,10 +258,11 @@ def test_a_sessions_copy_spans_name_another_workers_log_range_and_held_copies(tm
 
 def test_copies_read_back_for_a_session_are_spooled_beyond_max_queued_and_come_after_what_it_has(tmp_path):
     """A read-back (a session taken from a replica asks every router for what it may have
-    missed) is not bounded by --max-queued where the session's router has a log: each answer is
-    spooled and read as a range. 30 copies with --max-queued 10 all arrive, in order, through a
-    window of 5; live messages published meanwhile wait in the log and come after them; a
-    hand-on (not a read-back) stays in memory, bounded as before."""
+    missed) is not bounded by --max-queued where the session's router has a log: an answer that
+    does not fit below it is spooled and read as a range, and so is the next while a range is
+    pending (the order stays). 30 copies with --max-queued 10 all arrive, in order, through a
+    window of 5; live messages published meanwhile wait in the log and come after them. A small
+    read-back, and a hand-on, wait in memory."""
 
     async def run() -> None:
         router, log_ = _router(tmp_path)
@@ -289,8 +290,10 @@ def test_copies_read_back_for_a_session_are_spooled_beyond_max_queued_and_come_a
             await asyncio.sleep(0.01)
         assert got == list(range(30)) + [99999]
         assert not os.listdir(spool_dir(log_.directory))  # read and acknowledged: gone
-        router.take_copies("dev", _items(3, 10))  # a hand-on: delivered from memory
-        assert not session.ranges and len(session.inflight) == 3
+        router.take_copies("dev", _items(3, 10), read_back=True)  # fits: from memory
+        router.take_copies("dev", _items(3, 10))  # a hand-on: from memory
+        assert not session.ranges and len(session.inflight) == 5 and len(session.queue) == 1
+        assert not os.listdir(spool_dir(log_.directory))
         log_.close()
 
     asyncio.run(run())
