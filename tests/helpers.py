@@ -147,6 +147,12 @@ class Broker:
     def workers(self) -> list[int]:
         return worker_pids(self.pid)
 
+    def wait_worker_replaced(self, old: int, timeout: float = WAIT) -> None:
+        """Wait until the node's one worker is a new process, not ``old`` (killed). The list is
+        read once per check: read twice, the dead worker could be reaped in between (an empty
+        list the second time: a CI run failed on it)."""
+        wait_for(lambda: (pids := self.workers()) and pids[0] != old, timeout, f"{self.name}'s worker restarted")
+
 
 def _alive(pid: int) -> bool:
     try:

@@ -495,7 +495,7 @@ def test_a_restarted_node_gets_what_it_never_confirmed_before_its_crash(start_br
         wait_for(lambda: len(acked) >= 200, what="200 messages acknowledged before the kill")
         (worker,) = b.workers()
         os.kill(worker, signal.SIGKILL)
-        wait_for(lambda: b.workers() and b.workers()[0] != worker, what="b's worker restarted")
+        b.wait_worker_replaced(worker)
         a.wait_log("restarted", timeout=15)
         n = len(acked)
         wait_for(lambda: len(acked) >= n + 200, what="200 messages acknowledged after the restart")

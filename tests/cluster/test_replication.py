@@ -1004,7 +1004,7 @@ def test_a_restarted_router_does_not_wipe_the_sessions_its_follower_holds(start_
     before = a.log_text().count(placed)
     (worker,) = a.workers()
     os.kill(worker, signal.SIGKILL)
-    wait_for(lambda: a.workers() and a.workers()[0] != worker, what="a's worker restarted")
+    a.wait_worker_replaced(worker)
     wait_for(lambda: a.log_text().count(placed) > before, 15, "the restarted router placing its follower")
     snapshot_of(c, lambda r: r["sessions"].get("a/w0", 0) == 1)  # a snapshot taken after the placement
     a.kill()
