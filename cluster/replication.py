@@ -86,7 +86,7 @@ from brokerd.router.replication import (
     follower_nodes,
     follower_router,
 )
-from brokerd.router.session import LogRange, Session, recency
+from brokerd.router.session import LogRange, Session, recency, router_log_dir
 from brokerd.router.spool import note_span, spool_into, valid_spans
 
 if TYPE_CHECKING:
@@ -606,7 +606,7 @@ class Replication:
     # -- follower ----------------------------------------------------------------------------------
 
     def _replica_dir(self, partition: str) -> str:
-        return os.path.join(self.root, *partition.split("/"))
+        return router_log_dir(self.root, partition)
 
     def _open_replicas(self) -> None:
         """The replicas this router held before a restart: kept, and followed again if placed here."""

@@ -21,7 +21,7 @@ from brokerd.connection.protocol import MQTTConnection
 from brokerd.router.client import Client
 from brokerd.router.limits import ClientLimits
 from brokerd.router.router import Router, RouterConfig
-from brokerd.router.session import SessionLimits
+from brokerd.router.session import SessionLimits, router_log_dir
 
 from .config import Config
 from .limits import connections_per_worker, open_files
@@ -142,7 +142,7 @@ class Worker:
         c = self.config
         router = self.router
         assert router is not None
-        directory = os.path.join(c.data_dir, c.node_id, self.name)
+        directory = router_log_dir(c.data_dir, self.router_id)
         os.makedirs(directory, mode=0o700, exist_ok=True)  # segments and state.msgpack: 0600 inside
         self.commit_log = CommitLog(
             directory, router_id=self.router_id, loop=self.loop, fsync=c.fsync,

@@ -117,9 +117,15 @@ class LogRange:
         self.close()
 
 
+def router_log_dir(root: str, router_id: str) -> str:
+    """Where the log of router ``router_id`` (``<node>/<worker>``) lies under ``root`` (a data
+    directory: a node's own routers' logs, and the replicas of other nodes' beside them):
+    ``<root>/<node>/<worker>``. ``log_router_id`` is the inverse."""
+    return os.path.join(root, *router_id.split("/"))
+
+
 def log_router_id(directory: str) -> str:
-    """The id of the router whose commit log is in ``directory``: ``<data-dir>/<node>/<worker>``
-    is ``<node>/<worker>`` (the layout ``cluster.worker`` makes)."""
+    """The id of the router whose commit log is in ``directory`` (``router_log_dir``'s inverse)."""
     path = os.path.abspath(directory)
     return f"{os.path.basename(os.path.dirname(path))}/{os.path.basename(path)}"
 

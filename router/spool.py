@@ -147,8 +147,8 @@ class SpoolRange:
     ``spans`` says where the entries not read yet lie in their origins' logs ({origin: [lowest,
     highest offset, in order]}, ``note_span``): a session's replicated state names them, so that
     if this node is lost before the file is read, the router that takes the session from a
-    replica reads them back from those logs (``Replication.adopted``). The spool is on this
-    node's disk only."""
+    replica reads them back from those logs (``Replication.read_back_copies``). The spool is on
+    this node's disk only."""
 
     __slots__ = ("directory", "start", "end", "owned", "spans", "_file")
     copies = True  # its reads are queue entries, not log records to match
