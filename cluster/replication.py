@@ -316,13 +316,10 @@ class Replication:
         the replica from the session's position, and what its router held for it outside its
         log (``Session.copy_spans``). Before, the copies came in the header, at most
         ``--max-queued`` of them. None (logged) when its held state cannot be read back."""
-        try:
-            session, _ = self._replica_session(client_id, partition, st)
-            header = session.export_header(False)
-        except (KeyError, TypeError, ValueError, OSError) as exc:
-            log.error("replication: session %s of %s cannot be served from its replica: %s", client_id,
-                      partition, exc)
+        rebuilt = self._replica_header(client_id, partition, st)
+        if rebuilt is None:
             return None
+        session, header, _ = rebuilt
         spans = valid_spans(st.get("copies"))
         for rng in session.ranges:  # the replica, from the session's position
             if rng.start < rng.end:
@@ -1145,15 +1142,23 @@ class Replication:
         """A session of ``partition`` held here, exported from its replica: its takeover header,
         its copies (``Session.export_copies``, read as they are taken), and the time of its
         position; None (logged) when its held state cannot be read back."""
+        rebuilt = self._replica_header(client_id, partition, st)
+        if rebuilt is None:
+            return None
+        session, header, since_ms = rebuilt
+        return header, session.export_copies(False, limit=limit), since_ms
+
+    def _replica_header(self, client_id: str, partition: str, st: dict) -> tuple[Session, dict, int] | None:
+        """A session of ``partition`` rebuilt from its replica (``_replica_session``), its
+        takeover header and the time of its position; None (logged) when its held state cannot
+        be read back."""
         try:
             session, since_ms = self._replica_session(client_id, partition, st)
-            header = session.export_header(False)
-            copies = session.export_copies(False, limit=limit)
+            return session, session.export_header(False), since_ms
         except (KeyError, TypeError, ValueError, OSError) as exc:
             log.error("replication: session %s of %s cannot be served from its replica: %s", client_id,
                       partition, exc)
             return None
-        return header, copies, since_ms
 
     def _replica_session(self, client_id: str, partition: str, st: dict) -> tuple[Session, int]:
         """A session of ``partition`` rebuilt from its replicated state (not indexed by this

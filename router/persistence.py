@@ -71,12 +71,13 @@ class StateStore:
                 continue
             client = clients.get(cid) if s.conn is not None else None
             live = client.will if client is not None and client.session is s else None
+            ranges = s.range_values()
             sessions[cid] = st = {
                 "expiry": s.expiry_s,
                 "subs": [x.to_values() for x in s.subscriptions.values()],
                 "shared": [x.to_values() for x in s.shared.values()],
                 "position": _at_most(s.position(), end),
-                "ranges": s.range_values(),
+                "ranges": ranges,
                 "qos2_in": sorted(s.inbound_qos2),
                 "pubrel": sorted(pid for pid, e in s.inflight.items() if e.state == 1),
                 "username": s.username,  # ACLs apply to it after a restart too
@@ -93,7 +94,7 @@ class StateStore:
                 # Copies held outside this router's log: where their origins' logs have them
                 # (read back from there if this node is lost: ``Session.copy_spans``), and those
                 # in memory only, whole (delivered again after a restart: ``held_copies``).
-                copies = s.copy_spans()
+                copies = s.copy_spans(ranges)
                 if copies:
                     st["copies"] = copies
                 held = s.held_copies() if log_ is not None else None

@@ -433,7 +433,7 @@ class Session:
         out += [[qos, retain, m.to_list()] for m, qos, retain in self.queue if m.log_offset == -1]
         return out
 
-    def copy_spans(self) -> dict[str, list]:
+    def copy_spans(self, ranges: list[list] | None = None) -> dict[str, list]:
         """Where the copies this session holds outside its router's log lie in their origins'
         logs ({origin router: [lowest, highest offset]}): those held unacknowledged (a moved
         session's, read-back answers, hand-ons), a spool's entries not read yet, and the ranges
@@ -441,15 +441,14 @@ class Session:
         a spool file, another router's log here); its replicated state names them, so the
         router that takes the session from a replica after this node's loss reads them back
         from those logs (``Replication.read_back_copies``). Empty for a session fed from its
-        own log."""
+        own log. ``ranges``: its ``range_values()``, where the caller has them (the snapshot)."""
         spans: dict[str, list] = {}
-        for rng in self.ranges:
-            if rng.copies:
-                for origin, (lo, hi, _) in rng.spans.items():
+        for directory, start, end, *rest in self.range_values() if ranges is None else ranges:
+            if is_spool(directory):  # its entries not read yet (``SpoolRange.spans``)
+                for origin, (lo, hi, _) in rest[0].items():
                     note_span(spans, origin, lo)
                     note_span(spans, origin, hi)
-        for directory, start, end, *_ in self.range_values():
-            if not is_spool(directory) and start < end:
+            elif start < end:
                 # Another router's log on this node (a move between its workers), from the
                 # oldest record read from it and held: lost with this node too. Read back from
                 # its replica, the span whole (what that router logged for other origins too).

@@ -100,10 +100,10 @@ class SpoolWriter:
                 os.close(dfd)
         return SpoolRange(self.path, 0, end, self.spans)
 
-    def finish_into(self, state: dict) -> None:
+    def finish_into(self, state: dict, sync: bool = True) -> None:
         """``finish``, and name the spool in a session's takeover state: its range (``spool``,
         with its spans) and the marks a replica's read-back starts after (``spool_marks``)."""
-        state["spool"] = self.finish().to_list()
+        state["spool"] = self.finish(sync).to_list()
         state["spool_marks"] = {origin: span[1] for origin, span in self.spans.items()}
 
     def discard(self) -> None:
@@ -253,10 +253,10 @@ class SpoolRange:
             remove(self.directory)
 
 
-def spool_into(state: dict, log_directory: str, chunks: Iterable[list]) -> None:
+def spool_into(state: dict, log_directory: str, chunks: Iterable[list], sync: bool = True) -> None:
     """Spool every copy of ``chunks`` (a takeover's, read whole on this router) and name the
-    file in ``state`` (``finish_into``); nothing is written when there is no copy. A failure
-    removes what was written and raises ``OSError``."""
+    file in ``state`` (``finish_into``; fsynced when ``sync``); nothing is written when there
+    is no copy. A failure removes what was written and raises ``OSError``."""
     writer: SpoolWriter | None = None
     try:
         for chunk in chunks:
@@ -265,7 +265,7 @@ def spool_into(state: dict, log_directory: str, chunks: Iterable[list]) -> None:
                     writer = SpoolWriter(log_directory)
                 writer.add(chunk)
         if writer is not None:
-            writer.finish_into(state)
+            writer.finish_into(state, sync)
     except OSError:
         if writer is not None:
             writer.discard()
@@ -277,13 +277,9 @@ def spooled(log_directory: str, items: list, sync: bool) -> SpoolRange:
     fsynced when ``sync`` (the log's ``--fsync always``: a read-back at a failover writes one
     file per answer, and with the log's other policies a crash of the process loses no written
     byte either): its range. A failure removes what was written and raises ``OSError``."""
-    writer = SpoolWriter(log_directory)
-    try:
-        writer.add(items)
-        return writer.finish(sync)
-    except OSError:
-        writer.discard()
-        raise
+    state: dict = {}
+    spool_into(state, log_directory, [items], sync)
+    return SpoolRange(*state["spool"])
 
 
 def drop_named(state: dict) -> None:
