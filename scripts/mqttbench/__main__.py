@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import report, runner
 from .brokers import (
+    LOG_OFF_ROW,
     TLS_ENV,
     BrokerKind,
     BrokerUnavailable,
@@ -47,6 +48,13 @@ def _scenarios(text: str) -> list[str]:
     return names
 
 
+def _log_modes(text: str) -> list[str]:
+    modes = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    if not modes or any(m not in ("on", "off") for m in modes):
+        raise argparse.ArgumentTypeError(f"expected on, off or on,off, got {text!r}")
+    return modes
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d = Sizes()
     ap = argparse.ArgumentParser(
@@ -63,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--broker", choices=("brokerd", "mosquitto"), default="brokerd", help="broker to measure")
     ap.add_argument("--against", choices=("mosquitto",), help="also run Mosquitto, alternating, and print ratios")
     ap.add_argument("--workers", type=_ints, default=[1], help="brokerd worker counts (scaling runs)")
+    ap.add_argument("--log", type=_log_modes, default=["on"],
+                    help="brokerd's commit log: on (as shipped), off, or on,off for both side by side in one run")
     ap.add_argument("--replication-factor", type=_ints, default=[],
                     help="brokerd as three nodes on 127.0.0.1-3 (log on) with each of these --replication-factor "
                          "values, e.g. 1,2,3; clients on the first node, CPU and RSS of all three")
@@ -98,6 +108,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="time the side channel in generator process 0, among the load's clients, instead of "
                    "in a process of its own (its arrivals then also wait for that process's event loop)")
     args = ap.parse_args(argv)
+    if args.replication_factor and args.log != ["on"]:
+        ap.error("--replication-factor runs the cluster with its log on: leave out --log")
     if args.reps < 1 or args.procs < 1 or args.duration <= 0 or args.duration > 600 or args.warmup < 0:
         ap.error("need --reps >= 1, --procs >= 1, 0 < --duration <= 600, --warmup >= 0")
     # One worker holds every connection: that is "same" (a scaling run's baseline), never "cross".
@@ -111,7 +123,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _kinds(args: argparse.Namespace) -> list[BrokerKind]:
     brokerd = ([BrokerKind("brokerd", w, r) for r in args.replication_factor for w in args.workers]
-               if args.replication_factor else [BrokerKind("brokerd", w) for w in args.workers])
+               if args.replication_factor
+               else [BrokerKind("brokerd", w, log=mode) for mode in args.log for w in args.workers])
     if args.against:
         return [*brokerd, BrokerKind("mosquitto")]
     if args.broker == "mosquitto":
@@ -220,8 +233,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.duration:g} s windows, {args.procs} generator process(es)"
           f"{'' if args.probe_with_load else ' + one for the latency side channel'})")
     print()
-    if args.against:
-        print(report.comparison_table(rows, args.workers))
+    if args.against and len(args.log) > 1:
+        print(report.log_table(rows, args.workers))
+        print()
+    elif args.against:
+        print(report.comparison_table(rows, args.workers, LOG_OFF_ROW if args.log == ["off"] else "brokerd"))
         print()
     if args.replication_factor:
         print(report.replication_table(rows, args.replication_factor))

@@ -61,6 +61,9 @@ STOP_TIMEOUT_S = 5.0
 REPO = Path(__file__).resolve().parents[2]
 
 
+LOG_OFF_ROW = "brokerd --log off"  # the tables' name for brokerd run without its commit log
+
+
 class BrokerUnavailable(RuntimeError):
     """The broker cannot be run here; the message says why and, where it can, how to fix it."""
 
@@ -72,17 +75,23 @@ class BrokerKind:
     # brokerd only: > 0 runs a cluster of three nodes (127.0.0.1, .2, .3) with this
     # --replication-factor and the commit log on; the clients connect to the first node.
     replication: int = 0
+    # brokerd only: "off" runs it with --log off (no commit log); "on" is as shipped.
+    log: str = "on"
 
     @property
     def label(self) -> str:
         if self.name != "brokerd":
             return self.name
-        return f"brokerd/{self.workers}w" + (f" R{self.replication}" if self.replication else "")
+        return (f"brokerd/{self.workers}w" + (f" R{self.replication}" if self.replication else "")
+                + (" --log off" if self.log == "off" else ""))
 
     @property
     def row_name(self) -> str:
-        """The broker column of the tables: a replicated cluster is a broker of its own."""
-        return f"brokerd R{self.replication}" if self.replication else self.name
+        """The broker column of the tables: a replicated cluster, or brokerd without its log, is a
+        broker of its own."""
+        if self.replication:
+            return f"brokerd R{self.replication}"
+        return LOG_OFF_ROW if self.name == "brokerd" and self.log == "off" else self.name
 
 
 def port_sockets(pids: Iterable[int], port: int) -> tuple[list[int], dict[int, int]]:
@@ -213,6 +222,7 @@ class RunningBroker:
                 # As shipped (the commit log on): the configuration users run. BROKERD_BENCH_ARGS adds
                 # options, e.g. "--log off" for the figures without the log.
                 *shlex.split(os.environ.get("BROKERD_BENCH_ARGS", "")),
+                *(["--log", "off"] if self.kind.log == "off" else []),
                 *self.extra,
             ]
         conf = self.dir / "mosquitto.conf"

@@ -15,7 +15,7 @@ from typing import Any
 
 import psutil
 
-from .brokers import mosquitto_version
+from .brokers import LOG_OFF_ROW, mosquitto_version
 from .runner import RunResult
 from .scenarios import FIXED_RATE_SCENARIOS
 
@@ -194,8 +194,9 @@ def _cases(rows: list[dict[str, Any]]) -> list[tuple[str, int]]:
     return list(dict.fromkeys((r["scenario"], r["payload"]) for r in rows))
 
 
-def comparison_table(rows: list[dict[str, Any]], workers: list[int]) -> str:
-    """brokerd (each worker count) against Mosquitto: medians and the ratio brokerd/Mosquitto."""
+def comparison_table(rows: list[dict[str, Any]], workers: list[int], brokerd: str = "brokerd") -> str:
+    """brokerd (each worker count; ``brokerd`` names its rows) against Mosquitto: medians and the
+    ratio brokerd/Mosquitto."""
     by_key = {(r["scenario"], r["payload"], r["broker"], r["workers"]): r for r in rows}
     header = [
         "scenario", "payload", "workers", "brokerd msg/s", "mosquitto msg/s", "ratio",
@@ -206,7 +207,7 @@ def comparison_table(rows: list[dict[str, Any]], workers: list[int]) -> str:
     for scenario, payload in _cases(rows):
         mq = by_key.get((scenario, payload, "mosquitto", 1))
         for w in workers:
-            bd = by_key.get((scenario, payload, "brokerd", w))
+            bd = by_key.get((scenario, payload, brokerd, w))
             any_row = bd or mq
             assert any_row is not None
             conn = scenario == "conn"
@@ -229,6 +230,46 @@ def comparison_table(rows: list[dict[str, Any]], workers: list[int]) -> str:
                 rate(bd["msgs_per_cpu_s"] if bd else None), rate(mq["msgs_per_cpu_s"] if mq else None),
                 ratio(bd["msgs_per_cpu_s"] if bd else None, mq["msgs_per_cpu_s"] if mq else None),
                 _lat(bd, conn), _lat(mq, conn), "; ".join(note),
+            ])
+    return _table(header, lines)
+
+
+def _cost(on: dict[str, Any] | None, off: dict[str, Any] | None) -> str:
+    """What the commit log costs: the share of --log off's messages per CPU-second it gives up."""
+    a, b = (on or {}).get("msgs_per_cpu_s"), (off or {}).get("msgs_per_cpu_s")
+    return "n/a" if not a or not b else f"{1 - a / b:.0%}"
+
+
+def log_table(rows: list[dict[str, Any]], workers: list[int]) -> str:
+    """brokerd as shipped (the commit log on) and with ``--log off`` against Mosquitto, all from
+    one run: messages per broker-CPU-second, each ratio to Mosquitto, what the log costs, and the
+    latency side channel of each."""
+    by_key = {(r["scenario"], r["payload"], r["broker"], r["workers"]): r for r in rows}
+    header = [
+        "scenario", "payload", "workers", "brokerd msg/CPU-s, log on (default)", "brokerd, --log off",
+        "Mosquitto msg/CPU-s", "ratio, log on", "ratio, log off", "what the log costs",
+        "p50 / p99 ms, log on", "p50 / p99 ms, log off", "Mosquitto p50 / p99 ms", "notes",
+    ]
+    lines = []
+    for scenario, payload in _cases(rows):
+        mq = by_key.get((scenario, payload, "mosquitto", 1))
+        for w in workers:
+            on = by_key.get((scenario, payload, "brokerd", w))
+            off = by_key.get((scenario, payload, LOG_OFF_ROW, w))
+            any_row = on or off or mq
+            assert any_row is not None
+            conn = scenario == "conn"
+            note = [f"{name}: {notes(r)}" for name, r in (("log on", on), ("log off", off), ("mosquitto", mq))
+                    if r is not None and notes(r)]
+            if conn:
+                note.append("RSS/conn " + " / ".join(kib(r["rss_per_conn_bytes"]) if r else "n/a" for r in (on, off, mq))
+                            + "; idle CPU " + " / ".join(_idle(r) for r in (on, off, mq)) + " ms/s (on / off / Mosquitto)")
+            cpu = [r["msgs_per_cpu_s"] if r else None for r in (on, off, mq)]
+            unit = " conn" if conn else ""
+            lines.append([
+                scenario, payload_label(any_row), str(w), *(rate(c) + (unit if c else "") for c in cpu),
+                ratio(cpu[0], cpu[2]), ratio(cpu[1], cpu[2]), _cost(on, off),
+                _lat(on, conn), _lat(off, conn), _lat(mq, conn), "; ".join(note),
             ])
     return _table(header, lines)
 
