@@ -107,6 +107,7 @@ from brokerd.router.mesh_format import (
     TAKEOVER_RESP,
     check_body,
     check_envelope,
+    handon_from_ok,
     max_frame,
     to_mesh,
     to_mesh_shared,
@@ -400,12 +401,17 @@ class Mesh:
         # when that router is heard after a silence (``_confirm_again``): the first may be lost.
         self._takeovers_confirmed: dict[str, dict[int, float]] = {}
         # Sessions taken over here from a live router, not confirmed to it yet: client id →
-        # (old owner, request, the timer that confirms at the latest).
-        self._unconfirmed_takeovers: dict[str, tuple[str | None, int, asyncio.TimerHandle]] = {}
+        # (old owner, request, the timer that confirms at the latest, the header's ``handon_from``).
+        self._unconfirmed_takeovers: dict[str, tuple[str | None, int, asyncio.TimerHandle, Any]] = {}
         # Sessions that moved here: client id → ({router: offset of its log from which its
         # messages reach this router directly}, until when): what the old owner hands on from
         # there is here already (``_handed_on``).
         self._handon_marks: dict[str, tuple[dict[str, int], float]] = {}
+        # Sessions moved here from a live router that has not ended its hand-on yet (its last
+        # SESSION_HANDON): client id → [old owner, its ``handon_from``, the marks above, until
+        # when, whether its own log is still to be read]. Should the old owner fall silent
+        # first, what it held for the session is read back instead (``_handons_lost``).
+        self._handons_due: dict[str, list] = {}
         self._peer_stats: dict[str, list[int]] = {}
         self._packer = msgpack.Packer(use_bin_type=True)
         self.closed = False  # after stop(): whatever the router still says goes nowhere
@@ -938,7 +944,7 @@ class Mesh:
                 # Confirmed once its interest is known everywhere and it is in this router's
                 # snapshot (``confirm_takeover``): a live router then hands on all that still
                 # reaches it; a replica's holder drops its copy only when this one is durable.
-                self._await_confirm(client_id, rid, req)
+                self._await_confirm(client_id, rid, req, state.get("handon_from"))
                 continue
             self._done(rid, req, True)
             drop_named(state)
@@ -948,12 +954,13 @@ class Mesh:
             self.replication.fence(client_id, stale)
         return chosen
 
-    def _await_confirm(self, client_id: str, rid: str | None, req: int) -> None:
+    def _await_confirm(self, client_id: str, rid: str | None, req: int, handon_from: Any = None) -> None:
         """The session taken from router ``rid`` (None: this router's replica) is confirmed by
-        ``confirm_takeover``, at the latest ``CONFIRM_S`` from now."""
+        ``confirm_takeover``, at the latest ``CONFIRM_S`` from now. ``handon_from``: where the
+        old owner's logs stood when it exported the session (``_release``)."""
         self.confirm_takeover(client_id)  # a confirmation still due for an earlier one
         timer = self.loop.call_later(CONFIRM_S, self.confirm_takeover, client_id)
-        self._unconfirmed_takeovers[client_id] = (rid, req, timer)
+        self._unconfirmed_takeovers[client_id] = (rid, req, timer, handon_from)
 
     def _take_local_replica(self, client_id: str) -> dict | object | None:
         """The session from the replica this router holds (nobody else offered one)."""
@@ -976,7 +983,7 @@ class Mesh:
         pending = self._unconfirmed_takeovers.pop(client_id, None)
         if pending is None:
             return
-        rid, req, timer = pending
+        rid, req, timer, handon_from = pending
         timer.cancel()
         marks: dict[str, int] = {}
         ends = [a for a in acked or () if a.__class__ is dict]
@@ -997,6 +1004,18 @@ class Mesh:
         for cid in [c for c, (_, until) in kept.items() if until < now]:
             del kept[cid]
         kept[client_id] = (marks, now + HANDON_KEEP_S)
+        session = self.router.sessions.get(client_id)
+        if (rid is not None and handon_from_ok(handon_from) and session is not None and session.persistent
+                and session.subscriptions):
+            # Until the old owner's last SESSION_HANDON, what reached it for the session is there
+            # only; should it fall silent first, that is read back (``_handons_lost``).
+            due = self._handons_due
+            for cid in [c for c, entry in due.items() if entry[3] < now]:
+                del due[cid]
+            due[client_id] = [rid, handon_from, marks, now + self.config.mesh_forget, False]
+            old = self.peers.get(rid)
+            if old is not None and not old.alive:
+                self._handons_lost(rid)
         if rid is None:
             self.replication.replica_moved(client_id, True)
         else:
@@ -1004,18 +1023,51 @@ class Mesh:
 
     def hand_on(self, router_id: str, client_id: str, items: list) -> None:
         """Copies for ``client_id``, which moved to ``router_id``, that reached this router
-        after it was handed over (``Router.hand_on``)."""
+        after it was handed over (``Router.hand_on``); the last frame says so, even with none
+        (the new owner stops waiting for them: ``_handons_lost``)."""
         peer = self.peers.get(router_id)
         if peer is None or not peer.alive or self.closed:
-            log.warning("mesh: %d message(s) for session %s not handed on: its new router %s is gone",
-                        len(items), client_id, router_id)
+            if items:
+                log.warning("mesh: %d message(s) for session %s not handed on: its new router %s is gone",
+                            len(items), client_id, router_id)
             return
-        for i in range(0, len(items), HANDON_ITEMS):
-            self._send(peer, SESSION_HANDON, [client_id, items[i:i + HANDON_ITEMS]])
+        for i in range(0, max(len(items), 1), HANDON_ITEMS):
+            self._send(peer, SESSION_HANDON, [client_id, items[i:i + HANDON_ITEMS], i + HANDON_ITEMS >= len(items)])
 
-    def _handed_on(self, client_id: str, items: list) -> None:
+    def _handons_lost(self, router_id: str) -> None:
+        """Router ``router_id`` fell silent (or restarted) before it had handed on all that
+        reached it for sessions that moved here from it: those copies are in logs, its own
+        (read from its replica, or from it once back) from where it stood at the export, and
+        each origin's from where the old owner had seen it to where its messages came here
+        directly (``Replication.read_back_handon``). At least once."""
+        self._read_handons(router_id, False)
+
+    def _read_handons(self, router_id: str, back: bool) -> None:
+        """``_handons_lost`` (``back`` False), or ``router_id`` heard again (``back``): its own
+        log's part, which neither it nor a replica could be asked for while it was silent (a
+        router of this node, whose log has no replica elsewhere, restarted), now from it."""
+        due = self._handons_due
+        now = time.monotonic()
+        for cid in [c for c, entry in due.items() if entry[0] == router_id and entry[4] == back]:
+            entry = due.pop(cid)
+            _, (since_ms, seen), marks, until, _ = entry
+            session = self.router.sessions.get(cid)
+            if until < now or session is None or self.replication is None:
+                continue
+            asked, own = self.replication.read_back_handon(session, router_id, since_ms, seen,
+                                                           {} if back else marks, only_old=back)
+            if not own and not back:
+                entry[4] = True
+                due[cid] = entry
+            log.warning("mesh: router %s %s before it had handed on what reached it for session %s after it moved "
+                        "here: %d router(s) asked to read it back", router_id, "came back" if back else "fell silent",
+                        cid, asked)
+
+    def _handed_on(self, client_id: str, items: list, last: bool) -> None:
         """Copies handed on by a session's old router: those that also came here directly (at
         or beyond the marks of ``confirm_takeover``) are dropped, the rest delivered."""
+        if last:
+            self._handons_due.pop(client_id, None)
         marks = self._handon_marks.get(client_id, ({}, 0.0))[0]
         if marks:
             kept = []
@@ -1286,7 +1338,7 @@ class Mesh:
             transfer.progress = time.monotonic()
             self._arrived(peer, req, transfer, items, last)
         elif kind == SESSION_HANDON:
-            self._handed_on(body[0], body[1])
+            self._handed_on(body[0], body[1], body[2])
         elif kind == TAKEOVER_DONE:
             req, ok = body
             client_id = self._moves.pop((sender, req), None)
@@ -1366,6 +1418,14 @@ class Mesh:
             silent = {rid: int(self.silent_since(p) * 1000) for rid, p in self.peers.items() if p.parked}
             if silent:
                 header["silent"] = silent
+            # Where this router stood in each log when the session left: what reaches it for the
+            # session from there on is handed on, or, should this router die first, read back
+            # (``_handons_lost``): [now (Unix ms), {router: its log's offset as seen here}].
+            seen = {rid: p.origin_mark for rid, p in self.peers.items() if p.origin_mark >= 0}
+            commit_log = self.router.commit_log
+            if commit_log is not None:
+                seen[self.router_id] = commit_log.next_offset
+            header["handon_from"] = [int(time.time() * 1000), seen]
         header["queue"] = next(chunks, [])
         following = next(chunks, None)
         key = (peer.router_id, req)
@@ -1645,6 +1705,8 @@ class Mesh:
             self._transfer_failed(key, why)
         for key in [k for k in self._moves if k[0] == peer.router_id]:
             self._move_expired(key)  # it may never confirm: the session stays here
+        if self._handons_due:
+            self._handons_lost(peer.router_id)
         for req, waiter in list(self._waiters.items()):
             if peer.router_id in waiter.waiting:
                 waiter.missed.add(peer.router_id)
@@ -1683,6 +1745,8 @@ class Mesh:
             self._blocked(peer.link)
         replay_from, peer.replay_from = peer.replay_from, None
         self._joined(peer, quiet=was_parked)
+        if self._handons_due:
+            self._read_handons(peer.router_id, True)
         if why != "restarted":
             self._confirm_again(peer)
         if was_parked and why != "restarted" and self.replication is not None:

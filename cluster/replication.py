@@ -112,6 +112,9 @@ SESSION_CHUNK = 2000  # sessions per SESSION_STATE frame
 # before its position's time, where the copies it got name none of theirs: what was on its way
 # to the dead router when it died (a mesh frame's transit, a backlog kept for a paused peer).
 CATCHUP_MARGIN_MS = 10_000
+# SESSION_CATCHUP's ``end`` for "to the log's end, the records of every origin" (-1 reads to the
+# end, the log's own records only).
+LOG_END = 1 << 62
 WILL_STAGGER_S = 0.5  # between the holders of a silent router's sessions publishing its delayed wills
 HISTORY_DIR = "_history"  # inside a log's directory: its records below its start, being fetched
 HISTORY_WAIT_S = 5.0  # a history request not answered within this is asked again (of the source then)
@@ -1241,6 +1244,30 @@ class Replication:
         for rid, (lo, hi, _) in valid_spans(copies).items():
             asked += self._ask_catchup(rid, self._catchup_body(session, rid, lo, 0, hi + 1))
         return asked
+
+    def read_back_handon(self, session: Session, old: str, since_ms: int, seen: dict[str, int],
+                         marks: dict[str, int], only_old: bool = False) -> tuple[int, bool]:
+        """``session`` moved here from router ``old``, which fell silent before it had handed on
+        what reached it for the session after it left (``Mesh._handons_lost``). Those copies
+        are in logs: ``old``'s own, from where it stood when the session left (``seen``, its
+        ``handon_from``) to its end, whatever their origin (it logged the copies other routers
+        sent it), read from its replica; and each other router's, from where ``old`` had seen
+        it (or ``since_ms``, less a margin, where it had seen nothing) to where its messages
+        came here directly (``marks``, as ``Mesh.confirm_takeover`` noted them; its end where
+        none), for the copies ``old`` logged and had not replicated. At least once.
+        ``only_old``: ``old``'s own log alone. Returns how many routers were asked, and whether
+        ``old``'s log was (False: neither it nor a replica of it could be asked now)."""
+        asked, old_asked = 0, False
+        origins = {old} if only_old else {old, self.partition, *seen, *marks, *self.mesh.peers}
+        for rid in sorted(origins):
+            start = seen.get(rid, -1)
+            end = LOG_END if rid == old else marks.get(rid, LOG_END)
+            if rid == old and start < 0 or 0 <= end <= start:
+                continue  # (old had no log: what it held was in memory, and in the others' logs)
+            ok = self._ask_catchup(rid, self._catchup_body(session, rid, start, since_ms - CATCHUP_MARGIN_MS, end))
+            asked += ok
+            old_asked = old_asked or (ok and rid == old)
+        return asked, old_asked
 
     def _catchup_body(self, session: Session, rid: str, start: int, since_ms: int, end: int = -1) -> list:
         """SESSION_CATCHUP's body asking router ``rid`` for ``session``'s messages (from

@@ -61,6 +61,11 @@ replica of it, from ``offset`` on and below ``before``: a follower placed at the
 or a router back on an empty disk, fetches what lies below where its log starts) answered by
 HISTORY ``[partition, first, last, body]`` (``body`` as REPLICATE's; ``first`` -1 and an empty
 body: nothing more below ``before``).
+15: SESSION_HANDON is ``[client_id, items, last]``: the old router sends a last one, empty if it
+has nothing to hand on, so that the new owner knows the hand-on ended; a takeover header from a
+live router carries ``handon_from``, ``[Unix ms, {router: offset}]`` (where the old router stood
+in each log when the session left: should it fall silent before its last SESSION_HANDON, the new
+owner reads those copies back from there, ``Mesh._handons_lost``).
 """
 
 from __future__ import annotations
@@ -76,7 +81,7 @@ from .message import _QOS0_V3, _QOS0_V4, _QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4,
 # the full one (Message.to_list()); one more value names the shared groups it was chosen for.
 PLAIN, FULL = 5, 9
 
-MESH_VERSION = 14
+MESH_VERSION = 15
 (HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE,
  RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE, CATCHUP, REPLICATE, REPLICA_ACK, REPLICA_FETCH, REPLICA_CATCHUP,
  REPLICA_PUBLISH, SESSION_STATE, SESSION_GONE, SESSION_CATCHUP, SESSION_COPIES, SESSION_RESTORE,
@@ -153,6 +158,13 @@ def _takeover_req(body: Any) -> bool:
 def _session_header(state: Any) -> bool:
     """A session as a takeover (or a restore) carries it, or None."""
     return state is None or (state.__class__ is dict and all(k in state for k in SESSION_KEYS))
+
+
+def handon_from_ok(value: Any) -> bool:
+    """A takeover header's ``handon_from``: ``[Unix ms, {router: offset}]``."""
+    return (value.__class__ is list and len(value) == 2 and value[0].__class__ is int
+            and value[1].__class__ is dict
+            and all(k.__class__ is str and v.__class__ is int for k, v in value[1].items()))
 
 
 def _queue_items(items: Any) -> bool:
@@ -260,8 +272,8 @@ _CHECKS = {
     SESSION_COPIES: _session_copies,
     SESSION_RESTORE: lambda b: b.__class__ is str,
     SESSION_RESTORED: _session_restored,
-    SESSION_HANDON: lambda b: (b.__class__ is list and len(b) == 2 and b[0].__class__ is str
-                               and _queue_items(b[1])),
+    SESSION_HANDON: lambda b: (b.__class__ is list and len(b) == 3 and b[0].__class__ is str
+                               and _queue_items(b[1]) and b[2].__class__ is bool),
     HISTORY_FETCH: _history_fetch,
     HISTORY: _history,
 }

@@ -63,7 +63,8 @@ class MeshPort(Protocol):
 
     def hand_on(self, router_id: str, client_id: str, items: list) -> None:
         """Copies ([qos, retain, message values]) for a session that moved to ``router_id``,
-        which reached this router after it moved."""
+        which reached this router after it moved; called once a move, with none too (the new
+        owner learns the hand-on ended)."""
 
     def peer_stats(self) -> dict[str, list[int]]:
         """Traffic per peer router: {router id: [msgs out, bytes out, msgs in, bytes in]}."""

@@ -225,7 +225,7 @@ class SessionLife:
         if items:
             log.info("session %s: %d message(s) that reached this router after it moved handed on to %s",
                      session.client_id, len(items), to)
-            self.mesh.hand_on(to, session.client_id, items)
+        self.mesh.hand_on(to, session.client_id, items)  # even none: the new owner waits for the end
 
     def take_copies(self, client_id: str, items: list, read_back: bool = False) -> None:
         """Copies for a session here read back or handed on elsewhere (a catch-up after a

@@ -825,6 +825,88 @@ def test_a_move_confirmed_only_after_its_new_router_fell_silent_is_settled_then(
         ctx.destroy(linger=0)
 
 
+def test_what_a_sessions_old_router_had_not_handed_on_when_it_fell_silent_is_read_back(start_broker):
+    """A session moves here from a live router of another node. What was routed to that router
+    for the session in the moment of the move (frames on their way when it exported the session)
+    is handed on by it once every router answered its barrier; should it die first, those copies
+    were lost: the messages were acknowledged, and nobody delivered them. Now the old router says
+    where it stood in each log when the session left (``handon_from``) and ends its hand-on with a
+    last frame; if it falls silent before that, the new owner reads the copies back from the
+    logs they came from. Here a fake router of another node plays the old router: messages
+    acknowledged on the broker go to it (its interest), it offers the session as if it had not
+    seen them yet, and falls silent without handing anything on."""
+    from brokerd.router.mesh_format import (
+        HELLO,
+        INTEREST,
+        INTEREST_ACK,
+        TAKEOVER_DONE,
+        TAKEOVER_REQ,
+        TAKEOVER_RESP,
+    )
+    from tests.helpers import free_port
+
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", "--mesh-timeout", "1",
+                          "--replication-factor", "1", workers=1)
+    u = uid()
+    cid, topic = f"h{u}", f"ht{u}"
+    ctx = zmq.Context()
+    connected: dict = {}
+    try:
+        fake = FakeRouter(ctx, mesh_endpoint(broker.port), name="o/w0", node="o")
+        fake.read(lambda: bool(fake.kinds(HELLO)), "the broker's HELLO")
+        rid = next(s for k, s, _, _ in fake.frames if k == HELLO)
+        fake.send(INTEREST, [None, [[f"{topic}/#", True]], True])  # the session's filter, held there
+        pub = Client(broker.port, f"p{u}").connect()
+        probes = iter(range(1000))
+
+        def probe_arrived() -> bool:  # its interest is known once a probe reaches it
+            if any(fake.publishes(f"probe{u}".encode())):
+                return True
+            pub.publish(f"{topic}/probe", f"probe{u}-{next(probes)}", qos=0)
+            return False
+
+        fake.read(probe_arrived, "a probe forwarded")
+        fake.frames.clear()
+        fake.read(lambda: bool(fake.kinds(HELLO)), "a HELLO with the broker's log end")
+        seen = fake.kinds(HELLO)[-1]["log"]
+        sent = [f"moment-{i}".encode() for i in range(5)]
+        for payload in sent:
+            pub.publish(f"{topic}/x", payload, qos=1)  # acknowledged; routed to the old router
+        fake.read(lambda: all(fake.publishes(p) for p in sent), "the messages forwarded to the old router")
+        state = {"client_id": cid, "username": None, "persistent": True, "expiry_s": 0,
+                 "subs": [[f"{topic}/#", 1, False, False, 0, None]], "inflight": [], "queue": [], "log": [],
+                 "inbound_qos2": [], "next_pid": 1, "shared": [], "will": None, "epoch": 1,
+                 "arrived": int(time.time() * 1000),
+                 # Where the old router stood in the broker's log: before the five (on their way).
+                 "handon_from": [int(time.time() * 1000), {rid: seen}]}
+        thread = threading.Thread(target=lambda: connected.update(
+            client=Client(broker.port, cid, clean=False).connect()), daemon=True)
+        thread.start()
+        fake.read(lambda: any(b[1] == cid for b in fake.kinds(TAKEOVER_REQ)), "the takeover request")
+        req = next(b[0] for b in fake.kinds(TAKEOVER_REQ) if b[1] == cid)
+        fake.send(TAKEOVER_RESP, [req, state, False])
+
+        acked: set[int] = set()
+
+        def confirmed() -> bool:  # acknowledge the new owner's interest, as a live router does
+            for body in fake.kinds(INTEREST):
+                if body[0] is not None and body[0] not in acked:
+                    acked.add(body[0])
+                    fake.send(INTEREST_ACK, [body[0], -1])
+            return [req, True] in fake.kinds(TAKEOVER_DONE)
+
+        fake.read(confirmed, "the new owner's confirmation")
+        thread.join(15)
+        client = connected["client"]
+        assert client.session_present
+        fake.quiet = True  # dies before its barrier is answered: nothing handed on
+        broker.wait_log(f"router o/w0 fell silent before it had handed on what reached it for session {cid}")
+        client._wait(lambda: set(sent) <= set(collect(client, f"{topic}/x")),
+                     f"the five read back (have {collect(client, topic)})", 15)
+    finally:
+        ctx.destroy(linger=0)
+
+
 def test_a_takeover_confirmed_while_the_old_router_was_silent_is_confirmed_when_it_is_heard(start_broker):
     """The other side of the test above: a session taken over from a live router of another node
     that falls silent before the new owner confirms (the confirmation waits for its interest
