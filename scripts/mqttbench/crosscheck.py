@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -55,8 +56,34 @@ def _wait_subscribed(logs: list[Path], deadline: float) -> None:
             time.sleep(0.02)
 
 
-def run_once(kind: BrokerKind, pairs: int, messages: int, qos: int, payload: int, timeout: float) -> dict:
-    """One round on a fresh broker: P subscribers, then P publishers of ``messages`` lines each."""
+def _pace(pipes: list, data: bytes, rate: float, stop: threading.Event) -> None:
+    """Feed each publisher's stdin ``rate`` lines a second (in 10 ms steps), as a fleet of
+    devices publishes: a fixed load, not saturation."""
+    chunks = data.splitlines(keepends=True)
+    t0, sent = time.monotonic(), 0
+    while sent < len(chunks) and not stop.is_set():
+        due = min(len(chunks), int((time.monotonic() - t0) * rate) + 1)
+        if due > sent:
+            block = b"".join(chunks[sent:due])
+            for pipe in pipes:
+                try:
+                    pipe.write(block)
+                    pipe.flush()
+                except (BrokenPipeError, ValueError):
+                    pass
+            sent = due
+        stop.wait(0.01)
+    for pipe in pipes:
+        try:
+            pipe.close()
+        except (BrokenPipeError, ValueError):
+            pass
+
+
+def run_once(kind: BrokerKind, pairs: int, messages: int, qos: int, payload: int, timeout: float,
+             rate: float = 0.0) -> dict:
+    """One round on a fresh broker: P subscribers, then P publishers of ``messages`` lines each
+    (``rate`` > 0: that many lines a second each, paced; else as fast as they read them)."""
     pub, sub = _tool("mosquitto_pub"), _tool("mosquitto_sub")
     work = Path(tempfile.mkdtemp(prefix="crosscheck-"))
     lines = work / "lines"
@@ -82,8 +109,12 @@ def run_once(kind: BrokerKind, pairs: int, messages: int, qos: int, payload: int
                 with open(lines, "rb") as src:
                     pubs.append(subprocess.Popen(
                         [pub, "-h", HOST, "-p", port, "-t", f"bench/cc/{i}", "-q", str(qos), "-l",
-                         "-i", f"cc-pub-{i}-{os.getpid()}"], stdin=src, stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL))
+                         "-i", f"cc-pub-{i}-{os.getpid()}"], stdin=subprocess.PIPE if rate else src,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            stop = threading.Event()
+            if rate:
+                threading.Thread(target=_pace, args=([p.stdin for p in pubs], lines.read_bytes(), rate, stop),
+                                 daemon=True).start()
             deadline = t0 + timeout
             finished = 0
             for s in subs:
@@ -92,6 +123,7 @@ def run_once(kind: BrokerKind, pairs: int, messages: int, qos: int, payload: int
                     finished += s.returncode == 0
                 except subprocess.TimeoutExpired:
                     pass
+            stop.set()
             cpu, wall = broker.cpu_seconds() - cpu0, time.monotonic() - t0
         delivered = sum(_received(log) for log in logs)
         return {"broker": kind.label, "qos": qos, "delivered": delivered, "expected": pairs * messages,
@@ -119,11 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--payload", type=int, default=16, help="payload bytes")
     ap.add_argument("--reps", type=int, default=3, help="rounds; the table shows medians")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds one run may take at most")
+    ap.add_argument("--rate", type=float, default=0.0,
+                    help="messages a second per publisher, paced (a fixed load); 0: as fast as they go")
+    ap.add_argument("--log", default="on", choices=("on", "off", "on,off"),
+                    help="brokerd's commit log: on (as shipped), off, or both side by side in one run")
     args = ap.parse_args(argv)
     qos_levels = [int(q) for q in args.qos.split(",")]
     if (args.pairs < 1 or args.messages < 1 or args.reps < 1 or args.payload < 1 or not 0 < args.timeout <= 600
-            or any(q not in (0, 1, 2) for q in qos_levels)):
-        ap.error("need positive sizes, --qos of 0, 1, 2 and 0 < --timeout <= 600")
+            or any(q not in (0, 1, 2) for q in qos_levels) or args.rate < 0):
+        ap.error("need positive sizes, --qos of 0, 1, 2, --rate >= 0 and 0 < --timeout <= 600")
     try:
         reason = check_brokerd()
         if reason:
@@ -137,24 +173,29 @@ def main(argv: list[str] | None = None) -> int:
     extra = os.environ.get("BROKERD_BENCH_ARGS", "")
     print(f"Command: `./scripts/crosscheck {' '.join(shlex.quote(a) for a in (argv or sys.argv[1:]))}`"
           + (f" with BROKERD_BENCH_ARGS={extra!r}" if extra else "") + "; clients: mosquitto_pub -l / mosquitto_sub -C")
-    kinds = [BrokerKind("brokerd", 1), BrokerKind("mosquitto", 1)]
+    kinds = [*(BrokerKind("brokerd", 1, log=mode) for mode in args.log.split(",")), BrokerKind("mosquitto", 1)]
     rows = []
     for qos in qos_levels:
         runs: dict[str, list[dict]] = {k.label: [] for k in kinds}
         for rep in range(args.reps):
             for kind in kinds if rep % 2 == 0 else reversed(kinds):
-                r = run_once(kind, args.pairs, args.messages, qos, args.payload, args.timeout)
+                r = run_once(kind, args.pairs, args.messages, qos, args.payload, args.timeout, args.rate)
                 runs[kind.label].append(r)
                 print(f"[rep {rep + 1}/{args.reps}] qos{qos} {kind.label}: {r['delivered']}/{r['expected']} delivered, "
                       f"{r['msgs_per_s']:,.0f} msg/s, {r['msgs_per_cpu_s']:,.0f} msg/CPU-s", flush=True)
         med = {label: statistics.median(r["msgs_per_cpu_s"] for r in rs) for label, rs in runs.items()}
         lost = {label: sum(r["expected"] - r["delivered"] for r in rs) for label, rs in runs.items()}
-        bd, mq = med[kinds[0].label], med[kinds[1].label]
-        rows.append(f"| p2p x{args.pairs} QoS {qos} | {args.payload} B | {bd:,.0f} | {mq:,.0f} | "
-                    f"{bd / mq if mq else float('nan'):.2f} | {lost[kinds[0].label]} / {lost[kinds[1].label]} |")
+        mq = med[kinds[-1].label]
+        load = f"{args.rate:g} msg/s each" if args.rate else "as fast as they go"
+        rows.append(f"| p2p x{args.pairs} QoS {qos}, {load} | {args.payload} B | "
+                    + " | ".join(f"{med[k.label]:,.0f}" for k in kinds) + " | "
+                    + " | ".join(f"{med[k.label] / mq if mq else float('nan'):.2f}" for k in kinds[:-1]) + " | "
+                    + " / ".join(str(lost[k.label]) for k in kinds) + " |")
     print()
-    print("| scenario | payload | brokerd msg/CPU-s | mosquitto msg/CPU-s | CPU-eff. ratio | not delivered (brokerd / mosquitto) |")
-    print("|---|---|---|---|---|---|")
+    names = [k.label for k in kinds]
+    print("| scenario | payload | " + " | ".join(f"{n} msg/CPU-s" for n in names) + " | "
+          + " | ".join(f"ratio {n}" for n in names[:-1]) + f" | not delivered ({' / '.join(names)}) |")
+    print("|" + "---|" * (2 + 2 * len(kinds)))
     print("\n".join(rows))
     return 0
 
