@@ -63,16 +63,29 @@ def test_fleet_delivers_each_devices_message_to_both_backend_subscribers(tmp_pat
     assert run["connections"] >= 52
 
 
+def test_log_on_and_off_in_one_run(tmp_path):
+    """``--log on,off``: brokerd as shipped and without its log, both measured in one invocation,
+    each its own row (README's table compares them within one run)."""
+    report = _bench(tmp_path, "--scenarios", "p2p", "--payload", "16", "--pairs", "2", "--log", "on,off")
+    runs = report["runs"]
+    assert sorted(r["broker"] for r in runs) == ["brokerd", "brokerd --log off"]
+    for run in runs:
+        assert run["ok"], run["error"]
+        assert run["delivered_per_s"] > 0 and run["loss"] == 0.0 and run["broker_cpu_s"] > 0
+
+
 @pytest.mark.skipif(shutil.which("mosquitto_pub") is None, reason="needs mosquitto-clients")
 def test_crosscheck_with_mosquittos_clients_delivers_everything_to_both_brokers():
-    """The second generator (mosquitto_pub -l / mosquitto_sub -C) against brokerd and Mosquitto."""
+    """The second generator (mosquitto_pub -l / mosquitto_sub -C) against brokerd, with and without
+    its log, and Mosquitto, the publishers paced (``--rate``)."""
     proc = subprocess.run([str(ROOT / "scripts" / "crosscheck"), "--pairs", "2", "--messages", "300",
-                           "--qos", "1", "--reps", "1", "--timeout", "60"],
+                           "--qos", "1", "--reps", "1", "--timeout", "60", "--rate", "1000", "--log", "on,off"],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "qos1 brokerd/1w: 600/600 delivered" in proc.stdout
+    assert "qos1 brokerd/1w --log off: 600/600 delivered" in proc.stdout
     assert "qos1 mosquitto: 600/600 delivered" in proc.stdout
-    assert "| p2p x2 QoS 1 | 16 B |" in proc.stdout and "| 0 / 0 |" in proc.stdout
+    assert "| p2p x2 QoS 1, 1000 msg/s each | 16 B |" in proc.stdout and "| 0 / 0 / 0 |" in proc.stdout
 
 
 def test_a_negative_per_write_is_refused():
