@@ -148,7 +148,7 @@ class Worker:
             directory, router_id=self.router_id, loop=self.loop, fsync=c.fsync,
             fsync_interval_ms=c.fsync_interval_ms, segment_bytes=c.segment_bytes,
             retention_bytes=c.retention_bytes or None, retention_hours=c.retention_hours or None)
-        router.attach_log(self.commit_log, c.fsync == "always")
+        router.attach_log(self.commit_log, c.fsync == "always", self.batcher)
         router.attach_state(StateStore(router, directory))
         # In a cluster a restored delayed will waits at least as long as a CONNECT right after a
         # death does: time for a replica's notice that it published the will already.

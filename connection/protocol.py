@@ -67,6 +67,15 @@ class Connection(Protocol):
     def send(self, data: bytes) -> None:
         """Queue bytes for this loop iteration's one write."""
 
+    def gate(self, until: int) -> None:
+        """Hold what is queued, and what is queued later, until ``open_gate(until)``."""
+
+    def open_gate(self, reached: int) -> None:
+        """Write what the gate held once ``reached`` is ``until`` or more."""
+
+    def refuse_output(self, reason: int) -> None:
+        """Drop what is queued and held, unwritten, and close."""
+
     def accept(self, keepalive: int, protocol_level: int) -> None:
         """CONNECT accepted: the keepalive is enforced from now on."""
 
@@ -163,7 +172,7 @@ class MQTTConnection(asyncio.Protocol):
                  "_rate", "partial_since", "tls_identity", "_write_buffer_high", "transport", "handler", "peer",
                  "client_id", "protocol_level", "outbound", "counters", "traffic", "write_paused", "closing", "phase",
                  "_graceful", "_out", "_keepalive", "_last_rx", "_timer", "_loop", "_wheel", "keepalive_key",
-                 "_reading_paused_by", "_held")
+                 "_reading_paused_by", "_held", "_gate")
 
     def __init__(
         self,
@@ -228,6 +237,7 @@ class MQTTConnection(asyncio.Protocol):
         # the cluster or an auth plugin): dispatched once it resumes, after its CONNACK
         # (MQTT-3.2.0-1), in the client's order. None: nothing is held.
         self._held: list[Packet] | None = None
+        self._gate: int | None = None  # output held until open_gate(this or more): see gate()
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
 
@@ -428,7 +438,7 @@ class MQTTConnection(asyncio.Protocol):
 
     def flush(self) -> None:
         out = self._out
-        if not out or self.transport is None:
+        if not out or self.transport is None or self._gate is not None:
             return
         self._out = []
         if self.closing and self.transport.is_closing():
@@ -444,6 +454,33 @@ class MQTTConnection(asyncio.Protocol):
             self.transport.write(out[0])
         else:
             self.transport.write(b"".join(out))
+
+    def gate(self, until: int) -> None:
+        """Hold this connection's output, in order, until ``open_gate`` reaches ``until``: the
+        router queues a PUBACK/PUBREC at once (so it keeps its place among the connection's
+        packets) and gates the connection until the log has written the record (a crash of the
+        process must not lose what was acknowledged). A gate opened later by a higher mark only."""
+        if self._gate is None or until > self._gate:
+            self._gate = until
+
+    def open_gate(self, reached: int) -> None:
+        gate = self._gate
+        if gate is None or gate > reached:
+            return
+        self._gate = None
+        self.flush()  # from the log's write, in the end-of-iteration pass (or a writer report)
+        if self.closing and self.transport is not None and not self.transport.is_closing():
+            self.transport.close()  # close() came while the gate held the output
+
+    def refuse_output(self, reason: int) -> None:
+        """What the gate held can never go out (the log could not write the records it
+        acknowledges): drop it, unwritten, and close (MQTT 5: DISCONNECT ``reason``)."""
+        self._gate = None
+        self._out.clear()
+        if not self.closing:
+            self.close(reason)
+        elif self.transport is not None and not self.transport.is_closing():
+            self.transport.close()  # close() came while the gate held the output: end it now
 
     def accept(self, keepalive: int, protocol_level: int) -> None:
         """The handler accepted CONNECT: start enforcing the keepalive (MQTT-3.1.2-24: 1.5×)."""
@@ -464,7 +501,7 @@ class MQTTConnection(asyncio.Protocol):
             self.send(encode(Disconnect(reason_code=reason), MQTT_5))
         self.flush()
         self.closing = True
-        if self.transport is not None:
+        if self.transport is not None and self._gate is None:  # else open_gate closes it
             self.transport.close()
 
     def abort(self) -> None:

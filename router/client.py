@@ -555,9 +555,11 @@ class Client:
         p.properties = props
 
     def _acknowledge(self, ack: bytes, msg: Message) -> None:
-        router = self.router
-        if (router.ack_when_durable or router.replication is not None) and msg.log_offset >= 0:
-            router.defer_ack(msg.log_offset, self, ack)
+        """A logged message's acknowledgement waits for its record (``Router.defer_ack``: written,
+        durable with --fsync always, on enough nodes with replication); an unlogged one's (the
+        log off, a $SYS topic) goes out with this iteration's writes."""
+        if msg.log_offset >= 0:
+            self.router.defer_ack(msg.log_offset, self, ack)
         else:
             self.conn.send(ack)
 

@@ -136,6 +136,8 @@ class Router(SharedRouting, SessionLife):
         self.auth: Any = None
         self.acl: Any = None
         self._deferred_acks: deque[tuple[int, Any, bytes]] = deque()
+        self._write_soon: _WriteSoon | None = None  # attach_log
+        self._gates: deque[tuple[int, Any]] = deque()  # (offset, connection) gated until it is written
         # Replication (cluster.replication.Replication, when --replication-factor > 1): it holds
         # QoS 1/2 acknowledgements until enough nodes have the record, and gives them back
         # through ``release_acks`` / ``refuse_acks``.
@@ -291,7 +293,7 @@ class Router(SharedRouting, SessionLife):
             msg.packed_properties() if msg.properties else b"", msg.payload)
         return offset
 
-    # -- acknowledgements that wait for the disk (--fsync always) ------------------------------------
+    # -- acknowledgements that wait for the log (written; durable with --fsync always) ---------------
 
     def session_moves(self) -> tuple[int, ...]:
         """What changes sessions' state without marking anything at once: the log's end (where
@@ -319,29 +321,55 @@ class Router(SharedRouting, SessionLife):
         """Persistent sessions and retained messages survive restarts through ``state``."""
         self.state = state
 
-    def attach_log(self, log_: CommitLog, ack_when_durable: bool) -> None:
+    def attach_log(self, log_: CommitLog, ack_when_durable: bool, end_of_tick: Any = None) -> None:
+        """Log what is published here. A QoS 1/2 acknowledgement waits for its record
+        (``defer_ack``): until it is fsynced with ``ack_when_durable`` (``--fsync always``), else
+        until it is written into the kernel, so that a crash of this process (SIGKILL, OOM) loses
+        nothing acknowledged. ``end_of_tick`` (the worker's ``connection.batching.EndOfTick``):
+        where the log is marked to be written at the end of the loop iteration in which an
+        acknowledgement began to wait, ahead of the log's linger (without it: at the linger)."""
         self.commit_log = log_
         self.ack_when_durable = ack_when_durable
+        self._write_soon = _WriteSoon(log_, end_of_tick) if end_of_tick is not None and not ack_when_durable \
+            else None
         if ack_when_durable:
             log_.on_durable(self._durable)
-            log_.on_error(self._log_failed)
+        else:
+            log_.on_written(self._written)
+        log_.on_error(self._log_failed)
 
     def defer_ack(self, offset: int, client: Any, ack: bytes) -> None:
         """Send ``ack`` to ``client`` (a ``router.client.Client``) once the record at ``offset`` is
-        durable; ``client.held_acks`` counts the PUBACKs it waits for (MQTT 5 Receive Maximum;
-        a QoS 2 message held is counted among the client's ids awaiting PUBREL already)."""
+        safe (``attach_log``). Written: the ack is queued at once, in its place among the
+        connection's packets, and the connection's output gated until the log has written
+        ``offset`` (``Connection.gate``; a graceful close waits for it too). Durable, or on
+        enough nodes with replication: held here, ``client.held_acks`` counting the PUBACKs that
+        wait (MQTT 5 Receive Maximum; a QoS 2 message held is counted among the client's ids
+        awaiting PUBREL already)."""
         if self.replication is not None:
             if self.replication.hold(offset, client, ack):
                 if ack[0] == PUBACK:
                     client.held_acks += 1
             else:
                 client.conn.send(ack)
-        elif offset <= self.commit_log.durable_offset:
+            return
+        log_ = self.commit_log
+        if not self.ack_when_durable:
+            conn = client.conn
+            if offset > log_.written_offset:
+                conn.gate(offset)
+                self._gates.append((offset, conn))
+                soon = self._write_soon
+                if soon is not None and not soon.marked:
+                    soon.mark()
+            conn.send(ack)
+            return
+        if offset <= log_.durable_offset:
             client.conn.send(ack)
-        else:
-            if ack[0] == PUBACK:
-                client.held_acks += 1
-            self._deferred_acks.append((offset, client, ack))
+            return
+        if ack[0] == PUBACK:
+            client.held_acks += 1
+        self._deferred_acks.append((offset, client, ack))
 
     def release_acks(self, held: list[tuple[Any, bytes]]) -> None:
         """Held acknowledgements now safe to send (durable, or on enough nodes): (client, ack) in
@@ -368,12 +396,19 @@ class Router(SharedRouting, SessionLife):
                 conn.close(Reason.IMPLEMENTATION_SPECIFIC_ERROR)
 
     def _log_failed(self, error: OSError | None) -> None:
-        """Records waiting to become durable never will: refuse them by closing their connections
-        (the clients resend after reconnecting); never acknowledge them."""
+        """Records waiting to be written or to become durable never will: refuse their
+        acknowledgements by closing their connections, the gated ones with what the gate held
+        unwritten (the clients resend after reconnecting); never acknowledge them."""
         if error is None:
             return
         acks, self._deferred_acks = self._deferred_acks, deque()
         self.refuse_acks([(client, ack) for _, client, ack in acks], f"could not be made durable: {error}")
+        gates, self._gates = self._gates, deque()
+        refused: dict[int, Any] = {id(conn): conn for _, conn in gates}
+        for conn in refused.values():
+            log.warning("client %s (%s): closing, its acknowledgements' records could not be written: %s",
+                        conn.client_id, conn.peer, error)
+            conn.refuse_output(Reason.IMPLEMENTATION_SPECIFIC_ERROR)
 
     def _durable(self, durable: int) -> None:
         acks = self._deferred_acks
@@ -382,6 +417,13 @@ class Router(SharedRouting, SessionLife):
             _, client, ack = acks.popleft()
             due.append((client, ack))
         self.release_acks(due)
+
+    def _written(self, written: int) -> None:
+        """The log is written up to ``written``: the connections gated on records up to it write
+        what they hold."""
+        gates = self._gates
+        while gates and gates[0][0] <= written:
+            gates.popleft()[1].open_gate(written)
 
     def _deliver(self, msg: Message, routes: list[tuple[Session, int, bool, bool]]) -> None:
         """Hand ``msg`` to this router's subscribers of its topic (``routes``, folded). The callers
@@ -534,3 +576,25 @@ class Router(SharedRouting, SessionLife):
 
     def retained_snapshot(self) -> list[Message]:
         return list(self.retained)
+
+
+class _WriteSoon:
+    """The log as an end-of-iteration flush (``connection.batching.EndOfTick``): marked when an
+    acknowledgement begins to wait for its record to be written, so the batch is written (and
+    the connections gated on it write) in the iteration's own end-of-iteration pass, not a
+    linger later. Batches of QoS 0 messages alone keep the linger: nothing waits for them."""
+
+    __slots__ = ("log", "tick", "marked")
+
+    def __init__(self, log_: CommitLog, tick: Any) -> None:
+        self.log = log_
+        self.tick = tick
+        self.marked = False
+
+    def mark(self) -> None:
+        self.marked = True
+        self.tick.mark(self)
+
+    def flush(self) -> None:
+        self.marked = False
+        self.log.flush()

@@ -13,7 +13,8 @@ Why it is shaped this way:
   an fsync share the next one (group commit). A small batch that waits for no fsync is written by
   the loop itself while the thread is idle (``WriterThread.write_inline``: no hand-off per batch).
 * The broker holds QoS 1/2 acknowledgements on ``on_durable`` / ``wait_durable`` when it runs with
-  ``--fsync always``; a failed write puts the log in a failed state in which ``append`` raises
+  ``--fsync always``, and on ``on_written`` otherwise (a record in the kernel survives a crash of
+  the process; one still in this batch would not); a failed write puts the log in a failed state in which ``append`` raises
   ``LogUnavailable``, so the broker refuses publishes rather than acknowledging what it cannot store.
 * Reads are positional (``os.pread``) on descriptors opened once, and cover records still in memory,
   so a consumer never forces the writer to flush.
@@ -265,6 +266,7 @@ class CommitLog:
         # would grow its traceback on every refused publish.
         self._refuse: str | None = None
         self._durable_cbs: list[Callable[[int], Any]] = []
+        self._written_cbs: list[Callable[[int], Any]] = []
         # Called with (first offset, last offset, the records' msgpack body) for each version 2
         # batch as it is flushed: replication sends those bytes to followers as they are.
         self.on_batch: Callable[[int, int, bytes], Any] | None = None
@@ -689,6 +691,13 @@ class CommitLog:
         self._durable_cbs.append(callback)
         return functools.partial(_remove, self._durable_cbs, callback)
 
+    def on_written(self, callback: Callable[[int], Any]) -> Callable[[], None]:
+        """Call ``callback(written_offset)`` on the event loop each time ``written_offset`` advances:
+        the records up to it are in the kernel (they survive a crash of this process, not of the
+        machine). Returns a function that unregisters it."""
+        self._written_cbs.append(callback)
+        return functools.partial(_remove, self._written_cbs, callback)
+
     def on_error(self, callback: Callable[[OSError | None], Any]) -> Callable[[], None]:
         """Call ``callback(error)`` on the loop when the log fails, ``callback(None)`` when it
         recovers. Returns a function that unregisters it."""
@@ -741,6 +750,11 @@ class CommitLog:
                         if end > seg.written_end:
                             seg.written_end = end
             self._written_offset = written
+            for cb in list(self._written_cbs):
+                try:
+                    cb(written)
+                except Exception:
+                    log.exception("commit log on_written callback failed")
         if report.error is not None and self._error is None:
             self._enter_failed(report.error)
         elif report.error is not None:

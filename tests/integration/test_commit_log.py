@@ -74,9 +74,14 @@ class AckCounter:
         self.c.loop_stop()
 
 
-def test_fsync_always_sigkill_mid_stream_loses_nothing_acknowledged(start_broker, tmp_path):
+@pytest.mark.parametrize("fsync", ["always", "interval"])
+def test_sigkill_mid_stream_loses_nothing_acknowledged(start_broker, tmp_path, fsync):
+    """A crash of the broker's processes loses no acknowledged message: with ``always`` the
+    acknowledgement waits for the fsync, with ``interval`` (the default) for the write into the
+    kernel. (With ``interval``, acknowledgements went out before the write, at the log's 2 ms
+    linger: this lost tens to hundreds of messages in about half the runs.)"""
     data = str(tmp_path / "data")
-    broker = start_broker("--fsync", "always", data_dir=data)
+    broker = start_broker("--fsync", fsync, data_dir=data)
     u = uid()
     sub = Client(broker.port, f"durable-sub{u}", clean=False).connect()
     sub.subscribe(f"crash{u}", 1)

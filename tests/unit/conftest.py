@@ -28,10 +28,26 @@ class FakeConn:
         self.traffic = Traffic()
         self.peer = peer
         self.client_id: str | None = None
-        self.chunks: list[bytes] = []
+        self.chunks: list[bytes] = []  # what was written
+        self.gated: list[bytes] = []  # what a gate holds
+        self.gate_until: int | None = None
+        self.refused: int | None = None
 
     def send(self, data: bytes) -> None:
-        self.chunks.append(data)
+        (self.gated if self.gate_until is not None else self.chunks).append(data)
+
+    def gate(self, until: int) -> None:
+        if self.gate_until is None or until > self.gate_until:
+            self.gate_until = until
+
+    def open_gate(self, reached: int) -> None:
+        if self.gate_until is not None and self.gate_until <= reached:
+            self.gate_until = None
+            self.chunks += self.gated
+            self.gated = []
+
+    def refuse_output(self, reason: int) -> None:
+        self.gate_until, self.gated, self.refused, self.closing = None, [], reason, True
 
     def packets(self) -> list:
         d = Decoder(protocol_level=self.protocol_level)
