@@ -137,7 +137,8 @@ class Router(SharedRouting, SessionLife):
         self.acl: Any = None
         self._deferred_acks: deque[tuple[int, Any, bytes]] = deque()
         self._write_soon: _WriteSoon | None = None  # attach_log
-        self._gates: deque[tuple[int, Any]] = deque()  # (offset, connection) gated until it is written
+        # (offset, client, whether a PUBACK counted in its held_acks): its connection gated until written
+        self._gates: deque[tuple[int, Any, bool]] = deque()
         # Replication (cluster.replication.Replication, when --replication-factor > 1): it holds
         # QoS 1/2 acknowledgements until enough nodes have the record, and gives them back
         # through ``release_acks`` / ``refuse_acks``.
@@ -343,9 +344,9 @@ class Router(SharedRouting, SessionLife):
         safe (``attach_log``). Written: the ack is queued at once, in its place among the
         connection's packets, and the connection's output gated until the log has written
         ``offset`` (``Connection.gate``; a graceful close waits for it too). Durable, or on
-        enough nodes with replication: held here, ``client.held_acks`` counting the PUBACKs that
-        wait (MQTT 5 Receive Maximum; a QoS 2 message held is counted among the client's ids
-        awaiting PUBREL already)."""
+        enough nodes with replication: held here. Either way ``client.held_acks`` counts the
+        PUBACKs not sent yet (MQTT 5 Receive Maximum; a QoS 2 message held is counted among the
+        client's ids awaiting PUBREL already)."""
         if self.replication is not None:
             if self.replication.hold(offset, client, ack):
                 if ack[0] == PUBACK:
@@ -358,7 +359,9 @@ class Router(SharedRouting, SessionLife):
             conn = client.conn
             if offset > log_.written_offset:
                 conn.gate(offset)
-                self._gates.append((offset, conn))
+                if ack[0] == PUBACK:  # not sent yet: it counts towards the Receive Maximum
+                    client.held_acks += 1
+                self._gates.append((offset, client, ack[0] == PUBACK))
                 soon = self._write_soon
                 if soon is not None and not soon.marked:
                     soon.mark()
@@ -404,7 +407,10 @@ class Router(SharedRouting, SessionLife):
         acks, self._deferred_acks = self._deferred_acks, deque()
         self.refuse_acks([(client, ack) for _, client, ack in acks], f"could not be made durable: {error}")
         gates, self._gates = self._gates, deque()
-        refused: dict[int, Any] = {id(conn): conn for _, conn in gates}
+        refused: dict[int, Any] = {}
+        for _, client, counted in gates:
+            client.held_acks -= counted
+            refused[id(client.conn)] = client.conn
         for conn in refused.values():
             log.warning("client %s (%s): closing, its acknowledgements' records could not be written: %s",
                         conn.client_id, conn.peer, error)
@@ -423,7 +429,9 @@ class Router(SharedRouting, SessionLife):
         what they hold."""
         gates = self._gates
         while gates and gates[0][0] <= written:
-            gates.popleft()[1].open_gate(written)
+            _, client, counted = gates.popleft()
+            client.held_acks -= counted
+            client.conn.open_gate(written)
 
     def _deliver(self, msg: Message, routes: list[tuple[Session, int, bool, bool]]) -> None:
         """Hand ``msg`` to this router's subscribers of its topic (``routes``, folded). The callers

@@ -656,7 +656,7 @@ def test_an_acknowledgement_waits_until_its_record_is_written(tmp_path, tick):
             r.defer_ack(msg.log_offset, publisher, success_ack(PUBACK, 7))
             publisher.conn.send(b"\xd0\x00")  # a later packet keeps its place after the ack
             assert log_.written_offset < msg.log_offset
-            assert publisher.conn.chunks == []
+            assert publisher.conn.chunks == [] and publisher.held_acks == 1  # Receive Maximum
             await asyncio.sleep(0)  # the end of this iteration
             if not tick:
                 assert publisher.conn.chunks == [], "acknowledged before its record was written"
@@ -666,6 +666,7 @@ def test_an_acknowledgement_waits_until_its_record_is_written(tmp_path, tick):
                     await asyncio.sleep(0.005)
             assert log_.written_offset >= msg.log_offset
             assert publisher.conn.chunks == [success_ack(PUBACK, 7), b"\xd0\x00"]
+            assert publisher.held_acks == 0
         finally:
             log_.close()
 
@@ -680,7 +681,7 @@ def test_a_log_that_cannot_write_refuses_the_acknowledgements_waiting_for_it(tmp
     from brokerd.connection.codec import PUBACK, success_ack
     from brokerd.router.log.commitlog import CommitLog
 
-    async def run() -> FakeConn:
+    async def run() -> tuple[FakeConn, int]:
         log_ = CommitLog(tmp_path, router_id="t/w0", loop=asyncio.get_running_loop())
         try:
             r = Router(RouterConfig(router_id="t/w0"))
@@ -690,9 +691,9 @@ def test_a_log_that_cannot_write_refuses_the_acknowledgements_waiting_for_it(tmp
             r.publish(msg)
             r.defer_ack(msg.log_offset, publisher, success_ack(PUBACK, 3))
             log_._enter_failed(OSError(28, "No space left on device"))  # what a failed write reports
-            return publisher.conn
+            return publisher.conn, publisher.held_acks
         finally:
             log_.close()
 
-    conn = asyncio.run(run())
-    assert conn.chunks == [] and conn.refused is not None and conn.closing
+    conn, held = asyncio.run(run())
+    assert conn.chunks == [] and conn.refused is not None and conn.closing and held == 0
