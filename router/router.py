@@ -137,8 +137,8 @@ class Router(SharedRouting, SessionLife):
         self.acl: Any = None
         self._deferred_acks: deque[tuple[int, Any, bytes]] = deque()
         self._write_soon: _WriteSoon | None = None  # attach_log
-        # (offset, client, whether a PUBACK counted in its held_acks): its connection gated until written
-        self._gates: deque[tuple[int, Any, bool]] = deque()
+        # (offset, client, ack) whose connection is gated until the log has written ``offset``
+        self._gates: deque[tuple[int, Any, bytes]] = deque()
         # Replication (cluster.replication.Replication, when --replication-factor > 1): it holds
         # QoS 1/2 acknowledgements until enough nodes have the record, and gives them back
         # through ``release_acks`` / ``refuse_acks``.
@@ -361,7 +361,7 @@ class Router(SharedRouting, SessionLife):
                 conn.gate(offset)
                 if ack[0] == PUBACK:  # not sent yet: it counts towards the Receive Maximum
                     client.held_acks += 1
-                self._gates.append((offset, client, ack[0] == PUBACK))
+                self._gates.append((offset, client, ack))
                 soon = self._write_soon
                 if soon is not None and not soon.marked:
                     soon.mark()
@@ -383,10 +383,12 @@ class Router(SharedRouting, SessionLife):
             if not client.conn.closing:
                 client.conn.send(ack)
 
-    def refuse_acks(self, held: list[tuple[Any, bytes]], why: str) -> None:
+    def refuse_acks(self, held: list[tuple[Any, bytes]], why: str, gated: bool = False) -> None:
         """Held acknowledgements that cannot be given (the log failed, or the record is not on
         enough nodes in time): never sent; their connections close, and the clients resend after
-        reconnecting."""
+        reconnecting. ``gated``: the acknowledgements wait behind their connections' gates
+        (``defer_ack``), which drop what they hold, unwritten, and close, whether or not a close
+        already waits for them."""
         counts: dict[int, list] = {}
         for client, ack in held:
             if ack[0] == PUBACK:
@@ -394,9 +396,9 @@ class Router(SharedRouting, SessionLife):
             counts.setdefault(id(client), [client, 0])[1] += 1
         for client, n in counts.values():
             conn = client.conn
-            if not conn.closing:
+            if gated or not conn.closing:
                 log.warning("client %s (%s): closing, %d publish(es) %s", conn.client_id, conn.peer, n, why)
-                conn.close(Reason.IMPLEMENTATION_SPECIFIC_ERROR)
+                (conn.refuse_output if gated else conn.close)(Reason.IMPLEMENTATION_SPECIFIC_ERROR)
 
     def _log_failed(self, error: OSError | None) -> None:
         """Records waiting to be written or to become durable never will: refuse their
@@ -407,14 +409,7 @@ class Router(SharedRouting, SessionLife):
         acks, self._deferred_acks = self._deferred_acks, deque()
         self.refuse_acks([(client, ack) for _, client, ack in acks], f"could not be made durable: {error}")
         gates, self._gates = self._gates, deque()
-        refused: dict[int, Any] = {}
-        for _, client, counted in gates:
-            client.held_acks -= counted
-            refused[id(client.conn)] = client.conn
-        for conn in refused.values():
-            log.warning("client %s (%s): closing, its acknowledgements' records could not be written: %s",
-                        conn.client_id, conn.peer, error)
-            conn.refuse_output(Reason.IMPLEMENTATION_SPECIFIC_ERROR)
+        self.refuse_acks([(client, ack) for _, client, ack in gates], f"could not be written: {error}", gated=True)
 
     def _durable(self, durable: int) -> None:
         acks = self._deferred_acks
@@ -429,8 +424,9 @@ class Router(SharedRouting, SessionLife):
         what they hold."""
         gates = self._gates
         while gates and gates[0][0] <= written:
-            _, client, counted = gates.popleft()
-            client.held_acks -= counted
+            _, client, ack = gates.popleft()
+            if ack[0] == PUBACK:
+                client.held_acks -= 1
             client.conn.open_gate(written)
 
     def _deliver(self, msg: Message, routes: list[tuple[Session, int, bool, bool]]) -> None:
