@@ -17,7 +17,6 @@ The coordinator talks to each process over a pipe: ready -> go(t0, w0, w1) -> re
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import resource
 import struct
@@ -102,6 +101,8 @@ class Group:
         n = len(pubs)
         if n == 1:
             pubs[0].pump()
+        elif n > MANY_PUBLISHERS:
+            return  # a fleet: its devices send on their own clocks (``Worker._tick``), not on deliveries
         elif n:
             # Take turns: whoever pumps first takes the credit, so the first in line rotates.
             self.turn = turn = (self.turn + 1) % n
@@ -470,6 +471,9 @@ class Worker:
         self.groups: dict[int, Group] = {}
         self.running = False
         self._tick_s = 0.005
+        self._period = 1.0  # a fleet's: the slowest publisher's period (``_tick``)
+        self._next_pub = 0  # a fleet's: the publishers visited so far, over all periods
+        self._visits_t0 = 0.0
         procs_of: dict[int, set[int]] = {}
         for c in plan.clients:
             procs_of.setdefault(c.gid, set()).add(c.proc)
@@ -617,12 +621,17 @@ class Worker:
         if len(pubs) <= MANY_PUBLISHERS:
             for p in pubs:
                 p.pump()
-        else:  # a fleet: each publisher visited once per its period, a slice of them per tick
-            k = self._slice
+        else:
+            # A fleet: each publisher visited once per its period, at its own place in it (its
+            # clock's phase, ``run_load``), as devices each on their own clock. The visits due by
+            # the time passed, not a fixed slice per tick: ticks come late (1 ms apart at best),
+            # and a fixed slice fell behind the schedule.
+            n = len(pubs)
+            due = int((now - self._visits_t0) * n / self._period)
             start = self._next_pub
-            for i in range(start, start + k):
-                pubs[i % len(pubs)].pump()
-            self._next_pub = (start + k) % len(pubs)
+            for i in range(start, start + min(due - start, n)):
+                pubs[i % n].pump()
+            self._next_pub = due
         asyncio.get_running_loop().call_later(self._tick_s, self._tick)
 
     async def run_load(self) -> dict[str, Any]:
@@ -639,8 +648,7 @@ class Worker:
             # Pumping thousands of rated publishers every tick would cost the generator more than
             # the broker: visit each once per period of its own rate (a second at most).
             slowest = min((p.rate for p in self.publishers if p.rate), default=1.0)
-            period = min(1.0, 1.0 / slowest)
-            self._slice = max(1, math.ceil(len(self.publishers) * self._tick_s / period))
+            self._period = min(1.0, 1.0 / slowest)
             self._next_pub = 0
         await asyncio.sleep(max(0.0, t0 - time.monotonic()))
         start = self._snapshot()
@@ -648,8 +656,16 @@ class Worker:
         now = time.monotonic()
         for group in self.groups.values():
             group.last_progress = now
-        for p in self.publishers:
-            p.start(now)
+        self._visits_t0 = now
+        pubs = self.publishers
+        fleet = len(pubs) > MANY_PUBLISHERS
+        for i, p in enumerate(pubs):
+            # A fleet's devices each keep their own clock, spread over the period: started at
+            # once, all were due at the same instants, and whatever pumped first after one
+            # (a delivery pumped every publisher) sent hundreds of them back to back; the
+            # broker met the fleet as one burst a second, and the latency side channel's p99
+            # was how long a burst took to get through.
+            p.start(now + i * self._period / len(pubs) if fleet else now)
         if self.probe is not None:
             self.probe.start(now, w0, w1)
         asyncio.get_running_loop().call_later(self._tick_s, self._tick)
