@@ -31,7 +31,7 @@ from .scenarios import ClientSpec, GroupSpec, Plan
 
 WRITE_HIGH_WATER = 256 * 1024
 BATCH_BYTES = 64 * 1024
-MANY_PUBLISHERS = 200  # beyond this many publishers in a process, the tick visits a slice of them
+MANY_PUBLISHERS = 200  # beyond this many publishers in a process (a fleet), the tick visits each once a period
 MAX_MISSES = 16  # reads whose packets differ in size before a subscriber stops trying count_same
 PLACE_ROUNDS_PER_WORKER = 40  # reconnect rounds (per broker worker) to place clients for --placement
 STALL_S = 0.5  # no delivery for this long while blocked: count the window as lost and go on

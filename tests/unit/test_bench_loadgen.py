@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 from mqttbench import mqtt_wire as wire  # noqa: E402
-from mqttbench.loadgen import Conn, Group, Publisher, Subscriber  # noqa: E402
+from mqttbench.loadgen import MANY_PUBLISHERS, Conn, Group, Publisher, Subscriber  # noqa: E402
 from mqttbench.runner import percentile  # noqa: E402
 from mqttbench.scenarios import GroupSpec, Sizes, build  # noqa: E402
 
@@ -156,6 +157,29 @@ def test_qos1_publisher_inflight_and_subscriber_acks() -> None:
     pconn.data_received(bytes(st.data))  # the broker's PUBACKs free the inflight window
     assert pub.acked == 5 and pub.sent == 10
 
+
+
+def test_a_delivery_does_not_make_a_fleets_devices_publish() -> None:
+    """A fleet's devices publish on their own clocks (the generator's tick), not whenever a
+    subscriber reads: a delivery that pumped every publisher sent all the devices due at that
+    moment back to back, and the broker met the fleet as one burst a second."""
+    n = MANY_PUBLISHERS + 1
+    group = Group(GroupSpec(0, fan=2, qos=0, window=10 * n, rate=float(n)), 0, 1, True, None, None)
+    pubs = []
+    for i in range(n):
+        conn, _ = _conn()
+        pub = Publisher(conn, group, f"bench/fleet/{i}", b"x" * 16, qos=0, inflight=0, rate=1.0, cap=1)
+        group.publishers.append(pub)
+        pubs.append(pub)
+        pub.start(time.monotonic())  # not due for a second
+    assert group.pub == 0
+    for pub in pubs:
+        pub.t_start -= 1.0  # a second later: every device is due
+    group.add_dlv(2)
+    assert group.pub == 0, "a delivery made the fleet's devices publish"
+    for pub in pubs:  # the tick's visits do
+        pub.pump()
+    assert group.pub == n and all(p.sent == 1 for p in pubs)
 
 def _qos0_subscriber(topic_filter: str) -> tuple[Subscriber, Any]:
     group = Group(GroupSpec(0, fan=1, qos=0, window=10), 0, 1, True, None, None)
