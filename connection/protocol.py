@@ -94,7 +94,8 @@ class Connection(Protocol):
 
 class ConnectionCounters:
     """Per-connection byte counters, plain integers bumped in the hot path. ``moved``: the
-    connection moved bytes since the stats last looked (it is in ``Traffic.moved_conns``)."""
+    ``Traffic.epoch`` in which the connection was put on ``Traffic.moved_conns``; it moved
+    bytes since the stats last looked when that is the current one."""
 
     __slots__ = ("bytes_in", "bytes_out", "msgs_in", "msgs_out", "moved")
 
@@ -103,7 +104,7 @@ class ConnectionCounters:
         self.bytes_out = 0
         self.msgs_in = 0
         self.msgs_out = 0
-        self.moved = False
+        self.moved = -1
 
 
 class Traffic(ConnectionCounters):
@@ -117,7 +118,7 @@ class Traffic(ConnectionCounters):
     pays one more integer add per read, per write and per message, and a list append per
     connection per interval."""
 
-    __slots__ = ("moved_conns", "_prune_at")
+    __slots__ = ("moved_conns", "_prune_at", "epoch")
 
     PRUNE_MIN = 1024  # the list is cleared of closed connections when it reaches twice its live part
 
@@ -125,13 +126,17 @@ class Traffic(ConnectionCounters):
         super().__init__()
         self.moved_conns: list[Connection] = []
         self._prune_at = self.PRUNE_MIN
+        # One more at each ``take_moved``: a connection is on the list when its ``moved`` is
+        # this, so taking the list resets no flag per connection (a fleet's thousands that move
+        # every second cost the snapshot ~0.8 ms in that walk, each a cache miss).
+        self.epoch = 0
 
     def mark_moved(self, conn: Connection) -> None:
         """``conn`` moved bytes (it was not on the list): on the list until ``take_moved``.
         Connections that closed meanwhile leave the list whenever it doubles: a long
         ``--stats-interval`` under heavy connection churn must not keep every closed connection
         of the interval alive."""
-        conn.counters.moved = True
+        conn.counters.moved = self.epoch
         moved = self.moved_conns
         moved.append(conn)
         if len(moved) >= self._prune_at:
@@ -142,8 +147,7 @@ class Traffic(ConnectionCounters):
         """The connections that moved bytes since the last call; they count as unmoved again."""
         moved, self.moved_conns = self.moved_conns, []
         self._prune_at = self.PRUNE_MIN
-        for conn in moved:
-            conn.counters.moved = False
+        self.epoch += 1
         return moved
 
 
@@ -273,7 +277,7 @@ class MQTTConnection(asyncio.Protocol):
         n = len(data)
         self.counters.bytes_in += n
         self.traffic.bytes_in += n
-        if not self.counters.moved:
+        if self.counters.moved != self.traffic.epoch:
             self.traffic.mark_moved(self)
         self._last_rx = self._loop.time()
         if self.phase is AWAITING_CONNECT and self._decoder.buffered == 0 and is_tls_client_hello(data):
@@ -448,7 +452,7 @@ class MQTTConnection(asyncio.Protocol):
             n += len(chunk)
         self.counters.bytes_out += n
         self.traffic.bytes_out += n
-        if not self.counters.moved:
+        if self.counters.moved != self.traffic.epoch:
             self.traffic.mark_moved(self)
         if len(out) == 1:
             self.transport.write(out[0])

@@ -8,12 +8,16 @@ changing with them, and nothing outside ``router/`` mutates them by accident.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .ports import ClientHandle
     from .router import Router
     from .stats import RouterStats
+
+_QUEUE = attrgetter("queue")
+_INFLIGHT = attrgetter("inflight")
 
 
 class RouterView:
@@ -55,13 +59,16 @@ class RouterView:
         r = self._router
         return (*r.session_moves(), r.stats.mesh_msgs_in)
 
-    def queued_inflight(self) -> tuple[int, int]:
-        """QoS 1/2 messages queued behind the sessions' windows, and unacknowledged on the wire."""
-        queued = inflight = 0
-        for session in self._router.sessions.values():
-            inflight += len(session.inflight)
-            queued += len(session.queue)
-        return queued, inflight
+    def session_list(self) -> list[Any]:
+        """The sessions as they are now, to walk later (``queued_inflight``) while they change."""
+        return list(self._router.sessions.values())
+
+    def queued_inflight(self, sessions: Iterable[Any] | None = None) -> tuple[int, int]:
+        """QoS 1/2 messages queued behind the sessions' windows, and unacknowledged on the wire,
+        of ``sessions`` (a slice of ``session_list``) or of all. Walked in C (``map``)."""
+        if sessions is None:
+            sessions = self._router.sessions.values()
+        return sum(map(len, map(_QUEUE, sessions))), sum(map(len, map(_INFLIGHT, sessions)))
 
     def client(self, client_id: str) -> ClientHandle | None:
         """The connected client of that id, if any."""

@@ -3,6 +3,7 @@ the Prometheus text (parsed back with prometheus_client's parser), $SYS values, 
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from brokerd.cluster import stats as stats_module
 from brokerd.cluster.config import Config
 from brokerd.cluster.metrics import NodeStats, metrics_text, sum_trees
 from brokerd.cluster.stats import (
@@ -40,11 +42,12 @@ def fake_conn(bytes_in: int = 0, bytes_out: int = 0, msgs_in: int = 0, msgs_out:
     return FakeConn(counters=c, peer=peer)
 
 
-def publisher(node: str = "n", index: int = 0, workers: int = 2) -> tuple[StatsPublisher, Router, ConnectionSet]:
+def publisher(node: str = "n", index: int = 0, workers: int = 2,
+              loop: asyncio.AbstractEventLoop | None = None) -> tuple[StatsPublisher, Router, ConnectionSet]:
     config = Config(node_id=node, workers=workers, stats_interval=1.0)
     router = Router(RouterConfig(router_id=f"{node}/w{index}", node_id=node))
     conns = ConnectionSet()
-    return StatsPublisher(config, index, router, conns, loop=None), router, conns  # type: ignore[arg-type]
+    return StatsPublisher(config, index, router, conns, loop=loop), router, conns  # type: ignore[arg-type]
 
 
 def carried(conns: ConnectionSet, conn: FakeConn) -> None:
@@ -54,7 +57,7 @@ def carried(conns: ConnectionSet, conn: FakeConn) -> None:
     t.bytes_out += c.bytes_out
     t.msgs_in += c.msgs_in
     t.msgs_out += c.msgs_out
-    if not c.moved:
+    if c.moved != t.epoch:
         t.mark_moved(conn)  # type: ignore[arg-type]
 
 
@@ -110,6 +113,76 @@ def test_top_keeps_the_ten_busiest():
     assert [c["client_id"] for c in top] == [f"c{i}" for i in range(24, 14, -1)]
 
 
+
+def test_many_connections_are_ranked_a_slice_per_loop_iteration(monkeypatch):
+    """A fleet's every device moves bytes each second: more than RANK_SLICE to rank are ranked a
+    slice per loop iteration (one go held the loop ~5 ms at 5,000 connections), and until that
+    ranking ends the snapshot shows the last one's; what moves meanwhile is ranked next."""
+    monkeypatch.setattr(stats_module, "RANK_SLICE", 4)
+
+    async def run() -> None:
+        pub, router, conns = publisher(loop=asyncio.get_running_loop())
+
+        async def ranked() -> None:
+            for _ in range(20):
+                await asyncio.sleep(0)
+                if pub._ranking is None:
+                    return
+            raise AssertionError("the ranking never ended")
+
+        def moves(cid: str, amount: int) -> None:
+            conn = live[cid]
+            conn.counters.bytes_in += amount
+            if conn.counters.moved != conns.traffic.epoch:
+                conns.traffic.mark_moved(conn)  # type: ignore[arg-type]
+
+        live = {f"c{i}": add_client(router, conns, f"c{i}", bytes_in=i * 10) for i in range(25)}
+        assert pub.snapshot()["top"] == []  # under way: no ranking has ended yet
+        assert pub._ranking is not None
+        await ranked()
+        moves("c3", 10_000)
+        top = pub.snapshot()["top"]  # the ended ranking's; c3 is ranked in the next one
+        assert [c["client_id"] for c in top] == [f"c{i}" for i in range(24, 14, -1)]
+        assert pub._ranking is not None
+        moves("c5", 20_000)  # while that one is under way: ranked in the one after
+        top = pub.snapshot()["top"]  # taken while it is under way: still the first ranking's
+        assert [c["client_id"] for c in top] == [f"c{i}" for i in range(24, 14, -1)]
+        assert list(pub._unranked.values()) == [live["c5"]]
+        await ranked()
+        top = pub.snapshot()["top"]
+        assert [c["client_id"] for c in top] == ["c3", *(f"c{i}" for i in range(24, 15, -1))]
+        await ranked()
+        top = pub.snapshot()["top"]
+        assert [c["client_id"] for c in top] == ["c5", "c3", *(f"c{i}" for i in range(24, 16, -1))]
+        assert (top[0]["bytes_in"], top[1]["bytes_in"]) == (20_050, 10_030)
+
+    asyncio.run(run())
+
+
+def test_many_sessions_are_counted_a_slice_per_loop_iteration(monkeypatch):
+    """The queued and in-flight count walks every session: more than RANK_SLICE of them are
+    counted a slice per loop iteration, and the snapshot shows the last finished count."""
+    monkeypatch.setattr(stats_module, "RANK_SLICE", 4)
+
+    async def run() -> None:
+        pub, router, conns = publisher(loop=asyncio.get_running_loop())
+        for i in range(10):
+            add_client(router, conns, f"c{i}")
+            router.sessions[f"c{i}"]._queue().extend([(None, 1, False)] * i)  # type: ignore[list-item]
+            router.sessions[f"c{i}"].inflight[1] = None  # type: ignore[assignment]
+        snap = pub.snapshot()
+        assert (snap["queued"], snap["inflight"]) == (0, 0)  # under way: the last count (none yet)
+        assert pub._counting is not None
+        for _ in range(20):
+            await asyncio.sleep(0)
+            if pub._counting is None:
+                break
+        assert pub._counting is None, "the count never ended"
+        snap = pub.snapshot()
+        assert (snap["queued"], snap["inflight"]) == (45, 10)
+
+    asyncio.run(run())
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["add", "bytes", "close", "snap"]), st.integers(0, 29),
                           st.integers(1, 5000)), max_size=80))
@@ -126,7 +199,7 @@ def test_top_ranked_among_the_moved_is_the_top_of_all(steps):
             conn = live[cid]
             conn.counters.bytes_out += amount
             conns.traffic.bytes_out += amount
-            if not conn.counters.moved:
+            if conn.counters.moved != conns.traffic.epoch:
                 conns.traffic.mark_moved(conn)  # type: ignore[arg-type]
         elif op == "close" and cid in live:
             conn = live.pop(cid)
@@ -137,7 +210,8 @@ def test_top_ranked_among_the_moved_is_the_top_of_all(steps):
             top = [c["bytes_in"] + c["bytes_out"] for c in pub.snapshot()["top"]]
             every = sorted((c.counters.bytes_in + c.counters.bytes_out for c in live.values()), reverse=True)
             assert top == every[:10]
-            assert conns.traffic.moved_conns == [] and not any(c.counters.moved for c in live.values())
+            epoch = conns.traffic.epoch
+            assert conns.traffic.moved_conns == [] and not any(c.counters.moved == epoch for c in live.values())
 
 
 def test_closed_connections_do_not_pile_up_in_the_moved_list():
@@ -153,7 +227,7 @@ def test_closed_connections_do_not_pile_up_in_the_moved_list():
             live.append(conn)
     assert len(traffic.moved_conns) < Traffic.PRUNE_MIN + 2 * len(live)
     assert all(c in traffic.moved_conns for c in live)  # the open ones are all still there
-    assert traffic.take_moved() and not any(c.counters.moved for c in live)
+    assert traffic.take_moved() and not any(c.counters.moved == traffic.epoch for c in live)
 
 
 def test_rates_over_windows():
