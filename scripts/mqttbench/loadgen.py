@@ -188,11 +188,13 @@ class Conn(asyncio.Protocol):
 
     async def request(self, packet: bytes, expect: int, timeout: float) -> bytes:
         """Write ``packet`` and return the body of the next packet of type ``expect``."""
-        fut: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
-        self._waiting = (expect, fut)
         assert self.transport is not None
         if self.transport.is_closing():  # the broker closed it as soon as it was accepted
+            # (before a future is made: one failed by connection_lost with no one awaiting it
+            # printed "Future exception was never retrieved" for every refused connect)
             raise ConnectionError("connection closed before the handshake")
+        fut: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        self._waiting = (expect, fut)
         self.transport.write(packet)
         try:
             _, body = await asyncio.wait_for(fut, timeout)
