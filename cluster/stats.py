@@ -247,6 +247,16 @@ class SlicedFold:
             self.done(self.acc)
 
 
+def fold_in_slices(loop: asyncio.AbstractEventLoop | None, items: list[Any], acc: Any,
+                   step: Callable[[list[Any], Any], Any], done: Callable[[Any], None]) -> SlicedFold | None:
+    """``done(step(items, acc))`` at once when ``items`` fit in one slice (or there is no loop),
+    returning None; else a ``SlicedFold`` under way."""
+    if len(items) <= RANK_SLICE or loop is None:
+        done(step(items, acc))
+        return None
+    return SlicedFold(loop, items, acc, step, done)
+
+
 class StatsPublisher:
     """One per worker: snapshots on the router's stats socket, and the $SYS topics."""
 
@@ -472,10 +482,7 @@ class StatsPublisher:
         else:
             pool = [*self._top_conns, *self._unranked.values(), *moved]
             self._unranked = {}
-            if len(pool) <= RANK_SLICE or self.loop is None:
-                self._ranked(self._best(pool, []))
-            else:
-                self._ranking = SlicedFold(self.loop, pool, [], self._best, self._ranked)
+            self._ranking = fold_in_slices(self.loop, pool, [], self._best, self._ranked)
         client_of = self.router.client
         live = [c for c in self._top_clients if client_of(c.client_id) is c]
         live.sort(key=_client_bytes, reverse=True)
@@ -547,11 +554,8 @@ class StatsPublisher:
         pending_key = (*router.pending_moves(), totals[0], totals[1])  # PUBLISHes in and out
         if (pending_key != self._pending_key or self.seq % PENDING_RECOUNT == 0) and self._counting is None:
             self._pending_key = pending_key
-            sessions = router.session_list()
-            if len(sessions) <= RANK_SLICE or self.loop is None:
-                self._pending = router.queued_inflight(sessions)
-            else:  # a count of thousands of sessions: a slice per loop iteration, shown when done
-                self._counting = SlicedFold(self.loop, sessions, (0, 0), self._count, self._counted)
+            # Thousands of sessions are counted a slice per loop iteration, shown when done.
+            self._counting = fold_in_slices(self.loop, router.session_list(), (0, 0), self._count, self._counted)
         queued, inflight = self._pending
         counts = router.counts()
         peers = {

@@ -63,11 +63,9 @@ class RouterView:
         """The sessions as they are now, to walk later (``queued_inflight``) while they change."""
         return list(self._router.sessions.values())
 
-    def queued_inflight(self, sessions: Iterable[Any] | None = None) -> tuple[int, int]:
-        """QoS 1/2 messages queued behind the sessions' windows, and unacknowledged on the wire,
-        of ``sessions`` (a slice of ``session_list``) or of all. Walked in C (``map``)."""
-        if sessions is None:
-            sessions = self._router.sessions.values()
+    def queued_inflight(self, sessions: Iterable[Any]) -> tuple[int, int]:
+        """QoS 1/2 messages queued behind ``sessions``' windows (a slice of ``session_list``),
+        and unacknowledged on the wire. Walked in C (``map``)."""
         return sum(map(len, map(_QUEUE, sessions))), sum(map(len, map(_INFLIGHT, sessions)))
 
     def client(self, client_id: str) -> ClientHandle | None:
