@@ -43,6 +43,15 @@ class Members:
             log.error("cluster members file %s unreadable (%s): starting from the nodes heard", path, exc)
         self.has_majority = True
 
+    def met(self, live: set[str]) -> None:
+        """Nodes heard while this one is starting, before the majority is judged (their HELLOs
+        may still be on the way): they become members at once. Counted only from the end of
+        the start, they would be missing from the set of a node whose peers all went away
+        within its first seconds: it would then see itself as the whole cluster."""
+        if live - self.nodes:
+            self.nodes |= live
+            self._save()
+
     def update(self, live: set[str], forgotten: set[str]) -> bool | None:
         """The nodes heard now (``live``) and those the mesh forgot: returns the new majority
         state when it changed (True: regained, False: lost), else None."""

@@ -566,8 +566,6 @@ class Replication:
         (held, then refused at --replica-timeout) and taking sessions in; on regaining it, send
         what was held. After a pause of this router's loop (``paused``) only the nodes heard
         since count."""
-        if time.monotonic() - self._started < self.config.mesh_timeout + 1.0:
-            return  # starting: the other nodes' HELLOs are still on their way
         known: dict[str, bool] = {}
         live = set()
         resumed = self._resumed_at
@@ -575,6 +573,9 @@ class Replication:
             known[peer.node_id] = known.get(peer.node_id, False) or peer.alive or peer.parked
             if peer.alive and peer.last_seen > resumed:
                 live.add(peer.node_id)
+        if time.monotonic() - self._started < self.config.mesh_timeout + 1.0:
+            self.members.met(live)  # starting: the other nodes' HELLOs are still on their way
+            return
         changed = self.members.update(live, {n for n, k in known.items() if not k})
         if changed is None or self.factor <= 1:
             return

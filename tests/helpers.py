@@ -55,6 +55,31 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def in_parallel(*calls: Callable[[], object]) -> list:
+    """Run ``calls`` at once, each in a thread; their results in order, or the first exception.
+
+    Nodes of a cluster start together, as operators' nodes do: started one after another, the
+    first waits out its bounded wait for peers that are not up yet (``Replication.ready``), and
+    waits for each node's next stats snapshot add up (seconds per three-node test)."""
+    results: list = [None] * len(calls)
+    errors: list[BaseException] = []
+
+    def run(i: int, call: Callable[[], object]) -> None:
+        try:
+            results[i] = call()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i, c), daemon=True) for i, c in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
 def wait_for(predicate: Callable[[], object], timeout: float = WAIT, what: str = "condition") -> object:
     """Poll a condition owned by another process (a counter, a file) until true, bounded."""
     deadline = time.monotonic() + timeout

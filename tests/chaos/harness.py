@@ -56,6 +56,7 @@ was published by a holder of its session (``_check_wills``); and no broker log h
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import random
@@ -74,7 +75,7 @@ import paho.mqtt.client as mqtt
 import psutil
 
 from tests.cluster.partition import MeshProxy
-from tests.helpers import WAIT, Broker, Client, wait_for
+from tests.helpers import WAIT, Broker, Client, in_parallel, wait_for
 
 MESH_TIMEOUT = 1.0  # --mesh-timeout of every broker: short, so a SIGSTOP beyond it is short too
 # The default --fsync (interval): an acknowledgement waits for its record's write, so no SIGKILL
@@ -1163,7 +1164,7 @@ def start_nodes(start_broker: Callable[..., Broker], names: str = "abc", workers
     hosts = [f"127.0.0.{i + 1}" for i in range(len(names))]
     ports = [_mesh_port(h, workers) for h in hosts]
     advertised = [_mesh_port(h, workers) for h in hosts] if partitionable else ports
-    nodes = []
+    starts, proxies_of = [], []
     for i, (host, name) in enumerate(zip(hosts, names, strict=True)):
         peer = 1 if i == 0 else i - 1
         args = [*BROKER_ARGS, *FSYNC_ALWAYS, "--mesh", f"{host}:{ports[i]}", "--peer", f"{hosts[peer]}:{advertised[peer]}"]
@@ -1171,7 +1172,10 @@ def start_nodes(start_broker: Callable[..., Broker], names: str = "abc", workers
         if partitionable:
             proxies = [MeshProxy(host, ports[i] + w, advertised[i] + w) for w in range(workers)]
             args += ["--mesh-advertise", f"{host}:{advertised[i]}"]
-        nodes.append(Node(name, start_broker(*args, workers=workers, host=host, node_id=name), workers, proxies))
+        proxies_of.append(proxies)
+        starts.append(functools.partial(start_broker, *args, workers=workers, host=host, node_id=name))
+    nodes = [Node(name, broker, workers, proxies)
+             for name, broker, proxies in zip(names, in_parallel(*starts), proxies_of, strict=True)]
     rounds = itertools.count()
     missing: list[str] = []
 

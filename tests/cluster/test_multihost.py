@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 
 from brokerd.cluster.config import load
 from brokerd.cluster.stats_cli import StatsReader
-from tests.helpers import BROKERD, Broker, Client, free_port
+from tests.helpers import BROKERD, Broker, Client, free_port, in_parallel
 
 
 def mesh_port(host: str) -> int:
@@ -35,15 +36,17 @@ def mesh_port(host: str) -> int:
 def start_nodes(start_broker, *extra_by_node: list[str]):
     hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
     mports = [mesh_port(h) for h in hosts]
-    nodes = []
     # a peers with b, b with a, c with b only: c learns of a through b.
     peers = [[1], [0], [1]]
-    for i, (h, name) in enumerate(zip(hosts, "abc", strict=True)):
+
+    def start(i: int, h: str, name: str) -> Broker:
         args = ["--mesh", f"{h}:{mports[i]}"]
         for j in peers[i]:
             args += ["--peer", f"{hosts[j]}:{mports[j]}"]
         args += extra_by_node[i] if i < len(extra_by_node) else []
-        nodes.append(start_broker(*args, workers=2, host=h, node_id=name))
+        return start_broker(*args, workers=2, host=h, node_id=name)
+
+    nodes = in_parallel(*(functools.partial(start, i, h, name) for i, (h, name) in enumerate(zip(hosts, "abc", strict=True))))
     for n in nodes:
         n.wait_log("joined")
     return nodes
@@ -85,8 +88,8 @@ def mesh_peers(node: Broker, timeout: float = 15.0, until=None) -> dict[str, set
 def wait_mesh_complete(nodes, routers: int = 6, timeout: float = 15.0) -> None:
     """Every router of ``nodes`` has met the other routers - 1 (the snapshots of a restarted node's
     routers count only what they met since)."""
-    for n in nodes:
-        mesh_peers(n, timeout, lambda peers: all(len(p) >= routers - 1 for p in peers.values()))
+    in_parallel(*(functools.partial(mesh_peers, n, timeout, lambda peers: all(len(p) >= routers - 1 for p in peers.values()))
+                  for n in nodes))
 
 
 @contextlib.contextmanager
@@ -104,9 +107,8 @@ def two_nodes(xprocess, data_dir: Callable[[str], object], label: str, *extra: s
             argv = ["--workers", "2", "--listen", f"{host}:{port}", "--node-id", name,
                     "--data-dir", str(data_dir(name)),
                     "--mesh", f"{host}:{mports[i]}", "--peer", f"{hosts[other]}:{mports[other]}", *extra]
-            broker = Broker(xprocess, f"brokerd-{label}-node-{name}-{port}", argv, host, port)
-            started.append(broker)
-            broker.start()
+            started.append(Broker(xprocess, f"brokerd-{label}-node-{name}-{port}", argv, host, port))
+        in_parallel(*(broker.start for broker in started))
         for n in started:
             n.wait_log("joined")
         wait_mesh_complete(started, routers=4)

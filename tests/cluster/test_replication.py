@@ -4,12 +4,13 @@ acknowledged means on two nodes, and a dead publisher's node loses nothing it ac
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import msgpack
 import pytest
@@ -33,7 +34,17 @@ from brokerd.router.mesh_format import (
 from brokerd.router.replication import follower_nodes
 from tests.cluster.fake_router import FakeRouter, mesh_endpoint
 from tests.cluster.test_multihost import mesh_peers, mesh_port, stats_reader
-from tests.helpers import Client, RawClient, connect_packet, free_port, freeze, read_packet, wait_for
+from tests.helpers import (
+    Broker,
+    Client,
+    RawClient,
+    connect_packet,
+    free_port,
+    freeze,
+    in_parallel,
+    read_packet,
+    wait_for,
+)
 
 HOSTS = {"a": "127.0.0.1", "b": "127.0.0.2", "c": "127.0.0.3"}
 
@@ -42,15 +53,23 @@ def three_nodes(start_broker, *extra: str) -> dict:
     """Nodes a, b, c (one worker each, peering through a), started with ``extra``; returns
     {name: Broker} once every router has met the other two."""
     ports = {n: mesh_port(h) for n, h in HOSTS.items()}
-    nodes = {}
-    for name, host in HOSTS.items():
+
+    def start(name: str, host: str) -> Broker:
         args = ["--mesh", f"{host}:{ports[name]}", "--mesh-timeout", "1", "--fsync", "always", *extra]
-        # b and c join through a; a names b (down at a's first start: a waits briefly).
+        # b and c join through a; a names b.
         seed = "b" if name == "a" else "a"
         args += ["--peer", f"{HOSTS[seed]}:{ports[seed]}"]
-        nodes[name] = start_broker(*args, host=host, node_id=name, workers=1)
-    for node in nodes.values():
-        mesh_peers(node, 15.0, lambda peers: all(len(p) >= 2 for p in peers.values()))
+        return start_broker(*args, host=host, node_id=name, workers=1)
+
+    return _started_and_met(start)
+
+
+def _started_and_met(start: Callable[[str, str], Broker]) -> dict:
+    """Nodes a, b, c, each ``start(name, host)``, all at once; returns {name: Broker} once every
+    router has met the other two."""
+    nodes = dict(zip(HOSTS, in_parallel(*(functools.partial(start, n, h) for n, h in HOSTS.items())), strict=True))
+    in_parallel(*(functools.partial(mesh_peers, node, 15.0, lambda peers: all(len(p) >= 2 for p in peers.values()))
+                  for node in nodes.values()))
     return nodes
 
 
@@ -61,16 +80,15 @@ def three_nodes_behind_proxies(start_broker, proxies: dict, *extra: str) -> dict
     from tests.cluster.partition import MeshProxy
 
     proxies.update({n: MeshProxy(HOSTS[n], ports[n]) for n in HOSTS})
-    nodes = {}
-    for name, host in HOSTS.items():
+
+    def start(name: str, host: str) -> Broker:
         seed = "b" if name == "a" else "a"
-        nodes[name] = start_broker(
+        return start_broker(
             "--mesh", f"{host}:{ports[name]}", "--mesh-advertise", f"{host}:{proxies[name].port}",
             "--peer", f"{HOSTS[seed]}:{proxies[seed].port}", "--mesh-timeout", "1", "--fsync", "always",
             "--replication-factor", "2", *extra, host=host, node_id=name, workers=1)
-    for node in nodes.values():
-        mesh_peers(node, 15.0, lambda peers: all(len(p) >= 2 for p in peers.values()))
-    return nodes
+
+    return _started_and_met(start)
 
 
 @contextlib.contextmanager

@@ -39,3 +39,13 @@ def test_only_a_majority_forgets_a_member(tmp_path):
     minority.update({"y", "z"}, set())
     assert minority.update(set(), {"y", "z"}) is False  # alone: it never shrinks the set
     assert minority.nodes == {"x", "y", "z"} and not minority.has_majority
+
+
+def test_nodes_met_while_starting_are_members_when_they_are_gone_by_its_end(tmp_path):
+    """Peers heard only in the first seconds (before the majority is judged) still count: a
+    node whose two peers left by then is one of three, not a cluster of one."""
+    path = str(tmp_path / "members")
+    m = Members(path, "a")
+    m.met({"b", "c"})
+    assert Members(path, "a").nodes == {"a", "b", "c"}  # on disk at once
+    assert m.update(set(), set()) is False and not m.has_majority
