@@ -32,6 +32,7 @@ from brokerd.connection.packets import (
     Unsuback,
     Unsubscribe,
 )
+from brokerd.connection.ratelimit import CONNECTIONS
 from brokerd.connection.reasons import ProtocolError, Reason, connack_code
 
 from .access import anonymous_refused, may_subscribe, refuse_publish, start_connect
@@ -181,7 +182,7 @@ class Client:
             listener_closed(router, self._listener)
             self._listener = None
         if self.session is not None:  # it had connected (a connection taken over said so already)
-            log.info("client %s (%s) disconnected (%s)", self.client_id, self.conn.peer,
+            CONNECTIONS.log(log, "client %s (%s) disconnected (%s)", self.client_id, self.conn.peer,
                      "DISCONNECT" if graceful else "closed without DISCONNECT" +
                      ("; will published" if self.will is not None else ""))
         session = self._let_go()
@@ -204,7 +205,7 @@ class Client:
     # -- CONNECT --------------------------------------------------------------------------------------
 
     def _refuse(self, reason: Reason, why: str) -> None:
-        log.info("client %r (%s) refused: %s", self.client_id, self.conn.peer, why)
+        CONNECTIONS.log(log, "client %r (%s) refused: %s", self.client_id, self.conn.peer, why)
         self.conn.send(encode(Connack(False, connack_code(reason, self.level)), self.level))
         self.conn.close()
 
@@ -436,7 +437,9 @@ class Client:
         self.conn.accept(server_keepalive(connect.keepalive, limits), level)
         self.conn.send(encode(Connack(session_present, 0, props), level))
         # Like Mosquitto, one line per connect and disconnect, nothing per message; never the password.
-        log.info("client %s connected from %s (%s, %s, keepalive %d%s)", client_id, self.conn.peer,
+        # At most CONNECTION_LINES_PER_SECOND of them, then a summary: a reconnect storm's lines
+        # would cost as much CPU as its connects.
+        CONNECTIONS.log(log, "client %s connected from %s (%s, %s, keepalive %d%s)", client_id, self.conn.peer,
                  _PROTOCOLS.get(level, f"protocol level {level}"),
                  "clean start" if connect.clean_start else
                  "session resumed" if session_present else "new persistent session",
@@ -476,7 +479,7 @@ class Client:
         if session is not None and session.shared:
             self.router.shared_presence(session)
         self.session = None
-        log.info("client %s (%s): session taken over by a new connection", self.client_id, self.conn.peer)
+        CONNECTIONS.log(log, "client %s (%s): session taken over by a new connection", self.client_id, self.conn.peer)
         self.conn.close(Reason.SESSION_TAKEN_OVER)
 
     # -- PUBLISH --------------------------------------------------------------------------------------

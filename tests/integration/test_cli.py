@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 from brokerd.cluster.config import OPTIONS
-from tests.helpers import BROKERD, Client, free_port
+from tests.helpers import BROKERD, Client, RawClient, connect_packet, free_port
 
 
 def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -157,6 +158,31 @@ def test_client_connects_and_disconnects_are_logged_nothing_per_message(start_br
     dropped.drop()
     broker.wait_log("client dropped-one (127.0.0.1:")
     broker.wait_log("disconnected (closed without DISCONNECT)")
+
+
+def test_a_connect_storm_is_summarised_in_the_log_not_written_line_by_line(start_broker):
+    """Each connect is a line, up to CONNECTION_LINES_PER_SECOND a second per worker; the rest of
+    that second is one summary line, written when the second is over though no client connects
+    after. Lines and summaries together count every connect. One worker: the quota is per
+    worker."""
+    from brokerd.connection.ratelimit import CONNECTION_LINES_PER_SECOND
+
+    broker = start_broker(workers=1)
+    n = CONNECTION_LINES_PER_SECOND * 3
+    clients = [RawClient(broker.port) for _ in range(n)]
+    try:
+        for i, c in enumerate(clients):  # every CONNECT sent before any CONNACK is read: well under a second
+            c.send(connect_packet(f"storm{i}"))
+        for c in clients:
+            assert c.recv_exact(4) == b"\x20\x02\x00\x00"
+        broker.wait_log("more client connect and disconnect lines suppressed)")
+        text = broker.log_text()
+        written = len(re.findall(r"client storm\d+ connected from", text))
+        suppressed = sum(int(x) for x in re.findall(r"\((\d+) more client connect and disconnect lines", text))
+        assert written + suppressed == n and written <= 2 * CONNECTION_LINES_PER_SECOND, (written, suppressed)
+    finally:
+        for c in clients:
+            c.sock.close()
 
 
 def test_log_file_is_written_and_reopened_after_rename_and_sighup(start_broker, tmp_path):
