@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -247,12 +246,8 @@ class MQTTConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
+        # No TCP_NODELAY here: uvloop (and asyncio) set it on every TCP transport already, and
+        # setting it again through uvloop's pseudo-socket made a socket object per connection.
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"

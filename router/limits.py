@@ -13,6 +13,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from brokerd.connection.packets import Prop
+from brokerd.connection.reasons import Reason
+
 from .retained import SYS_PREFIX
 
 if TYPE_CHECKING:
@@ -124,8 +127,6 @@ def connect_refused(client: Any, connect: Any, limits: ClientLimits, stats: Rout
     --max-client-id-length (CONNACK 0x02, MQTT 5: 0x85 client identifier not valid), or an MQTT
     3.1/3.1.1 keepalive above --max-keepalive, which that protocol cannot be told to lower
     (CONNACK 0x02 identifier rejected, as Mosquitto's max_keepalive does)."""
-    from brokerd.connection.reasons import Reason
-
     client_id = connect.client_id
     if connect.protocol_level == 3 and not 0 < len(client_id) <= 23:
         # MQTT 3.1 (MQIsdp) allows 1-23 characters; Mosquitto holds 3.1 clients to it.
@@ -156,8 +157,6 @@ def server_keepalive(asked: int, limits: ClientLimits) -> int:
 def connack_limits(props: dict, keepalive: int, asked_expiry: int, expiry: int, limits: ClientLimits,
                    stats: RouterStats) -> None:
     """MQTT 5 CONNACK properties that tell the client a limit changed what it asked for."""
-    from brokerd.connection.packets import Prop
-
     if keepalive == 0 or keepalive > limits.max_keepalive:
         props[Prop.SERVER_KEEP_ALIVE] = limits.max_keepalive
         stats.limit_keepalive += 1
@@ -211,8 +210,6 @@ def listener_refused(client: Any, listener: Any) -> bool:
     sockets, this one included, open or not yet CONNECTed, as --max-connections counts them. CONNACK
     0x03 server unavailable (MQTT 5: 0x89 server busy), counted in ``limit_listener_connections``
     and ``refused_connections``."""
-    from brokerd.connection.reasons import Reason
-
     router = client.router
     share = listener_share(listener.max_connections, router.config.workers)
     if router.listener_sockets.get(listener, 0) <= share:
