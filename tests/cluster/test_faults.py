@@ -216,13 +216,15 @@ def _vm_hwm(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
-def _read_publishes(sock, n: int, timeout: float = 60.0) -> list[bytes]:
+def _read_publishes(sock, n: int, timeout: float = 60.0, buf: bytearray | None = None) -> list[bytes]:
     """Read ``n`` QoS 1 PUBLISH packets from a raw MQTT 3.1.1 socket, acknowledging each; returns
-    their payloads in order (bounded by ``timeout``)."""
+    their payloads in order (bounded by ``timeout``). A caller that reads the socket again passes
+    ``buf``, which keeps a packet the last read cut in two (a fresh one each call lost it, and the
+    next call parsed from the middle of a packet: a CI run failed on it)."""
     import time
 
     sock.settimeout(5)
-    buf = bytearray()
+    buf = bytearray() if buf is None else buf
     out: list[bytes] = []
     deadline = time.monotonic() + timeout
     while len(out) < n:
@@ -338,14 +340,14 @@ def _raw_elsewhere(broker, home: int, host: str = "127.0.0.1"):
     pytest.fail("no connection landed on another worker in 60 tries")
 
 
-def _numbers_until(sock, last: int, timeout: float = 60.0) -> list[int]:
+def _numbers_until(sock, last: int, buf: bytearray, timeout: float = 60.0) -> list[int]:
     """The numbers (the payloads' first 6 bytes) of the QoS 1 messages read from a raw socket,
-    acknowledged, until the one numbered ``last`` (bounded)."""
+    acknowledged, until the one numbered ``last`` (bounded); ``buf``: as ``_read_publishes``."""
     got: list[int] = []
     deadline = time.monotonic() + timeout
     while not got or got[-1] < last:
         assert time.monotonic() < deadline, f"{len(got)} messages within {timeout} s, the last {got[-1:]}"
-        got += [int(p[:6]) for p in _read_publishes(sock, 1, timeout=timeout)]
+        got += [int(p[:6]) for p in _read_publishes(sock, 1, timeout=timeout, buf=buf)]
     return got
 
 
@@ -382,13 +384,14 @@ def test_a_backlog_beyond_max_queued_moves_to_another_node_whole_through_a_spool
     try:
         raw.send(connect_packet(name, clean=False))
         assert raw.recv_exact(4) == b"\x20\x02\x01\x00", "no CONNACK with session present after the crash"
-        rest = _numbers_until(raw.sock, n - 1)
+        buf = bytearray()
+        rest = _numbers_until(raw.sock, n - 1, buf)
         # At least once: what was not acknowledged before the crash may come again first.
         assert rest[-(n - acked):] == list(range(acked, n)), f"the rest, in order: {rest[:5]}..{rest[-5:]}"
         assert rest[0] <= acked
         # The subscription moved too: a message published on node a now comes from node b.
         pub.publish(f"far{u}/t", b"%06d" % 999_999 + payload, qos=1)
-        assert int(_read_publishes(raw.sock, 1, timeout=10)[0][:6]) == 999_999
+        assert int(_read_publishes(raw.sock, 1, timeout=10, buf=buf)[0][:6]) == 999_999
         wait_for(lambda: not list(spool.iterdir()), what="the spool file removed once all of it is acknowledged")
     finally:
         raw.close()
@@ -422,7 +425,7 @@ def test_a_spooled_backlog_moves_on_between_the_workers_of_its_node(start_broker
     try:
         raw.send(connect_packet(name, clean=False))
         assert raw.recv_exact(4) == b"\x20\x02\x01\x00", "no CONNACK with session present on the other worker"
-        rest = _numbers_until(raw.sock, n - 1)
+        rest = _numbers_until(raw.sock, n - 1, bytearray())
         assert rest[-(n - acked):] == list(range(acked, n)), f"the rest, in order: {rest[:5]}..{rest[-5:]}"
         wait_for(lambda: not list(spool.iterdir()), what="both names of the spool file removed")
     finally:
@@ -533,9 +536,10 @@ def _read_distinct(sock, wanted: set[bytes], timeout: float = 15.0) -> set[bytes
     import time
 
     got: set[bytes] = set()
+    buf = bytearray()
     deadline = time.monotonic() + timeout
     while not wanted <= got:
-        got |= set(_read_publishes(sock, 1, timeout=max(deadline - time.monotonic(), 0.1)))
+        got |= set(_read_publishes(sock, 1, timeout=max(deadline - time.monotonic(), 0.1), buf=buf))
     return got
 
 
