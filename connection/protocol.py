@@ -510,7 +510,7 @@ class MQTTConnection(asyncio.Protocol):
 
     def protocol_violation(self, exc: ProtocolError) -> None:
         VIOLATIONS.log(log, "client %s (%s): %s; closing the connection",  # at most 10 a second
-                           self.client_id or "-", self.peer, exc.rule)
+                       self.client_id or "-", self.peer, exc.rule)
         counted = getattr(self.handler, "violation", None)
         if counted is not None:
             counted(exc)

@@ -183,8 +183,8 @@ class Client:
             self._listener = None
         if self.session is not None:  # it had connected (a connection taken over said so already)
             CONNECTIONS.log(log, "client %s (%s) disconnected (%s)", self.client_id, self.conn.peer,
-                     "DISCONNECT" if graceful else "closed without DISCONNECT" +
-                     ("; will published" if self.will is not None else ""))
+                            "DISCONNECT" if graceful else "closed without DISCONNECT" +
+                            ("; will published" if self.will is not None else ""))
         session = self._let_go()
         will, self.will = self.will, None
         if session is not None:
@@ -440,10 +440,10 @@ class Client:
         # At most CONNECTION_LINES_PER_SECOND of them, then a summary: a reconnect storm's lines
         # would cost as much CPU as its connects.
         CONNECTIONS.log(log, "client %s connected from %s (%s, %s, keepalive %d%s)", client_id, self.conn.peer,
-                 _PROTOCOLS.get(level, f"protocol level {level}"),
-                 "clean start" if connect.clean_start else
-                 "session resumed" if session_present else "new persistent session",
-                 connect.keepalive, f", user {connect.username!r}" if connect.username is not None else "")
+                        _PROTOCOLS.get(level, f"protocol level {level}"),
+                        "clean start" if connect.clean_start else
+                        "session resumed" if session_present else "new persistent session",
+                        connect.keepalive, f", user {connect.username!r}" if connect.username is not None else "")
         session.attach(self.conn, receive_max)
         if session.shared:
             router.shared_presence(session)
