@@ -77,6 +77,7 @@ import zmq
 
 from brokerd.router.mesh_format import (
     CATCHUP,
+    ECHO,
     GOODBYE,
     HELLO,
     HISTORY,
@@ -119,6 +120,7 @@ from brokerd.router.spool import SpoolWriter, drop_named
 
 from .config import WILDCARDS, Config
 from .paths import ensure_run_dir, mesh_ipc
+from .quorum import MARGIN_S
 
 if TYPE_CHECKING:
     from brokerd.router.router import Router
@@ -142,9 +144,6 @@ SEEN_WINDOW = 4096  # PUBLISH frame numbers remembered per peer, to drop a frame
 CONFIRM_S = 10.0  # (beyond the interest waits and a snapshot write: router.client DURABLE_WAIT_S)
 HANDON_KEEP_S = 30.0  # how long the marks that filter a moved session's handed-on copies are kept
 HANDON_ITEMS = 1000  # copies per SESSION_HANDON frame
-# A heartbeat this much short of a mesh timeout after the last: the peers may have parked us by
-# now (what our last HELLO took to reach them only delays that; the margin is for their clocks).
-PAUSE_MARGIN_S = 0.1
 
 
 def _drop_older(entries: dict, horizon: float, when: Callable[[Any], float]) -> None:
@@ -252,7 +251,8 @@ class Peer:
                  "batch", "batch_sources", "stats", "parked", "parked_at", "backlog", "backlog_bytes",
                  "backlog_msgs", "dropped", "log_mark", "replay_from", "seq_out", "seq_in", "acked",
                  "ring", "ring_bytes", "resend", "stats_tcp", "origin_mark", "replaying", "replicas",
-                 "claim_floor", "interest_known", "seen_of_me", "seqs_seen", "unwritten", "left", "hears")
+                 "claim_floor", "interest_known", "seen_of_me", "seqs_seen", "unwritten", "left", "hears",
+                 "beat_epoch", "fence", "since")
 
     def __init__(self, router_id: str, node_id: str, ipc: str | None, tcp: str | None) -> None:
         self.router_id = router_id
@@ -307,6 +307,12 @@ class Peer:
         # The routers it hears, by its last HELLO: whether a majority of the nodes take a router
         # that is silent here for gone (``Replication.gone_for_majority``).
         self.hears: frozenset[str] = frozenset()
+        # The lease (cluster.quorum.Lease): the epoch of its last beat heard, and the fence set
+        # when it was parked, (incarnation, epoch): beats of that epoch or an older one of that
+        # incarnation are not echoed any more.
+        self.beat_epoch = -1
+        self.fence: tuple[int, int] | None = None
+        self.since = 0.0  # when it was last taken in (met, heard again, a new incarnation)
 
 
 class _Waiter:
@@ -373,6 +379,7 @@ class Mesh:
         self._local_ids = {f"{self.node_id}/w{j}" for j in range(config.workers)} - {self.router_id}
         self._local_joined: asyncio.Future | None = None
         self.replication: Any = None  # cluster.replication.Replication, with --replication-factor > 1
+        self.lease: Any = None  # cluster.quorum.Lease, set by the replication: its beats go in each HELLO
         self._req_ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
         self._drain_timer: asyncio.TimerHandle | None = None
@@ -387,7 +394,7 @@ class Mesh:
         self._last_beat = time.monotonic()
         # A heartbeat this long after the last means a pause the others may have acted on; the
         # moment that is reached, for ``check_paused``'s callers to compare with cheaply.
-        self._pause_after = config.mesh_timeout - PAUSE_MARGIN_S
+        self._pause_after = config.mesh_timeout - MARGIN_S
         self.pause_deadline = self._last_beat + self._pause_after
         self.max_frame = max_frame(config.max_packet_size)
         self._tcp_pull: zmq.Socket | None = None
@@ -1193,7 +1200,8 @@ class Mesh:
         frames) were handled: then the loop's other work (client reads under the turn budget,
         writes) runs before the next frames, so a backlog of frames cannot stall every client of
         this router for the time of thousands of deliveries."""
-        if time.monotonic() >= self.pause_deadline:
+        now = time.monotonic()
+        if now >= self.pause_deadline or (self.replication is not None and now >= self.replication.recount_at):
             self.check_paused()
         n = 0
         msgs = 0
@@ -1259,6 +1267,10 @@ class Mesh:
         peer.last_seen = time.monotonic()
         if not peer.alive and kind != GOODBYE:
             self._rejoin(peer, "heard again")
+        if kind == ECHO:
+            if body[0] == self.incarnation and self.lease is not None:
+                self.lease.echoed(peer.node_id, body[1], body[2], peer.last_seen)
+            return
         router = self.router
         if kind == PUBLISH:
             seq, batch, mark = body
@@ -1565,6 +1577,8 @@ class Mesh:
             body["seen"] = seen
         if self.replication is not None and self.replication.replicas:
             body["replicas"] = self.replication.hello()
+        if self.lease is not None:
+            body["beat"] = self.lease.beat(time.monotonic())
         return body
 
     def _confirmable(self, peer: Peer) -> int:
@@ -1643,6 +1657,9 @@ class Mesh:
             self._confirmed(peer, acked[1])
         peer.seen_of_me = body.get("seen", {}).get(self.router_id, -1)
         peer.hears = frozenset(p[0] for p in body.get("peers", ()))
+        beat = body.get("beat")
+        if beat is not None:
+            self._echo(peer, inc, beat)
         claim = body.get("marks", {}).get(self.router_id)
         if claim is not None and peer.origin_mark >= peer.claim_floor and claim > peer.origin_mark:
             peer.origin_mark = claim
@@ -1651,6 +1668,25 @@ class Mesh:
                 endpoint = ipc if node == self.node_id else tcp
                 if endpoint:
                     self._send_hello(self._link(endpoint))
+
+    def _echo(self, peer: Peer, inc: int, beat: list[int]) -> None:
+        """Answer a peer's beat at once (its lease, ``cluster.quorum.Lease``), unless it is
+        fenced: this router parked that incarnation at that epoch or a later one, and so voted it
+        gone. Nor in the first mesh timeout after this router started or took the peer in (met
+        it, heard it again, a new incarnation of it): until then another router may still count
+        our last HELLO without it as a vote that it is gone (our previous incarnation's vote, whose
+        fence went with it, or our own before we heard it again); by the end of that time it has
+        our HELLOs saying we hear it."""
+        peer.beat_epoch = beat[0]
+        fence = peer.fence
+        if fence is not None and fence[0] == inc and beat[0] <= fence[1]:
+            return
+        if time.monotonic() - max(self._started, peer.since) < self.config.mesh_timeout or peer.link is None:
+            return
+        try:
+            peer.link.sock.send(self._frame(ECHO, [inc, beat[0], beat[1]]), zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # a blocked link: the next beat is echoed instead
 
     def _announce_all(self, peer: Peer) -> None:
         """Everything this router announces, as one full announcement (it replaces the last)."""
@@ -1661,6 +1697,8 @@ class Mesh:
     def _joined(self, peer: Peer, quiet: bool = False) -> None:
         """A router (re)appeared: greet it, tell it our interest, fetch retained messages once."""
         first = not any(p.alive for p in self.peers.values() if p.node_id == peer.node_id)
+        if not peer.alive:
+            peer.since = time.monotonic()
         peer.alive = True
         peer.left = False
         if peer.node_id == self.node_id and self._local_joined is not None and not self._local_joined.done():
@@ -1691,6 +1729,8 @@ class Mesh:
         peer.alive = False
         peer.parked = True
         peer.parked_at = time.monotonic()
+        if peer.incarnation is not None:
+            peer.fence = (peer.incarnation, peer.beat_epoch)  # its lease gets no echo of ours now
         peer.dropped = 0
         peer.replay_from = None
         peer.log_mark = self.router.commit_log.next_offset if self.router.commit_log is not None else None
@@ -1779,12 +1819,15 @@ class Mesh:
             pass  # a blocked or absent peer: the next heartbeat tries again
 
     def check_paused(self) -> None:
-        """If the heartbeat is a mesh timeout late (this process was paused), run it now, before
-        what waited during the pause is acted on (frames read, acknowledgements, a persistent
-        CONNECT), which the event loop may otherwise run first."""
+        """If the heartbeat is a mesh timeout late (this process was paused), run it now, and
+        count the majority again if this router's lease ended since it was counted, before what
+        waited is acted on (frames read, acknowledgements, a persistent CONNECT), which the
+        event loop may otherwise run first."""
         if time.monotonic() >= self.pause_deadline and self._timer is not None and not self.closed:
             self._timer.cancel()
             self._heartbeat()
+        if self.replication is not None and time.monotonic() >= self.replication.recount_at:
+            self._replication_hook(self.replication.recount)  # its lease ended (or was renewed)
 
     def _heartbeat(self) -> None:
         now = time.monotonic()

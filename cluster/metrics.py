@@ -322,8 +322,8 @@ def _replication_metrics(fresh: list[dict[str, Any]], lbl: list[str]) -> Iterato
                               "yet (its lag in records times the log's mean record size)", labels=[*lbl, "replica"])
     in_sync = GaugeMetricFamily("brokerd_replica_in_sync", "1 while the follower is in sync (counts towards "
                                 "the high-water mark)", labels=[*lbl, "replica"])
-    majority = GaugeMetricFamily("brokerd_cluster_majority", "1 while the router's node sees a majority of the "
-                                 "cluster's members (0: cut off; QoS 1/2 not acknowledged)", labels=lbl)
+    majority = GaugeMetricFamily("brokerd_cluster_majority", "1 while the router's lease is backed by a majority "
+                                 "of the cluster's members (0: cut off; QoS 1/2 not acknowledged)", labels=lbl)
     sessions = GaugeMetricFamily("brokerd_replica_sessions", "persistent sessions of another router held here "
                                  "(served from its replica if it dies)", labels=[*lbl, "partition"])
     wills = GaugeMetricFamily("brokerd_replica_wills", "of those, offline ones with a delayed will waiting "

@@ -24,6 +24,12 @@ log = logging.getLogger(__name__)
 
 MEMBERS_FILE = "members"
 MIN_MEMBERS = 3  # below this, a node alone cannot be told from a partition: the rule is off
+# A router's lease ends, and a heartbeat this late counts as a pause, this much short of a mesh
+# timeout after the moment that counts: the others may take the router for gone from then on
+# (their silence timer started when they heard it last, later than it spoke; the margin is for
+# the rates of their clocks).
+MARGIN_S = 0.1
+BEAT_REUSE_S = 0.05  # HELLOs sent within this of a beat's first carry the same beat
 
 
 class Members:
@@ -52,13 +58,14 @@ class Members:
             self.nodes |= live
             self._save()
 
-    def update(self, live: set[str], forgotten: set[str]) -> bool | None:
-        """The nodes heard now (``live``) and those the mesh forgot: returns the new majority
+    def update(self, live: set[str], forgotten: set[str], backing: set[str] | None = None) -> bool | None:
+        """The nodes heard now (``live``), those the mesh forgot, and those that back this
+        router's lease now (``backing``; by default those heard): returns the new majority
         state when it changed (True: regained, False: lost), else None."""
         live = live | {self.own}
         changed = bool(live - self.nodes)
         self.nodes |= live
-        majority = self._majority(live)
+        majority = self._majority(live if backing is None else backing | {self.own})
         gone = (forgotten & self.nodes) - live
         if majority and gone:
             self.nodes -= gone
@@ -87,3 +94,94 @@ class Members:
             os.replace(tmp, self.path)
         except OSError as exc:
             log.error("cannot write the cluster members file %s: %s", self.path, exc)
+
+
+class Lease:
+    """How long a majority of the member nodes lets this router serve: its lease (issue 19's
+    "majority-quorum lease protocol", docs/replication.md "The lease").
+
+    Why: a node that *hears* a majority is not one the majority *hears*. Cut one way (its frames
+    dropped, the others' reaching it), a router went on serving its persistent sessions while the
+    others took it for gone and served them from its replicas. The lease asks the other side:
+    every HELLO carries a beat ``[epoch, n]``, each router that hears it answers at once with an
+    ECHO of it, and a node backs this router until ``period`` after the beat it echoed last was
+    *sent* (by this router's own clock: no clock is compared across nodes). The lease holds while
+    this node and enough others to make a majority of the members back it.
+
+    Safety rests on two rules the echoing side keeps (``cluster.mesh``): a router that parks a
+    silent peer (``--mesh-timeout`` of silence, its vote that the peer is gone) never echoes that
+    incarnation's epoch again (the fence), and ``period`` is shorter than the mesh timeout. So a
+    node's backing ends before it votes, and a majority that votes a router gone shares a node
+    with any majority that could back it: the lease has ended before any vote is complete.
+
+    A lease that ended is never revived: the next beats carry the next epoch, which the fences
+    of the old one do not stop, so a router that was only slow gets a new lease one round trip
+    later. No sockets and no clock of its own: the caller passes ``now``."""
+
+    __slots__ = ("members", "period", "epoch", "_n", "_sent", "_backing", "held", "until", "began", "_last")
+
+    def __init__(self, members: Members, period: float) -> None:
+        self.members = members
+        self.period = period
+        self.epoch = 0
+        self._n = 0
+        self._sent: dict[int, float] = {}  # beat number: when it was first sent (in that order)
+        self._last = -1.0  # when the last beat number was made
+        self._backing: dict[str, float] = {}  # node: until when it backs this router
+        self.held = False  # a majority backed this epoch at some moment
+        self.until = 0.0  # when the lease ends, as last computed (0: not held)
+        self.began = False  # held once, in any epoch (the others echo only after their own start)
+
+    def beat(self, now: float) -> list[int]:
+        """The beat for the HELLO about to go out: one number for the HELLOs of one heartbeat
+        (to every link), timed from the first of them, which backs the least."""
+        if now - self._last >= BEAT_REUSE_S or self._n not in self._sent:
+            self._n += 1
+            self._sent[self._n] = self._last = now
+            old = now - self.period
+            sent = self._sent
+            while (first := next(iter(sent))) != self._n and sent[first] < old:
+                del sent[first]  # older than a period: backs nothing any more
+        return [self.epoch, self._n]
+
+    def echoed(self, node: str, epoch: int, n: int, now: float) -> None:
+        """A router of ``node`` echoed beat ``n`` of ``epoch``."""
+        if self.held and now >= self.until:
+            self.lapse()  # ended before this echo came: it is not revived
+        sent = self._sent.get(n)
+        if epoch != self.epoch or sent is None or node == self.members.own:
+            return
+        if sent + self.period > self._backing.get(node, 0.0):
+            self._backing[node] = sent + self.period
+            self._compute(now)
+
+    def valid(self, now: float) -> bool:
+        """Whether this router holds its lease now (always, with fewer than MIN_MEMBERS members)."""
+        if len(self.members.nodes) < MIN_MEMBERS:
+            return True
+        if self.held and now >= self.until:
+            self.lapse()
+        return now < self.until
+
+    def backers(self, now: float) -> set[str]:
+        """The nodes backing this router now, its own counted."""
+        return {self.members.own} | {n for n, t in self._backing.items() if t > now}
+
+    def lapse(self) -> None:
+        """The lease ended (or a pause may have let it end): the next beats start a new epoch."""
+        self.epoch += 1
+        self._sent.clear()
+        self._last = -1.0
+        self._backing.clear()
+        self.held = False
+        self.until = 0.0
+
+    def _compute(self, now: float) -> None:
+        nodes, own = self.members.nodes, self.members.own
+        others = sorted((t for n, t in self._backing.items() if n in nodes and n != own), reverse=True)
+        need = len(nodes) // 2  # nodes needed besides this one for a majority
+        if len(others) >= need:
+            until = others[need - 1] if need else float("inf")
+            if until > now:  # (echoes too late to back anything now start nothing)
+                self.until = until
+                self.held = self.began = True

@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from brokerd.cluster.quorum import MEMBERS_FILE, MIN_MEMBERS, Members
+from brokerd.cluster.quorum import MARGIN_S, MEMBERS_FILE, MIN_MEMBERS, Lease, Members
 from brokerd.connection.packets import Subscription
 from brokerd.router.log import CommitLog, LogReader
 from brokerd.router.log.format import record_fields
@@ -187,6 +187,12 @@ class Replication:
         self._session_files: dict[str, SnapshotFile] = {}
         self._sessions_timer: asyncio.TimerHandle | None = None
         self.members = Members(os.path.join(self.log.directory, MEMBERS_FILE), config.node_id)
+        # This router's lease from a majority of the nodes (docs/replication.md, "The lease"): it
+        # ends a margin before the others may take this router for gone.
+        self.lease = Lease(self.members, config.mesh_timeout - MARGIN_S)
+        self.recount_at = float("inf")  # the lease's end as last counted: the majority is counted again then
+        if self.factor > 1:
+            mesh.lease = self.lease
         self._cut_off: list[Held] = []  # acknowledgements held while this node sees no majority
         # Back on an empty disk: the followers asked for this router's sessions (``_restore``).
         self._restoring: set[str] = set()
@@ -373,8 +379,9 @@ class Replication:
     def hold(self, offset: int, client: Any, ack: bytes) -> bool:
         """Whether the acknowledgement of the record at ``offset`` must wait for the followers
         (or for the majority, on a node cut off from it)."""
-        if time.monotonic() >= self.mesh.pause_deadline:
-            self.mesh.check_paused()  # after a pause, the majority is counted again first
+        now = time.monotonic()
+        if now >= self.mesh.pause_deadline or now >= self.recount_at:
+            self.mesh.check_paused()  # after a pause, or the lease's end, the majority is counted again first
         if self.leader.hold(offset, (client, ack)):
             return True
         if self.in_minority:
@@ -483,6 +490,8 @@ class Replication:
                 if deleted:
                     log.info("retention deleted %d segment(s) of the replica of %s", len(deleted), rep.partition)
         released, refused = self.leader.tick()
+        if time.monotonic() >= self.recount_at:
+            self._majority()  # a lease that ends is noticed within a tick if nothing else looked
         self._release(released)
         if self._cut_off and not self.members.has_majority:
             now = time.monotonic()
@@ -508,6 +517,10 @@ class Replication:
         """See ``Mesh.check_paused``: for a persistent CONNECT, before ``in_minority``."""
         self.mesh.check_paused()
 
+    def recount(self) -> None:
+        """The lease ended, or was renewed, since the majority was counted (``recount_at``)."""
+        self._majority()
+
     @property
     def in_minority(self) -> bool:
         """Whether the majority rule holds this router back now: it hears no majority of the
@@ -531,26 +544,29 @@ class Replication:
         self._majority()
 
     def gone_for_majority(self, router_id: str) -> bool:
-        """Whether a majority of the member nodes take ``router_id`` for gone: this one does
-        (it is not alive here), and so does every router that this node hears of each other node
-        counted (by its last HELLO, which lists the routers it hears). A node that still hears it
-        says it is alive, whatever this one sees: under a partition that cuts only some links
-        (a and c cannot reach each other, b reaches both), a and c each see a majority, and c
-        must not serve the sessions of a while a does. With fewer than three members the rule
-        is off."""
+        """Whether a majority of the member nodes take ``router_id`` for gone: each node of
+        which every router heard here (this one included) says so, this one because it does not
+        hear it, the others by their last HELLO, which lists the routers they hear; the router's
+        own node does not vote (its lease counts that node as backing it, whatever its other
+        routers say). A node that still hears it says it is alive, whatever this one sees: under
+        a partition that cuts only some links (a and c cannot reach each other, b reaches both),
+        a and c each see a majority, and c must not serve the sessions of a while a does. Each
+        router that says it is gone parked it, and so echoes its lease no more (the fence,
+        ``cluster.quorum.Lease``): by the time such a majority says so, its lease has ended.
+        With fewer than three members the rule is off."""
         peer = self.mesh.peers.get(router_id)
         if peer is not None and peer.alive:
             return False
         members = self.members.nodes
         if len(members) < MIN_MEMBERS:
             return True
-        reports: dict[str, bool] = {}  # node: every router of it heard here says it is gone
         own = self.config.node_id
+        reports: dict[str, bool] = {own: True}  # node: every router of it heard here says it is gone
         for p in self.mesh.peers.values():
-            if p.alive and p.node_id != own and p.node_id in members:
+            if p.alive and p.node_id in members:
                 reports[p.node_id] = reports.get(p.node_id, True) and router_id not in p.hears
-        gone = 1 + sum(reports.values())  # this node, and those whose routers all say so
-        return 2 * gone > len(members)
+        reports.pop(peer.node_id if peer is not None else router_id.rsplit("/", 1)[0], None)
+        return 2 * sum(reports.values()) > len(members)
 
     def undecided(self) -> list[str]:
         """Routers of other nodes that are silent here but not gone for a majority (another node
@@ -562,10 +578,11 @@ class Replication:
     # -- a node cut off from the majority (cluster.quorum) ----------------------------------------
 
     def _majority(self) -> None:
-        """Count the members this node hears; on losing the majority, stop acknowledging QoS 1/2
-        (held, then refused at --replica-timeout) and taking sessions in; on regaining it, send
-        what was held. After a pause of this router's loop (``paused``) only the nodes heard
-        since count."""
+        """Count the member nodes that back this router's lease (they hear it and answer its
+        heartbeats, ``cluster.quorum.Lease``; with R = 1, those it hears); on losing the majority,
+        stop acknowledging QoS 1/2 (held, then refused at --replica-timeout) and taking sessions
+        in; on regaining it, send what was held. The members are the nodes heard (after a pause
+        of this router's loop, ``paused``, only those heard since)."""
         known: dict[str, bool] = {}
         live = set()
         resumed = self._resumed_at
@@ -573,13 +590,23 @@ class Replication:
             known[peer.node_id] = known.get(peer.node_id, False) or peer.alive or peer.parked
             if peer.alive and peer.last_seen > resumed:
                 live.add(peer.node_id)
-        if time.monotonic() - self._started < self.config.mesh_timeout + 1.0:
+        now = time.monotonic()
+        if now - self._started < self.config.mesh_timeout + 1.0:
             self.members.met(live)  # starting: the other nodes' HELLOs are still on their way
             return
-        changed = self.members.update(live, {n for n, k in known.items() if not k})
+        backing: set[str] | None = None  # with R = 1 no lease is asked for: the nodes heard count
+        lease = self.lease
+        # Until its first lease (the others echo nothing in their own first mesh timeout, and
+        # nodes start a moment apart), and at most a mesh timeout more, the nodes heard count.
+        if self.factor > 1 and (lease.began or now - self._started >= 2 * self.config.mesh_timeout + 1.0):
+            valid = lease.valid(now)
+            backing = lease.backers(now) if valid else set()
+            self.recount_at = lease.until if valid and lease.until > now else float("inf")
+        changed = self.members.update(live, {n for n, k in known.items() if not k}, backing)
         if changed is None or self.factor <= 1:
             return
         heard = len(live | {self.config.node_id})
+        backed = heard if backing is None else len(backing | {self.config.node_id})
         if changed:
             held, self._cut_off = self._cut_off, []
             log.warning("cluster: this node sees a majority of the cluster again (%d of %d nodes): QoS 1/2 "
@@ -595,12 +622,18 @@ class Replication:
             stopped = {p.node_id for p in self.mesh.peers.values() if p.left}
             missing = self.members.nodes - live - {self.config.node_id}
             graceful = bool(missing) and missing <= stopped
+            if graceful:
+                why = "the others stopped"
+            elif backed < heard:
+                # It hears them, they do not answer its beats: its frames do not reach them.
+                why = f"it hears {heard}, but only {backed} answer its heartbeats: its lease ended"
+            else:
+                why = "cut off by a partition, or the others are down"
             log.log(logging.WARNING if graceful else logging.ERROR,
                     "cluster: this node sees %d of %d member nodes, not a majority (%s): QoS 1/2 publishes "
                     "are not acknowledged and no session is taken in until it sees a majority again; %d "
-                    "client(s) of persistent sessions asked to connect elsewhere", heard, len(self.members.nodes),
-                    "the others stopped" if graceful else "cut off by a partition, or the others are down",
-                    len(moved))
+                    "client(s) of persistent sessions asked to connect elsewhere", backed, len(self.members.nodes),
+                    why, len(moved))
             for client in moved:  # the majority side serves their sessions from the replicas
                 client.move_away()
 
@@ -1561,6 +1594,8 @@ class Replication:
             # router dies and it falls due).
             "wills": {p: n for p, held in self.sessions.items() if (n := sum(1 for st in held.values() if st.get("will")))},
             "majority": self.members.has_majority, "members": len(self.members.nodes),
+            # The lease: its epoch (one more at each end), and the member nodes backing it now.
+            "lease": {"epoch": self.lease.epoch, "backing": len(self.lease.backers(time.monotonic()))},
             # Per router of another node: the offset of its log below which this router has what
             # it wanted (a read-back from a replica after its death starts there).
             "origin_marks": {rid: p.origin_mark for rid, p in self.mesh.peers.items()

@@ -66,6 +66,10 @@ has nothing to hand on, so that the new owner knows the hand-on ended; a takeove
 live router carries ``handon_from``, ``[Unix ms, {router: offset}]`` (where the old router stood
 in each log when the session left: should it fall silent before its last SESSION_HANDON, the new
 owner reads those copies back from there, ``Mesh._handons_lost``).
+16: the lease (``cluster.quorum.Lease``): HELLO carries ``beat``, ``[epoch, n]``, and a router
+that hears it answers at once with ECHO ``[the HELLO sender's incarnation, epoch, n]``, unless it
+parked that incarnation at that epoch or a later one (its fence) or has heard it for less than a
+mesh timeout.
 """
 
 from __future__ import annotations
@@ -81,11 +85,11 @@ from .message import _QOS0_V3, _QOS0_V4, _QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4,
 # the full one (Message.to_list()); one more value names the shared groups it was chosen for.
 PLAIN, FULL = 5, 9
 
-MESH_VERSION = 15
+MESH_VERSION = 16
 (HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE,
  RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE, CATCHUP, REPLICATE, REPLICA_ACK, REPLICA_FETCH, REPLICA_CATCHUP,
  REPLICA_PUBLISH, SESSION_STATE, SESSION_GONE, SESSION_CATCHUP, SESSION_COPIES, SESSION_RESTORE,
- SESSION_RESTORED, SESSION_HANDON, HISTORY_FETCH, HISTORY) = range(1, 28)
+ SESSION_RESTORED, SESSION_HANDON, HISTORY_FETCH, HISTORY, ECHO) = range(1, 29)
 KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST_ACK: "interest-ack",
               RETAINED: "retained", TAKEOVER_REQ: "takeover-request", TAKEOVER_RESP: "takeover",
               SYNC_REQ: "sync-request", GOODBYE: "goodbye", RESYNC: "resync",
@@ -95,7 +99,7 @@ KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST
               SESSION_STATE: "session-state", SESSION_GONE: "session-gone", SESSION_CATCHUP: "session-catch-up",
               SESSION_COPIES: "session-copies", SESSION_RESTORE: "session-restore",
               SESSION_RESTORED: "session-restored", SESSION_HANDON: "session-hand-on",
-              HISTORY_FETCH: "history-fetch", HISTORY: "history"}
+              HISTORY_FETCH: "history-fetch", HISTORY: "history", ECHO: "echo"}
 
 # The largest frame a router accepts (ZeroMQ's MAXMSGSIZE on its PULL sockets; a peer sending a
 # bigger one is disconnected by ZeroMQ and reconnects). Senders split publish batches well below it.
@@ -130,6 +134,9 @@ def _hello(body: Any) -> bool:
     if acks.__class__ is not dict or not all(
             k.__class__ is str and v.__class__ is list and len(v) == 2 and v[0].__class__ is int
             and v[1].__class__ is int for k, v in acks.items()):
+        return False
+    beat = body.get("beat", [0, 0])
+    if beat.__class__ is not list or len(beat) != 2 or not all(v.__class__ is int for v in beat):
         return False
     peers = body.get("peers", [])
     return peers.__class__ is list and all(
@@ -276,6 +283,7 @@ _CHECKS = {
                                and _queue_items(b[1]) and b[2].__class__ is bool),
     HISTORY_FETCH: _history_fetch,
     HISTORY: _history,
+    ECHO: lambda b: b.__class__ is list and len(b) == 3 and all(v.__class__ is int for v in b),
 }
 
 

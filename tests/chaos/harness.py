@@ -841,7 +841,8 @@ class Scenario:
         still reach every node) for a moment beyond the mesh timeout, then heal. At the seed's
         choice, one node from the others: it sees no majority, acknowledges nothing and sends its
         persistent sessions' clients away (they retry it, refused, until it heals: their
-        sessions wait there), and the others go on. Or only the link between two nodes, the
+        sessions wait there), and the others go on; or the same node cut one way (the others do
+        not hear it, it hears them): its lease ends, and it must stop the same way. Or only the link between two nodes, the
         third reaching both: each still hears a majority and goes on, and the persistent
         sessions' clients of one of them come back on the other, which must not serve those
         sessions while their node still does (refused: they go to the third node instead, which
@@ -850,12 +851,22 @@ class Scenario:
         node = self.rng.choice(self.nodes)
         cut = self.rng.uniform(*PARTITION)
         others = [n for n in self.nodes if n is not node]
-        if self.rng.random() < 0.5:
-            self.fault("partition", f"node {node.name} cut off from the others for {cut:.2f} s")
+        kind = self.rng.random()
+        if kind < 0.6:
             hosts = {n.host for n in others}
+            if kind < 0.35:
+                self.fault("partition", f"node {node.name} cut off from the others for {cut:.2f} s")
+            else:
+                # One way: its frames reach nobody, theirs reach it. It hears a majority, but its
+                # lease ends (nobody answers its heartbeats): it must stop as a cut-off node does.
+                self.fault("partition", f"node {node.name} not heard by the others for {cut:.2f} s (it hears them)")
+                hosts = set()
             for n in self.nodes:
                 for proxy in n.proxies:
-                    proxy.cut(hosts if n is node else {node.host})
+                    if n is node:
+                        proxy.cut(hosts)
+                    else:
+                        proxy.cut({node.host})
             try:
                 self.pause(cut)
             finally:

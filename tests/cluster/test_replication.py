@@ -660,6 +660,49 @@ def test_a_partition_that_cuts_only_some_links_gives_no_session_two_owners(start
 
 
 
+def test_a_node_the_others_cannot_hear_serves_no_session_though_it_hears_them(start_broker):
+    """Cut one way: a's frames reach neither b nor c, theirs reach a. a hears a majority, but b and
+    c take it for gone and serve its persistent sessions from its replica; counting what it hears,
+    a went on serving them too. Its lease (its heartbeats answered by a majority) ends before
+    they can decide: a sends its persistent session's client away (DISCONNECT, use another
+    server) and takes no persistent session in; on b the client gets its session, with what was
+    published meanwhile. When the cut heals, a drops its stale copy and sees a majority again."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 300
+    with proxied_nodes(start_broker) as (nodes, proxies):
+        u = uuid.uuid4().hex[:6]
+        device = Client(nodes["a"].port, f"m{u}", clean=False, host=HOSTS["a"], protocol=mqtt.MQTTv5,
+                        properties=props).connect()
+        device.subscribe(f"ow{u}/#", 1)
+        holder = follower_nodes("a/w0", "a", ["b", "c"], 1)[0]
+        snapshot_of(nodes[holder], lambda r: r["sessions"].get("a/w0", 0) == 1)
+        snapshot_of(nodes["a"], lambda r: r["members"] == 3 and r["majority"])  # past its start
+        for n in ("b", "c"):
+            proxies[n].cut({HOSTS["a"]})  # what a sends them; what they send a still arrives
+        assert device.disconnected.wait(5), "the node its peers cannot hear kept serving a persistent session"
+        assert device.disconnect_reason == 0x9C, device.disconnect_reason  # use another server
+        device.drop()
+        nodes["a"].wait_log("only 1 answer its heartbeats: its lease ended")
+        Client(nodes["a"].port, f"q{u}", clean=False, host=HOSTS["a"]).connect(expect_rc=0x88)
+        for n in ("b", "c"):
+            nodes[n].wait_log("router a/w0 silent", timeout=10)
+        pub = Client(nodes["c"].port, f"p{u}", host=HOSTS["c"]).connect()
+        pub.publish(f"ow{u}/x", b"while-cut", qos=1)
+        moved = Client(nodes["b"].port, f"m{u}", clean=False, host=HOSTS["b"], protocol=mqtt.MQTTv5,
+                       properties=props).connect()
+        assert moved.session_present, "the majority side did not serve the session of the node it cannot hear"
+        moved.wait_payload(b"while-cut")
+        for proxy in proxies.values():
+            proxy.heal()
+        nodes["a"].wait_log("sees a majority of the cluster again", timeout=15)
+        nodes["a"].wait_log(f"session m{u} was taken over on another node while this router was taken for "
+                            "dead: its stale copy here is dropped")
+
+
 def test_a_session_moved_away_from_a_router_another_cannot_reach_gets_what_that_one_published(start_broker):
     """b cannot reach c (a reaches both). A persistent session on c, subscribed to what b's
     publisher sends, moves to a (its client reconnects there; a takes it from c, alive). What b
