@@ -5,12 +5,16 @@ the mesh's own rules: interest announcements, forwarding once per router, takeov
 from __future__ import annotations
 
 import asyncio
+import time
+from types import SimpleNamespace
 
+import msgpack
 import pytest
 
 from brokerd.cluster.config import Config
-from brokerd.cluster.mesh import Mesh
+from brokerd.cluster.mesh import Mesh, Peer
 from brokerd.connection.packets import Publish, Subscription
+from brokerd.router.mesh_format import ECHO
 from brokerd.router.message import Message
 from brokerd.router.router import Router, RouterConfig
 from tests.unit.conftest import FakeConn, online
@@ -88,5 +92,43 @@ def test_takeover_moves_a_session_between_two_routers(run_dir):
             assert b.stats.takeovers == 1
         finally:
             await asyncio.gather(*(m.stop() for m in meshes))
+
+    asyncio.run(main())
+
+
+def test_a_router_echoes_a_beat_unless_it_fenced_that_epoch_or_heard_the_peer_for_less_than_a_mesh_timeout(run_dir):
+    """The lease's two rules on the echoing side (cluster.quorum.Lease): parking a peer fences
+    its incarnation and epoch; a peer taken in (or this router started) less than a mesh timeout
+    ago gets no echo."""
+
+    async def main() -> None:
+        _routers, meshes = await _pair()
+        m = meshes[0]
+        try:
+            real = m.peers["u/w1"]
+            real.beat_epoch = 3
+            m._park(real, "stopped for the test")
+            assert real.fence == (real.incarnation, 3)  # parked: that epoch is fenced
+            sent: list = []
+            peer = Peer("x/w0", "x", None, None)
+            peer.link = SimpleNamespace(sock=SimpleNamespace(send=lambda data, flags=0: sent.append(msgpack.unpackb(data))))
+            peer.since = time.monotonic()
+            m._started -= 10.0
+            m._echo(peer, 7, [0, 1])
+            assert sent == [], "echoed a peer taken in less than a mesh timeout ago"
+            peer.since -= 1.5  # heard for longer than the mesh timeout (1 s)
+            m._echo(peer, 7, [0, 2])
+            assert [f[1] for f in sent] == [ECHO] and sent[0][4] == [7, 0, 2]
+            peer.fence = (7, 0)  # parked at epoch 0
+            m._echo(peer, 7, [0, 3])
+            assert len(sent) == 1, "echoed a fenced epoch"
+            m._echo(peer, 7, [1, 4])  # its next epoch
+            m._echo(peer, 8, [0, 1])  # a new incarnation
+            assert [f[4] for f in sent[1:]] == [[7, 1, 4], [8, 0, 1]]
+            m._started = time.monotonic()
+            m._echo(peer, 8, [0, 2])
+            assert len(sent) == 3, "echoed in this router's own first mesh timeout"
+        finally:
+            await asyncio.gather(*(x.stop() for x in meshes))
 
     asyncio.run(main())
