@@ -496,10 +496,22 @@ class Subscriber(Endpoint):
         old = self.conn
         assert old is not None
         old.retire()
-        try:
-            self.open(node)
-        except AssertionError as exc:
-            self.sc.problem(f"{self.name}: takeover on {node.name} got no CONNACK: {exc}")
+        # A node whose lease does not hold yet (a mesh timeout after a partition heals, or after
+        # a pause) refuses persistent sessions with "server unavailable"; the client tries again,
+        # as paho does, for a bounded time.
+        deadline = now() + 2 * MESH_TIMEOUT + 2.0
+        while True:
+            try:
+                self.open(node)
+                break
+            except AssertionError as exc:
+                refused = self.conn
+                if "(136," not in str(exc) or now() > deadline or refused is None or refused is old:
+                    self.sc.problem(f"{self.name}: takeover on {node.name} got no CONNACK: {exc}")
+                    break
+                refused.retire()
+                refused.drop()
+                self.sc.pause(0.2)
         try:
             wait_for(lambda: not old.up(), WAIT, "the old connection closed")
         except AssertionError:
@@ -859,7 +871,7 @@ class Scenario:
             else:
                 # One way: its frames reach nobody, theirs reach it. It hears a majority, but its
                 # lease ends (nobody answers its heartbeats): it must stop as a cut-off node does.
-                self.fault("partition", f"node {node.name} not heard by the others for {cut:.2f} s (it hears them)")
+                self.fault("one-way", f"node {node.name} not heard by the others for {cut:.2f} s (it hears them)")
                 hosts = set()
             for n in self.nodes:
                 for proxy in n.proxies:
@@ -1010,7 +1022,7 @@ class Scenario:
     def _report(self, msgs: list[Msg], verdicts: list[Verdict]) -> Report:
         counts = Counter(f.kind for f in self.faults)
         kinds = " ".join(f"{k}={counts[k]}" for k in ("stop", "kill", "node-kill", "node-loss", "partition",
-                                                      "link-cut", "takeover", "drop") if counts[k])
+                                                      "one-way", "link-cut", "takeover", "drop") if counts[k])
         checked = sum(len(v.owed) for v in verdicts)
         lost = sum(len(v.lost()) for v in verdicts)
         dup = sum(v.duplicated() for v in verdicts)
