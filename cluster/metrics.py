@@ -324,6 +324,8 @@ def _replication_metrics(fresh: list[dict[str, Any]], lbl: list[str]) -> Iterato
                                 "the high-water mark)", labels=[*lbl, "replica"])
     majority = GaugeMetricFamily("brokerd_cluster_majority", "1 while the router's lease is backed by a majority "
                                  "of the cluster's members (0: cut off; QoS 1/2 not acknowledged)", labels=lbl)
+    backing = GaugeMetricFamily("brokerd_cluster_lease_backing", "member nodes (its own counted) that answered one "
+                                "of the router's heartbeats within its lease's period", labels=lbl)
     sessions = GaugeMetricFamily("brokerd_replica_sessions", "persistent sessions of another router held here "
                                  "(served from its replica if it dies)", labels=[*lbl, "partition"])
     wills = GaugeMetricFamily("brokerd_replica_wills", "of those, offline ones with a delayed will waiting "
@@ -340,6 +342,8 @@ def _replication_metrics(fresh: list[dict[str, Any]], lbl: list[str]) -> Iterato
             if h:
                 history.add_metric([*key, partition], max(0, h["below"] - h["next"]))
         majority.add_metric(key, 1 if r.get("majority", True) else 0)
+        if "lease" in r:
+            backing.add_metric(key, r["lease"]["backing"])
         hw.add_metric(key, r["high_water"])
         end.add_metric(key, r["end"])
         held.add_metric(key, r["held"])
@@ -353,7 +357,7 @@ def _replication_metrics(fresh: list[dict[str, Any]], lbl: list[str]) -> Iterato
             sessions.add_metric([*key, partition], n)
         for partition, n in sorted(r.get("wills", {}).items()):
             wills.add_metric([*key, partition], n)
-    yield from (majority, hw, end, held, refused, lag, lag_s, lag_b, in_sync, sessions, wills, history)
+    yield from (majority, backing, hw, end, held, refused, lag, lag_s, lag_b, in_sync, sessions, wills, history)
 
 
 def metrics_text(stats: NodeStats) -> bytes:

@@ -312,8 +312,10 @@ def replication_lines(snaps: Iterable[dict[str, Any]]) -> list[str]:
                 + (f" (fetching below {v['history']['below']}, at {v['history']['next']})" if v.get("history") else "")
                 for p, v in sorted(r["replicas"].items())))
         if not r.get("majority", True):
-            parts.insert(0, f"CUT OFF: no majority of the {r.get('members', '?')} member nodes, QoS 1/2 not "
-                            "acknowledged")
+            lease = r.get("lease") or {}
+            backing = f" ({lease['backing']} answer its heartbeats)" if "backing" in lease else ""
+            parts.insert(0, f"CUT OFF: no majority of the {r.get('members', '?')} member nodes{backing}, QoS 1/2 "
+                            "not acknowledged")
         if parts:
             lines.append(f"replication {s['router_id']}: " + "  ".join(parts))
     return lines

@@ -167,7 +167,8 @@ def test_acknowledged_means_on_two_nodes_and_a_dead_publishers_node_loses_nothin
     for s in subs.values():
         s.wait_messages(1)
     # Acknowledged only once on two nodes: the follower's replica holds what a acknowledged.
-    snap = snapshot_of(nodes["a"], lambda r: r["high_water"] >= 0)
+    # (Its lease is backed by all three nodes once they echo its heartbeats: a mesh timeout in.)
+    snap = snapshot_of(nodes["a"], lambda r: r["high_water"] >= 0 and r["lease"]["backing"] == 3)
     assert snap["replication"]["followers"][f"{follower}/w0"]["in_sync"]
     # What an operator sees: `brokerd stats` and Prometheus.
     (line,) = replication_lines([snap])
@@ -180,6 +181,7 @@ def test_acknowledged_means_on_two_nodes_and_a_dead_publishers_node_loses_nothin
     (sample,) = families["brokerd_replica_lag_bytes"].samples  # in sync: nothing behind
     assert sample.labels["replica"] == f"{follower}/w0" and sample.value == 0
     assert families["brokerd_replication_high_water_offset"].samples[0].value >= 0
+    assert families["brokerd_cluster_lease_backing"].samples[0].value == 3
 
     n, payload = publish_and_die(nodes, stopped, pub, f"rp{u}/x")
     for name, s in subs.items():

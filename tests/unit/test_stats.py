@@ -385,6 +385,9 @@ def test_replication_line_says_a_node_is_cut_off_and_counts_the_sessions_held():
     (line,) = replication_lines([{"router_id": "a/w0", "replication": rep}])
     assert line.startswith("replication a/w0: CUT OFF: no majority of the 3 member nodes")
     assert "replicas: b/w0 0..41 (3 session(s))" in line
+    rep["lease"] = {"epoch": 4, "backing": 1}  # its lease ended: only its own node backs it
+    (line,) = replication_lines([{"router_id": "a/w0", "replication": rep}])
+    assert "CUT OFF: no majority of the 3 member nodes (1 answer its heartbeats)" in line, line
     rep["majority"] = True
     (line,) = replication_lines([{"router_id": "a/w0", "replication": rep}])
     assert "CUT OFF" not in line
