@@ -191,6 +191,7 @@ class Replication:
         # ends a margin before the others may take this router for gone.
         self.lease = Lease(self.members, config.mesh_timeout - MARGIN_S)
         self.recount_at = float("inf")  # the lease's end as last counted: the majority is counted again then
+        self._rule_since: float | None = self._started  # since when the majority rule (three members) is on
         if self.factor > 1:
             mesh.lease = self.lease
         self._cut_off: list[Held] = []  # acknowledgements held while this node sees no majority
@@ -596,9 +597,17 @@ class Replication:
             return
         backing: set[str] | None = None  # with R = 1 no lease is asked for: the nodes heard count
         lease = self.lease
+        if len(self.members.nodes | live) < MIN_MEMBERS:
+            self._rule_since = None  # the majority rule is off: so is the lease
+        elif self._rule_since is None:
+            # A third member came (the rule comes on): its first lease is awaited as at a start
+            # (one node of two may be dead, the newcomer echoes only after a mesh timeout).
+            self._rule_since = now
+            lease.began = False
         # Until its first lease (the others echo nothing in their own first mesh timeout, and
         # nodes start a moment apart), and at most a mesh timeout more, the nodes heard count.
-        if self.factor > 1 and (lease.began or now - self._started >= 2 * self.config.mesh_timeout + 1.0):
+        if self.factor > 1 and self._rule_since is not None and (
+                lease.began or now - self._rule_since >= 2 * self.config.mesh_timeout + 1.0):
             valid = lease.valid(now)
             backing = lease.backers(now) if valid else set()
             self.recount_at = lease.until if valid and lease.until > now else float("inf")

@@ -705,6 +705,37 @@ def test_a_node_the_others_cannot_hear_serves_no_session_though_it_hears_them(st
                             "dead: its stale copy here is dropped")
 
 
+def test_a_third_node_joining_a_node_whose_only_peer_died_does_not_cut_it_off(start_broker):
+    """Two nodes, a and b (the majority rule is off with two members); b dies; c joins a. With
+    c the rule comes on (a, b and c are members) while b is dead and c echoes nothing in its
+    first mesh timeout: a waits for its first lease under the rule as at a start, counting the
+    nodes it hears (itself and c), and does not take itself for cut off. Its persistent
+    session's client stays connected, and its lease is then backed by a and c."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    ports = {n: mesh_port(h) for n, h in HOSTS.items()}
+
+    def start(name: str, seed: str) -> Broker:
+        return start_broker("--mesh", f"{HOSTS[name]}:{ports[name]}", "--peer", f"{HOSTS[seed]}:{ports[seed]}",
+                            "--mesh-timeout", "1", "--replication-factor", "2", host=HOSTS[name], node_id=name,
+                            workers=1)
+
+    a, b = in_parallel(functools.partial(start, "a", "b"), functools.partial(start, "b", "a"))
+    snapshot_of(a, lambda r: r["members"] == 2 and r["lease"]["backing"] == 2)
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 300
+    u = uuid.uuid4().hex[:6]
+    device = Client(a.port, f"m{u}", clean=False, host=HOSTS["a"], protocol=mqtt.MQTTv5, properties=props).connect()
+    b.kill()
+    a.wait_log("router b/w0 silent", timeout=10)
+    start("c", "a")
+    snapshot_of(a, lambda r: r["members"] == 3 and r["lease"]["backing"] == 2 and r["majority"], timeout=15)
+    assert "not a majority" not in a.log_text()
+    assert not device.disconnected.is_set(), "a sent its persistent session's client away"
+
+
 def test_a_session_moved_away_from_a_router_another_cannot_reach_gets_what_that_one_published(start_broker):
     """b cannot reach c (a reaches both). A persistent session on c, subscribed to what b's
     publisher sends, moves to a (its client reconnects there; a takes it from c, alive). What b
