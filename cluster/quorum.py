@@ -108,15 +108,18 @@ class Lease:
     *sent* (by this router's own clock: no clock is compared across nodes). The lease holds while
     this node and enough others to make a majority of the members back it.
 
-    Safety rests on two rules the echoing side keeps (``cluster.mesh``): a router that parks a
+    Safety rests on the rules the echoing side keeps (``Mesh._echo``): a router that parks a
     silent peer (``--mesh-timeout`` of silence, its vote that the peer is gone) never echoes that
-    incarnation's epoch again (the fence), and ``period`` is shorter than the mesh timeout. So a
-    node's backing ends before it votes, and a majority that votes a router gone shares a node
-    with any majority that could back it: the lease has ended before any vote is complete.
+    incarnation's epoch again (the fence), and echoes a peer only once it has heard it, and has
+    itself run, for a mesh timeout (by then its HELLOs say it hears the peer); and on
+    ``period`` being shorter than the mesh timeout. So a node's backing ends before it votes,
+    and a majority that votes a router gone shares a node with any majority that could back it:
+    the lease has ended before any vote is complete (docs/replication.md argues it in full).
 
     A lease that ended is never revived: the next beats carry the next epoch, which the fences
     of the old one do not stop, so a router that was only slow gets a new lease one round trip
-    later. No sockets and no clock of its own: the caller passes ``now``."""
+    later (a mesh timeout after the others hear it again, if they had parked it). No sockets and
+    no clock of its own: the caller passes ``now``."""
 
     __slots__ = ("members", "period", "epoch", "_n", "_sent", "_backing", "held", "until", "began", "_last")
 
