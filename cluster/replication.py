@@ -524,8 +524,8 @@ class Replication:
 
     @property
     def in_minority(self) -> bool:
-        """Whether the majority rule holds this router back now: it hears no majority of the
-        member nodes, and replication is on (with R = 1 the rule is off)."""
+        """Whether the majority rule holds this router back now: no majority of the member nodes
+        backs its lease, and replication is on (with R = 1 the rule is off)."""
         return self.factor > 1 and not self.members.has_majority
 
     def paused(self, gap: float) -> None:
@@ -605,12 +605,15 @@ class Replication:
             self._rule_since = now
             lease.began = False
         # Until its first lease (the others echo nothing in their own first mesh timeout, and
-        # nodes start a moment apart), and at most a mesh timeout more, the nodes heard count.
+        # nodes start a moment apart), for at most 2 x mesh timeout + 1 s after the start or the
+        # rule coming on, the nodes heard count.
+        self.recount_at = float("inf")
         if self.factor > 1 and self._rule_since is not None and (
                 lease.began or now - self._rule_since >= 2 * self.config.mesh_timeout + 1.0):
             valid = lease.valid(now)
             backing = lease.backers(now) if valid else set()
-            self.recount_at = lease.until if valid and lease.until > now else float("inf")
+            if valid and lease.until > now:
+                self.recount_at = lease.until
         changed = self.members.update(live, {n for n, k in known.items() if not k}, backing)
         if changed is None or self.factor <= 1:
             return
@@ -619,7 +622,7 @@ class Replication:
         if changed:
             held, self._cut_off = self._cut_off, []
             log.warning("cluster: this node sees a majority of the cluster again (%d of %d nodes): QoS 1/2 "
-                        "acknowledgements go on (%d held ones sent)", heard, len(self.members.nodes),
+                        "acknowledgements go on (%d held ones sent)", backed, len(self.members.nodes),
                         len(held))
             self._release(held)
         else:
