@@ -149,8 +149,7 @@ class Lease:
 
     def echoed(self, node: str, epoch: int, n: int, now: float) -> None:
         """A router of ``node`` echoed beat ``n`` of ``epoch``."""
-        if self.held and now >= self.until:
-            self.lapse()  # ended before this echo came: it is not revived
+        self._end_if_over(now)  # ended before this echo came: it is not revived
         sent = self._sent.get(n)
         if epoch != self.epoch or sent is None or node == self.members.own:
             return
@@ -162,13 +161,17 @@ class Lease:
         """Whether this router holds its lease now (always, with fewer than MIN_MEMBERS members)."""
         if len(self.members.nodes) < MIN_MEMBERS:
             return True
-        if self.held and now >= self.until:
-            self.lapse()
+        self._end_if_over(now)
         return now < self.until
 
     def backers(self, now: float) -> set[str]:
         """The nodes backing this router now, its own counted."""
         return {self.members.own} | {n for n, t in self._backing.items() if t > now}
+
+    def _end_if_over(self, now: float) -> None:
+        """A lease held in this epoch whose end has come lapses, whoever notices it first."""
+        if self.held and now >= self.until:
+            self.lapse()
 
     def lapse(self) -> None:
         """The lease ended (or a pause may have let it end): the next beats start a new epoch."""
