@@ -37,6 +37,10 @@ class MeshPort(Protocol):
         (a message handed on from a member whose session ended: that router's normal subscribers
         and its log had their copy already)."""
 
+    def forward_to(self, router_ids: tuple[str, ...], msg: Message, source: Any = None) -> None:
+        """``forward`` to each of ``router_ids`` (no shared subscriptions), the message encoded for
+        the mesh once for all of them."""
+
     def announce_interest(self, topic_filter: str, add: bool | int) -> Awaitable[None] | None:
         """Tell every peer router that this router gained / lost its interest in a filter (for a
         ``$share/`` key: its presence, 0 = none); for a gain, an awaitable that completes
@@ -79,6 +83,10 @@ class NullMesh:
     def forward(self, router_id: str, msg: Message, source: Any = None, groups: list[str] | None = None,
                 only: bool = False) -> None:
         return None
+
+    def forward_to(self, router_ids: tuple[str, ...], msg: Message, source: Any = None) -> None:
+        for router_id in router_ids:  # one at a time: what a mesh made for a test records
+            self.forward(router_id, msg, source)
 
     def announce_interest(self, topic_filter: str, add: bool | int) -> None:
         return None

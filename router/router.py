@@ -188,9 +188,7 @@ class Router(SharedRouting, SessionLife):
         if peers is None:
             peers = self._fold_peers(topic)
         if peers:
-            mesh = self.mesh
-            for router_id in peers:
-                mesh.forward(router_id, msg, source)
+            self.mesh.forward_to(peers, msg, source)
 
     def deliver_remote(self, msg: Message) -> None:
         """A message another router forwarded here because this router announced interest.

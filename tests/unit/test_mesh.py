@@ -14,7 +14,7 @@ import pytest
 from brokerd.cluster.config import Config
 from brokerd.cluster.mesh import Mesh, Peer
 from brokerd.connection.packets import Publish, Subscription
-from brokerd.router.mesh_format import ECHO
+from brokerd.router.mesh_format import ECHO, PUBLISH, to_mesh
 from brokerd.router.message import Message
 from brokerd.router.router import Router, RouterConfig
 from tests.unit.conftest import FakeConn, online
@@ -65,6 +65,40 @@ def test_two_routers_forward_by_interest_once_per_router(run_dir):
             assert meshes[0].peer_stats()["u/w1"][0] == 10
         finally:
             await asyncio.gather(*(m.stop() for m in meshes))
+
+    asyncio.run(main())
+
+
+def test_a_message_for_several_routers_is_packed_once_and_framed_as_msgpack_would(run_dir):
+    """``forward_to`` packs a message once and every peer's batch holds those bytes; the PUBLISH
+    frame built around them is what packing the whole frame gives, byte for byte (so the
+    receiving side reads it as before), whole or split in halves."""
+
+    async def main() -> None:
+        _routers, meshes = await _pair()
+        m = meshes[0]
+        try:
+            live, parked, gone = (Peer(f"{n}/w0", n, None, None) for n in "xyz")
+            live.alive, parked.parked = True, True
+            for p in (live, parked, gone):
+                m.peers[p.router_id] = p
+            msg = Message.published("f/1", b"payload", 0, False, "p", "u/w0", None,
+                                    b"\x30\x0c\x00\x03f/1payload", 4)
+            m.forward_to(("x/w0", "y/w0", "z/w0", "nobody"), msg)
+            assert live.batch == [m._packer.pack(to_mesh(msg))] and parked.batch[0] is live.batch[0]
+            assert gone.batch == []
+            live.batch, parked.batch = [], []
+            msgs = [Message(f"t/{i:02d}", b"%02d" % i * 20, qos=i % 2, client_id="c") for i in range(50)]
+            packed = [m._packer.pack(to_mesh(x)) for x in msgs]
+            [(seq, frame, n)] = m._publish_frames(live, packed, 42)
+            assert (seq, n) == (1, 50) and frame == m._frame(PUBLISH, [1, [to_mesh(x) for x in msgs], 42])
+            m.max_frame = len(frame) + 100  # a frame over half the limit is split in halves
+            frames = m._publish_frames(live, packed, 43)
+            assert [(s, n) for s, _, n in frames] == [(2, 25), (3, 25)]
+            assert frames[0][1] == m._frame(PUBLISH, [2, [to_mesh(x) for x in msgs[:25]], -1])
+            assert frames[1][1] == m._frame(PUBLISH, [3, [to_mesh(x) for x in msgs[25:]], 43])
+        finally:
+            await asyncio.gather(*(x.stop() for x in meshes))
 
     asyncio.run(main())
 

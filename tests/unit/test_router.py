@@ -11,6 +11,7 @@ from brokerd.connection.codec import Decoder
 from brokerd.connection.packets import Publish, Subscription
 from brokerd.router.mesh_format import from_mesh, to_mesh
 from brokerd.router.message import Message
+from brokerd.router.ports import NullMesh
 from brokerd.router.router import Router, RouterConfig
 from brokerd.router.session import SessionLimits, recency
 from tests.unit.conftest import FakeConn, online
@@ -117,7 +118,7 @@ def test_no_local(router):
 
 
 def test_interest_announced_on_first_and_withdrawn_on_last(router):
-    class Mesh:
+    class Mesh(NullMesh):
         def __init__(self):
             self.calls = []
 
@@ -144,7 +145,7 @@ def test_interest_announced_on_first_and_withdrawn_on_last(router):
 def test_forward_once_per_peer_router(router):
     sent = []
 
-    class Mesh:
+    class Mesh(NullMesh):
         def forward(self, rid, msg, source=None):
             sent.append(rid)
 
