@@ -153,13 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds one run may take at most")
     ap.add_argument("--rate", type=float, default=0.0,
                     help="messages a second per publisher, paced (a fixed load); 0: as fast as they go")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="brokerd's workers (a scaling run's cross-check; Mosquitto is one thread)")
     ap.add_argument("--log", default="on", choices=("on", "off", "on,off"),
                     help="brokerd's commit log: on (as shipped), off, or both side by side in one run")
     args = ap.parse_args(argv)
     qos_levels = [int(q) for q in args.qos.split(",")]
     if (args.pairs < 1 or args.messages < 1 or args.reps < 1 or args.payload < 1 or not 0 < args.timeout <= 600
-            or any(q not in (0, 1, 2) for q in qos_levels) or args.rate < 0):
-        ap.error("need positive sizes, --qos of 0, 1, 2, --rate >= 0 and 0 < --timeout <= 600")
+            or any(q not in (0, 1, 2) for q in qos_levels) or args.rate < 0 or args.workers < 1):
+        ap.error("need positive sizes and --workers, --qos of 0, 1, 2, --rate >= 0 and 0 < --timeout <= 600")
     try:
         reason = check_brokerd()
         if reason:
@@ -173,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = os.environ.get("BROKERD_BENCH_ARGS", "")
     print(f"Command: `./scripts/crosscheck {' '.join(shlex.quote(a) for a in (argv or sys.argv[1:]))}`"
           + (f" with BROKERD_BENCH_ARGS={extra!r}" if extra else "") + "; clients: mosquitto_pub -l / mosquitto_sub -C")
-    kinds = [*(BrokerKind("brokerd", 1, log=mode) for mode in args.log.split(",")), BrokerKind("mosquitto", 1)]
+    kinds = [*(BrokerKind("brokerd", args.workers, log=mode) for mode in args.log.split(",")),
+             BrokerKind("mosquitto", 1)]
     rows = []
     for qos in qos_levels:
         runs: dict[str, list[dict]] = {k.label: [] for k in kinds}

@@ -88,6 +88,17 @@ def test_crosscheck_with_mosquittos_clients_delivers_everything_to_both_brokers(
     assert "| p2p x2 QoS 1, 1000 msg/s each | 16 B |" in proc.stdout and "| 0 / 0 / 0 |" in proc.stdout
 
 
+@pytest.mark.skipif(shutil.which("mosquitto_pub") is None, reason="needs mosquitto-clients")
+def test_crosscheck_runs_brokerd_with_the_workers_asked_for():
+    """``--workers`` cross-checks a scaling run: brokerd with that many workers, Mosquitto as it is."""
+    proc = subprocess.run([str(ROOT / "scripts" / "crosscheck"), "--pairs", "4", "--messages", "200",
+                           "--qos", "1", "--reps", "1", "--timeout", "60", "--workers", "2"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "qos1 brokerd/2w: 800/800 delivered" in proc.stdout
+    assert "qos1 mosquitto: 800/800 delivered" in proc.stdout
+
+
 def test_a_negative_per_write_is_refused():
     proc = subprocess.run([str(ROOT / "scripts" / "bench"), "--per-write", "-1"], capture_output=True,
                           text=True, timeout=60)
