@@ -705,10 +705,9 @@ class Mesh:
 
     def _publish_frames(self, peer: Peer, batch: list, mark: int) -> list[tuple[int, bytes, int]]:
         """``batch`` (messages packed by ``forward_to``) as one PUBLISH frame numbered for ``peer``
-        (seq, frame, messages), or split
-        in halves until each frame is at most half the receivers' limit (a tick's batch of large
-        messages; the length check is all it costs otherwise). Only the last frame carries the
-        ``mark``: the others claim nothing (-1)."""
+        (seq, frame, messages), or split in halves until each frame is at most half the
+        receivers' limit (a tick's batch of large messages; the length check is all it costs
+        otherwise). Only the last frame carries the ``mark``: the others claim nothing (-1)."""
         seq = peer.seq_out + 1
         # ``_frame(PUBLISH, [seq, batch, mark])`` byte for byte, around messages packed already.
         pack = self._packer.pack
