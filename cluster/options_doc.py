@@ -22,7 +22,7 @@ from .config import OPTIONS, Option, _host_port, _on_off, _size, env_name
 
 START = "<!-- options:start -->"
 END = "<!-- options:end -->"
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "README.md")
 
 MACHINE_DEFAULTS = {"workers": "CPUs it may use", "node_id": "host name"}
 

@@ -73,7 +73,7 @@ def package(out: str) -> list[str]:
     """``brokerd_pipeline.zip`` (the ``pipeline`` and ``router`` packages, for ``--py-files``) and a
     launcher script for spark-submit's primary resource. Returns the paths written."""
     os.makedirs(out, exist_ok=True)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
     archive = os.path.join(out, "brokerd_pipeline.zip")
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as z:
         # The packages as installed, under brokerd/ (an explicit package here: zipimport and the

@@ -11,8 +11,11 @@ import pytest
 from tests.helpers import ROOT, Broker, Client, free_port
 
 # Every process a test starts (brokerd, its CLI, Spark's Python workers) imports this checkout's
-# packages, not those of whichever checkout a shared virtualenv's editable install points at.
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+# packages, not those of whichever checkout a shared virtualenv's editable install points at
+# (scripts/lib/pythonpath/README.md; pytest's ``pythonpath`` does the same for this process);
+# the root, for ``tests.*``.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    filter(None, [str(ROOT / "scripts" / "lib" / "pythonpath"), str(ROOT), os.environ.get("PYTHONPATH")]))
 
 _names = itertools.count()
 LOG_TAIL_LINES = 80  # of each broker's log, printed under a failed test's report

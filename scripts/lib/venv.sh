@@ -1,6 +1,13 @@
-# Sourced by scripts/run and scripts/test: make sure .venv exists and holds the project.
+# Sourced by scripts/run, scripts/test and the benchmark scripts: make sure .venv exists and holds
+# the project.
 # Usage: ensure_venv [EXTRAS]   (EXTRAS like "test,pipeline"; empty for the broker alone)
 # Installs only when pyproject.toml or the extras asked for changed since the last install.
+# use_checkout ROOT: processes started from here on import ROOT's brokerd.* packages, not those of
+# whichever checkout a shared .venv's editable install points at (scripts/lib/pythonpath/README.md).
+
+use_checkout() {
+    export PYTHONPATH="$1/scripts/lib/pythonpath${PYTHONPATH:+:$PYTHONPATH}"
+}
 
 find_python() {
     for py in python3.13 python3.12 python3.11 python3; do
