@@ -82,7 +82,10 @@ class Batch:
     @property
     def size(self) -> int:
         """Bytes this batch writes."""
-        return sum(c.buf_end - c.buf_start for c in self.chunks)
+        chunks = self.chunks
+        if len(chunks) == 1:  # the commonest, several times per flush
+            return chunks[0].buf_end - chunks[0].buf_start
+        return sum(c.buf_end - c.buf_start for c in chunks)
 
     def content(self) -> bytes:
         """The batch's bytes back to back (for reads of records not yet written)."""
@@ -198,6 +201,37 @@ class WriterCore:
         if stop:
             self._close_all()
         return Report(self.written_offset, self.durable_offset, self.error, recover, stop, self.rounds)
+
+    def write_one(self, batch: Batch) -> Report:
+        """``process([batch], may_sync=False)``, shorter for the commonest write from the loop: a
+        batch of one chunk continuing the active segment with nothing queued before it. At a
+        fixed rate the loop writes about one such batch per message, after an idle gap, where
+        every Python call runs from cold caches; the general path's bookkeeping for runs of
+        chunks cost as much as the write. Anything else, and any failure (writing the same
+        bytes at the same place again is harmless), goes the general way."""
+        chunks = batch.chunks
+        if self._backlog or self.error is not None or self.policy is FsyncPolicy.NEVER or len(chunks) != 1:
+            return self.process([batch], may_sync=False)
+        c = chunks[0]
+        fds = self._fds.get(c.base)
+        if fds is None or c.base != self._active or c.new_segment or not c.data:
+            return self.process([batch], may_sync=False)
+        try:
+            _pwritev_all(fds.fd, c.data, c.file_pos)
+            if c.index:
+                _pwrite_all(fds.ifd, c.index, c.index_pos)
+        except OSError:
+            return self.process([batch], may_sync=False)
+        self.rounds += 1
+        size = c.buf_end - c.buf_start
+        if c.file_pos + size > fds.end:
+            fds.end = c.file_pos + size
+        self._unsynced.append(batch)
+        self._unsynced_bytes += size
+        if batch.last_offset > self.written_offset:
+            self.written_offset = batch.last_offset
+        self._dirty = True
+        return Report(self.written_offset, self.durable_offset, None, False, False, self.rounds)
 
     def sync_due(self) -> bool:
         """Whether what is written must be fsynced now: always, or with ``interval`` once the
@@ -514,7 +548,7 @@ class WriterThread:
             if core.error is not None or core.written_offset < self._handed:
                 return None
             was_dirty = core._dirty
-            report = core.process([batch], may_sync=False)
+            report = core.write_one(batch)
             wake = not was_dirty or core.sync_due()
         finally:
             self._lock.release()

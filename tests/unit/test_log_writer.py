@@ -263,6 +263,56 @@ def test_small_batches_are_written_by_the_loop_and_fsynced_by_the_thread(tmp_pat
     assert check(tmp_path / "interval").ok and check(tmp_path / "always").ok
 
 
+def test_the_loops_short_write_gives_the_general_paths_files_and_falls_back_on_a_failure(tmp_path, monkeypatch):
+    """``WriterCore.write_one``, the loop's write of a one-chunk batch at the end of the active
+    segment, leaves the files byte for byte as ``process`` does (index entries and segment rolls
+    included: those batches take the general path), reports the same offsets, and a write that
+    fails there goes the general way, which fails the log."""
+    kw = dict(router_id="r1", segment_bytes=16 << 10, index_interval_bytes=700, fsync="interval")
+    short = CommitLog(tmp_path / "short", **kw)
+    general = CommitLog(tmp_path / "general", **kw)
+    took = 0
+    for i in range(300):
+        for log in (short, general):
+            log.append_bytes(*fields(i))
+            log.flush() if log is general else None
+        before = short._core.rounds
+        batch = short._flush_v2()
+        short._inflight.append(batch)
+        backlog_before = len(short._core._backlog)
+        report = short._core.write_one(batch)
+        took += len(batch.chunks) == 1 and not batch.chunks[0].new_segment and backlog_before == 0
+        short._apply_report(report)
+        assert short._core.rounds == before + 1 and report.error is None
+        assert short.written_offset == general.written_offset == i
+    assert took > 250 and len(short.segments()) >= 3
+    short.close()
+    general.close()
+    assert files(tmp_path / "short") == files(tmp_path / "general")
+    assert check(tmp_path / "short").ok
+
+    log = CommitLog(tmp_path / "failing", **kw)
+    log.append_bytes(*fields(0))
+    log.flush()  # the segment exists and is the active one: the next batch can take the short path
+    log.append_bytes(*fields(1))
+    batch = log._flush_v2()
+    log._inflight.append(batch)
+
+    def full(fd, views, pos):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "pwritev", full)
+    monkeypatch.setattr(os, "pwrite", full)
+    report = log._core.write_one(batch)
+    assert isinstance(report.error, OSError) and report.written_offset == 0
+    # Held, to be written again on recovery, with everything written but not yet fsynced.
+    assert [b.last_offset for b in log._core._backlog] == [0, 1] and log._core._backlog[-1] is batch
+    monkeypatch.undo()
+    log._apply_report(report)
+    assert log.error is report.error
+    log.close()
+
+
 def test_an_older_report_does_not_undo_a_newer_failure(tmp_path):
     """Reports reach the log from the thread (through the loop's queue, later) and from the loop's
     own writes (at once): one from an earlier round arriving after a failure must not clear it."""
