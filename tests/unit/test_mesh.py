@@ -70,9 +70,10 @@ def test_two_routers_forward_by_interest_once_per_router(run_dir):
 
 
 def test_a_message_for_several_routers_is_packed_once_and_framed_as_msgpack_would(run_dir):
-    """``forward_to`` packs a message once and every peer's batch holds those bytes; the PUBLISH
-    frame built around them is what packing the whole frame gives, byte for byte (so the
-    receiving side reads it as before), whole or split in halves."""
+    """``forward_to`` packs a message for several routers once and each such peer's batch holds
+    those bytes (one router's batch keeps the values, packed with the frame); a PUBLISH frame
+    built around packed messages, alone or mixed with values, is what packing all the values
+    gives, byte for byte (so the receiving side reads it as before), whole or split in halves."""
 
     async def main() -> None:
         _routers, meshes = await _pair()
@@ -86,17 +87,20 @@ def test_a_message_for_several_routers_is_packed_once_and_framed_as_msgpack_woul
                                     b"\x30\x0c\x00\x03f/1payload", 4)
             m.forward_to(("x/w0", "y/w0", "z/w0", "nobody"), msg)
             assert live.batch == [m._packer.pack(to_mesh(msg))] and parked.batch[0] is live.batch[0]
-            assert gone.batch == []
+            assert live.batch_packed and parked.batch_packed and gone.batch == []
+            m.forward_to(("x/w0",), msg)  # one router: the values, packed with the frame
+            assert live.batch[1] == to_mesh(msg)
             live.batch, parked.batch = [], []
             msgs = [Message(f"t/{i:02d}", b"%02d" % i * 20, qos=i % 2, client_id="c") for i in range(50)]
-            packed = [m._packer.pack(to_mesh(x)) for x in msgs]
-            [(seq, frame, n)] = m._publish_frames(live, packed, 42)
-            assert (seq, n) == (1, 50) and frame == m._frame(PUBLISH, [1, [to_mesh(x) for x in msgs], 42])
+            values = [to_mesh(x) for x in msgs]
+            mixed = [m._packer.pack(v) if i % 3 else v for i, v in enumerate(values)]
+            [(seq, frame, n)] = m._publish_frames(live, mixed, 42, True)
+            assert (seq, n) == (1, 50) and frame == m._frame(PUBLISH, [1, values, 42])
             m.max_frame = len(frame) + 100  # a frame over half the limit is split in halves
-            frames = m._publish_frames(live, packed, 43)
+            frames = m._publish_frames(live, mixed, 43, True)
             assert [(s, n) for s, _, n in frames] == [(2, 25), (3, 25)]
-            assert frames[0][1] == m._frame(PUBLISH, [2, [to_mesh(x) for x in msgs[:25]], -1])
-            assert frames[1][1] == m._frame(PUBLISH, [3, [to_mesh(x) for x in msgs[25:]], 43])
+            assert frames[0][1] == m._frame(PUBLISH, [2, values[:25], -1])
+            assert frames[1][1] == m._frame(PUBLISH, [3, values[25:], 43])
         finally:
             await asyncio.gather(*(x.stop() for x in meshes))
 
