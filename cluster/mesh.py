@@ -1454,10 +1454,22 @@ class Mesh:
 
     # -- session transfers ----------------------------------------------------------------------------
 
-    def _release(self, peer: Peer, req: int, client_id: str, spools: bool = False) -> None:
+    def _release(self, peer: Peer, req: int, client_id: str, spools: bool = False,
+                 until: float | None = None) -> None:
         """``peer`` takes ``client_id`` over: answer with the session's header and its first
         chunk of copies, then stream the rest, one chunk per loop iteration. All of them where
-        ``peer`` spools them (``router.spool``); else at most max_queued."""
+        ``peer`` spools them (``router.spool``); else at most max_queued.
+
+        A session being moved already (an earlier request, which its router may have given up
+        while this one was stopped or silent) is answered once that move settles, bounded by
+        ``ACK_TIMEOUT_S``: answered at once, "no session" would have the asker make a new,
+        empty one while the session stays here (chaos seed 1745875908)."""
+        if client_id in self.router.moving and peer.alive and not self.closed:
+            now = time.monotonic()
+            until = now + ACK_TIMEOUT_S if until is None else until
+            if now < until:
+                self.loop.call_later(0.01, self._release, peer, req, client_id, spools, until)
+                return
         limit = None if spools else -1
         released = self.router.release_session(client_id, peer.node_id == self.node_id, limit)
         if released is None and self.replication is not None:
