@@ -14,7 +14,7 @@ import pytest
 from brokerd.cluster.config import Config
 from brokerd.cluster.mesh import Mesh, Peer
 from brokerd.connection.packets import Publish, Subscription
-from brokerd.router.mesh_format import ECHO, PUBLISH, to_mesh
+from brokerd.router.mesh_format import ECHO, PUBLISH, TAKEOVER_RESP, to_mesh
 from brokerd.router.message import Message
 from brokerd.router.router import Router, RouterConfig
 from tests.unit.conftest import FakeConn, online
@@ -130,6 +130,36 @@ def test_takeover_moves_a_session_between_two_routers(run_dir):
             assert b.stats.takeovers == 1
         finally:
             await asyncio.gather(*(m.stop() for m in meshes))
+
+    asyncio.run(main())
+
+
+def test_a_session_asked_for_while_it_is_being_moved_is_answered_once_the_move_settles(run_dir):
+    """A router asked again for a session it is exporting for an earlier request (which the
+    asker may have given up while this router was stopped) answers once that move settles, not
+    "no session" at once: the asker would make a new, empty session while this one stays here
+    (chaos seed 1745875908)."""
+
+    async def main() -> None:
+        (a, _b), meshes = await _pair()
+        m = meshes[0]
+        try:
+            s = a.new_session("mover", True)
+            a.subscribe(s, Subscription("t/#", 1))
+            assert a.release_session("mover", True) is not None and "mover" in a.moving  # the first request
+            answers: list = []
+            send = m._send
+            m._send = lambda peer, kind, body: (answers.append(body) if kind == TAKEOVER_RESP  # type: ignore[method-assign]
+                                                else send(peer, kind, body))
+            m._release(m.peers["u/w1"], 7, "mover")
+            await asyncio.sleep(0.1)
+            assert answers == [], "answered while the session was being moved"
+            a.moved("mover", False)  # the first transfer failed: the session stays here
+            await _until(lambda: answers, "the deferred answer")
+            [(req, header, _more)] = answers
+            assert req == 7 and header is not None and "mover" in a.moving  # offered now, for this request
+        finally:
+            await asyncio.gather(*(x.stop() for x in meshes))
 
     asyncio.run(main())
 
