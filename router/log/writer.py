@@ -226,11 +226,7 @@ class WriterCore:
         size = c.buf_end - c.buf_start
         if c.file_pos + size > fds.end:
             fds.end = c.file_pos + size
-        self._unsynced.append(batch)
-        self._unsynced_bytes += size
-        if batch.last_offset > self.written_offset:
-            self.written_offset = batch.last_offset
-        self._dirty = True
+        self._written(batch, size)
         return Report(self.written_offset, self.durable_offset, None, False, False, self.rounds)
 
     def sync_due(self) -> bool:
@@ -280,13 +276,19 @@ class WriterCore:
             group = self._write_group()
             for batch in group:
                 backlog.popleft()
-                self._unsynced.append(batch)
-                self._unsynced_bytes += batch.size
-                if batch.last_offset > self.written_offset:
-                    self.written_offset = batch.last_offset
-            self._dirty = True
+                self._written(batch, batch.size)
             if may_sync and self.policy is FsyncPolicy.INTERVAL and self._unsynced_bytes >= self.max_unsynced_bytes:
                 self._sync()
+
+    def _written(self, batch: Batch, size: int) -> None:
+        """``batch`` (``size`` bytes) is in the kernel now: kept until fsynced (to write it again
+        after a failed fsync), and the log counts it written. The one home of that rule for the
+        general path and ``write_one``."""
+        self._unsynced.append(batch)
+        self._unsynced_bytes += size
+        if batch.last_offset > self.written_offset:
+            self.written_offset = batch.last_offset
+        self._dirty = True
 
     def _write_group(self) -> list[Batch]:
         """Write batches from the head of the backlog (not removing them) and return them.
