@@ -62,6 +62,7 @@ from .reasons import (
 from .wire import (
     _VALID_B0_V3,
     _VALID_B0_V5,
+    _VALID_B0_V31,
     MAX_REMAINING_LENGTH,
     _first_byte_error,
     _not_minimal,
@@ -331,7 +332,7 @@ class Decoder:
         limit = self.limit
         level = self.protocol_level
         v5 = level == MQTT_5
-        valid = _VALID_B0_V5 if v5 else _VALID_B0_V3
+        valid = _VALID_B0_V5 if v5 else _VALID_B0_V31 if level == MQTT_3_1 else _VALID_B0_V3
         max_size = self.max_packet_size
         append = out.append
         topics = self._topics
@@ -422,7 +423,7 @@ class Decoder:
                 if self.protocol_level != level:  # a CONNECT switched the level
                     level = self.protocol_level
                     v5 = level == MQTT_5
-                    valid = _VALID_B0_V5 if v5 else _VALID_B0_V3
+                    valid = _VALID_B0_V5 if v5 else _VALID_B0_V31 if level == MQTT_3_1 else _VALID_B0_V3
             pos = stop
             if limit and len(out) >= limit and pos < end:
                 self._rest = data

@@ -29,19 +29,29 @@ _PROTOCOL_ERROR = Reason.PROTOCOL_ERROR
 _REQUIRED_FLAGS = {1: 0, 2: 0, 4: 0, 5: 0, 6: 2, 7: 0, 8: 2, 9: 0, 10: 2, 11: 0, 12: 0, 13: 0, 14: 0, 15: 0}
 
 
-def _first_byte_ok(b0: int, v5: bool) -> bool:
+# MQTT 3.1 set DUP on a PUBREL, SUBSCRIBE or UNSUBSCRIBE it sent again (3.1 section 2.1): a 3.1
+# client resending its PUBREL after a reconnect must get its PUBCOMP, not a close (Mosquitto checks
+# these flags from 3.1.1 on only).
+_DUP = 0x08
+_DUP_IN_31 = (6, 8, 10)
+
+
+def _first_byte_ok(b0: int, v5: bool, v31: bool = False) -> bool:
     ptype, flags = b0 >> 4, b0 & 0x0F
     if ptype == 3:
         qos = (flags >> 1) & 3
         return qos != 3 and not (flags & 0x08 and qos == 0)
     if ptype == 0 or (ptype == 15 and not v5):
         return False
+    if v31 and ptype in _DUP_IN_31:
+        flags &= ~_DUP
     return flags == _REQUIRED_FLAGS[ptype]
 
 
 # Indexed by the first byte: is it acceptable at all? One lookup per packet in the decode loop.
 _VALID_B0_V3 = tuple(_first_byte_ok(b, False) for b in range(256))
 _VALID_B0_V5 = tuple(_first_byte_ok(b, True) for b in range(256))
+_VALID_B0_V31 = tuple(_first_byte_ok(b, False, True) for b in range(256))
 
 
 def _first_byte_error(b0: int, v5: bool) -> ProtocolError:

@@ -15,11 +15,16 @@ import pytest
 from tests.helpers import Broker, Client, cid
 from tests.integration.test_mqtt5 import (
     CONNACK,
+    PUBCOMP,
+    PUBREC,
+    SUBACK,
     Raw,
     paho_on,
+    publish_bytes,
     publish_v5,
     raw_on,
     shared_broker,
+    subscribe_bytes,
     uid,
 )
 
@@ -126,3 +131,31 @@ def test_mqtt31_will_reaches_an_mqtt5_subscriber(b31):
     raw.close()
     m = watcher.wait_messages(1)[0]
     assert (m.topic, m.payload) == (f"{u}/will", b"gone31")
+
+
+def test_mqtt31_qos2_resent_after_a_reconnect_is_completed_with_its_dup_pubrel(b31):
+    """A 3.1 client that lost its connection before PUBCOMP sends the PUBLISH again with DUP, then
+    a PUBREL with DUP, as 3.1 marks every packet it sends again: it gets PUBREC and PUBCOMP, and the
+    message is delivered once. 3.1.1 made those PUBREL flags reserved; 3.1 clients still set them."""
+    u = uid()
+    watcher = Client(b31.port, cid("w"), protocol=V5).connect()
+    watcher.subscribe(f"{u}/q2", 2)
+    name = cid("r31")
+    raw = raw31(b31)
+    raw.connect(name, clean=False)
+    raw.send(publish_bytes(f"{u}/q2", b"once", 2, 7, level=3))
+    assert raw.expect(PUBREC).pid == 7
+    raw.close()  # no PUBREL: the exchange is cut short
+    again = raw31(b31)
+    again.connect(name, clean=False)
+    again.send(publish_bytes(f"{u}/q2", b"once", 2, 7, dup=True, level=3))
+    assert again.expect(PUBREC).pid == 7
+    again.send(b"\x6a\x02\x00\x07")  # PUBREL, DUP set, QoS 1
+    assert again.expect(PUBCOMP).pid == 7
+    resub = subscribe_bytes(8, [(f"{u}/again", 1)], level=3)
+    again.send(bytes([resub[0] | 0x08]) + resub[1:])  # SUBSCRIBE sent again: DUP set too
+    assert again.expect(SUBACK).pid == 8
+    again.send(publish_bytes(f"{u}/q2", b"marker", 0, level=3))
+    got = watcher.wait_messages(2)
+    assert [m.payload for m in got] == [b"once", b"marker"]
+    again.disconnect()

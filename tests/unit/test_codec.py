@@ -506,6 +506,16 @@ def test_auth_is_reserved_before_v5(level: int) -> None:
     _check_error(level, b"\xf0\x00", MALFORMED, "type 15")
 
 
+def test_mqtt31_packets_sent_again_may_carry_dup_and_311_ones_may_not() -> None:
+    """3.1 sets DUP on a PUBREL, SUBSCRIBE or UNSUBSCRIBE it sends again; 3.1.1 reserved those flags."""
+    again = b"\x6a\x02\x00\x07" + b"\x8a\x06\x00\x08\x00\x01t\x01" + b"\xaa\x05\x00\x09\x00\x01t"
+    assert Decoder(protocol_level=3).feed(again) == [Pubrel(7), Subscribe(8, [Subscription("t", 1)]),
+                                                     Unsubscribe(9, ["t"])]
+    for first in (b"\x6a\x02\x00\x07", b"\x8a\x06\x00\x08\x00\x01t\x01"):
+        with pytest.raises(ProtocolError, match="reserved flags"):
+            Decoder(protocol_level=4).feed(first)
+
+
 def test_errors_are_raised_byte_at_a_time_too() -> None:
     """The rules hold however the bytes arrive."""
     for level, data, reason, _words in V4_ERRORS + V5_ERRORS:
