@@ -98,6 +98,9 @@ def test_systemd_unit_is_hardened(tmp_path):
 def test_example_config_is_valid():
     config = load(["--config", str(DEPLOY / "brokerd.toml")])
     assert config.data_dir == "/var/lib/brokerd/data" and config.metrics_port
+    # Reachable from other hosts, for the users of a password file the hardened unit can read.
+    assert [x.url for x in config.listeners] == ["mqtt://0.0.0.0:1883"]
+    assert not config.listeners[0].allow_anonymous and config.password_file.startswith("/etc/brokerd/")
 
 
 # -- Prometheus and Grafana ---------------------------------------------------------------------------
@@ -289,8 +292,10 @@ def test_dockerfile():
     exposed = " ".join(arg for w, arg in final if w == "EXPOSE").split()
     assert {"1883", "9883"} <= set(exposed)
     assert json.loads(next(arg for w, arg in final if w == "ENTRYPOINT")) == ["brokerd"]
-    env = dict(re.findall(r"(BROKERD_[A-Z_]+)=(\S+)", " ".join(arg for w, arg in final if w == "ENV")))
-    assert env == {"BROKERD_DATA_DIR": "/data", "BROKERD_METRICS_PORT": "9883", "BROKERD_METRICS_HOST": "0.0.0.0"}
+    env = image_env()
+    assert env == {"BROKERD_LISTEN": "mqtt://0.0.0.0:1883", "BROKERD_PASSWORD_FILE": "/run/secrets/brokerd-passwd",
+                   "BROKERD_RETENTION_BYTES": "1G", "BROKERD_DATA_DIR": "/data", "BROKERD_METRICS_PORT": "9883",
+                   "BROKERD_METRICS_HOST": "0.0.0.0"}
     assert set(env) <= OPTION_VARS.keys()
     # What it copies exists and .dockerignore lets it into the build context; .git and .venv stay out.
     ignore = [line for line in (ROOT / ".dockerignore").read_text().splitlines()
@@ -302,3 +307,86 @@ def test_dockerfile():
             for source in arg.split()[:-1]:
                 assert (ROOT / source).exists() and source.rstrip("/") in allowed, source
     assert not {".git", ".venv", "tests", "data"} & allowed
+
+
+# -- what every deployment serves: the network, for the users of a mounted secret ------------------------
+
+def image_env() -> dict[str, str]:
+    """The BROKERD_* variables the image sets (its final stage's ENV)."""
+    steps = dockerfile()
+    final = steps[[i for i, (word, _) in enumerate(steps) if word == "FROM"][-1]:]
+    return dict(re.findall(r"(BROKERD_[A-Z_]+)=(\S+)", " ".join(arg for w, arg in final if w == "ENV")))
+
+
+def compose_env(node: str) -> dict[str, str]:
+    """A compose node's options: the image's variables, overlaid by the service's environment."""
+    service = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"][node]
+    return {**image_env(), **{k: str(v) for k, v in service["environment"].items()}}
+
+
+def statefulset() -> dict:
+    return next(d for d in k8s_resources() if d["kind"] == "StatefulSet")
+
+
+def k8s_env() -> dict[str, str]:
+    """The StatefulSet's options: the image's variables, overlaid by the container's values (the node
+    id, from the pod's name, is left to default)."""
+    (container,) = statefulset()["spec"]["template"]["spec"]["containers"]
+    return {**image_env(), **{e["name"]: e["value"] for e in container["env"] if "value" in e}}
+
+
+DEPLOYMENTS = {"image": image_env, "compose": lambda: compose_env("a"), "kubernetes": k8s_env}
+
+
+def _serves_the_network_for_users(config, port: int = 1883) -> None:
+    assert [x.url for x in config.listeners] == [f"mqtt://0.0.0.0:{port}"]  # not loopback only
+    assert not config.listeners[0].allow_anonymous and config.password_file
+
+
+def test_the_image_listens_on_every_address_for_the_users_of_a_secret():
+    config = load([], environ=image_env())
+    _serves_the_network_for_users(config)
+    assert config.password_file == "/run/secrets/brokerd-passwd"  # where compose puts its secrets
+
+
+def test_compose_nodes_listen_for_the_users_of_the_compose_secret_and_fit_their_disk():
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    total = 0
+    for name in ("a", "b", "c"):
+        config = load([], environ=compose_env(name))
+        _serves_the_network_for_users(config)
+        (secret,) = compose["services"][name]["secrets"]
+        assert config.password_file == f"/run/secrets/{secret}", name
+        assert any(p.split(":")[-1] == "1883" for p in compose["services"][name]["ports"]), name
+        total += config.workers * config.replication_factor * config.retention_bytes
+    source = compose["secrets"][secret]["file"]
+    assert (DEPLOY / source).resolve().parent == DEPLOY / "secrets"
+    assert "/deploy/secrets/" in (ROOT / ".gitignore").read_text().splitlines()  # users stay out of git
+    # The three nodes' logs share one host's disk: the sum compose.yaml's comment states.
+    assert total == 12 << 30
+
+
+def test_the_statefulset_listens_for_the_users_of_a_secret_and_fits_its_volume():
+    sts = statefulset()
+    pod = sts["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    config = load([], environ=k8s_env())
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    _serves_the_network_for_users(config, ports["mqtt"])
+    assert container["livenessProbe"]["tcpSocket"]["port"] == "mqtt"  # reaches the pod's IP now
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volume = mounts[str(Path(config.password_file).parent)]
+    secret = next(v for v in pod["volumes"] if v["name"] == volume)["secret"]
+    assert secret["secretName"] == "brokerd-passwd" and secret["defaultMode"] & 0o040  # fsGroup 10001 reads it
+    # Every router's log and a follower's copy of another's on the claim, with a fifth of it spare.
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    storage = _quantity(claim["spec"]["resources"]["requests"]["storage"])
+    workers = int(container["resources"]["limits"]["cpu"])  # --workers follows limits.cpu
+    assert config.replication_factor == 2
+    assert workers * config.replication_factor * config.retention_bytes <= 0.8 * storage
+
+
+def _quantity(value: str) -> int:
+    """A Kubernetes binary quantity ("10Gi") in bytes."""
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+    return int(value[:-2]) * units[value[-2:]] if value[-2:] in units else int(value)
