@@ -18,7 +18,7 @@ import pytest
 from tests.deploy.test_files import DEPLOYMENTS
 from tests.helpers import BROKERD, WAIT, Broker, free_port
 
-CMD_S = 10  # bound of one ip / mosquitto_* / brokerd health command
+CMD_S = WAIT + 5  # bound of one ip / mosquitto_* / brokerd health command (mosquitto_sub -W WAIT inside)
 USER, PASSWORD = "operator", "s3cret-for-the-test"
 
 
