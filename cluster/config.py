@@ -175,8 +175,8 @@ OPTIONS: tuple[Option, ...] = (
            "MQTT 5: 0x97 quota exceeded)", "N", check=_at_least(1)),
     Option("max_retained", int, _LIMITS.max_retained, "retained messages per router (beyond: a new retained topic is "
            "delivered but not retained)", "N", check=_at_least(1)),
-    Option("max_retained_bytes", _size, _LIMITS.max_retained_bytes, "bytes of retained topics and payloads per router (beyond: "
-           "delivered but not retained)", "BYTES", check=_at_least(1024)),
+    Option("max_retained_bytes", _size, _LIMITS.max_retained_bytes, "memory retained messages may take per router, as "
+           "held: ~1 KiB + 4 x topic + 3 x payload each (beyond: delivered but not retained)", "BYTES", check=_at_least(1024)),
     Option("max_qos2_pending", int, _LIMITS.max_qos2_pending, "received QoS 2 messages per client awaiting PUBREL (beyond: the "
            "connection is closed, MQTT 5: DISCONNECT 0x93; also MQTT 5's Receive Maximum in CONNACK)", "N",
            check=lambda v: None if 1 <= v <= 65535 else "must be 1-65535"),

@@ -638,7 +638,7 @@ class Client:
             # subscriptions are live here meanwhile: what a publish here retains until then
             # reaches them live, and is not sent again with the SUBACK (``live_after``).
             asyncio.ensure_future(self._suback_when_acked(waits, suback, retained_out,
-                                                          router.retained.local_seq))
+                                                          router.retained.seq))
             return
         self._suback(suback, retained_out)
 

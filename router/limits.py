@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from brokerd.connection.packets import Prop
 from brokerd.connection.reasons import Reason
 
-from .retained import SYS_PREFIX
+from .retained import SYS_PREFIX, held_bytes
 
 if TYPE_CHECKING:
     from .message import Message
@@ -29,8 +29,10 @@ if TYPE_CHECKING:
 class ClientLimits:
     max_client_id_length: int = 256
     max_subscriptions: int = 1000
-    max_retained: int = 1_000_000
-    max_retained_bytes: int = 1 << 30
+    # Every worker holds every retained message: 200,000 short ones (~1.1 KiB each, as held) fit
+    # the 256 MiB that leave most of a 1 GiB worker to its connections (docs/tuning.md).
+    max_retained: int = 200_000
+    max_retained_bytes: int = 256 << 20
     max_qos2_pending: int = 1024
     qos2_timeout: float = 300.0
     max_keepalive: int = 65535
@@ -43,8 +45,10 @@ class ClientLimits:
 
 
 def retained_size(msg: Message) -> int:
-    """What a retained message counts against --max-retained-bytes: its topic and payload."""
-    return len(msg.topic) + len(msg.payload)
+    """What a retained message counts against --max-retained-bytes: the memory it holds in a router
+    (``retained.held_bytes``: topic, payload, properties, their encodings, its share of the trie),
+    not just its topic and payload, which undercounted 40 to 74 times (docs/tuning.md)."""
+    return held_bytes(msg)
 
 
 def may_retain(store: RetainedStore, msg: Message, limits: ClientLimits, stats: RouterStats) -> bool:

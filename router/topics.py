@@ -10,6 +10,7 @@ the same topics again and again. Any change to the index drops the cache.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from sys import intern
 from typing import Any, Generic, TypeVar
 
 K = TypeVar("K")
@@ -56,12 +57,23 @@ def filter_matches(topic_filter: str, topic: str) -> bool:
     return len(f_levels) == len(t_levels)
 
 
+_WILDCARDS = ("+", "#")
+
+
 class _Node(Generic[K, V]):
-    __slots__ = ("children", "entries")
+    """One level of a filter, or a chain of literal levels where each has one child (``chain``: the
+    levels after the first, which is its key in the parent; ``span``: how many), so that a deep
+    filter costs one node, not a node and two dicts per level (44 KB for 127 levels before:
+    docs/tuning.md). '+' and '#' are always nodes of their own: a match compares a chain as a string.
+    A chain split by a filter since removed stays split (merging would cost every removal a walk)."""
+
+    __slots__ = ("children", "entries", "chain", "span")
 
     def __init__(self) -> None:
-        self.children: dict[str, _Node[K, V]] = {}
-        self.entries: dict[K, V] = {}
+        self.children: dict[str, _Node[K, V]] | None = None  # None until it has one
+        self.entries: dict[K, V] | None = None
+        self.chain: str | None = None
+        self.span = 0
 
 
 class TopicIndex(Generic[K, V]):
@@ -73,53 +85,85 @@ class TopicIndex(Generic[K, V]):
 
     def __init__(self) -> None:
         self._root: _Node[K, V] = _Node()
+        self._root.children = {}
         self._cache: dict[str, list[tuple[K, V]]] = {}
         self._stack: list[Any] = []  # match's pending '+' branches; empty between calls
         self.filters = 0  # number of (filter, key) entries
 
     def add(self, topic_filter: str, key: K, value: V) -> bool:
         """Add or replace; True if the (filter, key) pair is new."""
+        levels = topic_filter.split("/")
+        n = len(levels)
         node = self._root
-        for level in topic_filter.split("/"):
-            nxt = node.children.get(level)
-            if nxt is None:
-                nxt = node.children[level] = _Node()
-            node = nxt
-        new = key not in node.entries
-        node.entries[key] = value
+        i = 0
+        while i < n:
+            children = node.children
+            if children is None:
+                children = node.children = {}
+            child = children.get(levels[i])
+            if child is None:
+                child = children[intern(levels[i])] = _new_node(levels, i)
+            elif child.span:
+                own = child.chain.split("/")  # type: ignore[union-attr]
+                j = 0
+                while j < child.span and i + 1 + j < n and levels[i + 1 + j] == own[j]:
+                    j += 1
+                if j < child.span:  # the filter leaves (or ends inside) the chain: split it there
+                    _split(child, own, j)
+            i += 1 + child.span
+            node = child
+        entries = node.entries
+        if entries is None:
+            entries = node.entries = {}
+        new = key not in entries
+        entries[key] = value
         if new:
             self.filters += 1
         self._cache.clear()
         return new
 
+    def _find(self, topic_filter: str, path: list[tuple[_Node[K, V], str]] | None = None) -> _Node[K, V] | None:
+        """The node ending at ``topic_filter`` (None: none does); ``path`` gets (parent, key) on the way."""
+        levels = topic_filter.split("/")
+        n = len(levels)
+        node = self._root
+        i = 0
+        while i < n:
+            children = node.children
+            child = children.get(levels[i]) if children else None
+            if child is None:
+                return None
+            span = child.span
+            if span and (i + span >= n or "/".join(levels[i + 1:i + 1 + span]) != child.chain):
+                return None
+            if path is not None:
+                path.append((node, levels[i]))
+            node = child
+            i += 1 + span
+        return node
+
     def remove(self, topic_filter: str, key: K) -> bool:
         """Remove one (filter, key) pair and prune empty branches; True if it was there."""
         path: list[tuple[_Node[K, V], str]] = []
-        node = self._root
-        for level in topic_filter.split("/"):
-            nxt = node.children.get(level)
-            if nxt is None:
-                return False
-            path.append((node, level))
-            node = nxt
-        if key not in node.entries:
+        node = self._find(topic_filter, path)
+        if node is None or not node.entries or key not in node.entries:
             return False
         del node.entries[key]
+        if not node.entries:
+            node.entries = None
         self.filters -= 1
         for parent, level in reversed(path):
-            child = parent.children[level]
+            child = parent.children[level]  # type: ignore[index]
             if child.entries or child.children:
                 break
-            del parent.children[level]
+            del parent.children[level]  # type: ignore[attr-defined]
         self._cache.clear()
         return True
 
     def get(self, topic_filter: str, key: K) -> V | None:
-        node = self._root
-        for level in topic_filter.split("/"):
-            node = node.children.get(level)  # type: ignore[assignment]
-            if node is None:
-                return None
+        node = self._find(topic_filter)
+        if node is None or not node.entries:
+            return None
         return node.entries.get(key)
 
     def match(self, topic: str) -> list[tuple[K, V]]:
@@ -156,14 +200,14 @@ class TopicIndex(Generic[K, V]):
             if i == n:
                 if children:
                     hash_node = children.get("#")  # "a/#" matches "a" too
-                    if hash_node is not None:
+                    if hash_node is not None and hash_node.entries:
                         out.extend(hash_node.entries.items())
                 if node.entries:
                     out.extend(node.entries.items())
             elif children:
                 if wild_ok:
                     hash_node = children.get("#")
-                    if hash_node is not None:
+                    if hash_node is not None and hash_node.entries:
                         out.extend(hash_node.entries.items())
                     plus = children.get("+")
                     if plus is not None:
@@ -173,9 +217,15 @@ class TopicIndex(Generic[K, V]):
                     wild_ok = True  # only the first level of a '$' topic is hidden
                 exact = children.get(levels[i])
                 if exact is not None:
-                    node = exact
-                    i += 1
-                    continue
+                    span = exact.span
+                    if not span:
+                        node = exact
+                        i += 1
+                        continue
+                    if i + span < n and "/".join(levels[i + 1:i + 1 + span]) == exact.chain:
+                        node = exact
+                        i += 1 + span
+                        continue
             if not stack:
                 return out
             i = stack.pop()
@@ -186,10 +236,43 @@ class TopicIndex(Generic[K, V]):
         stack: list[tuple[str, _Node[K, V]]] = [("", self._root)]
         while stack:
             prefix, node = stack.pop()
-            for key, value in node.entries.items():
+            for key, value in (node.entries or {}).items():
                 yield prefix, key, value
-            for level, child in node.children.items():
+            for level, child in (node.children or {}).items():
+                if child.span:
+                    level = f"{level}/{child.chain}"
                 stack.append((level if node is self._root else f"{prefix}/{level}", child))
 
     def __len__(self) -> int:
         return self.filters
+
+
+def _new_node(levels: list[str], i: int) -> _Node:
+    """A node for ``levels[i]`` and the literal levels after it, up to the next wildcard."""
+    node: _Node = _Node()
+    if levels[i] in _WILDCARDS:
+        return node
+    end = i + 1
+    n = len(levels)
+    while end < n and levels[end] not in _WILDCARDS:
+        end += 1
+    if end > i + 1:
+        node.chain = "/".join(levels[i + 1:end])
+        node.span = end - i - 1
+    return node
+
+
+def _split(node: _Node, own: list[str], j: int) -> None:
+    """Keep the first ``j`` levels of ``node``'s chain (``own``) in it; the rest becomes its only child,
+    which takes its children and entries."""
+    tail: _Node = _Node()
+    tail.children = node.children
+    tail.entries = node.entries
+    rest = own[j + 1:]
+    if rest:
+        tail.chain = "/".join(rest)
+        tail.span = len(rest)
+    node.children = {intern(own[j]): tail}
+    node.entries = None
+    node.chain = "/".join(own[:j]) if j else None
+    node.span = j

@@ -25,9 +25,11 @@ import sys
 import tracemalloc
 from collections.abc import Callable
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# This checkout's brokerd (scripts/lib/pythonpath), not whichever the virtualenv's install points at.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib", "pythonpath"))
 
-from brokerd.connection.packets import Subscription  # noqa: E402
+from brokerd.connection.codec import encode  # noqa: E402
+from brokerd.connection.packets import Publish, Subscription  # noqa: E402
 from brokerd.router.limits import retained_size  # noqa: E402
 from brokerd.router.message import Message  # noqa: E402
 from brokerd.router.retained import RetainedStore  # noqa: E402
@@ -51,11 +53,19 @@ def measure(build: Callable[[], object]) -> tuple[int, object]:
 
 
 def retained(topics: list[str], payload: bytes) -> tuple[int, int]:
-    """(bytes held per message, bytes charged per message) for a store of these topics."""
+    """(bytes held per message, bytes charged per message) for a store of these topics. Each
+    message is as a worker holds it: its topic a string of its own (the decoder makes one per
+    packet), published from its packet (kept as an encoding), and sent once to a subscriber
+    with RETAIN set (a second encoding)."""
+    packets = [encode(Publish(t, payload, 0, retain=True), 4) for t in topics]
+
     def build() -> object:
         store = RetainedStore()
-        for t in topics:
-            store.set(Message(t, payload, 0, True, "c", "r0", timestamp_ms=1))
+        for t, packet in zip(topics, packets, strict=True):
+            raw = bytes(bytearray(packet))  # as read, and its payload cut out of it (a copy)
+            msg = Message.published("".join(t), raw[len(raw) - len(payload):], 0, True, "c", "r0", None, raw, 4)
+            msg.encoded(4, 0, True)
+            store.set(msg)
         return store
 
     held, store = measure(build)
@@ -70,6 +80,7 @@ def subscriptions(filters: list[str]) -> int:
         session = object()
         mine: dict[str, Subscription] = {}
         for f in filters:
+            f = "".join(f)  # a string of its own, as the decoder makes one per packet
             sub = Subscription(f, 1)
             mine[f] = sub
             index.add(f, session, sub)

@@ -375,9 +375,10 @@ def test_the_brokers_own_sys_topics_take_no_clients_room_in_the_retained_limits(
     which a slow start put among a client's first publishes) neither take one of the two places
     nor are refused when clients fill them. A CI run failed so (a client's second retained topic
     refused because $SYS/.../version had taken its place)."""
-    from brokerd.router.limits import ClientLimits
+    from brokerd.router.limits import ClientLimits, retained_size
 
-    router = Router(RouterConfig(limits=ClientLimits(max_retained=2, max_retained_bytes=64)))
+    room = 2 * retained_size(Message("r/1", b"one")) + 100  # two messages, not one 60 bytes bigger
+    router = Router(RouterConfig(limits=ClientLimits(max_retained=2, max_retained_bytes=room)))
     router.publish(Message("$SYS/brokerd/t/w0/version", b"brokerd 0.1.0", 0, True, "$SYS", "t/w0"))
     router.publish(Message("$SYS/brokerd/t/w0/uptime", b"1" * 40, 0, True, "$SYS", "t/w0"))
     router.publish(Message("r/1", b"one", 1, True, "c", "t/w0"))

@@ -191,7 +191,7 @@ def test_retained_set_here_after_a_mark_is_left_out_of_a_match_since_it():
     store = RetainedStore()
     store.set(Message("a/old", b"1", retain=True), local=True)
     store.set(Message("a/peer", b"2", retain=True))
-    mark = store.local_seq
+    mark = store.seq
     store.set(Message("a/new", b"3", retain=True), local=True)
     store.set(Message("a/peer2", b"4", retain=True))
     for f in ("a/#", "a/+", "#"):
