@@ -141,11 +141,18 @@ def passwd_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="brokerd passwd",
         description="Create or update a user in a Mosquitto-format password file ($7$: PBKDF2-SHA512). "
-        "The password is asked twice on a terminal, else read as one line from stdin.")
+        "The password is asked twice on a terminal, else read as one line from stdin; with -b it is "
+        "the third argument (as mosquitto_passwd -b: for scripts; it shows in the process list).")
+    p.add_argument("-b", dest="batch", action="store_true", help="batch mode: the password is an argument")
     p.add_argument("file", metavar="FILE")
     p.add_argument("user", metavar="USER")
+    p.add_argument("password", metavar="PASSWORD", nargs="?", help="with -b only")
     args = p.parse_args(argv)
-    if sys.stdin.isatty():
+    if args.batch != (args.password is not None):
+        p.error("PASSWORD is given with -b, and only then")
+    if args.batch:
+        password = args.password
+    elif sys.stdin.isatty():
         password = getpass.getpass("Password: ")
         if getpass.getpass("Reenter password: ") != password:
             print("brokerd passwd: error: passwords do not match", file=sys.stderr)

@@ -360,7 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"brokerd {__version__}")
     p.add_argument("--config", metavar="FILE", help="read options from a TOML file (command line wins)")
-    p.add_argument("--port", metavar="P", help="short for --listen 0.0.0.0:P")
+    p.add_argument("--port", metavar="P", help="short for --listen 127.0.0.1:P (loopback; the network "
+                   "needs --listen mqtt://0.0.0.0:P)")
     for opt in OPTIONS:
         default = _shown_default(opt)
         kwargs: dict[str, Any] = {"metavar": opt.metavar, "help": opt.help,
@@ -391,12 +392,12 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     A repeatable option takes a comma-separated list: ``BROKERD_PEER=b:7000,c:7000``."""
     values: dict[str, Any] = {}
     port = environ.get(env_name("port"), "").strip()
-    if port:  # like --port and TOML's port: short for listen = "0.0.0.0:P"; BROKERD_LISTEN wins
+    if port:  # like --port and TOML's port: short for listen = "127.0.0.1:P"; BROKERD_LISTEN wins
         problem = None if port.isdigit() else "expected a port number"
         problem = problem or _port(int(port))
         if problem:
             raise ConfigError(f"{env_name('port')}: {problem}, got {port!r}")
-        values["listen"] = (_listeners.parse(f"0.0.0.0:{port}"),)
+        values["listen"] = (_listeners.parse(f"127.0.0.1:{port}"),)
     for opt in OPTIONS:
         var = env_name(opt.name)
         raw: Any = environ.get(var, "").strip()
@@ -430,7 +431,7 @@ def load(argv: list[str], environ: Mapping[str, str] | None = None) -> Config:
         for key, raw in table.items():
             name = key.replace("-", "_")
             if name == "port":
-                values["listen"] = _convert(_BY_NAME["listen"], f"0.0.0.0:{raw}", f"{config_file}: port")
+                values["listen"] = _convert(_BY_NAME["listen"], f"127.0.0.1:{raw}", f"{config_file}: port")
                 continue
             if name == "listener":  # [[listener]] tables: listeners of their own, with their settings
                 values["listen"] = _toml_listeners(table, raw, config_file)
@@ -448,7 +449,7 @@ def load(argv: list[str], environ: Mapping[str, str] | None = None) -> Config:
         problem = _port(port)
         if problem:
             raise ConfigError(f"--port: {problem}, got {port!r}")
-        values["listen"] = (_listeners.parse(f"0.0.0.0:{port}"),)
+        values["listen"] = (_listeners.parse(f"127.0.0.1:{port}"),)
     for name, raw in args.items():
         opt = _BY_NAME[name]
         values[name] = _convert(opt, raw, opt.flag)

@@ -11,8 +11,10 @@ override any of them for it, plus ``max_connections`` and ``allow_anonymous``.
 
 Anonymous clients (no username): allowed on a loopback listener, refused on any other unless the
 operator allows them (``allow_anonymous``, globally or per listener). With no listener configured the
-node listens on ``mqtt://127.0.0.1:1883`` only, as Mosquitto 2 does. The router enforces the rule
-(``conn.listener.allow_anonymous``); start-up says which applies to each listener (``describe``).
+node listens on ``mqtt://127.0.0.1:1883`` only, as Mosquitto 2 does; ``--port P`` is short for
+``127.0.0.1:P`` (the network needs an explicit ``--listen``). The router enforces the rule
+(``conn.listener.allow_anonymous``); start-up says which applies to each listener (``describe``), and
+names a listener where every client is refused (anonymous clients refused, nothing to check a password).
 """
 
 from __future__ import annotations
@@ -116,10 +118,19 @@ def resolve(listens: tuple[Listener, ...], settings: Any) -> tuple[Listener, ...
                  for x in done)
 
 
-def describe(listeners: tuple[Listener, ...], implicit: bool) -> list[str]:
-    """What start-up says of each listener: where, TLS, and whether anonymous clients get in."""
+def describe(listeners: tuple[Listener, ...], implicit: bool, checked: bool = False,
+             anonymous: bool = True) -> list[str]:
+    """What start-up says of each listener: where, TLS, and whether anonymous clients get in.
+    ``checked``: a password file or plugin verifies user names; ``anonymous``: the node's own rule
+    (``auth_setup.anonymous_allowed``). Where neither a check nor anonymous clients are possible,
+    every client is refused, and the line says so (a quick start that refuses everyone must say why)."""
     lines = []
     for x in listeners:
+        if not (checked or x.use_identity_as_username or (x.allow_anonymous and anonymous)):
+            lines.append(f"listener {x.url}: every client refused: anonymous clients are not allowed here and "
+                         "no password file or auth plugin checks user names (--password-file FILE, or "
+                         "--allow-anonymous on)")
+            continue
         parts = []
         if x.tls:
             parts.append(f"TLS ({x.tls_version} or later" + (", client certificate required" if
@@ -127,10 +138,14 @@ def describe(listeners: tuple[Listener, ...], implicit: bool) -> list[str]:
                          x.use_identity_as_username else "") + ")")
         if x.max_connections:
             parts.append(f"at most {x.max_connections} clients")
-        if x.allow_anonymous:
+        if x.allow_anonymous and anonymous:
             why = ("no listener configured: loopback only, anonymous clients allowed; "
                    "--listen mqtt://0.0.0.0:1883 opens it to the network" if implicit
                    else "anonymous clients allowed" + (" (loopback)" if is_loopback(x.host) else ""))
+            if not checked and not x.use_identity_as_username:
+                why += "; user names are not checked (no password file): every client is anonymous"
+        elif x.allow_anonymous:
+            why = "anonymous clients refused (a password file or auth plugin is configured)"
         else:
             why = ("anonymous clients refused (not loopback; --allow-anonymous on, or allow_anonymous = true "
                    "in its [[listener]] table, lets them in)")

@@ -29,7 +29,7 @@ MACHINE_DEFAULTS = {"workers": "CPUs it may use", "node_id": "host name"}
 # Options of the command line that are not in OPTIONS (cluster.config.build_parser adds them).
 _EXTRA_ROWS = (
     ("`--config FILE`", "—", "`BROKERD_CONFIG`", "—", "read options from a TOML file"),
-    ("`--port P`", "`port`", "`BROKERD_PORT`", "—", "short for `--listen 0.0.0.0:P`"),
+    ("`--port P`", "`port`", "`BROKERD_PORT`", "—", "short for `--listen 127.0.0.1:P` (loopback)"),
 )
 
 

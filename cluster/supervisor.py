@@ -171,7 +171,10 @@ class Supervisor:
             return 1
         self._start_aux()
         host, port = cfg.listen
-        for line in describe(cfg.listeners, cfg.listeners_implicit):  # and whether anonymous clients get in
+        from .auth_setup import anonymous_allowed
+
+        checked = bool(cfg.password_file or cfg.auth_plugin)  # and whether anonymous clients get in:
+        for line in describe(cfg.listeners, cfg.listeners_implicit, checked, anonymous_allowed(cfg)):
             log.info("%s", line)
         log.info("%s", ready_line(cfg))
         notify(f"READY=1\nSTATUS=node {cfg.node_id}: MQTT on {host}:{port}, {cfg.workers} workers")  # systemd

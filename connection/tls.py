@@ -75,14 +75,17 @@ def reload_context(ctx: ssl.SSLContext, listener: Listener) -> None:
 
 def peer_identity(transport: Any) -> str | None:
     """The verified client certificate's common name, or its first subject alternative name when it has
-    none; None without a client certificate."""
+    none; None without a client certificate, or with one that names no one (an empty CN counts as none).
+    On a ``use_identity_as_username`` listener None refuses the client (``router.access``): the CONNECT's
+    own user name never stands in for the certificate's."""
     cert = transport.get_extra_info("peercert")
     if not cert:
         return None
     for rdn in cert.get("subject", ()):
         for key, value in rdn:
-            if key == "commonName":
+            if key == "commonName" and value:
                 return value
     for _kind, value in cert.get("subjectAltName", ()):
-        return value
+        if value:
+            return value
     return None

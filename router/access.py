@@ -38,17 +38,43 @@ def install_auth(router: Router, auth: Auth | None) -> None:
 
 
 def anonymous_refused(client: Client, connect: Connect) -> bool:
-    """A CONNECT without a user name on a listener that does not allow anonymous clients (one on a
-    non-loopback address, unless the operator allowed them: Mosquitto 2's secure default) is
-    refused, not authorized: True when it was. The password file or plugin may refuse it too."""
+    """The listener's rules, before any password is checked: True when the client was refused.
+
+    On a ``use_identity_as_username`` listener the user name is the certificate's (set by the
+    connection); a certificate without CN or SAN is refused, never replaced by the CONNECT's user
+    name (Mosquitto). Elsewhere, where no password file or plugin can verify a user name, the name is
+    only a claim: the client is anonymous (no ACL section or ``%u`` pattern of that name applies to
+    it). A client that is anonymous is refused, not authorized, on a listener that does not allow
+    anonymous clients (one on a non-loopback address, unless the operator allowed them: Mosquitto 2's
+    secure default). The password file or plugin may refuse it too."""
     listener = getattr(client.conn, "listener", None)
-    if connect.username is not None or listener is None or listener.allow_anonymous:
+    if listener is not None and listener.use_identity_as_username:
+        if getattr(client.conn, "tls_identity", None) is not None:
+            return False
+        return _refuse_early(client, connect, f"its certificate has no CN and no subject alternative name, "
+                             f"and {listener.url} takes the user name from it")
+    allowed = listener is None or bool(listener.allow_anonymous)
+    auth = client.router.auth
+    if connect.username is not None and (auth is None or not auth.checks_passwords):
+        if allowed and (auth is None or auth.allow_anonymous):
+            log.debug("client %r: user name %r ignored (no password file or auth plugin verifies it): "
+                      "anonymous", connect.client_id, connect.username)
+            connect.username = connect.password = None
+            return False
+        where = listener.url if listener is not None else "this listener"
+        return _refuse_early(client, connect, f"anonymous clients not allowed on {where}, and no password "
+                             "file or auth plugin checks user names: every client is refused")
+    if connect.username is not None or allowed:
         return False
+    return _refuse_early(client, connect, f"anonymous clients not allowed on {listener.url} "  # type: ignore[union-attr]
+                         "(--allow-anonymous on, or allow_anonymous = true for the listener, to allow them)")
+
+
+def _refuse_early(client: Client, connect: Connect, why: str) -> bool:
     client.level = connect.protocol_level
     client.client_id = connect.client_id
     client.router.stats.auth_failures += 1
-    client._refuse(Reason.NOT_AUTHORIZED, f"anonymous clients not allowed on {listener.url} "
-                   "(--allow-anonymous on, or allow_anonymous = true for the listener, to allow them)")
+    client._refuse(Reason.NOT_AUTHORIZED, why)
     return True
 
 
@@ -57,7 +83,10 @@ def start_connect(client: Client, connect: Connect) -> None:
     auth = client.router.auth
     client.level = connect.protocol_level
     client.client_id = connect.client_id
-    answer = auth.authenticate(connect.client_id, connect.username, connect.password, client.conn.peer)
+    listener = getattr(client.conn, "listener", None)
+    answer = auth.authenticate(connect.client_id, connect.username, connect.password, client.conn.peer,
+                               anonymous=listener is None or bool(listener.allow_anonymous),
+                               certified=listener is not None and bool(listener.use_identity_as_username))
     if answer is None or isinstance(answer, Reason):
         _decided(client, connect, answer)
         return

@@ -8,7 +8,11 @@ Files are Mosquitto's, so an operator brings the ones they have:
 * ACL file (``acl_file``): ``user NAME``, ``topic [read|write|readwrite|deny] FILTER`` (for the
   last ``user``; before any, for anonymous clients), ``pattern [...] FILTER`` for every client with
   ``%c`` (client id) and ``%u`` (user name) substituted. A ``deny`` that matches wins; otherwise
-  access needs an entry granting it.
+  access needs an entry granting it. An access word without a filter (``topic deny``) is an error.
+
+A user name counts only where something verifies it: the password file (an unknown user costs the
+same hashing as a wrong password), a plugin, or the client certificate of a ``use_identity_as_username``
+listener. Without any, the client is anonymous, and refused where anonymous clients are.
 
 ``Auth`` is what a router consults: ``router.auth`` (CONNECT) is None when nothing is configured,
 and ``router.acl`` (SUBSCRIBE, PUBLISH, delivery) is None unless an ACL file or a plugin's
@@ -213,7 +217,7 @@ class Acl:
                 raise AuthFileError(f"{name}: line {n}: unknown keyword {word!r} (user, topic or pattern)")
             access = READ | WRITE
             first, _, after = rest.partition(" ")
-            if first in _ACCESS and after.strip():
+            if first in _ACCESS:  # ``topic deny`` alone is an error, never a grant on a topic named deny
                 access, rest = _ACCESS[first], after.strip()
             if not rest:
                 raise AuthFileError(f"{name}: line {n}: {word} needs a topic filter")
@@ -280,12 +284,26 @@ def read_acl_file(path: str) -> Acl:
 OK = None  # authenticate's answer for an accepted client
 
 
+def _decoy(passwords: dict[str, str]) -> str:
+    """A hash no password matches, of the file's commonest kind and iteration count: verified for
+    an unknown user, so that it costs what a known user's wrong password does (no user list by timing)."""
+    kinds: dict[str, int] = {}
+    for stored in passwords.values():
+        parts = stored.split("$")
+        kind = parts[2] if len(parts) == 5 and parts[1] == "7" else "6"
+        kinds[kind] = kinds.get(kind, 0) + 1
+    common = max(kinds, key=kinds.__getitem__, default=str(ITERATIONS))
+    salt, digest = (base64.b64encode(os.urandom(n)).decode() for n in (SALT_BYTES, 64))
+    return f"$6${salt}${digest}" if common == "6" else f"$7${common}${salt}${digest}"
+
+
 class Auth:
     """Authentication and authorization of one router's clients."""
 
     def __init__(self, passwords: dict[str, str] | None = None, acl: Acl | None = None,
                  plugin: Any = None, allow_anonymous: bool = False) -> None:
         self.passwords = passwords
+        self._decoy = _decoy(passwords) if passwords is not None else ""
         self.acl = acl
         self.plugin = plugin
         self.allow_anonymous = allow_anonymous
@@ -302,22 +320,32 @@ class Auth:
     def authenticates(self) -> bool:
         return self.passwords is not None or self.plugin is not None or not self.allow_anonymous
 
+    @property
+    def checks_passwords(self) -> bool:
+        """Whether anything can verify a user name (a password file or a plugin). Without either a
+        user name is only a claim: its client is anonymous (``router.access.anonymous_refused``)."""
+        return self.passwords is not None or self.plugin is not None
+
     # CONNECT ------------------------------------------------------------------------------------------
 
-    def authenticate(self, client_id: str, username: str | None, password: bytes | None,
-                     peer: Any) -> Reason | None | Awaitable[Reason | None]:
+    def authenticate(self, client_id: str, username: str | None, password: bytes | None, peer: Any, *,
+                     anonymous: bool = True, certified: bool = False) -> Reason | None | Awaitable[Reason | None]:
         """None when the client may connect, else the reason to refuse it with; an awaitable of
-        that when a plugin has to be asked."""
-        if username is None:
-            if self.allow_anonymous:
-                return OK
-            return Reason.NOT_AUTHORIZED
-        if self.passwords is not None and username in self.passwords:
-            if password is not None and verify_password(self.passwords[username], password):
-                return OK
-            return Reason.BAD_USER_NAME_OR_PASSWORD
+        that when a plugin has to be asked. ``anonymous``: whether the client's listener allows
+        anonymous clients (the node's rule applies too). ``certified``: the user name is the
+        verified client certificate's, on a ``use_identity_as_username`` listener; the certificate
+        is its authentication, and neither the password file nor a plugin is asked (as Mosquitto)."""
+        if certified:
+            return OK
+        if username is None or not self.checks_passwords:
+            return OK if anonymous and self.allow_anonymous else Reason.NOT_AUTHORIZED
+        stored = self.passwords.get(username) if self.passwords is not None else None
+        if stored is not None:
+            matches = verify_password(stored, b"" if password is None else password)
+            return OK if matches and password is not None else Reason.BAD_USER_NAME_OR_PASSWORD
         if self.plugin is None:
-            return OK if self.passwords is None else Reason.BAD_USER_NAME_OR_PASSWORD
+            verify_password(self._decoy, b"" if password is None else password)  # the same work, in vain
+            return Reason.BAD_USER_NAME_OR_PASSWORD
         answer = self.plugin.authenticate(client_id, username, password, peer)
         if inspect.isawaitable(answer):
             return _await_answer(answer)

@@ -49,7 +49,7 @@ def test_sd_notify_ready_and_stopping_and_health(tmp_path):
             for i, raw in enumerate(held):
                 raw.send(connect_packet(f"held-{i}"))
                 assert raw.recv_exact(4) == b"\x20\x02\x00\x00"
-            full = health("--port", str(port))  # --port P: 0.0.0.0:P, probed on loopback
+            full = health("--port", str(port))  # --port P: 127.0.0.1:P
             assert full.returncode == 1 and "server unavailable" in full.stderr, full.stderr
             for raw in held:
                 raw.close()

@@ -224,7 +224,7 @@ def test_anonymous_clients_are_refused_on_a_non_loopback_listener_unless_allowed
     broker = start_broker("--listen", f"ws://0.0.0.0:{ws}/mqtt")
     text = broker.log_text()
     assert f"listener mqtt://127.0.0.1:{broker.port}: anonymous clients allowed (loopback)" in text
-    assert f"listener ws://0.0.0.0:{ws}/mqtt: anonymous clients refused (not loopback" in text
+    assert f"listener ws://0.0.0.0:{ws}/mqtt: every client refused: anonymous clients are not allowed" in text
     LClient(ws, cid("anon-ws"), websocket=True).connect(expect_rc=135)  # paho: CONNACK 0x05 as 0x87
     Client(broker.port, cid("anon-loopback")).connect()
     broker.wait_log("anonymous clients not allowed on ws://0.0.0.0:")

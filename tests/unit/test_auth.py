@@ -151,3 +151,67 @@ def test_plugin_decides_unknown_users() -> None:
     assert a.authenticate("c", "zed", b"ok", None) is None
     assert a.authenticate("c", "zed", b"no", None) == Reason.BAD_USER_NAME_OR_PASSWORD
     assert a.authorizes and not a.may_publish("zed", "c", "forbidden/x") and a.may_publish("zed", "c", "ok/x")
+
+
+@pytest.mark.parametrize("line", ["topic deny", "topic read", "topic readwrite  ", "pattern write"])
+def test_an_access_word_without_a_filter_is_an_error_not_a_topic(line: str) -> None:
+    """``topic deny`` alone once granted read and write on a topic named ``deny`` (Mosquitto refuses it)."""
+    with pytest.raises(AuthFileError, match=r"^acl: line 3: (topic|pattern) needs a topic filter"):
+        Acl.parse(f"user x\ntopic read a/#\n{line}\n", "acl")
+    assert Acl.parse("topic deny a/b\n", "acl").anonymous == [(0, "a/b")]
+
+
+def test_an_unknown_user_costs_the_hashing_a_wrong_password_does(monkeypatch) -> None:
+    """No list of users by timing: an unknown user is checked against a decoy of the file's commonest
+    iteration count, so both refusals run one PBKDF2 of the same cost."""
+    import hashlib
+
+    calls: list[int] = []
+    real = hashlib.pbkdf2_hmac
+
+    def counted(name: str, password: bytes, salt: bytes, iterations: int, *rest: object) -> bytes:
+        calls.append(iterations)
+        return real(name, password, salt, iterations, *rest)
+
+    pw = {"alice": hash_password("pw", 2000), "bob": hash_password("pw2", 2000), "old": hash_password("x", 7)}
+    a = Auth(pw, None, None, False)
+    monkeypatch.setattr(hashlib, "pbkdf2_hmac", counted)
+    assert a.authenticate("c", "alice", b"wrong", None) == Reason.BAD_USER_NAME_OR_PASSWORD
+    assert a.authenticate("c", "mallory", b"wrong", None) == Reason.BAD_USER_NAME_OR_PASSWORD
+    assert a.authenticate("c", "mallory", None, None) == Reason.BAD_USER_NAME_OR_PASSWORD
+    assert a.authenticate("c", "alice", None, None) == Reason.BAD_USER_NAME_OR_PASSWORD
+    assert calls == [2000, 2000, 2000, 2000]
+
+
+def test_a_user_name_nothing_verifies_makes_no_one_in_where_anonymous_clients_are_refused() -> None:
+    """Without a password file or plugin a user name is a claim: it gets in only where an anonymous
+    client would, on the node and on the client's listener; a certificate's name is verified."""
+    acl = Acl.parse("user admin\ntopic readwrite #\n")
+    refused = Auth(None, acl, None, False)
+    assert not refused.checks_passwords
+    assert refused.authenticate("c", "admin", None, None) == Reason.NOT_AUTHORIZED
+    assert refused.authenticate("c", "admin", b"anything", None) == Reason.NOT_AUTHORIZED
+    assert refused.authenticate("c", "device-7", None, None, certified=True) is None
+    allowed = Auth(None, acl, None, True)
+    assert allowed.authenticate("c", "admin", None, None, anonymous=False) == Reason.NOT_AUTHORIZED
+    assert allowed.authenticate("c", None, None, None) is None
+    # With a password file the certificate is still the authentication (as Mosquitto): not the file.
+    assert Auth({"alice": hash_password("pw")}, None, None, False).authenticate(
+        "c", "device-7", None, None, certified=True) is None
+
+
+@pytest.mark.parametrize(("status", "body", "meaning"), [
+    (200, b"", True), (204, b"", True), (200, b'{"result": "allow"}', True), (200, b'{"result": "deny"}', False),
+    (200, b'{"result": "ignore"}', None), (200, b"<html>OK</html>", "failure"), (200, b"{}", "failure"),
+    (200, b'["allow"]', "failure"), (200, b'{"result": "yes"}', "failure"), (202, b"", "failure"),
+])
+def test_http_auth_reads_only_the_documented_answers(status: int, body: bytes, meaning: object) -> None:
+    """An answer nobody documented is a failure (the client refused, nothing cached), never an allow."""
+    from brokerd.cluster.auth_http import HttpAuth
+
+    plugin = HttpAuth({"url": "http://127.0.0.1:9/auth"})
+    if meaning == "failure":
+        with pytest.raises(RuntimeError, match="auth service http://127.0.0.1:9/auth"):
+            plugin._meaning(status, body)
+    else:
+        assert plugin._meaning(status, body) is meaning

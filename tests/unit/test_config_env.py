@@ -58,12 +58,17 @@ def test_config_file_from_the_environment(tmp_path):
 
 
 def test_port_variable_is_short_for_listen_and_listen_wins(tmp_path):
-    assert load([], {"BROKERD_PORT": "1999"}).listen == ("0.0.0.0", 1999)
-    assert load([], {"BROKERD_PORT": "1999", "BROKERD_LISTEN": "127.0.0.1:2000"}).listen == ("127.0.0.1", 2000)
-    assert load(["--port", "2001"], {"BROKERD_LISTEN": "127.0.0.1:2000"}).listen == ("0.0.0.0", 2001)
+    """--port, BROKERD_PORT and TOML's port mean loopback (the quick start's anonymous clients get in);
+    the network needs an explicit --listen."""
+    assert load([], {"BROKERD_PORT": "1999"}).listen == ("127.0.0.1", 1999)
+    assert load([], {"BROKERD_PORT": "1999", "BROKERD_LISTEN": "0.0.0.0:2000"}).listen == ("0.0.0.0", 2000)
+    by_flag = load(["--port", "2001"], {"BROKERD_LISTEN": "0.0.0.0:2000"})
+    assert by_flag.listen == ("127.0.0.1", 2001) and by_flag.listeners[0].allow_anonymous
     toml = tmp_path / "b.toml"
-    toml.write_text('listen = "127.0.0.1:2002"\n')
-    assert load(["--config", str(toml)], {"BROKERD_PORT": "1999"}).listen == ("0.0.0.0", 1999)
+    toml.write_text('listen = "0.0.0.0:2002"\n')
+    assert load(["--config", str(toml)], {"BROKERD_PORT": "1999"}).listen == ("127.0.0.1", 1999)
+    toml.write_text('port = 2003\n')
+    assert load(["--config", str(toml)], {}).listen == ("127.0.0.1", 2003)
 
 
 @pytest.mark.parametrize(("env", "named"), [
