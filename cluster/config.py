@@ -235,6 +235,9 @@ OPTIONS: tuple[Option, ...] = (
            "PUBLISH and delivery (reloaded on SIGHUP)", "FILE"),
     Option("allow_anonymous", _on_off, None, "clients without a user name may connect (default: off once a "
            "password file or an auth plugin is configured, else on)", "on|off"),
+    Option("session_owner", _word, "refuse", "a CONNECT of another user with a session's client id: refused "
+           "(CONNACK not authorized; the session stays its owner's) or given a clean session (the old one ends, "
+           "logged)", choices=("refuse", "replace")),
     Option("auth_plugin", str, None, "Python auth plugin MODULE:ATTR with authenticate() and authorize(); "
            "brokerd.cluster.auth_http:HttpAuth asks an HTTP service", "MODULE:ATTR"),
     Option("auth_plugin_opt", str, (), "KEY=VALUE option handed to the auth plugin (repeatable), e.g. "
@@ -314,6 +317,7 @@ class Config:
     password_file: str | None = None
     acl_file: str | None = None
     allow_anonymous: bool | None = None
+    session_owner: str = "refuse"
     auth_plugin: str | None = None
     auth_plugin_opt: tuple[str, ...] = ()
     config_file: str | None = field(default=None)

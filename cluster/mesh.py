@@ -114,6 +114,7 @@ from brokerd.router.mesh_format import (
     to_mesh_shared,
 )
 from brokerd.router.message import Message
+from brokerd.router.ownership import refusal, refused_by
 from brokerd.router.ports import TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE
 from brokerd.router.session import recency
 from brokerd.router.spool import SpoolWriter, drop_named
@@ -915,9 +916,12 @@ class Mesh:
             elif peer.parked:
                 self._keep(peer, frame, 1)
 
-    async def takeover(self, client_id: str) -> dict | None:
-        """Ask every live peer for ``client_id``'s session. The routers of this node are always
-        asked: while one is down (crashed and being restarted by the supervisor, or stopped) the
+    async def takeover(self, client_id: str, claim: list | None = None) -> dict | None:
+        """Ask every live peer for ``client_id``'s session, for a CONNECT making ``claim``
+        (``[user name, refuse?]``, ``router.ownership``): a live router holding another
+        identity's session refuses before it lets anything go, and a copy offered by a replica
+        (or held here) is checked here; a refusal leaves every offer where it was. The routers of
+        this node are always asked: while one is down (crashed and being restarted by the supervisor, or stopped) the
         request waits for it, bounded by ``LOCAL_DOWN_WAIT_S``, and is asked again when one fell
         silent instead of answering, since the sessions it restores from its disk would
         otherwise exist twice. Routers of other nodes that are parked are not waited for (a
@@ -933,13 +937,13 @@ class Mesh:
                                 LOCAL_DOWN_WAIT_S)
                     return TAKEOVER_UNAVAILABLE
                 continue
-            waiter = self._ask_takeover(client_id)
+            waiter = self._ask_takeover(client_id, claim)
             result = await waiter.future
             if result is not None:  # a transfer broke off: that router keeps the session
                 self._settle(client_id, waiter.offers, failed=True)
                 return result
             if waiter.offers:
-                return self._settle(client_id, waiter.offers)
+                return self._settle(client_id, waiter.offers, claim=claim)
             if any(self.peers[rid].node_id == self.node_id for rid in waiter.missed):
                 continue
             if self.replication is not None and not asked_again and (waiter.missed or self._just_parked()):
@@ -949,11 +953,12 @@ class Mesh:
                 await self._gone(waiter.missed)
                 continue
             if self.replication is not None:  # the follower holding it may be this router
-                return self._take_local_replica(client_id)
+                return self._take_local_replica(client_id, claim)
             return result
         return None
 
-    def _settle(self, client_id: str, offers: list[tuple[str | None, int, dict]], failed: bool = False) -> dict:
+    def _settle(self, client_id: str, offers: list[tuple[str | None, int, dict]], failed: bool = False,
+                claim: list | None = None) -> dict:
         """Every router asked has answered a takeover; pick the session state this router takes.
         Normally one router offers it. More than one when replicas of silent routers hold
         copies beside the live one, or beside each other, and two live routers for a moment
@@ -963,10 +968,13 @@ class Mesh:
         router that offered one drops its copy (TAKEOVER_DONE true: the one taken and the older
         ones alike); the silent routers whose copies were passed over are fenced
         (``Replication.fence``), the one taken by ``Replication.adopted``. ``failed``: a transfer
-        broke off, nothing is taken and every offer stays where it is."""
+        broke off, nothing is taken and every offer stays where it is; so does a ``claim`` the
+        chosen copy's owner refuses (``ownership.refused_by``)."""
         if failed:
             for rid, req, state in offers:
                 self._done(rid, req, False)
+                if rid is None:  # this router's own replica: it stays held here
+                    self.replication.replica_moved(client_id, False)
                 drop_named(state)
             return TAKEOVER_FAILED
         live = [o for o in offers if not o[2].get("replica")]
@@ -976,7 +984,12 @@ class Mesh:
                 return self._settle(client_id, offers, failed=True)
             if local is not None:
                 offers.append((None, 0, local))
-        chosen = max(live or offers, key=lambda o: recency(o[2]))[2]
+        best = max(live or offers, key=lambda o: recency(o[2]))
+        chosen = best[2]
+        refused = refused_by(claim, chosen, best[0] or chosen.get("replica"))
+        if refused is not None:
+            self._settle(client_id, offers, failed=True)
+            return refused
         if len(live) > 1:
             log.warning("mesh: session %s was offered by %d live routers (%s): the most recent copy is taken, "
                         "the others dropped", client_id, len(live), ", ".join(sorted(str(o[0]) for o in live)))
@@ -1014,10 +1027,15 @@ class Mesh:
         timer = self.loop.call_later(CONFIRM_S, self.confirm_takeover, client_id)
         self._unconfirmed_takeovers[client_id] = (rid, req, timer, handon_from)
 
-    def _take_local_replica(self, client_id: str) -> dict | object | None:
+    def _take_local_replica(self, client_id: str, claim: list | None = None) -> dict | object | None:
         """The session from the replica this router holds (nobody else offered one)."""
         state = self.replication.take_replica(client_id)
         if state is not None and state is not TAKEOVER_FAILED:
+            refused = refused_by(claim, state, state.get("replica"))  # type: ignore[arg-type]
+            if refused is not None:
+                self.replication.replica_moved(client_id, False)  # it stays held here
+                drop_named(state)
+                return refused
             self._await_confirm(client_id, None, 0)
         return state
 
@@ -1203,7 +1221,7 @@ class Mesh:
             return False
         return True
 
-    def _ask_takeover(self, client_id: str) -> _Waiter:
+    def _ask_takeover(self, client_id: str, claim: list | None = None) -> _Waiter:
         alive = self._alive()
         waiter = _Waiter(self.loop, alive)
         if not alive:
@@ -1214,7 +1232,8 @@ class Mesh:
         self._flush()
         # Whether this router spools the copies of a backlog moved to it (``router.spool``: it
         # has a log): then the old router sends all of it, else at most max_queued.
-        frame = self._frame(TAKEOVER_REQ, [req, client_id, self.router.commit_log is not None])
+        body = [req, client_id, self.router.commit_log is not None]
+        frame = self._frame(TAKEOVER_REQ, body if claim is None else [*body, claim])
         for rid in alive:
             link = self.peers[rid].link
             if link is not None:
@@ -1371,9 +1390,9 @@ class Mesh:
         elif kind == TAKEOVER_REQ:
             self._release(peer, *body)
         elif kind == TAKEOVER_RESP:
-            req, state, more = body
-            if state is None:
-                self._answer(req, sender, None)
+            req, state, more = body[:3]
+            if state is None:  # none there, or (a fourth value, [owner]) another identity's
+                self._answer(req, sender, refusal(body[3][0], sender) if len(body) > 3 else None)
                 return
             state.pop("spool", None)  # (this router's to name, never a peer's)
             state.pop("spool_marks", None)
@@ -1454,7 +1473,7 @@ class Mesh:
 
     # -- session transfers ----------------------------------------------------------------------------
 
-    def _release(self, peer: Peer, req: int, client_id: str, spools: bool = False,
+    def _release(self, peer: Peer, req: int, client_id: str, spools: bool = False, claim: list | None = None,
                  until: float | None = None) -> None:
         """``peer`` takes ``client_id`` over: answer with the session's header and its first
         chunk of copies, then stream the rest, one chunk per loop iteration. All of them where
@@ -1468,7 +1487,12 @@ class Mesh:
             now = time.monotonic()
             until = now + ACK_TIMEOUT_S if until is None else until
             if now < until:
-                self.loop.call_later(0.01, self._release, peer, req, client_id, spools, until)
+                self.loop.call_later(0.01, self._release, peer, req, client_id, spools, claim, until)
+                return
+        if claim is not None:  # the asker's CONNECT is another identity's: nothing is let go
+            owner = self.router.claim_refused(client_id, claim[0], claim[1])
+            if owner is not None:
+                self._send(peer, TAKEOVER_RESP, [req, None, False, owner])
                 return
         limit = None if spools else -1
         released = self.router.release_session(client_id, peer.node_id == self.node_id, limit)

@@ -1467,7 +1467,7 @@ class Replication:
         except (TypeError, ValueError, IndexError) as exc:
             log.error("replication: the %s of session %s of %s cannot be read: %s", kind, cid, partition, exc)
             return
-        self.router.publish_will(msg)
+        self.router.publish_will(msg, st.get("username"))  # as its owner: a revoked grant stops it
         self.router.fenced_wills.setdefault(partition, set()).add(cid)
         if self.router.state is not None:
             self.router.state.mark(soon=True)

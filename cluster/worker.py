@@ -69,6 +69,7 @@ class Worker:
             limits=ClientLimits.from_config(c),
             topic_alias_out=c.topic_alias_out,
             moved_in_keep_s=c.mesh_forget,
+            session_owner=c.session_owner,
         )
 
     def _open(self, conn: MQTTConnection) -> Client:

@@ -26,8 +26,9 @@ AUTHENTICATING = "authenticating"  # the pause_reading cause while a plugin is a
 
 
 def install_auth(router: Router, auth: Auth | None) -> None:
-    """Make ``auth`` the router's (at start, and on reload: connected clients stay; the new rules
-    apply to what they do from now on, deliveries included)."""
+    """Make ``auth`` the router's (at start, and on reload: connected clients stay, unless their
+    user left the password file; the new rules apply to what they do and get from now on:
+    routes are folded again, and what sessions hold is checked as it goes out)."""
     router.auth = auth if auth is not None and (auth.authenticates or auth.authorizes) else None
     acl = auth if auth is not None and auth.authorizes else None
     if router.acl is not acl:
@@ -35,6 +36,22 @@ def install_auth(router: Router, auth: Auth | None) -> None:
         for session in router.sessions.values():
             session.acl = acl
         router._routes.clear()  # folded with the old rules
+    if auth is not None and auth.passwords is not None and auth.plugin is None:
+        for client in list(router.clients.values()):
+            _drop_if_removed(client, auth.passwords)  # type: ignore[arg-type]
+
+
+def _drop_if_removed(client: Client, passwords: dict[str, str]) -> None:
+    """A connected client whose user is no longer in the password file is disconnected, as
+    Mosquitto does on a reload: the identity it proved is gone. Its will goes with it (nobody
+    may publish as that user now); its session stays, for the user if it is added again."""
+    session = client.session
+    user = session.username if session is not None and session.conn is client.conn else None
+    if user is None or user in passwords or client.conn.closing:
+        return
+    log.warning("client %s disconnected: user %r is no longer in the password file", client.client_id, user)
+    client.will = None
+    client.conn.close(Reason.NOT_AUTHORIZED)
 
 
 def anonymous_refused(client: Client, connect: Connect) -> bool:

@@ -50,6 +50,7 @@ from .limits import (
 from .log.errors import LogUnavailable
 from .message import Message, will_delay
 from .outbound import NO_LIMIT, Outbound
+from .ownership import REFUSE, REFUSED, Claim, decide, name, state_owner
 from .ports import TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE, TAKEOVER_UNDECIDED
 from .shared import is_shared, parse_share
 from .spool import drop_named
@@ -70,7 +71,8 @@ _PROTOCOLS = {3: "MQTT 3.1", 4: "MQTT 3.1.1", 5: "MQTT 5.0"}  # protocol level â
 
 class Client:
     __slots__ = ("conn", "router", "session", "client_id", "level", "will", "_pending", "_connecting",
-                 "_taken_over", "_max_qos", "_unconnected", "_listener", "_aliases", "_problem_info", "held_acks")
+                 "_taken_over", "_max_qos", "_unconnected", "_listener", "_aliases", "_problem_info", "held_acks",
+                 "username")
 
     def __init__(self, router: Router, conn: Connection) -> None:
         self.router = router
@@ -90,6 +92,7 @@ class Client:
         self._aliases: dict[int, str] | None = None  # topic aliases this client set (MQTT 5)
         self._problem_info = True  # MQTT 5 Request Problem Information: reason strings wanted
         self.held_acks = 0  # QoS 1/2 acknowledgements waiting for the disk or the followers
+        self.username: str | None = None  # its identity, once connected (its will is published as it)
 
     # -- Handler interface ----------------------------------------------------------------------------
 
@@ -200,7 +203,7 @@ class Client:
         # Else taken over: a delayed will went with the session (``taken_over``); one still here
         # has no delay, or its session ends with this connection, so it goes out now.
         if will is not None:  # a DISCONNECT other than 0x04 cleared it
-            router.publish_will(will)
+            router.publish_will(will, self.username)
 
     # -- CONNECT --------------------------------------------------------------------------------------
 
@@ -248,6 +251,8 @@ class Client:
                                 properties=w.properties or None)
         if self._pending is None:  # else it holds what came while a plugin was asked
             self._pending = []
+        if self._not_the_owner(connect, router.sessions.get(client_id)):
+            return  # before its owner's connection is closed: the session stays as it is
         local = router.clients.get(client_id)
         if local is not None:
             local.taken_over()
@@ -269,9 +274,39 @@ class Client:
         self.conn.pause_reading(CONNECTING)
         asyncio.ensure_future(self._connect_via_cluster(connect, assigned))
 
+    def _claim(self, known: bool, owner: str | None, connect: Connect) -> Claim:
+        return decide(known, owner, connect.username, self.router.config.session_owner)
+
+    def _not_the_owner(self, connect: Connect, session: Session | None) -> bool:
+        """A session of another identity has this client id and --session-owner refuse: refused
+        (CONNACK not authorized), True. The log line names both users, never a password."""
+        if session is None or self._claim(session.owner_known, session.username, connect) is not Claim.REFUSE:
+            return False
+        self._refuse_claim(connect, session.username, None)
+        return True
+
+    def _refuse_claim(self, connect: Connect, owner: str | None, where: str | None) -> None:
+        self.router.stats.auth_failures += 1
+        self._refuse(Reason.NOT_AUTHORIZED, f"its session belongs to user {name(owner)}"
+                     f"{f' (on router {where})' if where else ''}, not to user {name(connect.username)} "
+                     "(--session-owner refuse)")
+
+    def _replaces(self, session: Session, connect: Connect) -> bool:
+        """Whether the session here is not this client's to resume: another identity's, with
+        --session-owner replace, or one whose owner is unknown (``router.ownership``). It ends,
+        logged, and this client gets a clean session."""
+        if self._claim(session.owner_known, session.username, connect) is Claim.RESUME:
+            return False
+        log.warning("session %s of %s dropped: user %s connected with its client id and gets a clean session "
+                    "(--session-owner %s)", self.client_id,
+                    f"user {name(session.username)}" if session.owner_known else "an unknown user",
+                    name(connect.username), self.router.config.session_owner)
+        return True
+
     async def _connect_via_cluster(self, connect: Connect, assigned: bool) -> None:
         router = self.router
-        state = await router.mesh.takeover(self.client_id)  # bounded by the mesh
+        refuse = router.config.session_owner == REFUSE
+        state = await router.mesh.takeover(self.client_id, [connect.username, refuse])  # bounded by the mesh
         try:
             await self._settle_connect(connect, assigned, state)
         finally:  # (done already where the session's interest was waited for)
@@ -284,6 +319,12 @@ class Client:
 
     async def _settle_connect(self, connect: Connect, assigned: bool, state: dict | None) -> None:
         router = self.router
+        if state is not None and REFUSED in state:  # another identity's session (router.ownership)
+            if router.clients.get(self.client_id) is self:
+                del router.clients[self.client_id]
+            if not self.conn.closing:
+                self._refuse_claim(connect, *state[REFUSED])
+            return
         if state is None and not connect.clean_start and router.replication is not None \
                 and router.replication.undecided():
             state = TAKEOVER_UNDECIDED
@@ -310,7 +351,8 @@ class Client:
                     router.replication.adopted(session, state)
                 await self._durable(session)
             return
-        if state is not None and not connect.clean_start and self._newer_or_only(state):
+        if (state is not None and not connect.clean_start and self._claim(*state_owner(state), connect) is Claim.RESUME
+                and self._newer_or_only(state)):
             state = await self._import_announced(state)
             if state is TAKEOVER_FAILED:
                 return
@@ -385,17 +427,22 @@ class Client:
         limits = router.config.limits
         expiry = session_expiry(level, persistent, asked, limits)
         session = router.sessions.get(client_id)
+        if session is not None and self._not_the_owner(connect, session):  # (one that came meanwhile)
+            if router.clients.get(client_id) is self:
+                del router.clients[client_id]
+            return
         if remote_state is not None and session is None:
             session = router.import_session(client_id, remote_state)
-        if session is not None and (connect.clean_start or not session.persistent):
+        if session is not None and (self._replaces(session, connect) or connect.clean_start or not session.persistent):
             # The old session ends here: a will it held back goes out now (MQTT 5 3.1.3.2.2). One
             # that lasts only as long as its connection (3.1.1 clean session, MQTT 5 expiry 0) ends
             # with the connection this CONNECT takes over, and is never resumed (MQTT-3.1.2-6).
-            will = session.will
+            # So does one of another identity (``_replaces``): nothing of it is this client's.
+            will, owner = session.will, session.username
             router.end_session(session)
             session = None
             if will is not None:
-                router.publish_will(will)
+                router.publish_will(will, owner)
         else:
             router.cancel_will(client_id)  # the session is resumed: its delayed will never goes
             router.in_doubt.pop(client_id, None)  # resumed here: a late confirmation leaves it here
@@ -407,7 +454,9 @@ class Client:
             router.cancel_expiry(client_id)
         session.expiry_s = expiry
         self.session = session
-        session.username = connect.username  # its identity goes where the session goes (ACLs)
+        # Its owner (a resumed session is this identity's already): it goes where the session goes.
+        session.username = self.username = connect.username
+        session.owner_known = True
         router.clients[client_id] = self
         router.stats.connections += 1
         router.stats.connects_total += 1

@@ -70,6 +70,9 @@ owner reads those copies back from there, ``Mesh._handons_lost``).
 that hears it answers at once with ECHO ``[the HELLO sender's incarnation, epoch, n]``, unless it
 parked that incarnation at that epoch or a later one (its fence) or has heard it for less than a
 mesh timeout.
+17: a session's owner (``router.ownership``): TAKEOVER_REQ may carry the asker's claim, ``[req,
+client_id, spools, [user name, refuse?]]``, and a router holding another identity's session
+refuses it with TAKEOVER_RESP ``[req, None, False, [owner]]``, before it lets anything go.
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ from .message import _QOS0_V3, _QOS0_V4, _QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4,
 # the full one (Message.to_list()); one more value names the shared groups it was chosen for.
 PLAIN, FULL = 5, 9
 
-MESH_VERSION = 16
+MESH_VERSION = 17
 (HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE,
  RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE, CATCHUP, REPLICATE, REPLICA_ACK, REPLICA_FETCH, REPLICA_CATCHUP,
  REPLICA_PUBLISH, SESSION_STATE, SESSION_GONE, SESSION_CATCHUP, SESSION_COPIES, SESSION_RESTORE,
@@ -157,9 +160,16 @@ def _interest(body: Any) -> bool:
 
 
 def _takeover_req(body: Any) -> bool:
-    """[request, client id, whether the asker spools the copies (it has a log)]."""
-    return (body.__class__ is list and len(body) in (2, 3) and body[0].__class__ is int
-            and body[1].__class__ is str and (len(body) == 2 or body[2].__class__ is bool))
+    """[request, client id, whether the asker spools the copies (it has a log), its claim?]:
+    the claim is ``[user name or None, refuse?]`` (``router.ownership``)."""
+    return (body.__class__ is list and len(body) in (2, 3, 4) and body[0].__class__ is int
+            and body[1].__class__ is str and (len(body) == 2 or body[2].__class__ is bool)
+            and (len(body) < 4 or (body[3].__class__ is list and len(body[3]) == 2
+                                   and _user(body[3][0]) and body[3][1].__class__ is bool)))
+
+
+def _user(value: Any) -> bool:
+    return value is None or value.__class__ is str
 
 
 def _session_header(state: Any) -> bool:
@@ -180,7 +190,11 @@ def _queue_items(items: Any) -> bool:
 
 
 def _takeover_resp(body: Any) -> bool:
-    if body.__class__ is not list or len(body) != 3 or body[0].__class__ is not int:
+    """[request, header or None, more, [owner]?]: with ``[owner]``, no header: the claim is refused."""
+    if body.__class__ is not list or len(body) not in (3, 4) or body[0].__class__ is not int:
+        return False
+    if len(body) == 4 and not (body[1] is None and body[3].__class__ is list and len(body[3]) == 1
+                               and _user(body[3][0])):
         return False
     return body[2].__class__ is bool and _session_header(body[1])
 

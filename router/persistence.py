@@ -27,6 +27,7 @@ import msgpack
 from brokerd.connection.packets import Subscription
 
 from .message import Message, will_delay
+from .ownership import state_owner
 from .retained import SYS_PREFIX
 from .session import AWAIT_COMP, Inflight, Session, make_range
 
@@ -80,7 +81,6 @@ class StateStore:
                 "ranges": ranges,
                 "qos2_in": sorted(s.inbound_qos2),
                 "pubrel": sorted(pid for pid, e in s.inflight.items() if e.state == 1),
-                "username": s.username,  # ACLs apply to it after a restart too
                 "will": s.will_state(),
                 # The will of the connection attached now, with its Will Delay Interval: a crash
                 # closes that connection without a DISCONNECT, so the will goes out after a
@@ -90,6 +90,8 @@ class StateStore:
                 "epoch": s.epoch,
                 "arrived": s.arrived_ms,
             }
+            if s.owner_known:  # its owner (``router.ownership``); ACLs apply to it after a restart too
+                st["username"] = s.username
             if s.ranges or s.queue or s.inflight:
                 # Copies held outside this router's log: where their origins' logs have them
                 # (read back from there if this node is lost: ``Session.copy_spans``), and those
@@ -250,7 +252,9 @@ def restore_state(session: Session, st: dict) -> None:
     session.expiry_s = st.get("expiry", 0)
     session.epoch = st.get("epoch", 0)
     session.arrived_ms = st.get("arrived", 0)
-    session.username = st.get("username")  # ACLs apply to it after a restart too
+    # Its owner, whom ACLs apply to after a restart too; a snapshot without the key (written
+    # before owners were kept) leaves it unknown: no identity resumes it (``router.ownership``).
+    session.owner_known, session.username = state_owner(st)
     if st.get("qos2_in"):
         session.qos2_ids().update(st["qos2_in"])
     for pid in st.get("pubrel", ()):  # PUBREL must be sent again on reconnect

@@ -54,10 +54,12 @@ class MeshPort(Protocol):
         that everything they sent before it (retained updates above all) has been handled here;
         None without live peers."""
 
-    def takeover(self, client_id: str) -> Awaitable[dict | None]:
+    def takeover(self, client_id: str, claim: list | None = None) -> Awaitable[dict | None]:
         """Ask every peer to give up ``client_id``: its session state, None if nobody had it,
-        ``TAKEOVER_FAILED`` or ``TAKEOVER_UNAVAILABLE``. The port bounds the wait (it goes on
-        while a session arrives, and while a router of this node is down)."""
+        ``TAKEOVER_FAILED`` or ``TAKEOVER_UNAVAILABLE``; for a CONNECT making ``claim`` (``[user
+        name, refuse?]``), ``ownership.refusal`` when the session is another identity's (it stays
+        where it is). The port bounds the wait (it goes on while a session arrives, and while a
+        router of this node is down)."""
 
     def confirm_takeover(self, client_id: str, acked: list | None = None) -> None:
         """The session ``takeover`` brought from a live router is here, its interest
@@ -109,7 +111,7 @@ class NullMesh:
     def peer_stats_endpoints(self) -> dict[str, str]:
         return {}
 
-    def takeover(self, client_id: str) -> Awaitable[dict | None]:
+    def takeover(self, client_id: str, claim: list | None = None) -> Awaitable[dict | None]:
         future = asyncio.get_event_loop().create_future()
         future.set_result(None)
         return future

@@ -90,6 +90,8 @@ class RouterConfig:
     # How long a session taken over from another router is remembered (``moved_in``): a peer
     # silent longer (--mesh-forget) is forgotten, and its catch-up never asked.
     moved_in_keep_s: float = 300.0
+    # What a CONNECT of another identity with a session's client id gets (``router.ownership``).
+    session_owner: str = "refuse"
 
 
 class Router(SharedRouting, SessionLife):

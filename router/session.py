@@ -22,6 +22,7 @@ from brokerd.connection.codec import encode, with_dup
 from brokerd.connection.packets import MQTT_5, Pubrel, Subscription
 
 from .message import Message
+from .ownership import state_owner
 from .spool import SpoolRange, is_spool, note_span, spool_dir
 from .topics import filter_matches
 
@@ -159,7 +160,7 @@ class Session:
     __slots__ = ("client_id", "persistent", "subscriptions", "conn", "inflight", "queue",
                  "inbound_qos2", "limits", "stats", "_next_pid", "receive_max", "expiry_s",
                  "will", "will_due_ms", "dropped", "log", "cursor", "shared", "ranges", "username", "acl",
-                 "arrived_ms", "epoch")
+                 "arrived_ms", "epoch", "owner_known")
 
     def __init__(self, client_id: str, persistent: bool, limits: SessionLimits, stats: RouterStats) -> None:
         self.client_id = client_id
@@ -178,6 +179,9 @@ class Session:
         self.will: Message | None = None  # a delayed will, waiting with the offline session
         self.will_due_ms = 0  # when it goes out (ms since the epoch)
         self.username: str | None = None  # the identity it connected with (ACLs apply to it)
+        # Whether ``username`` is its owner's (``router.ownership``): False for a session kept by a
+        # version that did not record it, which no identity may resume.
+        self.owner_known = True
         self.acl: Any = None  # the router's ``auth.Auth`` when topics are restricted (router.acl)
         self.dropped = 0
         # With the commit log on, a persistent session that is offline (or catching up) keeps a
@@ -289,11 +293,18 @@ class Session:
     def deliver_shared(self, msg: Message, qos: int, retain: bool) -> None:
         """A message this session was chosen for as a member of a shared subscription. Unlike
         ``deliver``, a QoS 1/2 message is kept even while the session reads from the log (offline
-        or catching up): catch-up replays only normal subscriptions, so the log is no copy of it."""
+        or catching up): catch-up replays only normal subscriptions, so the log is no copy of it.
+        The caller picked a member that may read it (``SharedRouting._to_member``)."""
         if qos == 0 or self.cursor is None:
             self.deliver(msg, qos, retain)
             return
         self._enqueue(msg, qos, retain)
+
+    def readable(self, msg: Message) -> bool:
+        """Whether this session's identity may read ``msg`` now (the caller tests ``acl`` first:
+        without an ACL nothing is checked). Routes are checked when folded; this is for what
+        reaches a session by other ways: queued, in flight, read back, handed on, a group's."""
+        return self.acl.may_read(self.username, self.client_id, msg.topic)
 
     def _alloc_pid(self) -> int:
         pid = self._next_pid
@@ -345,6 +356,8 @@ class Session:
             if msg.expires_ms and msg.expired():  # MQTT-3.3.2-5: not delivered once expired
                 self.stats.drop_expired += 1
                 continue
+            if self.acl is not None and not self.readable(msg):
+                continue  # queued before a read grant was revoked (SIGHUP), or from another owner
             self._send_new(conn, msg, qos, retain)
 
     def _refill(self, batch: int = 256) -> bool:
@@ -543,6 +556,9 @@ class Session:
                     else:
                         self.stats.drop_expired += 1
                     continue
+                if self.acl is not None and not self.readable(msg):
+                    del self.inflight[pid]  # its read grant was revoked since it was sent
+                    continue
                 head, tail = parts
                 conn.send(with_dup(head) + pid.to_bytes(2, "big") + tail)
             else:
@@ -606,9 +622,8 @@ class Session:
         if self.cursor is not None and self.log is not None:
             # Absolute: the position must mean the same after a restart from another directory.
             ranges.append([os.path.abspath(self.log.directory), self.cursor, self.log.next_offset])
-        return {
+        header = {
             "client_id": self.client_id,
-            "username": self.username,
             "persistent": self.persistent,
             "expiry_s": self.expiry_s,
             "subs": [s.to_values() for s in self.subscriptions.values()],
@@ -623,6 +638,9 @@ class Session:
             "epoch": self.epoch,
             "arrived": self.arrived_ms,
         }
+        if self.owner_known:  # absent: an unknown owner (``router.ownership.state_owner``)
+            header["username"] = self.username
+        return header
 
     def export_copies(self, same_node: bool, chunk_bytes: int = 1 << 20,
                       limit: int | None = -1) -> Iterator[list]:
@@ -716,7 +734,7 @@ class Session:
         """Load the state exported by another router (subscriptions are indexed by the caller)."""
         self.persistent = state["persistent"]
         self.expiry_s = state.get("expiry_s", 0)
-        self.username = state.get("username")
+        self.owner_known, self.username = state_owner(state)
         for pid, qos, retain, st, m in state["inflight"]:
             entry = Inflight(Message.from_list(m) if m is not None else None, qos, retain)  # type: ignore[arg-type]
             entry.state = st

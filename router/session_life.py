@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from brokerd.connection.packets import Subscription
 
 from .message import Message, expiry_deadline
+from .ownership import REFUSE, Claim, decide, name
 from .session import Session, recency
 from .spool import spooled
 
@@ -127,14 +128,20 @@ class SessionLife:
             will = session.will
             self.end_session(session)
             if will is not None:  # the session ended before its will's delay did: the will goes now
-                self.publish_will(will)
+                self.publish_will(will, session.username)
 
     # -- wills ----------------------------------------------------------------------------------------
 
-    def publish_will(self, will: Any) -> None:
+    def publish_will(self, will: Any, username: str | None) -> None:
         """Publish a will (counted); a QoS 1/2 will the commit log cannot take is lost, logged.
         It is published now, not when its CONNECT came: its timestamp, and with it the start of
-        its Message Expiry Interval (MQTT 5 3.1.3.2.4), are now."""
+        its Message Expiry Interval (MQTT 5 3.1.3.2.4), are now; so is the write grant of its
+        client's identity (``username``), which a reload may have revoked since."""
+        acl = self.acl  # type: ignore[attr-defined]
+        if acl is not None and not acl.may_publish(username, will.client_id, will.topic):
+            log.warning("will of %s on %r not published: user %s may no longer publish there", will.client_id,
+                        will.topic, name(username))
+            return
         will.timestamp_ms = now = int(time.time() * 1000)
         will.expires_ms = expiry_deadline(will.properties, now)
         self.stats.wills_published += 1
@@ -184,7 +191,20 @@ class SessionLife:
         self._wills.pop(session.client_id, None)
         will, session.will = session.will, None
         if will is not None and session.conn is None:
-            self.publish_will(will)
+            self.publish_will(will, session.username)
+
+    def claim_refused(self, client_id: str, claimant: str | None, refuse: bool) -> list | None:
+        """Another router asks for ``client_id``'s session for a CONNECT of ``claimant``: with
+        ``refuse`` (its ``--session-owner``) and a session here of another identity, the answer
+        is no, ``[the owner]``, given before anything is let go (its client stays connected);
+        else None (the takeover goes on)."""
+        session = self.sessions.get(client_id)
+        if session is None or not refuse or decide(session.owner_known, session.username, claimant,
+                                                    REFUSE) is not Claim.REFUSE:
+            return None
+        log.warning("session %s of user %s not handed over: user %s connected with its client id on another "
+                    "router (--session-owner refuse)", client_id, name(session.username), name(claimant))
+        return [session.username]
 
     def _hand_on_later(self, session: Session, to: str, start: int, late: bool = False) -> None:
         """A persistent session moved to router ``to``. Messages for it may still reach this
@@ -256,6 +276,8 @@ class SessionLife:
             msg = Message.from_list(values)
             if msg.expires_ms and msg.expired():
                 continue
+            if session.acl is not None and not session.readable(msg):
+                continue  # read back or handed on from where no ACL of this session's identity applied
             if qos:
                 session.deliver_copy(msg, qos, retain)
             else:

@@ -92,12 +92,16 @@ class SharedRouting:
             self.stats.shared_no_member += 1
 
     def _to_member(self, msg: Message, key: str) -> bool:
-        """``_deliver_shared``: False when this router has no member of ``key`` (left to the
-        caller to count, or to hand on)."""
+        """``_deliver_shared``: False when this router has no member of ``key`` that may read
+        ``msg`` (left to the caller to count, or to hand on)."""
         group = self.shared_local.get(key)
         picked = group.pick(msg.qos) if group is not None else None
         if picked is None:
             return False
+        if picked[0].acl is not None:
+            picked = _readable_member(group, picked, msg)  # type: ignore[arg-type]
+            if picked is None:
+                return False
         session, sub = picked
         if msg.expires_ms and msg.expired():
             self.stats.drop_expired += 1
@@ -190,3 +194,17 @@ class SharedRouting:
             self.shared_index.remove(route.topic_filter, route.group)
             self._shared_cache.clear()
             self.has_shared = bool(self.shared_routes)
+
+
+def _readable_member(group: SharedGroup, picked: tuple[Session, Subscription],
+                     msg: Message) -> tuple[Session, Subscription] | None:
+    """The member picked, or the next in turn, that may read ``msg`` by its identity's grants
+    now (a reload may have revoked them since it subscribed); None when no member here may."""
+    for _ in range(len(group.members)):
+        if picked[0].readable(msg):
+            return picked
+        nxt = group.pick(msg.qos)
+        if nxt is None:
+            return None
+        picked = nxt
+    return None
