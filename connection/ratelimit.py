@@ -19,6 +19,9 @@ import time
 
 PROTOCOL_WARNINGS_PER_SECOND = 10
 CONNECTION_LINES_PER_SECOND = 50
+# A SUBSCRIBE's filters refused (invalid, over the quota, not authorized): one line each, and one
+# packet may carry 150,000 of them (16 MiB of log, 2 s of its worker, before they were limited).
+REFUSED_FILTER_LINES_PER_SECOND = 20
 
 
 class LogLimiter:
@@ -74,3 +77,4 @@ class LogLimiter:
 # One of each per worker process (each worker is one process with one event loop).
 VIOLATIONS = LogLimiter(PROTOCOL_WARNINGS_PER_SECOND, "protocol violation warnings")
 CONNECTIONS = LogLimiter(CONNECTION_LINES_PER_SECOND, "client connect and disconnect lines", logging.INFO)
+REFUSED_FILTERS = LogLimiter(REFUSED_FILTER_LINES_PER_SECOND, "refused topic filter lines", logging.INFO)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from brokerd.connection.codec import encode
 from brokerd.connection.packets import MQTT_5, Connect, Puback, Publish, Pubrec
+from brokerd.connection.ratelimit import REFUSED_FILTERS
 from brokerd.connection.reasons import Reason
 
 from .auth import Auth
@@ -170,5 +171,5 @@ def may_subscribe(client: Client, topic_filter: str, shared: bool) -> bool:
     if session.acl.may_subscribe(session.username, session.client_id, f, shared):
         return True
     client.router.stats.acl_denied += 1
-    log.info("client %s: subscription to %r not authorized", client.client_id, topic_filter)
+    REFUSED_FILTERS.log(log, "client %s: subscription to %r not authorized", client.client_id, topic_filter[:200])
     return False

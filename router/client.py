@@ -32,7 +32,7 @@ from brokerd.connection.packets import (
     Unsuback,
     Unsubscribe,
 )
-from brokerd.connection.ratelimit import CONNECTIONS
+from brokerd.connection.ratelimit import CONNECTIONS, REFUSED_FILTERS
 from brokerd.connection.reasons import ProtocolError, Reason, connack_code
 
 from .access import anonymous_refused, may_subscribe, refuse_publish, start_connect
@@ -52,6 +52,7 @@ from .message import Message, will_delay
 from .outbound import NO_LIMIT, Outbound
 from .ownership import REFUSE, REFUSED, Claim, decide, name, state_owner
 from .ports import TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE, TAKEOVER_UNDECIDED
+from .retained_out import RetainedOut
 from .shared import is_shared, parse_share
 from .spool import drop_named
 from .topics import valid_topic_filter
@@ -649,12 +650,12 @@ class Client:
             shared = is_shared(f)
             if (not valid_topic_filter(f) or (shared and parse_share(f) is None)
                     or not topic_levels_ok(f, self.conn.max_topic_levels)):
-                log.info("client %s: invalid topic filter %r refused", self.client_id, f)
+                REFUSED_FILTERS.log(log, "client %s: invalid topic filter %r refused", self.client_id, f[:200])
                 codes.append(0x80 if self.level < MQTT_5 else Reason.TOPIC_FILTER_INVALID)
                 continue
             if over_subscription_quota(session, f, shared, router.config.limits, router.stats):
-                log.info("client %s: filter %r refused, %d subscriptions already", self.client_id, f,
-                         len(session.subscriptions) + len(session.shared))
+                REFUSED_FILTERS.log(log, "client %s: filter %r refused, %d subscriptions already", self.client_id,
+                                    f[:200], len(session.subscriptions) + len(session.shared))
                 codes.append(0x80 if self.level < MQTT_5 else Reason.QUOTA_EXCEEDED)
                 continue
             if session.acl is not None and not may_subscribe(self, f, shared):
@@ -704,14 +705,13 @@ class Client:
         assert session is not None
         if retained_out:
             router.stats.state_moves += 1  # retained messages may queue behind a full window
-        for sub, new in retained_out:
-            if sub.retain_handling == 2 or (sub.retain_handling == 1 and not new):
-                continue
-            acl = session.acl
-            for msg in router.retained.match(sub.topic_filter, live_after):
-                if acl is not None and not acl.may_read(session.username, session.client_id, msg.topic):
-                    continue
-                session.deliver(msg.with_ids((sub.sub_id,)) if sub.sub_id else msg, min(msg.qos, sub.qos), True)
+        store = router.retained
+        # A slice per loop turn (router.retained_out); what is set from now on goes out live.
+        walks = [(sub, store.iter_match(sub.topic_filter, live_after, before=store.seq))
+                 for sub, new in retained_out
+                 if sub.retain_handling == 0 or (sub.retain_handling == 1 and new)]
+        if walks:
+            RetainedOut(session, walks).start()
 
     def _on_unsubscribe(self, p: Unsubscribe) -> None:
         session = self.session

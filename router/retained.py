@@ -19,6 +19,7 @@ from .message import Message
 
 SYS_PREFIX = "$SYS/"  # the broker's own topics (router.sys_topics)
 TOMBSTONES = 100_000  # cleared topics whose clearing is remembered (to order late updates), newest kept
+PAUSE_NODES = 256  # a walk yields None after this many nodes without a match: a point to pause at
 
 
 def version(msg: Message) -> tuple[int, str]:
@@ -256,14 +257,16 @@ class RetainedStore:
     def match(self, topic_filter: str, live_after: int | None = None) -> list[Message]:
         """Every retained message whose topic ``topic_filter`` matches; with ``live_after`` (a
         ``seq`` taken earlier) not those that publishes on this router set since then."""
-        return list(self.iter_match(topic_filter, live_after))
+        return [msg for msg in self.iter_match(topic_filter, live_after) if msg is not None]
 
     def iter_match(self, topic_filter: str, live_after: int | None = None,
-                   before: int | None = None) -> Iterator[Message]:
-        """``match`` as a generator, to be consumed in slices across loop turns; with ``before``
-        (a ``seq``) it leaves out whatever was set since, so a topic set meanwhile (delivered
-        live) is not sent again. A message past its Message Expiry Interval is deleted when a walk
-        finds it (MQTT-3.3.2-5: no longer delivered), not by a timer per message.
+                   before: int | None = None) -> Iterator[Message | None]:
+        """``match`` as a generator, to be consumed in slices across loop turns: it also yields
+        None after every PAUSE_NODES nodes walked, so a slice bounds the walk as well as the
+        messages. With ``before`` (a ``seq``) it leaves out whatever was set since, so a topic set
+        meanwhile (delivered live) is not sent again. A message past its Message Expiry Interval
+        is deleted when a walk finds it (MQTT-3.3.2-5: no longer delivered), not by a timer per
+        message.
 
         A loop over a stack of (node, filter levels consumed at its end), not recursion: a filter
         (and the stored topics) may be deeper than Python's recursion limit."""
@@ -293,12 +296,16 @@ class RetainedStore:
             return None
         return msg
 
-    def _walk(self, levels: list[str], live_after: int | None, before: int | None) -> Iterator[Message]:
+    def _walk(self, levels: list[str], live_after: int | None, before: int | None) -> Iterator[Message | None]:
         take = self._take
         n = len(levels)
         stack: list[tuple[_Node, int]] = [(self._root, 0)]
+        walked = 0
         while stack:
             node, i = stack.pop()
+            walked += 1
+            if walked % PAUSE_NODES == 0:
+                yield None
             if i == n:
                 msg = take(node, live_after, before)
                 if msg is not None:
@@ -345,11 +352,15 @@ class RetainedStore:
                     below.append((child, i + j))
             stack.extend(reversed(below))
 
-    def _subtree(self, node: _Node, live_after: int | None, before: int | None) -> Iterator[Message]:
+    def _subtree(self, node: _Node, live_after: int | None, before: int | None) -> Iterator[Message | None]:
         take = self._take
         stack = [node]
+        walked = 0
         while stack:
             n = stack.pop()
+            walked += 1
+            if walked % PAUSE_NODES == 0:
+                yield None
             msg = take(n, live_after, before)
             if msg is not None:
                 yield msg
