@@ -5,8 +5,9 @@ Three budgets bound a turn (see README's tuning notes and ``connection.batching.
 the read budget (packets of this connection per iteration), the worker's turn budget (packets of
 all connections together) and the fan budget (deliveries this connection's packets may cause,
 measured on its last turn). What is beyond them stays undecoded, with reading paused, for the next
-iteration. The reasons to pause reading (a budget, a backed-up mesh peer, a CONNECT waiting for
-the cluster) are kept as a set of causes: reading resumes when none is left.
+iteration. The reasons to pause reading (a budget, a client's output buffer above its limit, a
+backed-up mesh peer, a CONNECT waiting for the cluster) are kept as a set of causes: reading resumes
+when none is left.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from .batching import TurnBudget
 
 FAN_BYTES = 1024  # with a fan budget: a delivery counts once more per this many bytes of packet
 BUDGET = object()  # the pause cause while a read's remaining packets wait for the next turn
+OUTPUT = "output"  # the pause cause while the client's output buffer is above --max-client-buffer
 
 
 class FlowControl:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from .batching import EndOfTick, TurnBudget
 from .codec import DEFAULT_MAX_TOPIC_LEVELS, Decoder, encode, is_tls_client_hello
-from .flow import BUDGET, FlowControl
+from .flow import BUDGET, OUTPUT, FlowControl
 from .guard import RATE, ClientRate, ConnectionGuard
 from .keepalive import KeepaliveWheel
 from .listener import Listener
@@ -30,10 +30,17 @@ log = logging.getLogger(__name__)
 
 _PINGRESP = encode(Pingresp())
 CONNECT_TIMEOUT_S = 10.0
+# After a close with something still to say (a DISCONNECT, a refusing CONNACK): how long the
+# client's input is read and dropped while it reads why (see ``MQTTConnection._end``).
+LINGER_S = 1.0
+# A connection whose output backed up is read again once it drained: looked at after this, then
+# twice as long each time up to the maximum (``MQTTConnection._drain_check``).
+DRAIN_POLL_S = 0.01
+DRAIN_POLL_MAX_S = 0.5
 AWAITING_CONNECT = "awaiting CONNECT"  # the connection's phases (see MQTTConnection)
 CONNECTED = "connected"
 _NOBODY: frozenset[object] = frozenset()  # no pause_reading causes yet (an empty set is 216 bytes)
-_OWN_PAUSES = frozenset({BUDGET, RATE})  # the connection's own pause causes; any other is the handler's
+_OWN_PAUSES = frozenset({BUDGET, RATE, OUTPUT})  # the connection's own pause causes; any other is the handler's
 
 
 class Handler(Protocol):
@@ -175,7 +182,7 @@ class MQTTConnection(asyncio.Protocol):
                  "_rate", "partial_since", "tls_identity", "_write_buffer_high", "transport", "handler", "peer",
                  "client_id", "protocol_level", "outbound", "counters", "traffic", "write_paused", "closing", "phase",
                  "_graceful", "_out", "_keepalive", "_last_rx", "_timer", "_loop", "_wheel", "keepalive_key",
-                 "_reading_paused_by", "_held", "_gate")
+                 "_reading_paused_by", "_held", "_gate", "_lingering")
 
     def __init__(
         self,
@@ -241,6 +248,7 @@ class MQTTConnection(asyncio.Protocol):
         # (MQTT-3.2.0-1), in the client's order. None: nothing is held.
         self._held: list[Packet] | None = None
         self._gate: int | None = None  # output held until open_gate(this or more): see gate()
+        self._lingering = False  # closed with something to say: see _end()
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
 
@@ -400,8 +408,10 @@ class MQTTConnection(asyncio.Protocol):
 
     def _read_more(self) -> None:
         """The next budget's worth of a long read, one loop iteration later (not while the client
-        is over its rate: ``_rate_paid`` goes on with it)."""
-        if not self.closing and self.handler is not None and RATE not in self._reading_paused_by:
+        is over its rate or its output is over its limit: ``_rate_paid`` or ``resume_writing``
+        goes on with it)."""
+        paused = self._reading_paused_by
+        if not self.closing and self.handler is not None and RATE not in paused and OUTPUT not in paused:
             self._decoded(self._decoder.more)
 
     def eof_received(self) -> bool | None:
@@ -419,10 +429,41 @@ class MQTTConnection(asyncio.Protocol):
             handler.connection_lost(self._graceful)
 
     def pause_writing(self) -> None:
+        """The transport holds more than ``--max-client-buffer`` unwritten: a slow consumer (QoS 0
+        to it is dropped until it drains below a quarter of that)."""
         self.write_paused = True
+        self._backed_up()
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self._drained()
+
+    def _backed_up(self) -> None:
+        """The kernel did not take all of a write: the client reads slower than it is answered.
+        Nothing more is read from it (nor decoded of its last read) until its buffer has drained
+        (``_drain_check``, or ``resume_writing``). Every packet kind counts: a client that sends
+        PINGREQs, SUBSCRIBEs or QoS 1 PUBLISHes and never reads the answers grew the worker by ten
+        times what it sent (one uvloop write request of ~400 bytes per tick's few-byte write)."""
+        if OUTPUT not in self._reading_paused_by and not self.closing:
+            self.pause_reading(OUTPUT)
+            self._loop.call_later(DRAIN_POLL_S, self._drain_check, DRAIN_POLL_S)
+
+    def _drain_check(self, delay: float) -> None:
+        """Read again once the transport holds nothing unwritten; look again later if it does."""
+        transport = self.transport
+        if OUTPUT not in self._reading_paused_by or self.closing or transport is None:
+            return
+        if transport.get_write_buffer_size():
+            delay = min(2 * delay, DRAIN_POLL_MAX_S)
+            self._loop.call_later(delay, self._drain_check, delay)
+            return
+        self._drained()
+
+    def _drained(self) -> None:
+        if OUTPUT in self._reading_paused_by:
+            self.resume_reading(OUTPUT)
+            if self._decoder.has_more and not self.closing:
+                self._loop.call_soon(self._read_more)  # what its last read still holds
 
     # -- what the handler calls ---------------------------------------------------------------------
 
@@ -449,10 +490,10 @@ class MQTTConnection(asyncio.Protocol):
         self.traffic.bytes_out += n
         if self.counters.moved != self.traffic.epoch:
             self.traffic.mark_moved(self)
-        if len(out) == 1:
-            self.transport.write(out[0])
-        else:
-            self.transport.write(b"".join(out))
+        transport = self.transport
+        transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if transport.get_write_buffer_size():
+            self._backed_up()
 
     def gate(self, until: int) -> None:
         """Hold this connection's output, in order, until ``open_gate`` reaches ``until``: the
@@ -469,7 +510,7 @@ class MQTTConnection(asyncio.Protocol):
         self._gate = None
         self.flush()  # from the log's write, in the end-of-iteration pass (or a writer report)
         if self.closing and self.transport is not None and not self.transport.is_closing():
-            self.transport.close()  # close() came while the gate held the output
+            self._end(True)  # close() came while the gate held the output
 
     def refuse_output(self, reason: int) -> None:
         """What the gate held can never go out (the log could not write the records it
@@ -498,10 +539,49 @@ class MQTTConnection(asyncio.Protocol):
             return
         if reason is not None and self.protocol_level >= MQTT_5 and self.phase is CONNECTED:
             self.send(encode(Disconnect(reason_code=reason), MQTT_5))
+        said = bool(self._out)
         self.flush()
         self.closing = True
         if self.transport is not None and self._gate is None:  # else open_gate closes it
-            self.transport.close()
+            self._end(said)
+
+    def _end(self, said: bool) -> None:
+        """Close the transport. When the close has something to say (``said``: a DISCONNECT, a
+        refusing CONNACK, what was queued before them), half-close instead and read and drop the
+        client's input until it closes too, or for ``LINGER_S`` at most.
+
+        Why: a socket closed with input unread (a client still pipelining, or answering PUBRECs)
+        makes the kernel answer with RST, and the client's next write fails before it reads why it
+        was closed (Paho's MQTT 5 flow-control test saw a broken pipe instead of DISCONNECT 0x93).
+        TLS and WebSocket transports cannot half-close: they only wait for the client to close."""
+        transport = self.transport
+        assert transport is not None
+        if not said:
+            transport.close()
+            return
+        if self._lingering:
+            return
+        self._lingering = True
+        try:
+            if transport.can_write_eof():
+                transport.write_eof()  # FIN once the output is written
+        except (NotImplementedError, OSError, RuntimeError):
+            pass
+        if self._reading_paused_by:
+            transport.resume_reading()  # drain what it sends meanwhile (data_received drops it)
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_later(LINGER_S, self._linger_over)
+
+    def _linger_over(self) -> None:
+        """The client did not close within ``LINGER_S``: close, dropping output it has not read."""
+        self._timer = None
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            if transport.get_write_buffer_size():
+                transport.abort()  # a client that reads nothing must not keep its buffer held
+            else:
+                transport.close()
 
     def abort(self) -> None:
         self.closing = True
@@ -523,7 +603,7 @@ class MQTTConnection(asyncio.Protocol):
             return
         self.closing = True
         if self.transport is not None:
-            self.transport.close()
+            self._end(True)
 
     def pause_reading(self, by: object) -> None:
         """Stop reading from this client (backpressure); several causes may hold it paused."""

@@ -358,6 +358,47 @@ def test_qos2_messages_awaiting_pubrel_beyond_the_limit_close_the_connection(sta
     _until_limit(broker, "qos2_pending", 1)
 
 
+def _written_after_the_close(broker, raw: RawClient, logged: str, packets: list[bytes]) -> None:
+    """Once the broker has logged why it closes ``raw``, send ``packets`` one by one without reading,
+    as a client busy answering does (Paho answers the PUBRECs it has read): each write must go through.
+    A socket closed with its input unread, or written to after its close, answers with RST and the
+    client's next write fails before it reads why."""
+    import time
+
+    broker.wait_log(logged)
+    time.sleep(0.2)  # the broker's close (it follows the log line) has happened
+    for data in packets:
+        raw.send(data)
+        time.sleep(0.05)  # a RST, if any, comes back before the next write
+
+
+def test_a_client_over_receive_maximum_reads_the_disconnect_while_it_still_writes(start_broker):
+    """Paho's MQTT 5 flow-control test: Receive Maximum + 1 QoS 2 PUBLISHes without PUBREL; the
+    client answers the PUBRECs with PUBRELs and then reads DISCONNECT 0x93, not a broken pipe."""
+    from brokerd.connection.packets import Pubrel
+
+    broker = start_broker("--max-qos2-pending", "3", workers=1)  # one worker: its log line is the cue
+    raw, decoder = _raw_connect(broker.port, 5, "rm")
+    raw.send(b"".join(encode(Publish("rm/t", b"x", 2, packet_id=pid), 5) for pid in range(1, 5)))
+    _written_after_the_close(broker, raw, "(Receive Maximum)", [encode(Pubrel(pid), 5) for pid in range(1, 4)])
+    got = decoder.feed(raw.recv_until_closed())
+    assert [(type(p).__name__, getattr(p, "reason_code", None)) for p in got] == [
+        ("Pubrec", 0), ("Pubrec", 0), ("Pubrec", 0), ("Disconnect", 0x93)]
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_a_refused_client_reads_its_connack_while_it_still_writes(start_broker, level):
+    """A client that pipelines behind its CONNECT reads the refusing CONNACK, whatever it writes."""
+    broker = start_broker("--max-client-id-length", "23", workers=1)
+    raw = RawClient(broker.port)
+    raw.send(encode(Connect("x" * 24, protocol_level=level), level) + encode(Pingreq(), level))
+    _written_after_the_close(broker, raw, "more than --max-client-id-length 23",
+                             [encode(Publish("rf/t", b"x" * 100), level)] * 3)
+    got = Decoder(protocol_level=level).feed(raw.recv_until_closed())
+    assert [(type(p).__name__, p.reason_code) for p in got] == [  # type: ignore[attr-defined]
+        ("Connack", 0x02 if level == 4 else 0x85)]
+
+
 def test_qos2_ids_without_pubrel_are_forgotten_after_the_timeout(start_broker):
     from brokerd.connection.packets import Pubrel
 
