@@ -74,12 +74,17 @@ class HttpAuth:
         except TimeoutError:
             raise RuntimeError(f"auth service {self.url}: {self.max_concurrent} requests in flight for "
                                f"{self.timeout_s:g} s, none free (max_concurrent)") from None
+        left = deadline - loop.time()
+        if left < 0.05:  # a slot came too late to ask in time: spare the service the request
+            self._slots.release()
+            raise RuntimeError(f"auth service {self.url}: no request free within {self.timeout_s:g} s "
+                               "(max_concurrent)")
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.max_concurrent, thread_name_prefix="auth-http")
         future = loop.run_in_executor(self._pool, self._ask, body)
         future.add_done_callback(self._finished)  # the slot is freed when the thread is, not before
         try:
-            answer = await asyncio.wait_for(asyncio.shield(future), max(0.0, deadline - loop.time()))
+            answer = await asyncio.wait_for(asyncio.shield(future), left)
         except TimeoutError:
             raise RuntimeError(f"auth service {self.url}: no answer within {self.timeout_s:g} s") from None
         now = time.monotonic()
