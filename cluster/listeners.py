@@ -144,8 +144,8 @@ def describe(listeners: tuple[Listener, ...], implicit: bool, checked: bool = Fa
                    else "anonymous clients allowed" + (" (loopback)" if is_loopback(x.host) else ""))
             if not checked and not x.use_identity_as_username:
                 why += "; user names are not checked (no password file): every client is anonymous"
-        elif x.allow_anonymous:
-            why = "anonymous clients refused (a password file or auth plugin is configured)"
+        elif x.allow_anonymous:  # the listener would let them in, the node's rule does not
+            why = "anonymous clients refused (the node authenticates its clients)"
         else:
             why = ("anonymous clients refused (not loopback; --allow-anonymous on, or allow_anonymous = true "
                    "in its [[listener]] table, lets them in)")

@@ -215,3 +215,23 @@ def test_http_auth_reads_only_the_documented_answers(status: int, body: bytes, m
             plugin._meaning(status, body)
     else:
         assert plugin._meaning(status, body) is meaning
+
+
+def test_start_up_names_each_listener_where_every_client_is_refused() -> None:
+    """One line per listener: where anonymous clients are refused and nothing checks a password,
+    nobody gets in, and the line says so and what to do."""
+    from brokerd.cluster.auth_setup import anonymous_allowed
+    from brokerd.cluster.config import load
+    from brokerd.cluster.listeners import describe
+
+    def lines(*argv: str) -> list[str]:
+        c = load(list(argv), {})
+        return describe(c.listeners, c.listeners_implicit, bool(c.password_file or c.auth_plugin),
+                        anonymous_allowed(c))
+
+    shut = "every client refused: anonymous clients are not allowed here and no password file"
+    assert shut in lines("--listen", "0.0.0.0:1883")[0]
+    assert shut in lines("--allow-anonymous", "off")[0]
+    assert "anonymous clients allowed (loopback); user names are not checked" in lines("--port", "1883")[0]
+    assert lines("--password-file", "pw")[0].endswith("anonymous clients refused (the node authenticates its clients)")
+    assert "refused" not in lines("--listen", "0.0.0.0:1883", "--allow-anonymous", "on")[0]
