@@ -172,7 +172,8 @@ async def serve_listeners(loop: Any, settings: Any, connection: Callable[[Listen
     """Bind every listener of ``settings`` (SO_REUSEPORT: each worker binds them all, the kernel spreads
     the clients). ``connection(listener)`` makes the MQTT protocol of one client; which layers go around
     it (TLS, WebSocket) is decided here, once per listener, never per packet. ``contexts`` gets each
-    TLS listener's SSL context (what ``reload_tls`` reloads)."""
+    TLS listener's SSL context (what ``reload_tls`` reloads). TLS is not the loop's ``ssl=``: a
+    ``Handshaking`` protocol counts and rate-limits the socket from accept and bounds its handshake."""
     from functools import partial
 
     servers = []
@@ -192,8 +193,13 @@ async def serve_listeners(loop: Any, settings: Any, connection: Callable[[Listen
                 return WebSocketConnection(connection(x), x.path)
         else:
             factory = partial(connection, x)
-        servers.append(await loop.create_server(factory, x.host, x.port, ssl=context, reuse_port=True,
-                                                backlog=4096))
+        if context is not None:
+            from brokerd.connection.handshake import Handshaking
+
+            def factory(inner: Callable[[], Any] = factory, x: Listener = x, context: Any = context) -> Any:
+                made = inner()
+                return Handshaking(made, context, made.guard, x)
+        servers.append(await loop.create_server(factory, x.host, x.port, reuse_port=True, backlog=4096))
     return servers
 
 

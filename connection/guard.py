@@ -97,6 +97,17 @@ class ConnectionGuard:
             self.stats.limit_connection_rate += 1
         return False
 
+    def opened(self) -> None:
+        """A socket accepted on a TLS or WebSocket listener, its handshake not done: it counts under
+        --max-connections (``unconnected``, as a plain socket not yet CONNECTed does) until
+        ``closed``, when it is handed to its MQTT connection (which counts it from there) or gone."""
+        if self.stats is not None:
+            self.stats.unconnected += 1
+
+    def closed(self) -> None:
+        if self.stats is not None:
+            self.stats.unconnected -= 1
+
     def client_rate(self) -> ClientRate | None:
         if self.msg_rate > 0 or self.byte_rate > 0:
             return ClientRate(self.msg_rate, self.byte_rate)

@@ -182,7 +182,7 @@ class MQTTConnection(asyncio.Protocol):
                  "_rate", "partial_since", "tls_identity", "_write_buffer_high", "transport", "handler", "peer",
                  "client_id", "protocol_level", "outbound", "counters", "traffic", "write_paused", "closing", "phase",
                  "_graceful", "_out", "_keepalive", "_last_rx", "_timer", "_loop", "_wheel", "keepalive_key",
-                 "_reading_paused_by", "_held", "_gate", "_lingering")
+                 "_reading_paused_by", "_held", "_gate", "_lingering", "admitted")
 
     def __init__(
         self,
@@ -249,6 +249,14 @@ class MQTTConnection(asyncio.Protocol):
         self._held: list[Packet] | None = None
         self._gate: int | None = None  # output held until open_gate(this or more): see gate()
         self._lingering = False  # closed with something to say: see _end()
+        # Charged to its listener's connection rate at accept already (by the TLS or WebSocket
+        # layer in front of it, which admits and counts a socket before its handshake).
+        self.admitted = False
+
+    @property
+    def guard(self) -> ConnectionGuard | None:
+        """The worker's connection-layer limits (what a TLS or WebSocket layer in front charges)."""
+        return self._guard
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
 
@@ -262,7 +270,7 @@ class MQTTConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=self._write_buffer_high)
         self._last_rx = self._loop.time()
         guard = self._guard
-        if guard is not None and not guard.admit(self.listener):
+        if guard is not None and not self.admitted and not guard.admit(self.listener):
             log.debug("%s: over the listener's --max-connection-rate; closed", self.peer)
             self.abort()
             return

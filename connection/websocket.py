@@ -47,7 +47,14 @@ class WebSocketConnection(asyncio.Protocol):
         self.peer = "?"
         self._paused = False  # the inner connection paused reading: events wait in wsproto
         self._timer: asyncio.TimerHandle | None = None
+        self.admitted = False  # charged to the connection rate already (by the TLS layer in front)
+        self._counted = False  # counted under --max-connections until the upgrade (guard.opened)
         self._loop = asyncio.get_event_loop()
+
+    @property
+    def guard(self) -> Any:
+        """The worker's connection-layer limits, its MQTT connection's (None: a test's, no limits)."""
+        return self.inner.guard
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------
 
@@ -56,6 +63,17 @@ class WebSocketConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
+        # Admitted and counted from accept, as a plain socket is: a socket that never sends its
+        # upgrade request holds a descriptor as much as one that never sends CONNECT.
+        guard = self.guard
+        if guard is not None:
+            if not self.admitted and not guard.admit(self.inner.listener):
+                log.debug("%s: over the listener's --max-connection-rate; closed", self.peer)
+                self._abort()
+                return
+            guard.opened()
+            self._counted = True
+        self.inner.admitted = True
         self._timer = self._loop.call_later(CONNECT_TIMEOUT_S, self._handshake_timeout)
 
     def data_received(self, data: bytes) -> None:
@@ -72,6 +90,7 @@ class WebSocketConnection(asyncio.Protocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._uncount()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -139,7 +158,13 @@ class WebSocketConnection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         self.open = True
+        self._uncount()  # its MQTT connection counts it from here
         self.inner.connection_made(_FrameTransport(self))
+
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            self.inner.guard.closed()
 
     def _reject(self, status: int) -> None:
         self._write(self.ws.send(RejectConnection(status_code=status, headers=[(b"content-length", b"0")],

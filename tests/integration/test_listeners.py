@@ -19,7 +19,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from tests.helpers import BROKERD, WAIT, Broker, Client, cid, connect_packet, free_port
+from tests.helpers import BROKERD, WAIT, Broker, Client, cid, connect_packet, free_port, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
@@ -369,3 +369,61 @@ def test_sighup_reloads_the_tls_certificate_for_new_connections(start_broker, ce
     assert before.wait_messages(1)[0].payload == b"renewed" and not before.disconnected.is_set()
     assert "Traceback" not in broker.log_text()
     Client.close_all([before, after])
+
+
+# -- issue 40, item 9: TLS and WebSocket sockets count, and are limited, from accept ---------------
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the broker closes ``sock`` (which sends nothing) within ``seconds``."""
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def _tls_connack(port: int, ca: str, level: int = 4) -> bytes:
+    ctx = ssl.create_default_context(cafile=ca)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+            s.sendall(connect_packet(cid("tls"), level=level))
+            return s.recv(4)
+
+
+def test_silent_sockets_on_tls_and_websocket_listeners_count_and_are_closed_after_10_s(start_broker, certs):
+    """Sockets that never start their TLS handshake (or WebSocket upgrade) count under
+    --max-connections from accept, as plain ones not yet CONNECTed do: a real TLS client beyond
+    the limit gets CONNACK 0x03. They are closed after the 10 s handshake timeout (the loop's own
+    was 60 s), and the client gets in then."""
+    tls, ws = _ports(2)
+    # One worker: each worker takes its share of --max-connections.
+    start_broker("--listen", f"mqtts://127.0.0.1:{tls}", "--listen", f"ws://127.0.0.1:{ws}/mqtt",
+                 "--max-connections", "3", *_tls_args(certs), workers=1)
+    assert _tls_connack(tls, certs["ca.pem"]) == b"\x20\x02\x00\x00"  # room while none is held
+    start = time.monotonic()
+    silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for port in (tls, tls, ws)]
+    time.sleep(0.3)  # accepted by the worker
+    assert _tls_connack(tls, certs["ca.pem"]) == b"\x20\x02\x00\x03"  # 3 held: server unavailable
+    for s in silent:
+        assert _closed_within(s, 12.5 - (time.monotonic() - start)), "a silent socket held beyond 12 s"
+        s.close()
+    assert time.monotonic() - start > 9.0  # held for the timeout, not closed at once
+    wait_for(lambda: _tls_connack(tls, certs["ca.pem"]) == b"\x20\x02\x00\x00", what="room once they closed")
+
+
+def test_the_connection_rate_closes_tls_sockets_before_their_handshake(start_broker, certs):
+    """--max-connection-rate applies at accept on a TLS listener too: the silent sockets beyond the
+    rate are closed at once, not after a handshake that never comes."""
+    (tls,) = _ports(1)
+    broker = start_broker("--listen", f"mqtts://127.0.0.1:{tls}", "--max-connection-rate", "5",
+                          *_tls_args(certs), workers=1)
+    socks = [socket.create_connection(("127.0.0.1", tls), timeout=5) for _ in range(20)]
+    try:
+        closed = sum(_closed_within(s, 0.3) for s in socks)
+        assert closed >= 10, f"only {closed} of 20 TLS sockets beyond a rate of 5/s were closed at once"
+    finally:
+        for s in socks:
+            s.close()
+    assert broker.workers()
