@@ -48,7 +48,9 @@ def _drop_if_removed(client: Client, passwords: dict[str, str]) -> None:
     may publish as that user now); its session stays, for the user if it is added again."""
     session = client.session
     user = session.username if session is not None and session.conn is client.conn else None
-    if user is None or user in passwords or client.conn.closing:
+    listener = getattr(client.conn, "listener", None)
+    if user is None or user in passwords or client.conn.closing or (
+            listener is not None and listener.use_identity_as_username):  # its certificate is its login
         return
     log.warning("client %s disconnected: user %r is no longer in the password file", client.client_id, user)
     client.will = None

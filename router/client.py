@@ -298,10 +298,10 @@ class Client:
         logged, and this client gets a clean session."""
         if self._claim(session.owner_known, session.username, connect) is Claim.RESUME:
             return False
-        log.warning("session %s of %s dropped: user %s connected with its client id and gets a clean session "
-                    "(--session-owner %s)", self.client_id,
-                    f"user {name(session.username)}" if session.owner_known else "an unknown user",
-                    name(connect.username), self.router.config.session_owner)
+        CONNECTIONS.log(log, "session %s of %s dropped: user %s connected with its client id and gets a clean "
+                        "session (--session-owner %s)", self.client_id,
+                        f"user {name(session.username)}" if session.owner_known else "an unknown user",
+                        name(connect.username), self.router.config.session_owner)
         return True
 
     async def _connect_via_cluster(self, connect: Connect, assigned: bool) -> None:

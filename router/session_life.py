@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from brokerd.connection.packets import Subscription
+from brokerd.connection.ratelimit import CONNECTIONS
 
 from .message import Message, expiry_deadline
 from .ownership import REFUSE, Claim, decide, name
@@ -202,8 +203,8 @@ class SessionLife:
         if session is None or not refuse or decide(session.owner_known, session.username, claimant,
                                                     REFUSE) is not Claim.REFUSE:
             return None
-        log.warning("session %s of user %s not handed over: user %s connected with its client id on another "
-                    "router (--session-owner refuse)", client_id, name(session.username), name(claimant))
+        CONNECTIONS.log(log, "session %s of user %s not handed over: user %s connected with its client id on "
+                        "another router (--session-owner refuse)", client_id, name(session.username), name(claimant))
         return [session.username]
 
     def _hand_on_later(self, session: Session, to: str, start: int, late: bool = False) -> None:

@@ -17,6 +17,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from tests.helpers import BROKERD, Client, cid
+from tests.integration.test_listeners import certs  # noqa: F401 - a fixture
 
 PASSWORDS = {"alice": "alices-pw", "bob": "bobs-pw", "pub": "pubs-pw"}
 ACL = """
@@ -189,3 +190,20 @@ def test_a_delayed_will_whose_write_grant_was_revoked_is_not_published(start_bro
     client(b.port, "pub", cid("pub")).connect().publish("a/marker", "after the will was due", 1)
     watcher.wait_topic("a/marker")
     assert [m.topic for m in watcher.messages] == ["a/marker"]
+
+
+def test_a_reload_keeps_clients_whose_certificate_is_their_login(start_broker, files, certs):  # noqa: F811
+    from tests.integration.test_listeners import LClient, _ports, _tls_args
+
+    pw, acl = files
+    (tls,) = _ports(1)
+    b = start_broker("--listen", f"mqtts://127.0.0.1:{tls}", "--password-file", str(pw), "--acl-file", str(acl),
+                     *_tls_args(certs, "--require-certificate", "on", "--use-identity-as-username", "on"),
+                     workers=1)
+    device = LClient(tls, cid("device"), tls={"ca_certs": certs["ca.pem"], "certfile": certs["client.pem"],
+                                               "keyfile": certs["client.key"]}).connect()
+    alice = client(b.port, "alice", cid("alice-rm")).connect()
+    pw.write_text("".join(line + "\n" for line in pw.read_text().splitlines() if not line.startswith("alice:")))
+    reload(b)
+    assert alice.disconnected.wait(10)
+    assert not device.disconnected.is_set(), "device-7, logged in by its certificate, was disconnected"
