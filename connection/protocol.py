@@ -547,7 +547,9 @@ class MQTTConnection(asyncio.Protocol):
             return
         if reason is not None and self.protocol_level >= MQTT_5 and self.phase is CONNECTED:
             self.send(encode(Disconnect(reason_code=reason), MQTT_5))
-        said = bool(self._out)
+        # A stopping worker waits for no client: its connections close at once (their wills and
+        # sessions are settled before its log closes).
+        said = bool(self._out) and reason != Reason.SERVER_SHUTTING_DOWN
         self.flush()
         self.closing = True
         if self.transport is not None and self._gate is None:  # else open_gate closes it

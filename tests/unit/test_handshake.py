@@ -1,0 +1,112 @@
+"""connection/handshake.py on real sockets and both loops (asyncio's, uvloop's): a TLS socket counts
+from accept until its handshake ends, however it ends, and what the client sends with its handshake
+reaches the listener's protocol in order."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import ssl
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from brokerd.connection.guard import ConnectionGuard
+from brokerd.connection.handshake import Handshaking
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+
+
+@pytest.fixture(scope="module")
+def cert(tmp_path_factory) -> tuple[str, str]:
+    d = tmp_path_factory.mktemp("cert")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(d / "k.pem"), "-out", str(d / "c.pem")],
+                   check=True, capture_output=True, timeout=60)
+    return str(d / "c.pem"), str(d / "k.pem")
+
+
+class _Inner(asyncio.Protocol):
+    """The listener's protocol: answers every read with what it read."""
+
+    def __init__(self) -> None:
+        self.admitted = False
+        self.made = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.made = True
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(b"echo:" + data)  # type: ignore[attr-defined]
+
+
+def _loops() -> list[str]:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:  # pragma: no cover
+        return ["asyncio"]
+    return ["asyncio", "uvloop"]
+
+
+def _run(kind: str, main) -> object:
+    if kind == "uvloop":
+        import uvloop
+
+        return uvloop.run(main())
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", _loops())
+def test_a_tls_socket_counts_from_accept_until_its_handshake_ends(kind, cert):
+    certfile, keyfile = cert
+
+    async def main() -> tuple[list[int], list[bytes], bool]:
+        loop = asyncio.get_running_loop()
+        stats = SimpleNamespace(unconnected=0, limit_connection_rate=0)
+        guard = ConnectionGuard(loop, stats=stats)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(certfile, keyfile)
+        inners: list[_Inner] = []
+
+        def factory() -> Handshaking:
+            inners.append(_Inner())
+            return Handshaking(inners[-1], ctx, guard, None, timeout=0.5)
+
+        server = await loop.create_server(factory, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        counts: list[int] = []
+
+        def clients() -> list[bytes]:
+            import time
+
+            got = []
+            silent = socket.create_connection(("127.0.0.1", port), timeout=5)
+            garbage = socket.create_connection(("127.0.0.1", port), timeout=5)
+            garbage.sendall(b"GET / HTTP/1.1\r\n\r\n")
+            time.sleep(0.2)
+            counts.append(stats.unconnected)  # the silent one; the garbage one failed its handshake
+            client = ssl.create_default_context(cafile=certfile)
+            for i in range(5):  # the CONNECT-like bytes go with the handshake's last flight
+                with client.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=5),
+                                        server_hostname="127.0.0.1") as s:
+                    s.sendall(b"hello%d" % i)
+                    got.append(s.recv(100))
+            counts.append(stats.unconnected)  # the handed-over ones are the handler's to count
+            got.append(silent.recv(1))  # closed after the 0.5 s handshake timeout
+            silent.close()
+            garbage.close()
+            time.sleep(0.1)
+            counts.append(stats.unconnected)
+            return got
+
+        got = await loop.run_in_executor(None, clients)
+        server.close()
+        return counts, got, all(i.admitted for i in inners) and sum(i.made for i in inners) == 5
+
+    counts, got, handed = _run(kind, main)  # type: ignore[misc]
+    assert counts == [1, 1, 0]
+    assert got == [b"echo:hello%d" % i for i in range(5)] + [b""]
+    assert handed
