@@ -78,3 +78,30 @@ def test_replace_across_workers_gives_a_clean_session(start_broker, files):  # n
     else:
         raise AssertionError("bob never landed on the other worker")
     assert f"session {alice_id} of user 'alice' dropped: user 'bob'" in b.log_text()
+
+
+@pytest.mark.parametrize("claimed_on", ["c", "b"])
+def test_a_dead_nodes_session_is_not_handed_from_its_replica_to_another_user(start_broker, files, claimed_on):  # noqa: F811
+    """alice's session lives on node a, followed by c; a dies with a message queued for her. bob
+    claims her client id on c (which holds the replica) or on b (which asks c): refused, and the
+    replica stays held, so alice, back on c, finds her session and her message."""
+    from brokerd.router.replication import follower_nodes
+    from tests.cluster.test_replication import HOSTS, snapshot_of, three_nodes
+
+    assert follower_nodes("a/w0", "a", ["b", "c"], 1) == ["c"]  # the test's layout rests on it
+    pw, acl = files
+    nodes = three_nodes(start_broker, "--replication-factor", "2", "--password-file", str(pw),
+                        "--acl-file", str(acl))
+    alice_id = cid("alice-dev")
+    alice = client(nodes["a"].port, "alice", alice_id, clean=False, host=HOSTS["a"]).connect()
+    assert alice.subscribe([("a/#", 1), ("$share/grp/a/#", 1)]) == [1, 1]
+    alice.disconnect()
+    snapshot_of(nodes["c"], lambda r: r["sessions"].get("a/w0", 0) == 1)
+    client(nodes["a"].port, "pub", cid("pub"), host=HOSTS["a"]).connect().publish("a/q", "queued", 1)
+    nodes["a"].kill()
+    node = nodes[claimed_on]
+    client(node.port, "bob", alice_id, clean=False, host=HOSTS[claimed_on]).connect(expect_rc=NOT_AUTHORIZED)
+    assert "belongs to user 'alice'" in node.log_text()
+    alice = client(nodes["c"].port, "alice", alice_id, clean=False, host=HOSTS["c"]).connect()
+    assert alice.session_present, "the replica did not stay held for its owner"
+    alice.wait_payload(b"queued")
