@@ -182,7 +182,7 @@ class MQTTConnection(asyncio.Protocol):
                  "_rate", "partial_since", "tls_identity", "_write_buffer_high", "transport", "handler", "peer",
                  "client_id", "protocol_level", "outbound", "counters", "traffic", "write_paused", "closing", "phase",
                  "_graceful", "_out", "_keepalive", "_last_rx", "_timer", "_loop", "_wheel", "keepalive_key",
-                 "_reading_paused_by", "_held", "_gate", "_lingering", "admitted")
+                 "_reading_paused_by", "_held", "_gate", "_lingering", "admitted", "_polling", "_written")
 
     def __init__(
         self,
@@ -249,6 +249,8 @@ class MQTTConnection(asyncio.Protocol):
         self._held: list[Packet] | None = None
         self._gate: int | None = None  # output held until open_gate(this or more): see gate()
         self._lingering = False  # closed with something to say: see _end()
+        self._polling = False  # its output backed up: _drain_check looks until it drained
+        self._written = 0  # bytes its transport had written at the last keepalive check
         # Charged to its listener's connection rate at accept already (by the TLS or WebSocket
         # layer in front of it, which admits and counts a socket before its handshake).
         self.admitted = False
@@ -454,21 +456,27 @@ class MQTTConnection(asyncio.Protocol):
         times what it sent (one uvloop write request of ~400 bytes per tick's few-byte write)."""
         if OUTPUT not in self._reading_paused_by and not self.closing:
             self.pause_reading(OUTPUT)
-            self._loop.call_later(DRAIN_POLL_S, self._drain_check, DRAIN_POLL_S)
+            if not self._polling:  # one look-out per connection, however often it backs up
+                self._polling = True
+                self._loop.call_later(DRAIN_POLL_S, self._drain_check, DRAIN_POLL_S)
 
     def _drain_check(self, delay: float) -> None:
         """Read again once the transport holds nothing unwritten; look again later if it does."""
         transport = self.transport
         if OUTPUT not in self._reading_paused_by or self.closing or transport is None:
+            self._polling = False
             return
         if transport.get_write_buffer_size():
             delay = min(2 * delay, DRAIN_POLL_MAX_S)
             self._loop.call_later(delay, self._drain_check, delay)
             return
+        self._polling = False
         self._drained()
 
     def _drained(self) -> None:
         if OUTPUT in self._reading_paused_by:
+            # The time its reads were held is not its silence: the keepalive counts from now.
+            self._last_rx = self._loop.time()
             self.resume_reading(OUTPUT)
             if self._decoder.has_more and not self.closing:
                 self._loop.call_soon(self._read_more)  # what its last read still holds
@@ -651,6 +659,13 @@ class MQTTConnection(asyncio.Protocol):
         its whole keepalive, else check again at its new deadline."""
         if self.closing:
             return
+        if OUTPUT in self._reading_paused_by and self.transport is not None:
+            # Its reads are held while its output backs up: a client that still reads (slowly) is
+            # not silent by its own doing; one that takes nothing at all is dead, and goes.
+            written = self.counters.bytes_out - self.transport.get_write_buffer_size()
+            if written != self._written:
+                self._written = written
+                self._last_rx = self._loop.time()
         idle = self._loop.time() - self._last_rx
         if idle >= self._keepalive:
             log.info("client %s (%s): keepalive timeout after %.1f s; closing",
