@@ -70,6 +70,8 @@ class Worker:
             topic_alias_out=c.topic_alias_out,
             moved_in_keep_s=c.mesh_forget,
             session_owner=c.session_owner,
+            verifies_identities=bool(c.password_file or c.auth_plugin
+                                     or any(x.use_identity_as_username for x in c.listeners)),
         )
 
     def _open(self, conn: MQTTConnection) -> Client:

@@ -220,6 +220,11 @@ class StateStore:
         for cid, st in state.get("sessions", {}).items():
             session = router.new_session(cid, True)
             restore_state(session, st)
+            if not router.config.verifies_identities:
+                # Nothing here verifies a user name, so every client is anonymous: a name kept
+                # by an earlier version, which took claims at their word, is only a claim, and
+                # would lock the session's own client out (``router.ownership``).
+                session.username = None
             for values in st["subs"]:
                 router.subscribe(session, Subscription.from_values(values))
             for values in st.get("shared", ()):

@@ -92,6 +92,9 @@ class RouterConfig:
     moved_in_keep_s: float = 300.0
     # What a CONNECT of another identity with a session's client id gets (``router.ownership``).
     session_owner: str = "refuse"
+    # Whether anything verifies a user name (a password file, an auth plugin, a certificate
+    # identity listener): where nothing does, every client is anonymous (``router.access``).
+    verifies_identities: bool = False
 
 
 class Router(SharedRouting, SessionLife):

@@ -207,3 +207,21 @@ def test_a_reload_keeps_clients_whose_certificate_is_their_login(start_broker, f
     reload(b)
     assert alice.disconnected.wait(10)
     assert not device.disconnected.is_set(), "device-7, logged in by its certificate, was disconnected"
+
+
+def test_a_session_kept_under_a_password_file_resumes_once_nothing_verifies_names(start_broker, files, tmp_path):
+    """An operator who stops checking passwords makes every client anonymous: the sessions kept
+    under the names the file verified (or, as an earlier version kept them, under names nobody
+    verified) are resumed by their clients, not refused as another user's for ever."""
+    data = str(tmp_path / "kept")
+    pw, acl = files
+    b = start_broker("--password-file", str(pw), "--acl-file", str(acl), workers=1, data_dir=data)
+    alice_id = cid("alice-dev")
+    alice_offline_with_queue(b.port, alice_id)
+    assert b.stop() == 0
+    b = start_broker(data_dir=data, workers=1)
+    alice = Client(b.port, alice_id, clean=False)
+    alice.c.username_pw_set("alice", "anything: nothing checks it now")
+    alice.connect()
+    assert alice.session_present
+    assert alice.wait_topic("a/1").payload == b"queued for alice"
