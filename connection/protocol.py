@@ -418,8 +418,8 @@ class MQTTConnection(asyncio.Protocol):
 
     def _read_more(self) -> None:
         """The next budget's worth of a long read, one loop iteration later (not while the client
-        is over its rate or its output is over its limit: ``_rate_paid`` or ``resume_writing``
-        goes on with it)."""
+        is over its rate or while its output backs up: ``_rate_paid`` or ``_drained`` goes on
+        with it)."""
         paused = self._reading_paused_by
         if not self.closing and self.handler is not None and RATE not in paused and OUTPUT not in paused:
             self._decoded(self._decoder.more)
