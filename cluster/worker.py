@@ -101,7 +101,7 @@ class Worker:
         self.guard = ConnectionGuard(
             self.loop, connection_rate=c.max_connection_rate / c.workers if c.max_connection_rate else 0.0,
             msg_rate=c.max_client_msg_rate, byte_rate=c.max_client_byte_rate, packet_timeout=c.packet_timeout,
-            stats=self.router.stats)
+            stats=self.router.stats, sockets=self.router.listener_sockets)
         if c.log:
             self._open_log()
         if c.workers > 1 or c.mesh is not None:

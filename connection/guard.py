@@ -59,16 +59,19 @@ class ClientRate:
 
 class ConnectionGuard:
     def __init__(self, loop: asyncio.AbstractEventLoop, *, connection_rate: float = 0.0, msg_rate: float = 0.0,
-                 byte_rate: float = 0.0, packet_timeout: float = 0.0, stats: Any = None) -> None:
+                 byte_rate: float = 0.0, packet_timeout: float = 0.0, stats: Any = None,
+                 sockets: dict[Any, int] | None = None) -> None:
         """``connection_rate``: new connections a second per listener for this worker (its share);
         ``msg_rate``/``byte_rate``: per client; ``packet_timeout``: seconds; 0 turns each off.
-        ``stats``: the router's counters (``limit_*``)."""
+        ``stats``: the router's counters (``limit_*``); ``sockets``: the router's open sockets per
+        listener with a max_connections (``router.limits.listener_opened``)."""
         self.loop = loop
         self.connection_rate = connection_rate
         self.msg_rate = msg_rate
         self.byte_rate = byte_rate
         self.packet_timeout = packet_timeout
         self.stats = stats
+        self.sockets = sockets
         self._accepts: dict[Any, TokenBucket] = {}
         self._partial: set[Any] = set()  # connections that held an unfinished packet at a read
         self._sweeping = False
@@ -97,16 +100,27 @@ class ConnectionGuard:
             self.stats.limit_connection_rate += 1
         return False
 
-    def opened(self) -> None:
+    def opened(self, listener: Any) -> None:
         """A socket accepted on a TLS or WebSocket listener, its handshake not done: it counts under
-        --max-connections (``unconnected``, as a plain socket not yet CONNECTed does) until
-        ``closed``, when it is handed to its MQTT connection (which counts it from there) or gone."""
+        --max-connections (``unconnected``, as a plain socket not yet CONNECTed does) and its
+        listener's max_connections until ``closed``, when it is handed to its MQTT connection (which
+        counts it from there) or gone."""
         if self.stats is not None:
             self.stats.unconnected += 1
+        sockets = self.sockets
+        if sockets is not None and listener is not None and listener.max_connections:
+            sockets[listener] = sockets.get(listener, 0) + 1
 
-    def closed(self) -> None:
+    def closed(self, listener: Any) -> None:
         if self.stats is not None:
             self.stats.unconnected -= 1
+        sockets = self.sockets
+        if sockets is not None and listener is not None and listener.max_connections:
+            n = sockets.get(listener, 0) - 1
+            if n > 0:
+                sockets[listener] = n
+            else:
+                sockets.pop(listener, None)
 
     def client_rate(self) -> ClientRate | None:
         if self.msg_rate > 0 or self.byte_rate > 0:

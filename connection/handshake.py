@@ -71,7 +71,7 @@ class Handshaking(asyncio.Protocol):
                 log.debug("%s: over the listener's --max-connection-rate; closed", self._peer)
                 transport.abort()
                 return
-            guard.opened()
+            guard.opened(self.listener)
             self._counted = True
         self.inner.admitted = True
         loop = asyncio.get_event_loop()
@@ -103,4 +103,4 @@ class Handshaking(asyncio.Protocol):
     def _uncount(self) -> None:
         if self._counted:
             self._counted = False
-            self.guard.closed()
+            self.guard.closed(self.listener)

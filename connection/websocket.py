@@ -71,7 +71,7 @@ class WebSocketConnection(asyncio.Protocol):
                 log.debug("%s: over the listener's --max-connection-rate; closed", self.peer)
                 self._abort()
                 return
-            guard.opened()
+            guard.opened(self.inner.listener)
             self._counted = True
         self.inner.admitted = True
         self._timer = self._loop.call_later(CONNECT_TIMEOUT_S, self._handshake_timeout)
@@ -164,7 +164,7 @@ class WebSocketConnection(asyncio.Protocol):
     def _uncount(self) -> None:
         if self._counted:
             self._counted = False
-            self.inner.guard.closed()
+            self.inner.guard.closed(self.inner.listener)
 
     def _reject(self, status: int) -> None:
         self._write(self.ws.send(RejectConnection(status_code=status, headers=[(b"content-length", b"0")],

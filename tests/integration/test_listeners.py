@@ -427,3 +427,29 @@ def test_the_connection_rate_closes_tls_sockets_before_their_handshake(start_bro
         for s in socks:
             s.close()
     assert broker.workers()
+
+
+def test_silent_tls_sockets_count_against_their_listeners_max_connections(xprocess, tmp_path, certs):
+    """[[listener]] max_connections = 2 on a TLS listener: two sockets still in (or before) their
+    handshake hold its places, so a real client there gets CONNACK 0x03; the node's other listener
+    is not affected."""
+    port, limited = _ports(2)
+    toml = tmp_path / "listeners.toml"
+    toml.write_text(f'listen = "127.0.0.1:{port}"\n\n[[listener]]\nlisten = "mqtts://127.0.0.1:{limited}"\n'
+                    'max_connections = 2\n')
+    # Not start_broker: its --listen would replace the file's listeners. One worker: each worker
+    # takes its share of a listener's max_connections.
+    broker = Broker(xprocess, f"brokerd-tlslim-{port}", ["--workers", "1", "--node-id", "t", "--data-dir",
+                    str(tmp_path / "data"), "--config", str(toml), *_tls_args(certs)], "127.0.0.1", port)
+    broker.start()
+    try:
+        silent = [socket.create_connection(("127.0.0.1", limited), timeout=5) for _ in range(2)]
+        time.sleep(0.3)  # accepted by the worker
+        assert _tls_connack(limited, certs["ca.pem"]) == b"\x20\x02\x00\x03"
+        Client(port, cid("other")).connect()
+        for s in silent:
+            s.close()
+        wait_for(lambda: _tls_connack(limited, certs["ca.pem"]) == b"\x20\x02\x00\x00",
+                 what="a place on the listener once the silent sockets closed")
+    finally:
+        xprocess.getinfo(broker.name).terminate(timeout=15)
