@@ -126,10 +126,10 @@ OPTIONS: tuple[Option, ...] = (
            "not --mesh's (NAT, containers, a proxy in front); router i at PORT+i", "HOST:PORT", check=_address),
     Option("peer", _host_port, (), "another node's --mesh address (repeatable; one live peer is enough)",
            "HOST:PORT", repeat=True, check=_address),
-    Option("mesh_key", str, None, "CURVE secret key file of this node (from `brokerd keygen`); "
-           "enables authenticated, encrypted mesh traffic", "FILE"),
-    Option("mesh_insecure", _on_off, False, "allow --mesh on a non-loopback address without --mesh-key "
-           "(unauthenticated, unencrypted mesh: anyone reaching it can read and inject messages)", "on|off"),
+    Option("mesh_key", str, None, "CURVE secret key file of the cluster (from `brokerd keygen`; the same on "
+           "every node): authenticated, encrypted mesh traffic; needed with --mesh", "FILE"),
+    Option("mesh_insecure", _on_off, False, "allow --mesh without --mesh-key (unauthenticated, unencrypted "
+           "mesh: any process that reaches it, local ones too, can read and inject messages)", "on|off"),
     Option("mesh_hwm", int, 10_000, "mesh high-water mark in frames per peer (backpressure beyond it)", "N",
            check=_at_least(1)),
     Option("mesh_timeout", float, 3.0, "seconds of silence after which a peer router counts as gone", "SECONDS",
@@ -472,13 +472,13 @@ def load(argv: list[str], environ: Mapping[str, str] | None = None) -> Config:
         raise ConfigError(f"--node-id: invalid value {cfg.node_id!r} (no '/', '+' or '#')")
     _check_ports(cfg)
     _check_replication(cfg)
-    if cfg.mesh is not None and not cfg.mesh_key and not cfg.mesh_insecure and \
-            not _listeners.is_loopback(cfg.mesh[0]):
+    if cfg.mesh is not None and not cfg.mesh_key and not cfg.mesh_insecure:
         # Without a key any process that reaches the mesh port can read every message, inject
-        # publishes and take sessions over: off loopback it needs a key, or the operator's word.
-        raise ConfigError(f"--mesh: {cfg.mesh[0]}:{cfg.mesh[1]} is not a loopback address: give "
-                          "--mesh-key FILE (`brokerd keygen`; the same on every node), or --mesh-insecure "
-                          "on to run the mesh unauthenticated and unencrypted")
+        # publishes and take sessions over: loopback too, since every local user reaches it.
+        raise ConfigError(f"--mesh: {cfg.mesh[0]}:{cfg.mesh[1]} needs --mesh-key FILE, loopback too (without "
+                          "it any process that reaches the port joins the cluster): make the key once with "
+                          "`brokerd keygen --out cluster` and start every node with --mesh-key "
+                          "cluster.key_secret, or run the mesh unauthenticated with --mesh-insecure on")
     return cfg
 
 

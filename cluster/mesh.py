@@ -511,6 +511,9 @@ class Mesh:
                 tcp_pull.bind(f"tcp://{host}:{port + self.index}")
             except zmq.ZMQError as exc:
                 raise OSError(f"--mesh: cannot bind {host}:{port + self.index}: {exc}") from None
+            if self._curve is None and self.index == 0:  # --mesh-insecure on (config refuses it otherwise)
+                log.warning("mesh: %s:%d is unauthenticated and unencrypted (--mesh-insecure on): any "
+                            "process that reaches it can read and inject messages", host, port)
             advertised = host if host not in WILDCARDS else socket.getfqdn()
             self.tcp = f"tcp://{advertised}:{port + self.index}"
             if self.config.mesh_advertise is not None:

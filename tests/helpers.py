@@ -5,12 +5,15 @@ Every wait here is bounded and waits for an event (a message, a CONNACK, a log l
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -78,6 +81,31 @@ def in_parallel(*calls: Callable[[], object]) -> list:
     if errors:
         raise errors[0]
     return results
+
+
+_mesh_key_made: list[str] = []
+_mesh_key_lock = threading.Lock()  # nodes start in threads (``in_parallel``): one key for all
+
+
+def mesh_key_file() -> str:
+    """The cluster's CURVE secret key file of this test process (``mesh_key``)."""
+    import zmq.auth
+
+    with _mesh_key_lock:
+        if not _mesh_key_made:
+            directory = tempfile.mkdtemp(prefix="brokerd-test-key-")
+            atexit.register(shutil.rmtree, directory, True)
+            _, secret = zmq.auth.create_certificates(directory, "cluster")  # what `brokerd keygen` writes
+            os.chmod(secret, 0o600)
+            _mesh_key_made.append(secret)
+        return _mesh_key_made[0]
+
+
+def mesh_key() -> list[str]:
+    """``--mesh-key FILE`` for every node a test starts with ``--mesh``: brokerd refuses a mesh
+    without a key (loopback too), and nodes join only with the same one, so one key pair serves
+    the whole test process. A test about the unkeyed mesh passes ``--mesh-insecure on`` instead."""
+    return ["--mesh-key", mesh_key_file()]
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = WAIT, what: str = "condition") -> object:

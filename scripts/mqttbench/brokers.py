@@ -365,9 +365,13 @@ class BrokerdCluster:
             while port == node.port:
                 port = free_port(node.host)
             mesh.append(port)
+        # The mesh as deployed: authenticated and encrypted with the cluster's key (its cost counts).
+        key = self.nodes[0].dir / "cluster"
+        subprocess.run([str(brokerd_executable()), "keygen", "--out", str(key)], check=True, capture_output=True,
+                       timeout=60)
         for i, (node, name) in enumerate(zip(self.nodes, "abc", strict=True)):
             extra = ["--log", "on", "--node-id", name, "--mesh", f"{node.host}:{mesh[i]}",
-                     "--replication-factor", str(kind.replication)]
+                     "--mesh-key", f"{key}.key_secret", "--replication-factor", str(kind.replication)]
             if i:
                 extra += ["--peer", f"{CLUSTER_HOSTS[0]}:{mesh[0]}"]
             node.extra = tuple(extra)

@@ -75,7 +75,7 @@ import paho.mqtt.client as mqtt
 import psutil
 
 from tests.cluster.partition import MeshProxy
-from tests.helpers import WAIT, Broker, Client, in_parallel, wait_for
+from tests.helpers import WAIT, Broker, Client, in_parallel, mesh_key, wait_for
 
 MESH_TIMEOUT = 1.0  # --mesh-timeout of every broker: short, so a SIGSTOP beyond it is short too
 # The default --fsync (interval): an acknowledgement waits for its record's write, so no SIGKILL
@@ -1190,7 +1190,8 @@ def start_nodes(start_broker: Callable[..., Broker], names: str = "abc", workers
     starts, proxies_of = [], []
     for i, (host, name) in enumerate(zip(hosts, names, strict=True)):
         peer = 1 if i == 0 else i - 1
-        args = [*BROKER_ARGS, *FSYNC_ALWAYS, "--mesh", f"{host}:{ports[i]}", "--peer", f"{hosts[peer]}:{advertised[peer]}"]
+        args = [*BROKER_ARGS, *FSYNC_ALWAYS, "--mesh", f"{host}:{ports[i]}", *mesh_key(),
+                "--peer", f"{hosts[peer]}:{advertised[peer]}"]
         proxies = []
         if partitionable:
             proxies = [MeshProxy(host, ports[i] + w, advertised[i] + w) for w in range(workers)]

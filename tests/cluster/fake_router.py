@@ -13,6 +13,8 @@ import msgpack
 import pytest
 import zmq
 
+CLUSTER_KEY = "cluster"  # FakeRouter's ``key``: the one every test node holds
+
 
 def run_dirs() -> list[str]:
     """The run directories of the brokers started by this user (their mesh's ipc sockets)."""
@@ -32,16 +34,31 @@ def mesh_endpoint(port: int, node: str = "t", worker: int = 0) -> str:
 
 class FakeRouter:
     """A router of another node: it says HELLO (as one incarnation or another, with the replicas
-    it claims to hold), sends what the test tells it, and keeps every frame sent to it."""
+    it claims to hold), sends what the test tells it, and keeps every frame sent to it.
+
+    ``key``: the CURVE secret key file it holds. By default the cluster's (``tests.helpers.mesh_key``,
+    which every test node started with ``--mesh`` holds): a node links back to this router's tcp
+    PULL as a CURVE client, so that socket is a CURVE server. Another file: an outsider that holds
+    a key of its own; None: an outsider with plain sockets."""
 
     def __init__(self, ctx: zmq.Context, target: str, name: str = "fake/w0", node: str = "fake",
-                 target_id: str | None = None) -> None:
+                 target_id: str | None = None, key: str | None = CLUSTER_KEY) -> None:
+        import zmq.auth
+
         from brokerd.router.mesh_format import MESH_VERSION
+        from tests.helpers import mesh_key_file
 
         self.version, self.name, self.node, self.inc = MESH_VERSION, name, node, 1
         self.replicas: dict[str, int] = {}  # HELLO's ``replicas``: partition -> end
         self.pull = ctx.socket(zmq.PULL)
         self.pull.setsockopt(zmq.LINGER, 0)
+        # (own public key, own secret key, the cluster's public key), for the tcp sockets.
+        self.curve: tuple[bytes, bytes, bytes] | None = None
+        if key is not None:
+            public, secret = zmq.auth.load_certificate(mesh_key_file() if key == CLUSTER_KEY else key)
+            self.curve = (public, secret, zmq.auth.load_certificate(mesh_key_file())[0])
+            self.pull.curve_server = True
+            self.pull.curve_publickey, self.pull.curve_secretkey = public, secret
         port = self.pull.bind_to_random_port("tcp://127.0.0.1")
         self.tcp = f"tcp://127.0.0.1:{port}"
         self.ctx = ctx
@@ -55,6 +72,8 @@ class FakeRouter:
         """A socket to one more router (``target``: its mesh endpoint); HELLO goes to all."""
         push = self.ctx.socket(zmq.PUSH)
         push.setsockopt(zmq.LINGER, 0)
+        if self.curve is not None and target.startswith("tcp://"):  # a node's tcp mesh is CURVE
+            push.curve_publickey, push.curve_secretkey, push.curve_serverkey = self.curve
         push.connect(target)
         self.pushes[router_id or target] = push
         return push

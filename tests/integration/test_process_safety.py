@@ -15,7 +15,7 @@ import pytest
 
 from brokerd.cluster.paths import LOCK_FILE
 from tests.cluster.conftest import client_worker
-from tests.helpers import BROKERD, WAIT, Client, _alive, cid, free_port, wait_for, worker_pids
+from tests.helpers import BROKERD, WAIT, Client, _alive, cid, free_port, mesh_key, wait_for, worker_pids
 
 FAIL_FAST_S = 20.0  # bound on a brokerd that must stop at start-up
 
@@ -115,14 +115,15 @@ def test_a_second_broker_on_the_same_data_directory_stops_with_one_line(start_br
 
 def test_a_port_or_node_a_broker_serves_stops_a_second_broker_with_one_line(start_broker, tmp_path):
     mesh = free_port()
-    first = start_broker("--log", "off", "--mesh", f"127.0.0.1:{mesh}")
+    first = start_broker("--log", "off", "--mesh", f"127.0.0.1:{mesh}", *mesh_key())
     common = ("--workers", "1", "--log", "off", "--data-dir", str(tmp_path / "other"))
 
     r = run_failing(*common, "--listen", f"127.0.0.1:{first.port}", "--node-id", "t")
     assert r.returncode != 0
     assert one_line(r) == f"brokerd: error: --listen: 127.0.0.1:{first.port} is already in use (another broker running?)"
 
-    r = run_failing(*common, "--listen", f"127.0.0.1:{free_port()}", "--node-id", "u", "--mesh", f"127.0.0.1:{mesh}")
+    r = run_failing(*common, "--listen", f"127.0.0.1:{free_port()}", "--node-id", "u",
+                    "--mesh", f"127.0.0.1:{mesh}", *mesh_key())
     assert r.returncode != 0
     assert one_line(r) == f"brokerd: error: --mesh: 127.0.0.1:{mesh} is already in use (another broker running?)"
 
@@ -203,4 +204,5 @@ def test_option_rules_between_and_within_options(argv, message):
     with pytest.raises(ConfigError) as err:
         load(argv)
     assert str(err.value).startswith(message), str(err.value)
-    load(["--listen", "127.0.0.2:1883", "--mesh", "127.0.0.1:1883", "--workers", "2"])  # other addresses
+    # other addresses
+    load(["--listen", "127.0.0.2:1883", "--mesh", "127.0.0.1:1883", *mesh_key(), "--workers", "2"])

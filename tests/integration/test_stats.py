@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from brokerd.cluster.config import load
 from brokerd.cluster.stats_cli import StatsReader
-from tests.helpers import BROKERD, WAIT, Broker, Client, free_port, wait_for
+from tests.helpers import BROKERD, WAIT, Broker, Client, free_port, mesh_key, wait_for
 
 WORKERS = 2
 INTERVAL = "0.2"
@@ -623,7 +623,8 @@ def test_stats_cluster_view_from_one_node(start_in, tmp_path):
         extra = ["--stats-port", str(stats_port), "--stats-host", host] if name == "c" else []
         # c runs "on another host": another run directory base, its stats on tcp.
         nodes.append(start_in(here if name != "c" else elsewhere, "--mesh", f"{host}:{ports[i]}", "--peer",
-                              f"{hosts[peer]}:{ports[peer]}", *extra, workers=WORKERS, host=host, node_id=name))
+                              f"{hosts[peer]}:{ports[peer]}", *mesh_key(), *extra, workers=WORKERS, host=host,
+                              node_id=name))
     wait_mesh_complete(nodes, routers=6)
     # From a and b's host alone: c is found through the mesh, at the stats sockets its routers
     # advertise (it has --stats-port), so the view from one node covers the cluster.

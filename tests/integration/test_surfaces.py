@@ -1,4 +1,4 @@
-"""The cluster's own surfaces are closed by default: a mesh off loopback needs a key (or the
+"""The cluster's own surfaces are closed by default: a mesh needs a key, loopback too (or the
 operator's word), run directories are private and checked, and the data a broker keeps on disk
 (segments, indexes, state.msgpack) is readable by its user alone."""
 
@@ -14,12 +14,12 @@ from brokerd.cluster.paths import private_dir
 from tests.helpers import Client
 
 
-def test_a_mesh_off_loopback_needs_a_key_or_the_operators_word():
-    with pytest.raises(ConfigError, match="--mesh: 0.0.0.0:7000 is not a loopback address.*--mesh-key"):
-        load(["--mesh", "0.0.0.0:7000", "--listen", "127.0.0.1:1883"], environ={})
+def test_a_mesh_needs_a_key_or_the_operators_word_loopback_too():
+    for address in ("0.0.0.0:7000", "127.0.0.2:7000"):  # every local process reaches loopback
+        with pytest.raises(ConfigError, match=f"--mesh: {address} needs --mesh-key FILE.*brokerd keygen"):
+            load(["--mesh", address, "--listen", "127.0.0.1:1883"], environ={})
     assert load(["--mesh", "0.0.0.0:7000", "--mesh-insecure", "on"], environ={}).mesh_insecure
-    assert load(["--mesh", "0.0.0.0:7000", "--mesh-key", "k.key_secret"], environ={}).mesh_key
-    assert load(["--mesh", "127.0.0.2:7000"], environ={}).mesh == ("127.0.0.2", 7000)  # loopback: as before
+    assert load(["--mesh", "127.0.0.2:7000", "--mesh-key", "k.key_secret"], environ={}).mesh_key
 
 
 def test_run_directories_are_private_and_checked(tmp_path):
