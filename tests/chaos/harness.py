@@ -627,6 +627,12 @@ class Report:
 class Scenario:
     """Clients, faults and checks over a set of nodes; see the module docstring."""
 
+    # Hooks for a suite that reuses the scenario with faults of its own (tests/partition): the
+    # variable that replays a seed, and the fault kinds counted on the report's line.
+    seed_env = "CHAOS_SEED"
+    fault_kinds: tuple[str, ...] = ("stop", "kill", "node-kill", "node-loss", "partition", "one-way", "link-cut",
+                                    "takeover", "drop")
+
     def __init__(self, name: str, seed: int, nodes: list[Node], credentials: tuple[str, str] | None = None) -> None:
         """``credentials``: the user name and password every client connects with (a broker with
         a password file and ACLs: identities and ACLs must survive the faults too)."""
@@ -1021,8 +1027,7 @@ class Scenario:
 
     def _report(self, msgs: list[Msg], verdicts: list[Verdict]) -> Report:
         counts = Counter(f.kind for f in self.faults)
-        kinds = " ".join(f"{k}={counts[k]}" for k in ("stop", "kill", "node-kill", "node-loss", "partition",
-                                                      "one-way", "link-cut", "takeover", "drop") if counts[k])
+        kinds = " ".join(f"{k}={counts[k]}" for k in self.fault_kinds if counts[k])
         checked = sum(len(v.owed) for v in verdicts)
         lost = sum(len(v.lost()) for v in verdicts)
         dup = sum(v.duplicated() for v in verdicts)
@@ -1032,7 +1037,7 @@ class Scenario:
                 f"checked={checked} lost={lost} duplicated={dup} excused={excused} "
                 f"(lost {sum(excused_lost.values())}{': ' if excused_lost else ''}"
                 f"{', '.join(f'{why} {n}' for why, n in sorted(excused_lost.items()))}) "
-                f"elapsed={self.rel(now()):.1f}s (replay: CHAOS_SEED={self.seed})")
+                f"elapsed={self.rel(now()):.1f}s (replay: {self.seed_env}={self.seed})")
         report = Report(line)
         report.details.append("faults:")
         report.details += [f"  {f.t:7.2f} s  {f.kind:9} {f.what}" for f in self.faults]

@@ -1,0 +1,74 @@
+"""Partitions on real links: three nodes in network namespaces of their own, joined by a bridge,
+cut apart by iptables rules and a link set down, SIGKILLed and restarted, SIGSTOPped past the mesh
+timeout, while QoS 1 traffic runs (about 45 publishes a second) and persistent subscribers come
+back wherever a load balancer sends them. The invariants are the chaos suite's. Seeded and
+bounded; ``PARTITION_SEED=<seed>`` replays a run's schedule. Runs only with ``BROKERD_PARTITION=1``
+(conftest.py says why); ``scripts/partition`` runs several seeds."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.harness import Report
+from tests.helpers import BROKERD, Broker
+from tests.partition.netns import Lab
+from tests.partition.scenario import FAULTS, PartitionScenario, partition_seed, start_nodes
+
+PERIOD = 0.13  # each of six publishers: about 45 QoS 1 publishes a second in all
+CAP_S = 60.0  # the faults' wall-clock cap (a run: about 90 s with start-up and the checks)
+
+
+def summary(seed: int, report: Report) -> str:
+    """One line per run, for scripts/partition: passed or not, and what was violated."""
+    if not report.violations:
+        return f"partition seed={seed} passed"
+    lost = sum(int(m.group(1)) for v in report.violations if (m := re.search(r": lost (\d+) of \d+ ack", v)))
+    subscribers = sum(1 for v in report.violations if re.search(r": lost \d+ of \d+ ack", v))
+    empty = sum(1 for v in report.violations if "session present = 0" in v)
+    converge = sum(1 for v in report.violations if "interest tables" in v or "do not deliver" in v)
+    other = len(report.violations) - subscribers - empty - converge
+    return (f"partition seed={seed} FAILED lost={lost} (subscribers {subscribers}) empty-sessions={empty} "
+            f"not-converged={converge} other={other}")
+
+
+@pytest.mark.partition
+def test_partition_on_real_links(lab: Lab, start_broker: Callable[..., Broker], record_property: Callable,
+                                 tmp_path: Path) -> None:
+    """Every client authenticates (a password file, ACLs on the chaos topics): a session that lost
+    its identity in a move would be refused what it is owed."""
+    seed = partition_seed()
+    print(f"partition seed={seed} network {lab.prefix}.0/24")
+    password = f"partition-pw-{seed}"
+    out = subprocess.run([BROKERD, "passwd", str(tmp_path / "passwd"), "chaos"], input=password + "\n",
+                         text=True, capture_output=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    (tmp_path / "acl").write_text("user chaos\ntopic readwrite chaos/#\ntopic readwrite chaosprobe/#\n")
+    secured = ["--password-file", str(tmp_path / "passwd"), "--acl-file", str(tmp_path / "acl")]
+    credentials = ("chaos", password)
+    nodes = start_nodes(start_broker, lab, secured, credentials)
+    sc = PartitionScenario("partition", seed, nodes, credentials)
+    for n in nodes:
+        for i in range(2):
+            sc.add_publisher(f"p{n.name}{i}", n, period=PERIOD)
+    for k, n in enumerate(nodes):
+        for i in range(2):
+            sc.add_subscriber(f"s{n.name}{i}", n, sc.filter_for(2 * k + i), persistent=True)
+            sc.add_subscriber(f"c{n.name}{i}", n, sc.filter_for(2 * k + i + 1), persistent=False)
+    for i, n in enumerate(sc.rng.sample(nodes, 2)):
+        sc.add_member(f"g{i}", n, f"g{sc.uid}")
+    sc.start()
+    try:
+        sc.run(FAULTS, CAP_S)
+    finally:
+        sc._heal()
+    report = sc.finish()
+    line = summary(seed, report)
+    print(line)
+    print(report.message() if report.violations else report.line)
+    record_property("partition", report.line)
+    assert not report.violations, f"{line} (replay: PARTITION_SEED={seed})\n{report.message()}"
