@@ -515,30 +515,36 @@ class Decoder:
         return _decode_ack(Pubcomp, "PUBCOMP", data, p, stop, v5, PUBREL_REASONS)
 
     def _subscribe(self, data: bytes, p: int, stop: int, v5: bool) -> Subscribe:
+        """Each filter read inline (``_read_filter``'s rules, in its order): one SUBSCRIBE may carry
+        150,000 of them in one loop turn, and two calls per filter were half its decoding time."""
         pid, props, p = _read_pid_props(data, p, stop, v5, _SUBSCRIBE_PROPS)
         subs: list[Subscription] = []
+        append = subs.append
+        bad_bits = 0xC0 if v5 else 0xFC
         while p < stop:
-            topic_filter, p = _read_filter(data, p, stop)
-            if p >= stop:
+            if p + 2 > stop:
+                raise _truncated("string length")
+            q = p + 2 + (data[p] << 8 | data[p + 1])
+            if q > stop:
+                raise _truncated("string")
+            try:
+                topic_filter = data[p + 2 : q].decode()
+            except UnicodeDecodeError:
+                raise ProtocolError("MQTT-1.5.3-1 string is not valid UTF-8", _MALFORMED) from None
+            if "\x00" in topic_filter:
+                raise ProtocolError("MQTT-1.5.3-2 string must not contain U+0000", _MALFORMED)
+            if q == p + 2:
+                raise ProtocolError("MQTT-4.7.3-1 topic filter must not be empty", _MALFORMED)
+            if q >= stop:
                 raise _truncated("subscription options")
-            opts = data[p]
-            p += 1
-            qos = opts & 3
-            if qos == 3:
-                if v5:  # 3.8.3.1
-                    raise ProtocolError("subscription Maximum QoS must not be 3", _PROTOCOL_ERROR)
-                raise ProtocolError("MQTT-3.8.3-4 subscription QoS must not be 3", _MALFORMED)
+            opts = data[q]
+            p = q + 1
+            if opts & bad_bits or opts & 3 == 3 or (v5 and opts & 0x30 == 0x30):
+                _bad_options(opts, v5)
             if v5:
-                if opts & 0xC0:
-                    raise ProtocolError("MQTT-3.8.3-5 reserved subscription option bits must be 0", _MALFORMED)
-                retain_handling = (opts >> 4) & 3
-                if retain_handling == 3:
-                    raise ProtocolError("Retain Handling must not be 3 (3.8.3.1)", _PROTOCOL_ERROR)
-                subs.append(Subscription(topic_filter, qos, bool(opts & 4), bool(opts & 8), retain_handling))
+                append(Subscription(topic_filter, opts & 3, bool(opts & 4), bool(opts & 8), (opts >> 4) & 3))
             else:
-                if opts & 0xFC:
-                    raise ProtocolError("MQTT-3.8.3-4 reserved subscription option bits must be 0", _MALFORMED)
-                subs.append(Subscription(topic_filter, qos))
+                append(Subscription(topic_filter, opts))
         if not subs:  # MQTT-3.8.3-2 in the 5.0 numbering
             raise ProtocolError("MQTT-3.8.3-3 SUBSCRIBE must contain at least one topic filter", _PROTOCOL_ERROR)
         return Subscribe(pid, subs, props)
@@ -636,6 +642,19 @@ def _check_end(p: int, stop: int, what: str) -> None:
 def _bad_reason(code: int, what: str) -> ProtocolError:
     """A reason code outside its packet's table (see ``connection.reasons``)."""
     return ProtocolError(f"reason code 0x{code:02x} is not valid in {what} from this sender", _PROTOCOL_ERROR)
+
+
+def _bad_options(opts: int, v5: bool) -> None:
+    """Why a subscription options byte is refused, checked in the order the rules were written."""
+    if opts & 3 == 3:
+        if v5:  # 3.8.3.1
+            raise ProtocolError("subscription Maximum QoS must not be 3", _PROTOCOL_ERROR)
+        raise ProtocolError("MQTT-3.8.3-4 subscription QoS must not be 3", _MALFORMED)
+    if not v5:
+        raise ProtocolError("MQTT-3.8.3-4 reserved subscription option bits must be 0", _MALFORMED)
+    if opts & 0xC0:
+        raise ProtocolError("MQTT-3.8.3-5 reserved subscription option bits must be 0", _MALFORMED)
+    raise ProtocolError("Retain Handling must not be 3 (3.8.3.1)", _PROTOCOL_ERROR)
 
 
 def _read_filter(data: bytes, p: int, stop: int) -> tuple[str, int]:

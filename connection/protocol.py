@@ -97,6 +97,9 @@ class Connection(Protocol):
     def resume_reading(self, by: object) -> None:
         """Cause ``by`` is gone; reading resumes when no cause is left."""
 
+    def hold(self, by: object) -> None:
+        """Pause reading for ``by`` and hold the client's later packets until ``resume_reading(by)``."""
+
 
 class ConnectionCounters:
     """Per-connection byte counters, plain integers bumped in the hot path. ``moved``: the
@@ -640,8 +643,17 @@ class MQTTConnection(asyncio.Protocol):
         if not self._reading_paused_by and self.transport is not None and not self.closing:
             self.transport.resume_reading()
 
+    def hold(self, by: object) -> None:
+        """Pause reading for ``by``, and hold the packets decoded behind the one being handled until
+        ``resume_reading(by)``: the handler finishes that packet over later loop turns (a SUBSCRIBE's
+        filters, a slice per turn) and the client's later packets keep their order behind it."""
+        self.pause_reading(by)
+        if self._held is None:
+            self._held = []
+
     def _release_held(self) -> None:
-        """Dispatch what came behind the CONNECT (packets decoded meanwhile joined the list)."""
+        """Dispatch what came behind the CONNECT or a held packet (packets decoded meanwhile joined
+        the list)."""
         held, self._held = self._held, None
         if held and not self.closing:
             self._dispatch(held)

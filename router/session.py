@@ -576,8 +576,8 @@ class Session:
             return  # group messages are in no catch-up: keep copies (bounded by max_queued)
         if any(m.log_offset < 0 for m, _, _ in self.queue):
             return  # something not in the log (written while it failed): keep the copies
-        if self.cursor is None:
-            self.cursor = self.queue[0][0].log_offset if self.queue else log.next_offset
+        if self.cursor is None:  # the lowest: retained messages queue in their walk's order, not the log's
+            self.cursor = min(m.log_offset for m, _, _ in self.queue) if self.queue else log.next_offset
         self.queue = NO_QUEUE
 
     def group_orphans(self) -> list[tuple[Message, str]]:

@@ -18,6 +18,7 @@ from brokerd.connection.ratelimit import CONNECTIONS
 
 from .message import Message, expiry_deadline
 from .ownership import REFUSE, Claim, decide, name
+from .retained_out import finish as finish_walks
 from .session import Session, recency
 from .spool import spooled
 
@@ -374,6 +375,7 @@ class SessionLife:
         if session is None or client_id in self.moving:
             return None
         self.in_doubt.pop(client_id, None)
+        finish_walks(session)  # the retained messages its SUBSCRIBEs still owe it go with it
         session.detach()
         # A delayed will goes with the session: the new connection publishes it if it starts
         # clean, drops it if it resumes the session; here it waits no more.
