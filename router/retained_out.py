@@ -99,9 +99,9 @@ class RetainedOut:
         if sub.sub_id:
             msg = msg.with_ids((sub.sub_id,))
         cursor = session.cursor
-        if qos and session.conn is None and cursor is not None and 0 <= msg.log_offset < cursor:
-            # Offline, a session reads what it missed from the log from its cursor on; a
-            # retained message logged before that is no part of it: it is queued as a copy.
+        if qos and cursor is not None and 0 <= msg.log_offset < cursor:
+            # Offline (or catching up), a session reads what it missed from the log from its
+            # cursor on; a retained message logged before that is no part of it: a copy is queued.
             if not sub.sub_id:  # else ``with_ids`` made it a copy already
                 msg = copy(msg)
             msg.log_offset = -1

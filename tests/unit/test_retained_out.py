@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from brokerd.connection.packets import Subscription
+from brokerd.router.log import CommitLog
 from brokerd.router.message import Message
 from brokerd.router.retained_out import SLICE, RetainedOut
 from brokerd.router.router import Router, RouterConfig
@@ -63,3 +64,29 @@ def test_what_a_moving_session_is_still_owed_is_queued_before_it_is_exported():
     offline, exported = asyncio.run(run())
     assert SLICE < offline < n, "the walk is not a slice a turn"
     assert exported == n
+
+
+def test_a_session_catching_up_on_its_log_gets_retained_messages_logged_before_its_position(tmp_path):
+    """A session that reads what it missed from the log (``cursor``) dropped every logged message
+    handed to it, as the catch-up brings those: a retained message logged before its position
+    is no part of the catch-up, and its '#' got none of them. Those are queued as copies now."""
+    n = SLICE // 2
+
+    async def run() -> tuple[list[str], list[int]]:
+        router = Router(RouterConfig(session=SessionLimits(max_inflight=5, max_queued=10 * SLICE)))
+        with CommitLog(tmp_path, router_id="r1") as log:
+            router.attach_log(log, ack_when_durable=False)
+            _retain(router, n)
+            session = router.new_session("behind", True)
+            conn = FakeConn(4)
+            session.attach(conn)  # type: ignore[arg-type]
+            session.cursor = log.next_offset  # reading its backlog (none here) before live delivery
+            sub = Subscription("#", 1)
+            router.subscribe(session, sub)
+            RetainedOut(session, [(sub, router.retained.iter_match("#", before=router.retained.seq))]).start()
+            queued = [m.topic for m, _, _ in session.queue]
+            return [p.topic for p in conn.packets()] + queued, [m.log_offset for m, _, _ in session.queue]
+
+    topics, offsets = asyncio.run(run())
+    assert sorted(topics) == sorted(f"r/{i}" for i in range(n))
+    assert set(offsets) == {-1}  # copies: the session's position stays where the log says
