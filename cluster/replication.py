@@ -12,19 +12,20 @@ on every heartbeat, so a follower whose node falls silent is replaced by the nex
 new follower starts at the high-water mark + 1 and fetches what it lacks). Each log batch, as
 the log packs it (``CommitLog.on_batch``: the records' msgpack body, encoded once), goes to each
 follower in one REPLICATE frame ``[partition, first, last, body, high_water]``. The leader's own
-copy counts up to what its log wrote (with ``--fsync always``: what is durable). QoS 1/2
-acknowledgements are held (``Router.defer_ack``) until the high-water mark passes them, and
-refused at ``--replica-timeout``: the connection closes and the client sends again. With fewer
-live nodes than ``--min-insync``, the live nodes are what is required (a node alone acknowledges
-alone): until the cluster view is agreed (step 2), a node cannot tell a dead peer from a
-partition, and refusing every publish on a peer's death is not what a user of one would expect.
+copy counts up to what its log wrote into the kernel (with ``--fsync always``: what is durable),
+as the followers' do (``CommitLog.on_written``, ``on_durable``). QoS 1/2 acknowledgements are
+held (``Router.defer_ack``) until the high-water mark passes them, and refused at
+``--replica-timeout``: the connection closes and the client sends again. With fewer live nodes
+than ``--min-insync``, the live nodes are what is required (a node alone acknowledges alone):
+until the cluster view is agreed (step 2), a node cannot tell a dead peer from a partition, and
+refusing every publish on a peer's death is not what a user of one would expect.
 
 Follower. A replica is a commit log of the same format under
 ``DATA/<node>/_replicas/<router>/<partition>``
 (names that start with ``_`` are not router logs to the tools that list them); it keeps the
 leader's offsets. A batch is appended and acknowledged with REPLICA_ACK ``[partition, offset]``
-(with ``--fsync always``: once durable); a gap is asked for with REPLICA_FETCH ``[partition,
-offset]``, answered from the leader's log.
+once its log wrote it into the kernel (with ``--fsync always``: once durable); a gap is asked
+for with REPLICA_FETCH ``[partition, offset]``, answered from the leader's log.
 
 Failover of delivery. HELLO says which replicas a router holds (``replicas``: {partition: end}).
 When a router of another node falls silent, each router asks the holder of its replica with the
@@ -155,7 +156,7 @@ class Replication:
         self.factor = config.replication_factor or 1
         self.min_insync = config.min_insync or 1
         self.always = config.fsync == "always"
-        end = self.log.durable_offset if self.always else self.log.next_offset - 1
+        end = self.log.durable_offset if self.always else self.log.written_offset
         self.leader = LeaderState([], 1, config.replica_lag, config.replica_timeout, time.monotonic, end)
         self.followers: list[str] = []
         self.flushed = self.log.next_offset - 1  # the last offset handed to followers in a live batch
@@ -219,6 +220,8 @@ class Replication:
             self.log.on_batch = self._on_batch
             if self.always:
                 self.log.on_durable(self._leader_end)
+            else:
+                self.log.on_written(self._leader_end)
             router.replication = self
         self._open_replicas()
         self._timer = loop.call_later(TICK_S, self._tick)
@@ -398,11 +401,11 @@ class Replication:
                 peer = self.mesh.peers.get(rid)
                 if peer is not None and peer.alive:
                     self.mesh.send_replication(peer, "replicate", frame_body)
-        if not self.always:
-            self._release(self.leader.written(last))
 
-    def _leader_end(self, durable: int) -> None:
-        self._release(self.leader.written(durable))
+    def _leader_end(self, end: int) -> None:
+        """The leader's own copy: what its log wrote into the kernel (with ``--fsync always``:
+        made durable). Not at ``_on_batch``: a batch is flushed there, and may wait for the writer."""
+        self._release(self.leader.written(end))
 
     def _release(self, held: list[Held]) -> None:
         if not held:
@@ -680,8 +683,12 @@ class Replication:
             self._load_sessions(partition)
         elif self.sessions.get(partition):  # they came before its first batch: keep them now
             self._sessions_changed(partition)
+        # Acknowledged as the leader counts its own copy: once written into the kernel (with
+        # ``--fsync always``: durable), never while a batch waits in memory for the writer.
         if self.always:
             log_.on_durable(lambda durable, rep=rep: self._ack(rep, durable))
+        else:
+            log_.on_written(lambda written, rep=rep: self._ack(rep, written))
         return rep
 
     def replicate(self, peer: Peer, partition: str, first: int, last: int, body: bytes, hw: int) -> None:
@@ -738,9 +745,10 @@ class Replication:
             rep.log.append_batch(rep.state.next_offset, records[skip:], body if not skip else None)
             rep.fetch_sent = 0.0
             rep.state.appended(last)
-            if self.always:
-                return  # acknowledged once durable (``_ack`` from the log)
-        self._ack(rep, rep.state.next_offset - 1, again=action == FollowerState.REPEAT)  # type: ignore[operator]
+            return  # acknowledged once written, or durable (``_ack`` from the log)
+        # A repeat: acknowledged again, up to what the log holds (a batch before it may still wait).
+        held = rep.log.durable_offset if self.always else rep.log.written_offset
+        self._ack(rep, min(rep.state.next_offset - 1, held), again=True)  # type: ignore[operator]
 
     def _ack(self, rep: Replica, offset: int, again: bool = False) -> None:
         """Acknowledge up to ``offset``: one REPLICA_ACK per replica per loop iteration, however
