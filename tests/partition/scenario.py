@@ -104,8 +104,9 @@ def start_nodes(start_broker: Callable[..., Broker], lab: Lab, args: list[str], 
 
 
 class Roaming(Subscriber):
-    """A subscriber behind a load balancer: each time paho connects a persistent session again
-    (after its connection ended), the balancer picks the node."""
+    """A subscriber behind a load balancer: when paho connects a persistent session again (its
+    connection ended), the balancer picks the node; ``roam`` sends any subscriber there (the
+    clients a fault moves)."""
 
     sc: PartitionScenario
 
