@@ -112,6 +112,39 @@ def test_one_subscribe_of_150000_invalid_filters_floods_no_log_and_holds_nobody_
     assert probe.count >= 3 and probe.worst < 0.4, (probe.count, probe.worst)
 
 
+def test_a_subscribe_to_100000_retained_messages_sends_them_all_and_holds_nobody_up(start_broker):
+    """'#' over 50,000 retained messages took the worker for one turn (108 ms, ~2 s at the old
+    default limit); they go out a slice per loop turn now, all of them, once each, while another
+    client's round trips stay short (100,000 here: the old stall, ~220 ms, beyond the bound; ~30
+    ms now, a garbage collection's pause among them, and up to ~105 ms with the machine's two
+    cores loaded: a bound of 100 ms failed one run in eight). One worker: the stall asserted is
+    the worker's."""
+    broker = start_broker("--max-client-buffer", "16M", workers=1)
+    n = 100_000
+    filler, fdec = _raw_connect(broker.port, 4, "filler")
+    packets = [encode(Publish(f"r/{i}", b"v", 0, retain=True), 4) for i in range(n)]
+    filler.send(b"".join(packets) + encode(Publish("r/end", b"v", 1, retain=True, packet_id=1), 4))
+    [puback] = _read(filler, fdec, 1)  # the broker handles a client's packets in order: all are set
+    assert type(puback) is Puback
+    probe = _Probe(broker.port)
+    sub, sdec = _raw_connect(broker.port, 4, "everything")
+    expected = sum(len(p) for p in packets) + len(encode(Publish("r/end", b"v", 0, retain=True), 4))
+    sub.send(encode(Subscribe(1, [Subscription("#", 0)]), 4))
+    got = bytearray()
+    deadline = time.monotonic() + 60
+    while len(got) < expected + 5 and time.monotonic() < deadline:  # 5: the SUBACK
+        data = sub.sock.recv(1 << 20)
+        assert data, "connection closed"
+        got += data
+    time.sleep(0.2)
+    probe.close()
+    received = sdec.feed(bytes(got))
+    assert type(received[0]) is Suback
+    topics = [p.topic for p in received[1:]]  # type: ignore[attr-defined]
+    assert len(topics) == n + 1 and set(topics) == {f"r/{i}" for i in range(n)} | {"r/end"}
+    assert probe.count >= 3 and probe.worst < 0.15, (probe.count, probe.worst)
+
+
 def test_one_subscribe_of_100000_filters_is_taken_in_slices_and_what_follows_it_waits_its_turn(start_broker):
     """100,000 valid filters in one SUBSCRIBE took the worker for one turn (the other clients
     waited 520-650 ms: each subscription is indexed, and each started a retained walk); they are
@@ -136,38 +169,6 @@ def test_one_subscribe_of_100000_filters_is_taken_in_slices_and_what_follows_it_
     back = next(p for p in got if type(p) is Publish)
     assert back.topic == f"v/{n - 1}" and back.payload == b"last"
     assert probe.count >= 3 and probe.worst < 0.4, (probe.count, probe.worst)
-
-
-def test_a_subscribe_to_100000_retained_messages_sends_them_all_and_holds_nobody_up(start_broker):
-    """'#' over 50,000 retained messages took the worker for one turn (108 ms, ~2 s at the old
-    default limit); they go out a slice per loop turn now, all of them, once each, while another
-    client's round trips stay short (100,000 here: the old stall, ~220 ms, well beyond the bound;
-    ~30 ms now, a garbage collection's pause among them). One worker: the stall asserted is the
-    worker's."""
-    broker = start_broker("--max-client-buffer", "16M", workers=1)
-    n = 100_000
-    filler, fdec = _raw_connect(broker.port, 4, "filler")
-    packets = [encode(Publish(f"r/{i}", b"v", 0, retain=True), 4) for i in range(n)]
-    filler.send(b"".join(packets) + encode(Publish("r/end", b"v", 1, retain=True, packet_id=1), 4))
-    [puback] = _read(filler, fdec, 1)  # the broker handles a client's packets in order: all are set
-    assert type(puback) is Puback
-    probe = _Probe(broker.port)
-    sub, sdec = _raw_connect(broker.port, 4, "everything")
-    expected = sum(len(p) for p in packets) + len(encode(Publish("r/end", b"v", 0, retain=True), 4))
-    sub.send(encode(Subscribe(1, [Subscription("#", 0)]), 4))
-    got = bytearray()
-    deadline = time.monotonic() + 60
-    while len(got) < expected + 5 and time.monotonic() < deadline:  # 5: the SUBACK
-        data = sub.sock.recv(1 << 20)
-        assert data, "connection closed"
-        got += data
-    time.sleep(0.2)
-    probe.close()
-    received = sdec.feed(bytes(got))
-    assert type(received[0]) is Suback
-    topics = [p.topic for p in received[1:]]  # type: ignore[attr-defined]
-    assert len(topics) == n + 1 and set(topics) == {f"r/{i}" for i in range(n)} | {"r/end"}
-    assert probe.count >= 3 and probe.worst < 0.1, (probe.count, probe.worst)
 
 
 def _fill_retained(port: int, n: int) -> None:
