@@ -516,7 +516,7 @@ class Decoder:
 
     def _subscribe(self, data: bytes, p: int, stop: int, v5: bool) -> Subscribe:
         """Each filter read inline (``_read_filter``'s rules, in its order): one SUBSCRIBE may carry
-        150,000 of them in one loop turn, and two calls per filter were half its decoding time."""
+        150,000 of them, decoded in one loop turn, and two calls per filter cost 12-22% of it."""
         pid, props, p = _read_pid_props(data, p, stop, v5, _SUBSCRIBE_PROPS)
         subs: list[Subscription] = []
         append = subs.append
