@@ -1,0 +1,171 @@
+"""The agreement engine: PySyncObj's Raft carrying cluster.agreement.state, usable from asyncio.
+
+Raft gives one order of commands that a majority of the members has written before any is
+applied; every member applies the same order to its own ``State``. The broker proposes a list
+of commands (one log entry) and gets their results once the entry is committed and applied.
+
+Authentication: PySyncObj unpickles what its peers send, so an unauthenticated Raft port would run
+anything a connecting process asked. A password is therefore required, on loopback too (like
+the mesh): PySyncObj then derives a Fernet key from it (PBKDF2-SHA256) and every frame is
+encrypted and authenticated (AES-CBC + HMAC, needs ``cryptography``) before it is unpickled,
+and a connection's frames carry a random per-connection key and rising timestamps, which
+refuses replays. Use a long random password (a fixed salt makes a weak one guessable offline).
+
+Waiting: PySyncObj runs its own thread (``autoTick``); a commit calls back there, and the result
+crosses to the caller's loop with ``call_soon_threadsafe``. A proposal not committed within its
+timeout raises ``NoAgreement``: the caller refuses what needed it (a CONNECT: server unavailable).
+Its outcome is then unknown (the entry may still commit later), which a conditional command
+makes harmless: the next attempt reads the record again and moves from whatever holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+
+from brokerd.cluster.agreement.state import Command, Result, State
+
+
+class NoAgreement(Exception):
+    """No majority committed the proposal in time (or the engine refused it): its outcome is unknown."""
+
+
+class _Replica(SyncObj):
+    """One member's replica: the only replicated method applies a batch to the local State."""
+
+    def __init__(self, address: str, peers: Sequence[str], conf: SyncObjConf) -> None:
+        self.state = State()  # pysyncobj snapshots this attribute with the rest of __dict__
+        super().__init__(address, list(peers), conf)
+
+    @replicated
+    def apply_batch(self, commands: list[Command]) -> list[Result]:
+        return self.state.apply_batch(commands)
+
+
+class Agreement:
+    """A member of the agreement cluster, bound to ``address`` ("host:port") with ``peers``.
+
+    ``data_dir``: where the Raft journal (term, vote and log) and snapshots are kept. A member
+    without one forgets its vote when it restarts, so it must then rejoin as a new, empty
+    member; with one it may restart in place.
+    """
+
+    def __init__(self, address: str, peers: Sequence[str], password: str, *, data_dir: str | None = None,
+                 election_timeout: tuple[float, float] = (0.4, 1.4), heartbeat: float = 0.1,
+                 connect_timeout: float = 3.5) -> None:
+        if not password:
+            raise ValueError("the agreement engine needs a password, on loopback too: its peers unpickle frames")
+        journal = dump = None
+        if data_dir is not None:
+            os.makedirs(data_dir, exist_ok=True)
+            journal = os.path.join(data_dir, "raft.journal")
+            dump = os.path.join(data_dir, "raft.snapshot")
+        conf = SyncObjConf(
+            password=password,
+            autoTick=True,
+            raftMinTimeout=election_timeout[0],
+            raftMaxTimeout=election_timeout[1],
+            appendEntriesPeriod=heartbeat,
+            connectionTimeout=connect_timeout,
+            connectionRetryTime=min(1.0, connect_timeout),
+            journalFile=journal,
+            fullDumpFile=dump,
+            appendEntriesBatchSizeBytes=2**20,  # a mass failover's entries are large: fewer, fuller frames
+            dynamicMembershipChange=False,
+        )
+        self.address = address
+        self._retry = heartbeat
+        self._replica = _Replica(address, peers, conf)
+
+    @property
+    def state(self) -> State:
+        """This member's replica, as fresh as what it has applied: read through ``get`` for the agreed value."""
+        return self._replica.state
+
+    @property
+    def leader(self) -> str | None:
+        leader = self._replica._getLeader()
+        return None if leader is None else leader.address
+
+    def propose_later(self, commands: Sequence[Command], timeout: float) -> concurrent.futures.Future:
+        """Propose from any thread: a Future set (in PySyncObj's thread) with the results, or
+        NoAgreement once ``timeout`` has passed. A proposal the engine drops (a leader lost, none
+        elected yet) is proposed again until then: every command is conditional or idempotent,
+        so one that did commit the first time answers the second time with what it made."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        deadline = time.monotonic() + timeout
+        batch = list(commands)
+
+        def committed(results: list[Result] | None, err: int) -> None:
+            if done.done():
+                return
+            if err != FAIL_REASON.SUCCESS and time.monotonic() + self._retry < deadline:
+                _later(self._retry, submit)
+                return
+            with contextlib.suppress(concurrent.futures.InvalidStateError):  # expired meanwhile
+                if err == FAIL_REASON.SUCCESS:
+                    done.set_result(results)
+                else:
+                    done.set_exception(NoAgreement(f"not committed: {_reason(err)}"))
+
+        def submit() -> None:
+            if not done.done():
+                self._replica.apply_batch(batch, callback=committed)
+
+        expiry = threading.Timer(timeout, _expire, (done, timeout))
+        expiry.daemon = True
+        expiry.start()
+        done.add_done_callback(lambda _: expiry.cancel())
+        submit()
+        return done
+
+    async def propose(self, commands: Sequence[Command], timeout: float) -> list[Result]:
+        """Propose a batch (one log entry) and wait for its results without blocking the loop."""
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+
+        def relay(f: concurrent.futures.Future) -> None:
+            loop.call_soon_threadsafe(_settle, waiter, f)
+
+        self.propose_later(commands, timeout).add_done_callback(relay)
+        return await waiter
+
+    def propose_wait(self, commands: Sequence[Command], timeout: float) -> list[Result]:
+        """The same for a plain thread (tests, the benchmark)."""
+        return self.propose_later(commands, timeout).result()
+
+    def close(self) -> None:
+        """Stop the Raft thread and close its port; this member is then silent to the others."""
+        self._replica.destroy_synchronous()
+
+
+def _expire(done: concurrent.futures.Future, timeout: float) -> None:
+    with contextlib.suppress(concurrent.futures.InvalidStateError):  # committed (or refused) in time
+        done.set_exception(NoAgreement(f"no majority committed it within {timeout:g}s"))
+
+
+def _settle(waiter: asyncio.Future, f: concurrent.futures.Future) -> None:
+    if waiter.done():
+        return  # the caller timed out first
+    if f.exception() is not None:
+        waiter.set_exception(f.exception())
+    else:
+        waiter.set_result(f.result())
+
+
+def _reason(err: int) -> str:
+    names = {v: k for k, v in vars(FAIL_REASON).items() if k.isupper()}
+    return names.get(err, str(err)).lower()
+
+
+def _later(delay: float, call: Callable[[], None]) -> None:
+    timer = threading.Timer(delay, call)
+    timer.daemon = True
+    timer.start()
