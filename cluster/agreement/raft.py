@@ -82,6 +82,7 @@ class Agreement:
         )
         self.address = address
         self._retry = heartbeat
+        self._closed = False
         self._replica = _Replica(address, peers, conf)
 
     @property
@@ -143,7 +144,9 @@ class Agreement:
 
     def close(self) -> None:
         """Stop the Raft thread and close its port; this member is then silent to the others."""
-        self._replica.destroy_synchronous()
+        if not self._closed:
+            self._closed = True
+            self._replica.destroy_synchronous()
 
 
 def _expire(done: concurrent.futures.Future, timeout: float) -> None:
