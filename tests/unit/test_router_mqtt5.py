@@ -148,7 +148,9 @@ def test_a_delayed_will_and_the_identity_outlive_a_restart(tmp_path):
         StateStore(first, str(tmp_path)).write_now()
         first.cancel_will("dev")
 
-        second = Router(RouterConfig())
+        # A router where something verifies user names (a password file, say): where nothing
+        # does, every owner is anonymous after a restart (test_session_identity.py).
+        second = Router(RouterConfig(verifies_identities=True))
         _, watcher = _v5(second, "watcher", Subscription("wills/#", 0))
         StateStore(second, str(tmp_path)).load()
         assert second.sessions["dev"].username == "alice"
