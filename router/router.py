@@ -349,11 +349,15 @@ class Router(SharedRouting, SessionLife):
         ``offset`` (``Connection.gate``; a graceful close waits for it too). Durable, or on
         enough nodes with replication: held here. Either way ``client.held_acks`` counts the
         PUBACKs not sent yet (MQTT 5 Receive Maximum; a QoS 2 message held is counted among the
-        client's ids awaiting PUBREL already)."""
+        client's ids awaiting PUBREL already). Replicated, the batch is marked to be written at
+        the end of this iteration too: its REPLICATE frames leave at its flush, not a linger later."""
         if self.replication is not None:
             if self.replication.hold(offset, client, ack):
                 if ack[0] == PUBACK:
                     client.held_acks += 1
+                soon = self._write_soon
+                if soon is not None and not soon.marked:
+                    soon.mark()
             else:
                 client.conn.send(ack)
             return

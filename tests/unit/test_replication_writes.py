@@ -1,4 +1,5 @@
-"""Replication against a real commit log: what a follower's acknowledgement means.
+"""Replication against a real commit log: what a follower's acknowledgement means, and when a
+replicated batch leaves.
 
 The mesh is a recording fake (these tests are about the log and the event loop, not the
 transport); the logs are real ``CommitLog`` directories under ``tmp_path``."""
@@ -6,6 +7,7 @@ transport); the logs are real ``CommitLog`` directories under ``tmp_path``."""
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -95,5 +97,60 @@ def test_a_follower_acknowledges_a_batch_only_once_its_log_wrote_it(tmp_path):
             assert rep.log.written_offset == 19 and max(mesh.acks()) == 19
         finally:
             await _close(repl)
+
+    asyncio.run(run())
+
+
+def test_a_replicated_batch_leaves_in_the_iteration_that_read_it(tmp_path):
+    """A QoS 1 acknowledgement held for the follower marks the log's batch for the end of the
+    loop iteration, as an unreplicated one does: its REPLICATE frame leaves then, not after the
+    log's linger (before: at the linger), and the acknowledgement goes once the follower and the
+    leader's own log hold the record."""
+    from brokerd.connection.batching import EndOfTick
+    from brokerd.connection.codec import PUBACK, success_ack
+    from brokerd.router.message import Message
+
+    from .conftest import FakeConn
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        config = Config(node_id="a", data_dir=str(tmp_path), replication_factor=2, min_insync=2)
+        router = Router(RouterConfig(router_id=LEADER, node_id="a"))
+        log_ = CommitLog(tmp_path / "a" / "w0", router_id=LEADER, loop=loop, linger_ms=50.0)  # no test waits it out
+        router.attach_log(log_, False, EndOfTick(loop))
+        mesh = RecordingMesh()
+        mesh.peers["b/w0"] = SimpleNamespace(router_id="b/w0", node_id="b", incarnation=1, claim_floor=-1,
+                                             alive=True, parked=False, last_seen=time.monotonic(), replicas={},
+                                             seen_of_me=-1)
+        repl = Replication(config, router, mesh, loop)
+        try:
+            repl.heartbeat()
+            assert repl.followers == ["b/w0"]
+
+            def publish(packet_id: int) -> tuple[SimpleNamespace, bytes]:
+                client = SimpleNamespace(conn=FakeConn(), held_acks=0)
+                msg = Message("e/x", b"m", 1, False, "p", LEADER)
+                router.publish(msg)
+                ack = success_ack(PUBACK, packet_id)
+                router.defer_ack(msg.log_offset, client, ack)
+                return client, ack
+
+            def batches() -> list[tuple[int, int]]:
+                return [(body[1], body[2]) for _, kind, body in mesh.sent if kind == "replicate"]
+
+            first, ack1 = publish(1)
+            await asyncio.sleep(0)  # the end of this iteration
+            assert batches() == [(0, 0)], "the batch waited for the log's linger"
+            assert first.conn.chunks == [] and first.held_acks == 1  # held for the follower
+            second, ack2 = publish(2)
+            await asyncio.sleep(0)
+            assert batches() == [(0, 0), (1, 1)]
+            repl.acknowledged("b/w0", LEADER, 0)
+            assert first.conn.chunks == [ack1] and second.conn.chunks == []
+            repl.acknowledged("b/w0", LEADER, 1)
+            assert second.conn.chunks == [ack2] and second.held_acks == 0
+        finally:
+            await repl.close()
+            await log_.aclose()
 
     asyncio.run(run())
