@@ -63,6 +63,7 @@ after the silence began, once a majority takes the router for gone.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import shutil
@@ -125,6 +126,21 @@ HISTORY_WAIT_S = 5.0  # a history request not answered within this is asked agai
 HISTORY_RECORDS = 500
 HISTORY_BYTES = 1 << 20
 HISTORY_PACE = 3.0
+# A directory being removed is first renamed to its name plus this and a number: the rename frees
+# its path at once, in order, and the files go in a thread (``Replication._remove_tree``); one
+# left behind by a crash is removed at the next start.
+ASIDE = ".removing-"
+
+
+def _remove_aside(directory: str) -> None:
+    """Remove what ``_remove_tree`` renamed aside in ``directory`` and a crash left there (any thread)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if ASIDE in name:
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
 
 
 class Replica:
@@ -663,16 +679,29 @@ class Replication:
             return
         for node in sorted(os.listdir(self.root)):
             node_dir = os.path.join(self.root, node)
-            for name in sorted(os.listdir(node_dir)) if os.path.isdir(node_dir) else ():
-                if ".lost-" not in name:  # one set aside when its leader lost its disk
+            names = sorted(os.listdir(node_dir)) if os.path.isdir(node_dir) else []
+            if any(ASIDE in name for name in names):  # a removal a crash cut short
+                self.loop.run_in_executor(None, _remove_aside, node_dir)
+            for name in names:
+                if ".lost-" not in name and ASIDE not in name:  # (.lost-: set aside when its leader lost its disk)
                     self._open(f"{node}/{name}")
+
+    def _remove_tree(self, path: str) -> None:
+        """Remove a directory tree without the loop waiting for the disk: renamed aside at once (one
+        metadata call: the path is free for what comes next, in order), its files removed in a
+        thread of the loop's executor (a replica of gigabytes is thousands of unlinks: seconds)."""
+        aside = f"{path}{ASIDE}{time.time_ns()}"
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return
+        self.loop.run_in_executor(None, functools.partial(shutil.rmtree, aside, ignore_errors=True))
 
     def _open(self, partition: str, fresh: bool = False) -> Replica:
         directory = self._replica_dir(partition)
         if fresh:
             self._stop_history(partition)  # its history names the records of what is replaced
-            if os.path.isdir(directory):
-                shutil.rmtree(directory)
+            self._remove_tree(directory)
         os.makedirs(directory, mode=0o700, exist_ok=True)
         c = self.config
         log_ = CommitLog(directory, router_id=partition, loop=self.loop, fsync=c.fsync,
@@ -816,8 +845,9 @@ class Replication:
             previous.cancel()
             await asyncio.wait([previous])
         directory = self._history_dir(target)
-        if previous is not None and os.path.isdir(directory):
-            shutil.rmtree(directory)
+        self.loop.run_in_executor(None, _remove_aside, target.directory)  # what a crash left
+        if previous is not None:
+            self._remove_tree(directory)
         c = self.config
         # No fsync per batch (nothing waits on it): the close makes the history durable before it joins.
         hist = await CommitLog.open_async(directory, router_id=partition, fsync="interval",
@@ -835,7 +865,7 @@ class Replication:
             held = hist.next_offset > hist.start_offset
             if hist.next_offset > before:  # (a log that began again lower: not this one's history)
                 await hist.aclose()
-                shutil.rmtree(directory)
+                self._remove_tree(directory)
                 hist = await CommitLog.open_async(directory, router_id=partition, fsync="interval",
                                                   segment_bytes=c.segment_bytes)
                 held = False
@@ -871,7 +901,7 @@ class Replication:
                 if action == HistoryState.BEGIN:
                     if hist.next_offset > hist.start_offset:  # the source no longer has what lies between
                         await hist.aclose()
-                        shutil.rmtree(directory)
+                        self._remove_tree(directory)
                         hist = await CommitLog.open_async(directory, router_id=partition, fsync="interval",
                                                           segment_bytes=c.segment_bytes)
                     hist.start_at(first)
@@ -885,8 +915,8 @@ class Replication:
             await hist.aclose()
             if target.closed:
                 return
-            joined = target.join_history(directory, held_to) if fetched > 0 else 0
-            shutil.rmtree(directory)
+            joined = await self._join(target, directory, held_to) if fetched > 0 else 0
+            self._remove_tree(directory)
             log.info("replication: %s: %d record(s) below offset %d fetched%s", partition, max(fetched, 0),
                      before, f" and joined to the log ({joined} segment(s))" if joined else
                      "; nobody holds any (none, or retention deleted them)")
@@ -894,6 +924,16 @@ class Replication:
             self.history_at.pop(partition, None)
             if not hist.closed:
                 await hist.aclose()
+
+    async def _join(self, target: CommitLog, directory: str, last: int) -> int:
+        """``target.join_history_async``, which a cancel (its replica begun anew) does not cut
+        short: the task that follows waits for this one, and must not meet files half moved."""
+        join = self.loop.create_task(target.join_history_async(directory, last))
+        try:
+            return await asyncio.shield(join)
+        except asyncio.CancelledError:
+            await asyncio.wait([join])
+            raise
 
     def history_fetch(self, peer: Peer, partition: str, offset: int, before: int) -> None:
         """``peer`` fetches the records of ``partition`` below ``before`` from ``offset`` on

@@ -984,34 +984,72 @@ class CommitLog:
         many segments joined. A gap between the history and the log stays a gap (reads skip it).
 
         A log that has no segment yet gets its empty first one on disk before the history
-        joins, so that a reopen goes on at its offset, not at the end of the history."""
+        joins, so that a reopen goes on at its offset, not at the end of the history.
+
+        Blocking (renames, fsyncs, index checks): a log with a loop joins with
+        ``await join_history_async(...)``, which does the same work in a thread."""
+        create = self._join_begin(last)
+        return self._join_end(self._join_disk(directory, create), create)
+
+    async def join_history_async(self, directory: str, last: int) -> int:
+        """``join_history`` with its disk work in a thread of the loop's executor: the loop never
+        waits for the disk (a history of many segments takes an fsync and an index check each).
+        Appends, flushes and reads go on meanwhile; the history's segments lie below everything
+        they touch, and join the log's view of its segments once on disk. A log closed meanwhile
+        finds them in its directory when it is opened again."""
+        create = self._join_begin(last)
+        loop = asyncio.get_running_loop()
+        segs = await loop.run_in_executor(None, self._join_disk, directory, create)
+        return self._join_end(segs, create)
+
+    def _join_begin(self, last: int) -> int | None:
+        """Check a join on the loop; the base of the empty first segment to create, if the log has none."""
         if last >= self.start_offset:
             raise ValueError(f"join_history: a history to {last} for a log that starts at {self.start_offset}")
+        return None if self._segs else self._buf_first
+
+    def _join_disk(self, directory: str, create: int | None) -> list[_Seg] | None:
+        """The disk part of a join (any thread): create the empty first segment if asked, move the
+        history's files in, fsync the directory, check each segment as recovery does. None: the
+        history holds no segment. Reads only what never changes after ``__init__``.
+
+        The empty segment is written in place (``O_CREAT``, its header at 0, no truncation, no
+        rename): if a flush rolls into the same segment meanwhile, the writer creates the same
+        file with the same header, so neither write undoes the other."""
         logs, _ = list_segment_files(directory)
         if not logs:
-            return 0
-        if not self._segs:
-            base = self._buf_first
-            fd = os.open(os.path.join(self._dir, segment_name(base)), os.O_CREAT | os.O_WRONLY | _O_CLOEXEC, 0o600)
-            try:
-                os.pwrite(fd, pack_file_header(MAGIC_LOG, base, self._version), 0)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            write_index(self._dir, base, b"", version=self._version)
-            self._recover_tail(base)
+            return None
+        if create is not None:
+            for name, magic in ((segment_name(create), MAGIC_LOG), (index_name(create), MAGIC_INDEX)):
+                fd = os.open(os.path.join(self._dir, name), os.O_CREAT | os.O_WRONLY | _O_CLOEXEC, 0o600)
+                try:
+                    os.pwrite(fd, pack_file_header(magic, create, self._version), 0)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            _fsync_dir(self._dir)  # the segment is on disk before any history file is
         for base in logs:
             for name in (segment_name(base), index_name(base)):
                 os.rename(os.path.join(directory, name), os.path.join(self._dir, name))
         _fsync_dir(self._dir)
-        segs, self._segs, self._bases, self._by_base = self._segs, [], [], {}
-        try:
-            for base in logs:
-                self._load_closed(base)
-        finally:
-            for seg in segs:
-                self._add_seg(seg)
-        return len(logs)
+        return [self._scan_closed(base) for base in logs]
+
+    def _join_end(self, segs: list[_Seg] | None, create: int | None) -> int:
+        """On the loop: the history's segments become the log's oldest."""
+        if segs is None or self._closed:
+            return 0
+        if create is not None and not self._segs:  # nothing flushed meanwhile: the empty segment is the active one
+            self._add_seg(_Seg(self._dir, create, FILE_HEADER_SIZE, FILE_HEADER_SIZE, None, None))
+            self._seg_base = create
+            self._seg_size = self._seg_index_size = FILE_HEADER_SIZE
+            self._last_index_pos = NO_INDEX_YET
+            self._seg_max_ts = _NO_TS
+            self._chunk_file_pos = self._chunk_index_pos = FILE_HEADER_SIZE
+            self._chunk_new = False
+        current, self._segs, self._bases, self._by_base = self._segs, [], [], {}
+        for seg in (*segs, *current):
+            self._add_seg(seg)
+        return len(segs)
 
     def stats(self) -> dict[str, Any]:
         """Counters for the broker's stats snapshot."""
@@ -1124,8 +1162,12 @@ class CommitLog:
         self._by_base[seg.base] = seg
 
     def _load_closed(self, base: int) -> None:
+        self._add_seg(self._scan_closed(base))
+
+    def _scan_closed(self, base: int) -> _Seg:
+        """A closed segment as recovery finds it (index checked, rebuilt if wrong), not yet one of
+        the log's: blocking, and it changes nothing of the log's state (a join runs it in a thread)."""
         seg = _Seg(self._dir, base, 0, 0, None, None)
-        self._add_seg(seg)
         reader = seg.reader
         size = os.stat(reader.path).st_size
         seg.size = seg.written_end = size
@@ -1135,7 +1177,7 @@ class CommitLog:
         except (LogFormatError, OSError) as exc:
             log.warning("commit log %s: segment %d is unreadable (%s); reads will skip it",
                         self._dir, base, exc)
-            return
+            return seg
         res = None
         problem = self._index_problem(reader, size)
         if problem is None:
@@ -1162,6 +1204,7 @@ class CommitLog:
         seg.last_offset = res.last_offset
         seg.max_ts = res.max_timestamp
         reader.close()  # recovery opened every segment: reads reopen the ones they need
+        return seg
 
     def _index_problem(self, reader: SegmentReader, size: int) -> str | None:
         """Why an older segment's index cannot be trusted, None if it can. Checks every entry is in

@@ -1,5 +1,5 @@
-"""Replication against a real commit log: what a follower's acknowledgement means, and when a
-replicated batch leaves.
+"""Replication against a real commit log: what a follower's acknowledgement means, when a
+replicated batch leaves, and that the replication path leaves the disk work off the loop.
 
 The mesh is a recording fake (these tests are about the log and the event loop, not the
 transport); the logs are real ``CommitLog`` directories under ``tmp_path``."""
@@ -7,6 +7,7 @@ transport); the logs are real ``CommitLog`` directories under ``tmp_path``."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -154,3 +155,139 @@ def test_a_replicated_batch_leaves_in_the_iteration_that_read_it(tmp_path):
             await log_.aclose()
 
     asyncio.run(run())
+
+
+class LoopLag:
+    """The longest the loop went without running a 1 ms timer, while it runs (``async with``)."""
+
+    def __init__(self) -> None:
+        self.max_s = 0.0
+        self._task: asyncio.Task | None = None
+
+    async def _run(self) -> None:
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(0.001)
+            self.max_s = max(self.max_s, time.perf_counter() - t - 0.001)
+
+    async def __aenter__(self) -> LoopLag:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        await asyncio.sleep(0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        await asyncio.sleep(0.01)  # the timer sees the last stretch too
+        self._task.cancel()
+
+
+async def _until(check: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def test_a_replica_begun_anew_is_removed_without_the_loop_waiting_for_the_disk(tmp_path):
+    """A replica whose leader's log moved past it (retention: REPLICATE with high-water -2) is
+    removed and begun anew. 20,000 files in it: the unlinks take a good part of a second on the
+    loop (before: ``shutil.rmtree`` in the frame's handler); now the loop goes on meanwhile, and
+    the new replica follows at once."""
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        repl, mesh = _follower(tmp_path, loop)
+        try:
+            peer = mesh.peers[LEADER]
+            repl.replicate(peer, LEADER, 0, 9, _batch(0, 10), -1)
+            old_dir = repl.replicas[LEADER].log.directory
+            junk = os.path.join(old_dir, "many")
+            os.mkdir(junk)
+            for i in range(20_000):
+                open(os.path.join(junk, str(i)), "wb").close()
+            parent = os.path.dirname(old_dir)
+            started = time.perf_counter()
+            async with LoopLag() as lag:
+                repl.replicate(peer, LEADER, 5_000, 5_009, _batch(5_000, 10), -2)
+                rep = repl.replicas[LEADER]
+                assert rep.log.start_offset == 5_000 and rep.log.next_offset == 5_010
+                assert not os.path.exists(junk), "the old replica's files are still at its path"
+                await _until(lambda: sorted(os.listdir(parent)) == [os.path.basename(old_dir)])
+            removed_s = time.perf_counter() - started
+            assert lag.max_s < min(0.1, removed_s / 2), \
+                f"the loop waited {lag.max_s * 1000:.0f} ms of the {removed_s * 1000:.0f} ms removal"
+            await _until(lambda: max(mesh.acks()) == 5_009)
+        finally:
+            await _close(repl)
+
+    asyncio.run(run())
+
+
+def test_a_fetched_history_joins_its_log_without_the_loop_waiting_for_the_disk(tmp_path):
+    """A follower's history fetch that a restart cut short goes on from what ``_history/`` holds,
+    and the history joins the replica: a rename, an fsync and an index check per segment. With
+    1,000 segments that took the loop about half a second (before: ``join_history`` on the loop);
+    now the loop goes on, and the replica reads the whole partition once the history joined."""
+    start, per_segment = 30_000, 4096  # about 30 records a segment
+
+    # As a crash left them: the replica from ``start`` on, and its history below, fetched whole.
+    replica = tmp_path / "b" / "_replicas" / "w0" / "a" / "w0"
+    with CommitLog(replica, router_id=LEADER) as main:
+        main.start_at(start)
+        main.append_batch(start, msgpack.unpackb(_batch(start, 10)), None)
+    with CommitLog(replica / "_history", router_id=LEADER, segment_bytes=per_segment) as hist:
+        for first in range(0, start, 1000):
+            hist.append_batch(first, msgpack.unpackb(_batch(first, 1000)), None)
+        assert len(hist.segments()) > 900
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        repl, mesh = _follower(tmp_path, loop, segment_bytes=per_segment)
+        try:
+            rep = repl.replicas[LEADER]
+            assert rep.log.start_offset == start
+            async with LoopLag() as lag:
+                repl.replicate(mesh.peers[LEADER], LEADER, start + 10, start + 19, _batch(start + 10, 10), start + 9)
+                await _until(lambda: any(kind == "history_fetch" for _, kind, _ in mesh.sent))
+                asks = [body for _, kind, body in mesh.sent if kind == "history_fetch"]
+                assert asks == [[LEADER, start, start]]  # from what it holds on
+                repl.history(LEADER, LEADER, -1, -1, b"")  # nothing more below
+                await _until(lambda: rep.log.start_offset == 0)
+            got = rep.log.read(0, max_records=start + 20, max_bytes=1 << 30)
+            assert [r.offset for r in got] == list(range(start + 20))
+            assert not os.path.exists(replica / "_history")
+            assert lag.max_s < 0.1, f"the loop waited {lag.max_s * 1000:.0f} ms"
+        finally:
+            await _close(repl)
+
+    asyncio.run(run())
+
+
+def test_a_history_joins_a_log_that_is_written_to_while_it_moves_in(tmp_path):
+    """``join_history_async`` on a log with no segment yet: while its thread writes the log's
+    empty first segment and moves the history in, the log flushes a batch into that same
+    segment. Neither undoes the other: the log reads the history and the batch, and a reopen
+    goes on at the log's own end."""
+    history = tmp_path / "main" / "_history"
+    with CommitLog(history, router_id=LEADER, segment_bytes=4096) as hist:
+        hist.append_batch(0, msgpack.unpackb(_batch(0, 300)), None)
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        log_ = CommitLog(tmp_path / "main", router_id=LEADER, loop=loop)
+        try:
+            log_.start_at(300)
+            join = loop.create_task(log_.join_history_async(str(history), 299))
+            await asyncio.sleep(0)  # the join began: its thread creates the first segment
+            log_.append_batch(300, msgpack.unpackb(_batch(300, 5)), None)  # a flush into it
+            assert await join > 5
+            log_.append_batch(305, msgpack.unpackb(_batch(305, 5)), None)
+            await _until(lambda: log_.written_offset == 309)
+            assert [r.offset for r in log_.read(0, 1000, 1 << 30)] == list(range(310))
+        finally:
+            await log_.aclose()
+
+    asyncio.run(run())
+    with CommitLog(tmp_path / "main", router_id=LEADER) as again:
+        assert again.start_offset == 0 and again.next_offset == 310
+        assert [r.offset for r in again.read(0, 1000, 1 << 30)] == list(range(310))
