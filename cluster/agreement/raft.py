@@ -77,6 +77,7 @@ class Agreement:
             connectionRetryTime=min(1.0, connect_timeout),
             journalFile=journal,
             fullDumpFile=dump,
+            appendEntriesUseBatch=False,  # an entry leaves at once (not at the next period): the caller batches
             appendEntriesBatchSizeBytes=2**20,  # a mass failover's entries are large: fewer, fuller frames
             dynamicMembershipChange=False,
         )
@@ -87,7 +88,8 @@ class Agreement:
 
     @property
     def state(self) -> State:
-        """This member's replica, as fresh as what it has applied: read through ``get`` for the agreed value."""
+        """This member's replica, as fresh as what it has applied: read through ``get`` for the agreed value.
+        Raft's thread writes it: read single records (``owner``), never iterate its tables."""
         return self._replica.state
 
     @property
