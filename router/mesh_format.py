@@ -13,7 +13,10 @@ callback (which would stop this router from reading the mesh at all). The bodies
 are checked message by message where they are decoded (``Router.deliver_forwarded``): a bad message
 there drops only itself.
 
-Versions: 5 added QoS 1/2 heads; 6 the ``reset`` flag of a full interest announcement, the
+Versions, their one history (docs/design.md, docs/replication.md and CHANGELOG.md name the version
+a change came with, and point here): 2 forwarded a 3.1.1 QoS 0 packet in place of topic and
+payload; 3 made that form ``[packet, client id, origin offset, timestamp]``; 4 put the topic
+beside the packet; 5 added QoS 1/2 heads; 6 the ``reset`` flag of a full interest announcement, the
 RESYNC kind (a peer that returns after falling silent asks for everything again), and session
 transfers in chunks: TAKEOVER_RESP ``[req, header, more]``, then TAKEOVER_CHUNK ``[req, items,
 last]`` frames, answered by TAKEOVER_DONE ``[req, ok]`` (the old owner keeps the session until then);
@@ -61,6 +64,9 @@ replica of it, from ``offset`` on and below ``before``: a follower placed at the
 or a router back on an empty disk, fetches what lies below where its log starts) answered by
 HISTORY ``[partition, first, last, body]`` (``body`` as REPLICATE's; ``first`` -1 and an empty
 body: nothing more below ``before``).
+14: SESSION_CATCHUP may carry ``end``: with one, the records of ``start``..``end`` whatever their
+origin (the copies a session held outside its log, ``Session.copy_spans``, read back from their
+origins' logs when its router is lost).
 15: SESSION_HANDON is ``[client_id, items, last]``: the old router sends a last one, empty if it
 has nothing to hand on, so that the new owner knows the hand-on ended; a takeover header from a
 live router carries ``handon_from``, ``[Unix ms, {router: offset}]`` (where the old router stood
