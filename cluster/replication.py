@@ -933,6 +933,8 @@ class Replication:
             return await asyncio.shield(join)
         except asyncio.CancelledError:
             await asyncio.wait([join])
+            if not join.cancelled() and join.exception() is not None:  # retrieved: the cancel says why we stop
+                log.debug("replication: a join cut short by a cancel failed: %s", join.exception())
             raise
 
     def history_fetch(self, peer: Peer, partition: str, offset: int, before: int) -> None:
