@@ -1,11 +1,12 @@
-"""README's option table, generated from ``cluster.config.OPTIONS``.
+"""The option table of ``docs/configuration.md``, generated from ``cluster.config.OPTIONS``.
 
-Every option is declared once, in ``OPTIONS``; this renders the markdown table README shows
-between ``<!-- options:start -->`` and ``<!-- options:end -->`` (flag, TOML key, environment
-variable, default, meaning), and ``tests/unit/test_options_doc.py`` fails when README's copy
-differs. After changing an option::
+Every option is declared once, in ``OPTIONS``; this renders the markdown table docs/configuration.md
+shows between ``<!-- options:start -->`` and ``<!-- options:end -->`` (flag, TOML key, environment
+variable, default, meaning), and ``tests/unit/test_options_doc.py`` fails when that copy
+differs. README keeps a short table of the options operators touch most, whose defaults the same
+test holds to these. After changing an option::
 
-    .venv/bin/python -m brokerd.cluster.options_doc --write      # rewrites README.md's table in place
+    .venv/bin/python -m brokerd.cluster.options_doc --write      # rewrites docs/configuration.md's table in place
     .venv/bin/python -m brokerd.cluster.options_doc              # prints the table
 
 Defaults that depend on the machine are shown as words (``MACHINE_DEFAULTS``), so the table is
@@ -22,7 +23,7 @@ from .config import OPTIONS, Option, _host_port, _on_off, _size, env_name
 
 START = "<!-- options:start -->"
 END = "<!-- options:end -->"
-README = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "README.md")
+DOC = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "docs", "configuration.md")
 
 MACHINE_DEFAULTS = {"workers": "CPUs it may use", "node_id": "host name"}
 
@@ -41,7 +42,7 @@ def _size_text(n: int) -> str:
 
 
 def shown_default(opt: Option) -> str:
-    """An option's default as README shows it (a dash when there is none)."""
+    """An option's default as the docs show it (a dash when there is none)."""
     if opt.name in MACHINE_DEFAULTS:
         return MACHINE_DEFAULTS[opt.name]
     d = opt.default
@@ -89,25 +90,25 @@ def replace_section(text: str, table: str) -> str:
 
 
 def section(text: str) -> str:
-    """What lies between the markers (the table as README has it)."""
+    """What lies between the markers (the table as the page has it)."""
     start = text.index(START) + len(START)
     return text[start:text.index(END, start)].strip("\n") + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m brokerd.cluster.options_doc", description=__doc__.split("\n")[0])
-    p.add_argument("--write", action="store_true", help="rewrite the table in README.md between the markers")
-    p.add_argument("--readme", default=README, help="the README to rewrite (default: this checkout's)")
+    p.add_argument("--write", action="store_true", help="rewrite the table in docs/configuration.md between the markers")
+    p.add_argument("--doc", default=DOC, help="the page to rewrite (default: this checkout's docs/configuration.md)")
     args = p.parse_args(argv)
     table = render()
     if not args.write:
         sys.stdout.write(table)
         return 0
-    with open(args.readme, encoding="utf-8") as f:
+    with open(args.doc, encoding="utf-8") as f:
         text = f.read()
     new = replace_section(text, table)
     if new != text:
-        with open(args.readme, "w", encoding="utf-8") as f:
+        with open(args.doc, "w", encoding="utf-8") as f:
             f.write(new)
     return 0
 
