@@ -1,7 +1,7 @@
 """brokerd's options: one table of them, read from the command line, the environment and a TOML file.
 
 Every option is declared once in ``OPTIONS`` (name, type, default, help); argparse, the TOML reader,
-the ``BROKERD_*`` environment variables, ``--help`` and README's table (``cluster.options_doc``) all
+the ``BROKERD_*`` environment variables, ``--help`` and docs/configuration.md's table (``cluster.options_doc``) all
 come from it, so they cannot disagree. Precedence: command line > environment > TOML > default. A
 wrong option or value raises ``ConfigError`` whose message is one line naming the option (or the
 variable); the CLI prints it and exits 2.

@@ -928,7 +928,7 @@ class Mesh:
         request waits for it, bounded by ``LOCAL_DOWN_WAIT_S``, and is asked again when one fell
         silent instead of answering, since the sessions it restores from its disk would
         otherwise exist twice. Routers of other nodes that are parked are not waited for (a
-        silent node may never come back; README: "Not guaranteed yet")."""
+        silent node may never come back; docs/guarantees.md: "Not guaranteed yet")."""
         deadline = time.monotonic() + LOCAL_DOWN_WAIT_S
         asked_again = False
         while not self.closed:

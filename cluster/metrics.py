@@ -285,8 +285,8 @@ class SnapshotCollector:
             for reason, n in s["drops"].items():
                 drops.add_metric([s["node"], s["router"], reason], n)
         yield drops
-        hits = CounterMetricFamily("brokerd_limit_hits", "times a client hit a limit, by limit (README: "
-                                   "Limits and what happens at them)", labels=[*lbl, "limit"])
+        hits = CounterMetricFamily("brokerd_limit_hits", "times a client hit a limit, by limit "
+                                   "(docs/limits.md)", labels=[*lbl, "limit"])
         for s in fresh:
             for name, n in s.get("limits", {}).items():
                 hits.add_metric([s["node"], s["router"], name], n)
@@ -302,7 +302,7 @@ class SnapshotCollector:
 
 def _replication_metrics(fresh: list[dict[str, Any]], lbl: list[str]) -> Iterator[Any]:
     """Each router's log as a replicated partition: its high-water mark, held and refused
-    acknowledgements, and per follower the lag and whether it is in sync (README: Replication)."""
+    acknowledgements, and per follower the lag and whether it is in sync (docs/cluster.md: Replication)."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     reps = [(s, s["replication"]) for s in fresh if s.get("replication")]

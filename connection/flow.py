@@ -1,7 +1,7 @@
 """How much of one connection's input is handled per loop iteration: uvicorn's ``FlowControl``
 model, a small class beside the protocol so the protocol stays a thin driver.
 
-Three budgets bound a turn (see README's tuning notes and ``connection.batching.TurnBudget``):
+Three budgets bound a turn (see docs/tuning.md and ``connection.batching.TurnBudget``):
 the read budget (packets of this connection per iteration), the worker's turn budget (packets of
 all connections together) and the fan budget (deliveries this connection's packets may cause,
 measured on its last turn). What is beyond them stays undecoded, with reading paused, for the next

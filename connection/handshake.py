@@ -23,7 +23,7 @@ from .protocol import CONNECT_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
-HANDSHAKE_TIMEOUT_S = CONNECT_TIMEOUT_S  # README: a socket not yet CONNECTed is held 10 s at most
+HANDSHAKE_TIMEOUT_S = CONNECT_TIMEOUT_S  # docs/limits.md: a socket not yet CONNECTed is held 10 s at most
 
 
 def _ssl_protocol_class(loop: asyncio.AbstractEventLoop) -> Any:

@@ -1,4 +1,4 @@
-"""Limits one client cannot get around (README "Limits and what happens at them"): the router's side.
+"""Limits one client cannot get around (docs/limits.md): the router's side.
 
 Each is an option; what it takes is decided here and counted in ``RouterStats.limit_<name>``. The
 hot path pays only where a limit is on and hit: a length check per CONNECT or SUBSCRIBE filter, a

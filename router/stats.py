@@ -5,7 +5,7 @@ No locks and no allocation per message: the router runs on one event loop, so ``
 
 from __future__ import annotations
 
-# Limits a client hit (README "Limits and what happens at them"), counted as ``limit_<name>``:
+# Limits a client hit (docs/limits.md), counted as ``limit_<name>``:
 # CONNECTs refused for a long client id or keepalive, SUBSCRIBE filters refused over the quota,
 # retained messages delivered but not retained, connections closed for too many QoS 2 messages
 # awaiting PUBREL, QoS 2 packet ids forgotten after --qos2-timeout, connections closed holding an

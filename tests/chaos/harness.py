@@ -41,7 +41,7 @@ is printed too, so the width of every such gap stays visible:
   on a SIGSTOPped worker included (their router's copies wait for it). Excused ("member left"):
   messages that overlap [departure - ``GROUP_BEFORE``, departure + ``GROUP_AFTER``] of any member
   (a copy that reaches a router just after its last member left goes on once, and is lost if the
-  next router has none left either: README, "Shared subscriptions"; a member
+  next router has none left either: docs/mqtt.md, "Shared subscriptions"; a member
   that dies with its worker cannot hand its unacknowledged messages on; the other routers learn
   that its router is gone after the mesh timeout).
 
@@ -1160,7 +1160,7 @@ class Scenario:
     def _check_wills(self, report: Report) -> None:
         """A node lost for good closes its clients' connections without a DISCONNECT: the will of
         each persistent session connected to it (for ``WILL_SETTLED_S`` or more: its state had
-        reached the follower) goes out from a holder of its session (README, "What the cluster
+        reached the follower) goes out from a holder of its session (docs/guarantees.md, "What the cluster
         guarantees under faults"). Read from the nodes' logs: the line the holder writes."""
         texts = [n.broker.log_text() for n in self.nodes]
         missing = [f"{cid} ({fault})" for fault, cid in self.wills_owed
