@@ -98,10 +98,10 @@ class Agreement:
         return None if leader is None else leader.address
 
     def propose_later(self, commands: Sequence[Command], timeout: float) -> concurrent.futures.Future:
-        """Propose from any thread: a Future set (in PySyncObj's thread) with the results, or
-        NoAgreement once ``timeout`` has passed. A proposal the engine drops (a leader lost, none
-        elected yet) is proposed again until then: every command is conditional or idempotent,
-        so one that did commit the first time answers the second time with what it made."""
+        """Propose from any thread: a Future set (in PySyncObj's thread) with the results. A
+        proposal the engine drops (a leader lost, none elected yet) is proposed again until
+        ``timeout``: every command is conditional or idempotent, so one that did commit the first
+        time answers the second time with what it made. The caller bounds its wait, then cancels."""
         done: concurrent.futures.Future = concurrent.futures.Future()
         deadline = time.monotonic() + timeout
         batch = list(commands)
@@ -112,7 +112,7 @@ class Agreement:
             if err != FAIL_REASON.SUCCESS and time.monotonic() + self._retry < deadline:
                 _later(self._retry, submit)
                 return
-            with contextlib.suppress(concurrent.futures.InvalidStateError):  # expired meanwhile
+            with contextlib.suppress(concurrent.futures.InvalidStateError):  # its caller gave up meanwhile
                 if err == FAIL_REASON.SUCCESS:
                     done.set_result(results)
                 else:
@@ -122,10 +122,6 @@ class Agreement:
             if not done.done():
                 self._replica.apply_batch(batch, callback=committed)
 
-        expiry = threading.Timer(timeout, _expire, (done, timeout))
-        expiry.daemon = True
-        expiry.start()
-        done.add_done_callback(lambda _: expiry.cancel())
         submit()
         return done
 
@@ -137,12 +133,22 @@ class Agreement:
         def relay(f: concurrent.futures.Future) -> None:
             loop.call_soon_threadsafe(_settle, waiter, f)
 
-        self.propose_later(commands, timeout).add_done_callback(relay)
-        return await waiter
+        proposal = self.propose_later(commands, timeout)
+        proposal.add_done_callback(relay)
+        try:
+            return await asyncio.wait_for(waiter, timeout)
+        except TimeoutError:
+            proposal.cancel()
+            raise NoAgreement(f"no majority committed it within {timeout:g}s") from None
 
     def propose_wait(self, commands: Sequence[Command], timeout: float) -> list[Result]:
         """The same for a plain thread (tests, the benchmark)."""
-        return self.propose_later(commands, timeout).result()
+        proposal = self.propose_later(commands, timeout)
+        try:
+            return proposal.result(timeout)
+        except TimeoutError:
+            proposal.cancel()
+            raise NoAgreement(f"no majority committed it within {timeout:g}s") from None
 
     def close(self) -> None:
         """Stop the Raft thread and close its port; this member is then silent to the others."""
@@ -151,13 +157,8 @@ class Agreement:
             self._replica.destroy_synchronous()
 
 
-def _expire(done: concurrent.futures.Future, timeout: float) -> None:
-    with contextlib.suppress(concurrent.futures.InvalidStateError):  # committed (or refused) in time
-        done.set_exception(NoAgreement(f"no majority committed it within {timeout:g}s"))
-
-
 def _settle(waiter: asyncio.Future, f: concurrent.futures.Future) -> None:
-    if waiter.done():
+    if waiter.done() or f.cancelled():
         return  # the caller timed out first
     if f.exception() is not None:
         waiter.set_exception(f.exception())
