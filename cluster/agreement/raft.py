@@ -8,8 +8,10 @@ Authentication: PySyncObj unpickles what its peers send, so an unauthenticated R
 anything a connecting process asked. A password is therefore required, on loopback too (like
 the mesh): PySyncObj then derives a Fernet key from it (PBKDF2-SHA256) and every frame is
 encrypted and authenticated (AES-CBC + HMAC, needs ``cryptography``) before it is unpickled,
-and a connection's frames carry a random per-connection key and rising timestamps, which
-refuses replays. Use a long random password (a fixed salt makes a weak one guessable offline).
+and a connection's frames carry a random per-connection key and timestamps that may not go
+back: a frame from another connection or an older second is refused, one repeated within the
+same second on its connection is not (Raft must tolerate a duplicate). Use a long random
+password (a fixed salt makes a weak one guessable offline).
 
 Waiting: PySyncObj runs its own thread (``autoTick``); a commit calls back there, and the result
 crosses to the caller's loop with ``call_soon_threadsafe``. A proposal not committed within its
