@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.transport import TCPTransport
 
 from brokerd.cluster.agreement.state import Command, Result, State
 
@@ -42,9 +43,9 @@ class NoAgreement(Exception):
 class _Replica(SyncObj):
     """One member's replica: the only replicated method applies a batch to the local State."""
 
-    def __init__(self, address: str, peers: Sequence[str], conf: SyncObjConf) -> None:
+    def __init__(self, address: str, peers: Sequence[str], conf: SyncObjConf, transport: type) -> None:
         self.state = State()  # pysyncobj snapshots this attribute with the rest of __dict__
-        super().__init__(address, list(peers), conf)
+        super().__init__(address, list(peers), conf, transportClass=transport)
 
     @replicated
     def apply_batch(self, commands: list[Command]) -> list[Result]:
@@ -56,12 +57,13 @@ class Agreement:
 
     ``data_dir``: where the Raft journal (term, vote and log) and snapshots are kept. A member
     without one forgets its vote when it restarts, so it must then rejoin as a new, empty
-    member; with one it may restart in place.
+    member; with one it may restart in place. ``transport``: PySyncObj's TCP transport, or a
+    subclass of it (a test's, that drops what a partition would).
     """
 
     def __init__(self, address: str, peers: Sequence[str], password: str, *, data_dir: str | None = None,
                  election_timeout: tuple[float, float] = (0.4, 1.4), heartbeat: float = 0.1,
-                 connect_timeout: float = 3.5) -> None:
+                 connect_timeout: float = 3.5, transport: type = TCPTransport) -> None:
         if not password:
             raise ValueError("the agreement engine needs a password, on loopback too: its peers unpickle frames")
         journal = dump = None
@@ -86,7 +88,7 @@ class Agreement:
         self.address = address
         self._retry = heartbeat
         self._closed = False
-        self._replica = _Replica(address, peers, conf)
+        self._replica = _Replica(address, peers, conf, transport)
 
     @property
     def state(self) -> State:

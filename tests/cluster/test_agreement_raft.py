@@ -167,6 +167,64 @@ def test_the_engine_refuses_to_start_without_a_password():
 
 
 
+
+class _Partition:
+    """Which pairs of members cannot reach each other: their messages are dropped both ways, on
+    open connections, as a network that drops packets would."""
+
+    def __init__(self) -> None:
+        self.cut: set[frozenset[str]] = set()
+
+    def isolate(self, member: str, others: list[str]) -> None:
+        self.cut = {frozenset((member, o)) for o in others}
+
+    def heal(self) -> None:
+        self.cut = set()
+
+    def transport(self) -> type:
+        from pysyncobj.transport import TCPTransport
+
+        partition = self
+
+        class Dropping(TCPTransport):
+            def send(self, node, message) -> bool:
+                if frozenset((self._selfNode.address, node.address)) in partition.cut:
+                    return True  # sent, and lost on the way
+                return super().send(node, message)
+
+            def _onMessageReceived(self, node, message) -> None:
+                if frozenset((self._selfNode.address, node.address)) not in partition.cut:
+                    super()._onMessageReceived(node, message)
+
+        return Dropping
+
+
+def test_a_leader_cut_off_commits_nothing_the_majority_moves_on_and_it_follows_when_healed():
+    """The partition case in the engine: the old leader's claim is refused (no agreement), the
+    two others elect a leader and move the session, and once healed the old leader's replica
+    holds the majority's record and its stale claim is refused."""
+    partition = _Partition()
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    group = [Agreement(a, [p for p in addresses if p != a], PASSWORD, transport=partition.transport(), **FAST)
+             for a in addresses]
+    try:
+        group[0].propose_wait([S.move(SESSION, "c1", None, 0, "r1")], COMMIT)
+        old = _leader_of(group)
+        rest = [m for m in group if m is not old]
+        partition.isolate(old.address, [m.address for m in rest])
+        with pytest.raises(NoAgreement):
+            old.propose_wait([S.move(SESSION, "c1", "r1", 1, "r-old")], 2.0)
+        assert rest[0].propose_wait([S.move(SESSION, "c1", "r1", 1, "r2")], COMMIT) == [(OK, "r2", 2)]
+        assert old.state.owner(SESSION, "c1") == ("r1", 1)  # cut off: it has not seen the move
+        partition.heal()
+        wait_for(lambda: old.state.owner(SESSION, "c1") == ("r2", 2), COMMIT, "the old leader to follow")
+        assert old.propose_wait([S.move(SESSION, "c1", "r1", 1, "r-old")], COMMIT) == [(STALE, "r2", 2)]
+        assert all(m.state.owner(SESSION, "c1") == ("r2", 2) for m in group)
+    finally:
+        for m in group:
+            m.close()
+
+
 class _Net:
     """Messages between PySyncObj members held in a list, delivered when the test says."""
 
