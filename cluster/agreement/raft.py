@@ -81,6 +81,7 @@ class Agreement:
             connectionRetryTime=min(1.0, connect_timeout),
             journalFile=journal,
             fullDumpFile=dump,
+            useFork=False,  # a snapshot written in this thread: no fork of a process that runs other threads
             appendEntriesUseBatch=False,  # an entry leaves at once (not at the next period): the caller batches
             appendEntriesBatchSizeBytes=2**20,  # a mass failover's entries are large: fewer, fuller frames
             dynamicMembershipChange=False,

@@ -138,6 +138,29 @@ def test_a_member_with_another_password_never_joins_the_agreement(members):
     assert intruder.state.count(SESSION) == 0
 
 
+
+def test_a_member_restarted_alone_on_its_data_dir_holds_what_it_had_applied(tmp_path):
+    """Its journal keeps the log and the commit index (PySyncObj writes the index once a second),
+    so a member back after a crash applies the agreed state before it hears anyone."""
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+
+    def start(a: str) -> Agreement:
+        return Agreement(a, [p for p in addresses if p != a], PASSWORD, data_dir=str(tmp_path / a), **FAST)
+
+    group = [start(a) for a in addresses]
+    try:
+        group[0].propose_wait([S.move(SESSION, "c1", None, 0, "r1")], COMMIT)
+        wait_for(lambda: all(m.state.owner(SESSION, "c1") == ("r1", 1) for m in group), COMMIT, "every replica")
+        time.sleep(1.5)  # past PySyncObj's once-a-second write of the commit index
+        for m in group:
+            m.close()
+        group = [start(addresses[1])]
+        wait_for(lambda: group[0].state.owner(SESSION, "c1") == ("r1", 1), COMMIT, "the journal replayed")
+    finally:
+        for m in group:
+            m.close()
+
+
 class _Plant:
     """A pickle that, once loaded, writes a file: what a peer could make an open port run."""
 
