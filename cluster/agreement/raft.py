@@ -26,14 +26,22 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
-from pysyncobj.transport import TCPTransport
+# PySyncObj 0.3.17, when imported, replaces ``socket.inet_ntop`` with a Windows-only function on
+# every platform (its win_inet_pton module guards only ``inet_pton``): every other user of
+# ``inet_ntop`` in the process (paho, ipaddress-free address formatting) then raises TypeError.
+# Import it through here, and the process keeps its own.
+_inet_ntop = socket.inet_ntop
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated  # noqa: E402
+from pysyncobj.transport import TCPTransport  # noqa: E402
 
-from brokerd.cluster.agreement.state import Command, Result, State
+socket.inet_ntop = _inet_ntop
+
+from brokerd.cluster.agreement.state import Command, Result, State  # noqa: E402
 
 
 class NoAgreement(Exception):

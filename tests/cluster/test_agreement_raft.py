@@ -14,7 +14,8 @@ import zlib
 
 import pytest
 
-pytest.importorskip("pysyncobj")
+# Through the project's module, which keeps the process's socket.inet_ntop (PySyncObj replaces it).
+pytest.importorskip("brokerd.cluster.agreement.raft")
 
 from brokerd.cluster.agreement import state as S  # noqa: E402
 from brokerd.cluster.agreement.raft import Agreement, NoAgreement  # noqa: E402
@@ -346,3 +347,11 @@ def test_a_follower_handed_an_old_append_again_keeps_the_entries_it_acknowledged
     net.deliver(b)
     lb.doTick(0)
     assert lb.getStatus()["log_len"] == acknowledged  # PySyncObj drops e3 here: then only a holds it
+
+
+def test_importing_the_engine_leaves_the_process_its_inet_ntop():
+    """PySyncObj replaces socket.inet_ntop with a Windows-only function when imported; every
+    test after it that formatted an address failed (paho, the chaos harness)."""
+    assert socket.inet_ntop(socket.AF_INET, b"\x7f\x00\x00\x01") == "127.0.0.1"
+    assert socket.inet_ntop(socket.AF_INET6, b"\x00" * 15 + b"\x01") == "::1"
+
