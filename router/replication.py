@@ -95,12 +95,6 @@ class LeaderState:
         self._prune()
         return self._advance()
 
-    def add_follower(self, follower: str, offset: int = -1) -> list[Held]:
-        """A new follower (placement changed), holding up to ``offset`` already; returns what its
-        copy releases."""
-        self.acked.setdefault(follower, min(offset, self.end))
-        return self._advance()
-
     def set_followers(self, followers: Iterable[str], min_insync: int) -> list[Held]:
         """The placement changed: these are the followers now (a new one holds nothing yet), and
         ``min_insync`` the nodes a record must be on (capped by the transport at the nodes there
@@ -111,13 +105,6 @@ class LeaderState:
         for f in wanted:
             self.acked.setdefault(f, -1)
         self.min_insync = max(1, min_insync)
-        self._prune()
-        return self._advance()
-
-    def remove_follower(self, follower: str) -> list[Held]:
-        """A follower that is no longer one (its node left the cluster view)."""
-        if self.acked.pop(follower, None) is None:
-            return []
         self._prune()
         return self._advance()
 

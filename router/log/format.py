@@ -99,11 +99,6 @@ class Record(NamedTuple):
     properties: bytes
     payload: bytes
 
-    def encoded_size(self) -> int:
-        """Bytes this record takes on disk."""
-        return (RECORD_HEADER_SIZE + len(self.origin_router.encode()) + len(self.client_id.encode())
-                + len(self.topic.encode()) + len(self.properties) + len(self.payload))
-
 
 def segment_name(base_offset: int) -> str:
     """``<base offset zero-padded to 20 digits>.log`` — sorts lexically in offset order, like Kafka."""

@@ -292,10 +292,6 @@ class CheckReport:
     def records(self) -> int:
         return sum(s.records for s in self.segments)
 
-    @property
-    def bad_segments(self) -> list[SegmentCheck]:
-        return [s for s in self.segments if not s.ok]
-
     def to_dict(self) -> dict[str, Any]:
         return {"directory": self.directory, "ok": self.ok, "records": self.records,
                 "segments": [asdict(s) for s in self.segments], "problems": list(self.problems)}

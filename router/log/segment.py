@@ -245,14 +245,6 @@ def scan_segment(fd: int, base: int, end: int, *, start_pos: int = FILE_HEADER_S
     return res
 
 
-def read_index_entries(ifd: int) -> list[tuple[int, int, int]]:
-    """All entries of an index file (after validating nothing but the size being whole entries)."""
-    size = os.fstat(ifd).st_size
-    data = os.pread(ifd, size - FILE_HEADER_SIZE, FILE_HEADER_SIZE) if size > FILE_HEADER_SIZE else b""
-    whole = len(data) - len(data) % INDEX_ENTRY_SIZE
-    return [INDEX_ENTRY.unpack_from(data, i) for i in range(0, whole, INDEX_ENTRY_SIZE)]
-
-
 def write_index(directory: str, base: int, entries: bytes | bytearray, *, fsync: bool = True,
                 version: int = 1) -> None:
     """Replace a segment's index atomically (temp file + rename), so a reader never sees half of it."""

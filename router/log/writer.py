@@ -247,10 +247,6 @@ class WriterCore:
             return None
         return max(0.0, self._last_sync + self.interval_s - time.monotonic())
 
-    @property
-    def backlog_records(self) -> int:
-        return sum(b.last_offset - b.first_offset + 1 for b in self._backlog)
-
     # -- internals
 
     def _open(self, base: int, create: bool) -> _SegFds:
