@@ -1,10 +1,17 @@
-"""Fixtures shared by every test directory: real brokerd processes on free loopback ports."""
+"""Fixtures shared by every test directory: real brokerd processes on free loopback ports; the
+markers each test gets from where it lives; what makes a run with pytest-xdist (``-n 2``) safe."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
 import os
+import shutil
+import tempfile
+import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +26,168 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 _names = itertools.count()
 LOG_TAIL_LINES = 80  # of each broker's log, printed under a failed test's report
+
+# The marker of each test directory (``-m unit``: the fast loop; ``-m "not slow"``: all but the
+# longest). tests/partition has its own, ``partition``.
+DIRECTORY_MARKERS = {"unit", "integration", "cluster", "chaos", "deploy", "pipeline"}
+
+# ``slow``: over 5 s each on a two-core box (``--durations`` of a whole serial run). Whole files
+# where most tests are; otherwise the tests by name (parameters aside).
+SLOW_FILES = {
+    "tests/chaos/test_chaos.py",
+    "tests/integration/test_bench.py",
+    "tests/pipeline/test_broker.py",
+    "tests/pipeline/test_jobs.py",
+}
+SLOW_TESTS = {
+    "tests/cluster/test_faults.py::test_a_connect_waits_for_a_stopped_worker_of_its_node_bounded",
+    "tests/cluster/test_faults.py::test_a_restarted_node_gets_what_it_never_confirmed_before_its_crash",
+    "tests/cluster/test_multihost.py::"
+    "test_pub_on_one_node_reaches_subscribers_on_others_and_survives_a_node_restart",
+    "tests/cluster/test_replication.py::test_a_dead_follower_is_replaced_and_publishes_go_on_being_acknowledged",
+    "tests/cluster/test_replication.py::"
+    "test_a_dead_nodes_connected_client_has_its_will_published_by_the_holder_of_its_session",
+    "tests/cluster/test_replication.py::test_a_dead_nodes_delayed_will_goes_out_from_the_holder_of_its_sessions",
+    "tests/cluster/test_replication.py::test_a_dead_nodes_session_brings_its_whole_backlog_beyond_max_queued",
+    "tests/cluster/test_replication.py::test_a_follower_placed_at_the_high_water_mark_fetches_what_lies_below",
+    "tests/cluster/test_replication.py::"
+    "test_a_follower_restarted_while_the_sessions_router_is_dead_still_serves_them",
+    "tests/cluster/test_replication.py::test_a_history_fetch_broken_off_by_a_crash_goes_on_from_what_it_had",
+    "tests/cluster/test_replication.py::"
+    "test_a_node_back_on_an_empty_disk_continues_its_log_and_catches_up_as_a_follower",
+    "tests/cluster/test_replication.py::test_a_node_the_others_cannot_hear_serves_no_session_though_it_hears_them",
+    "tests/cluster/test_replication.py::"
+    "test_a_node_whose_loop_stopped_beyond_the_mesh_timeout_serves_no_session_when_it_runs_again",
+    "tests/cluster/test_replication.py::"
+    "test_a_partitioned_minority_stops_acknowledging_and_nothing_acknowledged_is_lost",
+    "tests/cluster/test_replication.py::test_a_persistent_session_survives_its_nodes_death",
+    "tests/cluster/test_replication.py::test_a_restarted_router_does_not_wipe_the_sessions_its_follower_holds",
+    "tests/cluster/test_session_owner.py::"
+    "test_a_dead_nodes_session_is_not_handed_from_its_replica_to_another_user",
+    "tests/deploy/test_prometheus.py::test_prometheus_scrapes_brokerd_and_counts_what_was_sent",
+    "tests/integration/test_backpressure.py::"
+    "test_a_client_that_sends_pingreqs_and_never_reads_costs_at_most_its_output_buffer",
+    "tests/integration/test_listeners.py::"
+    "test_silent_sockets_on_tls_and_websocket_listeners_count_and_are_closed_after_10_s",
+    "tests/integration/test_stats.py::test_stats_cluster_view_from_one_node",
+}
+
+# ``alone``: tests that measure time, memory or throughput, which a test beside them on the other
+# core would skew. Under xdist they run with no other test at once (``_turn``); serially, as all do.
+ALONE_FILES = {
+    "tests/chaos/test_chaos.py",
+    "tests/integration/test_bench.py",
+    "tests/integration/test_backpressure.py",  # a worker's RSS, and how soon a stalled reader is closed
+    "tests/integration/test_retained_cost.py",  # one client's big SUBSCRIBE holds nobody else up (timed)
+}
+
+
+def _marks(nodeid: str) -> list[str]:
+    """The markers a test gets from where it lives and from the lists above."""
+    path, _, name = nodeid.partition("::")
+    parts = path.split("/")
+    marks = [parts[1]] if len(parts) > 2 and parts[0] == "tests" and parts[1] in DIRECTORY_MARKERS else []
+    if path in SLOW_FILES or f"{path}::{name.split('[')[0]}" in SLOW_TESTS:
+        marks.append("slow")
+    if path in ALONE_FILES:
+        marks.append("alone")
+    return marks
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Markers by directory and by the lists above; under xdist, tests that share something costly
+    stay on one worker, so that it is made once (``_shared``)."""
+    for item in items:
+        for mark in _marks(item.nodeid):
+            item.add_marker(mark)
+        group = _shared(item)
+        if group and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _shared(item: pytest.Item) -> str | None:
+    """What a test shares with others: a session fixture of a test directory's conftest (the Spark
+    session: a JVM, seconds to start and a GiB), named; else a module fixture (one broker for a
+    whole file), its file."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = [d[-1] for d in info.name2fixturedefs.values() if d] if info is not None else []
+    for d in defs:
+        if d.scope == "session" and d.baseid.startswith("tests/"):
+            return d.argname
+    if any(d.scope in ("module", "package") for d in defs):
+        return item.nodeid.split("::")[0]
+    return None
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``-n N`` alone means ``--dist load``, which ignores ``xdist_group``: made ``loadgroup`` unless
+    a ``--dist`` was asked for. The run's id is fixed here, so that the controller knows the
+    directory of its workers' locks (``_turn``) and removes it after them."""
+    if not _xdist_controller(config):
+        return
+    if config.option.dist == "load" and not any(a.startswith("--dist") or a == "-d"
+                                                for a in config.invocation_params.args):
+        config.option.dist = "loadgroup"
+    if config.option.testrunuid is None:
+        config.option.testrunuid = uuid.uuid4().hex
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _xdist_controller(config) and config.option.testrunuid:
+        shutil.rmtree(_turn_dir(config.option.testrunuid), ignore_errors=True)
+
+
+def _turn_dir(run: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"brokerd-tests-{run}"
+
+
+@contextlib.contextmanager
+def _turn(alone: bool) -> Iterator[None]:
+    """Under xdist, a test marked ``alone`` waits until no other test runs, and none starts until it
+    is done; the others run side by side. A lock file taken shared or exclusive, behind a turnstile
+    taken by every test on its way in: a waiting ``alone`` test holds it, so the other worker's
+    next tests cannot keep the lock shared for ever."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        yield
+        return
+    directory = _turn_dir(run)
+    directory.mkdir(exist_ok=True)
+    with open(directory / "turnstile", "a") as gate, open(directory / "room", "a") as room:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(room, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Each test's setup, call and teardown (module fixtures' too) inside its turn."""
+    with _turn(item.get_closest_marker("alone") is not None):
+        return (yield)
+
+
+@pytest.fixture(scope="session")
+def xprocess(request: pytest.FixtureRequest) -> Iterator[object]:
+    """pytest-xprocess's fixture, with a directory of its own per xdist worker. A process's name
+    there holds its pid file and log, and starting a name stops the pid recorded under it: two
+    workers sharing the directory would have to keep every name apart, or stop each other's."""
+    from xprocess import XProcess
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    rootdir = request.config.cache.makedir(f".xprocess-{worker}" if worker else ".xprocess")
+    with XProcess(request.config, rootdir) as xproc:
+        request.config._xprocess = xproc  # the plugin's clean-up on an interrupt looks for it here
+        yield xproc
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

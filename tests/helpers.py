@@ -38,20 +38,46 @@ def _ephemeral_low() -> int:
 
 
 _EPHEMERAL_LOW = _ephemeral_low()
+PORTS_LOW = 10_000
+
+
+def worker_ports(low: int = PORTS_LOW, high: int = _EPHEMERAL_LOW - 1) -> range:
+    """The ports this test process picks from: the whole range, or under pytest-xdist the worker's
+    own slice of it. A port is free when picked and bound by the broker later; two workers picking
+    from one range could both find the same port free in between."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or count < 2:
+        return range(low, high)
+    size = (high - low) // count
+    start = low + int(worker[2:]) % count * size
+    return range(start, start + size)
+
+
+_PORTS = worker_ports()
+_recent: list[int] = []  # the latest ports handed out: a test asking twice gets two different ones
+_RECENT = 64
+_ports_lock = threading.Lock()  # nodes start in threads (``in_parallel``), each picking its port
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A free port below the kernel's ephemeral range: a port bound to 0 comes from that range,
     where every client connection also takes its local port, and one could take it between now
-    and the broker's bind (a broker of two workers binds after its mesh has joined)."""
-    if _EPHEMERAL_LOW > 10_000:
-        for _ in range(100):
-            port = random.randrange(10_000, _EPHEMERAL_LOW - 1)
-            with socket.socket() as s:
-                try:
-                    s.bind((host, port))
-                except OSError:
+    and the broker's bind (a broker of two workers binds after its mesh has joined). Not one of
+    the latest handed out (not bound yet, perhaps) nor another xdist worker's (``worker_ports``)."""
+    if len(_PORTS) > 1000:
+        with _ports_lock:
+            for _ in range(100):
+                port = random.choice(_PORTS)
+                if port in _recent:
                     continue
+                with socket.socket() as s:
+                    try:
+                        s.bind((host, port))
+                    except OSError:
+                        continue
+                _recent.append(port)
+                del _recent[:-_RECENT]
                 return port
     with socket.socket() as s:
         s.bind((host, 0))

@@ -1,0 +1,67 @@
+"""What keeps the suite's own parallel run (pytest-xdist, ``-n 2``) safe, and its markers true: the
+port ranges of the workers, the turn an ``alone`` test waits for, the markers a test gets."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+from tests import conftest, helpers
+
+
+def test_each_xdist_worker_picks_ports_from_a_range_no_other_worker_uses(monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "3")
+    ranges = []
+    for worker in ("gw0", "gw1", "gw2"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        ranges.append(set(helpers.worker_ports(10_000, 32_767)))
+    assert all(len(r) > 7000 for r in ranges)
+    assert not (ranges[0] & ranges[1]) and not (ranges[1] & ranges[2]) and not (ranges[0] & ranges[2])
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    assert helpers.worker_ports(10_000, 32_767) == range(10_000, 32_767)  # a serial run: all of it
+
+
+def test_a_port_handed_out_is_not_handed_out_again_before_it_is_bound():
+    ports = [helpers.free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    assert all(p in helpers.worker_ports() for p in ports)
+
+
+def _hold(alone: bool, run: str, entered: multiprocessing.Event, spans: multiprocessing.Queue) -> None:
+    import os
+
+    os.environ["PYTEST_XDIST_TESTRUNUID"] = run
+    with conftest._turn(alone):
+        entered.set()
+        start = time.monotonic()
+        time.sleep(0.3)
+        spans.put((alone, start, time.monotonic()))
+
+
+def test_an_alone_test_runs_with_no_other_test_beside_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(conftest.tempfile, "gettempdir", lambda: str(tmp_path))
+    ctx = multiprocessing.get_context("fork")
+    spans = ctx.Queue()
+    first, second, third = ctx.Event(), ctx.Event(), ctx.Event()
+    procs = [ctx.Process(target=_hold, args=(False, "r", first, spans))]
+    procs[0].start()
+    assert first.wait(10)
+    procs.append(ctx.Process(target=_hold, args=(True, "r", second, spans)))  # waits for the first
+    procs[1].start()
+    time.sleep(0.1)
+    procs.append(ctx.Process(target=_hold, args=(False, "r", third, spans)))  # waits behind the alone one
+    procs[2].start()
+    for p in procs:
+        p.join(10)
+        assert p.exitcode == 0
+    got = sorted(spans.get(timeout=1) for _ in procs)
+    (_, a0, a1), normal = next(s for s in got if s[0]), [s for s in got if not s[0]]
+    assert all(end <= a0 or start >= a1 for _, start, end in normal), got
+
+
+def test_a_test_is_marked_by_its_directory_and_by_the_lists():
+    assert conftest._marks("tests/unit/test_codec.py::test_x") == ["unit"]
+    assert conftest._marks("tests/chaos/test_chaos.py::test_chaos_three_nodes") == ["chaos", "slow", "alone"]
+    name = "tests/cluster/test_replication.py::test_a_persistent_session_survives_its_nodes_death[b-c]"
+    assert conftest._marks(name) == ["cluster", "slow"]
+    assert conftest._marks("tests/partition/test_readers.py::test_x") == []
