@@ -392,8 +392,10 @@ class Mesh:
         self._version_warned: set[str] = set()
         self._auth: Any = None
         self._curve: tuple[bytes, bytes] | None = None
-        self._monitors: list[tuple[zmq.Socket, str]] = []
+        self._monitors: list[tuple[zmq.Socket, str, str | None]] = []
         self._refused_logged: dict[str, float] = {}
+        # Peer endpoints whose last CURVE handshake failed, and how (``brokerd stats`` names them).
+        self.refused: dict[str, str] = {}
         self._bad_logged: set[str] = set()
         self._last_beat = time.monotonic()
         # A heartbeat this long after the last means a pause the others may have acted on; the
@@ -445,7 +447,7 @@ class Mesh:
             s.curve_secretkey = secret
             s.curve_publickey = public
             s.curve_serverkey = public
-            self._monitor(s, f"link to {endpoint}")
+            self._monitor(s, f"link to {endpoint}", endpoint)
         mesh = self.config.mesh
         if endpoint.startswith("tcp://") and mesh is not None and mesh[0] not in WILDCARDS:
             # From the mesh's address: on a host with several, traffic between nodes leaves from
@@ -456,28 +458,48 @@ class Mesh:
             s.connect(endpoint)
         return s
 
-    def _monitor(self, s: zmq.Socket, what: str) -> None:
-        """Log CURVE handshake failures: a node with another key is refused, and says so."""
-        mon = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-        self._monitors.append((mon, what))
+    def _monitor(self, s: zmq.Socket, what: str, peer: str | None = None) -> None:
+        """Log CURVE handshake failures on both sides: the node refused says whom it cannot join
+        (``peer``: the endpoint of a link), not only the node that refuses it. A link's successes
+        are watched too, to tell when it joins after all."""
+        events = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                  | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+        if peer is not None:
+            events |= zmq.EVENT_HANDSHAKE_SUCCEEDED
+        self._monitors.append((s.get_monitor_socket(events), what, peer))
 
     def _poll_monitors(self) -> None:
-        """Read handshake failures (from the heartbeat: rare events, no descriptor juggling) and
-        log them at most every 30 s per link, since ZeroMQ retries the handshake continuously."""
+        """Read handshake events (from the heartbeat: rare events, no descriptor juggling) and
+        log a failure at most every 30 s per link, since ZeroMQ retries the handshake continuously."""
         from zmq.utils.monitor import recv_monitor_message
 
         now = time.monotonic()
-        for mon, what in self._monitors:
+        for mon, what, peer in self._monitors:
             while True:
                 try:
                     ev = recv_monitor_message(mon, zmq.NOBLOCK)
                 except zmq.ZMQError:
                     break
-                if now - self._refused_logged.get(what, -1e9) >= 30.0:
-                    self._refused_logged[what] = now
+                if ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    if peer is not None and self.refused.pop(peer, None) is not None:
+                        log.info("mesh: the CURVE handshake with the peer at %s succeeds now", peer)
+                    continue
+                if peer is not None:
+                    self.refused[peer] = _event_name(ev["event"])
+                if now - self._refused_logged.get(what, -1e9) < 30.0:
+                    continue
+                self._refused_logged[what] = now
+                if peer is None:
                     log.error("mesh: %s: CURVE handshake failed (%s): the other side does not hold "
                               "this cluster's --mesh-key; refused", what, _event_name(ev["event"]))
+                else:
+                    log.error("mesh: cannot join the peer at %s: CURVE handshake failed (%s): it and this node "
+                              "hold different --mesh-key files (or it has none); this node is not in its mesh "
+                              "until they match (retrying)", peer, _event_name(ev["event"]))
+
+    def refused_links(self) -> dict[str, str]:
+        """Peer endpoints this node cannot join (its CURVE handshake failed last): endpoint → why."""
+        return dict(self.refused)
 
     async def start(self) -> None:
         self.ctx = zmq.Context()
@@ -605,7 +627,7 @@ class Mesh:
             self.pull.close(linger=0)
         if self._tcp_pull is not None:
             self._tcp_pull.close(linger=0)
-        for mon, _ in self._monitors:
+        for mon, _, _ in self._monitors:
             mon.close(linger=0)
         if self._auth is not None:
             self._auth.stop()

@@ -66,6 +66,8 @@ with a restarted worker: ``pid`` changes); rates are per second; sizes are bytes
     process        {cpu_percent, cpu_seconds, rss_bytes} of the worker process (psutil);
                    cpu_percent over the last interval, 100 = one core
     loop_lag       how late this snapshot's timer fired, seconds
+    mesh_refused   {peer endpoint: why}: the peers this router cannot join (its CURVE handshake with
+                   them fails: another --mesh-key); absent in a snapshot of an older brokerd
     top            up to 10 connections with the most bytes in + out: [{client_id, peer, protocol,
                    bytes_in, bytes_out, msgs_in, msgs_out, queued, inflight}]
 
@@ -621,6 +623,8 @@ class StatsPublisher:
             "top": self._top(),
             # Peer routers' stats sockets that can be read from elsewhere (`brokerd stats --cluster`).
             "peer_stats": router.peer_stats_endpoints(),
+            # Peers its links cannot join: their CURVE handshake fails (another --mesh-key).
+            "mesh_refused": router.mesh_refused(),
             # This router's log's followers and the replicas it holds (cluster.replication).
             "replication": self.replication.stats() if self.replication is not None else None,
         }

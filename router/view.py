@@ -87,6 +87,11 @@ class RouterView:
     def peer_stats_endpoints(self) -> dict[str, str]:
         return self._router.mesh.peer_stats_endpoints()
 
+    def mesh_refused(self) -> dict[str, str]:
+        """Peer endpoints this router cannot join (CURVE handshake failed): a mesh alone has none."""
+        refused = getattr(self._router.mesh, "refused_links", None)
+        return refused() if refused is not None else {}
+
     @property
     def log_stats(self) -> Callable[[], dict[str, Any]] | None:
         """The commit log's ``stats()`` (offsets, bytes on disk, reads), None with the log off."""
