@@ -465,7 +465,9 @@ class Replication:
         followers = [follower_router(self.partition, routers_by_node[n]) for n in nodes]
         needed = min(self.min_insync, 1 + len(followers))
         starting = time.monotonic() - self._started < 2 * self.config.mesh_timeout + 1.0  # peers still joining
-        if needed < self.min_insync and not self._warned_short and not starting:
+        # Cut off from the majority, it acknowledges nothing at all (said by ``_majority``): the
+        # shortfall is told once the majority is back, if it still holds.
+        if needed < self.min_insync and not self._warned_short and not starting and self.members.has_majority:
             self._warned_short = True
             log.warning("replication: %d live node(s), fewer than --min-insync %d: QoS 1/2 messages are "
                         "acknowledged once on %d node(s)", 1 + len(followers), self.min_insync, needed)
@@ -653,13 +655,22 @@ class Replication:
             stopped = {p.node_id for p in self.mesh.peers.values() if p.left}
             missing = self.members.nodes - live - {self.config.node_id}
             graceful = bool(missing) and missing <= stopped
+            # Heard *now*: a peer that died is still "live" until its mesh timeout, which comes after
+            # the lease's end; what tells it from a one-way cut is that its HELLOs stopped.
+            from .mesh import HELLO_INTERVAL_S
+
+            recent = max(2 * HELLO_INTERVAL_S, self.lease.period / 2)
+            hearing = {p.node_id for p in self.mesh.peers.values()
+                       if p.alive and now - p.last_seen < recent} | {self.config.node_id}
+            silent = sorted(self.members.nodes - hearing)
             if graceful:
                 why = "the others stopped"
-            elif backed < heard:
+            elif backed < len(hearing):
                 # It hears them, they do not answer its beats: its frames do not reach them.
-                why = f"it hears {heard}, but only {backed} answer its heartbeats: its lease ended"
+                why = f"it hears {len(hearing)}, but only {backed} answer its heartbeats: its lease ended"
             else:
-                why = "cut off by a partition, or the others are down"
+                why = (f"{', '.join(silent)} silent: down, or cut off by a partition" if silent
+                       else "cut off by a partition, or the others are down")
             log.log(logging.WARNING if graceful else logging.ERROR,
                     "cluster: this node sees %d of %d member nodes, not a majority (%s): QoS 1/2 publishes "
                     "are not acknowledged and no session is taken in until it sees a majority again; %d "

@@ -279,8 +279,20 @@ def routers_view(snaps: list[dict[str, Any]], missing: Iterable[str] = (), *, wi
     what = f"node{'s' if multi else ''} {', '.join(nodes)}"
     missing = list(missing)
     notes = [f"no snapshot from: {', '.join(missing)}"] if missing else []
+    notes += refused_lines(snaps)
     notes += replication_lines(sorted(snaps, key=lambda s: (s["node"], s["index"])))
     return _render(_summary(snaps, total, routers, what), make_table(ROUTER_COLUMNS, rows, width), notes)
+
+
+def refused_lines(snaps: Iterable[dict[str, Any]]) -> list[str]:
+    """The peers a node's routers cannot join (the CURVE handshake fails: another --mesh-key), one
+    line per node: a node refused by its peers runs alone, and its table alone would not say so."""
+    by_node: dict[str, dict[str, str]] = {}
+    for s in snaps:
+        by_node.setdefault(s["node"], {}).update(s.get("mesh_refused") or {})
+    return [f"mesh {node}: not joined: " + ", ".join(f"{peer} (CURVE handshake failed: {why}; another "
+                                                     "--mesh-key?)" for peer, why in sorted(refused.items()))
+            for node, refused in sorted(by_node.items()) if refused]
 
 
 def replication_lines(snaps: Iterable[dict[str, Any]]) -> list[str]:
@@ -346,6 +358,7 @@ def cluster_view(snaps: list[dict[str, Any]], unreachable: Iterable[str] = (), m
     missing = list(missing)
     if missing:
         notes.append(f"no snapshot from: {', '.join(missing)}")
+    notes += refused_lines(snaps)
     what = f"cluster of {len(by_node) + len(unreachable)} node{'s' if len(by_node) + len(unreachable) != 1 else ''}"
     return _render(_summary(snaps, total, routers, what), make_table(NODE_COLUMNS, rows, width), notes)
 
@@ -658,7 +671,9 @@ def main(argv: list[str]) -> int:
     for note in notes:
         print(f"brokerd stats: note: {note}", file=sys.stderr)
     if own.cluster:
-        readers += _followed(readers, own, config)
+        readers, notes = _this_cluster(readers, own, rest, config)
+        for note in notes:
+            print(f"brokerd stats: note: {note}", file=sys.stderr)
     group = Readers(readers)
     try:
         if own.watch:
@@ -703,12 +718,62 @@ def _readers(own: argparse.Namespace, rest: list[str], config: Config,
     return readers, notes
 
 
-def _followed(readers: list[StatsReader], own: argparse.Namespace, config: Config) -> list[StatsReader]:
+def _this_cluster(readers: list[StatsReader], own: argparse.Namespace, rest: list[str],
+                  config: Config) -> tuple[list[StatsReader], list[str]]:
+    """``--cluster``: the nodes of one cluster, and notes for stderr. Every broker on this host is
+    found, but only those that met in one mesh (their snapshots' mesh peers) are one cluster: an
+    unrelated broker beside it is left out, and named. The cluster is the one of the nodes named
+    (``--node``, ``--node-id``, the broker's own options), else the largest found here."""
+    got, _ = Readers(readers).collect(TOPIC_SNAPSHOT)
+    links: dict[str, set[str]] = {}
+    node_of: dict[str, str] = {}  # reader label → node id
+    for (label, _), body in got.items():
+        node = str(body.get("node"))
+        node_of[label] = node
+        mesh = body.get("traffic", {}).get("mesh", {})
+        peers = {str(rid).rpartition("/")[0] for rid in [*mesh.get("peers", {}), *(body.get("peer_stats") or {})]}
+        peers.discard("")
+        peers.discard(node)
+        links.setdefault(node, set()).update(peers)
+        for peer in peers:
+            links.setdefault(peer, set()).add(node)
+    clusters: list[set[str]] = []
+    for node in sorted({*node_of.values()}):
+        if any(node in c for c in clusters):
+            continue
+        cluster, todo = set(), [node]
+        while todo:
+            n = todo.pop()
+            if n not in cluster:
+                cluster.add(n)
+                todo.extend(links.get(n, ()))
+        clusters.append(cluster)
+    located = _gives(rest, LOCATING)
+    named = {node_of.get(r.label) for r in readers
+             if r.host is not None or (located and r.run_path == run_dir(config))}
+    if _gives(rest, ["--node-id"]):
+        named.add(config.node_id)
+    chosen = [c for c in clusters if c & named] or sorted(clusters, key=lambda c: (-len(c), sorted(c)))[:1]
+    members = set().union(*chosen)
+    kept = [r for r in readers if r.label not in node_of or node_of[r.label] in members]
+    left = sorted((r for r in readers if r not in kept), key=lambda r: r.label)
+    for r in left:
+        r.close()
+    notes = []
+    if left:
+        notes.append("left out, not in this cluster's mesh: " + ", ".join(
+            f"{node_of[r.label]} ({r.label})" for r in left) + " (another cluster on this host, or a broker "
+            "alone: --node-id NODE shows the cluster of NODE)")
+    chosen_got = {k: b for k, b in got.items() if k[0] in {r.label for r in kept}}
+    return kept + _followed(chosen_got, own, config), notes
+
+
+def _followed(got: dict[tuple[str, int], dict[str, Any]], own: argparse.Namespace,
+              config: Config) -> list[StatsReader]:
     """``--cluster``: the mesh's other nodes, read at the stats sockets their routers advertise in
     the mesh (nodes started with ``--stats-port``; their snapshots' ``peer_stats``), so that the
-    view from any one node covers the cluster. One round of snapshots from the nodes found first
-    says where the others are."""
-    got, _ = Readers(readers).collect(TOPIC_SNAPSHOT)
+    view from any one node covers the cluster. One round of snapshots (``got``) from the nodes
+    found first says where the others are."""
     have = {body.get("node") for body in got.values()}
     where: dict[str, tuple[str, int]] = {}
     for body in got.values():
@@ -796,6 +861,8 @@ def _watch(group: Readers, own: argparse.Namespace) -> int:
             for _, t, body in group.receive(group.interval):
                 if t == topic:
                     print(json.dumps(body, separators=(",", ":")), flush=True)
+    if not sys.stdout.isatty():
+        return _watch_plain(group, own, topic)
     from rich.live import Live
     from rich.text import Text
 
@@ -831,3 +898,19 @@ def _watch(group: Readers, own: argparse.Namespace) -> int:
                 live.update(Group(screen, Text(""), Text("(Ctrl-C to quit)")), refresh=True)
                 last_draw = now
                 since_draw.clear()
+
+
+def _watch_plain(group: Readers, own: argparse.Namespace, topic: bytes) -> int:
+    """``--watch`` into a pipe or a file: no screen to redraw, so one plain table per interval,
+    one after another (each wait for the routers bounded, as without --watch), until Ctrl-C."""
+    width = terminal_width()
+    while True:
+        started = time.monotonic()
+        got, missing = group.collect(topic)
+        if got:
+            screen = _screen(group, own, _shown(got), [f"{label} w{i}" for label, i in missing], width)
+            print(to_text(screen, width) + "\n", flush=True)
+        else:
+            print(f"brokerd stats: no {'connection list' if own.connections else 'snapshot'} within "
+                  f"{group.wait_bound():.1f} s from {', '.join(group.where(missing))}", file=sys.stderr, flush=True)
+        time.sleep(max(0.0, started + group.interval - time.monotonic()))

@@ -346,6 +346,29 @@ def test_stats_watch_redraws_every_router_in_a_terminal(start_broker):
         os.close(master)
 
 
+def test_stats_watch_into_a_pipe_prints_a_plain_table_each_interval(start_broker):
+    """No terminal to redraw on (a pipe, a log file): one plain table after another, not nothing."""
+    broker = start_broker(*FAST, workers=WORKERS)
+    proc = subprocess.Popen([BROKERD, "stats", "--watch", *locator(broker)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env={k: v for k, v in os.environ.items() if k != "COLUMNS"})
+    out = b""
+    try:
+        deadline = time.monotonic() + WAIT
+        while out.count(b"\nTOTAL") < 2:
+            assert time.monotonic() < deadline, f"--watch into a pipe printed no two tables: {out[-2000:]!r}"
+            ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+            if ready:
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                assert chunk, f"--watch ended: {out[-2000:]!r}"
+                out += chunk
+    finally:
+        proc.kill()
+        proc.wait(WAIT)
+        proc.stdout.close()
+    assert b"\x1b" not in out, out[:200]  # plain text: no cursor moves, no alternate screen
+    assert [row[0] for row in _rows(out.decode(), "ROUTER")] == ["w0", "w1", "TOTAL"], out
+
+
 def test_connections_view_lists_clients_with_router_sorted_by_bytes(start_broker):
     broker = start_broker(*FAST, workers=WORKERS)
     clients = [Client(broker.port, f"conn-{i}").connect() for i in range(8)]
@@ -642,3 +665,29 @@ def test_stats_cluster_view_from_one_node(start_in, tmp_path):
     assert r.returncode == 0, r.stderr
     assert sorted(json.loads(x)["router_id"] for x in r.stdout.splitlines()) == \
         [f"{n}/w{i}" for n in "abc" for i in range(WORKERS)]
+
+
+
+@needs_mesh
+def test_stats_cluster_leaves_out_a_broker_of_another_cluster_on_the_same_host(start_in, tmp_path):
+    """a and b are one cluster; x runs beside them, alone: --cluster counts a and b only and names x,
+    and --node-id x picks x's cluster (itself) instead."""
+    from tests.cluster.test_multihost import mesh_port, wait_mesh_complete
+
+    run = str(tmp_path / "run")
+    hosts = {"a": "127.0.0.1", "b": "127.0.0.2"}
+    ports = {n: mesh_port(h) for n, h in hosts.items()}
+    nodes = [start_in(run, "--mesh", f"{h}:{ports[n]}", "--peer", f"{hosts['b' if n == 'a' else 'a']}:"
+                      f"{ports['b' if n == 'a' else 'a']}", *mesh_key(), workers=1, host=h, node_id=n)
+             for n, h in hosts.items()]
+    start_in(run, workers=1, node_id="x")
+    wait_mesh_complete(nodes, routers=2)
+    r = stats_cli("--cluster", "--run-dir", run)
+    assert r.returncode == 0, r.stderr
+    rows = {row[0]: row for row in _rows(r.stdout, "NODE")}
+    assert set(rows) == {"a", "b", "TOTAL"} and rows["TOTAL"][1] == "2/2", r.stdout
+    assert "cluster of 2 nodes" in r.stdout, r.stdout
+    assert "left out, not in this cluster's mesh: x" in r.stderr, r.stderr
+    r = stats_cli("--cluster", "--run-dir", run, "--node-id", "x")
+    assert r.returncode == 0, r.stderr
+    assert set(row[0] for row in _rows(r.stdout, "NODE")) == {"x", "TOTAL"}, r.stdout
