@@ -8,7 +8,7 @@
 The byte format is described in ``FORMAT.md`` and ``router.log.format``.
 """
 
-from brokerd.router.log.commitlog import CommitLog, DeletedSegment, SegmentState
+from brokerd.router.log.commitlog import CommitLog, SegmentState
 from brokerd.router.log.errors import CorruptRecord, LogError, LogFormatError, LogUnavailable
 from brokerd.router.log.format import (
     FORMAT_VERSION,
@@ -21,6 +21,7 @@ from brokerd.router.log.format import (
     segment_name,
 )
 from brokerd.router.log.reader import CheckReport, LogReader, SegmentCheck, SegmentInfo, check
+from brokerd.router.log.retention import DeletedSegment
 from brokerd.router.log.writer import FsyncPolicy
 
 __all__ = [

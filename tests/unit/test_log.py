@@ -31,6 +31,7 @@ from brokerd.router.log.format import (
     RECORD_HEADER_SIZE,
     encode_batch_bytes,
 )
+from tests.log_v1_fixture import V1LogWriter
 
 T0 = 1_700_000_000_000
 
@@ -78,6 +79,19 @@ def open_log(path, **kw) -> CommitLog:
     return CommitLog(path, **kw)
 
 
+def open_filled(path, version: int, stop: int, *, flush_every: int | None = None, **kw) -> CommitLog:
+    """A log holding records ``0..stop-1`` in format ``version``, open: version 1 as an older broker
+    wrote it (``V1LogWriter``), then opened by this one, which reads it."""
+    if version == 2:
+        log = open_log(path, **kw)
+        fill(log, 0, stop, flush_every=flush_every)
+        return log
+    with V1LogWriter(path, router_id="r1", **kw) as writer:
+        for i in range(stop):
+            assert writer.append(**rec_args(i)) == i
+    return open_log(path, **kw)
+
+
 # ------------------------------------------------------------------------------------ round trips
 
 def test_round_trip_across_segments(tmp_path):
@@ -114,8 +128,7 @@ def test_round_trip_across_segments(tmp_path):
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_read_by_offset_in_the_middle_uses_the_index(tmp_path, version):
-    log = open_log(tmp_path, segment_bytes=64 * 1024, index_interval_bytes=1024, format_version=version)
-    fill(log, 0, 400, flush_every=3 if version == 2 else None)
+    log = open_filled(tmp_path, version, 400, flush_every=3, segment_bytes=64 * 1024, index_interval_bytes=1024)
     log.flush()
     segs = log.segments()
     assert len(segs) >= 3
@@ -249,9 +262,7 @@ def test_decode_records_round_trip_incomplete_and_corrupt():
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_iter_records_over_segment_files(tmp_path, version):
-    log = open_log(tmp_path, segment_bytes=1 << 20, format_version=version)
-    fill(log, 0, 200, flush_every=1 if version == 2 else None)
-    log.close()
+    open_filled(tmp_path, version, 200, flush_every=1, segment_bytes=1 << 20).close()
     path = tmp_path / segment_name(0)
     recs = list(iter_records(path, chunk_size=4096))  # records larger than a chunk are read whole
     assert [r.offset for r in recs] == list(range(200))
@@ -408,20 +419,9 @@ def test_fsync_never_moves_durable_only_on_request(tmp_path):
 
 def _next_roll_base(tmp_path, log: CommitLog, payload: bytes) -> int:
     """Append until the next append would roll; return the offset the new segment will start at."""
-    seg = log.segments()[-1]
-    size = seg.size
-    if log.format_version == 2:
-        return _next_roll_base_v2(log, size, payload)
-    n = RECORD_HEADER_SIZE + len(log.router_id) + 1 + len(payload)
-    while size + n <= 8192:
-        log.append("t", payload)
-        size += n
-    return log.next_offset
-
-
-def _next_roll_base_v2(log: CommitLog, size: int, payload: bytes) -> int:
-    """Version 2 rolls at flush, by batch: fill the segment with one-record batches of ``payload``,
-    then of a 1-byte payload, until not even that fits."""
+    size = log.segments()[-1].size
+    # The log rolls at flush, by batch: fill the segment with one-record batches of ``payload``,
+    # then of a 1-byte payload, until not even that fits.
     for p in (payload, b"a"):
         while True:
             off = log.next_offset

@@ -20,18 +20,18 @@ from brokerd.router.log import (
     segment_name,
 )
 from brokerd.router.log.format import FILE_HEADER_SIZE, INDEX_ENTRY, RECORD_HEADER, RECORD_HEADER_SIZE
+from tests.log_v1_fixture import V1LogWriter
 
 T0 = 1_700_000_000_000
 
 
 def write_log(path, n: int, **kw) -> None:
-    """A log of ``n`` records in format version 1 (one header and CRC per record: the tests below
-    damage single records); reopening it with the default version 2 is the upgrade path. The
-    version 2 tests are at the end."""
+    """A log of ``n`` records in format version 1, as an older broker wrote it (one header and CRC
+    per record: the tests below damage single records); opening it is the upgrade path. The version
+    2 tests are in test_log_v2."""
     kw.setdefault("segment_bytes", 8192)
     kw.setdefault("index_interval_bytes", 512)
-    kw.setdefault("format_version", 1)
-    with CommitLog(path, router_id="r1", **kw) as log:
+    with V1LogWriter(path, router_id="r1", **kw) as log:
         for i in range(n):
             log.append(f"t/{i}", bytes([i % 256]) * (40 + i % 60), client_id="c", timestamp_ms=T0 + i)
 
