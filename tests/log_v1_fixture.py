@@ -2,14 +2,17 @@
 
 Why a fixture: ``CommitLog`` appends version 2 only, and every reader still reads version 1, so a
 log written by an older broker has to be made somewhere. This writes the bytes ``CommitLog`` with
-``format_version=1`` wrote: the same segment rolls, the same sparse index entries, record by record
-(``format.encode_record_into``), so the recovery tests can damage single records at known places.
+``format_version=1`` wrote: the same records (``encode_record``: FORMAT.md's version 1 record), the
+same segment rolls and sparse index entries, so the recovery tests can damage single records at
+known places. ``router.log.format`` decodes them.
 """
 
 from __future__ import annotations
 
 import os
+import struct
 import time
+import zlib
 from typing import Any
 
 from brokerd.router.log.format import (
@@ -17,13 +20,33 @@ from brokerd.router.log.format import (
     INDEX_ENTRY,
     MAGIC_INDEX,
     MAGIC_LOG,
-    encode_record_into,
+    RETAIN_FLAG,
     index_name,
     pack_file_header,
     segment_name,
 )
 
 _NO_INDEX_YET = -(1 << 62)  # as router.log.segment.NO_INDEX_YET: the first record is indexed
+# A version 1 record header without its length and crc (format.RECORD_HEADER's last ten fields):
+# the bytes the CRC covers start here.
+_FIXED_BODY = struct.Struct("<QqqBBHHHII")
+_LENGTH_CRC = struct.Struct("<II")
+
+
+def encode_record(offset: int, timestamp_ms: int, origin_router: str | bytes, origin_offset: int,
+                  client_id: str | bytes, topic: str | bytes, qos: int = 0, retain: bool = False,
+                  properties: bytes = b"", payload: bytes = b"") -> bytes:
+    """The bytes of one version 1 record. Raises ValueError for out-of-range fields."""
+    if qos not in (0, 1, 2):
+        raise ValueError(f"qos must be 0, 1 or 2, not {qos!r}")
+    o, c, t, p, y = _utf8(origin_router), _utf8(client_id), _utf8(topic), bytes(properties), bytes(payload)
+    try:
+        fixed = _FIXED_BODY.pack(offset, timestamp_ms, origin_offset, qos | RETAIN_FLAG if retain else qos, 0,
+                                 len(o), len(c), len(t), len(p), len(y))
+    except struct.error as exc:
+        raise ValueError(f"record field out of range: {exc}") from None
+    body = b"".join((fixed, o, c, t, p, y))
+    return _LENGTH_CRC.pack(len(body), zlib.crc32(body)) + body
 
 
 class V1LogWriter:
@@ -50,10 +73,10 @@ class V1LogWriter:
                origin_offset: int | None = None, timestamp_ms: int | None = None) -> int:
         offset = self.next_offset
         ts = time.time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms
-        parts: list[bytes] = []
-        n = encode_record_into(parts, offset, ts, _utf8(self.router_id if origin_router is None else origin_router),
-                               offset if origin_offset is None else origin_offset, _utf8(client_id),
-                               _utf8(topic), qos, retain, bytes(properties), bytes(payload))
+        record = encode_record(offset, ts, self.router_id if origin_router is None else origin_router,
+                               offset if origin_offset is None else origin_offset, client_id, topic, qos,
+                               retain, properties, payload)
+        n = len(record)
         pos = self._size
         if pos + n > self.segment_bytes and pos > FILE_HEADER_SIZE:
             self._segments[offset] = ([], bytearray())
@@ -66,7 +89,7 @@ class V1LogWriter:
         if pos - self._last_index_pos >= self.index_interval:
             index += INDEX_ENTRY.pack(offset - self._base, pos, self._max_ts)
             self._last_index_pos = pos
-        records += parts
+        records.append(record)
         self._size = pos + n
         self.next_offset = offset + 1
         return offset

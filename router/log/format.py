@@ -2,7 +2,9 @@
 
 Everything that reads or writes log bytes (the writer, the in-process reader, ``LogReader``, ``check``,
 the Spark ``brokerlog`` data source) goes through the structs and functions here, so the format exists
-exactly once. ``FORMAT.md`` next to this file is the human-readable description; keep both in step.
+exactly once. Version 1 is decoded here and no longer written (its records are encoded only by the
+test fixture ``tests/log_v1_fixture.py``, for old logs). ``FORMAT.md`` next to this file is the
+human-readable description; keep both in step.
 
 All integers are little-endian.
 
@@ -68,10 +70,7 @@ FILE_HEADER_SIZE = FILE_HEADER.size  # 16
 
 RECORD_HEADER = struct.Struct("<IIQqqBBHHHII")
 RECORD_HEADER_SIZE = RECORD_HEADER.size  # 48
-# The same fixed header without length and crc: what the encoder packs before computing the CRC.
-_RECORD_BODY = struct.Struct("<QqqBBHHHII")
-_LENGTH_CRC = struct.Struct("<II")
-RECORD_FIXED_BODY = _RECORD_BODY.size  # 40 = RECORD_HEADER_SIZE - 8
+RECORD_FIXED_BODY = RECORD_HEADER_SIZE - 8  # 40: the fixed header after length and crc, which the CRC covers
 
 INDEX_ENTRY = struct.Struct("<IIq")
 INDEX_ENTRY_SIZE = INDEX_ENTRY.size  # 16
@@ -143,59 +142,7 @@ def unpack_file_header(data: bytes, magic: bytes, what: str = "file") -> int:
     return read_file_header(data, magic, what)[0]
 
 
-# --------------------------------------------------------------------------------------------- encode
-
-_pack_body = _RECORD_BODY.pack
-_pack_length_crc = _LENGTH_CRC.pack
-_join = b"".join
 _crc32 = zlib.crc32
-
-
-def encode_record_into(parts: list[bytes], offset: int, timestamp_ms: int, origin_router: bytes,
-                       origin_offset: int, client_id: bytes, topic: bytes, qos: int, retain: bool,
-                       properties: bytes, payload: bytes) -> int:
-    """Encode one record as two pieces appended to ``parts`` (the length+CRC prefix and the body,
-    which the log joins per batch) and return its size; ``parts`` is untouched on error.
-
-    This runs once per PUBLISH on the broker's event loop, so it is one function with no tuple
-    returned and no keyword arguments: one ``b"".join`` of the body, one CRC over it, two list
-    appends. That measured faster than CRC-ing the pieces one by one, than packing into a
-    preallocated buffer through a memoryview, and than deferring the encoding to flush time (which
-    costs a tuple per record to keep the fields). Raises ValueError for out-of-range fields.
-    """
-    if qos not in (0, 1, 2):
-        raise ValueError(f"qos must be 0, 1 or 2, not {qos!r}")
-    ol = len(origin_router)
-    cl = len(client_id)
-    tl = len(topic)
-    pl = len(properties)
-    yl = len(payload)
-    try:
-        body = _join((_pack_body(offset, timestamp_ms, origin_offset, qos | RETAIN_FLAG if retain else qos,
-                                 0, ol, cl, tl, pl, yl),
-                      origin_router, client_id, topic, properties, payload))
-        n = len(body)
-        prefix = _pack_length_crc(n, _crc32(body))
-    except struct.error as exc:
-        raise ValueError(f"record field out of range: {exc} (strings are at most 65535 bytes, "
-                         f"properties and payload under 4 GiB)") from None
-    parts.append(prefix)
-    parts.append(body)
-    return n + 8
-
-
-def encode_record(offset: int, timestamp_ms: int, origin_router: str | bytes, origin_offset: int,
-                  client_id: str | bytes, topic: str | bytes, qos: int = 0, retain: bool = False,
-                  properties: bytes = b"", payload: bytes = b"") -> bytes:
-    """The bytes of one record, for tools and tests (the log's append path uses the same code)."""
-    parts: list[bytes] = []
-    encode_record_into(parts, offset, timestamp_ms, _utf8(origin_router), origin_offset, _utf8(client_id),
-                       _utf8(topic), qos, retain, bytes(properties), bytes(payload))
-    return b"".join(parts)
-
-
-def _utf8(value: str | bytes) -> bytes:
-    return value.encode() if isinstance(value, str) else bytes(value)
 
 
 # --------------------------------------------------------------------------------------------- decode

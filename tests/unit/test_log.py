@@ -19,7 +19,6 @@ from brokerd.router.log import (
     Record,
     check,
     decode_records,
-    encode_record,
     index_name,
     iter_record_batches,
     iter_records,
@@ -31,7 +30,7 @@ from brokerd.router.log.format import (
     RECORD_HEADER_SIZE,
     encode_batch_bytes,
 )
-from tests.log_v1_fixture import V1LogWriter
+from tests.log_v1_fixture import V1LogWriter, encode_record
 
 T0 = 1_700_000_000_000
 

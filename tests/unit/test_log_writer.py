@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from brokerd.router.log import CommitLog, LogReader, check, encode_record
-from brokerd.router.log.format import FILE_HEADER_SIZE, encode_record_into
+from brokerd.router.log import CommitLog, LogReader, check
+from brokerd.router.log.format import FILE_HEADER_SIZE
 from brokerd.router.log.writer import DROP_STEP, INLINE_MAX_BYTES, Report, _pwritev_all
 
 T0 = 1_700_000_000_000
@@ -48,14 +48,6 @@ def test_append_bytes_writes_what_append_writes(tmp_path):
     with LogReader(tmp_path / "b") as reader:
         last = reader.read(200)[0]
     assert (last.origin_router, last.origin_offset) == ("r9", 77)
-    assert encode_record(3, T0, "r1", 3, "c", "t", 1, True, b"pp", b"pay") == _one(3)
-
-
-def _one(offset: int) -> bytes:
-    parts = [b"keep"]
-    n = encode_record_into(parts, offset, T0, b"r1", offset, b"c", b"t", 1, True, b"pp", b"pay")
-    assert parts[0] == b"keep" and len(parts) == 3 and len(parts[1]) + len(parts[2]) == n
-    return b"".join(parts[1:])
 
 
 def test_append_bytes_validation_leaves_the_batch_untouched(tmp_path):
