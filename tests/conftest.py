@@ -70,6 +70,7 @@ SLOW_TESTS = {
     "tests/integration/test_listeners.py::"
     "test_silent_sockets_on_tls_and_websocket_listeners_count_and_are_closed_after_10_s",
     "tests/integration/test_stats.py::test_stats_cluster_view_from_one_node",
+    "tests/pipeline/test_docs_snippets.py::test_the_snippets_run_as_typed_outside_the_checkout",
 }
 
 # ``alone``: tests that measure time, memory or throughput, which a test beside them on the other
