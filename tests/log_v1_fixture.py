@@ -26,7 +26,7 @@ from brokerd.router.log.format import (
     segment_name,
 )
 
-_NO_INDEX_YET = -(1 << 62)  # as router.log.segment.NO_INDEX_YET: the first record is indexed
+_NO_INDEX_YET = -(1 << 62)  # as router.log.scan.NO_INDEX_YET: the first record is indexed
 # A version 1 record header without its length and crc (format.RECORD_HEADER's last ten fields):
 # the bytes the CRC covers start here.
 _FIXED_BODY = struct.Struct("<QqqBBHHHII")

@@ -61,7 +61,8 @@ from brokerd.router.log.history import HistoryJoin
 from brokerd.router.log.loader import NO_TS, Seg, load
 from brokerd.router.log.reads import Reads
 from brokerd.router.log.retention import DeletedSegment, Retention
-from brokerd.router.log.segment import NO_INDEX_YET, OpenReaders
+from brokerd.router.log.scan import NO_INDEX_YET
+from brokerd.router.log.segment import OpenReaders
 from brokerd.router.log.writer import (
     SYNC,
     Batch,

@@ -21,7 +21,8 @@ from brokerd.router.log.format import (
     segment_name,
 )
 from brokerd.router.log.loader import NO_TS, O_CLOEXEC, Seg, fsync_dir, load_closed
-from brokerd.router.log.segment import NO_INDEX_YET, list_segment_files
+from brokerd.router.log.scan import NO_INDEX_YET
+from brokerd.router.log.segment import list_segment_files
 
 
 class HistoryJoin:

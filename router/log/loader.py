@@ -33,7 +33,8 @@ from brokerd.router.log.format import (
     read_file_header,
     segment_name,
 )
-from brokerd.router.log.segment import SegmentReader, list_segment_files, scan_segment, write_index
+from brokerd.router.log.scan import scan_segment, write_index
+from brokerd.router.log.segment import SegmentReader, list_segment_files
 
 # The log's messages keep the logger they always had: operators filter on it.
 log = logging.getLogger("brokerd.router.log.commitlog")

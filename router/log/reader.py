@@ -29,15 +29,8 @@ from brokerd.router.log.format import (
     segment_name,
     unpack_file_header,
 )
-from brokerd.router.log.segment import (
-    Damage,
-    OpenReaders,
-    SegmentReader,
-    SegmentSummary,
-    iter_units,
-    list_segment_files,
-    scan_segment,
-)
+from brokerd.router.log.scan import Damage, iter_units, scan_segment
+from brokerd.router.log.segment import OpenReaders, SegmentReader, SegmentSummary, list_segment_files
 
 log = logging.getLogger(__name__)
 
