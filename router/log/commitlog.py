@@ -495,7 +495,7 @@ class CommitLog(Durability, Reads, Retention, HistoryJoin):
         active.size = self._seg_size
         active.last_offset = self._next_offset - 1
         active.max_ts = self._seg_max_ts
-        return Batch(b"", chunks, first, self._next_offset - 1)
+        return Batch(chunks, first, self._next_offset - 1)
 
     def _place_split(self, first: int, recs: list[Any], chunks: list[Chunk]) -> None:
         """Cut ``recs`` into batches that fit their segments, rolling as needed; a record bigger

@@ -57,10 +57,10 @@ class FsyncPolicy(StrEnum):
 
 @dataclass(slots=True)
 class Chunk:
-    """The part of a batch that goes into one segment: ``batch.buf[buf_start:buf_end]`` at
-    ``file_pos`` of segment ``base``, plus the index entries for it at ``index_pos``. A chunk with
-    ``data`` (a version 2 batch: header and body) writes those pieces instead of a slice of
-    ``batch.buf`` (then empty), so the body is not copied once more just to be joined."""
+    """The part of a batch that goes into one segment: ``data`` (a version 2 batch: header and
+    body, written as they are, so the body is not copied once more just to be joined), bytes
+    ``buf_start:buf_end`` of the batch's content, at ``file_pos`` of segment ``base``, plus the
+    index entries for it at ``index_pos``."""
 
     base: int
     file_pos: int
@@ -69,12 +69,11 @@ class Chunk:
     index: bytes
     index_pos: int
     new_segment: bool  # the segment file does not exist yet: create it and write the headers
-    data: tuple[bytes, ...] = ()
+    data: tuple[bytes, ...]
 
 
 @dataclass(slots=True, eq=False)
 class Batch:
-    buf: bytes
     chunks: list[Chunk]
     first_offset: int
     last_offset: int
@@ -89,8 +88,6 @@ class Batch:
 
     def content(self) -> bytes:
         """The batch's bytes back to back (for reads of records not yet written)."""
-        if self.buf:
-            return self.buf
         return b"".join(p for c in self.chunks for p in c.data)
 
 
@@ -214,7 +211,7 @@ class WriterCore:
             return self.process([batch], may_sync=False)
         c = chunks[0]
         fds = self._fds.get(c.base)
-        if fds is None or c.base != self._active or c.new_segment or not c.data:
+        if fds is None or c.base != self._active or c.new_segment:
             return self.process([batch], may_sync=False)
         try:
             _pwritev_all(fds.fd, c.data, c.file_pos)
@@ -298,23 +295,19 @@ class WriterCore:
         runs: list[_Run] = []
         nchunks = nbytes = 0
         for batch in self._backlog:
-            pieces = sum(len(c.data) or 1 for c in batch.chunks)
+            pieces = sum(len(c.data) for c in batch.chunks)
             if group and (nchunks + pieces > _MAX_IOV or nbytes >= self.max_unsynced_bytes):
                 break
             group.append(batch)
             nchunks += pieces
             nbytes += batch.size
-            view = memoryview(batch.buf)
             for c in batch.chunks:
                 run = runs[-1] if runs else None
                 if (run is None or run.base != c.base or run.end != c.file_pos
                         or (c.index and run.index and run.index_end != c.index_pos)):
                     run = _Run(c.base, c.new_segment, c.file_pos, c.file_pos, [], c.index_pos, c.index_pos, [])
                     runs.append(run)
-                if c.data:
-                    run.data += c.data
-                else:
-                    run.data.append(view[c.buf_start:c.buf_end])
+                run.data += c.data
                 run.end += c.buf_end - c.buf_start
                 if c.index:
                     if not run.index:
