@@ -134,6 +134,14 @@ def mesh_key() -> list[str]:
     return ["--mesh-key", mesh_key_file()]
 
 
+def add_user(path: str | Path, user: str, password: str) -> None:
+    """Add ``user`` to the password file at ``path`` as an operator does: ``brokerd passwd``, the
+    password on stdin."""
+    out = subprocess.run([BROKERD, "passwd", str(path), user], input=password + "\n", text=True,
+                         capture_output=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+
+
 def wait_for(predicate: Callable[[], object], timeout: float = WAIT, what: str = "condition") -> object:
     """Poll a condition owned by another process (a counter, a file) until true, bounded."""
     deadline = time.monotonic() + timeout

@@ -6,12 +6,11 @@ lets us exclude). ``CHAOS_SEED=<seed>`` replays a run's fault schedule; every fa
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 from tests.chaos.harness import BROKER_ARGS, Node, Scenario, chaos_seed, close_proxies, start_nodes
-from tests.helpers import BROKERD, Broker
+from tests.helpers import Broker, add_user
 
 
 def _run(scenario: Scenario, schedule: list[str], cap_s: float, record_property: Callable) -> None:
@@ -34,9 +33,7 @@ def test_chaos_one_node_two_workers(start_broker: Callable[..., Broker], record_
     seed = chaos_seed()
     print(f"chaos one-node seed={seed}")
     password = "chaos-pw-" + str(seed)
-    out = subprocess.run([BROKERD, "passwd", str(tmp_path / "passwd"), "chaos"], input=password + "\n",
-                         text=True, capture_output=True, timeout=30)
-    assert out.returncode == 0, out.stderr
+    add_user(tmp_path / "passwd", "chaos", password)
     (tmp_path / "acl").write_text("user chaos\ntopic readwrite chaos/#\ntopic readwrite chaosprobe/#\n")
     secured = ("--password-file", str(tmp_path / "passwd"), "--acl-file", str(tmp_path / "acl"))
     node = Node("t", start_broker(*BROKER_ARGS, *secured, workers=2, node_id="t"), 2)

@@ -16,7 +16,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from tests.cluster.conftest import client_worker
-from tests.helpers import BROKERD, Client, RawClient, cid, free_port, wait_for
+from tests.helpers import BROKERD, Client, RawClient, add_user, cid, free_port, wait_for
 
 PASSWORD = "Sup3r-s3cret-pw"
 ACL = """
@@ -31,17 +31,11 @@ pattern readwrite clients/%c/#
 """
 
 
-def _passwd(path, user: str, password: str) -> None:
-    out = subprocess.run([BROKERD, "passwd", str(path), user], input=password + "\n", text=True,
-                         capture_output=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-
-
 @pytest.fixture
 def files(tmp_path):
     pw = tmp_path / "passwd"
-    _passwd(pw, "alice", PASSWORD)
-    _passwd(pw, "bob", "bobs-pw")
+    add_user(pw, "alice", PASSWORD)
+    add_user(pw, "bob", "bobs-pw")
     acl = tmp_path / "acl"
     acl.write_text(ACL)
     return pw, acl
@@ -105,7 +99,7 @@ def test_mosquitto_passwd_file_works_with_brokerd(start_broker, tmp_path):
                     reason="mosquitto not installed")
 def test_brokerd_passwd_file_works_with_mosquitto(tmp_path):
     pw = tmp_path / "bpw"
-    _passwd(pw, "dave", "daves-pw")
+    add_user(pw, "dave", "daves-pw")
     port = free_port()
     conf = tmp_path / "mosquitto.conf"
     conf.write_text(("user root\n" if os.geteuid() == 0 else "") + f"listener {port} 127.0.0.1\nallow_anonymous false\npassword_file {pw}\n")
@@ -220,7 +214,7 @@ def test_sighup_reloads_password_file_without_dropping_clients(start_broker, fil
     alice = _client(b.port, "alice", PASSWORD).connect()
     alice.subscribe("alice/#", 1)
     _client(b.port, "erin", "erins-pw").connect(expect_rc=0x86)
-    _passwd(pw, "erin", "erins-pw")
+    add_user(pw, "erin", "erins-pw")
     os.kill(b.pid, signal.SIGHUP)
     b.wait_log("password and ACL files reloaded")
     _client(b.port, "erin", "erins-pw").connect()

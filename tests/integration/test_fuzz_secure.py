@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import BROKERD, WAIT, Client, cid, free_port
+from tests.helpers import WAIT, Client, add_user, cid, free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
@@ -256,18 +256,12 @@ class Stream:
             return {int(m.payload) for m in self.sub.messages}
 
 
-def _passwd(path: Path, user: str, password: str) -> None:
-    out = subprocess.run([BROKERD, "passwd", str(path), user], input=password + "\n", text=True,
-                         capture_output=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-
-
 def test_mutation_fuzz_of_a_secured_broker_loses_nothing_acknowledged(start_broker, pki, tmp_path):
     seed = int(os.environ.get("BROKERD_FUZZ_SEED") or random.SystemRandom().randrange(1 << 32))
     print(f"fuzz seed {seed} (BROKERD_FUZZ_SEED={seed} replays it)")
     pw, acl = tmp_path / "passwd", tmp_path / "acl"
-    _passwd(pw, "streamer", STREAMER_PW)
-    _passwd(pw, "fuzzer", FUZZER_PW)
+    add_user(pw, "streamer", STREAMER_PW)
+    add_user(pw, "fuzzer", FUZZER_PW)
     acl.write_text(ACL)
     tls = free_port()
     broker = start_broker("--listen", f"mqtts://127.0.0.1:{tls}", "--certfile", pki["server.pem"],

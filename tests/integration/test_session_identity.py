@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from tests.helpers import BROKERD, Client, cid
+from tests.helpers import Client, add_user, cid
 from tests.integration.test_listeners import certs  # noqa: F401 - a fixture
 
 PASSWORDS = {"alice": "alices-pw", "bob": "bobs-pw", "pub": "pubs-pw"}
@@ -31,17 +30,11 @@ topic readwrite #
 NOT_AUTHORIZED = 0x87  # paho reports 3.1.1's CONNACK 5 as MQTT 5's 0x87
 
 
-def passwd(path, user: str, password: str) -> None:
-    out = subprocess.run([BROKERD, "passwd", str(path), user], input=password + "\n", text=True,
-                         capture_output=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-
-
 @pytest.fixture
 def files(tmp_path):
     pw = tmp_path / "passwd"
     for user, password in PASSWORDS.items():
-        passwd(pw, user, password)
+        add_user(pw, user, password)
     acl = tmp_path / "acl"
     acl.write_text(ACL)
     return pw, acl

@@ -8,14 +8,13 @@ bounded; ``PARTITION_SEED=<seed>`` replays a run's schedule. Runs only with ``BR
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.chaos.harness import Report
-from tests.helpers import BROKERD, Broker
+from tests.helpers import Broker, add_user
 from tests.partition.netns import Lab
 from tests.partition.scenario import FAULTS, PartitionScenario, partition_seed, start_nodes
 
@@ -44,9 +43,7 @@ def test_partition_on_real_links(lab: Lab, start_broker: Callable[..., Broker], 
     seed = partition_seed()
     print(f"partition seed={seed} network {lab.prefix}.0/24")
     password = f"partition-pw-{seed}"
-    out = subprocess.run([BROKERD, "passwd", str(tmp_path / "passwd"), "chaos"], input=password + "\n",
-                         text=True, capture_output=True, timeout=30)
-    assert out.returncode == 0, out.stderr
+    add_user(tmp_path / "passwd", "chaos", password)
     (tmp_path / "acl").write_text("user chaos\ntopic readwrite chaos/#\ntopic readwrite chaosprobe/#\n")
     secured = ["--password-file", str(tmp_path / "passwd"), "--acl-file", str(tmp_path / "acl")]
     credentials = ("chaos", password)
