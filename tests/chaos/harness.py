@@ -519,10 +519,9 @@ class Subscriber(Endpoint):
                             f"within {WAIT:g} s")
         Client.close_all([old])
 
-    def drop(self, offline: float, node: Node, fallback: Node | None = None) -> None:
-        """Close the socket without DISCONNECT (an abnormal close), stay away ``offline`` seconds,
-        come back on a new connection on ``node``; refused there, on ``fallback`` (a client
-        with a second server address), if given."""
+    def leave(self, offline: float) -> Conn:
+        """Close the socket without DISCONNECT (an abnormal close: its epoch ends now) and stay away
+        ``offline`` seconds; returns the connection left."""
         old = self.conn
         assert old is not None
         old.retire()
@@ -533,6 +532,13 @@ class Subscriber(Endpoint):
                     e.end = now()
         old.drop()
         self.sc.pause(offline)
+        return old
+
+    def drop(self, offline: float, node: Node, fallback: Node | None = None) -> None:
+        """Close the socket without DISCONNECT (an abnormal close), stay away ``offline`` seconds,
+        come back on a new connection on ``node``; refused there, on ``fallback`` (a client
+        with a second server address), if given."""
+        self.leave(offline)
         try:
             self.open(node)
             return

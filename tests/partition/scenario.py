@@ -126,16 +126,7 @@ class Roaming(Subscriber):
         """Close the socket without DISCONNECT, stay away ``offline`` seconds, come back where the
         balancer sends it; refused there ("server unavailable": a node without its lease, or one
         that must not serve the session now), try the balancer's next pick, for a bounded time."""
-        old = self.conn
-        assert old is not None
-        old.retire()
-        with self.lock:
-            self.departures.append(now())
-            for e in self.epochs:
-                if e.gen == old.gen and e.end is None:
-                    e.end = now()
-        old.drop()
-        self.sc.pause(offline)
+        old = self.leave(offline)
         deadline = now() + SETTLE
         while True:
             node = self.sc.balance()
