@@ -31,8 +31,8 @@ LOG_TAIL_LINES = 80  # of each broker's log, printed under a failed test's repor
 # longest). tests/partition has its own, ``partition``.
 DIRECTORY_MARKERS = {"unit", "integration", "cluster", "chaos", "deploy", "pipeline"}
 
-# ``slow``: over 5 s each on a two-core box (``--durations`` of a whole serial run). Whole files
-# where most tests are; otherwise the tests by name (parameters aside).
+# ``slow``: over 5 s each on a two-core box (``--durations=0`` of whole runs, serial and ``-n 2``).
+# Whole files where most tests are; otherwise the tests by name (parameters aside).
 SLOW_FILES = {
     "tests/chaos/test_chaos.py",
     "tests/integration/test_bench.py",
@@ -42,35 +42,66 @@ SLOW_FILES = {
 SLOW_TESTS = {
     "tests/cluster/test_faults.py::test_a_connect_waits_for_a_stopped_worker_of_its_node_bounded",
     "tests/cluster/test_faults.py::test_a_restarted_node_gets_what_it_never_confirmed_before_its_crash",
+    "tests/cluster/test_faults.py::"
+    "test_a_session_moved_while_a_router_was_silent_asks_it_for_what_it_published_meanwhile",
+    "tests/cluster/test_faults.py::"
+    "test_what_a_sessions_old_router_had_not_handed_on_when_it_fell_silent_is_read_back",
     "tests/cluster/test_multihost.py::"
     "test_pub_on_one_node_reaches_subscribers_on_others_and_survives_a_node_restart",
-    "tests/cluster/test_replication.py::test_a_dead_follower_is_replaced_and_publishes_go_on_being_acknowledged",
+    "tests/cluster/test_operator_lines.py::"
+    "test_a_node_whose_peers_died_says_they_are_silent_and_no_contradicting_warning",
+    "tests/cluster/test_operator_lines.py::test_a_node_with_another_mesh_key_says_which_peer_it_cannot_join",
+    "tests/cluster/test_replication.py::"
+    "test_a_dead_follower_is_replaced_and_publishes_go_on_being_acknowledged",
     "tests/cluster/test_replication.py::"
     "test_a_dead_nodes_connected_client_has_its_will_published_by_the_holder_of_its_session",
-    "tests/cluster/test_replication.py::test_a_dead_nodes_delayed_will_goes_out_from_the_holder_of_its_sessions",
+    "tests/cluster/test_replication.py::"
+    "test_a_dead_nodes_delayed_will_goes_out_from_the_holder_of_its_sessions",
     "tests/cluster/test_replication.py::test_a_dead_nodes_session_brings_its_whole_backlog_beyond_max_queued",
-    "tests/cluster/test_replication.py::test_a_follower_placed_at_the_high_water_mark_fetches_what_lies_below",
+    "tests/cluster/test_replication.py::"
+    "test_a_follower_placed_at_the_high_water_mark_fetches_what_lies_below",
     "tests/cluster/test_replication.py::"
     "test_a_follower_restarted_while_the_sessions_router_is_dead_still_serves_them",
     "tests/cluster/test_replication.py::test_a_history_fetch_broken_off_by_a_crash_goes_on_from_what_it_had",
     "tests/cluster/test_replication.py::"
+    "test_a_moved_sessions_spool_is_read_back_from_its_origin_when_its_new_node_dies",
+    "tests/cluster/test_replication.py::"
     "test_a_node_back_on_an_empty_disk_continues_its_log_and_catches_up_as_a_follower",
-    "tests/cluster/test_replication.py::test_a_node_the_others_cannot_hear_serves_no_session_though_it_hears_them",
+    "tests/cluster/test_replication.py::"
+    "test_a_node_the_others_cannot_hear_serves_no_session_though_it_hears_them",
     "tests/cluster/test_replication.py::"
     "test_a_node_whose_loop_stopped_beyond_the_mesh_timeout_serves_no_session_when_it_runs_again",
     "tests/cluster/test_replication.py::"
+    "test_a_partition_that_cuts_only_some_links_gives_no_session_two_owners",
+    "tests/cluster/test_replication.py::"
     "test_a_partitioned_minority_stops_acknowledging_and_nothing_acknowledged_is_lost",
     "tests/cluster/test_replication.py::test_a_persistent_session_survives_its_nodes_death",
-    "tests/cluster/test_replication.py::test_a_restarted_router_does_not_wipe_the_sessions_its_follower_holds",
+    "tests/cluster/test_replication.py::"
+    "test_a_restarted_router_does_not_wipe_the_sessions_its_follower_holds",
+    "tests/cluster/test_replication.py::"
+    "test_a_session_that_moves_during_a_partition_gets_what_the_cut_off_side_published",
+    "tests/cluster/test_replication.py::"
+    "test_a_third_node_joining_a_node_whose_only_peer_died_does_not_cut_it_off",
+    "tests/cluster/test_replication.py::"
+    "test_a_will_dropped_by_disconnect_is_not_published_when_the_node_dies_right_after",
+    "tests/cluster/test_replication.py::"
+    "test_acknowledged_means_on_two_nodes_and_a_dead_publishers_node_loses_nothing",
+    "tests/cluster/test_replication.py::"
+    "test_the_holder_of_a_replica_keeps_a_session_until_its_new_owner_confirms",
     "tests/cluster/test_session_owner.py::"
     "test_a_dead_nodes_session_is_not_handed_from_its_replica_to_another_user",
     "tests/deploy/test_prometheus.py::test_prometheus_scrapes_brokerd_and_counts_what_was_sent",
+    "tests/integration/test_auth_seams.py::test_a_plugin_client_waits_without_holding_up_the_loop",
+    "tests/integration/test_auth_seams.py::test_slow_http_answers_are_bounded_and_delay_no_one_else",
     "tests/integration/test_backpressure.py::"
     "test_a_client_that_sends_pingreqs_and_never_reads_costs_at_most_its_output_buffer",
+    "tests/integration/test_cli.py::test_mesh_joins_are_one_line_per_node",
     "tests/integration/test_listeners.py::"
     "test_silent_sockets_on_tls_and_websocket_listeners_count_and_are_closed_after_10_s",
     "tests/integration/test_stats.py::test_stats_cluster_view_from_one_node",
     "tests/pipeline/test_docs_snippets.py::test_the_snippets_run_as_typed_outside_the_checkout",
+    "tests/pipeline/test_stream.py::"
+    "test_restart_from_checkpoint_while_traffic_continues_reads_every_record_once",
 }
 
 # ``alone``: tests that measure time, memory or throughput, which a test beside them on the other
