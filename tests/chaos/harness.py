@@ -634,8 +634,10 @@ class Scenario:
     """Clients, faults and checks over a set of nodes; see the module docstring."""
 
     # Hooks for a suite that reuses the scenario with faults of its own (tests/partition): the
-    # variable that replays a seed, and the fault kinds counted on the report's line.
+    # variable that replays a seed, the fault kinds counted on the report's line, and the kind of
+    # subscriber (and group member) it makes.
     seed_env = "CHAOS_SEED"
+    subscriber_class: type[Subscriber] = Subscriber
     fault_kinds: tuple[str, ...] = ("stop", "kill", "node-kill", "node-loss", "partition", "one-way", "link-cut",
                                     "takeover", "drop")
 
@@ -712,14 +714,29 @@ class Scenario:
         return p
 
     def add_subscriber(self, name: str, node: Node, topic_filter: str, persistent: bool) -> Subscriber:
-        s = Subscriber(self, name, node, topic_filter, persistent)
+        s = self.subscriber_class(self, name, node, topic_filter, persistent)
         self.subscribers.append(s)
         return s
 
     def add_member(self, name: str, node: Node, group: str) -> Subscriber:
-        s = Subscriber(self, name, node, f"$share/{group}/{self.base}/#", persistent=False, shared=True)
+        s = self.subscriber_class(self, name, node, f"$share/{group}/{self.base}/#", persistent=False,
+                                  shared=True)
         self.members.append(s)
         return s
+
+    def populate(self, nodes: list, period: float) -> None:
+        """The three-node population: on every node two publishers, two persistent and two clean
+        subscribers (filters of every kind in turn), and a shared group's two members on two nodes
+        the seed picks."""
+        for n in nodes:
+            for i in range(2):
+                self.add_publisher(f"p{n.name}{i}", n, period=period)
+        for k, n in enumerate(nodes):
+            for i in range(2):
+                self.add_subscriber(f"s{n.name}{i}", n, self.filter_for(2 * k + i), persistent=True)
+                self.add_subscriber(f"c{n.name}{i}", n, self.filter_for(2 * k + i + 1), persistent=False)
+        for i, n in enumerate(self.rng.sample(nodes, 2)):
+            self.add_member(f"g{i}", n, f"g{self.uid}")
 
     def filter_for(self, i: int) -> str:
         """Filters of every kind in turn: ``#``, ``+`` at the publisher level, one publisher's

@@ -69,15 +69,7 @@ def test_chaos_three_nodes(start_broker: Callable[..., Broker], record_property:
 
 def _three_nodes(nodes: list, seed: int, record_property: Callable, partitions: bool) -> None:
     sc = Scenario("three-nodes", seed, nodes)
-    for n in nodes:
-        for i in range(2):
-            sc.add_publisher(f"p{n.name}{i}", n, period=0.06)
-    for k, n in enumerate(nodes):
-        for i in range(2):
-            sc.add_subscriber(f"s{n.name}{i}", n, sc.filter_for(2 * k + i), persistent=True)
-            sc.add_subscriber(f"c{n.name}{i}", n, sc.filter_for(2 * k + i + 1), persistent=False)
-    for i, n in enumerate(sc.rng.sample(nodes, 2)):
-        sc.add_member(f"g{i}", n, f"g{sc.uid}")
+    sc.populate(nodes, period=0.06)
     schedule = ["stop", "stop", "kill", "kill", "node-kill", "node-loss", "takeover", "takeover", "drop", "drop"]
     if partitions:
         schedule.append("partition")

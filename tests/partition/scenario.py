@@ -148,6 +148,7 @@ class PartitionScenario(Scenario):
     """The harness's scenario with faults on real links (see the module docstring)."""
 
     seed_env = "PARTITION_SEED"
+    subscriber_class = Roaming
     fault_kinds = ("isolate", "pair-cut", "one-way", "link-down", "node-kill", "node-stop")
     nodes: list[NsNode]
 
@@ -158,16 +159,6 @@ class PartitionScenario(Scenario):
         self.lb = random.Random(f"balancer-{seed}")
         self._lb_lock = threading.Lock()
         self.down: set[str] = set()  # nodes whose link is down: the balancer's health check skips them
-
-    def add_subscriber(self, name: str, node: Node, topic_filter: str, persistent: bool) -> Subscriber:
-        s = Roaming(self, name, node, topic_filter, persistent)
-        self.subscribers.append(s)
-        return s
-
-    def add_member(self, name: str, node: Node, group: str) -> Subscriber:
-        s = Roaming(self, name, node, f"$share/{group}/{self.base}/#", persistent=False, shared=True)
-        self.members.append(s)
-        return s
 
     def balance(self) -> NsNode:
         """The node the load balancer sends a new connection to (one whose link is up)."""

@@ -52,15 +52,7 @@ def test_partition_on_real_links(lab: Lab, start_broker: Callable[..., Broker], 
     except AssertionError as exc:
         raise AssertionError(f"{exc} (PARTITION_SEED={seed})") from None
     sc = PartitionScenario("partition", seed, nodes, credentials)
-    for n in nodes:
-        for i in range(2):
-            sc.add_publisher(f"p{n.name}{i}", n, period=PERIOD)
-    for k, n in enumerate(nodes):
-        for i in range(2):
-            sc.add_subscriber(f"s{n.name}{i}", n, sc.filter_for(2 * k + i), persistent=True)
-            sc.add_subscriber(f"c{n.name}{i}", n, sc.filter_for(2 * k + i + 1), persistent=False)
-    for i, n in enumerate(sc.rng.sample(nodes, 2)):
-        sc.add_member(f"g{i}", n, f"g{sc.uid}")
+    sc.populate(nodes, period=PERIOD)
     sc.start()
     sc.run(FAULTS, CAP_S)  # each fault heals what it cut, also when it fails half way
     report = sc.finish()
