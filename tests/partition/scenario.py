@@ -46,6 +46,7 @@ from tests.partition.netns import Lab, Namespace, tcp_sockets
 
 MQTT_PORT = 1883  # every node on its own address: the same ports everywhere, as on separate hosts
 MESH_PORT = 7000  # router i of a node binds MESH_PORT + i
+AGREEMENT_PORT = 7100  # a node's Raft member (--agreement), beside its routers' mesh ports
 FAULTS = ["isolate", "isolate", "pair-cut", "pair-cut", "one-way", "link-down", "node-kill", "node-stop"]
 
 
@@ -77,13 +78,18 @@ class NsNode(Node):
 
 
 def start_nodes(start_broker: Callable[..., Broker], lab: Lab, args: list[str], credentials: tuple[str, str],
-                names: str = "abc", workers: int = 2) -> list[NsNode]:
+                names: str = "abc", workers: int = 2, agreement: bool = False) -> list[NsNode]:
     """One node per namespace of ``lab`` (``ip netns exec``), each with every other as a peer and
     the default replication (factor 2, min in-sync 2); returns once every router delivers to every
-    other, bounded."""
+    other, bounded. ``agreement``: the nodes also agree through Raft (``--agreement`` on its own
+    port, every other node's as ``--agreement-peer``)."""
     starts = []
     for ns, name in zip(lab.namespaces, names, strict=True):
-        peers = [a for other in lab.namespaces if other is not ns for a in ("--peer", f"{other.address}:{MESH_PORT}")]
+        others = [other for other in lab.namespaces if other is not ns]
+        peers = [a for other in others for a in ("--peer", f"{other.address}:{MESH_PORT}")]
+        if agreement:
+            peers += ["--agreement", f"{ns.address}:{AGREEMENT_PORT}",
+                      *(a for other in others for a in ("--agreement-peer", f"{other.address}:{AGREEMENT_PORT}"))]
         argv = [*BROKER_ARGS, *FSYNC_ALWAYS, *args, "--mesh", f"{ns.address}:{MESH_PORT}", *mesh_key(), *peers]
         starts.append(functools.partial(start_broker, *argv, workers=workers, host=ns.address, port=MQTT_PORT,
                                         node_id=name, prefix=ns.exec_prefix()))
