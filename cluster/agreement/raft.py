@@ -41,23 +41,55 @@ from pysyncobj.transport import TCPTransport  # noqa: E402
 
 socket.inet_ntop = _inet_ntop
 
-from brokerd.cluster.agreement.state import Command, Result, State  # noqa: E402
+from brokerd.cluster.agreement.state import Command, NoAgreement, Result, State  # noqa: E402
 
-
-class NoAgreement(Exception):
-    """No majority committed the proposal in time (or the engine refused it): its outcome is unknown."""
+__all__ = ["Agreement", "NoAgreement"]
 
 
 class _Replica(SyncObj):
-    """One member's replica: the only replicated method applies a batch to the local State."""
+    """One member's replica: the only replicated method applies a batch to the local State.
 
-    def __init__(self, address: str, peers: Sequence[str], conf: SyncObjConf, transport: type) -> None:
-        self.state = State()  # pysyncobj snapshots this attribute with the rest of __dict__
+    ``on_changed``: called in PySyncObj's thread, in log order, with the records an applied entry
+    changed (``[kind, key, owner, epoch]``, owner None once released), so that the node's service
+    tells its routers of moves without their asking."""
+
+    def __init__(self, address: str, peers: Sequence[str], conf: SyncObjConf, transport: type,
+                 on_changed: Callable[[list[list]], None] | None = None) -> None:
+        self.state = State()
+        self.on_changed = on_changed  # set before the engine's thread starts: it may replay a journal
         super().__init__(address, list(peers), conf, transportClass=transport)
+        # PySyncObj snapshots the attributes set after its __init__ only (it lists those set before
+        # as its own): without this, a snapshot (log compaction) would hold no state, and a member
+        # restored from it, or a follower sent it, would start from an empty one.
+        self._SyncObj__properies.discard("state")
 
     @replicated
     def apply_batch(self, commands: list[Command]) -> list[Result]:
-        return self.state.apply_batch(commands)
+        hook = self.on_changed
+        if hook is None:
+            return self.state.apply_batch(commands)
+        keys = _touched(commands)
+        before = [self.state.owner(kind, key) for kind, key in keys]
+        results = self.state.apply_batch(commands)
+        changed = [[kind, key, *now] for (kind, key), was in zip(keys, before, strict=True)
+                   if (now := self.state.owner(kind, key)) != was]
+        if changed:
+            hook(changed)
+        return results
+
+
+def _touched(commands: Sequence[Command], into: dict | None = None) -> list[tuple[str, str]]:
+    """The (kind, key) of every move and release in ``commands``, those of ``all_of`` too, once each
+    and in order; malformed ones left out (they change nothing)."""
+    seen: dict[tuple[str, str], None] = {} if into is None else into
+    for c in commands:
+        if not isinstance(c, (tuple, list)) or not c:
+            continue
+        if c[0] in ("move", "release") and len(c) > 2 and isinstance(c[1], str) and isinstance(c[2], str):
+            seen[(c[1], c[2])] = None
+        elif c[0] == "all" and len(c) == 2 and isinstance(c[1], (tuple, list)):
+            _touched(c[1], seen)
+    return list(seen)
 
 
 class Agreement:
@@ -66,12 +98,13 @@ class Agreement:
     ``data_dir``: where the Raft journal (term, vote and log) and snapshots are kept. A member
     without one forgets its vote when it restarts, so it must then rejoin as a new, empty
     member; with one it may restart in place. ``transport``: PySyncObj's TCP transport, or a
-    subclass of it (a test's, that drops what a partition would).
+    subclass of it (a test's, that drops what a partition would). ``on_changed``: see ``_Replica``.
     """
 
     def __init__(self, address: str, peers: Sequence[str], password: str, *, data_dir: str | None = None,
                  election_timeout: tuple[float, float] = (0.4, 1.4), heartbeat: float = 0.1,
-                 connect_timeout: float = 3.5, transport: type = TCPTransport) -> None:
+                 connect_timeout: float = 3.5, transport: type = TCPTransport,
+                 on_changed: Callable[[list[list]], None] | None = None) -> None:
         if not password:
             raise ValueError("the agreement engine needs a password, on loopback too: its peers unpickle frames")
         journal = dump = None
@@ -97,7 +130,7 @@ class Agreement:
         self.address = address
         self._retry = heartbeat
         self._closed = False
-        self._replica = _Replica(address, peers, conf, transport)
+        self._replica = _Replica(address, peers, conf, transport, on_changed)
 
     @property
     def state(self) -> State:

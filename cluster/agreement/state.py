@@ -2,7 +2,8 @@
 
 Every replica applies the same commands in the same (log) order, so everything here is
 deterministic: no clock, no randomness, no I/O, no library. A command is a small tuple that
-msgpack and pickle both carry; a result is a tuple whose first item is ``OK``, ``STALE`` or ``BAD``.
+msgpack and pickle both carry (a list, as msgpack brings it back, applies the same); a result is a
+tuple whose first item is ``OK``, ``STALE`` or ``BAD``.
 
 What is held (one home per concept):
 
@@ -30,8 +31,14 @@ BAD = "bad"  # malformed or unknown: the same on every replica, so the state sta
 SESSION = "session"
 SNAPSHOT_VERSION = 1
 
-Command = tuple
+Command = tuple | list  # a list: a command as msgpack brings it back (the workers' requests)
 Result = tuple
+
+
+class NoAgreement(Exception):
+    """No majority committed the proposal in time (or the engine refused it): its outcome is unknown.
+
+    Here, not in ``raft``, so that a worker's client raises it without importing the engine."""
 
 
 def move(kind: str, key: str, owner: str | None, epoch: int, to: str) -> Command:

@@ -132,3 +132,38 @@ def test_replicas_applying_one_order_agree_and_each_keys_epoch_only_grows(batche
         if i == len(batches) // 2:
             b = State.restore(b.snapshot())
     assert a.snapshot() == b.snapshot()
+
+
+def _as_msgpack(commands: list) -> list:
+    """Commands as a worker's request brings them to the node's service: lists, not tuples."""
+    return msgpack.unpackb(msgpack.packb(commands))
+
+
+def test_commands_as_msgpack_lists_apply_like_tuples_nested_transactions_and_followers_too():
+    commands = [S.move(SESSION, "c1", None, 0, "a/0"), S.insync("a/0", 2, ["c", "b"]), S.join("a", "h:1", 7),
+                S.all_of([S.move(SESSION, "c1", "a/0", 1, "b/0"), S.all_of([S.move(SESSION, "c2", None, 0, "b/0")])]),
+                S.all_of([S.move(SESSION, "c3", None, 0, "b/0"), S.release(SESSION, "c1", "a/0", 1)]),
+                S.release(SESSION, "c2", "b/0", 3), S.get(SESSION, "c1"), S.leave("a", 7)]
+    lists = _as_msgpack(commands)
+    assert all(isinstance(c, list) for c in lists) and isinstance(lists[3][1][1][1], list)
+    as_tuples, as_lists = State(), State()
+    assert as_lists.apply_batch(lists) == as_tuples.apply_batch(commands)
+    assert as_lists.snapshot() == as_tuples.snapshot()
+    assert as_lists.owner(SESSION, "c1") == ("b/0", 2) and as_lists.insync["a/0"] == (2, frozenset({"b", "c"}))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(commands, max_size=6), max_size=8))
+def test_any_batches_as_msgpack_lists_end_in_the_state_their_tuples_make(batches):
+    as_tuples, as_lists = State(), State()
+    for batch in batches:
+        assert as_lists.apply_batch(_as_msgpack(batch)) == as_tuples.apply_batch(batch)
+    assert as_lists.snapshot() == as_tuples.snapshot()
+
+
+def test_malformed_list_commands_answer_bad_and_change_nothing():
+    s = State()
+    for junk in ([[]], [["move"]], [{"move": 1}], [["move", ["k"], "c1", None, 0, "a/0"]], [["release", [1], "c", "a", 1]],
+                 [["all", 5]], [["insync", "a/0", 1, [["b"]]]]):
+        assert s.apply(junk[0])[0] == BAD, junk
+    assert s.snapshot() == State().snapshot()
