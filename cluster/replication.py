@@ -25,7 +25,8 @@ Follower. A replica is a commit log of the same format under
 (names that start with ``_`` are not router logs to the tools that list them); it keeps the
 leader's offsets. A batch is appended and acknowledged with REPLICA_ACK ``[partition, offset]``
 once its log wrote it into the kernel (with ``--fsync always``: once durable); a gap is asked
-for with REPLICA_FETCH ``[partition, offset]``, answered from the leader's log.
+for with REPLICA_FETCH ``[partition, offset]``, answered from the leader's log. A leader that
+sends nothing new tells a follower behind it where its log ends (``_tell_end``).
 
 Failover of delivery. HELLO says which replicas a router holds (``replicas``: {partition: end}).
 When a router of another node falls silent, each router asks the holder of its replica with the
@@ -102,6 +103,9 @@ log = logging.getLogger(__name__)
 FETCH_RECORDS = 2000  # records per REPLICATE frame that answers a fetch (and per catch-up step)
 FETCH_BYTES = 4 << 20
 FETCH_AGAIN_S = 1.0  # a fetch not answered within this is asked again
+# A follower behind the leader's end that was sent nothing for this long is sent the last record
+# again: it fetches what it lacks before it (a gap is otherwise seen only at the next write).
+TAIL_AGAIN_S = 0.5
 TICK_S = 0.1  # held acknowledgements' deadlines and the in-sync set are looked at this often
 REPLICAS_DIR = "_replicas"
 SESSIONS_FILE = "sessions.msgpack"  # beside a replica: the sessions of its router held here
@@ -176,6 +180,10 @@ class Replication:
         self.leader = LeaderState([], 1, config.replica_lag, config.replica_timeout, time.monotonic, end)
         self.followers: list[str] = []
         self.flushed = self.log.next_offset - 1  # the last offset handed to followers in a live batch
+        # The gap repair (``_tell_end``): when ``flushed`` last moved, as the tick saw it, and when
+        # each follower was last sent a read-back or the last record (not each live batch: no cost there).
+        self._end_seen = (self.flushed, 0.0)
+        self._told_at: dict[str, float] = {}
         self.replicas: dict[str, Replica] = {}
         # Each router's replicas in a directory of its own: two workers of a node may follow the
         # same partition one after the other (its leader picks among the live ones).
@@ -452,6 +460,37 @@ class Replication:
         hw = self.leader.high_water if start == offset else -2
         self.mesh.send_replication(peer, "replicate", [self.partition, records[0].offset, records[-1].offset,
                                                        body, hw])
+        self._told_at[peer.router_id] = time.monotonic()
+        if records[-1].offset < self.flushed:  # more to fetch: the follower asks at once, not at the next tick
+            self._send_last(peer)
+
+    def _tell_end(self) -> None:
+        """Each follower behind this log's end that was sent nothing for ``TAIL_AGAIN_S`` is sent
+        the last record again, as a live batch of one: one that lacks records before it fetches
+        them (``FollowerState.arrived``), one that holds it acknowledges again. Without it, a
+        follower back from a cut, or whose fetch went unanswered, waits for the next write. A
+        frame every follower already reads: no new kind. Nothing is sent to followers in sync."""
+        if self.flushed != self._end_seen[0]:
+            self._end_seen = (self.flushed, time.monotonic())  # a live batch went to every follower
+            return
+        acked = self.leader.acked
+        now = time.monotonic()
+        for rid in self.followers:
+            if acked.get(rid, self.flushed) >= self.flushed:
+                continue
+            if now - max(self._end_seen[1], self._told_at.get(rid, 0.0)) < TAIL_AGAIN_S:
+                continue
+            peer = self.mesh.peers.get(rid)
+            if peer is not None and peer.alive:
+                self._told_at[rid] = now
+                self._send_last(peer)
+
+    def _send_last(self, peer: Peer) -> None:
+        records = self.log.read(self.flushed, max_records=1)
+        if records and records[0].offset == self.flushed:
+            body = msgpack.packb([record_fields(records[0])])
+            self.mesh.send_replication(peer, "replicate", [self.partition, self.flushed, self.flushed, body,
+                                                           self.leader.high_water])
 
     def _place(self) -> None:
         """The followers for the live nodes now (called on every heartbeat)."""
@@ -529,6 +568,8 @@ class Replication:
         for rep in self.replicas.values():
             if rep.fetch_sent and now - rep.fetch_sent > FETCH_AGAIN_S:
                 rep.fetch_sent = 0.0  # the next batch asks again
+        if self.followers:
+            self._tell_end()
         self._timer = self.loop.call_later(TICK_S, self._tick)
 
     def heartbeat(self) -> None:

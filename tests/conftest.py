@@ -76,6 +76,8 @@ SLOW_TESTS = {
     "tests/cluster/test_replication.py::"
     "test_a_partitioned_minority_stops_acknowledging_and_nothing_acknowledged_is_lost",
     "tests/cluster/test_replication.py::test_a_persistent_session_survives_its_nodes_death",
+    "tests/cluster/test_replication_gap.py::"
+    "test_a_follower_back_from_a_cut_fetches_what_it_missed_without_new_writes",
     "tests/cluster/test_replication.py::"
     "test_a_restarted_router_does_not_wipe_the_sessions_its_follower_holds",
     "tests/cluster/test_replication.py::"
