@@ -138,6 +138,13 @@ OPTIONS: tuple[Option, ...] = (
            "is heard again (beyond: dropped and counted as mesh_peer_gone)", "BYTES", check=_at_least(0)),
     Option("mesh_forget", float, 300.0, "seconds a silent peer router's interest and backlog are kept before "
            "it is forgotten", "SECONDS", check=lambda v: None if v > 0 else "must be positive"),
+    Option("agreement", _host_port, None, "where this node's Raft member listens (TCP; the address the other "
+           "nodes reach, its name in the cluster): enables agreement; needs --mesh and --mesh-key", "HOST:PORT",
+           check=_address),
+    Option("agreement_peer", _host_port, (), "another node's --agreement address (repeatable: every other "
+           "member; the members are this node and these)", "HOST:PORT", repeat=True, check=_address),
+    Option("agreement_timeout", float, 5.0, "seconds a proposal may wait for a majority before what needed it "
+           "is refused", "SECONDS", check=_positive),
     Option("replication_factor", int, None, "nodes that hold each router's commit log (its own and R-1 "
            "followers on other nodes); default 1 alone, 2 with --mesh", "R", check=_at_least(1)),
     Option("min_insync", int, None, "nodes (counting the router's own) that must hold a QoS 1/2 message "
@@ -268,6 +275,9 @@ class Config:
     mesh_timeout: float = 3.0
     mesh_backlog: int = 64 << 20
     mesh_forget: float = 300.0
+    agreement: tuple[str, int] | None = None
+    agreement_peer: tuple[tuple[str, int], ...] = ()
+    agreement_timeout: float = 5.0
     replication_factor: int | None = None
     min_insync: int | None = None
     replica_lag: float = 5.0
@@ -472,6 +482,7 @@ def load(argv: list[str], environ: Mapping[str, str] | None = None) -> Config:
         raise ConfigError(f"--node-id: invalid value {cfg.node_id!r} (no '/', '+' or '#')")
     _check_ports(cfg)
     _check_replication(cfg)
+    _check_agreement(cfg)
     if cfg.mesh is not None and not cfg.mesh_key and not cfg.mesh_insecure:
         # Without a key any process that reaches the mesh port can read every message, inject
         # publishes and take sessions over: loopback too, since every local user reaches it.
@@ -502,6 +513,30 @@ def _check_replication(cfg: Config) -> None:
         raise ConfigError(f"--min-insync: {cfg.min_insync} is more than --replication-factor {r}")
 
 
+def _check_agreement(cfg: Config) -> None:
+    """Agreement's members authenticate with a password derived from the mesh key, and name each
+    other by their addresses: a wildcard names nobody, and this node is no peer of its own."""
+    if cfg.agreement is None:
+        if cfg.agreement_peer:
+            raise ConfigError("--agreement-peer: needs --agreement HOST:PORT (where this node's Raft member "
+                              "listens)")
+        return
+    shown = _joined(cfg.agreement)
+    if cfg.mesh is None or not cfg.mesh_key:
+        raise ConfigError(f"--agreement: {shown} needs --mesh and --mesh-key FILE (the members' password "
+                          "comes from the mesh key)")
+    if cfg.agreement[0] in WILDCARDS:
+        raise ConfigError(f"--agreement: {shown} is no address another node can reach: give this node's "
+                          "address (the members name each other by it)")
+    for peer in cfg.agreement_peer:
+        if peer == cfg.agreement:
+            raise ConfigError(f"--agreement-peer: {shown} is this node's own --agreement")
+
+
+def _joined(address: tuple[str, int]) -> str:
+    return f"[{address[0]}]:{address[1]}" if ":" in address[0] else f"{address[0]}:{address[1]}"
+
+
 def _check_ports(cfg: Config) -> None:
     """The rules between port options (one option's own rules are its ``check``): a range of one port
     per worker must end by 65535, and no two listeners of the node may share a port on one address."""
@@ -513,6 +548,8 @@ def _check_ports(cfg: Config) -> None:
         used.append(("--stats-port", cfg.stats_host, range(cfg.stats_port, cfg.stats_port + cfg.workers)))
     if cfg.metrics_port:
         used.append(("--metrics-port", cfg.metrics_host, range(cfg.metrics_port, cfg.metrics_port + 1)))
+    if cfg.agreement is not None:
+        used.append(("--agreement", cfg.agreement[0], range(cfg.agreement[1], cfg.agreement[1] + 1)))
     for i, (flag, addr, ports) in enumerate(used):
         if ports[-1] > 65535:
             raise ConfigError(f"{flag}: ports {ports[0]}-{ports[-1]} (one per worker, {cfg.workers} workers) "

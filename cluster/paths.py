@@ -132,6 +132,16 @@ def mesh_ipc(config: Config, index: int) -> str:
     return f"ipc://{run_dir(config)}/w{index}.mesh"
 
 
+def agreement_ipc(config: Config) -> str:
+    """The node's agreement service's ROUTER socket: its workers' proposals, reads and status."""
+    return f"ipc://{run_dir(config)}/agreement.sock"
+
+
+def agreement_pub(config: Config) -> str:
+    """The node's agreement service's PUB socket: moves committed, and whether it has a majority."""
+    return f"ipc://{run_dir(config)}/agreement.pub"
+
+
 def stats_endpoint(config: Config, index: int, host: str | None = None) -> str:
     """Router ``index``'s stats PUB socket: ipc by default, tcp://HOST:(stats_port+index) if set."""
     if config.stats_port:

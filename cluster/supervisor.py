@@ -23,6 +23,7 @@ import socket
 import sys
 import time
 from collections import deque
+from typing import Any
 
 from .config import WILDCARDS, Config
 from .limits import FD_RESERVE, connections_per_worker, raise_open_files
@@ -49,6 +50,7 @@ class Supervisor:
         self.stopping = False
         self.data_lock: PidLock | None = None
         self.run_lock: PidLock | None = None
+        self.agreement: Any = None  # the agreement service's handle (cluster/agreement/service.py), if on
 
     def _fork(self, index: int) -> tuple[int, int]:
         """Fork worker ``index``; returns (pid, read end of its ready pipe)."""
@@ -89,6 +91,8 @@ class Supervisor:
             probes += [("--stats-port", cfg.stats_host, cfg.stats_port + i) for i in range(cfg.workers)]
         if cfg.metrics_port:
             probes.append(("--metrics-port", cfg.metrics_host, cfg.metrics_port))
+        if cfg.agreement is not None:
+            probes.append(("--agreement", *cfg.agreement))
         for option, addr, port in probes:
             problem = _bind_problem(addr, port)
             if problem:
@@ -124,7 +128,7 @@ class Supervisor:
 
     def _unlock_dirs(self) -> None:
         if self.run_lock is not None:
-            if self.pids or getattr(self, "aux", None) is not None:
+            if self.pids or getattr(self, "aux", None) is not None or self.agreement is not None:
                 self.run_lock.release()  # children left (an error path): their sockets stay theirs
             else:
                 release_run_dir(self.config, self.run_lock)
@@ -162,6 +166,11 @@ class Supervisor:
         cfg = self.config
         self._check_open_files()
         signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        if cfg.agreement is not None:  # before the workers: they find it at start
+            from .agreement.service import AgreementProcess
+
+            self.agreement = AgreementProcess(cfg)
+            self.agreement.start(wait=True)
         pipes = {}
         for i in range(cfg.workers):
             pid, r = self._fork(i)
@@ -284,6 +293,10 @@ class Supervisor:
                 aux = getattr(self, "aux", None)
                 if aux is not None and aux.pid == pid:
                     aux.exited(status)
+                if self.agreement is not None and self.agreement.pid == pid and not self.agreement.exited(status):
+                    log.error("the agreement service keeps dying; stopping brokerd (without it no "
+                              "session can move to this node)")
+                    return False
                 continue
             how = (f"signal {signal.Signals(-os.waitstatus_to_exitcode(status)).name}"
                    if os.WIFSIGNALED(status) else f"exit code {os.waitstatus_to_exitcode(status)}")
@@ -325,6 +338,9 @@ class Supervisor:
             except (ProcessLookupError, ChildProcessError):
                 pass
         self.pids.clear()
+        if self.agreement is not None:  # after the workers: their last proposals still commit
+            agreement, self.agreement = self.agreement, None
+            agreement.stop()
 
 
 def _address(host: str, port: int) -> str:
@@ -345,6 +361,8 @@ def ready_line(cfg: Config) -> str:
         parts.append(f"mesh on {_address(*cfg.mesh)}" + (f" (peers {peers})" if peers else ""))
     else:
         parts.append("single node (no --mesh)")
+    if cfg.agreement is not None:
+        parts.append(f"agreement on {_address(*cfg.agreement)} ({len(cfg.agreement_peer) + 1} members)")
     if cfg.metrics_port:
         mhost = cfg.metrics_host
         shown = socket.gethostname() if mhost in WILDCARDS else mhost

@@ -271,9 +271,9 @@ def freeze(pid: int) -> None:
 
 
 def worker_pids(pid: int) -> list[int]:
-    """The supervisor's worker processes (its children except the brokerd-stats process)."""
+    """The supervisor's worker processes (its children except brokerd-stats and brokerd-agree)."""
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(x) for x in out.split() if _comm(int(x)) != "brokerd-stats"]
+    return [int(x) for x in out.split() if _comm(int(x)) not in ("brokerd-stats", "brokerd-agree")]
 
 
 def _comm(pid: int) -> str:

@@ -1,0 +1,241 @@
+"""The node's agreement service (cluster/agreement/service.py) and a worker's client of it
+(cluster/agreement/client.py): three real brokerd nodes on 127.0.0.1, each with its Raft member
+(``--agreement``, ``--agreement-peer``), reached from this test as a worker reaches its own, on the
+node's run directory. A move proposed on one node is read on another and published on the third;
+a killed service is restarted and commits again; a node cut off from the two others refuses
+proposals within their timeout and says it has no majority, until they are back."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+pytest.importorskip("brokerd.cluster.agreement.raft")
+
+from brokerd.cluster.agreement import state as S  # noqa: E402
+from brokerd.cluster.agreement.client import AgreementClient, NoAgreement  # noqa: E402
+from brokerd.cluster.agreement.service import PROCESS_NAME, Service  # noqa: E402
+from brokerd.cluster.agreement.state import OK, SESSION, STALE  # noqa: E402
+from brokerd.cluster.config import Config, load  # noqa: E402
+from tests.helpers import Broker, free_port, freeze, in_parallel, mesh_key, mesh_key_file, wait_for  # noqa: E402
+
+COMMIT = 15.0  # bound on one commit, an election included
+
+
+@pytest.fixture
+def three(start_broker) -> list[Broker]:
+    """Nodes a, b and c, meshed, each with an agreement member and the two others as its peers."""
+    mesh = [free_port() for _ in range(3)]
+    agree = [free_port() for _ in range(3)]
+
+    def node(i: int) -> Broker:
+        args = ["--mesh", f"127.0.0.1:{mesh[i]}", *mesh_key(), "--agreement", f"127.0.0.1:{agree[i]}"]
+        for j in range(3):
+            if j != i:
+                args += ["--peer", f"127.0.0.1:{mesh[j]}", "--agreement-peer", f"127.0.0.1:{agree[j]}"]
+        return start_broker(*args, node_id="abc"[i])
+
+    return in_parallel(*(lambda i=i: node(i) for i in range(3)))
+
+
+def config_of(broker: Broker) -> Config:
+    """The node's options, as its workers have them: the run directory's sockets follow from them."""
+    return load(broker.args, {})
+
+
+def agreement_pid(broker: Broker) -> int | None:
+    out = subprocess.run(["pgrep", "-P", str(broker.pid)], capture_output=True, text=True).stdout
+    for pid in map(int, out.split()):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == PROCESS_NAME:
+                    return pid
+        except OSError:
+            continue
+    return None
+
+
+async def until(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    """``wait_for`` on the loop: the clients' callbacks run meanwhile."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def clients(*brokers: Broker) -> list[AgreementClient]:
+    made = []
+    for b in brokers:
+        c = AgreementClient(config_of(b), asyncio.get_running_loop())
+        await c.start()
+        made.append(c)
+    await until(lambda: all(c.majority for c in made), COMMIT, "every service's majority")
+    return made
+
+
+def test_a_move_proposed_on_one_node_is_read_on_another_and_published_on_the_third(three):
+    a, b, c = three
+
+    async def main() -> None:
+        ca, cb, cc = await clients(a, b, c)
+        published: list[list] = []
+        cc.on_owned = published.extend
+        try:
+            results = await ca.propose([S.move(SESSION, "c1", None, 0, "a/w0"), S.get(SESSION, "c1")])
+            assert results[0][:2] == [OK, "a/w0"] and results[1] == results[0]
+            epoch = results[0][2]
+            await until(lambda: [SESSION, "c1", "a/w0", epoch] in published, COMMIT, "c's publication")
+            assert await cb.read(SESSION, "c1") == ("a/w0", epoch)
+            # b's claim from that record wins; a's, still on the old one, is fenced and told what holds
+            assert await cb.propose([S.move(SESSION, "c1", "a/w0", epoch, "b/w0")]) == [[OK, "b/w0", epoch + 1]]
+            assert await ca.propose([S.release(SESSION, "c1", "a/w0", epoch)]) == [[STALE, "b/w0", epoch + 1]]
+            await until(lambda: [SESSION, "c1", "b/w0", epoch + 1] in published, COMMIT, "the move published")
+            status = await cc.status()
+            assert status["majority"] is True and status["leader"] is not None
+            assert sorted(status["members"]) == ["a", "b", "c"]
+        finally:
+            for x in (ca, cb, cc):
+                await x.close()
+
+    asyncio.run(main())
+
+
+def test_a_killed_agreement_service_is_restarted_by_the_supervisor_and_commits_again(three):
+    a = three[0]
+
+    async def main() -> None:
+        (ca,) = await clients(a)
+        try:
+            old = agreement_pid(a)
+            assert old is not None
+            os.kill(old, signal.SIGKILL)
+            await until(lambda: (p := agreement_pid(a)) is not None and p != old, COMMIT, "a new agreement service")
+            results = await ca.propose([S.move(SESSION, "after-restart", None, 0, "a/w0")], COMMIT)
+            assert results[0][:2] == [OK, "a/w0"]
+            await until(lambda: ca.majority, COMMIT, "the majority, again")
+        finally:
+            await ca.close()
+        assert f"{PROCESS_NAME} (pid {old}) died (signal SIGKILL); restarting it" in a.log_text()
+
+    asyncio.run(main())
+
+
+def test_a_node_cut_off_from_the_two_others_refuses_proposals_and_has_no_majority_until_they_are_back(three):
+    a, b, c = three
+    frozen = [p for n in (b, c) for p in (n.pid, *_children(n.pid))]
+
+    async def main() -> None:
+        (ca,) = await clients(a)
+        seen: list[bool] = []
+        ca.on_majority = seen.append
+        try:
+            for pid in frozen:
+                freeze(pid)
+            started = time.monotonic()
+            with pytest.raises(NoAgreement):
+                await ca.propose([S.move(SESSION, "cut", None, 0, "a/w0")], 2.0)
+            assert 1.9 < time.monotonic() - started < 4.0
+            await until(lambda: not ca.majority, 5.0, "the majority lost")
+            assert (await ca.status())["majority"] is False
+        finally:
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
+        try:
+            await until(lambda: ca.majority, COMMIT, "the majority back")
+            assert seen[-2:] == [False, True]
+            results = await ca.propose([S.move(SESSION, "healed", None, 0, "a/w0")], COMMIT)
+            assert results[0][:2] == [OK, "a/w0"]
+        finally:
+            await ca.close()
+        wait_for(lambda: "agreement: majority lost" in a.log_text(), 5.0, "a's warning")
+
+    asyncio.run(main())
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+# -- the service in this process: one member (a cluster of one), its sockets and the client -------
+
+class _Rounds(Service):
+    """The service, noting the poll round of each entry it proposes for workers."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.round = 0
+        self.entries: list[tuple[int, int]] = []  # (round, commands)
+
+    def _requests(self, msgpack) -> None:
+        self.round += 1
+        super()._requests(msgpack)
+
+    def _propose(self, kind: str, commands: list, timeout: float, requests=None) -> None:
+        if kind == "requests":
+            self.entries.append((self.round, len(commands)))
+        super()._propose(kind, commands, timeout, requests)
+
+
+def test_the_proposals_of_one_poll_round_are_one_entry_and_each_caller_gets_its_own_results(tmp_path, monkeypatch):
+    monkeypatch.setenv("BROKERD_RUN_DIR", str(tmp_path / "run"))
+    cfg = Config(node_id="solo", listen=("127.0.0.1", free_port()), mesh=("127.0.0.1", free_port()),
+                 mesh_key=mesh_key_file(), agreement=("127.0.0.1", free_port()), data_dir=str(tmp_path / "data"))
+    from brokerd.cluster.agreement.raft import Agreement
+
+    stop, running, parked = threading.Event(), threading.Event(), threading.Event()
+    running.set()
+
+    def keep_going() -> bool:
+        if not running.is_set():  # the test holds the loop while its requests pile up
+            parked.set()
+            running.wait(10)
+        return not stop.is_set()
+
+    service = _Rounds(cfg, Agreement)
+    runner = threading.Thread(target=service.run, args=(None, keep_going), daemon=True)
+    runner.start()
+    n = 200
+
+    async def main() -> list:
+        (client,) = await clients_of(cfg)
+        try:
+            await client.propose([S.get(SESSION, "warm-up")])
+            running.clear()
+            await until(parked.is_set, 5.0, "the service's loop held")
+            service.entries.clear()
+            asks = [asyncio.ensure_future(client.propose([S.move(SESSION, f"k{i}", None, 0, f"r{i}"),
+                                                          S.get(SESSION, f"k{i}")])) for i in range(n)]
+            await until(lambda: len(client._waiters) == n, 5.0, "every request sent")
+            running.set()
+            return await asyncio.gather(*asks)
+        finally:
+            await client.close()
+
+    try:
+        answers = asyncio.run(main())
+    finally:
+        stop.set()
+        running.set()
+        runner.join(10)
+    rounds = [r for r, _ in service.entries]
+    assert len(rounds) == len(set(rounds)), service.entries  # one entry per round
+    assert sum(size for _, size in service.entries) == 2 * n
+    assert len(rounds) < n / 4, service.entries  # the held requests came in a few rounds
+    for i, (moved, read) in enumerate(answers):
+        assert moved[:2] == [OK, f"r{i}"] and read == moved
+
+
+async def clients_of(cfg: Config) -> list[AgreementClient]:
+    c = AgreementClient(cfg, asyncio.get_running_loop())
+    await c.start()
+    await until(lambda: c.majority, COMMIT, "the service's majority")
+    return [c]

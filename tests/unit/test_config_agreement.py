@@ -1,0 +1,46 @@
+"""The agreement options: what --agreement needs, and what it refuses with one line naming the option."""
+
+from __future__ import annotations
+
+import pytest
+
+from brokerd.cluster.config import ConfigError, load
+
+MESH = ["--mesh", "127.0.0.1:7100", "--mesh-key", "k.key_secret"]
+
+
+def test_agreement_with_its_peers_and_timeout():
+    cfg = load([*MESH, "--agreement", "127.0.0.1:7300", "--agreement-peer", "127.0.0.2:7300",
+                "--agreement-peer", "127.0.0.3:7300", "--agreement-timeout", "2.5"], {})
+    assert cfg.agreement == ("127.0.0.1", 7300)
+    assert cfg.agreement_peer == (("127.0.0.2", 7300), ("127.0.0.3", 7300))
+    assert cfg.agreement_timeout == 2.5
+
+
+def test_agreement_is_off_by_default_and_alone_is_a_cluster_of_one():
+    cfg = load(MESH, {})
+    assert cfg.agreement is None and cfg.agreement_peer == () and cfg.agreement_timeout == 5.0
+    assert load([*MESH, "--agreement", "127.0.0.1:7300"], {}).agreement_peer == ()
+
+
+def test_agreement_peers_from_the_environment():
+    cfg = load(MESH, {"BROKERD_AGREEMENT": "127.0.0.1:7300", "BROKERD_AGREEMENT_PEER": "b:7300, c:7300"})
+    assert cfg.agreement_peer == (("b", 7300), ("c", 7300))
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--mesh", "127.0.0.1:7100", "--mesh-insecure", "on", "--agreement", "127.0.0.1:7300"],
+     "--agreement: 127.0.0.1:7300 needs --mesh and --mesh-key FILE"),
+    (["--agreement", "127.0.0.1:7300"], "--agreement: 127.0.0.1:7300 needs --mesh and --mesh-key FILE"),
+    ([*MESH, "--agreement-peer", "127.0.0.2:7300"], "--agreement-peer: needs --agreement HOST:PORT"),
+    ([*MESH, "--agreement", "0.0.0.0:7300"], "--agreement: 0.0.0.0:7300 is no address another node can reach"),
+    ([*MESH, "--agreement", "127.0.0.1:7300", "--agreement-peer", "127.0.0.1:7300"],
+     "--agreement-peer: 127.0.0.1:7300 is this node's own --agreement"),
+    ([*MESH, "--agreement", "127.0.0.1:7100"], "--agreement: port 7100 is also used by --mesh"),
+    ([*MESH, "--agreement", "127.0.0.1:0"], "--agreement: must be a port number"),
+    ([*MESH, "--agreement", "127.0.0.1:7300", "--agreement-timeout", "0"], "--agreement-timeout: must be positive"),
+])
+def test_what_agreement_refuses(argv, says):
+    with pytest.raises(ConfigError) as refused:
+        load(argv, {})
+    assert says in str(refused.value)
