@@ -204,8 +204,9 @@ class Broker:
         return self._wait_exit(timeout)
 
     def kill(self) -> None:
-        """SIGKILL the supervisor and every worker (a crash of the whole broker)."""
-        pids = [self.pid, *worker_pids(self.pid)]
+        """SIGKILL the supervisor and every child: workers, brokerd-stats, brokerd-agree (a crash of
+        the whole broker: its Raft member too, not a graceful stop of it)."""
+        pids = [self.pid, *child_pids(self.pid)]
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -270,10 +271,14 @@ def freeze(pid: int) -> None:
     wait_for(all_stopped, 10.0, f"process {pid} stopped")
 
 
+def child_pids(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
 def worker_pids(pid: int) -> list[int]:
     """The supervisor's worker processes (its children except brokerd-stats and brokerd-agree)."""
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(x) for x in out.split() if _comm(int(x)) not in ("brokerd-stats", "brokerd-agree")]
+    return [p for p in child_pids(pid) if _comm(p) not in ("brokerd-stats", "brokerd-agree")]
 
 
 def _comm(pid: int) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -24,7 +23,16 @@ from brokerd.cluster.agreement.client import AgreementClient, NoAgreement  # noq
 from brokerd.cluster.agreement.service import PROCESS_NAME, Service  # noqa: E402
 from brokerd.cluster.agreement.state import OK, SESSION, STALE  # noqa: E402
 from brokerd.cluster.config import Config, load  # noqa: E402
-from tests.helpers import Broker, free_port, freeze, in_parallel, mesh_key, mesh_key_file, wait_for  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    Broker,
+    child_pids,
+    free_port,
+    freeze,
+    in_parallel,
+    mesh_key,
+    mesh_key_file,
+    wait_for,
+)
 
 COMMIT = 15.0  # bound on one commit, an election included
 
@@ -51,8 +59,7 @@ def config_of(broker: Broker) -> Config:
 
 
 def agreement_pid(broker: Broker) -> int | None:
-    out = subprocess.run(["pgrep", "-P", str(broker.pid)], capture_output=True, text=True).stdout
-    for pid in map(int, out.split()):
+    for pid in child_pids(broker.pid):
         try:
             with open(f"/proc/{pid}/comm") as f:
                 if f.read().strip() == PROCESS_NAME:
@@ -130,7 +137,7 @@ def test_a_killed_agreement_service_is_restarted_by_the_supervisor_and_commits_a
 
 def test_a_node_cut_off_from_the_two_others_refuses_proposals_and_has_no_majority_until_they_are_back(three):
     a, b, c = three
-    frozen = [p for n in (b, c) for p in (n.pid, *_children(n.pid))]
+    frozen = [p for n in (b, c) for p in (n.pid, *child_pids(n.pid))]
 
     async def main() -> None:
         (ca,) = await clients(a)
@@ -158,11 +165,6 @@ def test_a_node_cut_off_from_the_two_others_refuses_proposals_and_has_no_majorit
         wait_for(lambda: "agreement: majority lost" in a.log_text(), 5.0, "a's warning")
 
     asyncio.run(main())
-
-
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(x) for x in out.split()]
 
 
 # -- the service in this process: one member (a cluster of one), its sockets and the client -------
