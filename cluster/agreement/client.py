@@ -6,9 +6,10 @@ does; ZeroMQ's descriptor is edge-triggered, so every read drains, and a send is
 read). It imports no Raft engine: PySyncObj runs in the service alone.
 
 The service may not be up yet, or restarting: a request then waits for it, bounded by its
-timeout, and raises ``NoAgreement``, as one that no majority committed in time does. Its
-outcome is then unknown (an entry may still commit), which the conditional commands make
-harmless: the caller reads the record again and moves from whatever holds.
+timeout, and raises ``NoAgreement``, as one that no majority committed in time does (a proposal
+carries its deadline: one that reaches the service later is not proposed). Its outcome is then
+unknown (an entry may still commit), which the conditional commands make harmless: the caller
+reads the record again and moves from whatever holds.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class AgreementClient:
         """One batch of commands (state.py's), committed as a whole entry or not: their results.
         Raises ``NoAgreement`` when no majority committed it within ``timeout``."""
         timeout = self.config.agreement_timeout if timeout is None else timeout
-        answer = await self._ask(["propose", list(commands), timeout], timeout)
+        answer = await self._ask(["propose", list(commands), timeout, time.monotonic() + timeout], timeout)
         return answer[0]
 
     async def read(self, kind: str, key: str, timeout: float = 1.0) -> tuple[str | None, int]:

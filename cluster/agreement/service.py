@@ -8,7 +8,8 @@ in ``<data dir>/<node>/agreement`` keeps its vote and log), and stops it after t
 Its workers reach it on two local sockets (the run directory is 0700: nothing more to check):
 
 * ``agreement.sock`` (ROUTER): one msgpack list per request, answered with the same request id.
-  ``[req, "propose", commands, timeout]`` -> ``[req, "ok", results]`` or ``[req, "no", reason]``;
+  ``[req, "propose", commands, timeout(, deadline)]`` -> ``[req, "ok", results]`` or ``[req, "no",
+  reason]`` (``deadline``: the caller's, on the host's monotonic clock);
   ``[req, "read", kind, key]`` -> ``[req, "ok", owner, epoch]`` (this member's view, maybe stale);
   ``[req, "status"]`` -> ``[req, "ok", {...}]``. Every proposal received in one poll round goes
   into one Raft entry (``ENTRY_COMMANDS`` at most): a mass failover's moves are a few entries,
@@ -261,7 +262,15 @@ class Service:
                     timeout = self.config.agreement_timeout if timeout is None else float(timeout)
                     if not 0 < timeout <= MAX_TIMEOUT_S:
                         raise ValueError
-                    proposals.append(Request(identity, req, commands, now + timeout))
+                    deadline = now + timeout
+                    if len(msg) > 4 and isinstance(msg[4], (int, float)):
+                        # The caller's own deadline (CLOCK_MONOTONIC is the host's): a request that
+                        # waited in its socket for a service not up yet is not proposed after it.
+                        deadline = min(deadline, float(msg[4]))
+                    if deadline <= now:
+                        self._answer(identity, [req, "no", "its caller's time was up before it arrived"])
+                        continue
+                    proposals.append(Request(identity, req, commands, deadline))
                 elif op == "read":
                     kind, key = msg[2], msg[3]
                     if not isinstance(kind, str) or not isinstance(key, str):

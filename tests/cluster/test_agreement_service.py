@@ -241,3 +241,52 @@ async def clients_of(cfg: Config) -> list[AgreementClient]:
     await c.start()
     await until(lambda: c.majority, COMMIT, "the service's majority")
     return [c]
+
+
+def test_a_client_started_before_its_service_refuses_by_timeout_then_uses_it_once_up(tmp_path, monkeypatch):
+    """A worker may start while its node's service is not there yet (or restarting): its requests
+    time out as NoAgreement, without blocking its loop, and the same client works once it is up."""
+    monkeypatch.setenv("BROKERD_RUN_DIR", str(tmp_path / "run"))
+    cfg = Config(node_id="late", listen=("127.0.0.1", free_port()), mesh=("127.0.0.1", free_port()),
+                 mesh_key=mesh_key_file(), agreement=("127.0.0.1", free_port()), data_dir=str(tmp_path / "data"),
+                 agreement_timeout=0.5)
+    from brokerd.cluster.agreement.raft import Agreement
+
+    stop = threading.Event()
+    runner = threading.Thread(target=lambda: Service(cfg, Agreement).run(None, lambda: not stop.is_set()), daemon=True)
+
+    async def main() -> None:
+        client = AgreementClient(cfg, asyncio.get_running_loop())
+        await client.start()
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.02)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        try:
+            started = time.monotonic()
+            with pytest.raises(NoAgreement):
+                await client.propose([S.move(SESSION, "early", None, 0, "r")])  # --agreement-timeout 0.5
+            assert 0.45 < time.monotonic() - started < 2.0 and ticks >= 10
+            with pytest.raises(NoAgreement):
+                await client.read(SESSION, "early", timeout=0.3)
+            assert client.majority is False
+            runner.start()
+            await until(lambda: client.majority, COMMIT, "the service's majority")
+            assert (await client.propose([S.move(SESSION, "late", None, 0, "r")], COMMIT))[0][:2] == [OK, "r"]
+            assert (await client.read(SESSION, "late"))[0] == "r"
+            assert await client.read(SESSION, "early") == (None, 0)  # it waited past its caller's deadline
+        finally:
+            ticker.cancel()
+            await client.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        stop.set()
+        if runner.is_alive():
+            runner.join(10)
