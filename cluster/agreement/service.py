@@ -146,6 +146,7 @@ class _Entry:
     future: Any
     sent: float
     requests: list[Request] = field(default_factory=list)
+    due: float = float("inf")  # the earliest deadline of its requests not answered yet
 
 
 class Service:
@@ -306,6 +307,7 @@ class Service:
 
     def _propose(self, kind: str, commands: list, timeout: float, requests: list[Request] | None = None) -> None:
         entry = _Entry(kind, None, self.clock(), requests or [])
+        entry.due = min((r.deadline for r in entry.requests), default=float("inf"))
         entry.future = self.engine.propose_later(commands, timeout)
         self.in_flight.append(entry)
         entry.future.add_done_callback(lambda _f, e=entry: self._done(e))
@@ -344,7 +346,7 @@ class Service:
                 self._answer(r.identity, [r.req, "ok", mine] if results is not None else [r.req, "no", why])
 
     def _next_deadline(self) -> float:
-        return min((r.deadline for e in self.in_flight for r in e.requests if not r.answered), default=1e18)
+        return min((e.due for e in self.in_flight), default=float("inf"))
 
     def _expire(self, now: float) -> None:
         """Answer requests whose time is up; an entry whose every request is answered is let go
@@ -354,12 +356,18 @@ class Service:
                 if now - entry.sent > (PROBE_TIMEOUT_S if entry.kind == "probe" else JOIN_TIMEOUT_S) + 1.0:
                     entry.future.cancel()  # the engine's retries stop; its callback settles it
                 continue
+            if now < entry.due:
+                continue  # an entry's requests are looked at only once one of them is due
+            left = []
             for r in entry.requests:
                 if not r.answered and now >= r.deadline:
                     r.answered = True
                     self._answer(r.identity, [r.req, "no", f"no majority committed it within "
                                               f"{r.deadline - entry.sent:g}s"])
-            if all(r.answered for r in entry.requests):
+                elif not r.answered:
+                    left.append(r.deadline)
+            entry.due = min(left, default=float("inf"))
+            if not left:
                 entry.future.cancel()
 
     # -- timers ------------------------------------------------------------------------------------------
