@@ -26,6 +26,7 @@ import zmq
 
 from ..config import Config
 from ..paths import agreement_ipc, agreement_pub
+from .service import QUEUE_HWM
 from .state import NoAgreement
 
 __all__ = ["AgreementClient", "NoAgreement"]
@@ -62,9 +63,12 @@ class AgreementClient:
         self._ctx = zmq.Context(1)
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.SNDHWM, QUEUE_HWM)  # every CONNECT of a mass failover asks at once
+        dealer.setsockopt(zmq.RCVHWM, QUEUE_HWM)
         dealer.connect(agreement_ipc(self.config))  # ipc reconnects by itself: the service may come later
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, QUEUE_HWM)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(agreement_pub(self.config))
         self._dealer, self._sub = dealer, sub

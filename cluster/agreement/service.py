@@ -57,6 +57,7 @@ MAJORITY_REPEAT_S = 1.0  # ["majority", bool] again, for subscribers that came l
 JOIN_TIMEOUT_S = 5.0
 ENTRY_COMMANDS = 5000  # most commands in one Raft entry (a bigger request goes alone)
 ROUND_REQUESTS = 10_000  # requests read in one poll round before the rest wait for the next
+QUEUE_HWM = 1_000_000  # messages queued per socket: a mass failover's requests at once (ZeroMQ's 1,000 refused them)
 MAX_TIMEOUT_S = 300.0
 PROBE = get("agreement", "probe")
 PASSWORD_CONTEXT = b"brokerd agreement"
@@ -196,8 +197,11 @@ class Service:
         ctx = zmq.Context()
         router = ctx.socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.RCVHWM, QUEUE_HWM)
+        router.setsockopt(zmq.SNDHWM, QUEUE_HWM)  # beyond it a ROUTER drops answers
         pub = ctx.socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
+        pub.setsockopt(zmq.SNDHWM, QUEUE_HWM)
         ensure_run_dir(self.config)
         paths = [agreement_ipc(self.config), agreement_pub(self.config)]
         for endpoint in paths:
