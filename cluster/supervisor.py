@@ -150,6 +150,20 @@ class Supervisor:
             raise SystemExit(f"brokerd: error: --data-dir: cannot write {path}: {exc.strerror} "
                              "(or run with --log off)") from None
 
+    def _check_agreement_dir(self) -> None:
+        """The Raft journal's directory, checked here: a member that cannot write it would die at
+        each restart until the node stops, with the reason far back in the log."""
+        from .agreement.service import data_dir
+
+        path = data_dir(self.config)
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        except OSError as exc:
+            raise SystemExit(f"brokerd: error: --data-dir: cannot write {path} (the agreement journal): "
+                             f"{exc.strerror}") from None
+
     def run(self) -> int:
         cfg = self.config
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGHUP])  # from here on SIGHUP waits for the loop
@@ -158,6 +172,8 @@ class Supervisor:
         try:
             if cfg.log:
                 self._check_data_dir()
+            if cfg.agreement is not None:
+                self._check_agreement_dir()
             return self._serve()
         finally:
             self._unlock_dirs()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from brokerd.cluster.agreement.service import ENTRY_COMMANDS, PROCESS_NAME, Serv
 from brokerd.cluster.agreement.state import OK, SESSION, STALE  # noqa: E402
 from brokerd.cluster.config import Config, load  # noqa: E402
 from tests.helpers import (  # noqa: E402
+    BROKERD,
     Broker,
     child_pids,
     free_port,
@@ -293,3 +295,15 @@ def test_a_client_started_before_its_service_refuses_by_timeout_then_uses_it_onc
         stop.set()
         if runner.is_alive():
             runner.join(10)
+
+
+def test_a_node_whose_agreement_journal_cannot_be_written_stops_at_start_naming_it(tmp_path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    argv = [BROKERD, "--workers", "1", "--listen", f"127.0.0.1:{free_port()}", "--node-id", "j", "--log", "off",
+            "--data-dir", str(not_a_dir), "--mesh", f"127.0.0.1:{free_port()}", *mesh_key(),
+            "--agreement", f"127.0.0.1:{free_port()}"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "BROKERD_RUN_DIR": str(tmp_path / "run")})
+    assert done.returncode != 0
+    assert f"--data-dir: cannot write {not_a_dir}/j/agreement (the agreement journal)" in done.stderr
