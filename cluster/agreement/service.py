@@ -187,8 +187,8 @@ class Service:
     def _wake(self) -> None:
         try:
             os.write(self._wake_w, b"!")
-        except (BlockingIOError, OSError):
-            pass  # full: the loop wakes anyway
+        except OSError:
+            pass  # full (BlockingIOError): the loop wakes anyway
 
     def run(self, ready_fd: int | None, keep_going: Callable[[], bool]) -> int:
         import msgpack
