@@ -941,7 +941,8 @@ class Mesh:
             elif peer.parked:
                 self._keep(peer, frame, 1)
 
-    async def takeover(self, client_id: str, claim: list | None = None) -> dict | None:
+    async def takeover(self, client_id: str, claim: list | None = None,
+                       answered: set[str] | None = None) -> dict | None:
         """Ask every live peer for ``client_id``'s session, for a CONNECT making ``claim``
         (``[user name, refuse?]``, ``router.ownership``): a live router holding another
         identity's session refuses before it lets anything go, and a copy offered by a replica
@@ -963,7 +964,10 @@ class Mesh:
                     return TAKEOVER_UNAVAILABLE
                 continue
             waiter = self._ask_takeover(client_id, claim)
+            asked = set(waiter.waiting)
             result = await waiter.future
+            if answered is not None:
+                answered |= asked - waiter.missed - waiter.waiting
             if result is not None:  # a transfer broke off: that router keeps the session
                 self._settle(client_id, waiter.offers, failed=True)
                 return result
@@ -1031,6 +1035,7 @@ class Mesh:
                     self.replication.replica_moved(client_id, True)  # an older copy: dropped
                 continue
             if state is chosen:
+                state["offered_by"] = rid  # (the agreement's claim checks it against the record)
                 # Confirmed once its interest is known everywhere and it is in this router's
                 # snapshot (``confirm_takeover``): a live router then hands on all that still
                 # reaches it; a replica's holder drops its copy only when this one is durable.
@@ -1063,6 +1068,19 @@ class Mesh:
                 return refused
             self._await_confirm(client_id, None, 0)
         return state
+
+    def abort_takeover(self, client_id: str) -> None:
+        """See ``MeshPort.abort_takeover``: the router that offered the session keeps it (told
+        TAKEOVER_DONE false), or this router's replica keeps holding it."""
+        pending = self._unconfirmed_takeovers.pop(client_id, None)
+        if pending is None:
+            return
+        rid, req, timer, _ = pending
+        timer.cancel()
+        if rid is None:
+            self.replication.replica_moved(client_id, False)
+        else:
+            self._done(rid, req, False)
 
     def confirm_takeover(self, client_id: str, acked: list | None = None) -> None:
         """A session taken over (``_settle``) is here, in this router's snapshot, and the interest

@@ -220,6 +220,7 @@ class Replication:
         if self.factor > 1:
             mesh.lease = self.lease
         self._cut_off: list[Held] = []  # acknowledgements held while this node sees no majority
+        self.agreed: Any = None  # cluster.agreement.owners.SessionOwners, with --agreement
         # Back on an empty disk: the followers asked for this router's sessions (``_restore``).
         self._restoring: set[str] = set()
         self._restored_from: dict[str, tuple[int, int]] = {}  # client id → recency of the copy restored
@@ -554,7 +555,7 @@ class Replication:
         if time.monotonic() >= self.recount_at:
             self._majority()  # a lease that ends is noticed within a tick if nothing else looked
         self._release(released)
-        if self._cut_off and not self.members.has_majority:
+        if self._cut_off and self.in_minority:
             now = time.monotonic()
             late = [h for h in self._cut_off if h.deadline <= now]
             if late:
@@ -587,8 +588,40 @@ class Replication:
     @property
     def in_minority(self) -> bool:
         """Whether the majority rule holds this router back now: no majority of the member nodes
-        backs its lease, and replication is on (with R = 1 the rule is off)."""
+        backs its lease, and replication is on (with R = 1 the rule is off). With agreement on
+        (``agreed``), the majority is the agreement's: this node's member can commit."""
+        if self.agreed is not None:
+            return self.factor > 1 and not self.agreed.majority
         return self.factor > 1 and not self.members.has_majority
+
+    def agreement_majority(self, majority: bool) -> None:
+        """This node's agreement member gained or lost the majority (``AgreementClient``): the
+        acknowledgements held meanwhile go out on regaining it; on losing it for longer than a
+        mesh timeout (not a leader election's moment), the clients of persistent sessions here
+        are asked to connect elsewhere, where the majority may serve their sessions."""
+        if self.factor <= 1:
+            return
+        if majority:
+            held, self._cut_off = self._cut_off, []
+            log.warning("cluster: this node's agreement member can commit again: QoS 1/2 acknowledgements go on "
+                        "(%d held ones sent)", len(held))
+            self._release(held)
+            return
+        log.error("cluster: this node's agreement member cannot commit (no majority of the cluster reachable): "
+                  "QoS 1/2 publishes are not acknowledged and no session is taken in until it can")
+
+        def still_cut_off() -> None:
+            if not self.in_minority:
+                return
+            router = self.router
+            moved = [c for cid, c in router.clients.items()
+                     if (s := router.sessions.get(cid)) is not None and s.persistent and s.conn is c.conn]
+            if moved:
+                log.warning("cluster: %d client(s) of persistent sessions asked to connect elsewhere", len(moved))
+            for client in moved:
+                client.move_away()
+
+        self.loop.call_later(self.config.mesh_timeout, still_cut_off)
 
     def paused(self, gap: float) -> None:
         """The mesh's heartbeat came ``gap`` seconds after the last, about a mesh timeout or
@@ -641,6 +674,11 @@ class Replication:
     # -- a node cut off from the majority (cluster.quorum) ----------------------------------------
 
     def _majority(self) -> None:
+        if self.agreed is not None:
+            return  # the agreement's member says whether this node has the majority
+        self._lease_majority()
+
+    def _lease_majority(self) -> None:
         """Count the member nodes that back this router's lease (they hear it and answer its
         heartbeats, ``cluster.quorum.Lease``; with R = 1, those it hears); on losing the majority,
         stop acknowledging QoS 1/2 (held, then refused at --replica-timeout) and taking sessions

@@ -51,6 +51,7 @@ class Worker:
         self.tls_contexts: dict[Listener, Any] = {}  # TLS listeners' SSL contexts, reloaded on SIGUSR1
         self.mesh: Any = None
         self.replication: Any = None
+        self.agreement: Any = None  # cluster.agreement.client.AgreementClient, with --agreement
         # The live connections, and what all of them carried (read by the stats publisher).
         self.connections = ConnectionSet()
         self.commit_log: Any = None
@@ -123,11 +124,33 @@ class Worker:
                 self.mesh.replication = self.replication
         if self.replication is not None:
             await self.replication.ready()  # an empty log continues beyond what other nodes hold
+        if c.agreement is not None and self.mesh is not None:
+            await self._join_agreement()
         self.servers = await serve_listeners(self.loop, c, self._protocol, self.tls_contexts)
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stop.set)
         self.loop.add_signal_handler(signal.SIGUSR1, self._reload, reload_auth)  # the supervisor's SIGHUP
         self._start_stats()
+
+    async def _join_agreement(self) -> None:
+        """Persistent sessions are served by the owner the agreement names (``--agreement``): the
+        node's member is reached through its agreement service; the sessions restored from this
+        router's snapshot are checked against the records in the background."""
+        from .agreement.client import AgreementClient
+        from .agreement.owners import SessionOwners
+
+        router = self.router
+        self.agreement = AgreementClient(self.config, self.loop)
+        await self.agreement.start()
+        owners = SessionOwners(self.router_id, self.agreement, self.config.agreement_timeout)
+        owners.fence = router.fence_stale
+        self.agreement.on_owned = owners.on_owned
+        router.owners = owners
+        if self.replication is not None:
+            self.replication.agreed = owners
+            self.agreement.on_majority = self.replication.agreement_majority
+        restored = [cid for cid, s in router.sessions.items() if s.persistent or s.expiry_s]
+        owners.check_restored(restored, lambda cid: cid in router.clients)
 
     def _reload(self, reload_auth: Any) -> None:
         """SIGUSR1 (the supervisor's SIGHUP): the password and ACL files, and the TLS certificates."""
@@ -247,6 +270,9 @@ class Worker:
         await asyncio.sleep(0)  # let the transports flush their closing writes
         if self.replication is not None:
             await self.replication.close()
+        if self.agreement is not None:
+            self.router.owners.close()
+            await self.agreement.close()
         await self._close_log()
         log.info("router %s stopped", self.router_id)
 

@@ -51,7 +51,7 @@ from .log.errors import LogUnavailable
 from .message import Message, will_delay
 from .outbound import NO_LIMIT, Outbound
 from .ownership import REFUSE, REFUSED, Claim, decide, name, state_owner
-from .ports import TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE, TAKEOVER_UNDECIDED
+from .ports import NOT_AGREED, TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE, TAKEOVER_UNDECIDED
 from .retained_out import RetainedOut
 from .shared import is_shared, parse_share
 from .spool import drop_named
@@ -309,7 +309,10 @@ class Client:
     async def _connect_via_cluster(self, connect: Connect, assigned: bool) -> None:
         router = self.router
         refuse = router.config.session_owner == REFUSE
-        state = await router.mesh.takeover(self.client_id, [connect.username, refuse])  # bounded by the mesh
+        answered: set[str] = set()
+        state = await router.mesh.takeover(self.client_id, [connect.username, refuse], answered)  # bounded
+        if router.owners is not None:  # (a connection closed meanwhile too: its session is kept here)
+            state = await self._agree(connect, state, answered)
         try:
             await self._settle_connect(connect, assigned, state)
         finally:  # (done already where the session's interest was waited for)
@@ -320,6 +323,31 @@ class Client:
                 if session is None or all(r.directory != spooled[0] for r in session.ranges):
                     drop_named(state)  # not taken in (a clean start): its backlog ends here
 
+    async def _agree(self, connect: Connect, state: dict | None, answered: set[str]) -> dict | None:
+        """With agreement on (``--agreement``), the session a takeover brought counts only once
+        this router is its agreed owner (``cluster.agreement.owners``): a resumed session is
+        claimed, a refused claim undoes the takeover (the session stays where it was) and refuses
+        the CONNECT; a clean start releases whatever record the session had."""
+        router = self.router
+        owners = router.owners
+        if state is not None and (REFUSED in state or state is TAKEOVER_FAILED or state is TAKEOVER_UNAVAILABLE):
+            return state
+        if connect.clean_start:
+            if state is not None or owners.owns(self.client_id) or self.client_id in router.sessions:
+                owners.forget(self.client_id)
+            return state
+        if state is None:
+            source = router.router_id if self.client_id in router.sessions else None
+        else:
+            source = state.get("replica") or state.get("offered_by")
+        why = await owners.claim(self.client_id, source, answered)
+        if why is None:
+            return state
+        router.mesh.abort_takeover(self.client_id)
+        if state is not None:
+            drop_named(state)
+        return {NOT_AGREED: why}
+
     async def _settle_connect(self, connect: Connect, assigned: bool, state: dict | None) -> None:
         router = self.router
         if state is not None and REFUSED in state:  # another identity's session (router.ownership)
@@ -328,11 +356,11 @@ class Client:
             if not self.conn.closing:
                 self._refuse_claim(connect, *state[REFUSED])
             return
-        if state is None and not connect.clean_start and router.replication is not None \
+        if state is None and not connect.clean_start and router.replication is not None and router.owners is None \
                 and router.replication.undecided():
             state = TAKEOVER_UNDECIDED
         if self.conn.closing or state is TAKEOVER_FAILED or state is TAKEOVER_UNAVAILABLE \
-                or state is TAKEOVER_UNDECIDED:
+                or state is TAKEOVER_UNDECIDED or (state is not None and NOT_AGREED in state):
             if router.clients.get(self.client_id) is self:
                 del router.clients[self.client_id]
             if state is TAKEOVER_UNDECIDED:
@@ -345,6 +373,8 @@ class Client:
             elif state is TAKEOVER_UNAVAILABLE:
                 self._refuse(Reason.SERVER_UNAVAILABLE, "a router of this node that may hold its session "
                              "is down (restarting); the client may retry")
+            elif NOT_AGREED in state:
+                self._refuse(Reason.SERVER_UNAVAILABLE, state[NOT_AGREED])
             elif state is not None and state["persistent"] and self._newer_or_only(state):
                 # Its old owner let the session go: keep it here, offline, as if this client left.
                 session = router.import_session(self.client_id, state)

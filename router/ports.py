@@ -24,6 +24,9 @@ TAKEOVER_UNAVAILABLE: dict = {"unavailable": True}
 # serving it, so a persistent session's CONNECT is refused (server unavailable) rather than
 # given a second, empty session; the client retries, elsewhere or later.
 TAKEOVER_UNDECIDED: dict = {"undecided": True}
+# The key of what a CONNECT's claim on its session answers when the agreement did not make this
+# router the session's owner (``cluster.agreement.owners``): why, for the refusal's reason string.
+NOT_AGREED = "not_agreed"
 
 
 class MeshPort(Protocol):
@@ -54,12 +57,18 @@ class MeshPort(Protocol):
         that everything they sent before it (retained updates above all) has been handled here;
         None without live peers."""
 
-    def takeover(self, client_id: str, claim: list | None = None) -> Awaitable[dict | None]:
+    def takeover(self, client_id: str, claim: list | None = None,
+                 answered: set[str] | None = None) -> Awaitable[dict | None]:
         """Ask every peer to give up ``client_id``: its session state, None if nobody had it,
         ``TAKEOVER_FAILED`` or ``TAKEOVER_UNAVAILABLE``; for a CONNECT making ``claim`` (``[user
         name, refuse?]``), ``ownership.refusal`` when the session is another identity's (it stays
         where it is). The port bounds the wait (it goes on while a session arrives, and while a
-        router of this node is down)."""
+        router of this node is down). ``answered`` is filled with the routers that answered.
+        The session a live router offered names it (``offered_by``)."""
+
+    def abort_takeover(self, client_id: str) -> None:
+        """The session ``takeover`` brought is not taken after all (the agreement did not make this
+        router its owner): its old owner, or this router's replica, keeps it."""
 
     def confirm_takeover(self, client_id: str, acked: list | None = None) -> None:
         """The session ``takeover`` brought from a live router is here, its interest
@@ -102,6 +111,9 @@ class NullMesh:
     def confirm_takeover(self, client_id: str, acked: list | None = None) -> None:
         return None
 
+    def abort_takeover(self, client_id: str) -> None:
+        return None
+
     def hand_on(self, router_id: str, client_id: str, items: list) -> None:
         return None
 
@@ -111,7 +123,8 @@ class NullMesh:
     def peer_stats_endpoints(self) -> dict[str, str]:
         return {}
 
-    def takeover(self, client_id: str, claim: list | None = None) -> Awaitable[dict | None]:
+    def takeover(self, client_id: str, claim: list | None = None,
+                 answered: set[str] | None = None) -> Awaitable[dict | None]:
         future = asyncio.get_event_loop().create_future()
         future.set_result(None)
         return future

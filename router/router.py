@@ -148,6 +148,9 @@ class Router(SharedRouting, SessionLife):
         # QoS 1/2 acknowledgements until enough nodes have the record, and gives them back
         # through ``release_acks`` / ``refuse_acks``.
         self.replication: Any = None
+        # The agreed owners of its persistent sessions (cluster.agreement.owners.SessionOwners,
+        # with --agreement): a CONNECT resumes a session only once this router is its owner.
+        self.owners: Any = None
         # Sessions taken here from the replica of a router taken for dead ({router: client ids}):
         # that router drops its stale copies when it is heard again. In the snapshot: a restart
         # of this router in between must not forget them.

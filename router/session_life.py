@@ -19,7 +19,7 @@ from brokerd.connection.ratelimit import CONNECTIONS
 from .message import Message, expiry_deadline
 from .ownership import REFUSE, Claim, decide, name
 from .retained_out import finish as finish_walks
-from .session import Session, recency
+from .session import AWAIT_ACK, Session, recency
 from .spool import spooled
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ class SessionLife:
     mesh: Any
     moved_in: dict[str, float]
     stale_moving: set[str]
+    owners: Any
     in_doubt: dict[str, tuple[Session, str, int]]
     clients: dict[str, ClientHandle]
     _expiry: dict[str, asyncio.TimerHandle]
@@ -72,6 +73,8 @@ class SessionLife:
         groups (MQTT 5.0 section 4.8.2: SHOULD). A takeover moves a session instead: not here."""
         orphans = session.group_orphans() if session.shared else []
         self.drop_session(session)
+        if self.owners is not None:
+            self.owners.ended(session.client_id)  # its agreed record goes too
         for msg, key in orphans:
             self._hand_on(msg, key)
 
@@ -304,6 +307,61 @@ class SessionLife:
                             "dead, but a client is connected to it here: kept", cid)
                 continue
             self._drop_stale(session)
+        if self.state is not None:
+            self.state.mark(soon=True)
+
+    def fence_stale(self, client_id: str, to: str | None) -> None:
+        """The agreement names router ``to`` (None: nobody, a clean start ended it) as the owner of
+        ``client_id``'s session at a newer epoch than this router's claim (``cluster.agreement.
+        owners``): the copy here is stale (this router was cut off, stopped, or restored an old
+        snapshot while the session moved). A client connected to it here is disconnected (its will
+        stays with the session it left: not published from a stale copy), and what the copy had
+        not delivered (in flight, queued, in its log range) goes to ``to``: what was published on
+        this side meanwhile is not lost. At least once. A session being handed over by a takeover
+        is left to the takeover."""
+        session = self.sessions.get(client_id)
+        if session is None or client_id in self.moving:
+            return
+        client = self.clients.get(client_id)
+        if client is not None and client.session is session:
+            client.will = None
+            client.taken_over()
+            log.warning("session %s is owned by %s now (the cluster agreed while this router was cut off or "
+                        "stopped): its client here was disconnected", client_id, to or "nobody")
+        if to is None or not (session.persistent or session.expiry_s) or not session.subscriptions:
+            self.drop_session(session)
+            return
+        unacked = [(e.msg, e.qos, e.retain) for e in session.inflight.values()
+                   if e.state == AWAIT_ACK and e.msg is not None]  # (QoS 2 past PUBREC: the client has it)
+        if unacked:
+            session.inflight = {}
+            session.queue = [*unacked, *session.queue]
+        if session.log is not None and session.queue:
+            logged = [m.log_offset for m, _, _ in session.queue if m.log_offset >= 0]
+            if logged:  # what the queue held of this log is read again from it, in order
+                start = min(logged) if session.cursor is None else min(session.cursor, *logged)
+                session.queue = [item for item in session.queue if item[0].log_offset < 0]
+                session.cursor = start
+        log.warning("session %s: a stale copy here (the cluster agreed it is %s's) hands on what it had not "
+                    "delivered", client_id, to)
+        ranges, session.ranges = session.ranges, ()  # (kept from ``_forget``: they are handed on too)
+        self._forget(session)
+        session.ranges = ranges
+        session.will = None
+        for key in list(session.shared):
+            self.unsubscribe_shared(session, key)
+
+        def hand_on(_: Any = None) -> None:
+            self.hand_on(session, to)
+            for rng in ranges:
+                if rng.copies:
+                    rng.discard()
+
+        barrier = self.mesh.barrier()
+        if barrier is None:
+            hand_on()
+        else:
+            barrier.add_done_callback(hand_on)
         if self.state is not None:
             self.state.mark(soon=True)
 
