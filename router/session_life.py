@@ -292,7 +292,11 @@ class SessionLife:
     def drop_stale_sessions(self, client_ids: list[str]) -> None:
         """Sessions of this router that were taken over elsewhere from a replica while it was
         taken for dead (cluster.replication): the copies restored here are stale. One with a
-        client connected to it here is kept (logged): that client is the session's now."""
+        client connected to it here is kept (logged): that client is the session's now. With
+        agreement on, the agreed record decides instead (``fence_stale``, which hands on what
+        the stale copy got meanwhile: dropped here, that would be lost)."""
+        if self.owners is not None:
+            return
         for cid in client_ids:
             session = self.sessions.get(cid)
             if session is None:

@@ -7,6 +7,7 @@ bounded; ``PARTITION_SEED=<seed>`` replays a run's schedule. Runs only with ``BR
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,8 @@ from tests.helpers import Broker, add_user
 from tests.partition.netns import Lab
 from tests.partition.scenario import FAULTS, PartitionScenario, partition_seed, start_nodes
 
+# Session ownership agreed through Raft (--agreement): the default; BROKERD_AGREEMENT=0 runs the lease rules.
+AGREEMENT = os.environ.get("BROKERD_AGREEMENT", "1") == "1"
 PERIOD = 0.13  # each of six publishers: about 45 QoS 1 publishes a second in all
 CAP_S = 60.0  # the faults' wall-clock cap (a run: about 90 s with start-up and the checks)
 
@@ -48,7 +51,7 @@ def test_partition_on_real_links(lab: Lab, start_broker: Callable[..., Broker], 
     secured = ["--password-file", str(tmp_path / "passwd"), "--acl-file", str(tmp_path / "acl")]
     credentials = ("chaos", password)
     try:
-        nodes = start_nodes(start_broker, lab, secured, credentials)
+        nodes = start_nodes(start_broker, lab, secured, credentials, agreement=AGREEMENT)
     except AssertionError as exc:
         raise AssertionError(f"{exc} (PARTITION_SEED={seed})") from None
     sc = PartitionScenario("partition", seed, nodes, credentials)
