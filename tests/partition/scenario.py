@@ -77,8 +77,9 @@ class NsNode(Node):
         return self.ns
 
 
-def start_nodes(start_broker: Callable[..., Broker], lab: Lab, args: list[str], credentials: tuple[str, str],
-                names: str = "abc", workers: int = 2, agreement: bool = False) -> list[NsNode]:
+def start_nodes(start_broker: Callable[..., Broker], lab: Lab, args: list[str],
+                credentials: tuple[str, str] | None, names: str = "abc", workers: int = 2,
+                agreement: bool = False) -> list[NsNode]:
     """One node per namespace of ``lab`` (``ip netns exec``), each with every other as a peer and
     the default replication (factor 2, min in-sync 2); returns once every router delivers to every
     other, bounded. ``agreement``: the nodes also agree through Raft (``--agreement`` on its own
