@@ -83,6 +83,9 @@ MESH_TIMEOUT = 1.0  # --mesh-timeout of every broker: short, so a SIGSTOP beyond
 # keeps the default, so both policies meet the faults.
 BROKER_ARGS = ("--mesh-timeout", f"{MESH_TIMEOUT:g}", "--stats-interval", "0.2", "--sys-interval", "0")
 FSYNC_ALWAYS = ("--fsync", "always")
+# Session ownership agreed through Raft (--agreement) in clusters of nodes; BROKERD_AGREEMENT=0:
+# the lease rules, as before it.
+AGREEMENT = os.environ.get("BROKERD_AGREEMENT", "1") == "1"
 STOP_BEYOND = (0.5, 1.2)  # a SIGSTOP lasts the mesh timeout plus this much (seconds, uniform)
 GAP = (0.6, 1.8)  # traffic without a new fault between two faults (seconds, uniform)
 OFFLINE = (0.2, 1.5)  # how long a client that dropped its connection stays away
@@ -1206,20 +1209,26 @@ class Scenario:
 
 
 def start_nodes(start_broker: Callable[..., Broker], names: str = "abc", workers: int = 2,
-                partitionable: bool = False) -> list[Node]:
+                partitionable: bool = False, agreement: bool = AGREEMENT) -> list[Node]:
     """Nodes on 127.0.0.1, .2, .3, each with ``workers`` workers and a mesh port; each peers with
     the previous one (the first with the second): the rest is learned by gossip. Returns once
     every router delivers to every other (``probe_mesh``), bounded. ``partitionable``: every
     router's mesh behind a proxy the node advertises (``--mesh-advertise``), which the partition
-    fault cuts (tests/cluster/partition.py); the caller closes them (``close_proxies``)."""
+    fault cuts (tests/cluster/partition.py); the caller closes them (``close_proxies``).
+    ``agreement``: each node has a Raft member (``--agreement``), every other as a peer; the
+    proxies cut the mesh only (tests/partition cuts every link)."""
     hosts = [f"127.0.0.{i + 1}" for i in range(len(names))]
     ports = [_mesh_port(h, workers) for h in hosts]
     advertised = [_mesh_port(h, workers) for h in hosts] if partitionable else ports
+    agree = [_mesh_port(h, 1) for h in hosts]
     starts, proxies_of = [], []
     for i, (host, name) in enumerate(zip(hosts, names, strict=True)):
         peer = 1 if i == 0 else i - 1
         args = [*BROKER_ARGS, *FSYNC_ALWAYS, "--mesh", f"{host}:{ports[i]}", *mesh_key(),
                 "--peer", f"{hosts[peer]}:{advertised[peer]}"]
+        if agreement and len(names) > 1:
+            args += ["--agreement", f"{host}:{agree[i]}"]
+            args += [a for j in range(len(names)) if j != i for a in ("--agreement-peer", f"{hosts[j]}:{agree[j]}")]
         proxies = []
         if partitionable:
             proxies = [MeshProxy(host, ports[i] + w, advertised[i] + w) for w in range(workers)]
