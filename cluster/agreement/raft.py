@@ -36,17 +36,19 @@ from collections.abc import Callable, Sequence
 # ``inet_ntop`` in the process (paho, ipaddress-free address formatting) then raises TypeError.
 # Import it through here, and the process keeps its own.
 _inet_ntop = socket.inet_ntop
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated  # noqa: E402
+from pysyncobj import FAIL_REASON, SyncObjConf, replicated  # noqa: E402
 from pysyncobj.transport import TCPTransport  # noqa: E402
 
 socket.inet_ntop = _inet_ntop
 
+# Its followers truncate only from a conflict, and its journal is synced before a member answers.
+from brokerd.cluster.agreement.pysyncobj_fixes import PatchedSyncObj  # noqa: E402
 from brokerd.cluster.agreement.state import Command, NoAgreement, Result, State  # noqa: E402
 
 __all__ = ["Agreement", "NoAgreement"]
 
 
-class _Replica(SyncObj):
+class _Replica(PatchedSyncObj):
     """One member's replica: the only replicated method applies a batch to the local State.
 
     ``on_changed``: called in PySyncObj's thread, in log order, with the records an applied entry

@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("brokerd.cluster.agreement.raft")
 
 from brokerd.cluster.agreement import state as S  # noqa: E402
+from brokerd.cluster.agreement.pysyncobj_fixes import PatchedSyncObj  # noqa: E402
 from brokerd.cluster.agreement.raft import Agreement, NoAgreement  # noqa: E402
 from brokerd.cluster.agreement.state import OK, SESSION, STALE  # noqa: E402
 from tests.helpers import free_port, wait_for  # noqa: E402
@@ -255,6 +256,7 @@ class _Net:
     def __init__(self) -> None:
         self.transports: dict = {}
         self.pending: list[tuple[str, str, dict]] = []
+        self.events: list[tuple] = []  # ("send", source, message), and what a test adds
 
     def deliver(self, to: str | None = None) -> None:
         go = [m for m in self.pending if to in (None, m[1])]
@@ -279,20 +281,22 @@ class _Net:
 
             def send(self, node, message) -> bool:
                 net.pending.append((self.me, node.address, pickle.loads(pickle.dumps(message))))
+                net.events.append(("send", self.me, message))
                 return True
 
         return Held
 
 
-def _ticked_member(net: _Net, me: str, members: tuple[str, ...], leads: bool):
-    from pysyncobj import SyncObj, SyncObjConf, replicated
+def _ticked_member(net: _Net, me: str, members: tuple[str, ...], leads: bool, engine: type = PatchedSyncObj,
+                   journal: str | None = None):
+    from pysyncobj import SyncObjConf, replicated
 
-    class Items(SyncObj):
+    class Items(engine):
         def __init__(self) -> None:
             self.items: list[str] = []
             conf = SyncObjConf(autoTick=False, appendEntriesUseBatch=False, appendEntriesPeriod=0.001,
                                connectionTimeout=300, raftMinTimeout=0.01 if leads else 100,
-                               raftMaxTimeout=0.02 if leads else 200)
+                               raftMaxTimeout=0.02 if leads else 200, journalFile=journal)
             super().__init__(me, [p for p in members if p != me], conf, transportClass=net.transport())
 
         @replicated
@@ -302,8 +306,6 @@ def _ticked_member(net: _Net, me: str, members: tuple[str, ...], leads: bool):
     return Items()
 
 
-@pytest.mark.xfail(strict=True, reason="PySyncObj 0.3.17 truncates a follower's log after any matching "
-                   "append, not only from a conflicting entry (docs/replication.md, 'The choice')")
 def test_a_follower_handed_an_old_append_again_keeps_the_entries_it_acknowledged():
     """Raft tolerates late and repeated messages: a follower deletes entries only from the first
     that conflicts with the leader's. Over TCP a late append follows a repeated reset answer;
@@ -347,6 +349,79 @@ def test_a_follower_handed_an_old_append_again_keeps_the_entries_it_acknowledged
     net.deliver(b)
     lb.doTick(0)
     assert lb.getStatus()["log_len"] == acknowledged  # PySyncObj drops e3 here: then only a holds it
+
+
+def test_a_follower_keeps_a_tail_no_entry_conflicts_with_but_commits_no_further_than_the_append():
+    """Raft's AppendEntries rules 3 to 5 on one follower, its leaders played by hand: an append
+    whose entries it holds deletes nothing after them (nothing conflicts), but the commit index
+    stops at the append's last entry, since the tail may be an old term's that the leader's log
+    does not hold (here c's, term 2, under a leading term 3). A conflicting entry replaces it."""
+    from pysyncobj import pickle as sync_pickle
+    from pysyncobj.syncobj import _COMMAND_TYPE
+
+    net = _Net()
+    members = a, b, c = "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"
+    lb = _ticked_member(net, b, members, leads=False)
+    into = net.transports[b]
+
+    def entry(item: str, idx: int, term: int) -> tuple:
+        command = sync_pickle.dumps((lb._methodToID[lb._getFuncName("add")], (item,)))
+        return bytes([_COMMAND_TYPE.REGULAR]) + command, idx, term
+
+    def append(source: str, term: int, prev: tuple[int, int], entries: list, commit: int) -> None:
+        into._onMessageReceived(into.peers[source], {
+            "type": "append_entries", "term": term, "commit_index": commit,
+            "prevLogIdx": prev[0], "prevLogTerm": prev[1], "entries": entries})
+        lb.doTick(0)
+
+    append(a, 1, (1, 0), [entry("x", 2, 1), entry("y", 3, 1)], 1)
+    append(c, 2, (3, 1), [entry("stale", 4, 2)], 1)  # c led term 2: its entry reached b alone
+    append(a, 3, (2, 1), [entry("y", 3, 1)], 4)  # a leads term 3, its 4th entry committed: a late resend
+    assert lb.getStatus()["log_len"] == 4  # upstream deleted the tail here
+    assert lb.items == ["x", "y"]  # and the stale entry is not applied
+    append(a, 3, (3, 1), [entry("z", 4, 3)], 4)
+    assert lb.items == ["x", "y", "z"]
+
+
+def test_a_member_syncs_its_vote_before_granting_it_and_its_journal_before_acknowledging(tmp_path, monkeypatch):
+    """Raft: term, vote and log are on stable storage before a member answers for them. Reading
+    the journal back proves nothing (mmap writes are in the page cache at once, synced or not), so
+    the order is observed: b's syncs (an fsync of its meta file, an msync of its journal, as
+    ``flush``) and its answers, in one list of events."""
+    net = _Net()
+    members = a, b, c = "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"
+    journal = str(tmp_path / "raft.journal")
+    fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (net.events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                 fsync(fd))[1])
+    la, lb, lc = (_ticked_member(net, m, members, m == a, journal=journal if m == b else None) for m in members)
+    log = lb._SyncObj__raftLog
+    msync = log.flush
+    log.flush = lambda: (net.events.append(("flush", len(log))), msync())[1]
+    for t in net.transports.values():
+        for peer in t.peers.values():
+            t._onNodeConnected(peer)
+    time.sleep(0.05)  # past a's election timeout (the others' is 100 s)
+    for _ in range(3):
+        la.doTick(0)
+        net.deliver()
+        lb.doTick(0)
+        lc.doTick(0)
+        net.deliver()
+    la.add("e1")
+    la.doTick(0)
+    net.deliver()
+    lb.doTick(0)
+
+    def before(**answer) -> list[tuple]:
+        """The events before b's first message that holds ``answer``."""
+        at = next(i for i, e in enumerate(net.events)
+                  if e[:2] == ("send", b) and answer.items() <= e[2].items())
+        return net.events[:at]
+
+    assert any(e[0] == "fsync" and e[1] == journal + ".meta.tmp" for e in before(type="response_vote"))
+    assert len(log) == 3  # the first entry, the leader's no-op, e1
+    assert ("flush", 3) in before(type="next_node_idx", next_node_idx=4, success=True)
 
 
 def test_importing_the_engine_leaves_the_process_its_inet_ntop():
