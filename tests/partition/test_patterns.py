@@ -36,7 +36,7 @@ BACK_S = 20.0  # a persistent subscriber's bound to get a connection somewhere, 
 ACK_S = 15.0  # a publisher's bound for its PUBACKs once the cut healed (--replica-timeout is 10 s)
 DELIVER_S = 15.0  # the subscriber's bound for every acknowledged message
 REFUSED = {0x03, 0x88}  # server unavailable (MQTT 3.1.1, MQTT 5)
-# The scripts' moments (seconds), each the shortest that showed its pattern (docs/partition.md).
+# The scripts' moments (seconds): those every run of each pattern failed with (docs/partition.md).
 A_HELD_S = 3.0  # A: the cut goes on this long after the eight publishes on the cut-off node
 B_CONNECT_AT_S = (0.0, 0.5, 0.95, 1.5)  # B: each round's CONNECT, this long into the owner's stop ...
 B_STOP_S = 2.0  # ... which lasts this long (the mesh timeout is 1 s)
