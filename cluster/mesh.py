@@ -1134,18 +1134,28 @@ class Mesh:
         else:
             self._done(rid, req, True)
 
-    def hand_on(self, router_id: str, client_id: str, items: list) -> None:
+    def hand_on(self, router_id: str, client_id: str, items: list, answered: dict | None = None) -> None:
         """Copies for ``client_id``, which moved to ``router_id``, that reached this router
         after it was handed over (``Router.hand_on``); the last frame says so, even with none
-        (the new owner stops waiting for them: ``_handons_lost``)."""
+        (the new owner stops waiting for them: ``_handons_lost``). The last frame also names the
+        routers that did not answer the barrier before it (``answered``: those that did), with
+        how far this router had seen their logs: what they sent here before they knew of the
+        move may still be on its way (a link cut between them and this router alone), and
+        arrive after the session left; the new owner asks them for it (``_handed_on``)."""
         peer = self.peers.get(router_id)
         if peer is None or not peer.alive or self.closed:
             if items:
                 log.warning("mesh: %d message(s) for session %s not handed on: its new router %s is gone",
                             len(items), client_id, router_id)
             return
+        unheard = None
+        if answered is not None:
+            unheard = {rid: p.origin_mark for rid, p in self.peers.items()
+                       if rid not in answered and rid != router_id and p.origin_mark >= 0}
         for i in range(0, max(len(items), 1), HANDON_ITEMS):
-            self._send(peer, SESSION_HANDON, [client_id, items[i:i + HANDON_ITEMS], i + HANDON_ITEMS >= len(items)])
+            last = i + HANDON_ITEMS >= len(items)
+            body = [client_id, items[i:i + HANDON_ITEMS], last]
+            self._send(peer, SESSION_HANDON, [*body, unheard] if last and unheard else body)
 
     def _handons_lost(self, router_id: str) -> None:
         """Router ``router_id`` fell silent (or restarted) before it had handed on all that
@@ -1176,11 +1186,16 @@ class Mesh:
                         "here: %d router(s) asked to read it back", router_id, "came back" if back else "fell silent",
                         cid, asked)
 
-    def _handed_on(self, client_id: str, items: list, last: bool) -> None:
+    def _handed_on(self, client_id: str, items: list, last: bool, unheard: Any = None) -> None:
         """Copies handed on by a session's old router: those that also came here directly (at
-        or beyond the marks of ``confirm_takeover``) are dropped, the rest delivered."""
+        or beyond the marks of ``confirm_takeover``) are dropped, the rest delivered. With the
+        last: ``unheard``, the routers that had not answered the old router's barrier, {router:
+        how far it had seen that router's log}: their copies between there and where they send
+        here directly (the marks) are read back from their logs (SESSION_CATCHUP). At least once."""
         if last:
-            self._handons_due.pop(client_id, None)
+            entry = self._handons_due.pop(client_id, None)
+            if unheard.__class__ is dict and unheard and entry is not None:
+                self._ask_unheard(client_id, entry, unheard)
         marks = self._handon_marks.get(client_id, ({}, 0.0))[0]
         if marks:
             kept = []
@@ -1192,6 +1207,16 @@ class Mesh:
             items = kept
         if items:
             self.router.take_copies(client_id, items)
+
+    def _ask_unheard(self, client_id: str, entry: list, unheard: dict) -> None:
+        _, (since_ms, _seen), marks, _, _ = entry
+        session = self.router.sessions.get(client_id)
+        if session is None or self.replication is None or not session.subscriptions:
+            return
+        asked = self.replication.read_back_unheard(session, since_ms, unheard, marks)
+        if asked:
+            log.info("mesh: session %s: router(s) %s had not answered its old router when it handed on: asked "
+                     "for what they sent there before they knew of the move", client_id, ", ".join(asked))
 
     def _done(self, rid: str | None, req: int, ok: bool) -> None:
         """Tell router ``rid`` (None: this one, nothing to tell) whether the session it offered
@@ -1457,7 +1482,7 @@ class Mesh:
             transfer.progress = time.monotonic()
             self._arrived(peer, req, transfer, items, last)
         elif kind == SESSION_HANDON:
-            self._handed_on(body[0], body[1], body[2])
+            self._handed_on(body[0], body[1], body[2], body[3] if len(body) > 3 else None)
         elif kind == TAKEOVER_DONE:
             req, ok = body
             client_id = self._moves.pop((sender, req), None)

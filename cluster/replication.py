@@ -1455,6 +1455,23 @@ class Replication:
             old_asked = old_asked or (ok and rid == old)
         return asked, old_asked
 
+    def read_back_unheard(self, session: Session, since_ms: int, unheard: dict, marks: dict[str, int]) -> list[str]:
+        """``session`` moved here from a router that handed on what reached it, but some routers
+        had not answered its barrier (``unheard``: {router: how far the old router had seen its
+        log}): what they sent the old router before they knew of the move may reach it after the
+        session left. Ask each for its copies from there to where it sends here directly
+        (``marks``; its log's end where none). Returns the routers asked."""
+        asked = []
+        for rid, seen in sorted(unheard.items()):
+            if rid.__class__ is not str or seen.__class__ is not int:
+                continue
+            end = marks.get(rid, LOG_END)
+            if 0 <= end <= seen:
+                continue  # it sends here directly from where the old router had seen it
+            if self._ask_catchup(rid, self._catchup_body(session, rid, seen, since_ms - CATCHUP_MARGIN_MS, end)):
+                asked.append(rid)
+        return asked
+
     def _catchup_body(self, session: Session, rid: str, start: int, since_ms: int, end: int = -1) -> list:
         """SESSION_CATCHUP's body asking router ``rid`` for ``session``'s messages (from
         ``start``, or -1: from ``since_ms``; to ``end``, -1: the log's end), and whether this

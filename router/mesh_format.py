@@ -79,6 +79,10 @@ mesh timeout.
 17: a session's owner (``router.ownership``): TAKEOVER_REQ may carry the asker's claim, ``[req,
 client_id, spools, [user name, refuse?]]``, and a router holding another identity's session
 refuses it with TAKEOVER_RESP ``[req, None, False, [owner]]``, before it lets anything go.
+18: the last SESSION_HANDON may carry a fourth value, ``{router: offset}``: the routers that had
+not answered the old router's barrier before it handed on, and how far it had seen their logs;
+the new owner asks them for what they sent the old router before they knew of the move
+(``Replication.read_back_unheard``: a link cut between them and the old router alone).
 """
 
 from __future__ import annotations
@@ -94,7 +98,7 @@ from .message import _QOS0_V3, _QOS0_V4, _QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4,
 # the full one (Message.to_list()); one more value names the shared groups it was chosen for.
 PLAIN, FULL = 5, 9
 
-MESH_VERSION = 17
+MESH_VERSION = 18
 (HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE,
  RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE, CATCHUP, REPLICATE, REPLICA_ACK, REPLICA_FETCH, REPLICA_CATCHUP,
  REPLICA_PUBLISH, SESSION_STATE, SESSION_GONE, SESSION_CATCHUP, SESSION_COPIES, SESSION_RESTORE,

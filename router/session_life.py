@@ -237,11 +237,14 @@ class SessionLife:
         if barrier is None:
             self.hand_on(session, to)
         else:
-            barrier.add_done_callback(lambda _f: self.hand_on(session, to))
+            barrier.add_done_callback(lambda f: self.hand_on(session, to, _answered(f)))
 
-    def hand_on(self, session: Session, to: str) -> None:
+    def hand_on(self, session: Session, to: str, answered: dict | None = None) -> None:
         """The end of ``_hand_on_later``: what the moved session got here goes to router ``to``;
-        its subscriptions here end (and with them, maybe, this router's interest)."""
+        its subscriptions here end (and with them, maybe, this router's interest). ``answered``:
+        the routers that answered the barrier (their log ends); what the others sent here before
+        they knew of the move may still be on its way (a cut link): the new owner asks them
+        (``Mesh.hand_on``)."""
         if self.commit_log is not None:
             self.commit_log.flush()  # read from the disk
         items = [item for chunk in session.export_copies(False) for item in chunk]
@@ -250,7 +253,7 @@ class SessionLife:
         if items:
             log.info("session %s: %d message(s) that reached this router after it moved handed on to %s",
                      session.client_id, len(items), to)
-        self.mesh.hand_on(to, session.client_id, items)  # even none: the new owner waits for the end
+        self.mesh.hand_on(to, session.client_id, items, answered)  # even none: the new owner waits for the end
 
     def take_copies(self, client_id: str, items: list, read_back: bool = False) -> None:
         """Copies for a session here read back or handed on elsewhere (a catch-up after a
@@ -355,8 +358,8 @@ class SessionLife:
         for key in list(session.shared):
             self.unsubscribe_shared(session, key)
 
-        def hand_on(_: Any = None) -> None:
-            self.hand_on(session, to)
+        def hand_on(f: Any = None) -> None:
+            self.hand_on(session, to, _answered(f))
             for rng in ranges:
                 if rng.copies:
                     rng.discard()
@@ -485,3 +488,11 @@ class SessionLife:
                 self.rearm_will(session)
             else:
                 self.end_session(session)
+
+
+def _answered(barrier: Any) -> dict | None:
+    """The routers that answered a barrier (``MeshPort.barrier``), with their log ends; None if unknown."""
+    if barrier is None or barrier.cancelled() or barrier.exception() is not None:
+        return None
+    result = barrier.result()
+    return result if result.__class__ is dict else None

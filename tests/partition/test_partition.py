@@ -51,7 +51,8 @@ def test_partition_on_real_links(lab: Lab, start_broker: Callable[..., Broker], 
     secured = ["--password-file", str(tmp_path / "passwd"), "--acl-file", str(tmp_path / "acl")]
     credentials = ("chaos", password)
     try:
-        nodes = start_nodes(start_broker, lab, secured, credentials, agreement=AGREEMENT)
+        nodes = start_nodes(start_broker, lab, secured, credentials, agreement=AGREEMENT,
+                            names=os.environ.get("PARTITION_NAMES", "abc"))  # another lab at once: other names
     except AssertionError as exc:
         raise AssertionError(f"{exc} (PARTITION_SEED={seed})") from None
     sc = PartitionScenario("partition", seed, nodes, credentials)
