@@ -83,9 +83,9 @@ MESH_TIMEOUT = 1.0  # --mesh-timeout of every broker: short, so a SIGSTOP beyond
 # keeps the default, so both policies meet the faults.
 BROKER_ARGS = ("--mesh-timeout", f"{MESH_TIMEOUT:g}", "--stats-interval", "0.2", "--sys-interval", "0")
 FSYNC_ALWAYS = ("--fsync", "always")
-# Session ownership agreed through Raft (--agreement) in clusters of nodes; BROKERD_AGREEMENT=0:
+# Session ownership agreed through Raft (--agreement) in clusters of nodes; TEST_AGREEMENT=0:
 # the lease rules, as before it.
-AGREEMENT = os.environ.get("BROKERD_AGREEMENT", "1") == "1"
+AGREEMENT = os.environ.get("TEST_AGREEMENT", "1") == "1"
 STOP_BEYOND = (0.5, 1.2)  # a SIGSTOP lasts the mesh timeout plus this much (seconds, uniform)
 GAP = (0.6, 1.8)  # traffic without a new fault between two faults (seconds, uniform)
 OFFLINE = (0.2, 1.5)  # how long a client that dropped its connection stays away

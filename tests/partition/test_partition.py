@@ -19,8 +19,8 @@ from tests.helpers import Broker, add_user
 from tests.partition.netns import Lab
 from tests.partition.scenario import FAULTS, PartitionScenario, partition_seed, start_nodes
 
-# Session ownership agreed through Raft (--agreement): the default; BROKERD_AGREEMENT=0 runs the lease rules.
-AGREEMENT = os.environ.get("BROKERD_AGREEMENT", "1") == "1"
+# Session ownership agreed through Raft (--agreement): the default; TEST_AGREEMENT=0 runs the lease rules.
+AGREEMENT = os.environ.get("TEST_AGREEMENT", "1") == "1"
 PERIOD = 0.13  # each of six publishers: about 45 QoS 1 publishes a second in all
 CAP_S = 60.0  # the faults' wall-clock cap (a run: about 90 s with start-up and the checks)
 

@@ -7,7 +7,7 @@ a set of received numbers; duplicates allowed), and a persistent subscriber's re
 session present = 1 or a refusal, never session present = 0 once its session existed. A refused
 or unanswered CONNECT is tried again, bounded, where a load balancer would send it.
 
-``BROKERD_AGREEMENT=1`` runs them on nodes that agree through Raft (``start_nodes(agreement=...)``).
+They run on nodes that agree through Raft (``TEST_AGREEMENT=0``: the lease rules) (``start_nodes(agreement=...)``).
 docs/partition.md, "The four patterns", says how often each failed before that work.
 """
 
@@ -30,7 +30,7 @@ from tests.helpers import Broker, Client, freeze, wait_for
 from tests.partition.netns import Lab
 from tests.partition.scenario import NsNode, start_nodes
 
-AGREEMENT = os.environ.get("BROKERD_AGREEMENT", "0") == "1"
+AGREEMENT = os.environ.get("TEST_AGREEMENT", "1") == "1"
 CONNACK_S = 8.0  # one CONNECT's wait for its CONNACK (a takeover waits about 3 s for a silent peer)
 BACK_S = 20.0  # a persistent subscriber's bound to get a connection somewhere, refusals included
 ACK_S = 15.0  # a publisher's bound for its PUBACKs once the cut healed (--replica-timeout is 10 s)
