@@ -12,13 +12,28 @@ rule of the Raft paper (Ongaro and Ousterhout, Figure 2) it restores. Import PyS
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 
 from pysyncobj import SyncObj
 from pysyncobj import pickle as sync_pickle
 from pysyncobj.journal import MetaStorer
 
 __all__ = ["PatchedSyncObj"]
+
+_keeping = threading.local()  # set while upstream handles an append that fix 1 keeps whole
+
+
+class _NoFalseTruncation(logging.Filter):
+    """Upstream logs "truncating already-applied log entries" (CRITICAL: "may have diverged") before
+    it deletes; on an append that fix 1 keeps whole it deletes nothing, so that line would be false."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (getattr(_keeping, "tail", False) and str(record.msg).startswith("truncating"))
+
+
+logging.getLogger("pysyncobj.syncobj").addFilter(_NoFalseTruncation())
 
 
 class PatchedSyncObj(SyncObj):
@@ -55,11 +70,11 @@ class PatchedSyncObj(SyncObj):
             return
         message, last_new, keep_tail = append
         committed = self._SyncObj__raftCommitIndex
-        self._keep_tail = keep_tail
+        self._keep_tail = _keeping.tail = keep_tail
         try:
             super()._SyncObj__onMessageReceived(node, message)
         finally:
-            self._keep_tail = False
+            self._keep_tail = _keeping.tail = False
         # Upstream commits up to its log's end, which a kept tail may run past into entries of an
         # older term that the leader's log does not hold: rule 5 stops at the last new entry.
         bound = max(committed, last_new)
