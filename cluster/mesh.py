@@ -1143,7 +1143,8 @@ class Mesh:
         move may still be on its way (a link cut between them and this router alone), and
         arrive after the session left; the new owner asks them for it (``_handed_on``)."""
         peer = self.peers.get(router_id)
-        if peer is None or not peer.alive or self.closed:
+        parked = peer is not None and not peer.alive and peer.parked and not self.closed
+        if peer is None or not (peer.alive or parked) or self.closed:
             if items:
                 log.warning("mesh: %d message(s) for session %s not handed on: its new router %s is gone",
                             len(items), client_id, router_id)
@@ -1155,7 +1156,16 @@ class Mesh:
         for i in range(0, max(len(items), 1), HANDON_ITEMS):
             last = i + HANDON_ITEMS >= len(items)
             body = [client_id, items[i:i + HANDON_ITEMS], last]
-            self._send(peer, SESSION_HANDON, [*body, unheard] if last and unheard else body)
+            body = [*body, unheard] if last and unheard else body
+            if not parked:
+                self._send(peer, SESSION_HANDON, body)
+                continue
+            # Silent here (a fenced copy hands on as the partition heals, before the mesh hears
+            # the new owner again): kept for it, with the publishes it is owed, in order.
+            self._keep(peer, self._frame(SESSION_HANDON, body), len(body[1]))
+            if peer.replay_from is not None and body[1]:
+                log.warning("mesh: %d message(s) for session %s not handed on: the backlog kept for its new "
+                            "router %s is full", len(body[1]), client_id, router_id)
 
     def _handons_lost(self, router_id: str) -> None:
         """Router ``router_id`` fell silent (or restarted) before it had handed on all that
