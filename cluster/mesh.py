@@ -1134,14 +1134,17 @@ class Mesh:
         else:
             self._done(rid, req, True)
 
-    def hand_on(self, router_id: str, client_id: str, items: list, answered: dict | None = None) -> None:
+    def hand_on(self, router_id: str, client_id: str, items: list, answered: dict | None = None,
+                stale: bool = False) -> None:
         """Copies for ``client_id``, which moved to ``router_id``, that reached this router
         after it was handed over (``Router.hand_on``); the last frame says so, even with none
         (the new owner stops waiting for them: ``_handons_lost``). The last frame also names the
         routers that did not answer the barrier before it (``answered``: those that did), with
         how far this router had seen their logs: what they sent here before they knew of the
         move may still be on its way (a link cut between them and this router alone), and
-        arrive after the session left; the new owner asks them for it (``_handed_on``)."""
+        arrive after the session left; the new owner asks them for it (``_handed_on``).
+        ``stale``: from a copy the agreement fenced (``Router.fence_stale``): the new owner takes
+        every copy, since this router's messages did not go to it directly meanwhile."""
         peer = self.peers.get(router_id)
         parked = peer is not None and not peer.alive and peer.parked and not self.closed
         if peer is None or not (peer.alive or parked) or self.closed:
@@ -1156,7 +1159,10 @@ class Mesh:
         for i in range(0, max(len(items), 1), HANDON_ITEMS):
             last = i + HANDON_ITEMS >= len(items)
             body = [client_id, items[i:i + HANDON_ITEMS], last]
-            body = [*body, unheard] if last and unheard else body
+            if stale:
+                body = [*body, unheard if last else None, True]
+            elif last and unheard:
+                body = [*body, unheard]
             if not parked:
                 self._send(peer, SESSION_HANDON, body)
                 continue
@@ -1196,18 +1202,19 @@ class Mesh:
                         "here: %d router(s) asked to read it back", router_id, "came back" if back else "fell silent",
                         cid, asked)
 
-    def _handed_on(self, client_id: str, items: list, last: bool, unheard: Any = None) -> None:
+    def _handed_on(self, client_id: str, items: list, last: bool, unheard: Any = None, stale: Any = False) -> None:
         """Copies handed on by a session's old router: those that also came here directly (at
         or beyond the marks of ``confirm_takeover``) are dropped, the rest delivered. With the
         last: ``unheard``, the routers that had not answered the old router's barrier, {router:
         how far it had seen that router's log}: their copies between there and where they send
-        here directly (the marks) are read back from their logs (SESSION_CATCHUP). At least once."""
+        here directly (the marks) are read back from their logs (SESSION_CATCHUP). At least once.
+        ``stale``: from a copy the agreement fenced: all are delivered (no marks apply)."""
         if last:
             entry = self._handons_due.pop(client_id, None)
             if unheard.__class__ is dict and unheard and entry is not None:
                 self._ask_unheard(client_id, entry, unheard)
         marks = self._handon_marks.get(client_id, ({}, 0.0))[0]
-        if marks:
+        if marks and stale is not True:
             kept = []
             for item in items:
                 values = item[2]
@@ -1492,7 +1499,7 @@ class Mesh:
             transfer.progress = time.monotonic()
             self._arrived(peer, req, transfer, items, last)
         elif kind == SESSION_HANDON:
-            self._handed_on(body[0], body[1], body[2], body[3] if len(body) > 3 else None)
+            self._handed_on(*body[:5])
         elif kind == TAKEOVER_DONE:
             req, ok = body
             client_id = self._moves.pop((sender, req), None)

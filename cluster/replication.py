@@ -597,8 +597,9 @@ class Replication:
     def agreement_majority(self, majority: bool) -> None:
         """This node's agreement member gained or lost the majority (``AgreementClient``): the
         acknowledgements held meanwhile go out on regaining it; on losing it for longer than a
-        mesh timeout (not a leader election's moment), the clients of persistent sessions here
-        are asked to connect elsewhere, where the majority may serve their sessions."""
+        mesh timeout (not a leader election's moment) while its mesh, too, hears no majority of
+        the nodes (cut off, not just from the agreement's leader), the clients of persistent
+        sessions here are asked to connect elsewhere, where the majority may serve their sessions."""
         if self.factor <= 1:
             return
         if majority:
@@ -612,6 +613,14 @@ class Replication:
 
         def still_cut_off() -> None:
             if not self.in_minority:
+                return
+            members = len(self.config.agreement_peer) + 1
+            heard = {p.node_id for p in self.mesh.peers.values() if p.alive} | {self.config.node_id}
+            if 2 * len(heard) > members:
+                # Its mesh hears a majority: only the way to the agreement's leader is cut (a one-way
+                # or pair cut). Its clients are served here as they are; the majority side cannot
+                # take their sessions without their asking it, and nothing it holds is lost.
+                log.warning("cluster: this node's mesh hears %d of %d nodes: its clients stay", len(heard), members)
                 return
             router = self.router
             moved = [c for cid, c in router.clients.items()

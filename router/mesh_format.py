@@ -82,7 +82,9 @@ refuses it with TAKEOVER_RESP ``[req, None, False, [owner]]``, before it lets an
 18: the last SESSION_HANDON may carry a fourth value, ``{router: offset}``: the routers that had
 not answered the old router's barrier before it handed on, and how far it had seen their logs;
 the new owner asks them for what they sent the old router before they knew of the move
-(``Replication.read_back_unheard``: a link cut between them and the old router alone).
+(``Replication.read_back_unheard``: a link cut between them and the old router alone); and a
+fifth, true, on every frame of a hand-on from a copy the agreement fenced (``Router.fence_stale``):
+the new owner delivers every copy, none having come to it directly.
 """
 
 from __future__ import annotations
@@ -303,8 +305,10 @@ _CHECKS = {
     SESSION_COPIES: _session_copies,
     SESSION_RESTORE: lambda b: b.__class__ is str,
     SESSION_RESTORED: _session_restored,
-    SESSION_HANDON: lambda b: (b.__class__ is list and len(b) == 3 and b[0].__class__ is str
-                               and _queue_items(b[1]) and b[2].__class__ is bool),
+    SESSION_HANDON: lambda b: (b.__class__ is list and 3 <= len(b) <= 5 and b[0].__class__ is str
+                               and _queue_items(b[1]) and b[2].__class__ is bool
+                               and (len(b) < 4 or b[3] is None or b[3].__class__ is dict)
+                               and (len(b) < 5 or b[4].__class__ is bool)),
     HISTORY_FETCH: _history_fetch,
     HISTORY: _history,
     ECHO: lambda b: b.__class__ is list and len(b) == 3 and all(v.__class__ is int for v in b),

@@ -76,11 +76,13 @@ class MeshPort(Protocol):
         and hand on what still reaches it. Called once the CONNECT is settled; a no-op for
         anything else. The port confirms by itself if this never comes (bounded)."""
 
-    def hand_on(self, router_id: str, client_id: str, items: list, answered: dict | None = None) -> None:
+    def hand_on(self, router_id: str, client_id: str, items: list, answered: dict | None = None,
+                stale: bool = False) -> None:
         """Copies ([qos, retain, message values]) for a session that moved to ``router_id``,
         which reached this router after it moved; called once a move, with none too (the new
         owner learns the hand-on ended). ``answered``: the routers that answered the barrier
-        before it (the others may still send stragglers here: the new owner asks them)."""
+        before it (the others may still send stragglers here: the new owner asks them);
+        ``stale``: from a copy the agreement fenced (the new owner takes every copy)."""
 
     def peer_stats(self) -> dict[str, list[int]]:
         """Traffic per peer router: {router id: [msgs out, bytes out, msgs in, bytes in]}."""
@@ -115,7 +117,8 @@ class NullMesh:
     def abort_takeover(self, client_id: str) -> None:
         return None
 
-    def hand_on(self, router_id: str, client_id: str, items: list, answered: dict | None = None) -> None:
+    def hand_on(self, router_id: str, client_id: str, items: list, answered: dict | None = None,
+                stale: bool = False) -> None:
         return None
 
     def peer_stats(self) -> dict[str, list[int]]:

@@ -239,7 +239,7 @@ class SessionLife:
         else:
             barrier.add_done_callback(lambda f: self.hand_on(session, to, _answered(f)))
 
-    def hand_on(self, session: Session, to: str, answered: dict | None = None) -> None:
+    def hand_on(self, session: Session, to: str, answered: dict | None = None, stale: bool = False) -> None:
         """The end of ``_hand_on_later``: what the moved session got here goes to router ``to``;
         its subscriptions here end (and with them, maybe, this router's interest). ``answered``:
         the routers that answered the barrier (their log ends); what the others sent here before
@@ -253,7 +253,7 @@ class SessionLife:
         if items:
             log.info("session %s: %d message(s) that reached this router after it moved handed on to %s",
                      session.client_id, len(items), to)
-        self.mesh.hand_on(to, session.client_id, items, answered)  # even none: the new owner waits for the end
+        self.mesh.hand_on(to, session.client_id, items, answered, stale)  # even none: the new owner waits for the end
 
     def take_copies(self, client_id: str, items: list, read_back: bool = False) -> None:
         """Copies for a session here read back or handed on elsewhere (a catch-up after a
@@ -359,7 +359,7 @@ class SessionLife:
             self.unsubscribe_shared(session, key)
 
         def hand_on(f: Any = None) -> None:
-            self.hand_on(session, to, _answered(f))
+            self.hand_on(session, to, _answered(f), stale=True)
             for rng in ranges:
                 if rng.copies:
                     rng.discard()

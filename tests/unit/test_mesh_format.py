@@ -62,3 +62,19 @@ def test_session_restore_frames():
     assert check_body(SESSION_RESTORED, ["a/w0", None, True]) is None
     assert check_body(SESSION_RESTORE, ["a/w0"]) == "malformed session-restore body"
     assert check_body(SESSION_RESTORED, ["a/w0", {"client_id": "c"}, False]) == "malformed session-restored body"
+
+
+def test_session_hand_on_frames_of_version_18():
+    """The last SESSION_HANDON may name the routers its old router had not heard (a dict), and a
+    fenced copy's hand-on says so (a fifth value, true) on every frame: a receiver that took them
+    for malformed dropped the end of the hand-on and its copies."""
+    from brokerd.router.mesh_format import SESSION_HANDON
+
+    item = [1, False, ["t", b"p", 1, False, "c", "a/w0", 7, 1, None]]
+    assert check_body(SESSION_HANDON, ["cid", [item], True]) is None
+    assert check_body(SESSION_HANDON, ["cid", [item], True, {"b/w0": 12}]) is None
+    assert check_body(SESSION_HANDON, ["cid", [item], False, None, True]) is None
+    assert check_body(SESSION_HANDON, ["cid", [item], True, {"b/w0": 12}, True]) is None
+    assert check_body(SESSION_HANDON, ["cid", [item], True, [1], True]) is not None
+    assert check_body(SESSION_HANDON, ["cid", [item], True, None, "yes"]) is not None
+    assert check_body(SESSION_HANDON, ["cid", [item], True, None, True, 0]) is not None
