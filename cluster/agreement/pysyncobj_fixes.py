@@ -8,6 +8,8 @@ rule of the Raft paper (Ongaro and Ousterhout, Figure 2) it restores. Import PyS
 1. A follower keeps the entries that agree with the leader's (AppendEntries rules 3 to 5).
 2. A member's log, term and vote are on disk before it answers for them ("persistent state on all
    servers, updated on stable storage before responding to RPCs").
+3. A candidate asks again for the votes it has not had (section 5.1: "servers retry RPCs if they
+   do not receive a response in a timely manner").
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
 from pysyncobj import SyncObj
 from pysyncobj import pickle as sync_pickle
 from pysyncobj.journal import MetaStorer
+from pysyncobj.syncobj import _RAFT_STATE
 
 __all__ = ["PatchedSyncObj"]
 
@@ -50,6 +54,7 @@ class PatchedSyncObj(SyncObj):
         self._keep_tail = False  # fix 1: an append that is all repeats deletes nothing
         self._synced_log: tuple | None = None  # fix 2: the log as last synced (first, last index, last term)
         self._synced_dump: tuple | None = None  # fix 2: the snapshot file as last synced (inode, size, mtime)
+        self._votes_asked = (0, 0.0)  # fix 3: the term a candidate last asked for votes in, and when
         super().__init__(selfNode, otherNodes, conf, **kwargs)
 
     # -- 1. entries that agree with the leader's are kept ------------------------------------------
@@ -154,10 +159,36 @@ class PatchedSyncObj(SyncObj):
 
     def _onTick(self, timeToWait=0.0) -> None:
         """A leader counts its own log towards a majority in the tick's commit step: its new entries
-        are synced first (they left for the followers already: Raft lets the two overlap)."""
+        are synced first (they left for the followers already: Raft lets the two overlap). A
+        candidate asks again for votes (fix 3)."""
         if self._isLeader():
             self._sync_log()
+        elif self._SyncObj__raftState == _RAFT_STATE.CANDIDATE:
+            self._ask_votes_again()
         super()._onTick(timeToWait)
+
+    # -- 3. vote requests are sent again ----------------------------------------------------------
+
+    def _ask_votes_again(self) -> None:
+        """Upstream sends a vote request once per term. A connection on which nothing was read for
+        ``connectionTimeout`` is closed at its next send and the message dropped, and followers
+        send each other nothing while a leader lives: when it dies, the first request to the
+        other follower is always lost, and the election waits for another timeout, often split.
+        Raft retries an unanswered RPC: every heartbeat period, a candidate sends its request
+        again to every peer. A member answers one candidate per term once, so no vote counts
+        twice; one that voted for another, or is in a later term, ignores it."""
+        term, now = self._SyncObj__raftCurrentTerm, time.monotonic()
+        asked_term, asked_at = self._votes_asked
+        if asked_term != term:
+            self._votes_asked = (term, now)  # upstream has just asked
+            return
+        if now - asked_at < self.conf.appendEntriesPeriod:
+            return
+        self._votes_asked = (term, now)
+        log = self._SyncObj__raftLog
+        request = {"type": "request_vote", "term": term, "last_log_index": log[-1][1], "last_log_term": log[-1][2]}
+        for node in self._SyncObj__otherNodes:
+            self._SyncObj__transport.send(node, request)
 
     def _sync_log(self) -> None:
         """msync the journal (``mmap.flush``: on Linux, a data sync of the file) if it changed since.

@@ -193,6 +193,31 @@ def test_the_engine_refuses_to_start_without_a_password():
 
 
 
+def test_after_a_quiet_spell_the_first_candidate_is_elected_in_its_first_term():
+    """Followers send each other nothing while a leader lives, and PySyncObj closes a connection
+    idle past its timeout at its next send, dropping the message: the first vote request after the
+    leader died was lost, and the candidate won only a term later, after another election timeout.
+    It now asks again: elected in its first term. The third member's timeout is long, so the
+    fastest survivor is the only candidate."""
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    timeouts = [(0.2, 0.3), (0.6, 0.7), (3.0, 3.5)]  # a connection's timeout is at least the longest
+    group = [Agreement(a, [p for p in addresses if p != a], PASSWORD, election_timeout=t, heartbeat=0.05,
+                       connect_timeout=max(1.0, t[1])) for a, t in zip(addresses, timeouts, strict=True)]
+    try:
+        group[0].propose_wait([S.move(SESSION, "c1", None, 0, "r1")], COMMIT)
+        old = _leader_of(group)
+        assert old is not group[2]  # its timeout is the longest: the others ask first
+        term = old._replica._getTerm()
+        time.sleep(1.5)  # past connect_timeout: the followers' connection is idle
+        _stop(group, old)
+        wait_for(lambda: group[0].leader not in (None, old.address), COMMIT, "a new leader")
+        assert group[0]._replica._getTerm() == term + 1
+        assert group[1].propose_wait([S.move(SESSION, "c1", "r1", 1, "r2")], COMMIT) == [(OK, "r2", 2)]
+    finally:
+        for m in group:
+            m.close()
+
+
 class _Partition:
     """Which pairs of members cannot reach each other: their messages are dropped both ways, on
     open connections, as a network that drops packets would."""
