@@ -35,6 +35,8 @@ DIRECTORY_MARKERS = {"unit", "integration", "cluster", "chaos", "deploy", "pipel
 # Whole files where most tests are; otherwise the tests by name (parameters aside).
 SLOW_FILES = {
     "tests/chaos/test_chaos.py",
+    "tests/partition/test_patterns.py",
+    "tests/partition/test_partition.py",
     "tests/integration/test_bench.py",
     "tests/pipeline/test_broker.py",
     "tests/pipeline/test_jobs.py",
@@ -113,6 +115,8 @@ ALONE_FILES = {
     "tests/integration/test_bench.py",
     "tests/integration/test_backpressure.py",  # a worker's RSS, and how soon a stalled reader is closed
     "tests/integration/test_retained_cost.py",  # one client's big SUBSCRIBE holds nobody else up (timed)
+    "tests/partition/test_patterns.py",  # nodes a, b, c on port 1883 in namespaces: one lab at a time, timed faults
+    "tests/partition/test_partition.py",
 }
 
 
