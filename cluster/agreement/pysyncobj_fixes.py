@@ -2,7 +2,7 @@
 
 Each fix overrides one of SyncObj's private methods (``_SyncObj__name``, its name-mangled form), calls
 the original for everything it leaves alone, and says what upstream does, why it is wrong, and which
-rule of the Raft paper (Ongaro and Ousterhout, Figure 2) it restores. Import PySyncObj through
+rule of the Raft paper (Ongaro and Ousterhout) it restores. Import PySyncObj through
 ``cluster/agreement/raft.py`` only: importing it replaces ``socket.inet_ntop`` (see there).
 
 1. A follower keeps the entries that agree with the leader's (AppendEntries rules 3 to 5).
@@ -41,7 +41,8 @@ logging.getLogger("pysyncobj.syncobj").addFilter(_NoFalseTruncation())
 
 
 class PatchedSyncObj(SyncObj):
-    """SyncObj whose followers truncate only from a conflict and whose journal is synced.
+    """SyncObj whose followers truncate only from a conflict, whose journal is synced, and whose
+    candidates ask again for votes.
 
     Membership changes (``dynamicMembershipChange``) are refused: upstream undoes the changes of the
     entries it is about to delete before deleting them, which fix 1 would leave half done."""
