@@ -1771,7 +1771,8 @@ class Replication:
             # Of those, the offline ones with a delayed will waiting (published from here if their
             # router dies and it falls due).
             "wills": {p: n for p, held in self.sessions.items() if (n := sum(1 for st in held.values() if st.get("will")))},
-            "majority": self.members.has_majority, "members": len(self.members.nodes),
+            "majority": self.members.has_majority if self.agreed is None else self.agreed.majority,
+            "members": len(self.members.nodes),
             # The lease: its epoch (one more at each end), and the member nodes backing it now.
             "lease": {"epoch": self.lease.epoch, "backing": len(self.lease.backers(time.monotonic()))},
             # Per router of another node: the offset of its log below which this router has what

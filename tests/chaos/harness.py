@@ -1248,6 +1248,8 @@ def start_nodes(start_broker: Callable[..., Broker], names: str = "abc", workers
         wait_for(complete, 30, "a full mesh")
     except AssertionError as exc:
         raise AssertionError(f"{exc}: {len(missing)} router pairs do not deliver: {', '.join(missing)}") from None
+    if agreement and len(names) > 1:
+        serving_sessions(nodes)
     return nodes
 
 
@@ -1256,6 +1258,28 @@ def close_proxies(nodes: list[Node]) -> None:
         for proxy in node.proxies:
             proxy.heal()
             proxy.close()
+
+
+def serving_sessions(nodes: list[Node], credentials: tuple[str, str] | None = None, timeout: float = 30.0) -> None:
+    """With agreement, a node takes persistent sessions in once its member can commit (a second
+    or two after the start): wait until every node accepts one (a probe's, ended at once by a
+    clean start with its id), bounded."""
+    def accepts(node: Node) -> bool:
+        cid = f"probe-agreed-{node.name}-{uuid.uuid4().hex[:6]}"
+        for clean in (False, True):
+            c = Client(node.port, cid, clean=clean, host=node.host)
+            if credentials is not None:
+                c.c.username_pw_set(*credentials)
+            try:
+                c.connect()
+            except AssertionError:
+                c.c.loop_stop()
+                return False
+            c.disconnect()
+        return True
+
+    for node in nodes:
+        wait_for(lambda node=node: accepts(node), timeout, f"node {node.name} taking persistent sessions in")
 
 
 def probe_mesh(nodes: list[Node], tag: str, wait: float, credentials: tuple[str, str] | None = None) -> list[str]:

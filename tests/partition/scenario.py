@@ -40,6 +40,7 @@ from tests.chaos.harness import (
     Subscriber,
     now,
     probe_mesh,
+    serving_sessions,
 )
 from tests.helpers import Broker, in_parallel, mesh_key, wait_for
 from tests.partition.netns import Lab, Namespace, tcp_sockets
@@ -107,6 +108,8 @@ def start_nodes(start_broker: Callable[..., Broker], lab: Lab, args: list[str],
         wait_for(complete, 30, "a full mesh")
     except AssertionError as exc:
         raise AssertionError(f"{exc}: {len(missing)} router pairs do not deliver: {', '.join(missing)}") from None
+    if agreement:
+        serving_sessions(nodes, credentials)
     return nodes
 
 
