@@ -916,6 +916,10 @@ class Mesh:
         """The ids of the peers that count as alive now."""
         return {rid for rid, p in self.peers.items() if p.alive}
 
+    def hears(self, router_id: str) -> bool:
+        peer = self.peers.get(router_id)
+        return peer is not None and peer.alive
+
     def barrier(self) -> asyncio.Future | None:
         """An interest announcement without changes: every peer answers it after whatever it sent
         before (one PUSH socket per direction keeps a peer's frames in order), so a SUBACK that

@@ -52,6 +52,9 @@ class MeshPort(Protocol):
     def retained_update(self, msg: Message) -> None:
         """Tell every peer router about a retained message (an empty payload clears it)."""
 
+    def hears(self, router_id: str) -> bool:
+        """Whether peer router ``router_id`` counts as alive here now."""
+
     def barrier(self) -> Awaitable[None] | None:
         """An awaitable that completes when every live peer has answered a request sent now, so
         that everything they sent before it (retained updates above all) has been handled here;
@@ -107,6 +110,9 @@ class NullMesh:
 
     def retained_update(self, msg: Message) -> None:
         return None
+
+    def hears(self, router_id: str) -> bool:
+        return False
 
     def barrier(self) -> None:
         return None

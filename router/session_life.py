@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MOVED_IN_MAX = 100_000  # arrival times kept (the oldest go first): a bound, not a rule
+FENCE_WAIT_S = 30.0  # a fenced copy waits at most this long for its new owner to be heard again
+FENCE_POLL_S = 0.05
 
 
 class SessionLife:
@@ -364,11 +366,22 @@ class SessionLife:
                 if rng.copies:
                     rng.discard()
 
-        barrier = self.mesh.barrier()
-        if barrier is None:
-            hand_on()
-        else:
-            barrier.add_done_callback(hand_on)
+        def when_heard(deadline: float) -> None:
+            # The copy stays subscribed (offline: what reaches it waits in the log) until this
+            # router hears the new owner again: agreement comes back before the mesh does as a
+            # partition heals, and until the new owner's interest is announced here (at its
+            # rejoin, ahead of its answer to the barrier) what is published here reaches only
+            # this copy. Handed on earlier, that would reach no one.
+            if not self.mesh.hears(to) and time.monotonic() < deadline:
+                asyncio.get_event_loop().call_later(FENCE_POLL_S, when_heard, deadline)
+                return
+            barrier = self.mesh.barrier()
+            if barrier is None:
+                hand_on()
+            else:
+                barrier.add_done_callback(hand_on)
+
+        when_heard(time.monotonic() + FENCE_WAIT_S)
         if self.state is not None:
             self.state.mark(soon=True)
 
