@@ -430,7 +430,8 @@ def test_a_move_in_doubt_is_settled_by_a_late_confirmation_unless_resumed_here()
         def __init__(self) -> None:
             self.handed: list[tuple[str, str, list]] = []
 
-        def hand_on(self, router_id: str, client_id: str, items: list) -> None:
+        def hand_on(self, router_id: str, client_id: str, items: list, answered: object = None,
+                    stale: bool = False) -> None:
             self.handed.append((router_id, client_id, items))
 
     async def run() -> tuple[Router, Mesh]:
