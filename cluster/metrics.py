@@ -26,7 +26,6 @@ import os
 import select
 import signal
 import socket
-import sys
 import threading
 import time
 from collections import deque
@@ -38,7 +37,7 @@ from brokerd.router.stats import LIMITS
 from . import __version__
 from .config import Config
 from .paths import ensure_run_dir
-from .process import child_signals, die_with_parent
+from .process import child_signals, die_with_parent, exit_how, name_process, stop_child
 from .stats import (
     DROP_REASONS,
     SCHEMA_VERSION,
@@ -527,41 +526,15 @@ class AuxProcess:
 
     def exited(self, status: int) -> None:
         """The supervisor reaped our pid: log it and start a new one."""
-        how = (f"signal {signal.Signals(-os.waitstatus_to_exitcode(status)).name}"
-               if os.WIFSIGNALED(status) else f"exit code {os.waitstatus_to_exitcode(status)}")
-        log.warning("%s (pid %s) died (%s); restarting it", PROCESS_NAME, self.pid, how)
+        log.warning("%s (pid %s) died (%s); restarting it", PROCESS_NAME, self.pid, exit_how(status))
         self.pid = None
         self.start()
 
     def stop(self) -> None:
         pid, self.pid = self.pid, None
-        if pid is None:
-            return
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + AUX_STOP_GRACE_S
-        while time.monotonic() < deadline:
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if done:
-                return
-            time.sleep(0.01)
-        log.warning("%s (pid %d) did not stop in %.0f s; killing it", PROCESS_NAME, pid, AUX_STOP_GRACE_S)
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
+        if pid is not None:
+            stop_child(pid, PROCESS_NAME, AUX_STOP_GRACE_S, log)
 
 
 def _name_process() -> None:
-    try:
-        with open(f"/proc/{os.getpid()}/comm", "w") as f:
-            f.write(PROCESS_NAME)
-    except OSError:
-        pass
-    sys.argv[0] = PROCESS_NAME
+    name_process(PROCESS_NAME)

@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 PARENT_POLL_S = 1.0  # the getppid() fallback's period
@@ -69,6 +70,46 @@ def _watch_parent(parent: int, sig: int) -> None:
     while os.getppid() == parent:
         time.sleep(PARENT_POLL_S)
     os.kill(os.getpid(), sig)
+
+
+def exit_how(status: int) -> str:
+    """How a reaped child ended, for a log line: the signal that killed it, or its exit code."""
+    code = os.waitstatus_to_exitcode(status)
+    return f"signal {signal.Signals(-code).name}" if os.WIFSIGNALED(status) else f"exit code {code}"
+
+
+def stop_child(pid: int, name: str, grace: float, log: Any) -> None:
+    """SIGTERM a node-level child process and reap it; SIGKILL it if it is still there after
+    ``grace`` seconds (logged: a child that ignores a stop is a bug to see)."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        time.sleep(0.01)
+    log.warning("%s (pid %d) did not stop in %.0f s; killing it", name, pid, grace)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def name_process(name: str, argv0: str | None = None) -> None:
+    """Name this process in ``ps`` and ``/proc/PID/comm`` (what tests and operators look for)."""
+    try:
+        with open(f"/proc/{os.getpid()}/comm", "w") as f:
+            f.write(name)
+    except OSError:
+        pass
+    sys.argv[0] = argv0 or name
 
 
 def pid_alive(pid: int) -> bool:
