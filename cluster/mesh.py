@@ -416,6 +416,9 @@ class Mesh:
         # Sessions taken over here from a live router, not confirmed to it yet: client id →
         # (old owner, request, the timer that confirms at the latest, the header's ``handon_from``).
         self._unconfirmed_takeovers: dict[str, tuple[str | None, int, asyncio.TimerHandle, Any]] = {}
+        # Copies handed on for a session whose takeover here is not settled yet (its CONNECT still
+        # waits for the agreement, the session not imported): delivered once it is.
+        self._early_handons: dict[str, list] = {}
         # Sessions that moved here: client id → ({router: offset of its log from which its
         # messages reach this router directly}, until when): what the old owner hands on from
         # there is here already (``_handed_on``).
@@ -1077,6 +1080,10 @@ class Mesh:
         """See ``MeshPort.abort_takeover``: the router that offered the session keeps it (told
         TAKEOVER_DONE false), or this router's replica keeps holding it."""
         pending = self._unconfirmed_takeovers.pop(client_id, None)
+        early = self._early_handons.pop(client_id, None)
+        if early:
+            log.warning("mesh: %d message(s) handed on for session %s, whose move here was not agreed, dropped "
+                        "(the old owner keeps the session)", len(early), client_id)
         if pending is None:
             return
         rid, req, timer, _ = pending
@@ -1098,6 +1105,9 @@ class Mesh:
         log where nothing was announced (the session's filters were this router's already), this
         router's own log end; none (every copy counts) for a router that did not acknowledge."""
         pending = self._unconfirmed_takeovers.pop(client_id, None)
+        early = self._early_handons.pop(client_id, None)
+        if early:
+            self.router.take_copies(client_id, early)
         if pending is None:
             return
         rid, req, timer, handon_from = pending
@@ -1226,8 +1236,14 @@ class Mesh:
                 if mark is None or values[6] is None or values[6] < mark:
                     kept.append(item)
             items = kept
-        if items:
-            self.router.take_copies(client_id, items)
+        if not items:
+            return
+        if client_id not in self.router.sessions and client_id in self._unconfirmed_takeovers:
+            # Its old copy was fenced (its node learnt of the agreed move) before this router
+            # imported the session: held until it has (``confirm_takeover``).
+            self._early_handons.setdefault(client_id, []).extend(items)
+            return
+        self.router.take_copies(client_id, items)
 
     def _ask_unheard(self, client_id: str, entry: list, unheard: dict) -> None:
         _, (since_ms, _seen), marks, _, _ = entry
