@@ -1262,20 +1262,23 @@ def close_proxies(nodes: list[Node]) -> None:
 
 def serving_sessions(nodes: list[Node], credentials: tuple[str, str] | None = None, timeout: float = 30.0) -> None:
     """With agreement, a node takes persistent sessions in once its member can commit (a second
-    or two after the start): wait until every node accepts one (a probe's, ended at once by a
-    clean start with its id), bounded."""
+    or two after the start) and each worker has heard so: wait until every node accepts them (a
+    probe's, each ended at once by a clean start with its id), bounded."""
     def accepts(node: Node) -> bool:
-        cid = f"probe-agreed-{node.name}-{uuid.uuid4().hex[:6]}"
-        for clean in (False, True):
-            c = Client(node.port, cid, clean=clean, host=node.host)
-            if credentials is not None:
-                c.c.username_pw_set(*credentials)
-            try:
-                c.connect()
-            except AssertionError:
-                c.c.loop_stop()
-                return False
-            c.disconnect()
+        # Several connections, so that every worker is likely tried (the kernel picks one per
+        # connection): each worker learns of its member's majority on its own.
+        for _ in range(4 * node.workers):
+            cid = f"probe-agreed-{node.name}-{uuid.uuid4().hex[:6]}"
+            for clean in (False, True):
+                c = Client(node.port, cid, clean=clean, host=node.host)
+                if credentials is not None:
+                    c.c.username_pw_set(*credentials)
+                try:
+                    c.connect()
+                except AssertionError:
+                    c.c.loop_stop()
+                    return False
+                c.disconnect()
         return True
 
     for node in nodes:
