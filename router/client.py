@@ -373,7 +373,7 @@ class Client:
             elif state is TAKEOVER_UNAVAILABLE:
                 self._refuse(Reason.SERVER_UNAVAILABLE, "a router of this node that may hold its session "
                              "is down (restarting); the client may retry")
-            elif NOT_AGREED in state:
+            elif state is not None and NOT_AGREED in state:
                 self._refuse(Reason.SERVER_UNAVAILABLE, state[NOT_AGREED])
             elif state is not None and state["persistent"] and self._newer_or_only(state):
                 # Its old owner let the session go: keep it here, offline, as if this client left.
