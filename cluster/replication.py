@@ -221,6 +221,7 @@ class Replication:
             mesh.lease = self.lease
         self._cut_off: list[Held] = []  # acknowledgements held while this node sees no majority
         self.agreed: Any = None  # cluster.agreement.owners.SessionOwners, with --agreement
+        self._agreed_once = False  # its member has had a majority since the start
         # Back on an empty disk: the followers asked for this router's sessions (``_restore``).
         self._restoring: set[str] = set()
         self._restored_from: dict[str, tuple[int, int]] = {}  # client id → recency of the copy restored
@@ -604,8 +605,10 @@ class Replication:
             return
         if majority:
             held, self._cut_off = self._cut_off, []
-            log.warning("cluster: this node's agreement member can commit again: QoS 1/2 acknowledgements go on "
-                        "(%d held ones sent)", len(held))
+            if self._agreed_once:  # (the first majority after the start is no news)
+                log.warning("cluster: this node's agreement member can commit again: QoS 1/2 acknowledgements go "
+                            "on (%d held ones sent)", len(held))
+            self._agreed_once = True
             self._release(held)
             return
         log.error("cluster: this node's agreement member cannot commit (no majority of the cluster reachable): "
