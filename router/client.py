@@ -211,6 +211,7 @@ class Client:
     # -- CONNECT --------------------------------------------------------------------------------------
 
     def _refuse(self, reason: Reason, why: str) -> None:
+        self.will = None  # a refused CONNECT made no session: its will is never published (MQTT-3.1.2-8)
         CONNECTIONS.log(log, "client %r (%s) refused: %s", self.client_id, self.conn.peer, why)
         self.conn.send(encode(Connack(False, connack_code(reason, self.level)), self.level))
         self.conn.close()

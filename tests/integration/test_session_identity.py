@@ -218,3 +218,24 @@ def test_a_session_kept_under_a_password_file_resumes_once_nothing_verifies_name
     alice.connect()
     assert alice.session_present
     assert alice.wait_topic("a/1").payload == b"queued for alice"
+
+
+def test_a_refused_connect_never_publishes_its_will(start_broker, tmp_path):
+    """A CONNECT refused (here: another user's session, --session-owner refuse) made no session, so
+    its will is never published (MQTT-3.1.2-8): before, the will was set before the refusal and
+    went out when the refused connection closed, ACL permitting (the pub user may write anywhere)."""
+    pw = tmp_path / "passwd"
+    for user, password in PASSWORDS.items():
+        add_user(pw, user, password)
+    broker = start_broker("--password-file", str(pw), workers=1)  # no ACL: nothing else stops the will
+    owner_id = cid("owned")
+    owner = client(broker.port, "alice", owner_id, clean=False).connect()
+    owner.disconnect()
+    watcher = client(broker.port, "alice", cid("watch")).connect()
+    watcher.subscribe("will/refused", 1)
+    intruder = client(broker.port, "pub", owner_id, clean=False, will=("will/refused", b"must not", 1, False))
+    intruder.connect(expect_rc=NOT_AUTHORIZED)
+    marker = client(broker.port, "alice", cid("marker")).connect()
+    marker.publish("will/refused", b"after", qos=1)
+    got = [m.payload for m in watcher.wait_messages(1)]
+    assert got == [b"after"], got
