@@ -1266,23 +1266,43 @@ def serving_sessions(nodes: list[Node], credentials: tuple[str, str] | None = No
     probe's, each ended at once by a clean start with its id), bounded."""
     def accepts(node: Node) -> bool:
         # Several connections, so that every worker is likely tried (the kernel picks one per
-        # connection): each worker learns of its member's majority on its own.
+        # connection): each worker learns of its member's majority on its own. Raw sockets, not
+        # paho: many clients a probe round, none left to a later test.
         for _ in range(4 * node.workers):
             cid = f"probe-agreed-{node.name}-{uuid.uuid4().hex[:6]}"
-            for clean in (False, True):
-                c = Client(node.port, cid, clean=clean, host=node.host)
-                if credentials is not None:
-                    c.c.username_pw_set(*credentials)
-                try:
-                    c.connect()
-                except AssertionError:
-                    c.c.loop_stop()
-                    return False
-                c.disconnect()
+            if any(_connack(node.host, node.port, cid, clean, credentials) != 0 for clean in (False, True)):
+                return False
         return True
 
     for node in nodes:
         wait_for(lambda node=node: accepts(node), timeout, f"node {node.name} taking persistent sessions in")
+
+
+def _connack(host: str, port: int, client_id: str, clean: bool, credentials: tuple[str, str] | None) -> int:
+    """An MQTT 3.1.1 CONNECT on a plain socket: the CONNACK's return code (-1: none came), then
+    DISCONNECT."""
+    def utf8(v: str) -> bytes:
+        return len(v.encode()).to_bytes(2, "big") + v.encode()
+
+    flags = 0x02 if clean else 0
+    payload = utf8(client_id)
+    if credentials is not None:
+        flags |= 0xC0
+        payload += utf8(credentials[0]) + utf8(credentials[1])
+    body = utf8("MQTT") + bytes([4, flags]) + (30).to_bytes(2, "big") + payload
+    try:
+        with socket.create_connection((host, port), timeout=5.0) as sock:
+            sock.sendall(bytes([0x10, len(body)]) + body)
+            ack = b""
+            while len(ack) < 4:
+                data = sock.recv(4 - len(ack))
+                if not data:
+                    return -1
+                ack += data
+            sock.sendall(b"\xe0\x00")
+            return ack[3]
+    except OSError:
+        return -1
 
 
 def probe_mesh(nodes: list[Node], tag: str, wait: float, credentials: tuple[str, str] | None = None) -> list[str]:
