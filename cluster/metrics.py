@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import select
 import signal
 import socket
 import threading
@@ -37,7 +36,7 @@ from brokerd.router.stats import LIMITS
 from . import __version__
 from .config import Config
 from .paths import ensure_run_dir
-from .process import child_signals, die_with_parent, exit_how, name_process, stop_child
+from .process import exit_how, fork_child, name_process, stop_child
 from .stats import (
     DROP_REASONS,
     SCHEMA_VERSION,
@@ -498,31 +497,11 @@ class AuxProcess:
                       PROCESS_NAME, len(self.starts), AUX_CRASH_WINDOW_S)
             self.pid = None
             return
-        supervisor = os.getpid()
-        r, w = os.pipe() if wait else (None, None)
-        pid = os.fork()
-        if pid == 0:  # child
-            code = 1
-            try:
-                if r is not None:
-                    os.close(r)
-                child_signals()  # SIGHUP ignored: a reload is the supervisor's business
-                if die_with_parent(supervisor):  # SIGTERM when the supervisor dies; False: it has
-                    _name_process()
-                    code = aux_main(self.config, supervisor, w)
-            except BaseException:  # noqa: BLE001 - a child must never return into the parent's code
-                logging.getLogger(__name__).exception("%s crashed", PROCESS_NAME)
-            finally:
-                logging.shutdown()
-                os._exit(code)
-        self.pid = pid
-        if r is not None and w is not None:
-            os.close(w)
-            try:
-                if not select.select([r], [], [], AUX_READY_TIMEOUT_S)[0]:
-                    log.warning("%s did not start within %.0f s", PROCESS_NAME, AUX_READY_TIMEOUT_S)
-            finally:
-                os.close(r)
+        def main(supervisor: int, ready: int | None) -> int:
+            _name_process()
+            return aux_main(self.config, supervisor, ready)
+
+        self.pid = fork_child(PROCESS_NAME, main, AUX_READY_TIMEOUT_S if wait else None, log)
 
     def exited(self, status: int) -> None:
         """The supervisor reaped our pid: log it and start a new one."""

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import logging
 import os
+import select
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -70,6 +73,37 @@ def _watch_parent(parent: int, sig: int) -> None:
     while os.getppid() == parent:
         time.sleep(PARENT_POLL_S)
     os.kill(os.getpid(), sig)
+
+
+def fork_child(name: str, main: Callable[[int, int | None], int], wait: float | None, log: Any) -> int:
+    """Fork a node-level child process (the stats process, the agreement service) running
+    ``main(supervisor pid, ready fd or None)``, which exits with its code: SIGHUP ignored (a reload
+    is the supervisor's business), SIGTERM when the supervisor dies, a crash logged. With ``wait``
+    (seconds), return once the child wrote to the ready fd, or that long (logged). Its pid."""
+    supervisor = os.getpid()
+    r, w = os.pipe() if wait is not None else (None, None)
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 1
+        try:
+            if r is not None:
+                os.close(r)
+            child_signals()
+            if die_with_parent(supervisor):  # False: the supervisor is gone already
+                code = main(supervisor, w)
+        except BaseException:  # noqa: BLE001 - a child must never return into the parent's code
+            log.exception("%s crashed", name)
+        finally:
+            logging.shutdown()
+            os._exit(code)
+    if r is not None and w is not None:
+        os.close(w)
+        try:
+            if not select.select([r], [], [], wait)[0]:
+                log.warning("%s did not start within %.0f s", name, wait)
+        finally:
+            os.close(r)
+    return pid
 
 
 def exit_how(status: int) -> str:

@@ -30,7 +30,6 @@ import hashlib
 import hmac
 import logging
 import os
-import select
 import signal
 import time
 from collections import deque
@@ -40,7 +39,7 @@ from typing import Any
 
 from ..config import Config
 from ..paths import agreement_ipc, agreement_pub, ensure_run_dir
-from ..process import child_signals, die_with_parent, exit_how, name_process, stop_child
+from ..process import exit_how, fork_child, name_process, stop_child
 from .state import get, join
 
 log = logging.getLogger(__name__)
@@ -470,31 +469,11 @@ class AgreementProcess:
             log.error("%s keeps dying (%d starts in %.0f s)", PROCESS_NAME, len(self.starts), CRASH_WINDOW_S)
             self.pid = None
             return False
-        supervisor = os.getpid()
-        r, w = os.pipe() if wait else (None, None)
-        pid = os.fork()
-        if pid == 0:  # child
-            code = 1
-            try:
-                if r is not None:
-                    os.close(r)
-                child_signals()
-                if die_with_parent(supervisor):
-                    _name_process()
-                    code = service_main(self.config, supervisor, w)
-            except BaseException:  # noqa: BLE001 - a child must never return into the parent's code
-                logging.getLogger(__name__).exception("%s crashed", PROCESS_NAME)
-            finally:
-                logging.shutdown()
-                os._exit(code)
-        self.pid = pid
-        if r is not None and w is not None:
-            os.close(w)
-            try:
-                if not select.select([r], [], [], READY_TIMEOUT_S)[0]:
-                    log.warning("%s did not start within %.0f s", PROCESS_NAME, READY_TIMEOUT_S)
-            finally:
-                os.close(r)
+        def main(supervisor: int, ready: int | None) -> int:
+            _name_process()
+            return service_main(self.config, supervisor, ready)
+
+        self.pid = fork_child(PROCESS_NAME, main, READY_TIMEOUT_S if wait else None, log)
         return True
 
     def exited(self, status: int) -> bool:
