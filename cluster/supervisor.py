@@ -102,12 +102,15 @@ class Supervisor:
             raise SystemExit(f"brokerd: error: {problem}")
 
     def _lock_dirs(self) -> None:
-        """Lock the data directory (with the log on) and the run directory for the supervisor's life.
+        """Lock the data directory (with the log on, or the agreement's journal kept there) and the run
+        directory for the supervisor's life.
 
         The workers inherit the locks and never release them, so they last until the broker's last
-        process is gone; a second broker on either directory stops here, before forking."""
+        process is gone; a second broker on either directory stops here, before forking. With
+        ``--log off`` the agreement journal (``DATA/<node>/agreement``) still needs the lock: two
+        members sharing one journal would each vote on the other's behalf."""
         cfg = self.config
-        if cfg.log:
+        if cfg.log or cfg.agreement:
             path = os.path.join(cfg.data_dir, cfg.node_id)
             try:
                 os.makedirs(path, mode=0o700, exist_ok=True)
@@ -115,8 +118,8 @@ class Supervisor:
             except LockBusy as busy:
                 raise SystemExit(f"brokerd: error: --data-dir: {path} is {busy.in_use()}") from None
             except OSError as exc:
-                raise SystemExit(f"brokerd: error: --data-dir: cannot write {path}: {exc.strerror} "
-                                 "(or run with --log off)") from None
+                hint = "" if cfg.agreement else " (or run with --log off)"  # the journal needs it either way
+                raise SystemExit(f"brokerd: error: --data-dir: cannot write {path}: {exc.strerror}{hint}") from None
         try:
             self.run_lock = claim_run_dir(cfg)
         except LockBusy as busy:

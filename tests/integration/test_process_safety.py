@@ -113,6 +113,20 @@ def test_a_second_broker_on_the_same_data_directory_stops_with_one_line(start_br
     Client(first.port, "still-first").connect()
 
 
+def test_the_agreement_journal_locks_the_data_directory_with_the_log_off(start_broker, tmp_path):
+    # Two members sharing one journal would vote for each other: the lock holds without the log too.
+    data = str(tmp_path / "data")
+    first = start_broker("--log", "off", "--mesh", f"127.0.0.1:{free_port()}", *mesh_key(),
+                         "--agreement", f"127.0.0.1:{free_port()}", data_dir=data)
+    r = run_failing("--workers", "1", "--listen", f"127.0.0.1:{free_port()}", "--node-id", "t", "--log", "off",
+                    "--data-dir", data, "--mesh", f"127.0.0.1:{free_port()}", *mesh_key(),
+                    "--agreement", f"127.0.0.1:{free_port()}")
+    assert r.returncode != 0
+    assert one_line(r) == (f"brokerd: error: --data-dir: {os.path.join(data, 't')} is in use by brokerd pid "
+                           f"{first.pid} (stop it first)")
+    Client(first.port, "still-first").connect()
+
+
 def test_a_port_or_node_a_broker_serves_stops_a_second_broker_with_one_line(start_broker, tmp_path):
     mesh = free_port()
     first = start_broker("--log", "off", "--mesh", f"127.0.0.1:{mesh}", *mesh_key())
