@@ -1,10 +1,17 @@
-"""Fakes shared by the unit tests: the socket side of a connection, a recording mesh, and a way
-to put a session online. One home, so that a change to what the router asks of a connection or a
-mesh changes one fake."""
+"""Fakes shared by the unit tests: the socket side of a connection, a recording mesh, a way to put
+a session online, and a directory in memory. One home, so that a change to what the router asks of
+a connection or a mesh changes one fake."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from brokerd.connection.codec import Decoder
 from brokerd.connection.packets import Subscription
@@ -90,3 +97,22 @@ def online(router: Router, cid: str, *subs: tuple[str, int], level: int = 4):
     for f, q in subs:
         router.subscribe(s, Subscription(f, q))
     return s, conn
+
+
+RAM_FS = Path("/dev/shm")  # Linux's tmpfs for everyone: a file system in memory, fsync a no-op
+
+
+@pytest.fixture
+def ram_path(tmp_path: Path) -> Iterator[Path]:
+    """A fresh directory in memory where the system has one, else ``tmp_path``. For a test that
+    opens a log hundreds of times over, each open fsyncing what it repaired: on a disk those
+    fsyncs are most of its time (seconds, tens on a busy disk), yet what it checks is what the
+    files hold, which is the same in memory."""
+    if not (RAM_FS.is_dir() and os.access(RAM_FS, os.W_OK)):
+        yield tmp_path
+        return
+    path = Path(tempfile.mkdtemp(prefix="brokerd-test-", dir=RAM_FS))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -69,14 +69,14 @@ def assert_intact(records, upto: int) -> None:
 
 # ------------------------------------------------------------------------------------ torn tails
 
-def test_tail_truncated_at_every_byte_of_the_last_record(tmp_path, caplog):
-    pristine = tmp_path / "pristine"
+def test_tail_truncated_at_every_byte_of_the_last_record(ram_path, caplog):
+    pristine = ram_path / "pristine"
     n = 60
     write_log(pristine, n)
     base, seg_path = last_segment(pristine)
     last_off, last_pos, last_size = record_positions(seg_path)[-1]
     assert last_off == n - 1
-    work = tmp_path / "work"
+    work = ram_path / "work"
     for cut in range(last_pos, last_pos + last_size):
         shutil.rmtree(work, ignore_errors=True)
         shutil.copytree(pristine, work)

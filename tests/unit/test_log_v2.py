@@ -229,14 +229,14 @@ def test_version_1_segments_are_read_and_the_log_goes_on_in_version_2(tmp_path):
 
 # ------------------------------------------------------------------------------ recovery and check
 
-def test_tail_truncated_at_every_byte_of_the_last_batch(tmp_path, caplog):
-    pristine = tmp_path / "pristine"
+def test_tail_truncated_at_every_byte_of_the_last_batch(ram_path, caplog):
+    pristine = ram_path / "pristine"
     with open_log(pristine) as log:
         write(log, 0, 40, per_batch=4)
     seg = sorted(n for n in os.listdir(pristine) if n.endswith(".log"))[-1]
     first, count, pos, size = batch_positions(pristine / seg)[-1]
     assert first + count == 40 and count == 4
-    work = tmp_path / "work"
+    work = ram_path / "work"
     for cut in range(pos, pos + size):
         shutil.rmtree(work, ignore_errors=True)
         shutil.copytree(pristine, work)
