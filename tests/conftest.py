@@ -120,6 +120,14 @@ ALONE_FILES = {
 }
 
 
+# The order of a parallel run: the longest work units first (an ``xdist_group``, or one test), so
+# that the last to start are short and the workers finish together. A test's seconds are its last
+# run's (setup, call and teardown, kept in pytest's cache); a test never run is guessed by marker.
+DURATIONS_KEY = "brokerd/durations"
+GUESS_S = {"slow": 15.0, "unit": 0.05}  # the first marker a test has; else GUESS_DEFAULT_S
+GUESS_DEFAULT_S = 1.0
+
+
 def _marks(nodeid: str) -> list[str]:
     """The markers a test gets from where it lives and from the lists above."""
     path, _, name = nodeid.partition("::")
@@ -134,13 +142,72 @@ def _marks(nodeid: str) -> list[str]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Markers by directory and by the lists above; under xdist, tests that share something costly
-    stay on one worker, so that it is made once (``_shared``)."""
+    stay on one worker, so that it is made once (``_shared``), and the longest go first."""
     for item in items:
         for mark in _marks(item.nodeid):
             item.add_marker(mark)
         group = _shared(item)
         if group and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and DURATIONS_KEY in workerinput:
+        items[:] = _longest_first(items, workerinput[DURATIONS_KEY])
+
+
+def _group(item: pytest.Item) -> str:
+    """The work unit of a test under ``--dist loadgroup``: its ``xdist_group``, or itself."""
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None:
+        return item.nodeid
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+
+
+def _guess(item: pytest.Item, durations: dict[str, float]) -> float:
+    if item.nodeid in durations:
+        return durations[item.nodeid]
+    return next((s for mark, s in GUESS_S.items() if item.get_closest_marker(mark)), GUESS_DEFAULT_S)
+
+
+def _longest_first(items: list[pytest.Item], durations: dict[str, float]) -> list[pytest.Item]:
+    """Work units by their seconds, longest first; a unit's tests keep their order. Stable, so
+    that every worker, given the same durations, collects the same order (xdist checks it)."""
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        units.setdefault(_group(item), []).append(item)
+    seconds = {name: sum(_guess(i, durations) for i in unit) for name, unit in units.items()}
+    return [i for name in sorted(units, key=lambda n: -seconds[n]) for i in units[name]]
+
+
+def _test_id(nodeid: str) -> str:
+    """A report's test id without the ``@group`` that loadgroup appends."""
+    at = nodeid.rfind("@")
+    return nodeid[:at] if at > nodeid.rfind("]") else nodeid
+
+
+class _Durations:
+    """Each test's seconds in this run (all its phases), merged into pytest's cache at the end:
+    what the next parallel run orders its tests by. Kept by the controller, or a serial run."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.seen: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if not report.skipped:
+            test = _test_id(report.nodeid)
+            self.seen[test] = round(self.seen.get(test, 0.0) + report.duration, 2)
+
+    def pytest_sessionfinish(self) -> None:
+        if self.seen and self.config.cache is not None:
+            self.config.cache.set(DURATIONS_KEY, {**self.config.cache.get(DURATIONS_KEY, {}), **self.seen})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """Each xdist worker gets the durations of the last runs from the controller, not from the
+    cache itself: a run finishing meanwhile could give two workers different orders."""
+    cache = node.config.cache
+    node.workerinput[DURATIONS_KEY] = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
 
 
 def _shared(item: pytest.Item) -> str | None:
@@ -163,13 +230,18 @@ def _xdist_controller(config: pytest.Config) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     """``-n N`` alone means ``--dist load``, which ignores ``xdist_group``: made ``loadgroup`` unless
-    a ``--dist`` was asked for. The run's id is fixed here, so that the controller knows the
-    directory of its workers' locks (``_turn``) and removes it after them."""
+    a ``--dist`` was asked for, in the workers' order (longest first, ``_longest_first``), not
+    re-sorted by each unit's count of tests. The run's id is fixed here, so that the controller
+    knows the directory of its workers' locks (``_turn``) and removes it after them."""
+    if not hasattr(config, "workerinput") and getattr(config, "cache", None) is not None:
+        config.pluginmanager.register(_Durations(config), "brokerd-durations")
     if not _xdist_controller(config):
         return
     if config.option.dist == "load" and not any(a.startswith("--dist") or a == "-d"
                                                 for a in config.invocation_params.args):
         config.option.dist = "loadgroup"
+    if not any(a.startswith("--loadscope-reorder") for a in config.invocation_params.args):
+        config.option.loadscopereorder = False
     if config.option.testrunuid is None:
         config.option.testrunuid = uuid.uuid4().hex
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import multiprocessing
 import time
 
+import pytest
+
 from tests import conftest, helpers
 
 
@@ -65,3 +67,48 @@ def test_a_test_is_marked_by_its_directory_and_by_the_lists():
     name = "tests/cluster/test_replication.py::test_a_persistent_session_survives_its_nodes_death[b-c]"
     assert conftest._marks(name) == ["cluster", "slow"]
     assert conftest._marks("tests/partition/test_readers.py::test_x") == []
+
+
+class _Item:
+    """What ordering reads of a pytest item: its id and its markers."""
+
+    def __init__(self, nodeid: str, *marks: pytest.MarkDecorator) -> None:
+        self.nodeid = nodeid
+        self.marks = {m.mark.name: m.mark for m in marks}
+
+    def get_closest_marker(self, name: str):
+        return self.marks.get(name)
+
+
+def test_a_parallel_run_starts_the_longest_work_units_first_and_keeps_a_groups_tests_together():
+    spark = pytest.mark.xdist_group("spark")
+    items = [_Item("a::short"), _Item("b::s1", spark), _Item("c::long"), _Item("b::s2", spark),
+             _Item("d::never_run", pytest.mark.slow), _Item("e::never_run"), _Item("a::short2")]
+    durations = {"a::short": 0.5, "b::s1": 3.0, "b::s2": 3.0, "c::long": 5.0, "a::short2": 0.5}
+    order = [i.nodeid for i in conftest._longest_first(items, durations)]
+    # a slow test never run is guessed long; the group's 6 s beat the single 5 s; ties keep their order
+    assert order == ["d::never_run", "b::s1", "b::s2", "c::long", "e::never_run", "a::short", "a::short2"]
+
+
+def test_a_tests_seconds_are_kept_under_its_own_id_whatever_group_xdist_appended():
+    assert conftest._test_id("tests/pipeline/test_jobs.py::test_x@spark") == "tests/pipeline/test_jobs.py::test_x"
+    assert conftest._test_id("tests/unit/t.py::test_y[a@b]") == "tests/unit/t.py::test_y[a@b]"
+    assert conftest._test_id("tests/unit/t.py::test_y[a@b]@g") == "tests/unit/t.py::test_y[a@b]"
+
+
+def test_the_seconds_of_a_run_are_merged_into_those_of_the_runs_before():
+    class Cache(dict):
+        def set(self, key, value):
+            self[key] = value
+
+    class Report:
+        def __init__(self, nodeid: str, duration: float, skipped: bool = False) -> None:
+            self.nodeid, self.duration, self.skipped = nodeid, duration, skipped
+
+    config = type("Config", (), {"cache": Cache({conftest.DURATIONS_KEY: {"old::t": 9.0, "t::a": 1.0}})})()
+    durations = conftest._Durations(config)
+    for phase in (0.25, 2.0, 0.25):  # setup, call, teardown
+        durations.pytest_runtest_logreport(Report("t::a@g", phase))
+    durations.pytest_runtest_logreport(Report("t::skipped", 0.1, skipped=True))
+    durations.pytest_sessionfinish()
+    assert config.cache[conftest.DURATIONS_KEY] == {"old::t": 9.0, "t::a": 2.5}
