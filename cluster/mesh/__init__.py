@@ -1,0 +1,222 @@
+"""The mesh between routers: ZeroMQ PUSH/PULL, msgpack frames, batched per loop iteration.
+
+Every router binds one PULL socket: ipc:// in the node's run directory for the routers of the same
+node, and also tcp://HOST:PORT+i when the node has ``--mesh HOST:PORT``. It holds one PUSH socket
+per peer router. Everything a router says to a peer travels on that one PUSH socket, so frames
+between two routers arrive in the order they were sent.
+
+Frames are msgpack lists ``[MESH_VERSION, kind, sender_router_id, sender_incarnation, body]``; a
+frame of another version is refused with a log line naming the sender. Publishes for one peer
+collected during one loop iteration travel as one frame (fewer than ``LINGER_BELOW`` in all wait
+one more iteration, once, to fill the frame). A message in it is ``mesh_format.to_mesh(msg)`` (5 values
+for a plain QoS 0 message, or a plain QoS 1/2 one with its MQTT 3.1.1 head; 9 otherwise), or that
+plus a last element naming the shared subscriptions the receiver was chosen for (6 or 10 values):
+a list, or ``{"only": list}`` for a message handed on from a member whose session ended, which is
+for those groups alone.
+
+Membership is gossip: every router says HELLO to every link twice a second with the routers it
+knows; a HELLO with an unknown router makes us link to it, so one live ``--peer`` is enough to join.
+
+A router silent for ``--mesh-timeout`` seconds (stopped, paused by a slow disk or a VM migration,
+partitioned, crashed), that said GOODBYE, or that came back with a new incarnation, is *parked*:
+requests stop waiting for it and its shared-group presence goes (groups' messages go to members
+that can take them), but its filter interest stays, and the frames it would have been sent are
+kept, up to ``--mesh-backlog`` bytes. Beyond that, with the commit log on, nothing more is kept:
+the offset from which this router's own log holds the rest is noted, and when the peer returns
+those records are read back and forwarded again by its interest (the log is the backlog's
+overflow). With the log off, what is beyond is dropped, counted as ``mesh_peer_gone`` and logged.
+The moment it is heard again (any frame of the same incarnation, or a HELLO of a new one) it is
+taken back: the kept frames go first, then both sides send all their interest again, each a full
+announcement that replaces the last (``reset``), asked for with RESYNC. A router parked for
+``--mesh-forget`` seconds is forgotten, its backlog dropped and counted. A router whose own loop
+was paused does not blame its peers for the silence it did not hear: it gives them a fresh
+timeout.
+
+PUBLISH frames are numbered per peer, and every HELLO says up to which number it has received
+each peer's frames and its log has written the copies it made of them (durable with --fsync
+always). Until then a frame stays in the sender's ring of unconfirmed frames (bounded
+by ``--mesh-backlog`` bytes too): when a peer comes back as a new incarnation (a worker or node
+that crashed and restarted), what its old incarnation never confirmed is sent again, before what
+was kept while it was silent, so the sessions it restored from its disk get what other routers
+acknowledged to their publishers in the moment before the crash was noticed. A receiver drops a
+frame whose number it has already seen.
+
+Every frame is checked (``router.mesh_format``) before it is acted on; a bad one is dropped,
+counted (``mesh_bad_frames``) and logged once per sender. The PULL sockets refuse frames larger
+than ``mesh_format.max_frame``; publish batches are split well below it.
+
+Consistency points:
+- SUBACK waits (bounded) until every live peer has acknowledged a new interest, so a publish on any
+  router after the SUBACK reaches the new subscriber.
+- A CONNECT waits (bounded) until every live peer has answered a takeover request, so an existing
+  session anywhere in the cluster is moved, not duplicated. The old owner answers with the
+  session's header (on the same node its offline backlog as positions in the logs) and streams its
+  queued copies in chunks, one per loop iteration (heartbeats flow meanwhile); it keeps the
+  session until the new owner says TAKEOVER_DONE, and keeps it for good if the transfer fails
+  (the new owner gave up after ``ACK_TIMEOUT_S`` without progress, or either side fell silent):
+  the CONNECT is then refused (server unavailable) and the session stays in one place.
+- Backpressure: a peer whose PUSH socket is at its high-water mark gets no more frames; the frames
+  wait in a list and the client connections whose publishes are waiting stop being read until the
+  peer drains. Local delivery and other peers carry on.
+
+The package, one part a module (the ``Mesh`` is their union; the pure rules take values and
+time in and are tested without sockets): ``transport`` (sockets, CURVE, monitors, backpressure),
+``framing`` (packing frames; the formats are ``router.mesh_format``), ``dispatch`` (reading and
+checking a frame, the table of handlers by kind), ``delivery`` (rules: numbering, the ring,
+the backlog) and ``forwarding`` (publishes out and in, replay from the log), ``membership``
+(rules: parking, forgetting, echoing, pauses) and ``members`` (HELLO, heartbeat, park, rejoin,
+forget), ``interest`` (announcements and barriers), ``takeover`` (asking, settling), ``transfer``
+(a session leaving and arriving), ``handon`` (confirmations and the hand-on), ``peer``,
+``waiter``, ``limits``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import zmq
+
+from brokerd.router.mesh_format import GOODBYE, MESH_VERSION, PUBLISH, max_frame
+
+from ..paths import mesh_ipc
+from ..quorum import MARGIN_S
+from . import dispatch
+from .dispatch import DispatchMixin
+from .forwarding import ForwardingMixin
+from .framing import FramingMixin
+from .handon import HandonMixin
+from .interest import InterestMixin
+from .limits import HELLO_INTERVAL_S, LOCAL_DOWN_WAIT_S, log, park_skew
+from .members import MembersMixin
+from .peer import Peer
+from .takeover import TakeoverMixin
+from .transfer import Transfer, TransferMixin
+from .transport import Link, TransportMixin
+from .waiter import Waiter
+
+if TYPE_CHECKING:
+    from brokerd.router.router import Router
+
+    from ..config import Config
+
+__all__ = ["HELLO_INTERVAL_S", "LOCAL_DOWN_WAIT_S", "MESH_VERSION", "PUBLISH", "Mesh", "Peer", "park_skew"]
+
+
+class Mesh(TransportMixin, FramingMixin, DispatchMixin, ForwardingMixin, MembersMixin, InterestMixin,
+           TakeoverMixin, TransferMixin, HandonMixin):
+    """Implements ``router.ports.MeshPort`` for one router: the parts' state is set up here, each
+    part's behaviour is in its module."""
+
+    def __init__(self, config: Config, index: int, router: Router, loop: asyncio.AbstractEventLoop) -> None:
+        self.config = config
+        self.index = index
+        self.router = router
+        self.loop = loop
+        self.router_id = router.router_id
+        self.node_id = config.node_id
+        self.incarnation = int.from_bytes(os.urandom(6), "big")
+        self.ctx: zmq.Context | None = None
+        self.pull: zmq.Socket | None = None
+        self.ipc = mesh_ipc(config, index)
+        self.tcp: str | None = None
+        self.peers: dict[str, Peer] = {}
+        self.links: dict[str, Link] = {}
+        self.seeds: list[Link] = []
+        self._dirty = False
+        self._lingered = False
+        self._interest_batch: list[tuple[str, bool]] = []
+        self._interest_waiter: Waiter | None = None
+        self._waiters: dict[int, Waiter] = {}
+        # The other routers of this node (a CONNECT waits for them while they are down), and the
+        # future that the next one to join again completes.
+        self._local_ids = {f"{self.node_id}/w{j}" for j in range(config.workers)} - {self.router_id}
+        self._local_joined: asyncio.Future | None = None
+        self.replication: Any = None  # cluster.replication.Replication, with --replication-factor > 1
+        self.lease: Any = None  # cluster.quorum.Lease, set by the replication: its beats go in each HELLO
+        self._req_ids = itertools.count(1)
+        self._timer: asyncio.TimerHandle | None = None
+        self._drain_timer: asyncio.TimerHandle | None = None
+        self._blocked_links: set[Link] = set()
+        self._started = time.monotonic()
+        self._version_warned: set[str] = set()
+        self._auth: Any = None
+        self._curve: tuple[bytes, bytes] | None = None
+        self._monitors: list[tuple[zmq.Socket, str, str | None]] = []
+        self._refused_logged: dict[str, float] = {}
+        # Peer endpoints whose last CURVE handshake failed, and how (``brokerd stats`` names them).
+        self.refused: dict[str, str] = {}
+        self._bad_logged: set[str] = set()
+        self._last_beat = time.monotonic()
+        # A heartbeat this long after the last means a pause the others may have acted on; the
+        # moment that is reached, for ``check_paused``'s callers to compare with cheaply.
+        self._pause_after = config.mesh_timeout - MARGIN_S
+        self.pause_deadline = self._last_beat + self._pause_after
+        self.max_frame = max_frame(config.max_packet_size)
+        self._tcp_pull: zmq.Socket | None = None
+        self.stats_tcp: str | None = None  # this router's stats socket, if other nodes can read it
+        self._incoming: dict[tuple[int, str], Transfer] = {}  # (request, sender) → session arriving
+        self._moves: dict[tuple[str, int], str] = {}  # (new owner, its request) → client id leaving
+        # Moves given up unconfirmed (the new owner fell silent): key as ``_moves`` → (client id,
+        # when); a confirmation that comes later settles them (``Router.moved_after_all``).
+        self._in_doubt: dict[tuple[str, int], tuple[str, float]] = {}
+        # Takeovers this router confirmed to a live router: its id → {request: when}. Said again
+        # when that router is heard after a silence (``_confirm_again``): the first may be lost.
+        self._takeovers_confirmed: dict[str, dict[int, float]] = {}
+        # Sessions taken over here from a live router, not confirmed to it yet: client id →
+        # (old owner, request, the timer that confirms at the latest, the header's ``handon_from``).
+        self._unconfirmed_takeovers: dict[str, tuple[str | None, int, asyncio.TimerHandle, Any]] = {}
+        # Copies handed on for a session whose takeover here is not settled yet (its CONNECT still
+        # waits for the agreement, the session not imported): delivered once it is.
+        self._early_handons: dict[str, list] = {}
+        # Sessions that moved here: client id → ({router: offset of its log from which its
+        # messages reach this router directly}, until when): what the old owner hands on from
+        # there is here already (``_handed_on``).
+        self._handon_marks: dict[str, tuple[dict[str, int], float]] = {}
+        # Sessions moved here from a live router that has not ended its hand-on yet (its last
+        # SESSION_HANDON): client id → [old owner, its ``handon_from``, the marks above, until
+        # when, whether its own log is still to be read]. Should the old owner fall silent
+        # first, what it held for the session is read back instead (``_handons_lost``).
+        self._handons_due: dict[str, list] = {}
+        self._peer_stats: dict[str, list[int]] = {}
+        self._packer = msgpack.Packer(use_bin_type=True)
+        # What every PUBLISH frame of this incarnation starts with (``_publish_frames``).
+        self._publish_head = (self._packer.pack_array_header(5) + self._packer.pack(MESH_VERSION)
+                              + self._packer.pack(PUBLISH) + self._packer.pack(self.router_id)
+                              + self._packer.pack(self.incarnation))
+        self.closed = False  # after stop(): whatever the router still says goes nowhere
+        self._handlers = dispatch.bind(self)  # kind -> (handler, who may send it)
+
+    async def start(self) -> None:
+        self._bind()
+        self._heartbeat()
+        # Serve only once the routers of this node know each other (bounded): a client that
+        # subscribes on one worker right after start must be reachable from every other.
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            if not self._local_down():
+                break
+            await asyncio.sleep(0.02)
+        else:
+            log.warning("mesh: not every local router answered within 10 s; serving anyway")
+            return
+        if self.index == 0 and self._local_ids:  # the node's own routers, in one line (each pair: DEBUG)
+            log.info("mesh: the %d routers of node %s joined each other", len(self._local_ids) + 1, self.node_id)
+
+    async def stop(self) -> None:
+        self._flush()
+        self.closed = True
+        frame = self._frame(GOODBYE, None)
+        for peer in self.peers.values():
+            if peer.alive and peer.link is not None:
+                try:
+                    peer.link.sock.send(frame, zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+        if self._timer is not None:
+            self._timer.cancel()
+        self._close()

@@ -1,0 +1,263 @@
+"""Receiving: a frame read, checked, and handed to its kind's handler through one table.
+
+``read`` turns bytes into a checked frame or a refusal (``router.mesh_format`` holds the checks);
+``FRAMES`` names each kind's handler and who may send it: anyone (a HELLO introduces its sender),
+a peer met in this incarnation, or such a peer while this router replicates (R > 1: otherwise the
+frame is ignored). A kind not in the table is refused as a bad frame. Handlers take ``(peer,
+body, size)``, HELLO ``(sender, incarnation, body)``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import msgpack
+import zmq
+
+from brokerd.router.mesh_format import (
+    CATCHUP,
+    ECHO,
+    GOODBYE,
+    HELLO,
+    HISTORY,
+    HISTORY_FETCH,
+    INTEREST,
+    INTEREST_ACK,
+    KIND_NAMES,
+    MESH_VERSION,
+    PUBLISH,
+    REPLICA_ACK,
+    REPLICA_CATCHUP,
+    REPLICA_FETCH,
+    REPLICA_PUBLISH,
+    REPLICATE,
+    RESYNC,
+    RETAINED,
+    SESSION_CATCHUP,
+    SESSION_COPIES,
+    SESSION_GONE,
+    SESSION_HANDON,
+    SESSION_RESTORE,
+    SESSION_RESTORED,
+    SESSION_STATE,
+    SYNC_REQ,
+    TAKEOVER_CHUNK,
+    TAKEOVER_DONE,
+    TAKEOVER_REQ,
+    TAKEOVER_RESP,
+    check_body,
+    check_envelope,
+)
+
+from .limits import RECV_BATCH, RECV_MSGS, log
+
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Callable
+
+    from brokerd.router.router import Router
+
+    from .peer import Peer
+
+ANYONE = "anyone"
+MET = "met"
+REPLICATING = "replicating"
+
+# kind -> (the ``Mesh`` method that handles it, who may send it)
+FRAMES: dict[int, tuple[str, str]] = {
+    HELLO: ("_on_hello", ANYONE),
+    ECHO: ("_on_echo", MET),
+    GOODBYE: ("_on_goodbye", MET),
+    PUBLISH: ("_on_publish", MET),
+    RETAINED: ("_on_retained", MET),
+    SYNC_REQ: ("_on_sync_req", MET),
+    CATCHUP: ("_on_catchup", MET),
+    INTEREST: ("_on_interest", MET),
+    INTEREST_ACK: ("_on_interest_ack", MET),
+    RESYNC: ("_on_resync", MET),
+    TAKEOVER_REQ: ("_on_takeover_req", MET),
+    TAKEOVER_RESP: ("_on_takeover_resp", MET),
+    TAKEOVER_CHUNK: ("_on_takeover_chunk", MET),
+    TAKEOVER_DONE: ("_on_takeover_done", MET),
+    SESSION_HANDON: ("_on_session_handon", MET),
+    SESSION_GONE: ("_on_session_gone", MET),  # (also before replication is set up at a start)
+    REPLICATE: ("_on_replicate", REPLICATING),
+    REPLICA_ACK: ("_on_replica_ack", REPLICATING),
+    REPLICA_FETCH: ("_on_replica_fetch", REPLICATING),
+    REPLICA_CATCHUP: ("_on_replica_catchup", REPLICATING),
+    REPLICA_PUBLISH: ("_on_replica_publish", REPLICATING),
+    SESSION_STATE: ("_on_session_state", REPLICATING),
+    SESSION_CATCHUP: ("_on_session_catchup", REPLICATING),
+    SESSION_COPIES: ("_on_session_copies", REPLICATING),
+    SESSION_RESTORE: ("_on_session_restore", REPLICATING),
+    SESSION_RESTORED: ("_on_session_restored", REPLICATING),
+    HISTORY_FETCH: ("_on_history_fetch", REPLICATING),
+    HISTORY: ("_on_history", REPLICATING),
+}
+
+
+def bind(owner: object) -> dict[int, tuple[Callable[..., None], str]]:
+    """``FRAMES`` with ``owner``'s bound handlers, for one lookup a frame."""
+    return {kind: (getattr(owner, name), who) for kind, (name, who) in FRAMES.items()}
+
+
+class Refused(NamedTuple):
+    """A frame not acted on: from ``sender`` ("?" where the envelope is unreadable), with what
+    is wrong; ``version`` where it is of another mesh version (logged once, not counted)."""
+
+    sender: str
+    problem: str
+    version: Any = None
+
+
+def read(data: bytes) -> tuple[int, str, int, Any] | Refused:
+    """``data`` as a checked frame, (kind, sender, incarnation, body), or why it is refused."""
+    try:
+        frame = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return Refused("?", f"undecodable frame of {len(data)} bytes")
+    problem = check_envelope(frame)
+    if problem is not None:
+        return Refused("?", problem)
+    version, kind, sender, inc, body = frame
+    if version != MESH_VERSION:
+        return Refused(sender, f"mesh version {version}", version)
+    problem = check_body(kind, body)
+    if problem is not None:
+        return Refused(sender, problem)
+    return kind, sender, inc, body
+
+
+class DispatchMixin:
+    """The ``Mesh``'s receiving end: frames read in turns, dispatched by kind."""
+
+    loop: asyncio.AbstractEventLoop
+    router: Router
+    router_id: str
+    peers: dict[str, Peer]
+    replication: Any
+    pause_deadline: float
+    _handlers: dict[int, tuple[Callable[..., None], str]]
+    _version_warned: set[str]
+    _bad_logged: set[str]
+
+    def _on_readable(self, sock: zmq.Socket) -> None:
+        """Frames waiting on ``sock``, until ``RECV_MSGS`` forwarded messages (or ``RECV_BATCH``
+        frames) were handled: then the loop's other work (client reads under the turn budget,
+        writes) runs before the next frames, so a backlog of frames cannot stall every client of
+        this router for the time of thousands of deliveries."""
+        now = time.monotonic()
+        if now >= self.pause_deadline or (self.replication is not None and now >= self.replication.recount_at):
+            self.check_paused()
+        n = 0
+        msgs = 0
+        try:
+            while n < RECV_BATCH and msgs < RECV_MSGS:
+                try:
+                    data = sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    return
+                n += 1
+                got = read(data)
+                if got.__class__ is Refused:
+                    self._refused(got)  # type: ignore[arg-type]
+                    continue
+                kind, sender, inc, body = got  # type: ignore[misc]
+                if kind == PUBLISH:
+                    msgs += len(body[1])
+                try:
+                    self._handle(kind, sender, inc, body, len(data))
+                except Exception as exc:  # noqa: BLE001 - a peer's frame must not stop the mesh
+                    self._bad(sender, f"{KIND_NAMES[kind]} frame could not be handled: {exc!r}")
+        except zmq.ZMQError:
+            return
+        # More may be waiting: ZeroMQ's descriptor is edge-triggered, so come back without it.
+        self.loop.call_soon(self._on_readable, sock)
+
+    def _refused(self, refused: Refused) -> None:
+        sender = refused.sender
+        if refused.version is None:
+            self._bad(sender, refused.problem)
+        elif sender not in self._version_warned:
+            self._version_warned.add(str(sender))
+            log.error("mesh: refusing frames from %s: mesh version %s, this node speaks %d "
+                      "(run the same brokerd version on every node)", sender, refused.version, MESH_VERSION)
+
+    def _bad(self, sender: str, problem: str) -> None:
+        """Drop a bad frame: counted always, logged once per sender."""
+        self.router.stats.mesh_bad_frames += 1
+        if sender not in self._bad_logged:
+            self._bad_logged.add(sender)
+            log.error("mesh: dropped a bad frame from %s: %s (further ones from it are counted as "
+                      "mesh bad_frames, not logged)", sender, problem)
+
+    def _handle(self, kind: int, sender: str, inc: int, body: Any, size: int) -> None:
+        entry = self._handlers.get(kind)
+        if entry is None:
+            self._bad(sender, f"unknown kind {kind}")
+            return
+        handler, who = entry
+        if who is ANYONE:
+            handler(sender, inc, body)
+            return
+        peer = self.peers.get(sender)
+        if peer is None or peer.incarnation != inc:
+            if kind != GOODBYE:
+                # A frame from an incarnation we have not met yet: wait for its hello, which the
+                # other side sends first on every new link.
+                log.debug("mesh: %s frame from unknown %s; ignored", KIND_NAMES.get(kind), sender)
+            return
+        peer.last_seen = time.monotonic()
+        if not peer.alive and kind != GOODBYE:
+            self._rejoin(peer, "heard again")
+        if who is REPLICATING and self.replication is None:
+            return  # replication frames for a router that replicates nothing (R = 1 here)
+        handler(peer, body, size)
+
+    # -- frames for the replication (``cluster.replication``) -----------------------------------
+
+    def _on_session_gone(self, peer: Peer, body: Any, size: int) -> None:
+        partition, client_ids = body[0], body[1]
+        wills = body[2] if len(body) == 3 else []
+        if partition == self.router_id:  # (also before replication is set up at a start)
+            self.router.drop_stale_sessions(client_ids)
+            self.router.wills_published_elsewhere(wills)
+        elif self.replication is not None:
+            self.replication.session_gone(partition, client_ids, wills)
+
+    def _on_replicate(self, peer: Peer, body: Any, size: int) -> None:
+        self.replication.replicate(peer, *body)
+
+    def _on_replica_ack(self, peer: Peer, body: Any, size: int) -> None:
+        self.replication.acknowledged(peer.router_id, *body)
+
+    def _on_replica_fetch(self, peer: Peer, body: Any, size: int) -> None:
+        self.replication.fetch(peer, *body)
+
+    def _on_replica_catchup(self, peer: Peer, body: Any, size: int) -> None:
+        self.replication.catchup(peer, *body)
+
+    def _on_replica_publish(self, peer: Peer, body: Any, size: int) -> None:
+        self.replication.replayed(*body)
+
+    def _on_session_state(self, peer: Peer, body: Any, size: int) -> None:
+        self.replication.session_state(peer, *body)
+
+    def _on_session_catchup(self, peer: Peer, body: Any, size: int) -> None:
+        self.replication.session_catchup(peer, *body)
+
+    def _on_session_copies(self, peer: Peer, body: Any, size: int) -> None:
+        self.router.take_copies(body[0], body[1], read_back=True)
+
+    def _on_session_restore(self, peer: Peer, body: Any, size: int) -> None:
+        self.replication.restore_sessions(peer, body)
+
+    def _on_session_restored(self, peer: Peer, body: Any, size: int) -> None:
+        self.replication.restored(peer.router_id, *body)
+
+    def _on_history_fetch(self, peer: Peer, body: Any, size: int) -> None:
+        self.replication.history_fetch(peer, *body)
+
+    def _on_history(self, peer: Peer, body: Any, size: int) -> None:
+        self.replication.history(peer.router_id, *body)

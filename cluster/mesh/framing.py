@@ -1,0 +1,86 @@
+"""Framing: a frame is ``[MESH_VERSION, kind, sender, incarnation, body]`` packed by msgpack.
+
+The formats themselves, the kinds and the one history of mesh versions live in
+``router.mesh_format``; this part packs this router's frames: any kind (``_frame``), a peer's
+PUBLISH batch as numbered frames split to fit the receivers' limit (``_publish_frames``), and the
+replication's frames by name (``send_replication``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from brokerd.router.mesh_format import (
+    HISTORY,
+    HISTORY_FETCH,
+    MESH_VERSION,
+    PUBLISH,
+    REPLICA_ACK,
+    REPLICA_CATCHUP,
+    REPLICA_FETCH,
+    REPLICA_PUBLISH,
+    REPLICATE,
+    SESSION_CATCHUP,
+    SESSION_COPIES,
+    SESSION_GONE,
+    SESSION_RESTORE,
+    SESSION_RESTORED,
+    SESSION_STATE,
+)
+
+if TYPE_CHECKING:
+    from .peer import Peer
+
+
+class FramingMixin:
+    """The ``Mesh``'s frames: packed once, sent on a peer's link."""
+
+    router_id: str
+    incarnation: int
+    max_frame: int
+    closed: bool
+    _packer: msgpack.Packer
+    _publish_head: bytes
+
+    def _frame(self, kind: int, body: Any) -> bytes:
+        return self._packer.pack([MESH_VERSION, kind, self.router_id, self.incarnation, body])
+
+    def _send(self, peer: Peer, kind: int, body: Any) -> None:
+        if peer.link is not None:
+            peer.link.send(self._frame(kind, body))
+
+    _REPLICATION_KINDS = {"replicate": REPLICATE, "ack": REPLICA_ACK, "fetch": REPLICA_FETCH,
+                          "catchup": REPLICA_CATCHUP, "publish": REPLICA_PUBLISH, "sessions": SESSION_STATE,
+                          "gone": SESSION_GONE, "session_catchup": SESSION_CATCHUP, "copies": SESSION_COPIES,
+                          "restore": SESSION_RESTORE, "restored": SESSION_RESTORED,
+                          "history_fetch": HISTORY_FETCH, "history": HISTORY}
+
+    def send_replication(self, peer: Peer, what: str, body: Any) -> None:
+        """A replication frame (``cluster.replication``) to ``peer``."""
+        if self.closed:
+            return
+        self._send(peer, self._REPLICATION_KINDS[what], body)
+
+    def _publish_frames(self, peer: Peer, batch: list, mark: int, packed: bool = False
+                        ) -> list[tuple[int, bytes, int]]:
+        """``batch`` as one PUBLISH frame numbered for ``peer`` (seq, frame, messages), or split
+        in halves until each frame is at most half the receivers' limit (a tick's batch of large
+        messages; the length check is all it costs otherwise). Only the last frame carries the
+        ``mark``: the others claim nothing (-1). ``packed``: some messages are bytes packed
+        already (``forward_to``); the frame is built around them, byte for byte what packing
+        their values would give."""
+        seq = peer.seq_out + 1
+        if not packed:
+            frame = self._frame(PUBLISH, [seq, batch, mark])  # one msgpack call for the whole tick
+        else:
+            pack = self._packer.pack
+            frame = b"".join((self._publish_head, b"\x93", pack(seq), self._packer.pack_array_header(len(batch)),
+                              *[m if m.__class__ is bytes else pack(m) for m in batch], pack(mark)))
+        if len(frame) <= self.max_frame // 2 or len(batch) == 1:
+            peer.seq_out = seq
+            return [(seq, frame, len(batch))]
+        half = len(batch) // 2
+        return (self._publish_frames(peer, batch[:half], -1, packed)
+                + self._publish_frames(peer, batch[half:], mark, packed))

@@ -1,0 +1,249 @@
+"""Session transfers: the old owner's side (``_release``: the header, then the copies streamed
+in chunks, one per loop iteration; kept until TAKEOVER_DONE, in doubt if never confirmed) and
+the new owner's (``_arrived``: chunks into a spool file or the queue; ``_take``: a whole session
+is an offer for ``takeover._settle``). A transfer that stops (no progress for ``ACK_TIMEOUT_S``,
+or either side falls silent) fails: the session stays where it was.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from brokerd.router.mesh_format import TAKEOVER_CHUNK, TAKEOVER_DONE, TAKEOVER_RESP
+from brokerd.router.ownership import refusal
+from brokerd.router.ports import TAKEOVER_FAILED
+from brokerd.router.spool import SpoolWriter, drop_named
+
+from .limits import ACK_TIMEOUT_S, MOVE_TIMEOUT_S, drop_older, log
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from brokerd.router.router import Router
+
+    from ..config import Config
+    from .peer import Peer
+    from .waiter import Waiter
+
+
+class Transfer:
+    """A session arriving in chunks (new owner's side); ``spool``: where its copies go
+    (``router.spool``), once there are any."""
+
+    __slots__ = ("state", "progress", "spool")
+
+    def __init__(self, state: dict) -> None:
+        self.state = state
+        self.progress = time.monotonic()
+        self.spool: SpoolWriter | None = None
+
+
+class TransferMixin:
+    """The ``Mesh``'s sessions leaving and arriving."""
+
+    config: Config
+    loop: asyncio.AbstractEventLoop
+    router: Router
+    router_id: str
+    node_id: str
+    peers: dict[str, Peer]
+    closed: bool
+    replication: Any
+    _waiters: dict[int, Waiter]
+    _incoming: dict[tuple[int, str], Transfer]
+    _moves: dict[tuple[str, int], str]
+    _in_doubt: dict[tuple[str, int], tuple[str, float]]
+
+    def _release(self, peer: Peer, req: int, client_id: str, spools: bool = False, claim: list | None = None,
+                 until: float | None = None) -> None:
+        """``peer`` takes ``client_id`` over: answer with the session's header and its first
+        chunk of copies, then stream the rest, one chunk per loop iteration. All of them where
+        ``peer`` spools them (``router.spool``); else at most max_queued.
+
+        A session being moved already (an earlier request, which its router may have given up
+        while this one was stopped or silent) is answered once that move settles, bounded by
+        ``ACK_TIMEOUT_S``: answered at once, "no session" would have the asker make a new,
+        empty one while the session stays here (chaos seed 1745875908)."""
+        if client_id in self.router.moving and peer.alive and not self.closed:
+            now = time.monotonic()
+            until = now + ACK_TIMEOUT_S if until is None else until
+            if now < until:
+                self.loop.call_later(0.01, self._release, peer, req, client_id, spools, claim, until)
+                return
+        if claim is not None:  # the asker's CONNECT is another identity's: nothing is let go
+            owner = self.router.claim_refused(client_id, claim[0], claim[1])
+            if owner is not None:
+                self._send(peer, TAKEOVER_RESP, [req, None, False, owner])
+                return
+        limit = None if spools else -1
+        released = self.router.release_session(client_id, peer.node_id == self.node_id, limit)
+        if released is None and self.replication is not None:
+            released = self.replication.release_replica(client_id, limit)  # its router is silent
+        self._flush()
+        if released is None:
+            self._send(peer, TAKEOVER_RESP, [req, None, False])
+            return
+        header, chunks = released
+        if not header.get("replica"):
+            # Routers silent here may hold, for this router, messages they routed to the session
+            # here; they arrive after it left when they are heard again (a partition that cut
+            # only this link: the new owner may hear them all along). It asks them for what they
+            # published since (``Replication.moved_past_silence``).
+            silent = {rid: int(self.silent_since(p) * 1000) for rid, p in self.peers.items() if p.parked}
+            if silent:
+                header["silent"] = silent
+            # Where this router stood in each log when the session left: what reaches it for the
+            # session from there on is handed on, or, should this router die first, read back
+            # (``_handons_lost``): [now (Unix ms), {router: its log's offset as seen here}].
+            seen = {rid: p.origin_mark for rid, p in self.peers.items() if p.origin_mark >= 0}
+            commit_log = self.router.commit_log
+            if commit_log is not None:
+                seen[self.router_id] = commit_log.next_offset
+            header["handon_from"] = [int(time.time() * 1000), seen]
+        header["queue"] = next(chunks, [])
+        following = next(chunks, None)
+        key = (peer.router_id, req)
+        self._moves[key] = client_id
+        self.loop.call_later(MOVE_TIMEOUT_S, self._move_expired, key)
+        self._send(peer, TAKEOVER_RESP, [req, header, following is not None])
+        if following is not None:
+            self._stream(peer, key, chunks, following)
+
+    def _stream(self, peer: Peer, key: tuple[str, int], chunks: Any, chunk: list) -> None:
+        if key not in self._moves or not peer.alive or peer.link is None or self.closed:
+            return  # the transfer failed meanwhile (the session stayed here)
+        if peer.link.pending:  # wait for the link to drain: chunks are never dropped
+            self.loop.call_later(0.005, self._stream, peer, key, chunks, chunk)
+            return
+        following = next(chunks, None)
+        self._send(peer, TAKEOVER_CHUNK, [key[1], chunk, following is None])
+        if following is not None:
+            self.loop.call_soon(self._stream, peer, key, chunks, following)
+
+    def _move_expired(self, key: tuple[str, int]) -> None:
+        """The new owner of an exported session fell silent, or never confirmed: it stays here,
+        in doubt until that router, heard again, confirms (or a client resumes it here)."""
+        client_id = self._moves.pop(key, None)
+        if client_id is None:
+            return
+        now = time.monotonic()
+        drop_older(self._in_doubt, now - self.config.mesh_forget, lambda entry: entry[1])
+        self._in_doubt[key] = (client_id, now)
+        self._moved(client_id, False, key[0], doubt=True)
+
+    def _moved(self, client_id: str, ok: bool, to: str | None = None, doubt: bool = False) -> None:
+        """A session exported to another router (by this router, or from a replica held here)
+        is with its new owner ``to`` (``ok``), or stays here (``doubt``: for now)."""
+        self.router.moved(client_id, ok, to, doubt)
+        if self.replication is not None:
+            self.replication.replica_moved(client_id, ok)
+
+    def _arrived(self, peer: Peer, req: int, transfer: Transfer, items: list, last: bool) -> None:
+        """Copies of a session arriving. Where this router has a log, all go to a spool file
+        (``router.spool``: synced before the session is taken, so before its old router lets it
+        go; read back as the session drains, kept across a restart, any number in bounded
+        memory); a spool that cannot be written (a full disk) fails the transfer, and the
+        session stays where it was. Without a log: up to max_queued into its queue, the rest
+        dropped and counted (as a session without a log keeps no more)."""
+        key = (req, peer.router_id)
+        commit_log = self.router.commit_log
+        if commit_log is None:
+            queue = transfer.state["queue"]
+            room = max(self.config.max_queued - len(queue), 0)
+            if len(items) > room:
+                self.router.stats.drop_queue_full += len(items) - room
+                items = items[:room]
+            queue += items
+        elif items:
+            try:
+                if transfer.spool is None:
+                    transfer.spool = SpoolWriter(commit_log.directory)
+                transfer.spool.add(items)
+            except OSError as exc:
+                self._transfer_failed(key, f"its queued copies could not be spooled: {exc}")
+                return
+        if not last:
+            return
+        spool = transfer.spool
+        if spool is not None:
+            try:
+                spool.finish_into(transfer.state)
+            except OSError as exc:
+                self._transfer_failed(key, f"its spooled copies could not be synced: {exc}")
+                return
+            transfer.spool = None
+            if spool.count > self.config.max_queued:
+                log.info("mesh: session %s from %s: %d queued copies (more than --max-queued %d) spooled to disk",
+                         transfer.state.get("client_id"), peer.router_id, spool.count, self.config.max_queued)
+        del self._incoming[key]
+        self._take(peer, req, transfer.state)
+
+    def _take(self, peer: Peer, req: int, state: dict) -> None:
+        """A whole session arrived: an offer, settled (TAKEOVER_DONE) once every router asked
+        has answered (``_settle``); if the request is over, it stays where it was."""
+        waiter = self._waiters.get(req)
+        if waiter is None or waiter.future.done():
+            self._send(peer, TAKEOVER_DONE, [req, False])
+            drop_named(state)
+            return
+        waiter.offers.append((peer.router_id, req, state))
+        self._answer(req, peer.router_id)
+
+    def _transfer_failed(self, key: tuple[int, str], why: str) -> None:
+        """A session stopped arriving: its old owner keeps it, and the CONNECT waiting for it is
+        refused rather than given an empty session."""
+        transfer = self._incoming.pop(key, None)
+        if transfer is not None and transfer.spool is not None:
+            transfer.spool.discard()
+        req, sender = key
+        log.warning("mesh: session transfer %d from %s failed (%s); it stays there", req, sender, why)
+        peer = self.peers.get(sender)
+        if peer is not None and peer.alive:
+            self._send(peer, TAKEOVER_DONE, [req, False])
+        waiter = self._waiters.get(req)
+        if waiter is not None and waiter.result is None:
+            waiter.result = TAKEOVER_FAILED
+
+    # -- frames received ------------------------------------------------------------------------
+
+    def _on_takeover_req(self, peer: Peer, body: Any, size: int) -> None:
+        self._release(peer, *body)
+
+    def _on_takeover_resp(self, peer: Peer, body: Any, size: int) -> None:
+        sender = peer.router_id
+        req, state, more = body[:3]
+        if state is None:  # none there, or (a fourth value, [owner]) another identity's
+            self._answer(req, sender, refusal(body[3][0], sender) if len(body) > 3 else None)
+            return
+        state.pop("spool", None)  # (this router's to name, never a peer's)
+        state.pop("spool_marks", None)
+        waiter = self._waiters.get(req)
+        if waiter is None or waiter.future.done():
+            self._send(peer, TAKEOVER_DONE, [req, False])  # nobody here takes it: it stays there
+            return
+        items, state["queue"] = state["queue"], []
+        transfer = Transfer(state)
+        self._incoming[(req, sender)] = transfer
+        self._arrived(peer, req, transfer, items, not more)
+
+    def _on_takeover_chunk(self, peer: Peer, body: Any, size: int) -> None:
+        req, items, last = body
+        transfer = self._incoming.get((req, peer.router_id))
+        if transfer is None:
+            if last:
+                self._send(peer, TAKEOVER_DONE, [req, False])
+            return
+        transfer.progress = time.monotonic()
+        self._arrived(peer, req, transfer, items, last)
+
+    def _on_takeover_done(self, peer: Peer, body: Any, size: int) -> None:
+        sender = peer.router_id
+        req, ok = body
+        client_id = self._moves.pop((sender, req), None)
+        if client_id is not None:
+            self._moved(client_id, ok, sender)
+            return
+        doubt = self._in_doubt.pop((sender, req), None)
+        if doubt is not None and ok:
+            self.router.moved_after_all(doubt[0], sender)

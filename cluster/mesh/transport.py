@@ -1,0 +1,313 @@
+"""The mesh's transport: ZeroMQ sockets, CURVE, socket monitors and backpressure.
+
+Every router binds one PULL socket (ipc:// for the routers of its node, and tcp:// with
+``--mesh``, CURVE with ``--mesh-key``) and holds one PUSH socket per peer endpoint (a ``Link``).
+A link at its high-water mark keeps frames in a list and pauses the client connections behind
+them until it drains (``_drain``, every 5 ms while any link is blocked). This is the part that
+owns sockets; the rest of the mesh hands it bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from ..config import WILDCARDS
+from ..paths import ensure_run_dir, mesh_ipc
+from .limits import MAX_PENDING_FRAMES, log
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from brokerd.router.router import Router
+
+    from ..config import Config
+
+
+class Link:
+    """One PUSH socket to one endpoint, with the frames waiting for it to drain."""
+
+    __slots__ = ("endpoint", "sock", "pending", "paused", "mesh")
+
+    def __init__(self, mesh: TransportMixin, endpoint: str) -> None:
+        self.mesh = mesh
+        self.endpoint = endpoint
+        self.pending: list[bytes] = []
+        self.paused: set[Any] = set()  # client connections not read until this link drains
+        self.sock = mesh._push(endpoint)
+
+    def send(self, frame: bytes, sources: Any = ()) -> bool:
+        """Send or keep ``frame``; False if the link is blocked (frame kept, ``sources`` paused).
+
+        A frame with no client connection behind it (a will, a control frame) is dropped and
+        counted once this many frames are waiting: nothing can be paused to bound it otherwise.
+        """
+        if not self.pending:
+            try:
+                self.sock.send(frame, zmq.NOBLOCK)
+                return True
+            except zmq.Again:
+                self.mesh._blocked(self)
+        if not sources and len(self.pending) >= MAX_PENDING_FRAMES:
+            self.mesh.router.stats.drop_mesh_backpressure += 1
+            return False
+        self.pending.append(frame)
+        for src in sources:
+            if src not in self.paused:
+                self.paused.add(src)
+                src.pause_reading(self)
+        return False
+
+    def drain(self) -> bool:
+        """Push waiting frames; True when none are left (paused connections resume)."""
+        pending = self.pending
+        sent = 0
+        try:
+            for frame in pending:
+                self.sock.send(frame, zmq.NOBLOCK)
+                sent += 1
+        except zmq.Again:
+            pass
+        if sent:
+            del pending[:sent]
+        if pending:
+            return False
+        self.resume()
+        return True
+
+    def resume(self) -> None:
+        for conn in self.paused:
+            conn.resume_reading(self)
+        self.paused.clear()
+
+    def park(self) -> list[bytes]:
+        """The peer fell silent: hand back the frames waiting here (they join its backlog) and
+        let the paused connections go on; the socket and what ZeroMQ queued in it stay, for the
+        peer's return."""
+        pending, self.pending = self.pending, []
+        self.resume()
+        return pending
+
+    def reset(self) -> None:
+        """Drop queued frames (the peer is gone): a new socket with nothing queued."""
+        self.pending.clear()
+        self.resume()
+        self.sock.close(linger=0)
+        self.sock = self.mesh._push(self.endpoint)
+
+    def close(self) -> None:
+        self.resume()
+        self.sock.close(linger=0)
+
+
+class TransportMixin:
+    """The ``Mesh``'s sockets: bind, link, monitor, drain, close."""
+
+    config: Config
+    index: int
+    loop: asyncio.AbstractEventLoop
+    router: Router
+
+    def _push(self, endpoint: str) -> zmq.Socket:
+        assert self.ctx is not None
+        s = self.ctx.socket(zmq.PUSH)
+        s.setsockopt(zmq.SNDHWM, self.config.mesh_hwm)
+        s.setsockopt(zmq.LINGER, 1000)
+        s.setsockopt(zmq.RECONNECT_IVL, 50)
+        s.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        if self._curve is not None and endpoint.startswith("tcp://"):
+            public, secret = self._curve
+            s.curve_secretkey = secret
+            s.curve_publickey = public
+            s.curve_serverkey = public
+            self._monitor(s, f"link to {endpoint}", endpoint)
+        mesh = self.config.mesh
+        if endpoint.startswith("tcp://") and mesh is not None and mesh[0] not in WILDCARDS:
+            # From the mesh's address: on a host with several, traffic between nodes leaves from
+            # the one the operator chose for it (and firewalls see the address they expect).
+            source = f"[{mesh[0]}]" if ":" in mesh[0] else mesh[0]
+            s.connect(f"tcp://{source}:0;{endpoint[6:]}")
+        else:
+            s.connect(endpoint)
+        return s
+
+    def _monitor(self, s: zmq.Socket, what: str, peer: str | None = None) -> None:
+        """Log CURVE handshake failures on both sides: the node refused says whom it cannot join
+        (``peer``: the endpoint of a link), not only the node that refuses it. A link's successes
+        are watched too, to tell when it joins after all."""
+        events = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                  | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+        if peer is not None:
+            events |= zmq.EVENT_HANDSHAKE_SUCCEEDED
+        self._monitors.append((s.get_monitor_socket(events), what, peer))
+
+    def _poll_monitors(self) -> None:
+        """Read handshake events (from the heartbeat: rare events, no descriptor juggling) and
+        log a failure at most every 30 s per link, since ZeroMQ retries the handshake continuously."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        now = time.monotonic()
+        for mon, what, peer in self._monitors:
+            while True:
+                try:
+                    ev = recv_monitor_message(mon, zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    break
+                if ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    if peer is not None and self.refused.pop(peer, None) is not None:
+                        log.info("mesh: the CURVE handshake with the peer at %s succeeds now", peer)
+                    continue
+                if peer is not None:
+                    self.refused[peer] = _event_name(ev["event"])
+                if now - self._refused_logged.get(what, -1e9) < 30.0:
+                    continue
+                self._refused_logged[what] = now
+                if peer is None:
+                    log.error("mesh: %s: CURVE handshake failed (%s): the other side does not hold "
+                              "this cluster's --mesh-key; refused", what, _event_name(ev["event"]))
+                else:
+                    log.error("mesh: cannot join the peer at %s: CURVE handshake failed (%s): it and this node "
+                              "hold different --mesh-key files (or it has none); this node is not in its mesh "
+                              "until they match (retrying)", peer, _event_name(ev["event"]))
+
+    def refused_links(self) -> dict[str, str]:
+        """Peer endpoints this node cannot join (its CURVE handshake failed last): endpoint → why."""
+        return dict(self.refused)
+
+    def _setup_curve(self, path: str) -> None:
+        import zmq.auth
+        from zmq.auth.asyncio import AsyncioAuthenticator
+
+        try:
+            public, secret = zmq.auth.load_certificate(path)
+        except (OSError, ValueError) as exc:
+            raise OSError(f"--mesh-key: cannot load {path}: {exc}") from None
+        if secret is None:
+            raise OSError(f"--mesh-key: {path} holds no secret key (use the .key_secret file)")
+        self._curve = (public, secret)
+        auth = AsyncioAuthenticator(self.ctx)
+        auth.start()
+
+        class _OnlyClusterKey:
+            def callback(self, domain: str, key: bytes) -> bool:
+                ok = key == public
+                if not ok:
+                    log.error("mesh: refused a node whose CURVE key is not this cluster's --mesh-key")
+                return ok
+
+        auth.configure_curve_callback(domain="*", credentials_provider=_OnlyClusterKey())
+        self._auth = auth
+
+    def _link(self, endpoint: str) -> Link:
+        link = self.links.get(endpoint)
+        if link is None:
+            link = self.links[endpoint] = Link(self, endpoint)
+        return link
+
+    def _blocked(self, link: Link) -> None:
+        self._blocked_links.add(link)
+        if self._drain_timer is None:
+            self._drain_timer = self.loop.call_later(0.005, self._drain)
+
+    def _drain(self) -> None:
+        self._drain_timer = None
+        for link in list(self._blocked_links):
+            if link.drain():
+                self._blocked_links.discard(link)
+        if self._blocked_links:
+            self._drain_timer = self.loop.call_later(0.005, self._drain)
+
+    def _bind(self) -> None:
+        """Open the context, bind the PULL socket(s) and link to the seeds: the routers of this
+        node and the ``--peer`` endpoints."""
+        self.ctx = zmq.Context()
+        ensure_run_dir(self.config)
+        if self.config.mesh_key:
+            self._setup_curve(self.config.mesh_key)
+        pull = self.ctx.socket(zmq.PULL)
+        pull.setsockopt(zmq.RCVHWM, self.config.mesh_hwm)
+        pull.setsockopt(zmq.LINGER, 0)
+        pull.setsockopt(zmq.MAXMSGSIZE, self.max_frame)
+        path = self.ipc[len("ipc://"):]
+        if os.path.exists(path):
+            os.unlink(path)  # left by a crashed incarnation of this router
+        pull.bind(self.ipc)
+        if self.config.mesh is not None:
+            host, port = self.config.mesh
+            tcp_pull = pull
+            if self._curve is not None:
+                # The ipc endpoint stays plain (same host, private directory); tcp is CURVE.
+                tcp_pull = self.ctx.socket(zmq.PULL)
+                tcp_pull.setsockopt(zmq.RCVHWM, self.config.mesh_hwm)
+                tcp_pull.setsockopt(zmq.LINGER, 0)
+                tcp_pull.setsockopt(zmq.MAXMSGSIZE, self.max_frame)
+                tcp_pull.curve_server = True
+                tcp_pull.curve_secretkey = self._curve[1]
+                tcp_pull.curve_publickey = self._curve[0]
+                self._monitor(tcp_pull, f"mesh listener {host}:{port + self.index}")
+                self._tcp_pull = tcp_pull
+                self.loop.add_reader(tcp_pull.FD, self._on_readable, tcp_pull)
+            try:
+                tcp_pull.bind(f"tcp://{host}:{port + self.index}")
+            except zmq.ZMQError as exc:
+                raise OSError(f"--mesh: cannot bind {host}:{port + self.index}: {exc}") from None
+            if self._curve is None and self.index == 0:  # --mesh-insecure on (config refuses it otherwise)
+                log.warning("mesh: %s:%d is unauthenticated and unencrypted (--mesh-insecure on): any "
+                            "process that reaches it can read and inject messages", host, port)
+            advertised = host if host not in WILDCARDS else socket.getfqdn()
+            self.tcp = f"tcp://{advertised}:{port + self.index}"
+            if self.config.mesh_advertise is not None:
+                ad_host, ad_port = self.config.mesh_advertise
+                self.tcp = f"tcp://{ad_host}:{ad_port + self.index}"
+            if self.config.stats_port:
+                # Where other nodes' `brokerd stats --cluster` reads this router (a tcp stats socket,
+                # at the listener's address, or the mesh's advertised one for a wildcard listener).
+                stats_host = self.config.stats_host
+                if stats_host in WILDCARDS:
+                    stats_host = advertised
+                self.stats_tcp = f"tcp://{stats_host}:{self.config.stats_port + self.index}"
+        self.pull = pull
+        self.loop.add_reader(pull.FD, self._on_readable, pull)
+        for j in range(self.config.workers):
+            if j != self.index:
+                self.seeds.append(self._link(mesh_ipc(self.config, j)))
+        for host, port in self.config.peer:
+            endpoint = f"tcp://{host}:{port}"
+            if endpoint != self.tcp:
+                self.seeds.append(self._link(endpoint))
+
+    def _close(self) -> None:
+        """Close every socket, the frames still queued in the links given 200 ms to leave."""
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+        for s in [self.pull, self._tcp_pull]:
+            if s is not None:
+                try:
+                    self.loop.remove_reader(s.FD)
+                except (ValueError, zmq.ZMQError):
+                    pass
+        for link in self.links.values():
+            link.sock.close(linger=200)  # let the goodbye and the last frames out
+        if self.pull is not None:
+            self.pull.close(linger=0)
+        if self._tcp_pull is not None:
+            self._tcp_pull.close(linger=0)
+        for mon, _, _ in self._monitors:
+            mon.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()
+        if self.ctx is not None:
+            self.ctx.term()
+
+
+def _event_name(event: int) -> str:
+    for name in ("EVENT_HANDSHAKE_FAILED_AUTH", "EVENT_HANDSHAKE_FAILED_PROTOCOL",
+                 "EVENT_HANDSHAKE_FAILED_NO_DETAIL"):
+        if getattr(zmq, name, None) == event:
+            return name[len("EVENT_"):].lower()
+    return str(event)
+
