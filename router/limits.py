@@ -8,7 +8,6 @@ swept by one timer per router (two generations), not one timer per message.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from brokerd.connection.packets import Prop
 from brokerd.connection.reasons import Reason
 
+from .clock import LOOP_CLOCK, Clock, Timer
 from .retained import SYS_PREFIX, held_bytes
 
 if TYPE_CHECKING:
@@ -87,18 +87,20 @@ class Qos2Sweeper:
     already there at the previous sweep are dropped (so an id goes after one to two timeouts).
     The timer runs only while some session is tracked."""
 
-    def __init__(self, sessions: dict[str, Session], stats: RouterStats, timeout: float) -> None:
+    def __init__(self, sessions: dict[str, Session], stats: RouterStats, timeout: float,
+                 clock: Clock = LOOP_CLOCK) -> None:
         self.sessions = sessions
+        self.clock = clock
         self.stats = stats
         self.timeout = timeout
         self.tracked: dict[str, tuple[Session, frozenset[int]]] = {}
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
 
     def track(self, session: Session) -> None:
         if session.client_id not in self.tracked:
             self.tracked[session.client_id] = (session, frozenset())
             if self._timer is None:
-                self._timer = asyncio.get_event_loop().call_later(self.timeout, self.sweep)
+                self._timer = self.clock.call_later(self.timeout, self.sweep)
 
     def sweep(self) -> None:
         self._timer = None
@@ -117,7 +119,7 @@ class Qos2Sweeper:
             else:
                 del self.tracked[client_id]
         if self.tracked:
-            self._timer = asyncio.get_event_loop().call_later(self.timeout, self.sweep)
+            self._timer = self.clock.call_later(self.timeout, self.sweep)
 
     def close(self) -> None:
         if self._timer is not None:

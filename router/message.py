@@ -157,9 +157,10 @@ class Message:
     def packed_properties(self) -> bytes:
         return msgpack.packb(self.properties) if self.properties else b""
 
-    def expired(self) -> bool:
-        """Whether its Message Expiry Interval has passed (only messages with one are asked)."""
-        return self.expires_ms <= _time() * 1000
+    def expired(self, now_ms: float) -> bool:
+        """Whether its Message Expiry Interval has passed at ``now_ms`` (Unix ms, the asker's
+        ``Clock``; only messages with one are asked)."""
+        return self.expires_ms <= now_ms
 
     def with_ids(self, ids: tuple[int, ...]) -> Message:
         """This message as a subscriber with Subscription Identifiers ``ids`` gets it: a copy that

@@ -18,7 +18,6 @@ import asyncio
 import logging
 import os
 import threading
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -241,7 +240,7 @@ class StateStore:
                 # Its client was connected when this router stopped without closing it (a
                 # crash): the connection is gone, so the will is due after its delay from now.
                 session.will = Message.from_list(live[0])
-                session.will_due_ms = int((time.time() + live[1]) * 1000)
+                session.will_due_ms = int((router.clock.unix() + live[1]) * 1000)
             router.schedule_expiry(session)
             router.rearm_will(session, will_grace)
         return len(state.get("sessions", {})), len(router.retained)

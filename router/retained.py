@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from sys import intern
 from typing import Any
 
+from .clock import LOOP_CLOCK, Clock
 from .message import Message
 
 SYS_PREFIX = "$SYS/"  # the broker's own topics (router.sys_topics)
@@ -85,7 +86,7 @@ class RetainedStore:
     suspended (``iter_match`` consumed in slices), so the walk's pending nodes stay where it
     left them; new topics may come in meanwhile (a split keeps the end of the node split)."""
 
-    def __init__(self, stats: Any = None) -> None:
+    def __init__(self, stats: Any = None, clock: Clock = LOOP_CLOCK) -> None:
         self._root = _Node("")
         self._root.children = {}
         self._topics: dict[str, _Node] = {}  # topic → its node: the exact lookups of every publish
@@ -95,6 +96,7 @@ class RetainedStore:
         self.sys_count = 0
         self.sys_bytes = 0
         self.stats = stats  # RouterStats: expired messages found are counted in drop_expired
+        self.clock = clock  # when a retained message has expired
         # Numbers every set. A subscription is live on its router before its SUBACK (which may
         # wait for the other routers): what a publish here retained after that moment was delivered
         # to it live, so ``match(..., live_after=mark)`` leaves it out of the retained messages sent
@@ -291,7 +293,7 @@ class RetainedStore:
             return None
         if before is not None and (seq if seq > 0 else -seq) > before:
             return None
-        if msg.expires_ms and msg.expired():
+        if msg.expires_ms and msg.expired(self.clock.unix() * 1000):
             self.clear(msg.topic)
             if self.stats is not None:
                 self.stats.drop_expired += 1

@@ -14,25 +14,26 @@ Shared subscriptions (``router.shared``) ride on the same interest announcements
 ``$share/group/filter`` string with a presence (connected members); the publisher's router picks one
 router per group, weighted by presence, and tells that router, in the one copy it sends, which groups it was picked for.
 
-Split by concern (rumqttd's model): shared-subscription routing in ``router.shared_routing``,
-session life, expiry and takeover in ``router.session_life``; ``Router`` mixes them in and holds
-all the state.
+Built from parts it owns (rumqttd's model), each a module: session life, expiry, wills and
+takeover (``router.session_life``), shared-subscription routing (``router.shared_routing``), the
+acknowledgements that wait (``router.acks``), retained messages (``router.retained``). Each part
+is given what it uses; time comes from the injected ``Clock`` (``router.clock``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from brokerd.connection.codec import PUBACK, PUBLISH_QOS0
+from brokerd.connection.codec import PUBLISH_QOS0
 from brokerd.connection.packets import Subscription
 from brokerd.connection.reasons import ProtocolError, Reason
 
 from . import mesh_format
+from .acks import AckWaits
+from .clock import LOOP_CLOCK, Clock
 from .limits import ClientLimits, Qos2Sweeper, may_retain
 from .log.errors import LogUnavailable
 from .mesh_format import FULL, PLAIN
@@ -41,10 +42,11 @@ from .ports import NULL_MESH, TAKEOVER_FAILED, ClientHandle, MeshPort
 from .retained import SYS_PREFIX, RetainedStore
 from .session import Session, SessionLimits
 from .session_life import SessionLife
-from .shared import NONE, SharedGroup, SharedRoute, is_shared
-from .shared_routing import SharedRouting
+from .shared import is_shared
+from .shared_routing import SharedRoutes
 from .stats import RouterStats
 from .topics import TopicIndex
+from .wiring import Wiring
 
 if TYPE_CHECKING:
     from .log import CommitLog
@@ -97,60 +99,45 @@ class RouterConfig:
     verifies_identities: bool = False
 
 
-class Router(SharedRouting, SessionLife):
-    def __init__(self, config: RouterConfig, mesh: MeshPort | None = None) -> None:
+class Router:
+    """The parts it owns, each given what it uses: ``life`` (sessions, expiry, wills, takeover),
+    ``shared`` (shared subscriptions), ``acks`` (acknowledgements that wait), ``retained``;
+    ``wiring`` holds what is attached after it is made. The methods other packages call on the
+    router stay here, the parts' as attributes bound to the part's own (no second layer)."""
+
+    def __init__(self, config: RouterConfig, mesh: MeshPort | None = None, clock: Clock = LOOP_CLOCK) -> None:
         self.config = config
+        self.clock = clock  # every rule with a time in it asks this
         self.router_id = config.router_id
         self.mesh: MeshPort = mesh if mesh is not None else NULL_MESH
+        self.wiring = Wiring(self.mesh)
         self.stats = RouterStats()
-        self.sessions: dict[str, Session] = {}
-        self.qos2_sweeper = Qos2Sweeper(self.sessions, self.stats, config.limits.qos2_timeout)
-        self.moving: dict[str, Session] = {}  # exported to another router, not yet confirmed there
-        self.moving_from: dict[str, int] = {}  # of those, this router's log end when they were exported
-        self.stale_moving: set[str] = set()  # of those, the ones found stale meanwhile (a fence)
-        # Exported, then kept: the new owner fell silent before confirming. Client id → (session,
-        # that router, this log's end at the export), until it confirms or a client resumes here.
-        self.in_doubt: dict[str, tuple[Session, str, int]] = {}
-        self.moved_in: dict[str, float] = {}  # sessions taken over from another router: when (Unix time)
         self.clients: dict[str, ClientHandle] = {}  # client id → the live connection's handler
         self.listener_sockets: dict[Any, int] = {}  # listener with a max_connections → its open sockets here
         self.subs: TopicIndex[Session, Subscription] = TopicIndex()
         self.local_filters: dict[str, int] = {}  # filter → number of local sessions subscribed
         self.interest_pending: dict[str, Awaitable[None]] = {}  # announced, not yet acknowledged
         self.interest: TopicIndex[str, None] = TopicIndex()  # peers' filters → router ids
-        self.retained = RetainedStore(self.stats)
+        self.retained = RetainedStore(self.stats, clock)
         # Folded routes per topic: [(session, qos cap, no_local, retain_as_published)] and the peer
         # routers to forward to. Cleared on any subscription / interest change.
         self._routes: dict[str, list[tuple[Session, int, bool, bool]]] = {}
         self._peer_routes: dict[str, tuple[str, ...]] = {}
-        self._expiry: dict[str, asyncio.TimerHandle] = {}
-        self._wills: dict[str, asyncio.TimerHandle] = {}  # delayed wills of offline sessions
-        # Shared subscriptions: this router's members per key, every router's presence per key
-        # (this one's included), and the routes matching each topic. ``has_shared`` keeps the
-        # publish path of a cluster without any shared subscription to one attribute test.
-        self.shared_local: dict[str, SharedGroup] = {}
-        self.shared_routes: dict[str, SharedRoute] = {}
-        self.shared_index: TopicIndex[str, SharedRoute] = TopicIndex()
-        self._shared_cache: dict[str, tuple[SharedRoute, ...]] = {}
-        self.has_shared = False
+        self.shared = shared = SharedRoutes(self.router_id, self.stats, clock, self.wiring, self._peers,
+                                            self._session_changed, self._interest_ack)
+        self.life = life = SessionLife(config, self.stats, clock, self.wiring, self.clients, self, shared,
+                                       self.publish)
+        self.acks = acks = AckWaits()
+        self.sessions = life.sessions
+        self.moving, self.stale_moving, self.in_doubt, self.moved_in = (life.moving, life.stale_moving,
+                                                                        life.in_doubt, life.moved_in)
+        self.shared_local, self.shared_routes = shared.local, shared.routes
+        self.qos2_sweeper = Qos2Sweeper(self.sessions, self.stats, config.limits.qos2_timeout, clock)
         self.commit_log: CommitLog | None = None  # when the log is on (attach_log)
-        self.ack_when_durable = False
         self.state: StateStore | None = None  # when the log is on (attach_state)
         # router.auth (set by install_auth): CONNECT's checks, None when nothing is configured;
-        # ``acl``: the same object when topics are restricted, else None (one test per fold).
+        # ``acl`` (a property): the same object when topics are restricted, else None.
         self.auth: Any = None
-        self.acl: Any = None
-        self._deferred_acks: deque[tuple[int, Any, bytes]] = deque()
-        self._write_soon: _WriteSoon | None = None  # attach_log
-        # (offset, client, ack) whose connection is gated until the log has written ``offset``
-        self._gates: deque[tuple[int, Any, bytes]] = deque()
-        # Replication (cluster.replication.Replication, when --replication-factor > 1): it holds
-        # QoS 1/2 acknowledgements until enough nodes have the record, and gives them back
-        # through ``release_acks`` / ``refuse_acks``.
-        self.replication: Any = None
-        # The agreed owners of its persistent sessions (cluster.agreement.owners.SessionOwners,
-        # with --agreement): a CONNECT resumes a session only once this router is its owner.
-        self.owners: Any = None
         # Sessions taken here from the replica of a router taken for dead ({router: client ids}):
         # that router drops its stale copies when it is heard again. In the snapshot: a restart
         # of this router in between must not forget them.
@@ -158,6 +145,52 @@ class Router(SharedRouting, SessionLife):
         # Delayed wills of a silent router's sessions published here from its replica: that router
         # is told (with the fence) not to publish them again when it returns.
         self.fenced_wills: dict[str, set[str]] = {}
+        # What cluster/, connection/ and the tests call on the router, answered by its parts.
+        self.new_session, self.end_session, self.drop_session = life.new_session, life.end_session, life.drop_session
+        self.yield_to_newer, self.import_session, self.release_session = (life.yield_to_newer, life.import_session,
+                                                                         life.release_session)
+        self.moved, self.moved_after_all, self.claim_refused = life.moved, life.moved_after_all, life.claim_refused
+        self.schedule_expiry, self.cancel_expiry = life.schedule_expiry, life.cancel_expiry
+        self.publish_will, self.delay_will, self.rearm_will = life.publish_will, life.delay_will, life.rearm_will
+        self.cancel_will, self.wills_published_elsewhere = life.cancel_will, life.wills_published_elsewhere
+        self.take_copies, self.hand_on = life.take_copies, life.hand_on
+        self.drop_stale_sessions, self.fence_stale = life.drop_stale_sessions, life.fence_stale
+        self.subscribe_shared, self.unsubscribe_shared = shared.subscribe, shared.unsubscribe
+        self.shared_presence, self.to_groups = shared.presence, shared.to_groups
+        self.defer_ack, self.release_acks, self.refuse_acks = acks.defer, acks.send_held, acks.refuse_held
+
+    # -- what is set after the router is made, shared with its parts --------------------------------
+
+    @property
+    def owners(self) -> Any:
+        """The agreed owners of its persistent sessions (cluster.agreement.owners.SessionOwners,
+        with --agreement): a CONNECT resumes a session only once this router is its owner."""
+        return self.wiring.owners
+
+    @owners.setter
+    def owners(self, owners: Any) -> None:
+        self.wiring.owners = owners
+
+    @property
+    def acl(self) -> Any:
+        return self.wiring.acl
+
+    @acl.setter
+    def acl(self, acl: Any) -> None:
+        self.wiring.acl = acl
+
+    @property
+    def replication(self) -> Any:
+        """cluster.replication.Replication with --replication-factor > 1 (``AckWaits``)."""
+        return self.acks.replication
+
+    @replication.setter
+    def replication(self, replication: Any) -> None:
+        self.acks.replication = replication
+
+    @property
+    def has_shared(self) -> bool:
+        return self.shared.active
 
     # -- publishing ---------------------------------------------------------------------------------
 
@@ -185,12 +218,13 @@ class Router(SharedRouting, SessionLife):
             routes = self._fold_routes(topic)
         if routes:
             self._deliver(msg, routes)
-        if self.has_shared:
-            shared = self._shared_cache.get(topic)
+        groups = self.shared
+        if groups.active:
+            shared = groups.cache.get(topic)
             if shared is None:
-                shared = self._fold_shared(topic)
+                shared = groups.fold(topic)
             if shared:
-                self._publish_shared(msg, shared, source)
+                groups.publish(msg, shared, source)
                 return
         peers = self._peer_routes.get(topic)
         if peers is None:
@@ -285,7 +319,7 @@ class Router(SharedRouting, SessionLife):
         if not only:
             self.deliver_remote(msg)
         for key in groups:
-            self._deliver_remote_shared(msg, key, only)
+            self.shared.deliver_remote(msg, key, only)
 
     def _log(self, msg: Message, forwarded: bool) -> int:
         """Append ``msg`` to this router's log; a forwarded copy keeps its origin. Returns and
@@ -317,7 +351,7 @@ class Router(SharedRouting, SessionLife):
 
     def attach_mesh(self, mesh: MeshPort) -> None:
         """Join a cluster: the mesh is made after the router (it needs the router to call back)."""
-        self.mesh = mesh
+        self.mesh = self.wiring.mesh = mesh
 
     @property
     def clustered(self) -> bool:
@@ -326,124 +360,19 @@ class Router(SharedRouting, SessionLife):
 
     def attach_state(self, state: StateStore) -> None:
         """Persistent sessions and retained messages survive restarts through ``state``."""
-        self.state = state
+        self.state = self.wiring.state = state
 
     def attach_log(self, log_: CommitLog, ack_when_durable: bool, end_of_tick: Any = None) -> None:
-        """Log what is published here. A QoS 1/2 acknowledgement waits for its record
-        (``defer_ack``): until it is fsynced with ``ack_when_durable`` (``--fsync always``), else
-        until it is written into the kernel, so that a crash of this process (SIGKILL, OOM) loses
-        nothing acknowledged. ``end_of_tick`` (the worker's ``connection.batching.EndOfTick``):
-        where the log is marked to be written at the end of the loop iteration in which an
-        acknowledgement began to wait, ahead of the log's linger (without it: at the linger)."""
-        self.commit_log = log_
-        self.ack_when_durable = ack_when_durable
-        self._write_soon = _WriteSoon(log_, end_of_tick) if end_of_tick is not None and not ack_when_durable \
-            else None
-        if ack_when_durable:
-            log_.on_durable(self._durable)
-        else:
-            log_.on_written(self._written)
-        log_.on_error(self._log_failed)
-
-    def defer_ack(self, offset: int, client: Any, ack: bytes) -> None:
-        """Send ``ack`` to ``client`` (a ``router.client.Client``) once the record at ``offset`` is
-        safe (``attach_log``). Written: the ack is queued at once, in its place among the
-        connection's packets, and the connection's output gated until the log has written
-        ``offset`` (``Connection.gate``; a graceful close waits for it too). Durable, or on
-        enough nodes with replication: held here. Either way ``client.held_acks`` counts the
-        PUBACKs not sent yet (MQTT 5 Receive Maximum; a QoS 2 message held is counted among the
-        client's ids awaiting PUBREL already). Replicated, the batch is marked to be written at
-        the end of this iteration too: its REPLICATE frames leave at its flush, not a linger later."""
-        if self.replication is not None:
-            if self.replication.hold(offset, client, ack):
-                if ack[0] == PUBACK:
-                    client.held_acks += 1
-                soon = self._write_soon
-                if soon is not None and not soon.marked:
-                    soon.mark()
-            else:
-                client.conn.send(ack)
-            return
-        log_ = self.commit_log
-        if not self.ack_when_durable:
-            conn = client.conn
-            if offset > log_.written_offset:
-                conn.gate(offset)
-                if ack[0] == PUBACK:  # not sent yet: it counts towards the Receive Maximum
-                    client.held_acks += 1
-                self._gates.append((offset, client, ack))
-                soon = self._write_soon
-                if soon is not None and not soon.marked:
-                    soon.mark()
-            conn.send(ack)
-            return
-        if offset <= log_.durable_offset:
-            client.conn.send(ack)
-            return
-        if ack[0] == PUBACK:
-            client.held_acks += 1
-        self._deferred_acks.append((offset, client, ack))
-
-    def release_acks(self, held: list[tuple[Any, bytes]]) -> None:
-        """Held acknowledgements now safe to send (durable, or on enough nodes): (client, ack) in
-        offset order."""
-        for client, ack in held:
-            if ack[0] == PUBACK:
-                client.held_acks -= 1
-            if not client.conn.closing:
-                client.conn.send(ack)
-
-    def refuse_acks(self, held: list[tuple[Any, bytes]], why: str, gated: bool = False) -> None:
-        """Held acknowledgements that cannot be given (the log failed, or the record is not on
-        enough nodes in time): never sent; their connections close, and the clients resend after
-        reconnecting. ``gated``: the acknowledgements wait behind their connections' gates
-        (``defer_ack``), which drop what they hold, unwritten, and close, whether or not a close
-        already waits for them."""
-        counts: dict[int, list] = {}
-        for client, ack in held:
-            if ack[0] == PUBACK:
-                client.held_acks -= 1
-            counts.setdefault(id(client), [client, 0])[1] += 1
-        for client, n in counts.values():
-            conn = client.conn
-            if gated or not conn.closing:
-                log.warning("client %s (%s): closing, %d publish(es) %s", conn.client_id, conn.peer, n, why)
-                (conn.refuse_output if gated else conn.close)(Reason.IMPLEMENTATION_SPECIFIC_ERROR)
-
-    def _log_failed(self, error: OSError | None) -> None:
-        """Records waiting to be written or to become durable never will: refuse their
-        acknowledgements by closing their connections, the gated ones with what the gate held
-        unwritten (the clients resend after reconnecting); never acknowledge them."""
-        if error is None:
-            return
-        acks, self._deferred_acks = self._deferred_acks, deque()
-        self.refuse_acks([(client, ack) for _, client, ack in acks], f"could not be made durable: {error}")
-        gates, self._gates = self._gates, deque()
-        self.refuse_acks([(client, ack) for _, client, ack in gates], f"could not be written: {error}", gated=True)
-
-    def _durable(self, durable: int) -> None:
-        acks = self._deferred_acks
-        due = []
-        while acks and acks[0][0] <= durable:
-            _, client, ack = acks.popleft()
-            due.append((client, ack))
-        self.release_acks(due)
-
-    def _written(self, written: int) -> None:
-        """The log is written up to ``written``: the connections gated on records up to it write
-        what they hold."""
-        gates = self._gates
-        while gates and gates[0][0] <= written:
-            _, client, ack = gates.popleft()
-            if ack[0] == PUBACK:
-                client.held_acks -= 1
-            client.conn.open_gate(written)
+        """Log what is published here; QoS 1/2 acknowledgements wait for their records
+        (``AckWaits.attach``)."""
+        self.commit_log = self.wiring.commit_log = log_
+        self.acks.attach(log_, ack_when_durable, end_of_tick)
 
     def _deliver(self, msg: Message, routes: list[tuple[Session, int, bool, bool]]) -> None:
         """Hand ``msg`` to this router's subscribers of its topic (``routes``, folded). The callers
         look the routes up themselves: a forwarding router mostly finds none, and the call is
         skipped."""
-        if msg.expires_ms and msg.expired():  # it waited (in a mesh backlog, say) too long
+        if msg.expires_ms and msg.expired(self.clock.unix() * 1000):  # it waited (in a mesh backlog, say) too long
             self.stats.drop_expired += len(routes)
             return
         qos = msg.qos
@@ -480,6 +409,11 @@ class Router(SharedRouting, SessionLife):
         self._routes[topic] = routes
         return routes
 
+    def _peers(self, topic: str) -> tuple[str, ...]:
+        """The peer routers interested in ``topic`` (folded once per topic)."""
+        peers = self._peer_routes.get(topic)
+        return peers if peers is not None else self._fold_peers(topic)
+
     def _fold_peers(self, topic: str) -> tuple[str, ...]:
         peers = tuple(dict.fromkeys(router_id for router_id, _ in self.interest.match(topic)))
         if len(self._peer_routes) > 65536:
@@ -489,9 +423,8 @@ class Router(SharedRouting, SessionLife):
 
     def interest_announcements(self) -> list[tuple[str, bool | int]]:
         """Everything this router announces, for a peer that (re)joins: filters and presence."""
-        me = self.router_id
         out: list[tuple[str, bool | int]] = [(f, True) for f in self.local_filters]
-        out += [(key, route.routers[me]) for key, route in self.shared_routes.items() if me in route.routers]
+        out += self.shared.announcements()
         return out
 
     # -- subscriptions --------------------------------------------------------------------------------
@@ -548,7 +481,7 @@ class Router(SharedRouting, SessionLife):
 
     def peer_interest(self, router_id: str, topic_filter: str, add: bool | int) -> None:
         if is_shared(topic_filter):
-            self._route_presence(topic_filter, router_id, int(add))
+            self.shared.route_presence(topic_filter, router_id, int(add))
             return
         if add:
             self.interest.add(topic_filter, router_id, None)
@@ -563,8 +496,7 @@ class Router(SharedRouting, SessionLife):
             if rid == router_id:
                 self.interest.remove(topic_filter, rid)
         self._peer_routes.clear()
-        for key in [k for k, route in self.shared_routes.items() if router_id in route.routers]:
-            self._route_presence(key, router_id, NONE)
+        self.shared.peer_left(router_id)
 
     def peer_silent(self, router_id: str) -> None:
         """A peer router fell silent (stopped, partitioned, restarting): its filter interest stays,
@@ -573,10 +505,7 @@ class Router(SharedRouting, SessionLife):
         messages go to members that can take them now, and to those behind the silent router only
         when there are none (they wait in the mesh's backlog for it). Its next full announcement
         (``peer_left``, then its presence again) makes it an ordinary member router again."""
-        for route in self.shared_routes.values():
-            if router_id in route.routers:
-                route.set_parked(router_id, True)
-        self._shared_cache.clear()
+        self.shared.peer_silent(router_id)
 
     def peer_retained(self, msg: Message) -> None:
         """A retained update from another router: kept if it is a newer version of its topic than
@@ -590,25 +519,3 @@ class Router(SharedRouting, SessionLife):
 
     def retained_snapshot(self) -> list[Message]:
         return list(self.retained)
-
-
-class _WriteSoon:
-    """The log as an end-of-iteration flush (``connection.batching.EndOfTick``): marked when an
-    acknowledgement begins to wait for its record to be written, so the batch is written (and
-    the connections gated on it write) in the iteration's own end-of-iteration pass, not a
-    linger later. Batches of QoS 0 messages alone keep the linger: nothing waits for them."""
-
-    __slots__ = ("log", "tick", "marked")
-
-    def __init__(self, log_: CommitLog, tick: Any) -> None:
-        self.log = log_
-        self.tick = tick
-        self.marked = False
-
-    def mark(self) -> None:
-        self.marked = True
-        self.tick.mark(self)
-
-    def flush(self) -> None:
-        self.marked = False
-        self.log.flush()

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from brokerd.connection.codec import encode, with_dup
 from brokerd.connection.packets import MQTT_5, Pubrel, Subscription
 
+from .clock import LOOP_CLOCK, Clock
 from .message import Message
 from .ownership import state_owner
 from .spool import SpoolRange, is_spool, note_span, spool_dir
@@ -160,9 +161,10 @@ class Session:
     __slots__ = ("client_id", "persistent", "subscriptions", "conn", "inflight", "queue",
                  "inbound_qos2", "limits", "stats", "_next_pid", "receive_max", "expiry_s",
                  "will", "will_due_ms", "dropped", "log", "cursor", "shared", "ranges", "username", "acl",
-                 "arrived_ms", "epoch", "owner_known")
+                 "arrived_ms", "epoch", "owner_known", "clock")
 
-    def __init__(self, client_id: str, persistent: bool, limits: SessionLimits, stats: RouterStats) -> None:
+    def __init__(self, client_id: str, persistent: bool, limits: SessionLimits, stats: RouterStats,
+                 clock: Clock = LOOP_CLOCK) -> None:
         self.client_id = client_id
         self.persistent = persistent
         self.subscriptions: dict[str, Subscription] = {}
@@ -173,6 +175,7 @@ class Session:
         self.inbound_qos2: set[int] | frozenset[int] = NO_IDS
         self.limits = limits
         self.stats = stats
+        self.clock = clock  # its router's: when a message it holds has expired
         self._next_pid = 1
         self.receive_max = limits.max_inflight
         self.expiry_s = 0
@@ -348,12 +351,12 @@ class Session:
                     return
                 refills += 1
                 if not self._refill():  # another router's records not on disk yet: soon
-                    asyncio.get_event_loop().call_later(0.05, self.pump)
+                    self.clock.call_later(0.05, self.pump)
                     return
                 queue = self.queue  # the refill may have made it
                 continue
             msg, qos, retain = queue.popleft()
-            if msg.expires_ms and msg.expired():  # MQTT-3.3.2-5: not delivered once expired
+            if msg.expires_ms and msg.expired(self.clock.unix() * 1000):  # MQTT-3.3.2-5: not delivered once expired
                 self.stats.drop_expired += 1
                 continue
             if self.acl is not None and not self.readable(msg):
@@ -549,7 +552,7 @@ class Session:
                 # messages from the inflight window when it resends.
                 parts = msg.encoded(level, entry.qos, entry.retain) if outbound is None else \
                     outbound.parts(msg, entry.qos, entry.retain)
-                if parts is None or (msg.expires_ms and msg.expired()):
+                if parts is None or (msg.expires_ms and msg.expired(self.clock.unix() * 1000)):
                     del self.inflight[pid]
                     if parts is None:
                         self.stats.drop_too_large += 1
@@ -685,7 +688,7 @@ class Session:
 
         dropped = 0
         for msg, qos, retain in items():
-            if msg.expires_ms and msg.expired():
+            if msg.expires_ms and msg.expired(self.clock.unix() * 1000):
                 self.stats.drop_expired += 1
                 continue
             if limit is not None and n >= limit:

@@ -1,17 +1,18 @@
-"""Session life on a router: creation, the end of a session, expiry, and moving a session to or from
-another router (takeover).
+"""Session life on a router: creation, the end of a session, expiry, delayed wills, and moving a
+session to or from another router (takeover).
 
-Split from ``router.router`` by concern; ``Router`` mixes this in and holds the state
-(``sessions``, ``moving``, the expiry timers).
+A part the router owns (``router.life``; rumqttd's model: the router composes parts, each a
+file). It holds the sessions and their moves, and is given what else it uses: the router's
+clock, its links (``Wiring``: mesh, log, snapshot store, agreed owners, ACL), its connections
+(``clients``), the subscription index (``subscriptions``: the router's ``subscribe`` and
+``unsubscribe``), the shared-subscription part, and the router's ``publish`` (for wills).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerd.connection.packets import Subscription
 from brokerd.connection.ratelimit import CONNECTIONS
@@ -23,9 +24,12 @@ from .session import AWAIT_ACK, Session, recency
 from .spool import spooled
 
 if TYPE_CHECKING:
+    from .clock import Clock, Timer
     from .ports import ClientHandle
     from .router import RouterConfig
+    from .shared_routing import SharedRoutes
     from .stats import RouterStats
+    from .wiring import Wiring
 
 log = logging.getLogger(__name__)
 
@@ -34,38 +38,44 @@ FENCE_WAIT_S = 30.0  # a fenced copy waits at most this long for its new owner t
 FENCE_POLL_S = 0.05
 
 
-class SessionLife:
-    config: RouterConfig
-    stats: RouterStats
-    commit_log: Any
-    sessions: dict[str, Session]
-    moving: dict[str, Session]
-    moving_from: dict[str, int]
-    mesh: Any
-    moved_in: dict[str, float]
-    stale_moving: set[str]
-    owners: Any
-    in_doubt: dict[str, tuple[Session, str, int]]
-    clients: dict[str, ClientHandle]
-    _expiry: dict[str, asyncio.TimerHandle]
-    _wills: dict[str, asyncio.TimerHandle]
-    state: Any
+class Subscriptions(Protocol):
+    """The router's subscription index, as a session's life uses it."""
 
-    if TYPE_CHECKING:  # the parts of Router (and its other mixins) used here
-        def subscribe(self, session: Session, sub: Subscription) -> bool: ...  # Router's
-        def unsubscribe(self, session: Session, topic_filter: str) -> bool: ...  # Router's
-        def subscribe_shared(self, session: Session, sub: Subscription) -> bool: ...  # SharedRouting's
-        def unsubscribe_shared(self, session: Session, key: str) -> bool: ...  # SharedRouting's
-        def _hand_on(self, msg: Any, key: str) -> None: ...  # SharedRouting's
-        def publish(self, msg: Any, source: Any = None) -> None: ...  # Router's
+    def subscribe(self, session: Session, sub: Subscription) -> bool: ...
+
+    def unsubscribe(self, session: Session, topic_filter: str) -> bool: ...
+
+
+class SessionLife:
+    def __init__(self, config: RouterConfig, stats: RouterStats, clock: Clock, wiring: Wiring,
+                 clients: dict[str, ClientHandle], subscriptions: Subscriptions, shared: SharedRoutes,
+                 publish: Callable[[Message], None]) -> None:
+        self.config = config
+        self.stats = stats
+        self.clock = clock
+        self.wiring = wiring
+        self.clients = clients  # client id → the live connection's handler (the router's)
+        self.subscriptions = subscriptions
+        self.shared = shared
+        self.publish = publish
+        self.sessions: dict[str, Session] = {}
+        self.moving: dict[str, Session] = {}  # exported to another router, not yet confirmed there
+        self.moving_from: dict[str, int] = {}  # of those, this router's log end when they were exported
+        self.stale_moving: set[str] = set()  # of those, the ones found stale meanwhile (a fence)
+        # Exported, then kept: the new owner fell silent before confirming. Client id → (session,
+        # that router, this log's end at the export), until it confirms or a client resumes here.
+        self.in_doubt: dict[str, tuple[Session, str, int]] = {}
+        self.moved_in: dict[str, float] = {}  # sessions taken over from another router: when (Unix time)
+        self._expiry: dict[str, Timer] = {}
+        self._wills: dict[str, Timer] = {}  # delayed wills of offline sessions
 
     # -- sessions -------------------------------------------------------------------------------------
 
     def new_session(self, client_id: str, persistent: bool) -> Session:
-        session = Session(client_id, persistent, self.config.session, self.stats)
-        session.log = self.commit_log
-        session.acl = self.acl  # type: ignore[attr-defined]
-        session.arrived_ms = int(time.time() * 1000)
+        session = Session(client_id, persistent, self.config.session, self.stats, self.clock)
+        session.log = self.wiring.commit_log
+        session.acl = self.wiring.acl
+        session.arrived_ms = int(self.clock.unix() * 1000)
         self.sessions[client_id] = session
         return session
 
@@ -75,17 +85,18 @@ class SessionLife:
         groups (MQTT 5.0 section 4.8.2: SHOULD). A takeover moves a session instead: not here."""
         orphans = session.group_orphans() if session.shared else []
         self.drop_session(session)
-        if self.owners is not None:
-            self.owners.ended(session.client_id)  # its agreed record goes too
+        owners = self.wiring.owners
+        if owners is not None:
+            owners.ended(session.client_id)  # its agreed record goes too
         for msg, key in orphans:
-            self._hand_on(msg, key)
+            self.shared.to_another_member(msg, key)
 
     def drop_session(self, session: Session) -> None:
         """Forget a session and everything it subscribed to."""
         for topic_filter in list(session.subscriptions):
-            self.unsubscribe(session, topic_filter)
+            self.subscriptions.unsubscribe(session, topic_filter)
         for key in list(session.shared):
-            self.unsubscribe_shared(session, key)
+            self.shared.unsubscribe(session, key)
         self._forget(session)
 
     def yield_to_newer(self, client_id: str, state: dict) -> None:
@@ -101,6 +112,12 @@ class SessionLife:
                         "that one is taken", client_id, session.epoch, state.get("replica") or "another router",
                         state.get("epoch", 0))
             self.drop_session(session)
+
+    def _mark_soon(self) -> None:
+        """Sessions moved or were fenced: the snapshot is written at the next iteration."""
+        state = self.wiring.state
+        if state is not None:
+            state.mark(soon=True)
 
     def _forget(self, session: Session) -> None:
         """No longer this router's session: out of ``sessions``, its expiry and will timers
@@ -120,8 +137,7 @@ class SessionLife:
     def schedule_expiry(self, session: Session) -> None:
         """MQTT 5 session expiry: a finite interval removes the offline session when it runs out."""
         if 0 < session.expiry_s < 0xFFFFFFFF:
-            loop = asyncio.get_event_loop()
-            self._expiry[session.client_id] = loop.call_later(session.expiry_s, self._expire, session)
+            self._expiry[session.client_id] = self.clock.call_later(session.expiry_s, self._expire, session)
 
     def cancel_expiry(self, client_id: str) -> None:
         timer = self._expiry.pop(client_id, None)
@@ -144,12 +160,12 @@ class SessionLife:
         It is published now, not when its CONNECT came: its timestamp, and with it the start of
         its Message Expiry Interval (MQTT 5 3.1.3.2.4), are now; so is the write grant of its
         client's identity (``username``), which a reload may have revoked since."""
-        acl = self.acl  # type: ignore[attr-defined]
+        acl = self.wiring.acl
         if acl is not None and not acl.may_publish(username, will.client_id, will.topic):
             log.warning("will of %s on %r not published: user %s may no longer publish there", will.client_id,
                         will.topic, name(username))
             return
-        will.timestamp_ms = now = int(time.time() * 1000)
+        will.timestamp_ms = now = int(self.clock.unix() * 1000)
         will.expires_ms = expiry_deadline(will.properties, now)
         self.stats.wills_published += 1
         try:
@@ -163,15 +179,15 @@ class SessionLife:
         a connection resumes the session before (on this router, or on another by a takeover)."""
         self.cancel_will(session.client_id)
         session.will = will
-        session.will_due_ms = int(time.time() * 1000 + delay * 1000)
-        self._wills[session.client_id] = asyncio.get_event_loop().call_later(delay, self._will_due, session)
+        session.will_due_ms = int(self.clock.unix() * 1000 + delay * 1000)
+        self._wills[session.client_id] = self.clock.call_later(delay, self._will_due, session)
 
     def rearm_will(self, session: Session, at_least: float = 0.0) -> None:
         """An offline session that came with a delayed will (a takeover that broke off, a
         session left here by a connection that went away while it moved, a restart): the will
         waits for the rest of its delay, and at least ``at_least`` seconds."""
         if session.will is not None:
-            self.delay_will(session, session.will, max(at_least, session.will_due_ms / 1000 - time.time()))
+            self.delay_will(session, session.will, max(at_least, session.will_due_ms / 1000 - self.clock.unix()))
 
     def wills_published_elsewhere(self, client_ids: list[str]) -> None:
         """The delayed wills of these sessions went out from a replica of this router while it
@@ -229,13 +245,13 @@ class SessionLife:
         self._forget(session)
         session.will = None  # it went with the session
         for key in list(session.shared):  # a group's messages go to its other members
-            self.unsubscribe_shared(session, key)
+            self.shared.unsubscribe(session, key)
         if session.log is not None or not late:
             session.queue = ()
         session.inflight = {}
         session.ranges = ()
         session.cursor = start if session.log is not None and start >= 0 else None
-        barrier = self.mesh.barrier()
+        barrier = self.wiring.mesh.barrier()
         if barrier is None:
             self.hand_on(session, to)
         else:
@@ -247,15 +263,15 @@ class SessionLife:
         the routers that answered the barrier (their log ends); what the others sent here before
         they knew of the move may still be on its way (a cut link): the new owner asks them
         (``Mesh.hand_on``)."""
-        if self.commit_log is not None:
-            self.commit_log.flush()  # read from the disk
+        if self.wiring.commit_log is not None:
+            self.wiring.commit_log.flush()  # read from the disk
         items = [item for chunk in session.export_copies(False) for item in chunk]
         for topic_filter in list(session.subscriptions):
-            self.unsubscribe(session, topic_filter)
+            self.subscriptions.unsubscribe(session, topic_filter)
         if items:
             log.info("session %s: %d message(s) that reached this router after it moved handed on to %s",
                      session.client_id, len(items), to)
-        self.mesh.hand_on(to, session.client_id, items, answered, stale)  # even none: the new owner waits for the end
+        self.wiring.mesh.hand_on(to, session.client_id, items, answered, stale)  # even none: the new owner waits for the end
 
     def take_copies(self, client_id: str, items: list, read_back: bool = False) -> None:
         """Copies for a session here read back or handed on elsewhere (a catch-up after a
@@ -282,9 +298,10 @@ class SessionLife:
                 except OSError as exc:
                     log.error("session %s: %d copies read back could not be spooled (%s): kept in memory",
                               client_id, len(held), exc)
+        now_ms = self.clock.unix() * 1000
         for qos, retain, values in items:
             msg = Message.from_list(values)
-            if msg.expires_ms and msg.expired():
+            if msg.expires_ms and msg.expired(now_ms):
                 continue
             if session.acl is not None and not session.readable(msg):
                 continue  # read back or handed on from where no ACL of this session's identity applied
@@ -300,7 +317,7 @@ class SessionLife:
         client connected to it here is kept (logged): that client is the session's now. With
         agreement on, the agreed record decides instead (``fence_stale``, which hands on what
         the stale copy got meanwhile: dropped here, that would be lost)."""
-        if self.owners is not None:
+        if self.wiring.owners is not None:
             return
         for cid in client_ids:
             session = self.sessions.get(cid)
@@ -316,8 +333,7 @@ class SessionLife:
                             "dead, but a client is connected to it here: kept", cid)
                 continue
             self._drop_stale(session)
-        if self.state is not None:
-            self.state.mark(soon=True)
+        self._mark_soon()
 
     def fence_stale(self, client_id: str, to: str | None) -> None:
         """The agreement names router ``to`` (None: nobody, a clean start ended it) as the owner of
@@ -358,7 +374,7 @@ class SessionLife:
         session.ranges = ranges
         session.will = None
         for key in list(session.shared):
-            self.unsubscribe_shared(session, key)
+            self.shared.unsubscribe(session, key)
 
         def hand_on(f: Any = None) -> None:
             self.hand_on(session, to, _answered(f), stale=True)
@@ -372,18 +388,17 @@ class SessionLife:
             # partition heals, and until the new owner's interest is announced here (at its
             # rejoin, ahead of its answer to the barrier) what is published here reaches only
             # this copy. Handed on earlier, that would reach no one.
-            if not self.mesh.hears(to) and time.monotonic() < deadline:
-                asyncio.get_event_loop().call_later(FENCE_POLL_S, when_heard, deadline)
+            if not self.wiring.mesh.hears(to) and self.clock.now() < deadline:
+                self.clock.call_later(FENCE_POLL_S, when_heard, deadline)
                 return
-            barrier = self.mesh.barrier()
+            barrier = self.wiring.mesh.barrier()
             if barrier is None:
                 hand_on()
             else:
                 barrier.add_done_callback(hand_on)
 
-        when_heard(time.monotonic() + FENCE_WAIT_S)
-        if self.state is not None:
-            self.state.mark(soon=True)
+        when_heard(self.clock.now() + FENCE_WAIT_S)
+        self._mark_soon()
 
     def _drop_stale(self, session: Session) -> None:
         log.warning("session %s was taken over on another node while this router was taken for dead: "
@@ -415,8 +430,7 @@ class SessionLife:
                     "goes, with what reached it meanwhile", client_id, to)
         self.stats.takeovers += 1
         self._moved_away(session, to, start, late=True)
-        if self.state is not None:
-            self.state.mark(soon=True)
+        self._mark_soon()
 
     def import_session(self, client_id: str, state: dict) -> Session:
         """A session handed over by another router (takeover) becomes ours. When, is kept
@@ -426,7 +440,7 @@ class SessionLife:
         session = self.new_session(client_id, state["persistent"])
         if not state.get("replica"):
             moved = self.moved_in
-            now = time.time()
+            now = self.clock.unix()
             moved.pop(client_id, None)
             moved[client_id] = now  # oldest first: the dict's order is their arrival's
             horizon = now - self.config.moved_in_keep_s
@@ -434,9 +448,9 @@ class SessionLife:
                 del moved[next(iter(moved))]
         session.import_state(state)
         for values in state["subs"]:
-            self.subscribe(session, Subscription.from_values(values))
+            self.subscriptions.subscribe(session, Subscription.from_values(values))
         for values in state.get("shared", ()):
-            self.subscribe_shared(session, Subscription.from_values(values))
+            self.shared.subscribe(session, Subscription.from_values(values))
         return session
 
     def release_session(self, client_id: str, same_node: bool,
@@ -458,12 +472,12 @@ class SessionLife:
         # A delayed will goes with the session: the new connection publishes it if it starts
         # clean, drops it if it resumes the session; here it waits no more.
         self._stop_will_timer(client_id)
-        if self.commit_log is not None:
-            self.commit_log.flush()  # the position handed over must be readable from the disk
+        if self.wiring.commit_log is not None:
+            self.wiring.commit_log.flush()  # the position handed over must be readable from the disk
         self.moving[client_id] = session
         # What this router logs for it from here on, until its new owner's interest is known
         # everywhere, is handed on to it (``hand_on``).
-        self.moving_from[client_id] = self.commit_log.next_offset if self.commit_log is not None else -1
+        self.moving_from[client_id] = self.wiring.commit_log.next_offset if self.wiring.commit_log is not None else -1
         return session.export_header(same_node), session.export_copies(same_node, limit=limit)
 
     def moved(self, client_id: str, ok: bool, to: str | None = None, doubt: bool = False) -> None:

@@ -1,16 +1,19 @@
 """Shared subscriptions ($share/group/filter) as the router routes them: one member per group gets
 each message, wherever in the cluster the members are.
 
-The router's part, split from ``router.router`` by concern: this router's members per group
-(``SharedGroup``), every router's presence per group (``SharedRoute``, announced with the interest
-announcements), the choice of one router per group for each publish, and handing a message on when
-a member's session ends before acknowledging it. ``Router`` mixes this in; the state lives on the
-router (see ``Router.__init__``).
+A part the router owns (``router.shared``; rumqttd's model: the router composes parts, each a
+file): this router's members per group (``SharedGroup``), every router's presence per group
+(``SharedRoute``, announced with the interest announcements), the choice of one router per group
+for each publish, and handing a message on when a member's session ends before acknowledging it.
+It is given what it uses of the router: its links (``Wiring``: the mesh), the peer routers
+interested in a topic, and two notices (a persistent session changed; an announcement waits
+for its acknowledgements).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from brokerd.connection.packets import Subscription
 
@@ -20,43 +23,47 @@ from .shared import NONE, SharedGroup, SharedRoute, parse_share
 from .topics import TopicIndex
 
 if TYPE_CHECKING:
-    from .ports import MeshPort
+    from typing import Any
+
+    from .clock import Clock
     from .stats import RouterStats
+    from .wiring import Wiring
 
 
-class SharedRouting:
-    router_id: str
-    mesh: MeshPort
-    stats: RouterStats
-    shared_local: dict[str, SharedGroup]
-    shared_routes: dict[str, SharedRoute]
-    shared_index: TopicIndex[str, SharedRoute]
-    _shared_cache: dict[str, tuple[SharedRoute, ...]]
-    has_shared: bool
-
-    if TYPE_CHECKING:  # the parts of Router (and its other mixins) used here
-        def _fold_peers(self, topic: str) -> tuple[str, ...]: ...  # Router's
-        def _session_changed(self, session: Session) -> None: ...  # Router's
-        def _interest_ack(self, key: str, ack: Any) -> None: ...  # Router's
-        _peer_routes: dict[str, tuple[str, ...]]
+class SharedRoutes:
+    def __init__(self, router_id: str, stats: RouterStats, clock: Clock, wiring: Wiring,
+                 peers: Callable[[str], tuple[str, ...]], session_changed: Callable[[Session], None],
+                 interest_ack: Callable[[str, Awaitable[None] | None], None]) -> None:
+        self.router_id = router_id
+        self.stats = stats
+        self.clock = clock
+        self.wiring = wiring
+        self._peers = peers  # the peer routers interested in a topic (the router's folded routes)
+        self._session_changed = session_changed
+        self._interest_ack = interest_ack
+        # This router's members per key, every router's presence per key (this one's included),
+        # and the routes matching each topic. ``active`` keeps the publish path of a cluster
+        # without any shared subscription to one attribute test.
+        self.local: dict[str, SharedGroup] = {}
+        self.routes: dict[str, SharedRoute] = {}
+        self.index: TopicIndex[str, SharedRoute] = TopicIndex()
+        self.cache: dict[str, tuple[SharedRoute, ...]] = {}
+        self.active = False
 
     # -- shared subscriptions: publishing -------------------------------------------------------------
 
-    def _fold_shared(self, topic: str) -> tuple[SharedRoute, ...]:
-        routes = tuple(route for _, route in self.shared_index.match(topic))
-        if len(self._shared_cache) > 65536:
-            self._shared_cache.clear()
-        self._shared_cache[topic] = routes
+    def fold(self, topic: str) -> tuple[SharedRoute, ...]:
+        routes = tuple(route for _, route in self.index.match(topic))
+        if len(self.cache) > 65536:
+            self.cache.clear()
+        self.cache[topic] = routes
         return routes
 
-    def _publish_shared(self, msg: Message, routes: tuple[SharedRoute, ...], source: Any) -> None:
+    def publish(self, msg: Message, routes: tuple[SharedRoute, ...], source: Any) -> None:
         """Pick one router per group; each peer still gets one copy, naming its groups if any."""
         picked = self._pick_routers(msg, routes)
-        mesh = self.mesh
-        peers = self._peer_routes.get(msg.topic)
-        if peers is None:
-            peers = self._fold_peers(msg.topic)
-        for rid in peers:
+        mesh = self.wiring.mesh
+        for rid in self._peers(msg.topic):
             mesh.forward(rid, msg, source, picked.pop(rid, None))
         for rid, groups in picked.items():
             mesh.forward(rid, msg, source, groups)
@@ -79,11 +86,11 @@ class SharedRouting:
         """``msg`` for the shared groups alone (read back from a dead router's replica: the plain
         subscribers get theirs through each router's own catch-up): one member of each matching
         group, wherever the choice falls. Returns how many groups it went to."""
-        routes = self._shared_cache.get(msg.topic)
+        routes = self.cache.get(msg.topic)
         if routes is None:
-            routes = self._fold_shared(msg.topic)
+            routes = self.fold(msg.topic)
         for rid, groups in self._pick_routers(msg, routes).items():
-            self.mesh.forward(rid, msg, None, groups, True)
+            self.wiring.mesh.forward(rid, msg, None, groups, True)
         return len(routes)
 
     def _deliver_shared(self, msg: Message, key: str) -> None:
@@ -94,7 +101,7 @@ class SharedRouting:
     def _to_member(self, msg: Message, key: str) -> bool:
         """``_deliver_shared``: False when this router has no member of ``key`` that may read
         ``msg`` (left to the caller to count, or to hand on)."""
-        group = self.shared_local.get(key)
+        group = self.local.get(key)
         picked = group.pick(msg.qos) if group is not None else None
         if picked is None:
             return False
@@ -103,7 +110,7 @@ class SharedRouting:
             if picked is None:
                 return False
         session, sub = picked
-        if msg.expires_ms and msg.expired():
+        if msg.expires_ms and msg.expired(self.clock.unix() * 1000):
             self.stats.drop_expired += 1
             return True
         qos = msg.qos
@@ -111,7 +118,7 @@ class SharedRouting:
                                msg.retain and sub.retain_as_published)
         return True
 
-    def _deliver_remote_shared(self, msg: Message, key: str, only: bool) -> None:
+    def deliver_remote(self, msg: Message, key: str, only: bool) -> None:
         """A message another router chose this one for, for group ``key``. Its last member here
         may have left while the message was on its way (the publisher's router had not heard
         yet): then it goes on to another router of the group, once (``only``: it was handed on
@@ -120,80 +127,99 @@ class SharedRouting:
             if only:
                 self.stats.shared_no_member += 1
             else:
-                self._hand_on(msg, key)
+                self.to_another_member(msg, key)
 
-    def _hand_on(self, msg: Message, key: str) -> None:
+    def to_another_member(self, msg: Message, key: str) -> None:
         """Deliver ``msg`` to another member of group ``key``, wherever the choice falls, and to
         nobody else (its member's session ended before acknowledging it)."""
-        route = self.shared_routes.get(key)
+        route = self.routes.get(key)
         rid = route.choose() if route is not None else None
         if rid == self.router_id:
             self._deliver_shared(msg, key)
         elif rid is not None:
-            self.mesh.forward(rid, msg, None, [key], True)
+            self.wiring.mesh.forward(rid, msg, None, [key], True)
         else:
             self.stats.shared_no_member += 1
 
     # -- shared subscriptions: membership and presence ------------------------------------------------
 
-    def subscribe_shared(self, session: Session, sub: Subscription) -> bool:
+    def subscribe(self, session: Session, sub: Subscription) -> bool:
         """Make ``session`` a member of the shared subscription ``sub.topic_filter`` (the whole
         ``$share/group/filter``); True if it was not one already."""
         key = sub.topic_filter
         new = key not in session.shared
         session.shared[key] = sub
         self._session_changed(session)
-        group = self.shared_local.get(key)
+        group = self.local.get(key)
         if group is None:
-            group = self.shared_local[key] = SharedGroup(key)
+            group = self.local[key] = SharedGroup(key)
         group.add(session, sub)
         self._local_presence(key)
         return new
 
-    def unsubscribe_shared(self, session: Session, key: str) -> bool:
+    def unsubscribe(self, session: Session, key: str) -> bool:
         if session.shared.pop(key, None) is None:
             return False
         self._session_changed(session)
-        group = self.shared_local.get(key)
+        group = self.local.get(key)
         if group is not None:
             group.remove(session)
             if not group.members:
-                del self.shared_local[key]
+                del self.local[key]
         self._local_presence(key)
         return True
 
-    def shared_presence(self, session: Session) -> None:
+    def presence(self, session: Session) -> None:
         """``session`` connected or went offline: the presence in its groups changes."""
         for key in session.shared:
             self._local_presence(key)
 
     def _local_presence(self, key: str) -> None:
         """Recompute this router's presence in group ``key``; announce it if it changed."""
-        group = self.shared_local.get(key)
+        group = self.local.get(key)
         presence = group.presence() if group is not None else NONE
-        route = self.shared_routes.get(key)
+        route = self.routes.get(key)
         if presence == (route.routers.get(self.router_id, NONE) if route is not None else NONE):
             return
-        self._route_presence(key, self.router_id, presence)
-        self._interest_ack(key, self.mesh.announce_interest(key, presence))
+        self.route_presence(key, self.router_id, presence)
+        self._interest_ack(key, self.wiring.mesh.announce_interest(key, presence))
 
-    def _route_presence(self, key: str, router_id: str, presence: int) -> None:
+    def route_presence(self, key: str, router_id: str, presence: int) -> None:
         """Record one router's presence in group ``key``; drop the route when nobody is left."""
-        route = self.shared_routes.get(key)
+        route = self.routes.get(key)
         if route is None:
             parsed = parse_share(key) if presence != NONE else None
             if parsed is None:
                 return
-            route = self.shared_routes[key] = SharedRoute(key, *parsed)
-            self.shared_index.add(route.topic_filter, route.group, route)
-            self._shared_cache.clear()
-            self.has_shared = True
+            route = self.routes[key] = SharedRoute(key, *parsed)
+            self.index.add(route.topic_filter, route.group, route)
+            self.cache.clear()
+            self.active = True
         route.set_presence(router_id, presence)
         if not route.routers:
-            del self.shared_routes[key]
-            self.shared_index.remove(route.topic_filter, route.group)
-            self._shared_cache.clear()
-            self.has_shared = bool(self.shared_routes)
+            del self.routes[key]
+            self.index.remove(route.topic_filter, route.group)
+            self.cache.clear()
+            self.active = bool(self.routes)
+
+    # -- the other routers ----------------------------------------------------------------------------
+
+    def peer_left(self, router_id: str) -> None:
+        """A peer router is gone, or about to announce everything again: its presence goes."""
+        for key in [k for k, route in self.routes.items() if router_id in route.routers]:
+            self.route_presence(key, router_id, NONE)
+
+    def peer_silent(self, router_id: str) -> None:
+        """A peer fell silent: its members become the last resort (``Router.peer_silent``)."""
+        for route in self.routes.values():
+            if router_id in route.routers:
+                route.set_parked(router_id, True)
+        self.cache.clear()
+
+    def announcements(self) -> list[tuple[str, int]]:
+        """This router's presence per group, for a peer that (re)joins."""
+        me = self.router_id
+        return [(key, route.routers[me]) for key, route in self.routes.items() if me in route.routers]
 
 
 def _readable_member(group: SharedGroup, picked: tuple[Session, Subscription],
