@@ -383,3 +383,36 @@ def start_broker(xprocess, tmp_path, request) -> Iterator[Callable[..., Broker]]
 @pytest.fixture
 def broker(start_broker) -> Broker:
     return start_broker()
+
+
+@pytest.fixture(scope="module")
+def file_broker(xprocess, tmp_path_factory) -> Iterator[Broker]:
+    """A broker with ``start_broker``'s defaults for a whole test file, started once, not once a
+    test (a second or two each, more on a busy box). Only for files whose tests can share one:
+    each its own client ids (``cid``) and topics, nothing retained that another's wildcard would
+    get, no log line or counter that another test could have made. Tests take it through
+    ``on_file_broker``; under xdist the file stays on one worker (``_shared``)."""
+    port = _free_port_not_in("127.0.0.1", ())
+    argv = ["--workers", "2", "--listen", f"127.0.0.1:{port}", "--node-id", "t",
+            "--data-dir", str(tmp_path_factory.mktemp("file-broker"))]
+    broker = Broker(xprocess, f"brokerd-{next(_names)}-{port}", argv, "127.0.0.1", port).start()
+    yield broker
+    info = xprocess.getinfo(broker.name)
+    if info.isrunning():
+        info.terminate(timeout=15)
+
+
+@pytest.fixture
+def on_file_broker(file_broker: Broker, request: pytest.FixtureRequest) -> Iterator[Broker]:
+    """``file_broker`` for one test: the clients it made are closed after it, while the broker
+    runs (as ``start_broker`` does), and if it failed, what the broker logged during it is shown."""
+    start = file_broker.logfile.stat().st_size if file_broker.logfile else 0
+    yield file_broker
+    _close_clients_made()
+    call = getattr(request.node, "report_call", None)
+    if call is not None and call.failed and file_broker.logfile is not None:
+        with open(file_broker.logfile, "rb") as f:
+            f.seek(start)
+            lines = f.read().decode(errors="replace").splitlines()
+        print(f"--- last {LOG_TAIL_LINES} lines {file_broker.name} logged during the test ---")
+        print("\n".join(lines[-LOG_TAIL_LINES:]))

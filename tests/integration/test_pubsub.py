@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import Client, RawClient, cid, connect_packet, subscribe_packet
+from tests.helpers import Broker, Client, RawClient, cid, connect_packet, subscribe_packet
+
+
+@pytest.fixture
+def broker(on_file_broker: Broker) -> Broker:
+    """One broker for the whole file (tests/conftest.py's ``file_broker``): each test here uses
+    its own client ids and topics, nothing retained."""
+    return on_file_broker
 
 
 @pytest.mark.parametrize("pub_qos", [0, 1, 2])

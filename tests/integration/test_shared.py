@@ -16,9 +16,16 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from tests.helpers import WAIT, Client, RawClient, cid, connect_packet, read_packet, subscribe_packet
+from tests.helpers import WAIT, Broker, Client, RawClient, cid, connect_packet, read_packet, subscribe_packet
 
 V5 = mqtt.MQTTv5
+
+
+@pytest.fixture
+def broker(on_file_broker: Broker) -> Broker:
+    """One broker for the whole file (tests/conftest.py's ``file_broker``): each test here uses
+    its own client ids and topics (the one retained message is on a topic no other subscribes to)."""
+    return on_file_broker
 
 
 @pytest.fixture(autouse=True)
