@@ -121,7 +121,7 @@ ALONE_FILES = {
 
 
 # The order of a parallel run: the longest work units first (an ``xdist_group``, or one test), so
-# that the last to start are short and the workers finish together. A test's seconds are its last
+# that the last to start are short and the workers finish together; ``alone`` ones before all. A test's seconds are its last
 # run's (setup, call and teardown, kept in pytest's cache); a test never run is guessed by marker.
 DURATIONS_KEY = "brokerd/durations"
 GUESS_S = {"slow": 15.0, "unit": 0.05}  # the first marker a test has; else GUESS_DEFAULT_S
@@ -169,13 +169,17 @@ def _guess(item: pytest.Item, durations: dict[str, float]) -> float:
 
 
 def _longest_first(items: list[pytest.Item], durations: dict[str, float]) -> list[pytest.Item]:
-    """Work units by their seconds, longest first; a unit's tests keep their order. Stable, so
-    that every worker, given the same durations, collects the same order (xdist checks it)."""
+    """Work units by their seconds, longest first, those with an ``alone`` test before all others;
+    a unit's tests keep their order. ``alone`` ones first: one started later waits for every test
+    running beside it to end, while the other workers, kept out, sit idle; at the start, nothing
+    runs yet. Stable, so that every worker, given the same durations, collects the same order
+    (xdist checks it)."""
     units: dict[str, list[pytest.Item]] = {}
     for item in items:
         units.setdefault(_group(item), []).append(item)
     seconds = {name: sum(_guess(i, durations) for i in unit) for name, unit in units.items()}
-    return [i for name in sorted(units, key=lambda n: -seconds[n]) for i in units[name]]
+    alone = {name for name, unit in units.items() if any(i.get_closest_marker("alone") for i in unit)}
+    return [i for name in sorted(units, key=lambda n: (n not in alone, -seconds[n])) for i in units[name]]
 
 
 def _test_id(nodeid: str) -> str:

@@ -88,6 +88,9 @@ def test_a_parallel_run_starts_the_longest_work_units_first_and_keeps_a_groups_t
     order = [i.nodeid for i in conftest._longest_first(items, durations)]
     # a slow test never run is guessed long; the group's 6 s beat the single 5 s; ties keep their order
     assert order == ["d::never_run", "b::s1", "b::s2", "c::long", "e::never_run", "a::short", "a::short2"]
+    items.append(_Item("f::timed", pytest.mark.alone))
+    order = [i.nodeid for i in conftest._longest_first(items, {**durations, "f::timed": 1.0})]
+    assert order[0] == "f::timed"  # before all: later it would wait for what runs beside it
 
 
 def test_a_tests_seconds_are_kept_under_its_own_id_whatever_group_xdist_appended():
