@@ -1,12 +1,17 @@
-"""Where ``router.auth`` meets a client connection (``router.client.Client``): CONNECT's
-authentication (maybe waiting for a plugin), PUBLISH and SUBSCRIBE refusals, installing and
-reloading a router's ``auth.Auth``. The decisions are ``router.auth``'s; the MQTT answers are here.
+"""Where ``router.auth`` meets a client connection: CONNECT's authentication (maybe waiting for
+a plugin), PUBLISH and SUBSCRIBE refusals, installing and reloading a router's ``auth.Auth``.
+
+Each check returns a decision (``Access``: allowed, refused with a reason and why, or pending
+on a plugin's answer); ``router.client.Client`` acts on it (refuses, holds what the client
+sends while a plugin is asked, goes on). The rules are ``router.auth``'s; nothing here writes
+to a client.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
+from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from brokerd.connection.codec import encode
@@ -18,12 +23,27 @@ from .auth import Auth
 from .shared import parse_share
 
 if TYPE_CHECKING:
-    from .client import Client
     from .router import Router
+    from .session import Session
 
 log = logging.getLogger(__name__)
 
 AUTHENTICATING = "authenticating"  # the pause_reading cause while a plugin is asked
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """A decision on a CONNECT. ``refused``: the CONNACK's reason (``why`` for the log, never a
+    password); ``pending``: a plugin's answer to wait for (``plugin_reason``, then ``decided``); ``anonymous``: allowed, with the user name dropped (nothing verifies it)."""
+
+    refused: Reason | None = None
+    why: str = ""
+    pending: Awaitable[Any] | None = None
+    anonymous: bool = False
+
+
+ALLOWED = Access()
+ANONYMOUS = Access(anonymous=True)
 
 
 def install_auth(router: Router, auth: Auth | None) -> None:
@@ -39,139 +59,108 @@ def install_auth(router: Router, auth: Auth | None) -> None:
         router._routes.clear()  # folded with the old rules
     if auth is not None and auth.passwords is not None and auth.plugin is None:
         for client in list(router.clients.values()):
-            _drop_if_removed(client, auth.passwords)  # type: ignore[arg-type]
+            if user_removed(client, auth.passwords):
+                log.warning("client %s disconnected: user %r is no longer in the password file", client.client_id,
+                            client.session.username)  # type: ignore[attr-defined]
+                client.identity_revoked()  # type: ignore[attr-defined]
 
 
-def _drop_if_removed(client: Client, passwords: dict[str, str]) -> None:
-    """A connected client whose user is no longer in the password file is disconnected, as
-    Mosquitto does on a reload: the identity it proved is gone. Its will goes with it (nobody
-    may publish as that user now); its session stays, for the user if it is added again."""
+def user_removed(client: Any, passwords: dict[str, str]) -> bool:
+    """Whether a connected client's user is no longer in the password file: it is disconnected,
+    as Mosquitto does on a reload (the identity it proved is gone). Not one whose certificate is
+    its login, nor one closing already."""
     session = client.session
     user = session.username if session is not None and session.conn is client.conn else None
     listener = getattr(client.conn, "listener", None)
-    if user is None or user in passwords or client.conn.closing or (
-            listener is not None and listener.use_identity_as_username):  # its certificate is its login
-        return
-    log.warning("client %s disconnected: user %r is no longer in the password file", client.client_id, user)
-    client.will = None
-    client.conn.close(Reason.NOT_AUTHORIZED)
+    return not (user is None or user in passwords or client.conn.closing or (
+        listener is not None and listener.use_identity_as_username))
 
 
-def anonymous_refused(client: Client, connect: Connect) -> bool:
-    """The listener's rules, before any password is checked: True when the client was refused.
+def anonymous_check(auth: Any, conn: Any, connect: Connect) -> Access:
+    """The listener's rules, before any password is checked.
 
     On a ``use_identity_as_username`` listener the user name is the certificate's (set by the
     connection); a certificate without CN or SAN is refused, never replaced by the CONNECT's user
     name (Mosquitto). Elsewhere, where no password file or plugin can verify a user name, the name is
     only a claim: the client is anonymous (no ACL section or ``%u`` pattern of that name applies to
-    it). A client that is anonymous is refused, not authorized, on a listener that does not allow
-    anonymous clients (one on a non-loopback address, unless the operator allowed them: Mosquitto 2's
-    secure default). The password file or plugin may refuse it too."""
-    listener = getattr(client.conn, "listener", None)
+    it: ``ANONYMOUS``). A client that is anonymous is refused, not authorized, on a listener that
+    does not allow anonymous clients (one on a non-loopback address, unless the operator allowed
+    them: Mosquitto 2's secure default). The password file or plugin may refuse it too."""
+    listener = getattr(conn, "listener", None)
     if listener is not None and listener.use_identity_as_username:
-        if getattr(client.conn, "tls_identity", None) is not None:
-            return False
-        return _refuse_early(client, connect, f"its certificate has no CN and no subject alternative name, "
-                             f"and {listener.url} takes the user name from it")
+        if getattr(conn, "tls_identity", None) is not None:
+            return ALLOWED
+        return Access(Reason.NOT_AUTHORIZED, f"its certificate has no CN and no subject alternative name, "
+                      f"and {listener.url} takes the user name from it")
     allowed = listener is None or bool(listener.allow_anonymous)
-    auth = client.router.auth
     if connect.username is not None and (auth is None or not auth.checks_passwords):
         if allowed and (auth is None or auth.allow_anonymous):
             log.debug("client %r: user name %r ignored (no password file or auth plugin verifies it): "
                       "anonymous", connect.client_id, connect.username)
-            connect.username = connect.password = None
-            return False
+            return ANONYMOUS
         where = listener.url if listener is not None else "this listener"
-        return _refuse_early(client, connect, f"anonymous clients not allowed on {where}, and no password "
-                             "file or auth plugin checks user names: every client is refused")
+        return Access(Reason.NOT_AUTHORIZED, f"anonymous clients not allowed on {where}, and no password "
+                      "file or auth plugin checks user names: every client is refused")
     if connect.username is not None or allowed:
-        return False
-    return _refuse_early(client, connect, f"anonymous clients not allowed on {listener.url} "  # type: ignore[union-attr]
-                         "(--allow-anonymous on, or allow_anonymous = true for the listener, to allow them)")
+        return ALLOWED
+    return Access(Reason.NOT_AUTHORIZED, f"anonymous clients not allowed on {listener.url} "  # type: ignore[union-attr]
+                  "(--allow-anonymous on, or allow_anonymous = true for the listener, to allow them)")
 
 
-def _refuse_early(client: Client, connect: Connect, why: str) -> bool:
-    client.level = connect.protocol_level
-    client.client_id = connect.client_id
-    client.router.stats.auth_failures += 1
-    client._refuse(Reason.NOT_AUTHORIZED, why)
-    return True
-
-
-def start_connect(client: Client, connect: Connect) -> None:
-    """CONNECT with ``router.auth`` set: authenticate, then go on as without it."""
-    auth = client.router.auth
-    client.level = connect.protocol_level
-    client.client_id = connect.client_id
-    listener = getattr(client.conn, "listener", None)
-    answer = auth.authenticate(connect.client_id, connect.username, connect.password, client.conn.peer,
+def authenticate(auth: Auth, acl: Any, conn: Any, connect: Connect) -> Access:
+    """CONNECT with ``router.auth`` set: the password file's answer, or a plugin's to wait for."""
+    listener = getattr(conn, "listener", None)
+    answer = auth.authenticate(connect.client_id, connect.username, connect.password, conn.peer,
                                anonymous=listener is None or bool(listener.allow_anonymous),
                                certified=listener is not None and bool(listener.use_identity_as_username))
     if answer is None or isinstance(answer, Reason):
-        _decided(client, connect, answer)
-        return
-    # A plugin is asked: hold what the client sends meanwhile, read no more until it answers.
-    client._pending = []
-    client.conn.pause_reading(AUTHENTICATING)
-    asyncio.ensure_future(_wait(client, connect, answer))
+        return decided(acl, connect, answer)
+    return Access(pending=answer)
 
 
-async def _wait(client: Client, connect: Connect, answer: Any) -> None:
+async def plugin_reason(connect: Connect, pending: Awaitable[Any]) -> Reason | None:
+    """A plugin's answer (``decided`` makes it a decision, with the ACL as it is then); a broken
+    plugin refuses, it does not crash the router."""
     try:
-        reason = await answer
-    except Exception as exc:  # noqa: BLE001 - a broken plugin refuses, it does not crash the router
+        return await pending
+    except Exception as exc:  # noqa: BLE001
         log.error("auth plugin failed for client %r: %s", connect.client_id, exc)
-        reason = Reason.NOT_AUTHORIZED
-    if client.conn.closing:
-        return
-    _decided(client, connect, reason)
-    client.conn.resume_reading(AUTHENTICATING)
+        return Reason.NOT_AUTHORIZED
 
 
-def _decided(client: Client, connect: Connect, reason: Reason | None) -> None:
-    router = client.router
+def decided(acl: Any, connect: Connect, reason: Reason | None) -> Access:
+    """An authentication's answer as a decision: refused with a reason that never names the
+    password; allowed only if the will, if any, is on a topic its user may write to."""
     user = connect.username
-    if reason is None and connect.will is not None and router.acl is not None and not router.acl.may_publish(
+    if reason is None and connect.will is not None and acl is not None and not acl.may_publish(
             user, connect.client_id, connect.will.topic):
-        reason = Reason.NOT_AUTHORIZED
-        why = f"will topic {connect.will.topic!r} not writable by user {user!r}"
-    elif reason is not None:
-        why = ("anonymous clients not allowed" if user is None else
-               f"bad user name or password (user {user!r})" if reason == Reason.BAD_USER_NAME_OR_PASSWORD
-               else f"user {user!r} not authorized")
-    if reason is not None:
-        router.stats.auth_failures += 1
-        client._pending = None
-        client._refuse(reason, why)  # never the password
-        return
-    client._start_connect(connect)
+        return Access(Reason.NOT_AUTHORIZED, f"will topic {connect.will.topic!r} not writable by user {user!r}")
+    if reason is None:
+        return ALLOWED
+    return Access(reason, "anonymous clients not allowed" if user is None else
+                  f"bad user name or password (user {user!r})" if reason == Reason.BAD_USER_NAME_OR_PASSWORD
+                  else f"user {user!r} not authorized")
 
 
-def refuse_publish(client: Client, p: Publish) -> None:
-    """A PUBLISH the client may not make (ACL, ``$SYS/``): MQTT 5 gets 0x87 for QoS 1/2; MQTT 3.1.1
-    has no way to say it, so the message is dropped and acknowledged, as Mosquitto does."""
-    client.router.stats.acl_denied += 1
-    log.debug("client %s: publish to %r denied", client.client_id, p.topic)
+def publish_refusal(client_id: str, level: int, p: Publish) -> bytes | None:
+    """What answers a PUBLISH the client may not make (ACL, ``$SYS/``): MQTT 5 gets 0x87 for QoS
+    1/2; MQTT 3.1.1 has no way to say it, so the message is dropped and acknowledged, as
+    Mosquitto does. None for QoS 0: nothing."""
+    log.debug("client %s: publish to %r denied", client_id, p.topic)
     if p.qos == 0:
-        return
-    if client.level >= MQTT_5:
-        ack = Puback if p.qos == 1 else Pubrec
-        client.conn.send(encode(ack(p.packet_id, Reason.NOT_AUTHORIZED), client.level))  # type: ignore[arg-type]
-        return
+        return None
     ack = Puback if p.qos == 1 else Pubrec
-    client.conn.send(encode(ack(p.packet_id, 0), client.level))  # type: ignore[arg-type]
+    return encode(ack(p.packet_id, Reason.NOT_AUTHORIZED if level >= MQTT_5 else 0), level)  # type: ignore[arg-type]
 
 
-def may_subscribe(client: Client, topic_filter: str, shared: bool) -> bool:
-    """Whether the client may subscribe to ``topic_filter`` (``$share/G/F`` is checked as F)."""
-    session = client.session
-    assert session is not None
+def may_subscribe(session: Session, topic_filter: str, shared: bool) -> bool:
+    """Whether the session's identity may subscribe to ``topic_filter`` (``$share/G/F`` is
+    checked as F); a refusal is logged (rate-limited), the caller counts it."""
     f = topic_filter
     if shared:
         parsed = parse_share(f)
         f = parsed[1] if parsed is not None else f
     if session.acl.may_subscribe(session.username, session.client_id, f, shared):
         return True
-    client.router.stats.acl_denied += 1
-    REFUSED_FILTERS.log(log, "client %s: subscription to %r not authorized", client.client_id, topic_filter[:200])
+    REFUSED_FILTERS.log(log, "client %s: subscription to %r not authorized", session.client_id, topic_filter[:200])
     return False

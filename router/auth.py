@@ -323,7 +323,7 @@ class Auth:
     @property
     def checks_passwords(self) -> bool:
         """Whether anything can verify a user name (a password file or a plugin). Without either a
-        user name is only a claim: its client is anonymous (``router.access.anonymous_refused``)."""
+        user name is only a claim: its client is anonymous (``router.access.anonymous_check``)."""
         return self.passwords is not None or self.plugin is not None
 
     # CONNECT ------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from brokerd.connection.codec import PUBACK, PUBCOMP, PUBREC, encode, success_ack, topic_levels_ok
@@ -35,7 +36,16 @@ from brokerd.connection.packets import (
 from brokerd.connection.ratelimit import CONNECTIONS, REFUSED_FILTERS
 from brokerd.connection.reasons import ProtocolError, Reason, connack_code
 
-from .access import anonymous_refused, may_subscribe, refuse_publish, start_connect
+from .access import (
+    AUTHENTICATING,
+    Access,
+    anonymous_check,
+    authenticate,
+    decided,
+    may_subscribe,
+    plugin_reason,
+    publish_refusal,
+)
 from .auth import may_publish
 from .limits import (
     connack_limits,
@@ -103,12 +113,7 @@ class Client:
         if self.session is None:
             if type(packet) is Connect and not self._connecting:
                 self._connecting = True
-                if anonymous_refused(self, packet):
-                    return
-                if self.router.auth is None:
-                    self._start_connect(packet)
-                else:  # authenticate first (router.access)
-                    start_connect(self, packet)
+                self._on_connect(packet)  # type: ignore[arg-type]
             elif self._pending is not None:
                 self._pending.append(packet)
             return
@@ -215,6 +220,47 @@ class Client:
         CONNECTIONS.log(log, "client %r (%s) refused: %s", self.client_id, self.conn.peer, why)
         self.conn.send(encode(Connack(False, connack_code(reason, self.level)), self.level))
         self.conn.close()
+
+    def _on_connect(self, connect: Connect) -> None:
+        """CONNECT: the listener's rules and ``router.auth`` decide first (``router.access``)."""
+        router = self.router
+        access = anonymous_check(router.auth, self.conn, connect)
+        if access.anonymous:
+            connect.username = connect.password = None
+        if access.refused is None and router.auth is not None:
+            self.level = connect.protocol_level
+            self.client_id = connect.client_id
+            access = authenticate(router.auth, router.acl, self.conn, connect)
+            if access.pending is not None:  # a plugin is asked: hold what the client sends meanwhile
+                self._pending = []
+                self.conn.pause_reading(AUTHENTICATING)
+                asyncio.ensure_future(self._authenticated(connect, access.pending))
+                return
+        self._admit(connect, access)
+
+    async def _authenticated(self, connect: Connect, pending: Awaitable[Reason | None]) -> None:
+        reason = await plugin_reason(connect, pending)
+        if self.conn.closing:
+            return
+        self._admit(connect, decided(self.router.acl, connect, reason))
+        self.conn.resume_reading(AUTHENTICATING)
+
+    def _admit(self, connect: Connect, access: Access) -> None:
+        if access.refused is None:
+            self._start_connect(connect)
+            return
+        self.level = connect.protocol_level
+        self.client_id = connect.client_id
+        self.router.stats.auth_failures += 1
+        self._pending = None
+        self._refuse(access.refused, access.why)  # never the password
+
+    def identity_revoked(self) -> None:
+        """Its user left the password file (a reload, ``access.install_auth``): disconnected. Its
+        will goes with it (nobody may publish as that user now); its session stays, for the
+        user if it is added again."""
+        self.will = None
+        self.conn.close(Reason.NOT_AUTHORIZED)
 
     def _start_connect(self, connect: Connect) -> None:
         router = self.router
@@ -574,7 +620,10 @@ class Client:
         if p.properties and Prop.TOPIC_ALIAS in p.properties:
             self._resolve_alias(p)
         if (self.session.acl is not None or p.topic.startswith("$")) and not may_publish(self.session, p.topic):  # type: ignore[union-attr]
-            refuse_publish(self, p)  # ACL, or $SYS/
+            self.router.stats.acl_denied += 1  # ACL, or $SYS/
+            ack = publish_refusal(self.client_id, self.level, p)
+            if ack is not None:
+                self.conn.send(ack)
             return
         router = self.router
         conn = self.conn
@@ -705,7 +754,8 @@ class Client:
                                     f[:200], len(session.subscriptions) + len(session.shared))
                 codes.append(0x80 if self.level < MQTT_5 else Reason.QUOTA_EXCEEDED)
                 continue
-            if session.acl is not None and not may_subscribe(self, f, shared):
+            if session.acl is not None and not may_subscribe(session, f, shared):
+                router.stats.acl_denied += 1
                 codes.append(0x80 if self.level < MQTT_5 else Reason.NOT_AUTHORIZED)
                 continue
             granted = min(sub.qos, self._max_qos)
