@@ -1,7 +1,7 @@
 # Sourced by scripts/run, scripts/test and the benchmark scripts: make sure .venv exists and holds
 # the project.
 # Usage: ensure_venv [EXTRAS]   (EXTRAS like "test,pipeline"; empty for the broker alone)
-# Installs only when pyproject.toml or the extras asked for changed since the last install.
+# Installs only when pyproject.toml, setup.py or the extras asked for changed since the last install.
 # use_checkout ROOT: processes started from here on import ROOT's brokerd.* packages, not those of
 # whichever checkout a shared .venv's editable install points at (scripts/lib/pythonpath/README.md).
 
@@ -27,7 +27,8 @@ ensure_venv() {
         echo "creating .venv with $py" >&2
         "$py" -m venv .venv
     fi
-    hash="$(sha256sum pyproject.toml | cut -c1-16)"
+    # setup.py too: it says what is compiled (the hot path), and an install built it from that.
+    hash="$(cat pyproject.toml setup.py 2>/dev/null | sha256sum | cut -c1-16)"
     # The broker alone is satisfied by any install of this pyproject; extras need their own line.
     if [ -f "$stamp" ] && { [ -z "$extras" ] && grep -q "^$hash " "$stamp" || grep -qx "$hash $extras" "$stamp"; }; then
         return 0

@@ -1,0 +1,157 @@
+"""The compiled hot path's build; pyproject.toml holds everything else about the package.
+
+mypyc compiles the modules in ``HOT_PATH`` (plain, typed Python: they stay the reference and run
+wherever nothing was compiled) into a ``__compiled__`` folder beside each package's sources, and
+writes ``connection/__compiled__/manifest.json``: the compiler, the extension suffix and the
+SHA-256 of every source compiled. ``connection/_compiled.py`` reads it and decides, per process,
+which of the two runs. Why mypyc and not Cython: docs/benchmarks.md, "Compiled hot path: the choice".
+
+``pip install .`` builds them into the wheel, ``pip install -e .`` beside the sources. The install
+never fails for want of them: without mypy, without a working C compiler, or with a module mypyc
+refuses, it goes on with pure Python and says so once. ``BROKERD_PURE=1`` skips the compiling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import traceback
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HOT_PATH = [
+    "brokerd.connection.reasons",
+    "brokerd.connection.wire",
+    "brokerd.connection.packets",
+    "brokerd.connection.properties",
+    "brokerd.connection.decode",
+    "brokerd.connection.encode",
+    "brokerd.router.topics",
+]
+"""The modules compiled: the codec and what it imports, and the topic index. They import nothing
+else of brokerd's, so mypyc compiles them as one closed group."""
+
+GROUP = "brokerd.connection._hot"
+"""mypyc's group: its shared library is ``brokerd.connection._hot__mypyc``."""
+
+FOLDER = "__compiled__"  # as connection/_compiled.py's FOLDER
+HERE = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_DIRS = {"brokerd.connection": "connection", "brokerd.router": "router"}
+
+
+def _source(module: str) -> str:
+    package, _, name = module.rpartition(".")
+    return os.path.join(HERE, PACKAGE_DIRS[package], name + ".py")
+
+
+def _warn(why: str) -> None:
+    print(f"\nWARNING: brokerd's hot path is not compiled ({why}); installing pure Python, "
+          "which runs the same, slower.\n", file=sys.stderr, flush=True)
+
+
+def _mypycify(build_temp: str) -> list[Extension]:
+    """mypyc's extensions for ``HOT_PATH``, from copies laid out as ``brokerd/<package>/``, for
+    mypyc names a module after its folders and the sources live in folders named otherwise."""
+    from mypyc.build import mypycify
+
+    staged = os.path.join(build_temp, "mypyc-src")
+    shutil.rmtree(staged, ignore_errors=True)
+    paths = []
+    for module in HOT_PATH:
+        target = os.path.join(staged, *module.split(".")) + ".py"
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(os.path.join(os.path.dirname(target), "__init__.py"), "a").close()  # empty: not compiled
+        shutil.copyfile(_source(module), target)
+        paths.append(os.path.relpath(target))
+    os.environ["MYPYPATH"] = os.path.relpath(staged)  # module names from brokerd/ down
+    return mypycify(["--config-file=", "--explicit-package-bases", *paths], group_name=GROUP,
+                    target_dir=os.path.join(build_temp, "mypyc"))
+
+
+class BuildHotPath(build_ext):
+    """Compiles ``HOT_PATH`` into ``__compiled__`` folders, or warns and builds nothing."""
+
+    def finalize_options(self) -> None:
+        extensions = self._hot_path()
+        if extensions:
+            self.distribution.ext_modules = extensions
+        super().finalize_options()
+        if not extensions:  # the placeholder stays the distribution's: one wheel layout either way
+            self.extensions = []
+
+    def _hot_path(self) -> list[Extension]:
+        """mypyc's extensions, or none (and a warning that says why)."""
+        if os.environ.get("BROKERD_PURE", "") not in ("", "0"):
+            _warn("BROKERD_PURE is set")
+            return []
+        try:
+            return _mypycify(self.build_temp or os.path.join("build", "temp-hot-path"))
+        except ImportError:
+            _warn("mypy is not installed: pip install mypy")
+        except SystemExit:  # mypyc refuses a module by exiting, its errors printed
+            _warn("mypyc refused a module, see its errors above")
+        except Exception:
+            traceback.print_exc()
+            _warn("mypyc failed, see above")
+        return []
+
+    def get_ext_filename(self, fullname: str) -> str:
+        head, tail = os.path.split(super().get_ext_filename(fullname))
+        return os.path.join(head, FOLDER, tail)
+
+    def run(self) -> None:
+        manifests = [os.path.join(self.build_lib, "brokerd", "connection", FOLDER, "manifest.json")]
+        if self.inplace or self.editable_mode:
+            manifests.append(os.path.join(HERE, "connection", FOLDER, "manifest.json"))
+        for stale in manifests:  # a failed build leaves no manifest: pure Python, not an old build
+            if os.path.exists(stale):
+                os.remove(stale)
+        if not self.extensions:
+            return
+        try:
+            super().run()
+        except Exception as exc:  # no C compiler, or it failed: the package installs all the same
+            print(exc, file=sys.stderr)
+            _warn(f"the C compiler failed: {type(exc).__name__}, above")
+            return
+        manifest = {
+            "compiler": f"mypyc {_mypy_version()}",
+            "suffix": sysconfig.get_config_var("EXT_SUFFIX"),
+            "modules": {GROUP + "__mypyc": None} | {m: _sha256(_source(m)) for m in HOT_PATH},
+        }
+        for path in manifests:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(manifest, f, indent=1, sort_keys=True)
+
+    def copy_extensions_to_source(self) -> None:
+        """``--inplace`` and editable installs: into the sources' ``__compiled__`` folders."""
+        for ext in self.extensions:
+            fullname = self.get_ext_fullname(ext.name)
+            built = os.path.join(self.build_lib, self.get_ext_filename(fullname))
+            folder = PACKAGE_DIRS[fullname.rpartition(".")[0]]
+            target = os.path.join(HERE, folder, FOLDER, os.path.basename(built))
+            self.mkpath(os.path.dirname(target))
+            self.copy_file(built, target, level=self.verbose)
+
+    def get_output_mapping(self) -> dict[str, str]:
+        return {}  # editable installs: the sources' folders already hold the extensions
+
+
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _mypy_version() -> str:
+    from mypy.version import __version__
+    return __version__
+
+
+# A placeholder until build_ext runs mypyc: it makes the wheel a platform wheel and runs build_ext.
+setup(ext_modules=[Extension(GROUP + "__mypyc", sources=[])], cmdclass={"build_ext": BuildHotPath})
