@@ -1,13 +1,14 @@
-"""What a router needs from the world around it, declared: the mesh (other routers) and the client
-connections' handlers. ``router/`` implements neither: ``cluster.mesh.Mesh`` is the mesh,
-``router.client.Client`` the handler, and a router without peers gets ``NULL_MESH``, so that the
-router's code has no "is there a mesh?" branches.
+"""What a router needs from the world around it, declared: the mesh (other routers), the client
+connections' handlers, and the replication of its log. ``router/`` implements none of them:
+``cluster.mesh.Mesh`` is the mesh, ``router.client.Client`` the handler,
+``cluster.replication.Replication`` the replication (None without it). A router without peers
+gets ``NULL_MESH``, so that the router's code has no "is there a mesh?" branches.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 from typing import Any, Protocol
 
 from .message import Message
@@ -141,6 +142,44 @@ class NullMesh:
 
 
 NULL_MESH = NullMesh()
+
+
+class ReplicationPort(Protocol):
+    """What a router calls on its log's replication (``cluster.replication.Replication``, with
+    ``--replication-factor`` > 1; a router without it has None and checks for it)."""
+
+    @property
+    def in_minority(self) -> bool:
+        """Whether no majority of the cluster backs this router now: no QoS 1/2 acknowledgement,
+        no session taken in."""
+
+    def hold(self, offset: int, client: Any, ack: bytes) -> bool:
+        """Whether the acknowledgement ``ack`` of the record at ``offset`` must wait for the
+        followers (or the majority); then it comes back through ``Router.release_acks`` or
+        ``Router.refuse_acks``."""
+
+    def check_paused(self) -> None:
+        """Before a persistent CONNECT looks at ``in_minority``: a pause of this process is
+        noticed first (the majority counted again)."""
+
+    def undecided(self) -> list[str]:
+        """Routers of other nodes silent here but not gone for a majority: one may be serving a
+        session nobody here was offered."""
+
+    def sessions_changed(self, sessions: dict[str, dict]) -> None:
+        """The router's persistent sessions as its snapshot holds them: the changes go to the
+        followers."""
+
+    def adopted(self, session: Any, state: dict) -> None:
+        """A session came here from the replica of a silent router: make it the only one, and ask
+        the other routers for what it may have missed."""
+
+    def fence(self, client_id: str, partitions: Iterable[str]) -> None:
+        """``client_id``'s session is here now, not with the silent routers ``partitions``."""
+
+    def moved_past_silence(self, session: Any, silent: Any) -> None:
+        """A session moved here from a router to which others were silent: ask them for what
+        they published meanwhile."""
 
 
 class ClientHandle(Protocol):

@@ -164,6 +164,68 @@ class LeaderState:
             batches.popleft()
 
 
+class CutOffHolds:
+    """Acknowledgements held while this node sees no majority of the cluster: replicated or not,
+    this side of a partition may not acknowledge. All go at once when the majority is back
+    (``release``); each is refused at its deadline while it is not (``late``)."""
+
+    def __init__(self, hold_timeout_s: float, clock: Callable[[], float]) -> None:
+        self.hold_timeout_s = hold_timeout_s
+        self.clock = clock
+        self.held: list[Held] = []
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+    def hold(self, offset: int, token: Any) -> None:
+        """A new acknowledgement, held from now for ``hold_timeout_s``."""
+        self.held.append(Held(offset, token, self.clock() + self.hold_timeout_s))
+
+    def keep(self, held: Iterable[Held]) -> None:
+        """Acknowledgements the followers released, kept with their deadlines."""
+        self.held.extend(held)
+
+    def release(self) -> list[Held]:
+        """The majority is back: every one held goes."""
+        held, self.held = self.held, []
+        return held
+
+    def late(self) -> list[Held]:
+        """Those past their deadline (no longer held): refused."""
+        now = self.clock()
+        late = [h for h in self.held if h.deadline <= now]
+        if late:
+            self.held = [h for h in self.held if h.deadline > now]
+        return late
+
+
+class TailRepair:
+    """When a follower behind the leader's end is sent the leader's last record again: one that
+    lacks records before it then fetches them (``FollowerState.arrived``), one that holds it
+    acknowledges again. Without it, a follower back from a cut, or whose fetch went unanswered,
+    waits for the next write. Only once nothing new went out for ``again_s`` (a live batch
+    reaches every follower: no cost there), and then once per ``again_s`` per follower, counting
+    what the leader sent it otherwise (``told``: a fetch answered)."""
+
+    def __init__(self, end: int, again_s: float) -> None:
+        self.again_s = again_s
+        self.end_seen = (end, 0.0)  # the leader's last offset sent live, and when ``due`` first saw it
+        self.told_at: dict[str, float] = {}  # follower -> when it was last sent a read-back or the last record
+
+    def told(self, follower: str, now: float) -> None:
+        """``follower`` was sent records (the last one, or a fetch's answer) at ``now``."""
+        self.told_at[follower] = now
+
+    def due(self, end: int, acked: dict[str, int], followers: Iterable[str], now: float) -> list[str]:
+        """The followers to send the record at ``end`` again now (call ``told`` for each one
+        sent). ``acked``: what each follower holds."""
+        if end != self.end_seen[0]:
+            self.end_seen = (end, now)  # a live batch went to every follower
+            return []
+        return [f for f in followers if acked.get(f, end) < end
+                and now - max(self.end_seen[1], self.told_at.get(f, 0.0)) >= self.again_s]
+
+
 @dataclass
 class FollowerState:
     """A follower's side of one partition: where its replica log ends, and what to do with a batch

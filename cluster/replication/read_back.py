@@ -1,0 +1,156 @@
+"""Failover of delivery: a silent router's messages read back from a replica.
+
+HELLO says which replicas a router holds (``replicas``: {partition: end}). When a router of
+another node falls silent, each router asks the holder of its replica with the highest end
+(REPLICA_CATCHUP ``[partition, offset]``, from the offset below which it has every message of
+that router's own: the mark of mesh version 8) to read the replica back by its interest; the
+holder answers with REPLICA_PUBLISH ``[partition, messages, mark]`` frames. A router that holds
+the replica itself reads it back to its own subscribers. Every message the dead router
+acknowledged is in the replicas of ``--min-insync`` nodes, so its subscribers on the surviving
+nodes get it (at least once: what they had is delivered again only if it lies after the mark).
+Shared groups are served by the holder that answers the catch-ups: it reads the dead router's
+QoS 1/2 messages back to the groups from the lowest mark asked for (``_groups_back``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from brokerd.router.message import Message
+
+from .leader import FETCH_RECORDS
+from .link import HERE
+from .part import Part
+
+if TYPE_CHECKING:
+    from ..mesh import Peer
+
+log = logging.getLogger(__package__)  # (the package's name: the log lines name it as before)
+
+
+class ReadBackPart(Part):
+    """Reading a silent router's replica back to subscribers and shared groups."""
+
+    def _init_read_back(self) -> None:
+        # Per silent router whose replica is read back here: the lowest offset from which its
+        # QoS 1/2 messages went to the shared groups (``_groups_back``).
+        self._groups_low: dict[str, int] = {}
+
+    def parked(self, peer: Peer) -> None:
+        """A router fell silent: if it is of another node, have its replica read back what it
+        acknowledged and this router's subscribers may not have had; arm its sessions' delayed
+        wills held here."""
+        if peer.node_id == self.config.node_id:
+            return
+        self._arm_wills(peer.router_id)
+        if peer.origin_mark < 0:
+            return
+        partition = peer.router_id
+        best, best_end = self._holder(partition)
+        if best is None:
+            return
+        where = "this router" if best is HERE else best.router_id
+        if best_end < peer.origin_mark:
+            log.info("replication: router %s is silent; this router has what it wanted of its messages up to "
+                     "offset %d, as far as its replica on %s goes: nothing to read back", partition,
+                     peer.origin_mark, where)
+            return
+        log.info("replication: router %s is silent; reading its replica on %s back from offset %d",
+                 partition, where, peer.origin_mark)
+        if best is HERE:
+            self._read_back(partition, peer.origin_mark, None)
+            self._groups_back(partition, peer.origin_mark)
+        else:
+            self.net.send(best, "catchup", [partition, peer.origin_mark])
+
+    def catchup(self, peer: Peer | None, partition: str, offset: int) -> None:
+        """``peer`` (None: this router) asks for what ``partition`` published from ``offset`` on."""
+        self._read_back(partition, offset, peer)
+        self._groups_back(partition, offset)
+
+    def _groups_back(self, partition: str, offset: int) -> None:
+        """The shared groups' part of a read-back. A group's message went to one router, chosen
+        by the dead router, and the catch-up each router asks for is by its plain interest: the
+        messages the dead router acknowledged but had not yet sent to a group's router are sent
+        to the groups from here instead (``Router.to_groups``), from the lowest offset any router
+        asked from (its mark: below it, that router had every message of the dead one). Each
+        asker's lower mark extends the range downwards; at least once (a group may get again
+        what reached it between the marks)."""
+        low = self._groups_low.get(partition)
+        if low is not None and offset >= low:
+            return
+        self._groups_low[partition] = offset
+        self._groups_step(partition, offset, low, 0)
+
+    def _groups_step(self, partition: str, offset: int, end: int | None, sent: int) -> None:
+        """One step of ``_groups_back`` (per loop iteration): records from ``offset`` up to
+        ``end`` (None: the replica's end)."""
+        rep = self.replicas.get(partition)
+        if rep is None or not self.router.has_shared:
+            return
+        records = rep.log.read(max(offset, rep.log.start_offset), max_records=FETCH_RECORDS // 4)
+        if end is not None:
+            records = [r for r in records if r.offset < end]
+        if not records:
+            if sent:
+                log.info("replication: %d message(s) of %s read back from its replica for the shared groups",
+                         sent, partition)
+            return
+        for rec in records:
+            if rec.origin_router == partition and rec.qos > 0 and self.router.to_groups(Message.from_record(rec)):
+                sent += 1
+        self.loop.call_soon(self._groups_step, partition, records[-1].offset + 1, end, sent)
+
+    def _read_back(self, partition: str, offset: int, peer: Peer | None, sent: int = 0) -> None:
+        """Read the replica of ``partition`` back from ``offset``, by ``peer``'s interest (or to
+        this router's own subscribers), one step per loop iteration."""
+        rep = self.replicas.get(partition)
+        if rep is None or (peer is not None and not peer.alive):
+            return
+        records = rep.log.read(max(offset, rep.log.start_offset), max_records=FETCH_RECORDS // 4)
+        if not records:
+            if sent:
+                log.info("replication: %d message(s) of %s read back from its replica for %s", sent, partition,
+                         "this router" if peer is None else peer.router_id)
+            return
+        batch = []
+        if peer is None:  # to this router's own subscribers
+            def wanted(topic: str, subs: Any = self.router.subs.match) -> bool:
+                return bool(subs(topic))
+        else:
+            def wanted(topic: str, interest: Any = self.router.interest.match, rid: str = peer.router_id) -> bool:
+                return any(r == rid for r, _ in interest(topic))
+        for rec in records:
+            if rec.origin_router != partition or not wanted(rec.topic):
+                continue  # a copy from a third router (that one replays its own), or not wanted
+            batch.append(Message.from_record(rec).to_list())
+        mark = records[-1].offset + 1
+        if peer is None:
+            self.replayed(partition, batch, mark)  # as if a holder elsewhere had sent it
+        else:
+            self.net.send(peer, "publish", [partition, batch, mark])
+        self.loop.call_soon(self._read_back, partition, mark, peer, sent + len(batch))
+
+    def replayed(self, partition: str, batch: list, mark: int) -> None:
+        """Messages of ``partition`` read back from a replica elsewhere."""
+        if batch:
+            bad = self.router.deliver_forwarded(batch, partition)
+            if bad:
+                log.error("replication: dropped %d malformed message(s) of %s", bad, partition)
+        origin = self.net.peer(partition)
+        if origin is not None and mark > origin.origin_mark:
+            origin.origin_mark = mark
+
+    def _holder(self, partition: str) -> tuple[Any, int]:
+        """Who holds the replica of ``partition`` with the highest end (the mesh: this router; a
+        live peer; None: nobody), and that end."""
+        best, best_end = None, -1
+        own = self.replicas.get(partition)
+        if own is not None:
+            best, best_end = HERE, own.log.next_offset - 1
+        for other in self.net.peers():
+            end = other.replicas.get(partition, -1) if other.alive else -1
+            if end > best_end:
+                best, best_end = other, end
+        return best, best_end
