@@ -19,7 +19,7 @@ import logging
 import ssl
 from typing import Any
 
-from .protocol import CONNECT_TIMEOUT_S
+from .state import CONNECT_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class Handshaking(asyncio.Protocol):
         if guard is not None:
             if not guard.admit(self.listener):
                 log.debug("%s: over the listener's --max-connection-rate; closed", self._peer)
-                transport.abort()
+                transport.abort()  # type: ignore[attr-defined]  # a stream's (uvloop's lack the base class)
                 return
             guard.opened(self.listener)
             self._counted = True
@@ -79,7 +79,7 @@ class Handshaking(asyncio.Protocol):
         waiter.add_done_callback(self._handshake_done)
         tls = _ssl_protocol_class(loop)(loop, self, self.context, waiter, True, None,
                                         ssl_handshake_timeout=self.timeout)
-        transport.set_protocol(tls)  # type: ignore[attr-defined]
+        transport.set_protocol(tls)
         tls.connection_made(transport)
 
     def _handshake_done(self, waiter: asyncio.Future) -> None:
@@ -91,7 +91,7 @@ class Handshaking(asyncio.Protocol):
     def _handover(self, tls: asyncio.BaseTransport) -> None:
         self._uncount()  # the inner protocol's handler counts it from here
         inner = self.inner
-        tls.set_protocol(inner)  # type: ignore[attr-defined]
+        tls.set_protocol(inner)
         inner.connection_made(tls)
 
     def data_received(self, data: bytes) -> None:  # pragma: no cover - the inner protocol has it by then
