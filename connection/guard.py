@@ -13,9 +13,29 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Protocol
+
+from .listener import Listener
 
 RATE = "rate"  # the pause_reading cause while a client is over its rate
+
+
+class GuardStats(Protocol):
+    """The router's counters the guard bumps (``router.stats.Stats``)."""
+
+    unconnected: int
+    limit_connection_rate: int
+    limit_client_rate: int
+    limit_packet_timeout: int
+
+
+class Holder(Protocol):
+    """A connection that may hold an unfinished packet (``MQTTConnection``)."""
+
+    partial_since: float  # when the unfinished packet began (0: none)
+    closing: bool
+
+    def unfinished_packet_timeout(self, held: float) -> None: ...
 
 
 class TokenBucket:
@@ -59,8 +79,8 @@ class ClientRate:
 
 class ConnectionGuard:
     def __init__(self, loop: asyncio.AbstractEventLoop, *, connection_rate: float = 0.0, msg_rate: float = 0.0,
-                 byte_rate: float = 0.0, packet_timeout: float = 0.0, stats: Any = None,
-                 sockets: dict[Any, int] | None = None) -> None:
+                 byte_rate: float = 0.0, packet_timeout: float = 0.0, stats: GuardStats | None = None,
+                 sockets: dict[Listener, int] | None = None) -> None:
         """``connection_rate``: new connections a second per listener for this worker (its share);
         ``msg_rate``/``byte_rate``: per client; ``packet_timeout``: seconds; 0 turns each off.
         ``stats``: the router's counters (``limit_*``); ``sockets``: the router's open sockets per
@@ -72,11 +92,11 @@ class ConnectionGuard:
         self.packet_timeout = packet_timeout
         self.stats = stats
         self.sockets = sockets
-        self._accepts: dict[Any, TokenBucket] = {}
-        self._partial: set[Any] = set()  # connections that held an unfinished packet at a read
+        self._accepts: dict[Listener | None, TokenBucket] = {}
+        self._partial: set[Holder] = set()  # connections that held an unfinished packet at a read
         self._sweeping = False
 
-    def holding(self, conn: Any) -> None:
+    def holding(self, conn: Holder) -> None:
         """``conn`` began holding an unfinished packet (its ``partial_since``): looked at once a
         second while it does."""
         if self.packet_timeout <= 0:
@@ -86,7 +106,7 @@ class ConnectionGuard:
             self._sweeping = True
             self.loop.call_later(1.0, self._sweep)
 
-    def admit(self, listener: Any) -> bool:
+    def admit(self, listener: Listener | None) -> bool:
         """Whether a new connection on ``listener`` is within its rate (counted when not)."""
         if self.connection_rate <= 0:
             return True
@@ -100,7 +120,7 @@ class ConnectionGuard:
             self.stats.limit_connection_rate += 1
         return False
 
-    def opened(self, listener: Any) -> None:
+    def opened(self, listener: Listener | None) -> None:
         """A socket accepted on a TLS or WebSocket listener, its handshake not done: it counts under
         --max-connections (``unconnected``, as a plain socket not yet CONNECTed does) and its
         listener's max_connections until ``closed``, when it is handed to its MQTT connection (which
@@ -111,7 +131,7 @@ class ConnectionGuard:
         if sockets is not None and listener is not None and listener.max_connections:
             sockets[listener] = sockets.get(listener, 0) + 1
 
-    def closed(self, listener: Any) -> None:
+    def closed(self, listener: Listener | None) -> None:
         if self.stats is not None:
             self.stats.unconnected -= 1
         sockets = self.sockets

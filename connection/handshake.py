@@ -17,16 +17,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .guard import ConnectionGuard
+from .listener import Listener
 from .state import CONNECT_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from .protocol import MQTTConnection
+    from .websocket import WebSocketConnection
 
 log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT_S = CONNECT_TIMEOUT_S  # docs/limits.md: a socket not yet CONNECTed is held 10 s at most
 
 
-def _ssl_protocol_class(loop: asyncio.AbstractEventLoop) -> Any:
+def _ssl_protocol_class(loop: asyncio.AbstractEventLoop) -> Any:  # uvloop's class is untyped
     """The TLS protocol the loop itself puts on a TLS server's sockets."""
     try:
         import uvloop.loop
@@ -48,7 +54,8 @@ class Handshaking(asyncio.Protocol):
 
     __slots__ = ("inner", "context", "guard", "listener", "timeout", "_counted", "_peer")
 
-    def __init__(self, inner: Any, context: ssl.SSLContext, guard: Any, listener: Any,
+    def __init__(self, inner: MQTTConnection | WebSocketConnection, context: ssl.SSLContext,
+                 guard: ConnectionGuard | None, listener: Listener | None,
                  timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
         self.inner = inner
         self.context = context
@@ -101,6 +108,6 @@ class Handshaking(asyncio.Protocol):
         self._uncount()
 
     def _uncount(self) -> None:
-        if self._counted:
+        if self._counted and self.guard is not None:  # counted only where there is a guard
             self._counted = False
             self.guard.closed(self.listener)

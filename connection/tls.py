@@ -7,12 +7,12 @@ decrypted bytes and its peer's verified certificate: ``peer_identity`` reads the
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import ssl
 import tempfile
 from dataclasses import replace
-from typing import Any
 
 from .listener import Listener
 
@@ -60,7 +60,8 @@ def reload_context(ctx: ssl.SSLContext, listener: Listener) -> None:
                     shutil.copyfile(path, copy)
                 except OSError as exc:
                     raise ValueError(f"--{name}: cannot read {path}: {exc.strerror}") from None
-        staged = replace(listener, **copies)
+        staged = replace(listener, certfile=copies.get("certfile", listener.certfile),
+                         keyfile=copies.get("keyfile", listener.keyfile), cafile=copies.get("cafile", listener.cafile))
         try:
             server_context(staged)
         except ValueError as exc:
@@ -73,7 +74,7 @@ def reload_context(ctx: ssl.SSLContext, listener: Listener) -> None:
             ctx.load_verify_locations(cafile=staged.cafile)
 
 
-def peer_identity(transport: Any) -> str | None:
+def peer_identity(transport: asyncio.BaseTransport) -> str | None:
     """The verified client certificate's common name, or its first subject alternative name when it has
     none; None without a client certificate, or with one that names no one (an empty CN counts as none).
     On a ``use_identity_as_username`` listener None refuses the client (``router.access``): the CONNECT's
@@ -84,8 +85,10 @@ def peer_identity(transport: Any) -> str | None:
     for rdn in cert.get("subject", ()):
         for key, value in rdn:
             if key == "commonName" and value:
-                return value
+                name: str = value
+                return name
     for _kind, value in cert.get("subjectAltName", ()):
         if value:
-            return value
+            name = value
+            return name
     return None

@@ -28,6 +28,7 @@ from wsproto.events import (
 from wsproto.utilities import RemoteProtocolError
 
 from .codec import is_tls_client_hello
+from .guard import ConnectionGuard
 from .protocol import CONNECT_TIMEOUT_S, MQTTConnection
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class WebSocketConnection(asyncio.Protocol):
         self._loop = asyncio.get_event_loop()
 
     @property
-    def guard(self) -> Any:
+    def guard(self) -> ConnectionGuard | None:
         """The worker's connection-layer limits, its MQTT connection's (None: a test's, no limits)."""
         return self.inner.guard
 
@@ -111,22 +112,21 @@ class WebSocketConnection(asyncio.Protocol):
         ws = self.ws
         try:
             for event in ws.events():
-                cls = type(event)
-                if cls is BytesMessage:
+                if isinstance(event, BytesMessage):
                     if self.open and not self.inner.closing:
                         self.inner.data_received(bytes(event.data))
                     if self._paused:
                         return  # the rest waits in wsproto until the inner connection reads again
-                elif cls is Request:
+                elif isinstance(event, Request):
                     self._handshake(event)
-                elif cls is Ping:
+                elif isinstance(event, Ping):
                     self._write(ws.send(event.response()))
-                elif cls is CloseConnection:
+                elif isinstance(event, CloseConnection):
                     if ws.state is not ConnectionState.CLOSED:
                         self._write(ws.send(event.response()))
                     self._close_transport()
                     return
-                elif cls is TextMessage:
+                elif isinstance(event, TextMessage):
                     log.warning("%s: text frame on an MQTT WebSocket (MQTT-6.0.0-1); closing", self.peer)
                     self.close_ws(1003)
                     return
@@ -164,7 +164,9 @@ class WebSocketConnection(asyncio.Protocol):
     def _uncount(self) -> None:
         if self._counted:
             self._counted = False
-            self.inner.guard.closed(self.inner.listener)
+            guard = self.inner.guard
+            if guard is not None:  # counted only where there is one
+                guard.closed(self.inner.listener)
 
     def _reject(self, status: int) -> None:
         self._write(self.ws.send(RejectConnection(status_code=status, headers=[(b"content-length", b"0")],
