@@ -9,7 +9,10 @@ log kept. Sessions come back offline, with a position in the log: a client that 
 up from there (at least once: a message it received after the last snapshot may come again).
 
 Snapshots are written on a timer when something changed, after every subscription change of a
-persistent session (soon, not per packet), and at a graceful stop.
+persistent session (soon, not per packet), and at a graceful stop. A write encodes again only the
+sessions that changed since the last (``StateStore.snapshot``); the file is the same msgpack map
+either way. The router is read through one view (``StateView``); a session's snapshot form is
+``router.session_state``'s.
 """
 
 from __future__ import annotations
@@ -19,19 +22,26 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 
-from brokerd.connection.packets import Subscription
-
-from .message import Message, will_delay
-from .ownership import state_owner
+from .log import LogReader
+from .message import Message
 from .retained import SYS_PREFIX
-from .session import AWAIT_COMP, Inflight, Session, make_range
+from .session import Session
+from .session_state import restore_state, snapshot_key, snapshot_state
+from .topics import filter_matches
 
 if TYPE_CHECKING:
+    from .log import CommitLog
+    from .ports import ClientHandle
+    from .retained import RetainedStore
     from .router import Router
+    from .session_life import SessionLife
+    from .stats import RouterStats
+
+__all__ = ["SNAPSHOT", "SnapshotFile", "StateStore", "StateView", "restore_missing_copies", "restore_state"]
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +49,28 @@ SNAPSHOT = "state.msgpack"
 SNAPSHOT_VERSION = 2  # 2: retained messages stored as Message.to_list()
 
 
+class StateView(Protocol):
+    """The router as its snapshot store sees it, and all it reads: what a snapshot holds
+    (persistent sessions and the wills of their connections, retained messages, fences, the
+    log's written end), where the sessions' state also goes (``replication``), what tells it
+    that sessions moved (``session_moves``), and where a restored session goes (``life``)."""
+
+    router_id: str
+    commit_log: CommitLog | None
+    sessions: dict[str, Session]
+    clients: dict[str, ClientHandle]
+    retained: RetainedStore
+    fenced: dict[str, set[str]]
+    fenced_wills: dict[str, set[str]]
+    replication: Any
+    stats: RouterStats
+    life: SessionLife
+
+    def session_moves(self) -> tuple[int, ...]: ...
+
+
 class StateStore:
-    def __init__(self, router: Router, directory: str, interval_s: float = 1.0) -> None:
+    def __init__(self, router: StateView, directory: str, interval_s: float = 1.0) -> None:
         self.router = router
         self.path = os.path.join(directory, SNAPSHOT)
         self.file = SnapshotFile(self.path)
@@ -53,10 +83,17 @@ class StateStore:
         self._writing_for: list[asyncio.Future] = []  # ... and for the one under way
         self._built: tuple[int, ...] = ()  # ``_moves`` when the last snapshot was built
         self._none_persistent: tuple[int, ...] = ()  # ``_moves`` when ``periodic`` found no persistent session
+        self._entries: dict[str, _Entry] = {}  # each persistent session's encoding at the last snapshot
 
     # -- writing --------------------------------------------------------------------------------------
 
     def snapshot(self) -> bytes:
+        """The state as it is now, encoded. Incremental: each session's encoding is kept
+        (``_Entry``) and made again only when something it holds changed (``snapshot_key``); a session
+        with messages in flight, queued or in ranges, or QoS 2 ids, is encoded every time. Its
+        position, which moves with the log, is encoded apart, last in its map. At 100,000
+        sessions a write that re-encoded all of them held the loop 1.4-2 s: each takeover
+        (which waits for one) cost as much as every session held."""
         router = self.router
         self._built = self._moves()
         log_ = router.commit_log
@@ -64,54 +101,35 @@ class StateStore:
         # the writer thread are gone after a crash, and the log goes on from the written end, so
         # a position beyond it would skip what is written there after the restart.
         end = log_.written_offset + 1 if log_ is not None else 0
-        sessions = {}
         clients = router.clients
+        cached = self._entries
+        entries: dict[str, _Entry] = {}
+        parts: list[bytes] = []
+        pack = msgpack.Packer().pack  # one packer for the write (packb makes one per call)
         for cid, s in router.sessions.items():
             if not s.persistent:
                 continue
             client = clients.get(cid) if s.conn is not None else None
             live = client.will if client is not None and client.session is s else None
-            ranges = s.range_values()
-            sessions[cid] = st = {
-                "expiry": s.expiry_s,
-                "subs": [x.to_values() for x in s.subscriptions.values()],
-                "shared": [x.to_values() for x in s.shared.values()],
-                "position": _at_most(s.position(), end),
-                "ranges": ranges,
-                "qos2_in": sorted(s.inbound_qos2),
-                "pubrel": sorted(pid for pid, e in s.inflight.items() if e.state == 1),
-                "will": s.will_state(),
-                # The will of the connection attached now, with its Will Delay Interval: a crash
-                # closes that connection without a DISCONNECT, so the will goes out after a
-                # restart (``load``), or from a holder of the replicated sessions if this node
-                # is lost (cluster.replication, "the wills of a silent router's sessions").
-                "live_will": [live.to_list(), will_delay(live)] if live is not None else None,
-                "epoch": s.epoch,
-                "arrived": s.arrived_ms,
-            }
-            if s.owner_known:  # its owner (``router.ownership``); ACLs apply to it after a restart too
-                st["username"] = s.username
-            if s.ranges or s.queue or s.inflight:
-                # Copies held outside this router's log: where their origins' logs have them
-                # (read back from there if this node is lost: ``Session.copy_spans``), and those
-                # in memory only, whole (delivered again after a restart: ``held_copies``).
-                copies = s.copy_spans(ranges)
-                if copies:
-                    st["copies"] = copies
-                held = s.held_copies() if log_ is not None else None
-                if held:
-                    st["held"] = held
+            key = snapshot_key(s, live)
+            e = cached.get(cid)
+            if e is None or key is None or e.session is not s or e.key != key:
+                e = _Entry(cid, s, key, snapshot_state(s, live, log_))
+            position = _at_most(s.position(), end)
+            parts.append(e.head)
+            parts.append(pack(position))
+            e.position = position
+            entries[cid] = e
+        self._entries = entries
         if router.replication is not None:  # the same state goes to the log's followers
-            router.replication.sessions_changed(sessions)
-        return msgpack.packb({
-            "version": SNAPSHOT_VERSION,
-            "router": router.router_id,
-            "log_offset": end,
-            "sessions": sessions,
-            "retained": [m.to_list() for m in router.retained if not m.topic.startswith(SYS_PREFIX)],
-            "fenced": {rid: sorted(cids) for rid, cids in router.fenced.items() if cids},
-            "fenced_wills": {rid: sorted(cids) for rid, cids in router.fenced_wills.items() if cids},
-        })
+            router.replication.sessions_changed({cid: e.full() for cid, e in entries.items()})
+        return b"".join([
+            _SNAPSHOT_HEAD, pack("version"), pack(SNAPSHOT_VERSION), pack("router"), pack(router.router_id),
+            pack("log_offset"), pack(end), pack("sessions"), _map_header(len(entries)), *parts,
+            pack("retained"), pack([m.to_list() for m in router.retained if not m.topic.startswith(SYS_PREFIX)]),
+            pack("fenced"), pack({rid: sorted(cids) for rid, cids in router.fenced.items() if cids}),
+            pack("fenced_wills"), pack({rid: sorted(cids) for rid, cids in router.fenced_wills.items() if cids}),
+        ])
 
     def write_now(self) -> None:
         """Write synchronously (start-up, graceful stop): after a write under way in a thread,
@@ -216,56 +234,53 @@ class StateStore:
                     router.retained.set(Message.from_record(rec))
                     replayed += 1
         router.stats.retained_count = len(router.retained)
+        start = log_.start_offset if log_ is not None else None
         for cid, st in state.get("sessions", {}).items():
-            session = router.new_session(cid, True)
-            restore_state(session, st)
-            if not router.config.verifies_identities:
-                # Nothing here verifies a user name, so every client is anonymous: a name kept
-                # by an earlier version, which took claims at their word, is only a claim, and
-                # would lock the session's own client out (``router.ownership``).
-                session.username = None
-            for values in st["subs"]:
-                router.subscribe(session, Subscription.from_values(values))
-            for values in st.get("shared", ()):
-                router.subscribe_shared(session, Subscription.from_values(values))
-            for qos, retain, values in st.get("held", ()):  # copies it held in memory: first
-                session.deliver_copy(Message.from_list(values), qos, retain)
-            if st.get("ranges"):  # other routers' log ranges a takeover brought, still to read
-                session.ranges = [make_range(*r) for r in st["ranges"]]
-            pos = st.get("position")
-            if log_ is not None and pos is not None:
-                session.cursor = max(pos, log_.start_offset)
-            live = st.get("live_will")
-            if live and session.will is None:
-                # Its client was connected when this router stopped without closing it (a
-                # crash): the connection is gone, so the will is due after its delay from now.
-                session.will = Message.from_list(live[0])
-                session.will_due_ms = int((router.clock.unix() + live[1]) * 1000)
-            router.schedule_expiry(session)
-            router.rearm_will(session, will_grace)
+            router.life.restore(cid, st, start, will_grace)
         return len(state.get("sessions", {})), len(router.retained)
+
+
+_SNAPSHOT_HEAD = b"\x87"  # a map of the 7 keys ``snapshot`` writes
+_POSITION = msgpack.packb("position")
+
+
+def _map_header(n: int) -> bytes:
+    """The msgpack header of a map of ``n`` entries (the sessions' map is written in parts)."""
+    if n < 16:
+        return bytes((0x80 | n,))
+    if n < 1 << 16:
+        return b"\xde" + n.to_bytes(2, "big")
+    return b"\xdf" + n.to_bytes(4, "big")
+
+
+class _Entry:
+    """One session's encoding in the snapshot: its client id and state (a map whose last entry,
+    the position, is written apart: ``head`` ends with that key), the ``snapshot_key`` it was made
+    from, and the state with its position for the followers (``full``, made again only when the
+    position moved: an unchanged session is the same dict, which replication compares)."""
+
+    __slots__ = ("session", "key", "state", "head", "position", "_full")
+
+    def __init__(self, cid: str, session: Session, key: tuple | None, state: dict) -> None:
+        self.session = session
+        self.key = key
+        self.state = state
+        body = msgpack.packb(state)
+        n = len(state) + 1  # and the position
+        assert n < 16 and body[0] == 0x80 | (n - 1)  # a fixmap: its header is one byte
+        self.head = msgpack.packb(cid) + bytes((0x80 | n,)) + body[1:] + _POSITION
+        self.position: int | None = None
+        self._full: dict | None = None
+
+    def full(self) -> dict:
+        full = self._full
+        if full is None or full["position"] != self.position:
+            full = self._full = {**self.state, "position": self.position}
+        return full
 
 
 def _at_most(position: int | None, end: int) -> int | None:
     return position if position is None or position <= end else end
-
-
-def restore_state(session: Session, st: dict) -> None:
-    """A session's state in the snapshot's form (also what replication sends its followers),
-    besides its subscriptions and position, which the caller places."""
-    session.expiry_s = st.get("expiry", 0)
-    session.epoch = st.get("epoch", 0)
-    session.arrived_ms = st.get("arrived", 0)
-    # Its owner, whom ACLs apply to after a restart too; a snapshot without the key (written
-    # before owners were kept) leaves it unknown: no identity resumes it (``router.ownership``).
-    session.owner_known, session.username = state_owner(st)
-    if st.get("qos2_in"):
-        session.qos2_ids().update(st["qos2_in"])
-    for pid in st.get("pubrel", ()):  # PUBREL must be sent again on reconnect
-        entry = Inflight(None, 2, False)  # type: ignore[arg-type]
-        entry.state = AWAIT_COMP
-        session.inflight[pid] = entry
-    session.restore_will(st.get("will"))
 
 
 def _records(source: Any, offset: int, batch: int = 4096) -> Iterator[Any]:
@@ -336,9 +351,6 @@ def restore_missing_copies(router: Router, node_dir: str, own_name: str, margin_
     from disk) from shortly before the oldest catch-up position on, and append every original that
     a persistent session here subscribes to and that this log lacks. Returns how many were restored.
     """
-    from .log import LogReader
-    from .topics import filter_matches
-
     log_ = router.commit_log
     sessions = [s for s in router.sessions.values() if s.persistent and s.subscriptions]
     if log_ is None or not sessions:

@@ -22,6 +22,7 @@ from brokerd.connection.codec import encode, with_dup
 from brokerd.connection.packets import MQTT_5, Pubrel, Subscription
 
 from .clock import LOOP_CLOCK, Clock
+from .log import LogReader
 from .message import Message
 from .ownership import state_owner
 from .spool import SpoolRange, is_spool, note_span, spool_dir
@@ -82,8 +83,6 @@ class LogRange:
             return None
         try:
             if self._reader is None:
-                from .log import LogReader
-
                 self._reader = LogReader(self.directory)
             records = self._reader.read(self.start, max_records=min(batch, self.end - self.start))
         except OSError as exc:

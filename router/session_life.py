@@ -20,7 +20,8 @@ from brokerd.connection.ratelimit import CONNECTIONS
 from .message import Message, expiry_deadline
 from .ownership import REFUSE, Claim, decide, name
 from .retained_out import finish as finish_walks
-from .session import AWAIT_ACK, Session, recency
+from .session import AWAIT_ACK, Session, make_range, recency
+from .session_state import restore_state
 from .spool import spooled
 
 if TYPE_CHECKING:
@@ -133,6 +134,38 @@ class SessionLife:
         for rng in session.ranges:
             if rng.copies:  # its spool (this router's name of it): ended, or taken elsewhere
                 rng.discard()
+
+    def restore(self, client_id: str, st: dict, log_start: int | None, will_grace: float) -> Session:
+        """A persistent session as a snapshot kept it (``StateStore.load``), offline, back here.
+        ``log_start``: this router's log's first offset (None: no log): no position before it.
+        A delayed will waits at least ``will_grace`` seconds (``StateStore.load``)."""
+        session = self.new_session(client_id, True)
+        restore_state(session, st)
+        if not self.config.verifies_identities:
+            # Nothing here verifies a user name, so every client is anonymous: a name kept
+            # by an earlier version, which took claims at their word, is only a claim, and
+            # would lock the session's own client out (``router.ownership``).
+            session.username = None
+        for values in st["subs"]:
+            self.subscriptions.subscribe(session, Subscription.from_values(values))
+        for values in st.get("shared", ()):
+            self.shared.subscribe(session, Subscription.from_values(values))
+        for qos, retain, values in st.get("held", ()):  # copies it held in memory: first
+            session.deliver_copy(Message.from_list(values), qos, retain)
+        if st.get("ranges"):  # other routers' log ranges a takeover brought, still to read
+            session.ranges = [make_range(*r) for r in st["ranges"]]
+        pos = st.get("position")
+        if log_start is not None and pos is not None:
+            session.cursor = max(pos, log_start)
+        live = st.get("live_will")
+        if live and session.will is None:
+            # Its client was connected when this router stopped without closing it (a
+            # crash): the connection is gone, so the will is due after its delay from now.
+            session.will = Message.from_list(live[0])
+            session.will_due_ms = int((self.clock.unix() + live[1]) * 1000)
+        self.schedule_expiry(session)
+        self.rearm_will(session, will_grace)
+        return session
 
     def schedule_expiry(self, session: Session) -> None:
         """MQTT 5 session expiry: a finite interval removes the offline session when it runs out."""
