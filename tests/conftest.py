@@ -152,6 +152,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and DURATIONS_KEY in workerinput:
         items[:] = _longest_first(items, workerinput[DURATIONS_KEY])
+    if workerinput is not None and config.getoption("loadgroup", False):
+        _name_units(items)
+
+
+def _name_units(items: list[pytest.Item]) -> None:
+    """Under ``loadgroup`` the controller makes a test's work unit from the ``@group`` at the end
+    of its id, which an xdist worker appends to ``item._nodeid``. pytest 9 keeps the id in
+    ``item._id`` and no longer reads ``_nodeid``: every group was split over the workers (a Spark
+    JVM started on each, a file's shared broker on each). Appended here where that is so."""
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # pytest < 9: xdist's own appending works
+        return
+    for item in items:
+        if isinstance(getattr(item, "_id", None), NodeId) and item.get_closest_marker("xdist_group"):
+            item._id = NodeId.parse(f"{item.nodeid}@{_group(item)}")
 
 
 def _group(item: pytest.Item) -> str:
@@ -206,12 +222,18 @@ class _Durations:
             self.config.cache.set(DURATIONS_KEY, {**self.config.cache.get(DURATIONS_KEY, {}), **self.seen})
 
 
+LOADGROUP_KEY = "brokerd/loadgroup"
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
-    """Each xdist worker gets the durations of the last runs from the controller, not from the
-    cache itself: a run finishing meanwhile could give two workers different orders."""
+    """What each xdist worker needs of the controller. The durations of the last runs, not read
+    from the cache by each: a run finishing meanwhile could give two workers different orders.
+    Whether the run is ``loadgroup``: a worker parses the command line again, not the options the
+    controller's ``pytest_configure`` changed, and names a test's work unit by its group only then."""
     cache = node.config.cache
     node.workerinput[DURATIONS_KEY] = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
+    node.workerinput[LOADGROUP_KEY] = node.config.option.dist == "loadgroup"
 
 
 def _shared(item: pytest.Item) -> str | None:
@@ -237,6 +259,8 @@ def pytest_configure(config: pytest.Config) -> None:
     a ``--dist`` was asked for, in the workers' order (longest first, ``_longest_first``), not
     re-sorted by each unit's count of tests. The run's id is fixed here, so that the controller
     knows the directory of its workers' locks (``_turn``) and removes it after them."""
+    if getattr(config, "workerinput", {}).get(LOADGROUP_KEY):
+        config.option.loadgroup = True
     if not hasattr(config, "workerinput") and getattr(config, "cache", None) is not None:
         config.pluginmanager.register(_Durations(config), "brokerd-durations")
     if not _xdist_controller(config):
