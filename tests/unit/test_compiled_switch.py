@@ -149,3 +149,45 @@ def test_this_process_runs_what_the_switch_says():
     import brokerd.connection.decode as decode
     assert decode.__file__.endswith(".py") is not _compiled.COMPILED
     assert _compiled.implementation() == ("compiled" if _compiled.COMPILED else "pure Python")
+
+
+PARITY = """
+import brokerd.connection._compiled
+from brokerd.connection.codec import Decoder, encode, publish_parts
+from brokerd.connection.packets import Connect, Prop, Puback, Publish, Subscribe, Subscription, Will
+from brokerd.router.topics import TopicIndex
+packets = [Connect("c", protocol_level=5, username="u", password=b"p", will=Will("w", b"x", 1, True)),
+           Publish("a/b", b"x" * 300, qos=1, packet_id=9, properties={Prop.CONTENT_TYPE: "t"}),
+           Publish("a/b", b"", qos=0), Puback(9, 0x10), Subscribe(3, [Subscription("a/+", 1)])]
+out = []
+for level in (4, 5):
+    for p in packets[1:]:
+        data = encode(p, level)
+        out.append(data.hex() + " " + repr(Decoder(protocol_level=level).feed(data)))
+out.append(repr(Decoder().feed(encode(packets[0], 5))))
+out.append(repr(publish_parts(b"a/b", b"x", 1, False, 5)))
+for bad in (b"\\x30\\x05\\x00\\x09a/b", b"\\x62\\x02\\x00\\x00", b"\\x10\\x00"):
+    try:
+        Decoder(protocol_level=5).feed(bad)
+    except Exception as exc:
+        out.append(repr((type(exc).__name__, str(exc), getattr(exc, "packets", None))))
+index = TopicIndex()
+for i, f in enumerate(["a/+", "a/#", "+/b", "a/b", "$SYS/#", "#"]):
+    index.add(f, i, f)
+out.append(repr([sorted(index.match(t)) for t in ("a/b", "a", "$SYS/x", "c/b/d")]))
+print(brokerd.connection._compiled.COMPILED)
+print("\\n".join(out))
+"""
+
+
+def test_compiled_and_pure_give_the_same_bytes_packets_errors_and_matches():
+    """Meaningful where a build is current (CI, a built checkout); two pure runs agree anyway."""
+    runs = {}
+    for pure in ("1", "0"):
+        env = {**os.environ, "PYTHONPATH": str(SHIM), "BROKERD_PURE": pure}
+        out = subprocess.run([sys.executable, "-c", PARITY], env=env, cwd=ROOT, check=True,
+                             capture_output=True, text=True, timeout=60).stdout.splitlines()
+        runs[pure] = out
+    assert runs["1"][0] == "False" and runs["0"][0] == str(_built() and _wired())
+    assert runs["1"][1:] == runs["0"][1:]
+    assert len(runs["1"]) == 15 and sum("ProtocolError" in line for line in runs["1"]) == 3
