@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,9 +21,11 @@ from brokerd.connection.codec import encode, with_dup
 from brokerd.connection.packets import MQTT_5, Pubrel, Subscription
 
 from .clock import LOOP_CLOCK, Clock
-from .log import LogReader
 from .message import Message
 from .ownership import state_owner
+from .ranges import LogRange as LogRange
+from .ranges import log_router_id, make_range
+from .ranges import router_log_dir as router_log_dir
 from .spool import SpoolRange, is_spool, note_span, spool_dir
 from .topics import filter_matches
 
@@ -56,87 +57,6 @@ NO_IDS: frozenset[int] = frozenset()
 # ``log_offset``, RANGED minus its position in that range: negative, so it is no position in this
 # router's log (``position``), and what the snapshot names its range from while it is held.
 RANGED = -2
-
-STALL_LIMIT_S = 10.0  # a log range whose records do not appear on disk for this long is given up
-
-
-class LogRange:
-    """Records ``[start, end)`` of another router's log on this node that a session moved here has
-    still to read: a takeover on one node moves an offline backlog as a position, not as copies
-    (any size, no memory). Read lazily, like the session's own log position, when it drains."""
-
-    __slots__ = ("directory", "start", "end", "_reader", "_stalled")
-    copies = False  # its reads are log records, matched against the session's subscriptions
-
-    def __init__(self, directory: str, start: int, end: int) -> None:
-        self.directory = directory
-        self.start = start
-        self.end = end
-        self._reader: Any = None
-        self._stalled = 0.0
-
-    def read(self, batch: int) -> list | None:
-        """The next records of the range (possibly none yet: the other router's writer may not
-        have written them), or None once the range is done or cannot be read."""
-        if self.start >= self.end:
-            self.close()
-            return None
-        try:
-            if self._reader is None:
-                self._reader = LogReader(self.directory)
-            records = self._reader.read(self.start, max_records=min(batch, self.end - self.start))
-        except OSError as exc:
-            log.warning("log range %s [%d, %d) unreadable (%s): given up", self.directory, self.start,
-                        self.end, exc)
-            self.close()
-            return None
-        records = [r for r in records if r.offset < self.end]
-        if records:
-            self.start = records[-1].offset + 1
-            self._stalled = 0.0
-            return records
-        now = time.monotonic()
-        if not self._stalled:
-            self._stalled = now
-        elif now - self._stalled > STALL_LIMIT_S:
-            log.warning("log range %s [%d, %d): records missing for %.0f s (retention?): given up",
-                        self.directory, self.start, self.end, STALL_LIMIT_S)
-            self.close()
-            return None
-        return records
-
-    def close(self) -> None:
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
-
-    def to_list(self) -> list:
-        return [self.directory, self.start, self.end]
-
-    def discard(self) -> None:
-        """Read and acknowledged to its end (another router's log: nothing to delete)."""
-        self.close()
-
-
-def router_log_dir(root: str, router_id: str) -> str:
-    """Where the log of router ``router_id`` (``<node>/<worker>``) lies under ``root`` (a data
-    directory: a node's own routers' logs, and the replicas of other nodes' beside them):
-    ``<root>/<node>/<worker>``. ``log_router_id`` is the inverse."""
-    return os.path.join(root, *router_id.split("/"))
-
-
-def log_router_id(directory: str) -> str:
-    """The id of the router whose commit log is in ``directory`` (``router_log_dir``'s inverse)."""
-    path = os.path.abspath(directory)
-    return f"{os.path.basename(os.path.dirname(path))}/{os.path.basename(path)}"
-
-
-def make_range(directory: str, start: int, end: int, spans: Any = None) -> LogRange | SpoolRange:
-    """A range a session still has to read, from its plain values (snapshot, takeover header):
-    another router's log on this node, or a spool file of a backlog moved from another node
-    (with its ``spans``)."""
-    return SpoolRange(directory, start, end, spans) if is_spool(directory) else LogRange(directory, start, end)
-
 
 class Inflight:
     __slots__ = ("msg", "qos", "retain", "state")
