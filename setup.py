@@ -49,7 +49,14 @@ def _source(module: str) -> str:
     return os.path.join(HERE, PACKAGE_DIRS[package], name + ".py")
 
 
+_warned: list[str] = []
+
+
 def _warn(why: str) -> None:
+    """Once per build, however many times setuptools makes its build_ext."""
+    if _warned:
+        return
+    _warned.append(why)
     print(f"\nWARNING: brokerd's hot path is not compiled ({why}); installing pure Python, "
           "which runs the same, slower.\n", file=sys.stderr, flush=True)
 
@@ -68,9 +75,23 @@ def _mypycify(build_temp: str) -> list[Extension]:
         open(os.path.join(os.path.dirname(target), "__init__.py"), "a").close()  # empty: not compiled
         shutil.copyfile(_source(module), target)
         paths.append(os.path.relpath(target))
+    before = os.environ.get("MYPYPATH")
     os.environ["MYPYPATH"] = os.path.relpath(staged)  # module names from brokerd/ down
-    return mypycify(["--config-file=", "--explicit-package-bases", *paths], group_name=GROUP,
-                    target_dir=os.path.join(build_temp, "mypyc"))
+    try:  # no config file: the project's mypy settings are for checking, not for this build
+        return mypycify(["--config-file=", "--explicit-package-bases",
+                         f"--cache-dir={os.path.join(build_temp, 'mypy-cache')}", *paths],
+                        group_name=GROUP, target_dir=os.path.join(build_temp, "mypyc"))
+    finally:
+        if before is None:
+            del os.environ["MYPYPATH"]
+        else:
+            os.environ["MYPYPATH"] = before
+
+
+BUILDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "install", "develop", "bdist"}
+"""Commands that compile; the others (dist_info, egg_info, sdist) only ask build_ext what it has."""
+
+_made: list[Extension] = []
 
 
 class BuildHotPath(build_ext):
@@ -86,11 +107,16 @@ class BuildHotPath(build_ext):
 
     def _hot_path(self) -> list[Extension]:
         """mypyc's extensions, or none (and a warning that says why)."""
+        if not BUILDS & set(self.distribution.commands):
+            return []  # metadata or an sdist: what build_ext would build is not asked for
         if os.environ.get("BROKERD_PURE", "") not in ("", "0"):
             _warn("BROKERD_PURE is set")
             return []
+        if _made:  # setuptools makes more than one build_ext in a build: mypyc runs once
+            return _made
         try:
-            return _mypycify(self.build_temp or os.path.join("build", "temp-hot-path"))
+            _made.extend(_mypycify(self.build_temp or os.path.join("build", "temp-hot-path")))
+            return _made
         except ImportError:
             _warn("mypy is not installed: pip install mypy")
         except SystemExit:  # mypyc refuses a module by exiting, its errors printed
