@@ -1,6 +1,6 @@
 """The compiled hot path's build; pyproject.toml holds everything else about the package.
 
-mypyc compiles the modules in ``HOT_PATH`` (plain, typed Python: they stay the reference and run
+mypyc compiles the hot path (``hot_path()``: plain, typed Python: they stay the reference and run
 wherever nothing was compiled) into a ``__compiled__`` folder beside each package's sources, and
 writes ``connection/__compiled__/manifest.json``: the compiler, the extension suffix and the
 SHA-256 of every source compiled. ``connection/_compiled.py`` reads it and decides, per process,
@@ -13,6 +13,7 @@ refuses, it goes on with pure Python and says so once. ``BROKERD_PURE=1`` skips 
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -24,29 +25,48 @@ import traceback
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-HOT_PATH = [
-    "brokerd.connection.reasons",
-    "brokerd.connection.wire",
-    "brokerd.connection.packets",
-    "brokerd.connection.properties",
-    "brokerd.connection.decode",
-    "brokerd.connection.encode",
-    "brokerd.router.topics",
-]
-"""The modules compiled: the codec and what it imports, and the topic index. They import nothing
-else of brokerd's, so mypyc compiles them as one closed group."""
+HOT_PATH_ROOTS = ["brokerd.connection.decode", "brokerd.connection.encode", "brokerd.router.topics"]
+"""The codec and the topic index. What is compiled is these and every brokerd module they import
+(``hot_path``): mypyc compiles them as one closed group, and a module moved or split stays in it."""
 
 GROUP = "brokerd.connection._hot"
 """mypyc's group: its shared library is ``brokerd.connection._hot__mypyc``."""
 
 FOLDER = "__compiled__"  # as connection/_compiled.py's FOLDER
 HERE = os.path.dirname(os.path.abspath(__file__))
-PACKAGE_DIRS = {"brokerd.connection": "connection", "brokerd.router": "router"}
 
 
 def _source(module: str) -> str:
-    package, _, name = module.rpartition(".")
-    return os.path.join(HERE, PACKAGE_DIRS[package], name + ".py")
+    """``brokerd.<package>...<name>``'s file: the packages are top-level folders (pyproject.toml)."""
+    return os.path.join(HERE, *module.split(".")[1:]) + ".py"
+
+
+def _imported(module: str) -> set[str]:
+    """The brokerd modules ``module`` imports, wherever in it (a function's import counts too)."""
+    with open(_source(module), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = module.rsplit(".", node.level)[0] if node.level else ""
+            name = ".".join(x for x in (base, node.module) if x)
+            found.add(name)
+            found.update(f"{name}.{alias.name}" for alias in node.names)  # ``from . import wire``
+    return {m for m in found if m.startswith("brokerd.") and os.path.isfile(_source(m))}
+
+
+def hot_path() -> list[str]:
+    """``HOT_PATH_ROOTS`` and every brokerd module they import, directly or not."""
+    seen: set[str] = set()
+    todo = list(HOT_PATH_ROOTS)
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(_imported(module))
+    return sorted(seen)
 
 
 _warned: list[str] = []
@@ -62,14 +82,14 @@ def _warn(why: str) -> None:
 
 
 def _mypycify(build_temp: str) -> list[Extension]:
-    """mypyc's extensions for ``HOT_PATH``, from copies laid out as ``brokerd/<package>/``, for
+    """mypyc's extensions for the hot path, from copies laid out as ``brokerd/<package>/``, for
     mypyc names a module after its folders and the sources live in folders named otherwise."""
     from mypyc.build import mypycify
 
     staged = os.path.join(build_temp, "mypyc-src")
     shutil.rmtree(staged, ignore_errors=True)
     paths = []
-    for module in HOT_PATH:
+    for module in hot_path():
         target = os.path.join(staged, *module.split(".")) + ".py"
         os.makedirs(os.path.dirname(target), exist_ok=True)
         open(os.path.join(os.path.dirname(target), "__init__.py"), "a").close()  # empty: not compiled
@@ -95,7 +115,7 @@ _made: list[Extension] = []
 
 
 class BuildHotPath(build_ext):
-    """Compiles ``HOT_PATH`` into ``__compiled__`` folders, or warns and builds nothing."""
+    """Compiles the hot path into ``__compiled__`` folders, or warns and builds nothing."""
 
     def finalize_options(self) -> None:
         extensions = self._hot_path()
@@ -148,7 +168,7 @@ class BuildHotPath(build_ext):
         manifest = {
             "compiler": f"mypyc {_mypy_version()}",
             "suffix": sysconfig.get_config_var("EXT_SUFFIX"),
-            "modules": {GROUP + "__mypyc": None} | {m: _sha256(_source(m)) for m in HOT_PATH},
+            "modules": {GROUP + "__mypyc": None} | {m: _sha256(_source(m)) for m in hot_path()},
         }
         for path in manifests:
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -160,8 +180,8 @@ class BuildHotPath(build_ext):
         for ext in self.extensions:
             fullname = self.get_ext_fullname(ext.name)
             built = os.path.join(self.build_lib, self.get_ext_filename(fullname))
-            folder = PACKAGE_DIRS[fullname.rpartition(".")[0]]
-            target = os.path.join(HERE, folder, FOLDER, os.path.basename(built))
+            folder = os.path.join(HERE, *fullname.split(".")[1:-1])
+            target = os.path.join(folder, FOLDER, os.path.basename(built))
             self.mkpath(os.path.dirname(target))
             self.copy_file(built, target, level=self.verbose)
 

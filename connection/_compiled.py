@@ -1,6 +1,6 @@
 """The compiled hot path's switch: whether this process imports the compiled modules or the .py files.
 
-``setup.py`` compiles the hot path (the codec, the topic index: its ``HOT_PATH`` list) with mypyc
+``setup.py`` compiles the hot path (the codec and the topic index, and what they import) with mypyc
 into a ``__compiled__`` folder beside each package's sources, with a manifest of what it built and
 the SHA-256 of each source it built from. Python never finds a module there by itself, so the
 pure-Python modules are what runs unless this switch, installed when ``brokerd.connection`` or
