@@ -24,9 +24,10 @@ MQTT 5 reason code the connection should be closed with.
 Encoding builds whole packets with ``encode``; PUBLISH has ``publish_parts`` so a message is encoded
 once per (protocol level, QoS) and QoS>0 sends only add the 2-byte packet id between shared parts.
 
-The codec lives in four modules, h11's way: ``connection.wire`` (MQTT's data representations),
-``connection.properties`` (MQTT 5 properties), ``connection.decode`` and ``connection.encode``;
-this module is their public face.
+The codec lives in five modules, h11's way: ``connection.wire`` (MQTT's data representations),
+``connection.properties`` (MQTT 5 properties), ``connection.decode`` (the framing, PUBLISH and
+PUBACK), ``connection.bodies`` (the other packet kinds' bodies) and ``connection.encode``; this
+module is their public face.
 """
 
 from __future__ import annotations

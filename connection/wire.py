@@ -4,7 +4,8 @@ integers, UTF-8 strings and binary data, and the fixed header's first byte.
 Readers take the packet bytes, a position and the end of the field's enclosing structure (the
 packet, or its property block), and return (value, next position); every read is checked against
 that end, so a length that overruns its packet never reads the next packet. Writers return bytes.
-Shared by ``connection.properties``, ``connection.decode`` and ``connection.encode``.
+Shared by ``connection.properties``, ``connection.decode``, ``connection.bodies`` and
+``connection.encode``; so is the rule on a topic's depth (``topic_levels_ok``).
 """
 
 from __future__ import annotations
@@ -191,3 +192,19 @@ def _bin(b: bytes) -> bytes:
 
 def _packet(b0: int, body: bytes) -> bytes:
     return _ONE_BYTE[b0] + _varint(len(body)) + body
+
+
+# --------------------------------------------------------------------------------------------------
+# Topic names (4.7): their depth
+# --------------------------------------------------------------------------------------------------
+
+
+def topic_levels_ok(topic: str, limit: int) -> bool:
+    """Whether ``topic`` (a name or a filter) has at most ``limit`` levels: the one place the rule
+    is written, for the decoder (PUBLISH and will topics) and the router (SUBSCRIBE filters)."""
+    return topic.count("/") < limit
+
+
+def _too_deep(topic: str, what: str, max_levels: int) -> ProtocolError:
+    return ProtocolError(f"{what} has {topic.count('/') + 1} levels, more than the maximum of {max_levels} "
+                         "(--max-topic-levels)", Reason.TOPIC_NAME_INVALID)
