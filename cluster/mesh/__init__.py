@@ -62,12 +62,12 @@ Consistency points:
 The package, one part a module (the ``Mesh`` is their union; the pure rules take values and
 time in and are tested without sockets): ``transport`` (sockets, CURVE, monitors, backpressure),
 ``framing`` (packing frames; the formats are ``router.mesh_format``), ``dispatch`` (reading and
-checking a frame, the table of handlers by kind), ``delivery`` (rules: numbering, the ring,
-the backlog) and ``forwarding`` (publishes out and in, replay from the log), ``membership``
-(rules: parking, forgetting, echoing, pauses) and ``members`` (HELLO, heartbeat, park, rejoin,
-forget), ``interest`` (announcements and barriers), ``takeover`` (asking, settling), ``transfer``
-(a session leaving and arriving), ``handon`` (confirmations and the hand-on), ``peer``,
-``waiter``, ``limits``.
+checking a frame, the table of handlers by kind), ``delivery`` (rules: numbering, the ring, the
+backlog) and ``forwarding`` (publishes out and in, replay from the log), ``membership`` (rules:
+parking, forgetting, echoing, pauses) and ``members`` (HELLO, heartbeat, park, rejoin, forget),
+``interest`` (announcements and barriers), ``takeover`` (asking, settling) and ``offer`` (rules:
+which copy is taken), ``transfer`` (a session leaving and arriving), ``handon`` (confirmations
+and the hand-on), ``peer``, ``waiter``, ``limits``.
 """
 
 from __future__ import annotations

@@ -368,7 +368,8 @@ class MembersMixin:
             self._replication_hook(self.replication.paused, gap)
         late = membership.paused_ours(gap, HELLO_INTERVAL_S, timeout)
         if late is not None:
-            # The silence was ours. Give every peer a fresh timeout to be heard instead of parking them all.
+            # The silence was ours (``membership.paused_ours``): give every peer a fresh timeout to
+            # be heard instead of parking them all.
             log.warning("mesh: this router's loop was paused for %.1f s; giving peers %g s to be heard",
                         late, timeout)
             for peer in self.peers.values():

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 from brokerd.router.mesh_format import TAKEOVER_DONE, TAKEOVER_REQ
 from brokerd.router.ownership import refused_by
 from brokerd.router.ports import TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE
-from brokerd.router.session import recency
 from brokerd.router.spool import drop_named
 
+from . import offer
 from .limits import ACK_TIMEOUT_S, CONFIRM_S, LOCAL_DOWN_WAIT_S, drop_older, log
 from .waiter import Waiter
 
@@ -116,14 +116,14 @@ class TakeoverMixin:
                     self.replication.replica_moved(client_id, False)
                 drop_named(state)
             return TAKEOVER_FAILED
-        live = [o for o in offers if not o[2].get("replica")]
+        live = offer.live(offers)
         if not live and self.replication is not None:
             local = self.replication.take_replica(client_id)  # this router may hold a newer copy
             if local is TAKEOVER_FAILED:  # (its copies could not be spooled: it stays held here)
                 return self._settle(client_id, offers, failed=True)
             if local is not None:
                 offers.append((None, 0, local))
-        best = max(live or offers, key=lambda o: recency(o[2]))
+        best = offer.newest(live or offers)
         chosen = best[2]
         refused = refused_by(claim, chosen, best[0] or chosen.get("replica"))
         if refused is not None:
@@ -132,12 +132,8 @@ class TakeoverMixin:
         if len(live) > 1:
             log.warning("mesh: session %s was offered by %d live routers (%s): the most recent copy is taken, "
                         "the others dropped", client_id, len(live), ", ".join(sorted(str(o[0]) for o in live)))
-        stale: list[str] = []
+        stale = offer.passed_over(offers, chosen)
         for rid, req, state in offers:
-            if state.get("replica"):
-                stale += state.get("stale_replicas", ())
-                if state is not chosen:
-                    stale.append(state["replica"])
             if rid is None:  # this router's own replica: its copy is kept until confirmed
                 if state is chosen:
                     self._await_confirm(client_id, None, 0)
