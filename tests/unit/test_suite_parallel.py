@@ -115,3 +115,22 @@ def test_the_seconds_of_a_run_are_merged_into_those_of_the_runs_before():
     durations.pytest_runtest_logreport(Report("t::skipped", 0.1, skipped=True))
     durations.pytest_sessionfinish()
     assert config.cache[conftest.DURATIONS_KEY] == {"old::t": 9.0, "t::a": 2.5}
+
+
+def test_under_loadgroup_a_grouped_tests_id_ends_in_its_group_and_another_keeps_its_own():
+    """What xdist's controller makes work units of: pytest 9 keeps the id in ``_id``, where the
+    worker's own appending (to ``_nodeid``) no longer lands."""
+    NodeId = pytest.importorskip("_pytest.nodeid").NodeId  # noqa: N806
+
+    class Item:
+        def __init__(self, name: str, *marks: pytest.MarkDecorator) -> None:
+            self._id = NodeId.parse(name)
+            self.marks = {m.mark.name: m.mark for m in marks}
+
+        nodeid = property(lambda self: str(self._id))
+        get_closest_marker = _Item.get_closest_marker
+
+    items = [Item("tests/p.py::test_a[x]", pytest.mark.xdist_group("spark")), Item("tests/p.py::test_b")]
+    conftest._name_units(items)
+    assert [i.nodeid for i in items] == ["tests/p.py::test_a[x]@spark", "tests/p.py::test_b"]
+    assert conftest._test_id(items[0].nodeid) == "tests/p.py::test_a[x]"
