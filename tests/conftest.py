@@ -1,5 +1,6 @@
 """Fixtures shared by every test directory: real brokerd processes on free loopback ports; the
-markers each test gets from where it lives; what makes a run with pytest-xdist (``-n 2``) safe."""
+markers each test gets from where it lives; what makes a parallel run (pytest-xdist, which
+./scripts/test runs by default) safe, its groups whole and its longest tests first."""
 
 from __future__ import annotations
 
