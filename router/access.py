@@ -38,7 +38,7 @@ class Access:
 
     refused: Reason | None = None
     why: str = ""
-    pending: Awaitable[Any] | None = None
+    pending: Awaitable[Reason | None] | None = None
     anonymous: bool = False
 
 
@@ -61,8 +61,8 @@ def install_auth(router: Router, auth: Auth | None) -> None:
         for client in list(router.clients.values()):
             if user_removed(client, auth.passwords):
                 log.warning("client %s disconnected: user %r is no longer in the password file", client.client_id,
-                            client.session.username)  # type: ignore[attr-defined]
-                client.identity_revoked()  # type: ignore[attr-defined]
+                            client.session.username)
+                client.identity_revoked()  # type: ignore[attr-defined]  # a Client's, not the port's
 
 
 def user_removed(client: Any, passwords: dict[str, str]) -> bool:
@@ -118,7 +118,7 @@ def authenticate(auth: Auth, acl: Any, conn: Any, connect: Connect) -> Access:
     return Access(pending=answer)
 
 
-async def plugin_reason(connect: Connect, pending: Awaitable[Any]) -> Reason | None:
+async def plugin_reason(connect: Connect, pending: Awaitable[Reason | None]) -> Reason | None:
     """A plugin's answer (``decided`` makes it a decision, with the ACL as it is then); a broken
     plugin refuses, it does not crash the router."""
     try:
@@ -160,7 +160,7 @@ def may_subscribe(session: Session, topic_filter: str, shared: bool) -> bool:
     if shared:
         parsed = parse_share(f)
         f = parsed[1] if parsed is not None else f
-    if session.acl.may_subscribe(session.username, session.client_id, f, shared):
+    if session.acl.may_subscribe(session.username, session.client_id, f, shared):  # type: ignore[union-attr]  # the caller tests acl
         return True
     REFUSED_FILTERS.log(log, "client %s: subscription to %r not authorized", session.client_id, topic_filter[:200])
     return False

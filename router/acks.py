@@ -18,6 +18,7 @@ from brokerd.connection.reasons import Reason
 
 if TYPE_CHECKING:
     from .log import CommitLog
+    from .ports import ReplicationPort
 
 log = logging.getLogger("brokerd.router.router")  # (where these lines were always logged)
 
@@ -29,7 +30,7 @@ class AckWaits:
         # Replication (cluster.replication.Replication, when --replication-factor > 1): it holds
         # QoS 1/2 acknowledgements until enough nodes have the record, and gives them back
         # through ``send_held`` / ``refuse_held``.
-        self.replication: Any = None
+        self.replication: ReplicationPort | None = None
         self._deferred: deque[tuple[int, Any, bytes]] = deque()  # waiting to be durable
         # (offset, client, ack) whose connection is gated until the log has written ``offset``
         self._gates: deque[tuple[int, Any, bytes]] = deque()
@@ -74,7 +75,7 @@ class AckWaits:
         log_ = self.log
         if not self.ack_when_durable:
             conn = client.conn
-            if offset > log_.written_offset:
+            if offset > log_.written_offset:  # type: ignore[union-attr]  # a defer comes after attach
                 conn.gate(offset)
                 if ack[0] == PUBACK:  # not sent yet: it counts towards the Receive Maximum
                     client.held_acks += 1
@@ -84,7 +85,7 @@ class AckWaits:
                     soon.mark()
             conn.send(ack)
             return
-        if offset <= log_.durable_offset:
+        if offset <= log_.durable_offset:  # type: ignore[union-attr]  # as above
             client.conn.send(ack)
             return
         if ack[0] == PUBACK:

@@ -32,11 +32,14 @@ import hmac
 import inspect
 import os
 from collections.abc import Awaitable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from brokerd.connection.reasons import Reason
 
 from .topics import filter_matches
+
+if TYPE_CHECKING:
+    from .session import Session
 
 READ, WRITE = 1, 2
 _ACCESS = {"read": READ, "write": WRITE, "readwrite": READ | WRITE, "deny": 0}
@@ -416,7 +419,7 @@ def is_sys(topic: str) -> bool:
     return topic == "$SYS" or topic.startswith("$SYS/")
 
 
-def may_publish(session: Any, topic: str) -> bool:
+def may_publish(session: Session, topic: str) -> bool:
     """For client.py: may this session's client publish to ``topic`` (``$SYS/`` never)."""
     acl = session.acl
     if acl is None:

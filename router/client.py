@@ -113,23 +113,25 @@ class Client:
         if self.session is None:
             if type(packet) is Connect and not self._connecting:
                 self._connecting = True
-                self._on_connect(packet)  # type: ignore[arg-type]
+                self._on_connect(packet)
             elif self._pending is not None:
                 self._pending.append(packet)
             return
+        # ``cls is X`` does not narrow ``packet`` for mypy (``type(packet) is X`` in each branch
+        # would cost a call per packet): hence the ignores below.
         cls = type(packet)
         try:
             if cls is Publish:
                 self._on_publish(packet)  # type: ignore[arg-type]
             elif cls is Puback:
-                self.session.puback(packet.packet_id)  # type: ignore[union-attr]
+                self.session.puback(packet.packet_id)  # type: ignore[union-attr, arg-type]
             elif cls is Pubrec:
-                self.session.pubrec(packet.packet_id, packet.reason_code)  # type: ignore[union-attr]
+                self.session.pubrec(packet.packet_id, packet.reason_code)  # type: ignore[union-attr, arg-type]
             elif cls is Pubrel:
-                self.session.pubrel(packet.packet_id)  # type: ignore[union-attr]
-                self.conn.send(success_ack(PUBCOMP, packet.packet_id))  # type: ignore[union-attr]
+                self.session.pubrel(packet.packet_id)  # type: ignore[union-attr, arg-type]
+                self.conn.send(success_ack(PUBCOMP, packet.packet_id))  # type: ignore[union-attr, arg-type]
             elif cls is Pubcomp:
-                self.session.pubcomp(packet.packet_id)  # type: ignore[union-attr]
+                self.session.pubcomp(packet.packet_id)  # type: ignore[union-attr, arg-type]
             elif cls is Subscribe:
                 self._on_subscribe(packet)  # type: ignore[arg-type]
             elif cls is Unsubscribe:
@@ -364,8 +366,8 @@ class Client:
             await self._settle_connect(connect, assigned, state)
         finally:  # (done already where the session's interest was waited for)
             router.mesh.confirm_takeover(self.client_id)
-            spooled = state.get("spool") if isinstance(state, dict) else None
-            if spooled:
+            if isinstance(state, dict) and state.get("spool"):
+                spooled = state["spool"]
                 session = router.sessions.get(self.client_id)
                 if session is None or all(r.directory != spooled[0] for r in session.ranges):
                     drop_named(state)  # not taken in (a clean start): its backlog ends here
@@ -377,6 +379,7 @@ class Client:
         the CONNECT; a clean start releases whatever record the session had."""
         router = self.router
         owners = router.owners
+        assert owners is not None  # the caller's test
         if state is not None and (REFUSED in state or state is TAKEOVER_FAILED or state is TAKEOVER_UNAVAILABLE):
             return state
         if connect.clean_start:
@@ -462,7 +465,7 @@ class Client:
             log.warning("session %s: not in this router's snapshot within %g s; its old router is told it "
                         "is here all the same", self.client_id, DURABLE_WAIT_S)
 
-    async def _import_announced(self, state: dict) -> None | object:
+    async def _import_announced(self, state: dict) -> dict | None:
         """Take in a session moved here from another router and hold the CONNACK, as a SUBACK is
         held, until every other router has acknowledged the interest its subscriptions announce:
         whatever is published anywhere after the CONNACK then reaches it. Returns None (the
@@ -619,7 +622,7 @@ class Client:
             raise ProtocolError("MQTT-3.2.2-11 QoS above the maximum", Reason.QOS_NOT_SUPPORTED)
         if p.properties and Prop.TOPIC_ALIAS in p.properties:
             self._resolve_alias(p)
-        if (self.session.acl is not None or p.topic.startswith("$")) and not may_publish(self.session, p.topic):  # type: ignore[union-attr]
+        if (self.session.acl is not None or p.topic.startswith("$")) and not may_publish(self.session, p.topic):  # type: ignore[union-attr, arg-type]  # connected
             self.router.stats.acl_denied += 1  # ACL, or $SYS/
             ack = publish_refusal(self.client_id, self.level, p)
             if ack is not None:
@@ -720,7 +723,7 @@ class Client:
             raise ProtocolError("MQTT-3.8.3-4 No Local set on a shared subscription", Reason.PROTOCOL_ERROR)
         sub_id = p.properties.get(Prop.SUBSCRIPTION_IDENTIFIER, 0) if p.properties else 0
         if sub_id.__class__ is list:  # the codec keeps a property that may repeat as a list
-            sub_id = sub_id[0] if sub_id else 0  # type: ignore[index]
+            sub_id = sub_id[0] if sub_id else 0
         self._take_filters(p, sub_id, 0, [], [], [])
 
     def _take_filters(self, p: Subscribe, sub_id: int, start: int, codes: list[int],
@@ -761,7 +764,7 @@ class Client:
             granted = min(sub.qos, self._max_qos)
             if granted != sub.qos or sub_id:  # the identifier is kept with the subscription (MQTT 5 3.8.2.1.2)
                 sub = Subscription(f, granted, sub.no_local, sub.retain_as_published, sub.retain_handling,
-                                   sub_id)  # type: ignore[arg-type]
+                                   sub_id)
             codes.append(granted)
             announced.append(f)
             if shared:  # no retained messages on establishing a shared subscription (MQTT 4.8.2)
@@ -822,7 +825,7 @@ class Client:
     def _on_unsubscribe(self, p: Unsubscribe) -> None:
         session = self.session
         assert session is not None
-        codes = []
+        codes: list[int] = []
         for f in p.topic_filters:
             if is_shared(f):
                 existed = self.router.unsubscribe_shared(session, f)

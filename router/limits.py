@@ -111,7 +111,7 @@ class Qos2Sweeper:
                 continue
             stale = seen & ids
             if stale:
-                ids -= stale  # type: ignore[operator]
+                ids -= stale
                 self.stats.limit_qos2_expired += len(stale)
                 self.stats.state_moves += 1
             if ids:

@@ -8,11 +8,15 @@ QoS > 0 sends ``head + packet id + tail`` so only two bytes differ per subscribe
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import msgpack
 
 from brokerd.connection.codec import publish_parts, qos0_payload
 from brokerd.connection.packets import MQTT_5, Prop
+
+if TYPE_CHECKING:
+    from .log import Record
 
 # Properties a broker forwards to MQTT 5 subscribers (spec 3.3.2.3): unchanged, except the Message
 # Expiry Interval (the time left) and the Subscription Identifiers (the subscriber's own, set on
@@ -68,7 +72,7 @@ class Message:
         timestamp_ms: int | None = None,
     ) -> None:
         self.topic = topic
-        self._payload = payload
+        self._payload: bytes | None = payload  # None: still in the packet (``payload``)
         self.qos = qos
         self.retain = retain
         self.client_id = client_id
@@ -134,7 +138,7 @@ class Message:
         return msg
 
     @classmethod
-    def from_record(cls, rec) -> Message:  # noqa: ANN001 - router.log.Record
+    def from_record(cls, rec: Record) -> Message:
         """A message read back from the commit log (session catch-up, retained recovery)."""
         props = msgpack.unpackb(rec.properties, strict_map_key=False) if rec.properties else None
         msg = cls(rec.topic, rec.payload, rec.qos, rec.retain, rec.client_id, rec.origin_router,

@@ -35,7 +35,7 @@ from .topics import filter_matches
 
 if TYPE_CHECKING:
     from .log import CommitLog
-    from .ports import ClientHandle
+    from .ports import ClientHandle, ReplicationPort
     from .retained import RetainedStore
     from .router import Router
     from .session_life import SessionLife
@@ -62,7 +62,7 @@ class StateView(Protocol):
     retained: RetainedStore
     fenced: dict[str, set[str]]
     fenced_wills: dict[str, set[str]]
-    replication: Any
+    replication: ReplicationPort | None
     stats: RouterStats
     life: SessionLife
 

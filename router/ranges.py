@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from .log import LogReader
 from .spool import SpoolRange, is_spool
@@ -24,7 +24,7 @@ class LogRange:
     (any size, no memory). Read lazily, like the session's own log position, when it drains."""
 
     __slots__ = ("directory", "start", "end", "_reader", "_stalled")
-    copies = False  # its reads are log records, matched against the session's subscriptions
+    copies: ClassVar[Literal[False]] = False  # its reads are log records, matched against the session's subscriptions
 
     def __init__(self, directory: str, start: int, end: int) -> None:
         self.directory = directory
@@ -71,6 +71,10 @@ class LogRange:
     def to_list(self) -> list:
         return [self.directory, self.start, self.end]
 
+    def for_export(self) -> LogRange:
+        """A reader of the same records for a move's export (this one stays the session's)."""
+        return LogRange(*self.to_list())
+
     def discard(self) -> None:
         """Read and acknowledged to its end (another router's log: nothing to delete)."""
         self.close()
@@ -89,7 +93,11 @@ def log_router_id(directory: str) -> str:
     return f"{os.path.basename(os.path.dirname(path))}/{os.path.basename(path)}"
 
 
-def make_range(directory: str, start: int, end: int, spans: Any = None) -> LogRange | SpoolRange:
+Range = LogRange | SpoolRange
+"""What a session reads before its own log: told apart by ``copies`` (True: a spool's)."""
+
+
+def make_range(directory: str, start: int, end: int, spans: Any = None) -> Range:
     """A range a session still has to read, from its plain values (snapshot, takeover header):
     another router's log on this node, or a spool file of a backlog moved from another node
     (with its ``spans``)."""

@@ -11,7 +11,7 @@ node, not 127 nodes with a dict each (39 KB a message before: docs/tuning.md).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from sys import intern
 from typing import Any
 
@@ -201,7 +201,7 @@ class RetainedStore:
             if len(node.children) == 1:
                 self._merge(parent, key, node)
             return
-        del parent.children[key]  # type: ignore[attr-defined]
+        del parent.children[key]  # type: ignore[union-attr]  # a parent on the path has children
         if len(path) > 1 and parent.msg is None and len(parent.children) == 1:  # type: ignore[arg-type]
             grand, parent_key = path[-2]
             self._merge(grand, parent_key, parent)
@@ -264,7 +264,7 @@ class RetainedStore:
         return [msg for msg in self.iter_match(topic_filter, live_after) if msg is not None]
 
     def iter_match(self, topic_filter: str, live_after: int | None = None,
-                   before: int | None = None) -> Iterator[Message | None]:
+                   before: int | None = None) -> Generator[Message | None, None, None]:
         """``match`` as a generator, to be consumed in slices across loop turns: it also yields
         None after every PAUSE_NODES nodes walked, so a slice bounds the walk as well as the
         messages. With ``before`` (a ``seq``) it leaves out whatever was set since, so a topic set
@@ -333,8 +333,8 @@ class RetainedStore:
             if level == "+":  # no leading wildcard matches a '$' topic (MQTT-4.7.2-1)
                 found = [child for key, child in children.items() if i or not key.startswith("$")]
             else:
-                child = children.get(level)
-                found = [child] if child is not None else []
+                exact = children.get(level)
+                found = [exact] if exact is not None else []
             below: list[tuple[_Node, int]] = []
             for child in found:
                 if "/" not in child.levels:

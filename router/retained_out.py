@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator
 from copy import copy
 from typing import TYPE_CHECKING
 
@@ -41,7 +41,7 @@ _open: dict[Session, RetainedOut] = {}  # each session's walks (one object per s
 class RetainedOut:
     __slots__ = ("session", "walks", "_scheduled")
 
-    def __init__(self, session: Session, walks: list[tuple[Subscription, Iterator[Message | None]]]) -> None:
+    def __init__(self, session: Session, walks: list[tuple[Subscription, Generator[Message | None, None, None]]]) -> None:
         self.session = session
         self.walks = deque(walks)
         self._scheduled = False

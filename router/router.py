@@ -38,7 +38,7 @@ from .limits import ClientLimits, Qos2Sweeper, may_retain
 from .log.errors import LogUnavailable
 from .mesh_format import FULL, PLAIN
 from .message import Message
-from .ports import NULL_MESH, TAKEOVER_FAILED, ClientHandle, MeshPort
+from .ports import NULL_MESH, TAKEOVER_FAILED, ClientHandle, MeshPort, ReplicationPort
 from .retained import SYS_PREFIX, RetainedStore
 from .session import Session, SessionLimits
 from .session_life import SessionLife
@@ -46,9 +46,10 @@ from .shared import is_shared
 from .shared_routing import SharedRoutes
 from .stats import RouterStats
 from .topics import TopicIndex
-from .wiring import Wiring
+from .wiring import OwnersPort, Wiring
 
 if TYPE_CHECKING:
+    from .auth import Auth
     from .log import CommitLog
     from .persistence import StateStore
 
@@ -137,7 +138,7 @@ class Router:
         self.state: StateStore | None = None  # when the log is on (attach_state)
         # router.auth (set by install_auth): CONNECT's checks, None when nothing is configured;
         # ``acl`` (a property): the same object when topics are restricted, else None.
-        self.auth: Any = None
+        self.auth: Auth | None = None
         # Sessions taken here from the replica of a router taken for dead ({router: client ids}):
         # that router drops its stale copies when it is heard again. In the snapshot: a restart
         # of this router in between must not forget them.
@@ -162,30 +163,30 @@ class Router:
     # -- what is set after the router is made, shared with its parts --------------------------------
 
     @property
-    def owners(self) -> Any:
+    def owners(self) -> OwnersPort | None:
         """The agreed owners of its persistent sessions (cluster.agreement.owners.SessionOwners,
         with --agreement): a CONNECT resumes a session only once this router is its owner."""
         return self.wiring.owners
 
     @owners.setter
-    def owners(self, owners: Any) -> None:
+    def owners(self, owners: OwnersPort | None) -> None:
         self.wiring.owners = owners
 
     @property
-    def acl(self) -> Any:
+    def acl(self) -> Auth | None:
         return self.wiring.acl
 
     @acl.setter
-    def acl(self, acl: Any) -> None:
+    def acl(self, acl: Auth | None) -> None:
         self.wiring.acl = acl
 
     @property
-    def replication(self) -> Any:
+    def replication(self) -> ReplicationPort | None:
         """cluster.replication.Replication with --replication-factor > 1 (``AckWaits``)."""
         return self.acks.replication
 
     @replication.setter
-    def replication(self, replication: Any) -> None:
+    def replication(self, replication: ReplicationPort | None) -> None:
         self.acks.replication = replication
 
     @property
@@ -292,7 +293,7 @@ class Router:
                 continue
             if msg is None:  # ``routes`` were looked up with the packet above
                 publisher = values[2]
-                for session, _cap, no_local, _rap in routes:
+                for session, _cap, no_local, _rap in routes:  # type: ignore[union-attr]  # (set with msg None)
                     if no_local and session.client_id == publisher:
                         continue
                     if not session.deliver_packet(packet):
@@ -328,7 +329,7 @@ class Router:
         Once per message on the loop, so it calls the positional ``append_fields`` with the
         message's own values (``str`` topic and client id: no encode here, the log's batch encoder
         does it in C), which keeps them as they are until the batch is encoded at flush."""
-        msg.log_offset = offset = self.commit_log.append_fields(
+        msg.log_offset = offset = self.commit_log.append_fields(  # type: ignore[union-attr]  # logged: attached
             msg.timestamp_ms, msg.origin_router if forwarded else None,
             msg.origin_offset if forwarded else None, msg.client_id, msg.topic, msg.qos, msg.retain,
             msg.packed_properties() if msg.properties else b"", msg.payload)

@@ -24,7 +24,7 @@ from .clock import LOOP_CLOCK, Clock
 from .message import Message
 from .ownership import state_owner
 from .ranges import LogRange as LogRange
-from .ranges import log_router_id, make_range
+from .ranges import Range, log_router_id, make_range
 from .ranges import router_log_dir as router_log_dir
 from .spool import SpoolRange, is_spool, note_span, spool_dir
 from .topics import filter_matches
@@ -32,6 +32,7 @@ from .topics import filter_matches
 if TYPE_CHECKING:
     from brokerd.connection.protocol import Connection
 
+    from .auth import Auth
     from .stats import RouterStats
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ class SessionLimits:
 
 # An idle session holds no queue and no set of QoS 2 ids: these empty stand-ins (a deque is
 # 760 bytes, a set 216) are replaced by real ones on the first message that needs them.
-NO_QUEUE: tuple = ()
+NO_QUEUE: tuple[()] = ()
 NO_IDS: frozenset[int] = frozenset()
 
 
@@ -89,7 +90,7 @@ class Session:
         self.subscriptions: dict[str, Subscription] = {}
         self.conn: Connection | None = None
         self.inflight: dict[int, Inflight] = {}
-        self.queue: deque[tuple[Message, int, bool]] | tuple = NO_QUEUE  # a deque once used
+        self.queue: deque[tuple[Message, int, bool]] | tuple[()] = NO_QUEUE  # a deque once used
         # QoS 2 packet ids received, PUBREL not yet seen: a set once used
         self.inbound_qos2: set[int] | frozenset[int] = NO_IDS
         self.limits = limits
@@ -104,7 +105,7 @@ class Session:
         # Whether ``username`` is its owner's (``router.ownership``): False for a session kept by a
         # version that did not record it, which no identity may resume.
         self.owner_known = True
-        self.acl: Any = None  # the router's ``auth.Auth`` when topics are restricted (router.acl)
+        self.acl: Auth | None = None  # the router's when topics are restricted (router.acl)
         self.dropped = 0
         # With the commit log on, a persistent session that is offline (or catching up) keeps a
         # position in its router's log instead of copies: ``cursor`` is the next offset to read.
@@ -115,7 +116,7 @@ class Session:
         self.shared: dict[str, Subscription] = {}
         # Ranges of other routers' logs (this node) still to read, before ``cursor``: a session
         # moved here by a takeover brings its backlog as positions.
-        self.ranges: list[LogRange] | tuple = ()
+        self.ranges: list[Range] | tuple[()] = ()
         # Its ownership epoch (one more at every move to another router; kept across a restart)
         # and when this router took it on: of two copies held after a failure, the one of the
         # highest epoch is the current state, the later arrival among equals (``recency``).
@@ -199,7 +200,7 @@ class Session:
         """The queue, made on first use."""
         queue = self.queue
         if queue.__class__ is deque:
-            return queue  # type: ignore[return-value]
+            return queue
         queue = self.queue = deque()
         return queue
 
@@ -208,7 +209,7 @@ class Session:
         ``inbound_qos2`` needs no set)."""
         ids = self.inbound_qos2
         if ids.__class__ is set:
-            return ids  # type: ignore[return-value]
+            return ids
         ids = self.inbound_qos2 = set()
         return ids
 
@@ -226,7 +227,7 @@ class Session:
         """Whether this session's identity may read ``msg`` now (the caller tests ``acl`` first:
         without an ACL nothing is checked). Routes are checked when folded; this is for what
         reaches a session by other ways: queued, in flight, read back, handed on, a group's."""
-        return self.acl.may_read(self.username, self.client_id, msg.topic)
+        return self.acl.may_read(self.username, self.client_id, msg.topic)  # type: ignore[union-attr]  # (see above)
 
     def _alloc_pid(self) -> int:
         pid = self._next_pid
@@ -293,7 +294,7 @@ class Session:
             if records is None:
                 if any(e.msg is not None and e.msg.log_offset <= RANGED for e in self.inflight.values()):
                     return False  # what it gave is not all acknowledged: the snapshot still names it
-                self.ranges.pop(0)  # type: ignore[union-attr]
+                self.ranges.pop(0)
                 rng.discard()
                 return True
             if not records:
@@ -581,9 +582,7 @@ class Session:
         def items() -> Iterator[tuple[Message, int, bool]]:
             # (Runs from the first chunk on, in the tick of the export: the log's end is that
             # tick's, where the hand-on after the move starts.)
-            ranges = [] if same_node else [
-                SpoolRange(*r.to_list(), owned=False) if r.copies else LogRange(*r.to_list())
-                for r in self.ranges]
+            ranges = [] if same_node else [r.for_export() for r in self.ranges]
             at, end = (self.cursor, self.log.next_offset) if self.log is not None else (None, 0)
             if same_node:  # what was read from a range is read from it again there
                 yield from (item for item in self.queue if item[0].log_offset > RANGED)
@@ -675,7 +674,7 @@ class Session:
             self.ranges = [make_range(*r) for r in ranges]
             if any(r.copies for r in self.ranges):
                 own = spool_dir(self.log.directory) if self.log is not None else None
-                for rng in [r for r in self.ranges if r.copies]:
+                for rng in [r for r in self.ranges if isinstance(r, SpoolRange)]:  # (the copies)
                     if own is None or os.path.dirname(rng.directory) != own:
                         # Only this node's spool directory is read (and its files deleted).
                         log.error("session %s: spool %s is not in %s: ignored", self.client_id, rng.directory, own)

@@ -288,7 +288,8 @@ class SessionLife:
         if barrier is None:
             self.hand_on(session, to)
         else:
-            barrier.add_done_callback(lambda f: self.hand_on(session, to, _answered(f)))
+            # MeshPort.barrier is a Future (its result: ``_answered``), declared an Awaitable.
+            barrier.add_done_callback(lambda f: self.hand_on(session, to, _answered(f)))  # type: ignore[attr-defined]
 
     def hand_on(self, session: Session, to: str, answered: dict | None = None, stale: bool = False) -> None:
         """The end of ``_hand_on_later``: what the moved session got here goes to router ``to``;
@@ -428,7 +429,7 @@ class SessionLife:
             if barrier is None:
                 hand_on()
             else:
-                barrier.add_done_callback(hand_on)
+                barrier.add_done_callback(hand_on)  # type: ignore[attr-defined]  # a Future (as above)
 
         when_heard(self.clock.now() + FENCE_WAIT_S)
         self._mark_soon()

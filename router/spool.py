@@ -29,7 +29,7 @@ import logging
 import os
 import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import msgpack
 
@@ -151,7 +151,7 @@ class SpoolRange:
     this node's disk only."""
 
     __slots__ = ("directory", "start", "end", "owned", "spans", "_file")
-    copies = True  # its reads are queue entries, not log records to match
+    copies: ClassVar[Literal[True]] = True  # its reads are queue entries, not log records to match
 
     def __init__(self, path: str, start: int, end: int, spans: Any = None, owned: bool = True) -> None:
         self.directory = path  # (the name LogRange gives its location)
@@ -223,6 +223,11 @@ class SpoolRange:
 
     def to_list(self) -> list:
         return [self.directory, self.start, self.end, {o: list(s) for o, s in self.spans.items()}]
+
+    def for_export(self) -> SpoolRange:
+        """A reader of the same entries for a move's export, which leaves the file (not ``owned``)."""
+        directory, start, end, spans = self.to_list()
+        return SpoolRange(directory, start, end, spans, owned=False)
 
     def adopt(self, log_directory: str) -> None:
         """This range moved to the router that logs to ``log_directory`` (a same-node move): the

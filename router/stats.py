@@ -17,21 +17,54 @@ LIMITS = ("client_id", "keepalive", "subscriptions", "retained", "qos2_pending",
 
 
 class RouterStats:
+    """One integer per counter, declared once: the annotations are the slots (and what mypy checks
+    the ``+= 1`` against); ``limit_<name>`` for each of ``LIMITS``."""
+
     # state_moves: changes of session state that neither grow the log nor ask for a snapshot at once
     # (acknowledgements that end or advance a flow, released QoS 2 ids, catch-up reads): with the
     # log's end, what tells the snapshot (router.persistence) that a session may have changed.
     # auth_failures: CONNECTs refused by authentication (bad credentials, anonymous not allowed, not
     # authorized); acl_denied: PUBLISH packets and SUBSCRIBE filters refused by the ACL (or $SYS/).
-    __slots__ = (
-        "connections", "connects_total",
-        "drop_queue_full", "drop_slow_consumer", "drop_too_large", "drop_mesh_backpressure",
-        "drop_expired", "drop_mesh_peer_gone", "mesh_bad_frames", "refused_connections", "refused_log_unavailable", "protocol_errors",
-        "mesh_msgs_out", "mesh_msgs_in", "mesh_bytes_out", "mesh_bytes_in", "mesh_frames_out",
-        "mesh_frames_in", "retained_count", "wills_published", "takeovers", "shared_no_member",
-        "unconnected", "auth_failures", "acl_denied", "state_moves", *(f"limit_{name}" for name in LIMITS),
-    )
+    connections: int
+    connects_total: int
+    drop_queue_full: int
+    drop_slow_consumer: int
+    drop_too_large: int
+    drop_mesh_backpressure: int
+    drop_expired: int
+    drop_mesh_peer_gone: int
+    mesh_bad_frames: int
+    refused_connections: int
+    refused_log_unavailable: int
+    protocol_errors: int
+    mesh_msgs_out: int
+    mesh_msgs_in: int
+    mesh_bytes_out: int
+    mesh_bytes_in: int
+    mesh_frames_out: int
+    mesh_frames_in: int
+    retained_count: int
+    wills_published: int
+    takeovers: int
+    shared_no_member: int
+    unconnected: int
+    auth_failures: int
+    acl_denied: int
+    state_moves: int
+    limit_client_id: int
+    limit_keepalive: int
+    limit_subscriptions: int
+    limit_retained: int
+    limit_qos2_pending: int
+    limit_qos2_expired: int
+    limit_packet_timeout: int
+    limit_connection_rate: int
+    limit_client_rate: int
+    limit_session_expiry: int
+    limit_listener_connections: int
+
+    __slots__ = tuple(__annotations__)
 
     def __init__(self) -> None:
         for name in self.__slots__:
             setattr(self, name, 0)
-

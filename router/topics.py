@@ -104,7 +104,7 @@ class TopicIndex(Generic[K, V]):
             if child is None:
                 child = children[intern(levels[i])] = _new_node(levels, i)
             elif child.span:
-                own = child.chain.split("/")  # type: ignore[union-attr]
+                own = child.chain.split("/")  # type: ignore[union-attr]  # a node with a span has a chain
                 j = 0
                 while j < child.span and i + 1 + j < n and levels[i + 1 + j] == own[j]:
                     j += 1
@@ -153,10 +153,10 @@ class TopicIndex(Generic[K, V]):
             node.entries = None
         self.filters -= 1
         for parent, level in reversed(path):
-            child = parent.children[level]  # type: ignore[index]
+            child = parent.children[level]  # type: ignore[index]  # a parent on the path has children
             if child.entries or child.children:
                 break
-            del parent.children[level]  # type: ignore[attr-defined]
+            del parent.children[level]  # type: ignore[union-attr]  # as above
         self._cache.clear()
         return True
 

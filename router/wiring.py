@@ -8,12 +8,31 @@ rather than reading the router's attributes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Iterable
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from .auth import Auth
     from .log import CommitLog
     from .persistence import StateStore
     from .ports import MeshPort
+
+
+class OwnersPort(Protocol):
+    """What the router calls on the agreed owners of its persistent sessions (implemented by
+    ``cluster.agreement.owners.SessionOwners``, with --agreement)."""
+
+    def claim(self, client_id: str, source: str | None, answered: Iterable[str]) -> Awaitable[str | None]:
+        """Make this router the session's agreed owner: None once it is, else why not."""
+
+    def owns(self, client_id: str) -> bool:
+        """Whether this router is the session's agreed owner now."""
+
+    def ended(self, client_id: str) -> None:
+        """A persistent session of this router ended for good: its record goes."""
+
+    def forget(self, client_id: str) -> None:
+        """A clean start ended the session wherever it was: its record goes, whoever it names."""
 
 
 class Wiring:
@@ -25,6 +44,6 @@ class Wiring:
         self.state: StateStore | None = None  # when the log is on (``Router.attach_state``)
         # The agreed owners of persistent sessions (cluster.agreement.owners.SessionOwners,
         # with --agreement): a CONNECT resumes a session only once this router is its owner.
-        self.owners: Any = None
+        self.owners: OwnersPort | None = None
         # router.auth's checks when topics are restricted, else None (``router.access``).
-        self.acl: Any = None
+        self.acl: Auth | None = None

@@ -8,9 +8,9 @@
 The byte format is described in ``FORMAT.md`` and ``router.log.format``.
 """
 
-from brokerd.router.log.commitlog import CommitLog, SegmentState
-from brokerd.router.log.errors import CorruptRecord, LogError, LogFormatError, LogUnavailable
-from brokerd.router.log.format import (
+from .commitlog import CommitLog, SegmentState
+from .errors import CorruptRecord, LogError, LogFormatError, LogUnavailable
+from .format import (
     FORMAT_VERSION,
     Record,
     decode_records,
@@ -19,9 +19,9 @@ from brokerd.router.log.format import (
     iter_records,
     segment_name,
 )
-from brokerd.router.log.reader import CheckReport, LogReader, SegmentCheck, SegmentInfo, check
-from brokerd.router.log.retention import DeletedSegment
-from brokerd.router.log.writer import FsyncPolicy
+from .reader import CheckReport, LogReader, SegmentCheck, SegmentInfo, check
+from .retention import DeletedSegment
+from .writer import FsyncPolicy
 
 __all__ = [
     "FORMAT_VERSION",

@@ -44,9 +44,9 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from brokerd.router.log.durability import Durability
-from brokerd.router.log.errors import LogUnavailable
-from brokerd.router.log.format import (
+from .durability import Durability
+from .errors import LogUnavailable
+from .format import (
     BATCH_HEADER_SIZE,
     FILE_HEADER_SIZE,
     FORMAT_VERSION,
@@ -57,13 +57,13 @@ from brokerd.router.log.format import (
     Record,
     encode_batch,
 )
-from brokerd.router.log.history import HistoryJoin
-from brokerd.router.log.loader import NO_TS, Seg, load
-from brokerd.router.log.reads import Reads
-from brokerd.router.log.retention import DeletedSegment, Retention
-from brokerd.router.log.scan import NO_INDEX_YET
-from brokerd.router.log.segment import OpenReaders
-from brokerd.router.log.writer import (
+from .history import HistoryJoin
+from .loader import NO_TS, Seg, load
+from .reads import Reads
+from .retention import DeletedSegment, Retention
+from .scan import NO_INDEX_YET
+from .segment import OpenReaders
+from .writer import (
     SYNC,
     Batch,
     Chunk,
@@ -314,10 +314,12 @@ class CommitLog(Durability, Reads, Retention, HistoryJoin):
         # Strings are kept as str: no encode here and decode in append_bytes.
         if self._refuse is not None:
             raise LogUnavailable(self._refuse, self._error)
-        t = topic if type(topic) is str else bytes(topic).decode()
-        c = client_id if type(client_id) is str else bytes(client_id).decode()
+        # ``type(x) is str`` does not narrow mypy's else branch (x is bytes-like there): hence the
+        # ignores, for isinstance would take a str subclass that bytes() refuses today.
+        t = topic if type(topic) is str else bytes(topic).decode()  # type: ignore[arg-type]
+        c = client_id if type(client_id) is str else bytes(client_id).decode()  # type: ignore[arg-type]
         o = origin_router if origin_router is None or type(origin_router) is str \
-            else bytes(origin_router).decode()
+            else bytes(origin_router).decode()  # type: ignore[arg-type]
         if (qos.__class__ is not int or not 0 <= qos <= 2 or len(t) > 0x3FFF or len(c) > 0x3FFF
                 or (o is not None and len(o) > 0x3FFF)
                 or len(payload) > 0xFFFFFFFF or len(properties) > 0xFFFFFFFF):

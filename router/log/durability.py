@@ -17,9 +17,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from brokerd.router.log.errors import LogUnavailable
-from brokerd.router.log.loader import Seg
-from brokerd.router.log.writer import RECOVER, STOP, Batch, Report, WriterCore, WriterThread
+from .errors import LogUnavailable
+from .loader import Seg
+from .writer import RECOVER, STOP, Batch, Report, WriterCore, WriterThread
 
 # The log's messages keep the logger they always had: operators filter on it.
 log = logging.getLogger("brokerd.router.log.commitlog")

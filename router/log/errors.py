@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from brokerd.router.log.format import Record
+    from .format import Record
 
 
 class LogError(Exception):

@@ -56,7 +56,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from brokerd.router.log.errors import CorruptRecord, LogFormatError
+from .errors import CorruptRecord, LogFormatError
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +310,7 @@ def encode_batch_bytes(base_offset: int, records: list[Any]) -> bytes:
 
 def record_fields(record: Record) -> FieldTuple:
     """A decoded record as a batch holds it (to copy records between logs)."""
-    return record[1:]  # type: ignore[return-value]
+    return record[1:]
 
 
 class BatchHeader(NamedTuple):
@@ -319,7 +319,7 @@ class BatchHeader(NamedTuple):
     base: int
     first_ts: int
     max_ts: int
-    count: int
+    count: int  # type: ignore[assignment]  # a field named count hides tuple.count, as intended
 
     @property
     def size(self) -> int:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import TYPE_CHECKING
 
-from brokerd.router.log.format import (
+from .format import (
     FILE_HEADER_SIZE,
     MAGIC_INDEX,
     MAGIC_LOG,
@@ -20,9 +21,9 @@ from brokerd.router.log.format import (
     pack_file_header,
     segment_name,
 )
-from brokerd.router.log.loader import NO_TS, O_CLOEXEC, Seg, fsync_dir, load_closed
-from brokerd.router.log.scan import NO_INDEX_YET
-from brokerd.router.log.segment import list_segment_files
+from .loader import NO_TS, O_CLOEXEC, Seg, fsync_dir, load_closed
+from .scan import NO_INDEX_YET
+from .segment import list_segment_files
 
 
 class HistoryJoin:
@@ -36,7 +37,10 @@ class HistoryJoin:
     _by_base: dict[int, Seg]
     _buf_first: int
     _closed: bool
-    start_offset: int
+
+    if TYPE_CHECKING:  # the log's own property (a declared attribute would be writable)
+        @property
+        def start_offset(self) -> int: ...
 
     def join_history(self, directory: str, last: int) -> int:
         """Take the segments of a closed log in ``directory`` in as this log's oldest: the records

@@ -22,8 +22,8 @@ import os
 import sys
 from typing import NamedTuple
 
-from brokerd.router.log.errors import LogFormatError
-from brokerd.router.log.format import (
+from .errors import LogFormatError
+from .format import (
     FILE_HEADER_SIZE,
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE,
@@ -33,8 +33,8 @@ from brokerd.router.log.format import (
     read_file_header,
     segment_name,
 )
-from brokerd.router.log.scan import scan_segment, write_index
-from brokerd.router.log.segment import SegmentReader, list_segment_files
+from .scan import scan_segment, write_index
+from .segment import SegmentReader, list_segment_files
 
 # The log's messages keep the logger they always had: operators filter on it.
 log = logging.getLogger("brokerd.router.log.commitlog")

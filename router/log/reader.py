@@ -14,8 +14,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from brokerd.router.log.errors import CorruptRecord, LogFormatError
-from brokerd.router.log.format import (
+from .errors import CorruptRecord, LogFormatError
+from .format import (
     FILE_HEADER_SIZE,
     INDEX_ENTRY,
     INDEX_ENTRY_SIZE,
@@ -29,8 +29,8 @@ from brokerd.router.log.format import (
     segment_name,
     unpack_file_header,
 )
-from brokerd.router.log.scan import Damage, iter_units, scan_segment
-from brokerd.router.log.segment import OpenReaders, SegmentReader, SegmentSummary, list_segment_files
+from .scan import Damage, iter_units, scan_segment
+from .segment import OpenReaders, SegmentReader, SegmentSummary, list_segment_files
 
 log = logging.getLogger(__name__)
 

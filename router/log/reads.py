@@ -11,13 +11,13 @@ from __future__ import annotations
 import bisect
 import logging
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from brokerd.router.log.errors import LogFormatError
-from brokerd.router.log.format import FILE_HEADER_SIZE, FORMAT_VERSION, Record, decode_records, nominal_size
-from brokerd.router.log.loader import Seg
-from brokerd.router.log.segment import OpenReaders
-from brokerd.router.log.writer import Batch
+from .errors import LogFormatError
+from .format import FILE_HEADER_SIZE, FORMAT_VERSION, Record, decode_records, nominal_size
+from .loader import Seg
+from .segment import OpenReaders
+from .writer import Batch
 
 # The log's messages keep the logger they always had: operators filter on it.
 log = logging.getLogger("brokerd.router.log.commitlog")
@@ -38,9 +38,12 @@ class Reads:
     _buf_first: int
     _next_offset: int
     _written_offset: int
-    start_offset: int
     read_records: int
     read_bytes: int
+
+    if TYPE_CHECKING:  # the log's own property (a declared attribute would be writable)
+        @property
+        def start_offset(self) -> int: ...
 
     def read(self, from_offset: int, max_records: int = 1000, max_bytes: int = 1 << 20) -> list[Record]:
         """Records from ``from_offset`` on (clamped to ``start_offset``), from disk with positional

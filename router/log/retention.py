@@ -14,9 +14,9 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from brokerd.router.log.loader import Seg
-from brokerd.router.log.segment import OpenReaders
-from brokerd.router.log.writer import WriterCore, WriterThread, delete_item
+from .loader import Seg
+from .segment import OpenReaders
+from .writer import WriterCore, WriterThread, delete_item
 
 # The log's messages keep the logger they always had: operators filter on it.
 log = logging.getLogger("brokerd.router.log.commitlog")

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from brokerd.router.log.format import (
+from .format import (
     FILE_HEADER_SIZE,
     INDEX_ENTRY,
     MAGIC_INDEX,
@@ -60,7 +60,7 @@ class Unit(NamedTuple):
     pos: int        # file position
     end: int        # file position after it
     offset: int     # offset of its (first) record
-    count: int      # records: 1 in version 1
+    count: int      # type: ignore[assignment]  # records: 1 in version 1 (hides tuple.count)
     first_ts: int
     max_ts: int
     data: bytes     # the chunk read that holds it whole, at ``at``

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import msgpack
 
-from brokerd.router.log.errors import CorruptRecord, LogFormatError
-from brokerd.router.log.format import (
+from .errors import CorruptRecord, LogFormatError
+from .format import (
     BATCH_HEADER_SIZE,
     FILE_HEADER_SIZE,
     INDEX_ENTRY,
@@ -43,7 +43,7 @@ from brokerd.router.log.format import (
     unit_header_size,
     unpack_file_header,
 )
-from brokerd.router.log.scan import ScanResult, scan_segment
+from .scan import ScanResult, scan_segment
 
 log = logging.getLogger(__name__)
 
@@ -460,7 +460,7 @@ def _record_header_is(data: bytes, offset: int) -> bool:
     if len(data) < RECORD_HEADER_SIZE:
         return False
     length, _crc, off, _ts, _oo, _fl, _r, ol, cl, tl, pl, yl = RECORD_HEADER.unpack_from(data, 0)
-    return off == offset and length == RECORD_FIXED_BODY + ol + cl + tl + pl + yl
+    return bool(off == offset and length == RECORD_FIXED_BODY + ol + cl + tl + pl + yl)
 
 
 def _whole_record_at(data: bytes, pos: int) -> bool:

@@ -23,12 +23,12 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
-from brokerd.router.log.format import (
+from .format import (
     FORMAT_VERSION,
     MAGIC_INDEX,
     MAGIC_LOG,
@@ -440,7 +440,7 @@ def _release(fd: int, start: int, length: int) -> None:
         log.debug("posix_fadvise(DONTNEED) failed: %s", exc)
 
 
-def _pwritev_all(fd: int, views: list[memoryview] | list[bytes], pos: int) -> None:
+def _pwritev_all(fd: int, views: Sequence[memoryview | bytes], pos: int) -> None:
     """``pwritev`` all of ``views`` at ``pos``; a short write is finished piece by piece."""
     if len(views) == 1:
         _pwrite_all(fd, views[0], pos)
@@ -523,7 +523,7 @@ class WriterThread:
 
     def put(self, item: object) -> None:
         if type(item) is Batch:
-            self._handed = item.last_offset  # type: ignore[attr-defined]
+            self._handed = item.last_offset
         self._queue.put(item)
 
     def write_inline(self, batch: Batch, size: int) -> Report | None:
