@@ -59,15 +59,16 @@ Consistency points:
   wait in a list and the client connections whose publishes are waiting stop being read until the
   peer drains. Local delivery and other peers carry on.
 
-The package, one part a module (the ``Mesh`` is their union; the pure rules take values and
-time in and are tested without sockets): ``transport`` (sockets, CURVE, monitors, backpressure),
-``framing`` (packing frames; the formats are ``router.mesh_format``), ``dispatch`` (reading and
-checking a frame, the table of handlers by kind), ``delivery`` (rules: numbering, the ring, the
-backlog) and ``forwarding`` (publishes out and in, replay from the log), ``membership`` (rules:
-parking, forgetting, echoing, pauses) and ``members`` (HELLO, heartbeat, park, rejoin, forget),
-``interest`` (announcements and barriers), ``takeover`` (asking, settling) and ``offer`` (rules:
-which copy is taken), ``transfer`` (a session leaving and arriving), ``handon`` (confirmations
-and the hand-on), ``peer``, ``waiter``, ``limits``.
+The package, one part a module (the ``Mesh`` holds the transport and is the union of the others;
+the pure rules take values and time in and are tested without sockets): ``transport`` (the one part
+that owns sockets: CURVE, monitors, backpressure), ``framing`` (packing frames; the formats are
+``router.mesh_format``), ``dispatch`` (reading and checking a frame, the table of handlers by
+kind), ``delivery`` (rules: numbering, the ring, the backlog) and ``forwarding`` (publishes out and
+in, replay from the log), ``membership`` (rules: parking, forgetting, echoing, pauses) and
+``members`` (HELLO, heartbeat, park, rejoin, forget), ``interest`` (announcements and barriers),
+``takeover`` (asking, settling) and ``offer`` (rules: which copy is taken), ``transfer`` (a session
+leaving and arriving), ``handon`` (confirmations and the hand-on), ``peer``, ``waiter``,
+``limits``.
 """
 
 from __future__ import annotations
@@ -83,7 +84,6 @@ import zmq
 
 from brokerd.router.mesh_format import GOODBYE, MESH_VERSION, PUBLISH, max_frame
 
-from ..paths import mesh_ipc
 from ..quorum import MARGIN_S
 from . import dispatch
 from .dispatch import DispatchMixin
@@ -96,7 +96,7 @@ from .members import MembersMixin
 from .peer import Peer
 from .takeover import TakeoverMixin
 from .transfer import Transfer, TransferMixin
-from .transport import Link, TransportMixin
+from .transport import Transport
 from .waiter import Waiter
 
 if TYPE_CHECKING:
@@ -107,10 +107,10 @@ if TYPE_CHECKING:
 __all__ = ["HELLO_INTERVAL_S", "LOCAL_DOWN_WAIT_S", "MESH_VERSION", "PUBLISH", "Mesh", "Peer", "park_skew"]
 
 
-class Mesh(TransportMixin, FramingMixin, DispatchMixin, ForwardingMixin, MembersMixin, InterestMixin,
+class Mesh(FramingMixin, DispatchMixin, ForwardingMixin, MembersMixin, InterestMixin,
            TakeoverMixin, TransferMixin, HandonMixin):
-    """Implements ``router.ports.MeshPort`` for one router: the parts' state is set up here, each
-    part's behaviour is in its module."""
+    """Implements ``router.ports.MeshPort`` for one router: it holds the ``Transport`` (its
+    sockets); the other parts' state is set up here and their behaviour is in their modules."""
 
     def __init__(self, config: Config, index: int, router: Router, loop: asyncio.AbstractEventLoop) -> None:
         self.config = config
@@ -120,13 +120,8 @@ class Mesh(TransportMixin, FramingMixin, DispatchMixin, ForwardingMixin, Members
         self.router_id = router.router_id
         self.node_id = config.node_id
         self.incarnation = int.from_bytes(os.urandom(6), "big")
-        self.ctx: zmq.Context | None = None
-        self.pull: zmq.Socket | None = None
-        self.ipc = mesh_ipc(config, index)
-        self.tcp: str | None = None
+        self.transport = Transport(config, index, loop, router, self._on_readable)  # the sockets
         self.peers: dict[str, Peer] = {}
-        self.links: dict[str, Link] = {}
-        self.seeds: list[Link] = []
         self._dirty = False
         self._lingered = False
         self._interest_batch: list[tuple[str, bool]] = []
@@ -140,16 +135,8 @@ class Mesh(TransportMixin, FramingMixin, DispatchMixin, ForwardingMixin, Members
         self.lease: Any = None  # cluster.quorum.Lease, set by the replication: its beats go in each HELLO
         self._req_ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
-        self._drain_timer: asyncio.TimerHandle | None = None
-        self._blocked_links: set[Link] = set()
         self._started = time.monotonic()
         self._version_warned: set[str] = set()
-        self._auth: Any = None
-        self._curve: tuple[bytes, bytes] | None = None
-        self._monitors: list[tuple[zmq.Socket, str, str | None]] = []
-        self._refused_logged: dict[str, float] = {}
-        # Peer endpoints whose last CURVE handshake failed, and how (``brokerd stats`` names them).
-        self.refused: dict[str, str] = {}
         self._bad_logged: set[str] = set()
         self._last_beat = time.monotonic()
         # A heartbeat this long after the last means a pause the others may have acted on; the
@@ -157,8 +144,6 @@ class Mesh(TransportMixin, FramingMixin, DispatchMixin, ForwardingMixin, Members
         self._pause_after = config.mesh_timeout - MARGIN_S
         self.pause_deadline = self._last_beat + self._pause_after
         self.max_frame = max_frame(config.max_packet_size)
-        self._tcp_pull: zmq.Socket | None = None
-        self.stats_tcp: str | None = None  # this router's stats socket, if other nodes can read it
         self._incoming: dict[tuple[int, str], Transfer] = {}  # (request, sender) → session arriving
         self._moves: dict[tuple[str, int], str] = {}  # (new owner, its request) → client id leaving
         # Moves given up unconfirmed (the new owner fell silent): key as ``_moves`` → (client id,
@@ -191,8 +176,19 @@ class Mesh(TransportMixin, FramingMixin, DispatchMixin, ForwardingMixin, Members
         self.closed = False  # after stop(): whatever the router still says goes nowhere
         self._handlers = dispatch.bind(self)  # kind -> (handler, who may send it)
 
+    # The transport's, as others read them: where this router listens, its links, its refusals.
+    ipc = property(lambda self: self.transport.ipc)
+    tcp = property(lambda self: self.transport.tcp)
+    stats_tcp = property(lambda self: self.transport.stats_tcp)
+    links = property(lambda self: self.transport.links)
+    refused = property(lambda self: self.transport.refused)
+
+    def refused_links(self) -> dict[str, str]:
+        """Peer endpoints this node cannot join (its CURVE handshake failed last): endpoint → why."""
+        return self.transport.refused_links()
+
     async def start(self) -> None:
-        self._bind()
+        self.transport.bind()
         self._heartbeat()
         # Serve only once the routers of this node know each other (bounded): a client that
         # subscribes on one worker right after start must be reachable from every other.
@@ -219,4 +215,4 @@ class Mesh(TransportMixin, FramingMixin, DispatchMixin, ForwardingMixin, Members
                     pass
         if self._timer is not None:
             self._timer.cancel()
-        self._close()
+        self.transport.close()

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from brokerd.router.router import Router
 
     from ..config import Config
-    from .transport import Link
+    from .transport import Link, Transport
     from .waiter import Waiter
 
 
@@ -40,7 +40,7 @@ class MembersMixin:
     node_id: str
     incarnation: int
     peers: dict[str, Peer]
-    links: dict[str, Link]
+    transport: Transport
     closed: bool
     replication: Any
     lease: Any
@@ -113,8 +113,9 @@ class MembersMixin:
         # peer that restarted meanwhile must not confirm its new incarnation's frames.
         acks = {p.router_id: [p.incarnation, self._confirmable(p)] for p in self.peers.values() if p.seq_in}
         commit_log = self.router.commit_log
-        body = {"node": self.node_id, "ipc": self.ipc, "tcp": self.tcp, "peers": known, "acks": acks,
-                "stats": self.stats_tcp, "log": commit_log.next_offset if commit_log is not None else -1}
+        transport = self.transport
+        body = {"node": self.node_id, "ipc": transport.ipc, "tcp": transport.tcp, "peers": known, "acks": acks,
+                "stats": transport.stats_tcp, "log": commit_log.next_offset if commit_log is not None else -1}
         if commit_log is not None:
             # To each peer with nothing of ours on its way (nothing collected, waiting in the link,
             # kept, or being read back), and whose interest we know: every message of this log so
@@ -162,7 +163,7 @@ class MembersMixin:
                 log.warning("mesh: router %s of node %s has no --mesh address; cannot reach it", sender,
                             peer.node_id)
                 return
-            peer.link = self._link(endpoint)
+            peer.link = self.transport.link(endpoint)
         peer.last_seen = time.monotonic()
         catchup = -1
         if peer.incarnation != inc:
@@ -211,7 +212,7 @@ class MembersMixin:
             if rid != self.router_id and rid not in self.peers:
                 endpoint = ipc if node == self.node_id else tcp
                 if endpoint:
-                    self._send_hello(self._link(endpoint))
+                    self._send_hello(self.transport.link(endpoint))
 
     def _echo(self, peer: Peer, inc: int, beat: list[int]) -> None:
         """Answer a peer's beat at once (its lease, ``cluster.quorum.Lease``), where
@@ -269,7 +270,7 @@ class MembersMixin:
         if peer.link is not None:
             for frame in peer.link.park():
                 self._keep(peer, frame, 0)
-            self._blocked_links.discard(peer.link)
+            self.transport.unblock(peer.link)
         for key in [k for k in self._incoming if k[1] == peer.router_id]:
             self._transfer_failed(key, why)
         for key in [k for k in self._moves if k[0] == peer.router_id]:
@@ -310,7 +311,7 @@ class MembersMixin:
                          "again", len(resend), peer.router_id)
             peer.link.pending.extend(resend)
             peer.link.pending.extend(backlog)
-            self._blocked(peer.link)
+            self.transport.blocked(peer.link)
         replay_from, peer.replay_from = peer.replay_from, None
         self._joined(peer, quiet=was_parked)
         if self._handons_due:
@@ -382,10 +383,11 @@ class MembersMixin:
                 self._forget(peer)
         if self.replication is not None:
             self._replication_hook(self.replication.heartbeat)  # followers placed on the live nodes
-        for link in self.links.values():
+        transport = self.transport
+        for link in transport.links.values():
             self._send_hello(link)
-        if self._monitors:
-            self._poll_monitors()
+        if transport.monitors:
+            transport.poll_monitors()
         self._timer = self.loop.call_later(HELLO_INTERVAL_S, self._heartbeat)
 
     # -- frames received ------------------------------------------------------------------------

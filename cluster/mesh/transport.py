@@ -16,12 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from brokerd.router.mesh_format import max_frame
+
 from ..config import WILDCARDS
 from ..paths import ensure_run_dir, mesh_ipc
 from .limits import MAX_PENDING_FRAMES, log
 
 if TYPE_CHECKING:
     import asyncio
+    from collections.abc import Callable
 
     from brokerd.router.router import Router
 
@@ -31,14 +34,14 @@ if TYPE_CHECKING:
 class Link:
     """One PUSH socket to one endpoint, with the frames waiting for it to drain."""
 
-    __slots__ = ("endpoint", "sock", "pending", "paused", "mesh")
+    __slots__ = ("endpoint", "sock", "pending", "paused", "transport")
 
-    def __init__(self, mesh: TransportMixin, endpoint: str) -> None:
-        self.mesh = mesh
+    def __init__(self, transport: Transport, endpoint: str) -> None:
+        self.transport = transport
         self.endpoint = endpoint
         self.pending: list[bytes] = []
         self.paused: set[Any] = set()  # client connections not read until this link drains
-        self.sock = mesh._push(endpoint)
+        self.sock = transport._push(endpoint)
 
     def send(self, frame: bytes, sources: Any = ()) -> bool:
         """Send or keep ``frame``; False if the link is blocked (frame kept, ``sources`` paused).
@@ -51,9 +54,9 @@ class Link:
                 self.sock.send(frame, zmq.NOBLOCK)
                 return True
             except zmq.Again:
-                self.mesh._blocked(self)
+                self.transport.blocked(self)
         if not sources and len(self.pending) >= MAX_PENDING_FRAMES:
-            self.mesh.router.stats.drop_mesh_backpressure += 1
+            self.transport.router.stats.drop_mesh_backpressure += 1
             return False
         self.pending.append(frame)
         for src in sources:
@@ -97,20 +100,42 @@ class Link:
         self.pending.clear()
         self.resume()
         self.sock.close(linger=0)
-        self.sock = self.mesh._push(self.endpoint)
+        self.sock = self.transport._push(self.endpoint)
 
     def close(self) -> None:
         self.resume()
         self.sock.close(linger=0)
 
 
-class TransportMixin:
-    """The ``Mesh``'s sockets: bind, link, monitor, drain, close."""
+class Transport:
+    """A router's mesh sockets: bound by ``bind``, a ``Link`` per endpoint (``link``), blocked
+    links drained, CURVE handshakes monitored, all closed by ``close``. ``on_readable(sock)`` is
+    called when a PULL socket has frames."""
 
-    config: Config
-    index: int
-    loop: asyncio.AbstractEventLoop
-    router: Router
+    def __init__(self, config: Config, index: int, loop: asyncio.AbstractEventLoop, router: Router,
+                 on_readable: Callable[[zmq.Socket], None]) -> None:
+        self.config = config
+        self.index = index
+        self.loop = loop
+        self.router = router  # (its stats count the frames dropped for backpressure)
+        self.on_readable = on_readable
+        self.max_frame = max_frame(config.max_packet_size)
+        self.ctx: zmq.Context | None = None
+        self.pull: zmq.Socket | None = None
+        self._tcp_pull: zmq.Socket | None = None
+        self.ipc = mesh_ipc(config, index)
+        self.tcp: str | None = None
+        self.stats_tcp: str | None = None  # this router's stats socket, if other nodes can read it
+        self.links: dict[str, Link] = {}
+        self.seeds: list[Link] = []
+        self._blocked_links: set[Link] = set()
+        self._drain_timer: asyncio.TimerHandle | None = None
+        self._auth: Any = None
+        self._curve: tuple[bytes, bytes] | None = None
+        self.monitors: list[tuple[zmq.Socket, str, str | None]] = []
+        self._refused_logged: dict[str, float] = {}
+        # Peer endpoints whose last CURVE handshake failed, and how (``brokerd stats`` names them).
+        self.refused: dict[str, str] = {}
 
     def _push(self, endpoint: str) -> zmq.Socket:
         assert self.ctx is not None
@@ -143,15 +168,15 @@ class TransportMixin:
                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
         if peer is not None:
             events |= zmq.EVENT_HANDSHAKE_SUCCEEDED
-        self._monitors.append((s.get_monitor_socket(events), what, peer))
+        self.monitors.append((s.get_monitor_socket(events), what, peer))
 
-    def _poll_monitors(self) -> None:
+    def poll_monitors(self) -> None:
         """Read handshake events (from the heartbeat: rare events, no descriptor juggling) and
         log a failure at most every 30 s per link, since ZeroMQ retries the handshake continuously."""
         from zmq.utils.monitor import recv_monitor_message
 
         now = time.monotonic()
-        for mon, what, peer in self._monitors:
+        for mon, what, peer in self.monitors:
             while True:
                 try:
                     ev = recv_monitor_message(mon, zmq.NOBLOCK)
@@ -202,16 +227,20 @@ class TransportMixin:
         auth.configure_curve_callback(domain="*", credentials_provider=_OnlyClusterKey())
         self._auth = auth
 
-    def _link(self, endpoint: str) -> Link:
+    def link(self, endpoint: str) -> Link:
         link = self.links.get(endpoint)
         if link is None:
             link = self.links[endpoint] = Link(self, endpoint)
         return link
 
-    def _blocked(self, link: Link) -> None:
+    def blocked(self, link: Link) -> None:
         self._blocked_links.add(link)
         if self._drain_timer is None:
             self._drain_timer = self.loop.call_later(0.005, self._drain)
+
+    def unblock(self, link: Link) -> None:
+        """``link``'s peer is parked: its frames went to its backlog, none are left to drain."""
+        self._blocked_links.discard(link)
 
     def _drain(self) -> None:
         self._drain_timer = None
@@ -221,7 +250,7 @@ class TransportMixin:
         if self._blocked_links:
             self._drain_timer = self.loop.call_later(0.005, self._drain)
 
-    def _bind(self) -> None:
+    def bind(self) -> None:
         """Open the context, bind the PULL socket(s) and link to the seeds: the routers of this
         node and the ``--peer`` endpoints."""
         self.ctx = zmq.Context()
@@ -250,7 +279,7 @@ class TransportMixin:
                 tcp_pull.curve_publickey = self._curve[0]
                 self._monitor(tcp_pull, f"mesh listener {host}:{port + self.index}")
                 self._tcp_pull = tcp_pull
-                self.loop.add_reader(tcp_pull.FD, self._on_readable, tcp_pull)
+                self.loop.add_reader(tcp_pull.FD, self.on_readable, tcp_pull)
             try:
                 tcp_pull.bind(f"tcp://{host}:{port + self.index}")
             except zmq.ZMQError as exc:
@@ -271,16 +300,16 @@ class TransportMixin:
                     stats_host = advertised
                 self.stats_tcp = f"tcp://{stats_host}:{self.config.stats_port + self.index}"
         self.pull = pull
-        self.loop.add_reader(pull.FD, self._on_readable, pull)
+        self.loop.add_reader(pull.FD, self.on_readable, pull)
         for j in range(self.config.workers):
             if j != self.index:
-                self.seeds.append(self._link(mesh_ipc(self.config, j)))
+                self.seeds.append(self.link(mesh_ipc(self.config, j)))
         for host, port in self.config.peer:
             endpoint = f"tcp://{host}:{port}"
             if endpoint != self.tcp:
-                self.seeds.append(self._link(endpoint))
+                self.seeds.append(self.link(endpoint))
 
-    def _close(self) -> None:
+    def close(self) -> None:
         """Close every socket, the frames still queued in the links given 200 ms to leave."""
         if self._drain_timer is not None:
             self._drain_timer.cancel()
@@ -296,7 +325,7 @@ class TransportMixin:
             self.pull.close(linger=0)
         if self._tcp_pull is not None:
             self._tcp_pull.close(linger=0)
-        for mon, _, _ in self._monitors:
+        for mon, _, _ in self.monitors:
             mon.close(linger=0)
         if self._auth is not None:
             self._auth.stop()
