@@ -22,6 +22,7 @@ from brokerd.router.replication import HistoryState
 
 from .follower import FETCH_AGAIN_S, _remove_aside
 from .part import Part
+from .read_back import highest_holder
 
 if TYPE_CHECKING:
     from ..mesh import Peer
@@ -77,12 +78,7 @@ class HistoryPart(Part):
         peer = self.net.peer(partition)
         if peer is not None and peer.alive:
             return peer
-        best, best_end = None, -1
-        for other in self.net.peers():
-            end = other.replicas.get(partition, -1) if other.alive else -1
-            if end > best_end:
-                best, best_end = other, end
-        return best
+        return highest_holder(partition, self.net.peers())[0]
 
     async def _history(self, partition: str, target: CommitLog, previous: asyncio.Task | None) -> None:
         if previous is not None:  # the history of a log this one replaced: wait until it let go

@@ -15,6 +15,7 @@ QoS 1/2 messages back to the groups from the lowest mark asked for (``_groups_ba
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from brokerd.router.message import Message
@@ -28,6 +29,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__package__)  # (the package's name: the log lines name it as before)
 
+
+def highest_holder(partition: str, peers: Iterable[Any], best: Any = None,
+                   best_end: int = -1) -> tuple[Any, int]:
+    """The live peer whose replica of ``partition`` (its HELLO's ``replicas``) ends highest, and
+    that end, if above ``best_end``; else ``best`` and ``best_end`` (a first one wins a tie)."""
+    for other in peers:
+        end = other.replicas.get(partition, -1) if other.alive else -1
+        if end > best_end:
+            best, best_end = other, end
+    return best, best_end
 
 class ReadBackPart(Part):
     """Reading a silent router's replica back to subscribers and shared groups."""
@@ -143,14 +154,9 @@ class ReadBackPart(Part):
             origin.origin_mark = mark
 
     def _holder(self, partition: str) -> tuple[Any, int]:
-        """Who holds the replica of ``partition`` with the highest end (the mesh: this router; a
+        """Who holds the replica of ``partition`` with the highest end (``HERE``: this router; a
         live peer; None: nobody), and that end."""
-        best, best_end = None, -1
         own = self.replicas.get(partition)
         if own is not None:
-            best, best_end = HERE, own.log.next_offset - 1
-        for other in self.net.peers():
-            end = other.replicas.get(partition, -1) if other.alive else -1
-            if end > best_end:
-                best, best_end = other, end
-        return best, best_end
+            return highest_holder(partition, self.net.peers(), HERE, own.log.next_offset - 1)
+        return highest_holder(partition, self.net.peers())
