@@ -7,6 +7,8 @@ See ``connection.codec`` for why it is written the way it is (one offset walking
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from .bodies import BODIES, Body
 from .packets import MQTT_3_1, MQTT_5, Packet, Properties, Puback, Publish
 from .properties import _PUBLISH_PROPS, _TOPIC_ALIAS, _check_client_publish, _read_props
@@ -341,7 +343,8 @@ class Decoder:
                 return end
         return pos
 
-    _decoders: tuple[Body, ...]  # the other packet kinds' bodies, indexed by type (connection.bodies)
+    # The other packet kinds' bodies, indexed by type (connection.bodies); set below the class.
+    _decoders: ClassVar[tuple[Body, ...]]
 
 
 Decoder._decoders = BODIES
