@@ -56,13 +56,26 @@ class MeshLink(Protocol):
         """Seconds between the mesh's HELLOs."""
 
 
+class MeshAttributes(Protocol):
+    """What ``MeshAdapter`` reads of ``cluster.mesh.Mesh`` (a test's stand-in has the same)."""
+
+    peers: dict[str, Peer]
+    pause_deadline: float
+    lease: Any
+
+    def send_replication(self, peer: Peer, what: str, body: Any) -> None: ...
+
+    def silent_since(self, peer: Peer) -> float: ...
+
+    def check_paused(self) -> None: ...
+
+
 class MeshAdapter:
-    """``MeshLink`` over ``cluster.mesh.Mesh`` (or a test's stand-in with its ``peers`` dict,
-    ``send_replication``, ``pause_deadline`` and ``check_paused``)."""
+    """``MeshLink`` over ``cluster.mesh.Mesh``: the only code that reads the mesh's attributes."""
 
     __slots__ = ("_mesh",)
 
-    def __init__(self, mesh: Any) -> None:
+    def __init__(self, mesh: MeshAttributes) -> None:
         self._mesh = mesh
 
     def peer(self, router_id: str) -> Peer | None:
