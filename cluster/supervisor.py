@@ -118,8 +118,13 @@ class Supervisor:
             except LockBusy as busy:
                 raise SystemExit(f"brokerd: error: --data-dir: {path} is {busy.in_use()}") from None
             except OSError as exc:
-                hint = "" if cfg.agreement else " (or run with --log off)"  # the journal needs it either way
-                raise SystemExit(f"brokerd: error: --data-dir: cannot write {path}: {exc.strerror}{hint}") from None
+                if not cfg.log:  # only the agreement journal is kept there: name it, as its own check does
+                    from .agreement.service import data_dir
+
+                    raise SystemExit(f"brokerd: error: --data-dir: cannot write {data_dir(cfg)} (the agreement "
+                                     f"journal): {exc.strerror}") from None
+                raise SystemExit(f"brokerd: error: --data-dir: cannot write {path}: {exc.strerror} "
+                                 "(or run with --log off)") from None
         try:
             self.run_lock = claim_run_dir(cfg)
         except LockBusy as busy:
