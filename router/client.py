@@ -2,16 +2,15 @@
 
 ``Client`` is the ``connection.protocol.Handler`` the router hands to each connection. It decides
 in MQTT 5 reason codes and lets the codec and ``connack_code`` express the decision in the client's
-protocol level. Connecting may wait for the cluster (a takeover of the same client id on another
-router); packets that arrive meanwhile are held and processed in order once the session is ready.
+protocol level. Its CONNECT is taken by a part of its own (``router.connecting.Connecting``), which
+may wait for the cluster (a takeover of the same client id on another router); packets that arrive
+meanwhile are held (``pending``) and processed in order once the session is ready.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
-from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from brokerd.connection.codec import PUBACK, PUBCOMP, PUBREC, encode, success_ack, topic_levels_ok
@@ -36,35 +35,14 @@ from brokerd.connection.packets import (
 from brokerd.connection.ratelimit import CONNECTIONS, REFUSED_FILTERS
 from brokerd.connection.reasons import ProtocolError, Reason, connack_code
 
-from .access import (
-    AUTHENTICATING,
-    Access,
-    anonymous_check,
-    authenticate,
-    decided,
-    may_subscribe,
-    plugin_reason,
-    publish_refusal,
-)
+from .access import may_subscribe, publish_refusal
 from .auth import may_publish
-from .limits import (
-    connack_limits,
-    connect_refused,
-    listener_closed,
-    listener_opened,
-    listener_refused,
-    over_subscription_quota,
-    server_keepalive,
-    session_expiry,
-)
+from .connecting import Connecting
+from .limits import listener_closed, listener_opened, over_subscription_quota, session_expiry
 from .log.errors import LogUnavailable
 from .message import Message, will_delay
-from .outbound import NO_LIMIT, Outbound
-from .ownership import REFUSE, REFUSED, Claim, decide, name, state_owner
-from .ports import NOT_AGREED, TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE, TAKEOVER_UNDECIDED
 from .retained_out import RetainedOut
 from .shared import is_shared, parse_share
-from .spool import drop_named
 from .topics import valid_topic_filter
 
 if TYPE_CHECKING:
@@ -75,16 +53,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CONNECTING = "connecting"  # the pause_reading cause while a CONNECT waits for the cluster
 SUBSCRIBING = "subscribing"  # the hold cause while a SUBSCRIBE's filters are taken a slice per turn
 FILTERS_PER_TURN = 1024  # filters of one SUBSCRIBE taken per loop turn (valid ones: about 5 ms)
-DURABLE_WAIT_S = 5.0  # a session taken over waits this long at most to be in this router's snapshot
-_PROTOCOLS = {3: "MQTT 3.1", 4: "MQTT 3.1.1", 5: "MQTT 5.0"}  # protocol level → what an operator calls it
 
 
 class Client:
-    __slots__ = ("conn", "router", "session", "client_id", "level", "will", "_pending", "_connecting",
-                 "_taken_over", "_max_qos", "_unconnected", "_listener", "_aliases", "_problem_info", "held_acks",
+    __slots__ = ("conn", "router", "session", "client_id", "level", "will", "pending", "_connecting",
+                 "_taken_over", "_max_qos", "unconnected", "listener", "_aliases", "problem_info", "held_acks",
                  "username")
 
     def __init__(self, router: Router, conn: Connection) -> None:
@@ -94,16 +69,16 @@ class Client:
         self.client_id = ""
         self.level = 4
         self.will: Message | None = None
-        self._pending: list[Packet] | None = None
+        self.pending: list[Packet] | None = None
         self._connecting = False
         self._taken_over = False
         self._max_qos = 2
         # A socket not yet CONNECTed holds a place under --max-connections until its CONNECT.
-        self._unconnected = True
+        self.unconnected = True
         router.stats.unconnected += 1
-        self._listener = listener_opened(router, conn)
+        self.listener = listener_opened(router, conn)
         self._aliases: dict[int, str] | None = None  # topic aliases this client set (MQTT 5)
-        self._problem_info = True  # MQTT 5 Request Problem Information: reason strings wanted
+        self.problem_info = True  # MQTT 5 Request Problem Information: reason strings wanted
         self.held_acks = 0  # QoS 1/2 acknowledgements waiting for the disk or the followers
         self.username: str | None = None  # its identity, once connected (its will is published as it)
 
@@ -113,9 +88,9 @@ class Client:
         if self.session is None:
             if type(packet) is Connect and not self._connecting:
                 self._connecting = True
-                self._on_connect(packet)
-            elif self._pending is not None:
-                self._pending.append(packet)
+                Connecting(self).start(packet)
+            elif self.pending is not None:
+                self.pending.append(packet)
             return
         # ``cls is X`` does not narrow ``packet`` for mypy (``type(packet) is X`` in each branch
         # would cost a call per packet): hence the ignores below.
@@ -188,12 +163,12 @@ class Client:
 
     def connection_lost(self, graceful: bool) -> None:
         router = self.router
-        if self._unconnected:
-            self._unconnected = False
+        if self.unconnected:
+            self.unconnected = False
             router.stats.unconnected -= 1
-        if self._listener is not None:
-            listener_closed(router, self._listener)
-            self._listener = None
+        if self.listener is not None:
+            listener_closed(router, self.listener)
+            self.listener = None
         if self.session is not None:  # it had connected (a connection taken over said so already)
             CONNECTIONS.log(log, "client %s (%s) disconnected (%s)", self.client_id, self.conn.peer,
                             "DISCONNECT" if graceful else "closed without DISCONNECT" +
@@ -217,45 +192,11 @@ class Client:
 
     # -- CONNECT --------------------------------------------------------------------------------------
 
-    def _refuse(self, reason: Reason, why: str) -> None:
+    def refuse(self, reason: Reason, why: str) -> None:
         self.will = None  # a refused CONNECT made no session: its will is never published (MQTT-3.1.2-8)
         CONNECTIONS.log(log, "client %r (%s) refused: %s", self.client_id, self.conn.peer, why)
         self.conn.send(encode(Connack(False, connack_code(reason, self.level)), self.level))
         self.conn.close()
-
-    def _on_connect(self, connect: Connect) -> None:
-        """CONNECT: the listener's rules and ``router.auth`` decide first (``router.access``)."""
-        router = self.router
-        access = anonymous_check(router.auth, self.conn, connect)
-        if access.anonymous:
-            connect.username = connect.password = None
-        if access.refused is None and router.auth is not None:
-            self.level = connect.protocol_level
-            self.client_id = connect.client_id
-            access = authenticate(router.auth, router.acl, self.conn, connect)
-            if access.pending is not None:  # a plugin is asked: hold what the client sends meanwhile
-                self._pending = []
-                self.conn.pause_reading(AUTHENTICATING)
-                asyncio.ensure_future(self._authenticated(connect, access.pending))
-                return
-        self._admit(connect, access)
-
-    async def _authenticated(self, connect: Connect, pending: Awaitable[Reason | None]) -> None:
-        reason = await plugin_reason(connect, pending)
-        if self.conn.closing:
-            return
-        self._admit(connect, decided(self.router.acl, connect, reason))
-        self.conn.resume_reading(AUTHENTICATING)
-
-    def _admit(self, connect: Connect, access: Access) -> None:
-        if access.refused is None:
-            self._start_connect(connect)
-            return
-        self.level = connect.protocol_level
-        self.client_id = connect.client_id
-        self.router.stats.auth_failures += 1
-        self._pending = None
-        self._refuse(access.refused, access.why)  # never the password
 
     def identity_revoked(self) -> None:
         """Its user left the password file (a reload, ``access.install_auth``): disconnected. Its
@@ -263,327 +204,6 @@ class Client:
         user if it is added again."""
         self.will = None
         self.conn.close(Reason.NOT_AUTHORIZED)
-
-    def _start_connect(self, connect: Connect) -> None:
-        router = self.router
-        self.level = connect.protocol_level
-        client_id = connect.client_id
-        assigned = False
-        if self._unconnected:
-            self._unconnected = False
-            router.stats.unconnected -= 1
-        if connect_refused(self, connect, router.config.limits, router.stats):
-            return
-        if self.level >= MQTT_5 and Prop.AUTHENTICATION_METHOD in connect.properties:
-            # Enhanced authentication (AUTH exchanges): no method is supported, as Mosquitto
-            # without an auth plugin that offers one (MQTT 5 4.12).
-            self.client_id = client_id
-            self._refuse(Reason.BAD_AUTHENTICATION_METHOD, "enhanced authentication method "
-                         f"{connect.properties[Prop.AUTHENTICATION_METHOD]!r} not supported")
-            return
-        if not client_id:
-            if not connect.clean_start and self.level < MQTT_5:
-                self.client_id = ""
-                self._refuse(Reason.CLIENT_IDENTIFIER_NOT_VALID,
-                             "MQTT-3.1.3-8 empty client id requires clean session")
-                return
-            client_id = "auto-" + uuid.uuid4().hex
-            assigned = True
-        self.client_id = client_id
-        self.conn.client_id = client_id
-        if router.stats.connections + router.stats.unconnected >= router.config.max_connections:
-            router.stats.refused_connections += 1
-            self._refuse(Reason.SERVER_BUSY, f"max connections ({router.config.max_connections}) reached")
-            return
-        if self._listener is not None and listener_refused(self, self._listener):
-            return
-        if connect.will is not None:
-            w = connect.will
-            self.will = Message(w.topic, w.payload, w.qos, w.retain, client_id, router.router_id,
-                                properties=w.properties or None)
-        if self._pending is None:  # else it holds what came while a plugin was asked
-            self._pending = []
-        if self._not_the_owner(connect, router.sessions.get(client_id)):
-            return  # before its owner's connection is closed: the session stays as it is
-        local = router.clients.get(client_id)
-        if local is not None:
-            local.taken_over()
-        if not router.clustered:
-            self._finish_connect(connect, None, assigned)
-            return
-        replication = router.replication
-        if replication is not None and not connect.clean_start:
-            replication.check_paused()
-        if replication is not None and not connect.clean_start and replication.in_minority:
-            # A partition's minority side takes no session in: the majority may be serving it.
-            self._refuse(Reason.SERVER_UNAVAILABLE, "this node is cut off from the majority of the cluster; "
-                         "the client may retry (elsewhere)")
-            return
-        # Another router may hold this client id: ask the cluster first (bounded wait). Until the
-        # CONNACK, nothing more is read from the client: what it pipelined behind the CONNECT in
-        # this read is held (one read's worth), the rest waits in its socket.
-        router.clients[client_id] = self
-        self.conn.pause_reading(CONNECTING)
-        asyncio.ensure_future(self._connect_via_cluster(connect, assigned))
-
-    def _claim(self, known: bool, owner: str | None, connect: Connect) -> Claim:
-        return decide(known, owner, connect.username, self.router.config.session_owner)
-
-    def _not_the_owner(self, connect: Connect, session: Session | None) -> bool:
-        """A session of another identity has this client id and --session-owner refuse: refused
-        (CONNACK not authorized), True. The log line names both users, never a password."""
-        if session is None or self._claim(session.owner_known, session.username, connect) is not Claim.REFUSE:
-            return False
-        self._refuse_claim(connect, session.username, None)
-        return True
-
-    def _refuse_claim(self, connect: Connect, owner: str | None, where: str | None) -> None:
-        self.router.stats.auth_failures += 1
-        self._refuse(Reason.NOT_AUTHORIZED, f"its session belongs to user {name(owner)}"
-                     f"{f' (on router {where})' if where else ''}, not to user {name(connect.username)} "
-                     "(--session-owner refuse)")
-
-    def _replaces(self, session: Session, connect: Connect) -> bool:
-        """Whether the session here is not this client's to resume: another identity's, with
-        --session-owner replace, or one whose owner is unknown (``router.ownership``). It ends,
-        logged, and this client gets a clean session."""
-        if self._claim(session.owner_known, session.username, connect) is Claim.RESUME:
-            return False
-        CONNECTIONS.log(log, "session %s of %s dropped: user %s connected with its client id and gets a clean "
-                        "session (--session-owner %s)", self.client_id,
-                        f"user {name(session.username)}" if session.owner_known else "an unknown user",
-                        name(connect.username), self.router.config.session_owner)
-        return True
-
-    async def _connect_via_cluster(self, connect: Connect, assigned: bool) -> None:
-        router = self.router
-        refuse = router.config.session_owner == REFUSE
-        answered: set[str] = set()
-        state = await router.mesh.takeover(self.client_id, [connect.username, refuse], answered)  # bounded
-        if router.owners is not None:  # (a connection closed meanwhile too: its session is kept here)
-            state = await self._agree(connect, state, answered)
-        try:
-            await self._settle_connect(connect, assigned, state)
-        finally:  # (done already where the session's interest was waited for)
-            router.mesh.confirm_takeover(self.client_id)
-            if isinstance(state, dict) and state.get("spool"):
-                spooled = state["spool"]
-                session = router.sessions.get(self.client_id)
-                if session is None or all(r.directory != spooled[0] for r in session.ranges):
-                    drop_named(state)  # not taken in (a clean start): its backlog ends here
-
-    async def _agree(self, connect: Connect, state: dict | None, answered: set[str]) -> dict | None:
-        """With agreement on (``--agreement``), the session a takeover brought counts only once
-        this router is its agreed owner (``cluster.agreement.owners``): a resumed session is
-        claimed, a refused claim undoes the takeover (the session stays where it was) and refuses
-        the CONNECT; a clean start releases whatever record the session had."""
-        router = self.router
-        owners = router.owners
-        assert owners is not None  # the caller's test
-        if state is not None and (REFUSED in state or state is TAKEOVER_FAILED or state is TAKEOVER_UNAVAILABLE):
-            return state
-        if connect.clean_start:
-            if state is not None or owners.owns(self.client_id) or self.client_id in router.sessions:
-                owners.forget(self.client_id)
-            return state
-        if state is None:
-            source = router.router_id if self.client_id in router.sessions else None
-        else:
-            source = state.get("replica") or state.get("offered_by")
-        why = await owners.claim(self.client_id, source, answered)
-        if why is None:
-            return state
-        router.mesh.abort_takeover(self.client_id)
-        if state is not None:
-            drop_named(state)
-        return {NOT_AGREED: why}
-
-    async def _settle_connect(self, connect: Connect, assigned: bool, state: dict | None) -> None:
-        router = self.router
-        if state is not None and REFUSED in state:  # another identity's session (router.ownership)
-            if router.clients.get(self.client_id) is self:
-                del router.clients[self.client_id]
-            if not self.conn.closing:
-                self._refuse_claim(connect, *state[REFUSED])
-            return
-        if state is None and not connect.clean_start and router.replication is not None and router.owners is None \
-                and router.replication.undecided():
-            state = TAKEOVER_UNDECIDED
-        if self.conn.closing or state is TAKEOVER_FAILED or state is TAKEOVER_UNAVAILABLE \
-                or state is TAKEOVER_UNDECIDED or (state is not None and NOT_AGREED in state):
-            if router.clients.get(self.client_id) is self:
-                del router.clients[self.client_id]
-            if state is TAKEOVER_UNDECIDED:
-                self._refuse(Reason.SERVER_UNAVAILABLE, "a router that may hold its session is silent here but "
-                             "heard by other nodes (the cluster does not agree it is gone); the client may "
-                             "retry (elsewhere)")
-            elif state is TAKEOVER_FAILED:
-                self._refuse(Reason.SERVER_UNAVAILABLE, "its session is moving from another router and the "
-                             "transfer broke off (the session stays there); the client may retry")
-            elif state is TAKEOVER_UNAVAILABLE:
-                self._refuse(Reason.SERVER_UNAVAILABLE, "a router of this node that may hold its session "
-                             "is down (restarting); the client may retry")
-            elif state is not None and NOT_AGREED in state:
-                self._refuse(Reason.SERVER_UNAVAILABLE, state[NOT_AGREED])
-            elif state is not None and state["persistent"] and self._newer_or_only(state):
-                # Its old owner let the session go: keep it here, offline, as if this client left.
-                session = router.import_session(self.client_id, state)
-                router.schedule_expiry(session)
-                router.rearm_will(session)
-                if state.get("replica") and router.replication is not None:
-                    router.replication.adopted(session, state)
-                await self._durable(session)
-            return
-        if (state is not None and not connect.clean_start and self._claim(*state_owner(state), connect) is Claim.RESUME
-                and self._newer_or_only(state)):
-            state = await self._import_announced(state)
-            if state is TAKEOVER_FAILED:
-                return
-        elif state is not None and state.get("replica") and router.replication is not None:
-            # A clean start ends the copy a replica gave: its silent router must drop its own
-            # too when it returns, or the old session would come back there.
-            router.replication.fence(self.client_id, [state["replica"]])
-        self._finish_connect(connect, state, assigned)
-        self.conn.resume_reading(CONNECTING)
-
-    def _newer_or_only(self, state: dict) -> bool:
-        """Whether the copy of this client's session a takeover brought is to be taken in: there
-        is none here, or the one here is older and is dropped (``yield_to_newer``)."""
-        self.router.yield_to_newer(self.client_id, state)
-        return self.client_id not in self.router.sessions
-
-    async def _durable(self, session: Session) -> None:
-        """Wait (bounded) until a persistent session taken in is in this router's snapshot: its
-        old owner drops it from its own once told, and a crash of both in between (one node's
-        two workers) would lose it."""
-        state = self.router.state
-        if state is None or not session.persistent:
-            return
-        try:
-            await asyncio.wait_for(state.durable(), DURABLE_WAIT_S)
-        except TimeoutError:
-            log.warning("session %s: not in this router's snapshot within %g s; its old router is told it "
-                        "is here all the same", self.client_id, DURABLE_WAIT_S)
-
-    async def _import_announced(self, state: dict) -> dict | None:
-        """Take in a session moved here from another router and hold the CONNACK, as a SUBACK is
-        held, until every other router has acknowledged the interest its subscriptions announce:
-        whatever is published anywhere after the CONNACK then reaches it. Returns None (the
-        session is here now), or TAKEOVER_FAILED when the connection went away meanwhile (the
-        session stays here, offline)."""
-        router = self.router
-        session = router.import_session(self.client_id, state)
-        pending = router.interest_pending
-        waits = [pending[f] for f in session.subscriptions if f in pending]
-        acked = await asyncio.gather(*waits, return_exceptions=True) if waits else None
-        await self._durable(session)
-        # Its interest is known everywhere, and it is in this router's snapshot: the old owner
-        # may let it go, and hands on what reached it meanwhile (``Router.hand_on``).
-        router.mesh.confirm_takeover(self.client_id, acked)
-        if state.get("replica") and router.replication is not None:
-            # From the replica of a silent router: once its interest is known everywhere, ask the
-            # other routers for what was on its way there (docs/replication.md, "Sessions").
-            router.replication.adopted(session, state)
-        elif state.get("silent") and router.replication is not None:
-            # From a live router to which others were silent: ask them what they published.
-            router.replication.moved_past_silence(session, state["silent"])
-        if not self.conn.closing:
-            return None
-        if router.clients.get(self.client_id) is self:
-            del router.clients[self.client_id]
-        if session.persistent or session.expiry_s:
-            router.schedule_expiry(session)
-            router.rearm_will(session)
-        else:
-            router.end_session(session)
-        return TAKEOVER_FAILED
-
-    def _finish_connect(self, connect: Connect, remote_state: dict | None, assigned: bool) -> None:
-        router = self.router
-        client_id = self.client_id
-        level = self.level
-        persistent = not connect.clean_start
-        asked = 0
-        if level >= MQTT_5:
-            asked = connect.properties.get(Prop.SESSION_EXPIRY_INTERVAL, 0)
-            persistent = asked > 0
-        limits = router.config.limits
-        expiry = session_expiry(level, persistent, asked, limits)
-        session = router.sessions.get(client_id)
-        if session is not None and self._not_the_owner(connect, session):  # (one that came meanwhile)
-            if router.clients.get(client_id) is self:
-                del router.clients[client_id]
-            return
-        if remote_state is not None and session is None:
-            session = router.import_session(client_id, remote_state)
-        if session is not None and (self._replaces(session, connect) or connect.clean_start or not session.persistent):
-            # The old session ends here: a will it held back goes out now (MQTT 5 3.1.3.2.2). One
-            # that lasts only as long as its connection (3.1.1 clean session, MQTT 5 expiry 0) ends
-            # with the connection this CONNECT takes over, and is never resumed (MQTT-3.1.2-6).
-            # So does one of another identity (``_replaces``): nothing of it is this client's.
-            will, owner = session.will, session.username
-            router.end_session(session)
-            session = None
-            if will is not None:
-                router.publish_will(will, owner)
-        else:
-            router.cancel_will(client_id)  # the session is resumed: its delayed will never goes
-            router.in_doubt.pop(client_id, None)  # resumed here: a late confirmation leaves it here
-        session_present = session is not None
-        if session is None:
-            session = router.new_session(client_id, persistent)
-        else:
-            session.persistent = persistent
-            router.cancel_expiry(client_id)
-        session.expiry_s = expiry
-        self.session = session
-        # Its owner (a resumed session is this identity's already): it goes where the session goes.
-        session.username = self.username = connect.username
-        session.owner_known = True
-        router.clients[client_id] = self
-        router.stats.connections += 1
-        router.stats.connects_total += 1
-        props: dict = {}
-        receive_max = None
-        if level >= MQTT_5:
-            cp = connect.properties
-            receive_max = cp.get(Prop.RECEIVE_MAXIMUM)
-            self._problem_info = cp.get(Prop.REQUEST_PROBLEM_INFORMATION, 1) == 1
-            props = {
-                Prop.RETAIN_AVAILABLE: 1,
-                Prop.WILDCARD_SUBSCRIPTION_AVAILABLE: 1,
-                Prop.SHARED_SUBSCRIPTION_AVAILABLE: 1,
-                Prop.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 1,
-                Prop.MAXIMUM_PACKET_SIZE: router.config.max_packet_size,
-                Prop.RECEIVE_MAXIMUM: limits.max_qos2_pending,
-            }
-            if limits.max_topic_alias:
-                props[Prop.TOPIC_ALIAS_MAXIMUM] = limits.max_topic_alias
-            connack_limits(props, connect.keepalive, asked, expiry, limits, router.stats)
-            if assigned:
-                props[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id
-            # What it accepts of what is sent to it: a Maximum Packet Size, topic aliases.
-            alias_max = cp.get(Prop.TOPIC_ALIAS_MAXIMUM, 0) if router.config.topic_alias_out else 0
-            if Prop.MAXIMUM_PACKET_SIZE in cp or alias_max:
-                self.conn.outbound = Outbound(cp.get(Prop.MAXIMUM_PACKET_SIZE, NO_LIMIT), alias_max)
-        self.conn.accept(server_keepalive(connect.keepalive, limits), level)
-        self.conn.send(encode(Connack(session_present, 0, props), level))
-        # Like Mosquitto, one line per connect and disconnect, nothing per message; never the password.
-        # At most CONNECTION_LINES_PER_SECOND of them, then a summary: a reconnect storm's lines
-        # would cost as much CPU as its connects.
-        CONNECTIONS.log(log, "client %s connected from %s (%s, %s, keepalive %d%s)", client_id, self.conn.peer,
-                        _PROTOCOLS.get(level, f"protocol level {level}"),
-                        "clean start" if connect.clean_start else
-                        "session resumed" if session_present else "new persistent session",
-                        connect.keepalive, f", user {connect.username!r}" if connect.username is not None else "")
-        session.attach(self.conn, receive_max)
-        if session.shared:
-            router.shared_presence(session)
-        pending, self._pending = self._pending, None
-        for packet in pending or ():
-            if self.conn.closing:
-                break
-            self.packet_received(packet)
 
     def move_away(self) -> None:
         """This node is cut off from the majority of the cluster (cluster.quorum): close with
@@ -707,7 +327,7 @@ class Client:
         and the client resends after reconnecting."""
         if self.level >= MQTT_5:
             ack = Puback if p.qos == 1 else Pubrec
-            why = {Prop.REASON_STRING: "commit log unavailable"} if self._problem_info else {}
+            why = {Prop.REASON_STRING: "commit log unavailable"} if self.problem_info else {}
             self.conn.send(encode(ack(p.packet_id, Reason.IMPLEMENTATION_SPECIFIC_ERROR, why),  # type: ignore[arg-type]
                                   self.level))
             return

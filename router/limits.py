@@ -19,8 +19,14 @@ from .clock import LOOP_CLOCK, Clock, Timer
 from .retained import SYS_PREFIX, held_bytes
 
 if TYPE_CHECKING:
+    from brokerd.connection.listener import Listener
+    from brokerd.connection.packets import Connect
+    from brokerd.connection.protocol import Connection
+
+    from .client import Client
     from .message import Message
     from .retained import RetainedStore
+    from .router import Router
     from .session import Session
     from .stats import RouterStats
 
@@ -127,7 +133,7 @@ class Qos2Sweeper:
             self._timer = None
 
 
-def connect_refused(client: Any, connect: Any, limits: ClientLimits, stats: RouterStats) -> bool:
+def connect_refused(client: Client, connect: Connect, limits: ClientLimits, stats: RouterStats) -> bool:
     """Refuse a CONNECT over a limit (True when refused): an MQTT 3.1 client id outside 1-23
     characters (CONNACK 0x02), a client id longer than
     --max-client-id-length (CONNACK 0x02, MQTT 5: 0x85 client identifier not valid), or an MQTT
@@ -137,19 +143,19 @@ def connect_refused(client: Any, connect: Any, limits: ClientLimits, stats: Rout
     if connect.protocol_level == 3 and not 0 < len(client_id) <= 23:
         # MQTT 3.1 (MQIsdp) allows 1-23 characters; Mosquitto holds 3.1 clients to it.
         client.client_id = client_id[:32]
-        client._refuse(Reason.CLIENT_IDENTIFIER_NOT_VALID, f"MQTT 3.1 client id of {len(client_id)} "
+        client.refuse(Reason.CLIENT_IDENTIFIER_NOT_VALID, f"MQTT 3.1 client id of {len(client_id)} "
                        "characters (3.1 allows 1-23)")
         return True
     if len(client_id) > limits.max_client_id_length:
         stats.limit_client_id += 1
         client.client_id = client_id[:32] + "..."
-        client._refuse(Reason.CLIENT_IDENTIFIER_NOT_VALID, f"client id of {len(client_id)} characters, "
+        client.refuse(Reason.CLIENT_IDENTIFIER_NOT_VALID, f"client id of {len(client_id)} characters, "
                        f"more than --max-client-id-length {limits.max_client_id_length}")
         return True
     if connect.protocol_level < 5 and connect.keepalive > limits.max_keepalive:
         stats.limit_keepalive += 1
         client.client_id = client_id
-        client._refuse(Reason.CLIENT_IDENTIFIER_NOT_VALID, f"keepalive {connect.keepalive} s, more than "
+        client.refuse(Reason.CLIENT_IDENTIFIER_NOT_VALID, f"keepalive {connect.keepalive} s, more than "
                        f"--max-keepalive {limits.max_keepalive} (MQTT 3.1.1 has no Server Keep Alive)")
         return True
     return False
@@ -191,10 +197,10 @@ def listener_share(max_connections: int, workers: int) -> int:
     return max(1, math.ceil(max_connections / workers))
 
 
-def listener_opened(router: Any, conn: Any) -> Any:
+def listener_opened(router: Router, conn: Connection) -> Listener | None:
     """Count a new socket against its listener's max_connections; returns the listener when it has
     one (the client gives it back to ``listener_closed``), else None: no cost without the limit."""
-    listener = getattr(conn, "listener", None)
+    listener: Listener | None = getattr(conn, "listener", None)
     if listener is None or not listener.max_connections:
         return None
     sockets = router.listener_sockets
@@ -202,7 +208,7 @@ def listener_opened(router: Any, conn: Any) -> Any:
     return listener
 
 
-def listener_closed(router: Any, listener: Any) -> None:
+def listener_closed(router: Router, listener: Listener) -> None:
     sockets = router.listener_sockets
     n = sockets.get(listener, 0) - 1
     if n > 0:
@@ -211,17 +217,17 @@ def listener_closed(router: Any, listener: Any) -> None:
         sockets.pop(listener, None)
 
 
-def listener_refused(client: Any, listener: Any) -> bool:
+def listener_refused(client: Client, listener: Listener) -> bool:
     """Refuse a CONNECT on a listener holding its share of max_connections (True when refused): its
     sockets, this one included, open or not yet CONNECTed, as --max-connections counts them. CONNACK
     0x03 server unavailable (MQTT 5: 0x89 server busy), counted in ``limit_listener_connections``
     and ``refused_connections``."""
     router = client.router
-    share = listener_share(listener.max_connections, router.config.workers)
+    share = listener_share(listener.max_connections, router.config.workers)  # type: ignore[arg-type]  # it has one (listener_opened)
     if router.listener_sockets.get(listener, 0) <= share:
         return False
     router.stats.limit_listener_connections += 1
     router.stats.refused_connections += 1
-    client._refuse(Reason.SERVER_BUSY, f"listener {listener.url} at its max_connections "
+    client.refuse(Reason.SERVER_BUSY, f"listener {listener.url} at its max_connections "
                    f"({listener.max_connections}: {share} per worker)")
     return True

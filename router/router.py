@@ -49,6 +49,8 @@ from .topics import TopicIndex
 from .wiring import OwnersPort, Wiring
 
 if TYPE_CHECKING:
+    from brokerd.connection.listener import Listener
+
     from .auth import Auth
     from .log import CommitLog
     from .persistence import StateStore
@@ -114,7 +116,7 @@ class Router:
         self.wiring = Wiring(self.mesh)
         self.stats = RouterStats()
         self.clients: dict[str, ClientHandle] = {}  # client id → the live connection's handler
-        self.listener_sockets: dict[Any, int] = {}  # listener with a max_connections → its open sockets here
+        self.listener_sockets: dict[Listener, int] = {}  # listener with a max_connections → its open sockets here
         self.subs: TopicIndex[Session, Subscription] = TopicIndex()
         self.local_filters: dict[str, int] = {}  # filter → number of local sessions subscribed
         self.interest_pending: dict[str, Awaitable[None]] = {}  # announced, not yet acknowledged

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,13 +19,17 @@ from typing import TYPE_CHECKING, Any
 from brokerd.connection.codec import encode, with_dup
 from brokerd.connection.packets import MQTT_5, Pubrel, Subscription
 
+from . import session_transfer
 from .clock import LOOP_CLOCK, Clock
+from .inflight import AWAIT_ACK as AWAIT_ACK
+from .inflight import AWAIT_COMP as AWAIT_COMP
+from .inflight import RANGED
+from .inflight import Inflight as Inflight
 from .message import Message
-from .ownership import state_owner
 from .ranges import LogRange as LogRange
-from .ranges import Range, log_router_id, make_range
+from .ranges import Range, log_router_id
 from .ranges import router_log_dir as router_log_dir
-from .spool import SpoolRange, is_spool, note_span, spool_dir
+from .spool import SpoolRange, is_spool, note_span
 from .topics import filter_matches
 
 if TYPE_CHECKING:
@@ -36,11 +39,6 @@ if TYPE_CHECKING:
     from .stats import RouterStats
 
 log = logging.getLogger(__name__)
-
-# Inflight states
-AWAIT_ACK = 0  # PUBLISH sent, waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
-AWAIT_COMP = 1  # PUBREL sent, waiting for PUBCOMP
-
 
 @dataclass(slots=True)
 class SessionLimits:
@@ -54,21 +52,6 @@ NO_QUEUE: tuple[()] = ()
 NO_IDS: frozenset[int] = frozenset()
 
 
-# A message read from a range (another router's log on this node, or a spool) carries, as its
-# ``log_offset``, RANGED minus its position in that range: negative, so it is no position in this
-# router's log (``position``), and what the snapshot names its range from while it is held.
-RANGED = -2
-
-class Inflight:
-    __slots__ = ("msg", "qos", "retain", "state")
-
-    def __init__(self, msg: Message, qos: int, retain: bool) -> None:
-        self.msg = msg
-        self.qos = qos
-        self.retain = retain
-        self.state = AWAIT_ACK
-
-
 def recency(state: dict) -> tuple[int, int]:
     """Which of two copies of a session (a takeover header, or its state in a snapshot) is the
     current one: the higher (ownership epoch, arrival time at its router). The epoch orders
@@ -79,7 +62,7 @@ def recency(state: dict) -> tuple[int, int]:
 
 class Session:
     __slots__ = ("client_id", "persistent", "subscriptions", "conn", "inflight", "queue",
-                 "inbound_qos2", "limits", "stats", "_next_pid", "receive_max", "expiry_s",
+                 "inbound_qos2", "limits", "stats", "next_pid", "receive_max", "expiry_s",
                  "will", "will_due_ms", "dropped", "log", "cursor", "shared", "ranges", "username", "acl",
                  "arrived_ms", "epoch", "owner_known", "clock")
 
@@ -96,7 +79,7 @@ class Session:
         self.limits = limits
         self.stats = stats
         self.clock = clock  # its router's: when a message it holds has expired
-        self._next_pid = 1
+        self.next_pid = 1
         self.receive_max = limits.max_inflight
         self.expiry_s = 0
         self.will: Message | None = None  # a delayed will, waiting with the offline session
@@ -230,11 +213,11 @@ class Session:
         return self.acl.may_read(self.username, self.client_id, msg.topic)  # type: ignore[union-attr]  # (see above)
 
     def _alloc_pid(self) -> int:
-        pid = self._next_pid
+        pid = self.next_pid
         inflight = self.inflight
         while pid in inflight:
             pid = pid + 1 if pid < 65535 else 1
-        self._next_pid = pid + 1 if pid < 65535 else 1
+        self.next_pid = pid + 1 if pid < 65535 else 1
         return pid
 
     def _send_new(self, conn: Connection, msg: Message, qos: int, retain: bool) -> None:
@@ -320,10 +303,10 @@ class Session:
         """Queue the QoS 1/2 records this session's normal subscriptions match (expired ones are
         dropped when they reach the window, as any queued message). ``ranged``: records of a
         range (``RANGED``), not of this router's log."""
-        for item in self._matching(records, ranged):
+        for item in self.matching(records, ranged):
             self._queue().append(item)  # (the queue is made only if something matches)
 
-    def _matching(self, records: list, ranged: bool = False) -> Iterator[tuple[Message, int, bool]]:
+    def matching(self, records: list, ranged: bool = False) -> Iterator[tuple[Message, int, bool]]:
         """The QoS 1/2 records this session's normal subscriptions match, as queue entries."""
         for rec in records:
             if rec.qos > 0:
@@ -403,7 +386,8 @@ class Session:
         """Where a catch-up must start to lose nothing unacknowledged (for snapshots)."""
         if self.log is None:
             return None
-        offsets = [e.msg.log_offset for e in self.inflight.values() if e.state == AWAIT_ACK]
+        offsets = [e.msg.log_offset for e in self.inflight.values()  # type: ignore[union-attr]
+                   if e.state == AWAIT_ACK]  # (AWAIT_ACK: its message is kept)
         offsets += [m.log_offset for m, _, _ in self.queue]
         if self.cursor is not None:
             offsets.append(self.cursor)
@@ -430,7 +414,7 @@ class Session:
             return True
         entry.state = AWAIT_COMP
         self.stats.state_moves += 1  # no longer awaiting its acknowledgement: the position moves
-        entry.msg = None  # type: ignore[assignment]  # the payload is no longer needed
+        entry.msg = None  # the payload is no longer needed
         if self.conn is not None:
             self.conn.send(encode(Pubrel(pid), self.conn.protocol_level))
         return True
@@ -468,6 +452,7 @@ class Session:
         for pid, entry in list(self.inflight.items()):
             if entry.state == AWAIT_ACK:
                 msg = entry.msg
+                assert msg is not None  # kept until its PUBREC
                 # Expired or too large for this connection: dropped, as Mosquitto drops expired
                 # messages from the inflight window when it resends.
                 parts = msg.encoded(level, entry.qos, entry.retain) if outbound is None else \
@@ -536,93 +521,13 @@ class Session:
         return state
 
     def export_header(self, same_node: bool) -> dict:
-        """What a new owner needs besides the queued copies, as plain values (msgpack-able).
-        On the same node the offline backlog in the logs travels as positions (``log``)."""
-        # From the oldest message read from them still unacknowledged (``range_values``): the
-        # queue's such messages are not copied (``export_copies``), and the new owner's snapshot
-        # then covers those in flight too (they may come twice).
-        ranges = self.range_values()
-        if self.cursor is not None and self.log is not None:
-            # Absolute: the position must mean the same after a restart from another directory.
-            ranges.append([os.path.abspath(self.log.directory), self.cursor, self.log.next_offset])
-        header = {
-            "client_id": self.client_id,
-            "persistent": self.persistent,
-            "expiry_s": self.expiry_s,
-            "subs": [s.to_values() for s in self.subscriptions.values()],
-            "inflight": [(pid, e.qos, e.retain, e.state, e.msg.to_list() if e.msg is not None else None)
-                         for pid, e in self.inflight.items()],
-            "queue": [],
-            "log": ranges if same_node else [],
-            "inbound_qos2": sorted(self.inbound_qos2),
-            "next_pid": self._next_pid,
-            "shared": [s.to_values() for s in self.shared.values()],
-            "will": self.will_state(),
-            "epoch": self.epoch,
-            "arrived": self.arrived_ms,
-        }
-        if self.owner_known:  # absent: an unknown owner (``router.ownership.state_owner``)
-            header["username"] = self.username
-        return header
+        """What a new owner needs besides the queued copies (``session_transfer``)."""
+        return session_transfer.export_header(self, same_node)
 
     def export_copies(self, same_node: bool, chunk_bytes: int = 1 << 20,
                       limit: int | None = -1) -> Iterator[list]:
-        """The queued messages as copies, in chunks of about ``chunk_bytes``: the queue, then (to
-        another node, where this node's logs cannot be read) the offline backlog read from the
-        logs and spools. ``limit``: at most this many copies in all, what is beyond counted as
-        dropped (queue full) and logged; -1 (the default): ``max_queued``, the bound of a
-        session without a log; None: all of them (a new owner that spools them:
-        ``router.spool``)."""
-        if limit == -1:
-            limit = self.limits.max_queued
-        chunk: list = []
-        size = 0
-        n = 0
-
-        def items() -> Iterator[tuple[Message, int, bool]]:
-            # (Runs from the first chunk on, in the tick of the export: the log's end is that
-            # tick's, where the hand-on after the move starts.)
-            ranges = [] if same_node else [r.for_export() for r in self.ranges]
-            at, end = (self.cursor, self.log.next_offset) if self.log is not None else (None, 0)
-            if same_node:  # what was read from a range is read from it again there
-                yield from (item for item in self.queue if item[0].log_offset > RANGED)
-                return
-            yield from self.queue
-            for rng in ranges:
-                while (records := rng.read(256)) is not None and records:
-                    if rng.copies:
-                        for _, (qos, retain, values) in records:
-                            yield Message.from_list(values), qos, retain
-                    else:
-                        yield from self._matching(records)
-                rng.close()
-            if at is not None:
-                # Its own log is read through the log, not its files: the last records may still
-                # be with the writer thread (a reader of the files would stop short of them, and
-                # the hand-on after the move starts at the log's end).
-                while at < end and (records := self.log.read(at, 256)):
-                    yield from self._matching([r for r in records if r.offset < end])
-                    at = records[-1].offset + 1
-
-        dropped = 0
-        for msg, qos, retain in items():
-            if msg.expires_ms and msg.expired(self.clock.unix() * 1000):
-                self.stats.drop_expired += 1
-                continue
-            if limit is not None and n >= limit:
-                dropped += 1
-                continue
-            n += 1
-            chunk.append((qos, retain, msg.to_list()))
-            size += len(msg.payload) + len(msg.topic) + 32
-            if size >= chunk_bytes:
-                yield chunk
-                chunk, size = [], 0
-        if dropped:
-            self.stats.drop_queue_full += dropped
-            log.warning("session %s moved to another node: %d queued message(s) beyond --max-queued %d "
-                        "dropped (this node's log cannot be read there)", self.client_id, dropped, limit)
-        yield chunk
+        """The queued messages as copies, in chunks (``session_transfer``)."""
+        return session_transfer.export_copies(self, same_node, chunk_bytes, limit)
 
     def _best_qos(self, rec: Any) -> tuple[int, tuple[int, ...]]:
         """The highest QoS of this session's subscriptions matching a log record (-1: none), and
@@ -652,36 +557,5 @@ class Session:
             self.will = Message.from_list(will)
 
     def import_state(self, state: dict) -> None:
-        """Load the state exported by another router (subscriptions are indexed by the caller)."""
-        self.persistent = state["persistent"]
-        self.expiry_s = state.get("expiry_s", 0)
-        self.owner_known, self.username = state_owner(state)
-        for pid, qos, retain, st, m in state["inflight"]:
-            entry = Inflight(Message.from_list(m) if m is not None else None, qos, retain)  # type: ignore[arg-type]
-            entry.state = st
-            self.inflight[pid] = entry
-        for qos, retain, m in state["queue"]:
-            self._queue().append((Message.from_list(m), qos, retain))
-        if state["inbound_qos2"]:
-            self.qos2_ids().update(state["inbound_qos2"])
-        self._next_pid = state.get("next_pid", 1)
-        self.epoch = state.get("epoch", 0) + 1  # a new owner: the copy it came from is older
-        self.restore_will(state.get("will"))  # the importer publishes, drops or re-arms it
-        # The copies the new owner spooled (``router.spool``: read after the queue, which is then
-        # empty), then the other logs' ranges (same node).
-        ranges = ([state["spool"]] if state.get("spool") else []) + (state.get("log") or [])
-        if ranges:
-            self.ranges = [make_range(*r) for r in ranges]
-            if any(r.copies for r in self.ranges):
-                own = spool_dir(self.log.directory) if self.log is not None else None
-                for rng in [r for r in self.ranges if isinstance(r, SpoolRange)]:  # (the copies)
-                    if own is None or os.path.dirname(rng.directory) != own:
-                        # Only this node's spool directory is read (and its files deleted).
-                        log.error("session %s: spool %s is not in %s: ignored", self.client_id, rng.directory, own)
-                        self.ranges.remove(rng)
-                    else:
-                        rng.adopt(self.log.directory)  # this router's file now (a same-node move)
-            if self.log is not None and self.cursor is None:
-                # Live messages from here on wait in this router's log, read after the ranges.
-                self.cursor = self.log.next_offset
-
+        """Load the state exported by another router (``session_transfer``)."""
+        session_transfer.import_state(self, state)

@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from brokerd.connection.packets import Subscription
 from brokerd.connection.ratelimit import CONNECTIONS
 
+from .inflight import AWAIT_ACK
 from .message import Message, expiry_deadline
 from .ownership import REFUSE, Claim, decide, name
+from .ranges import make_range
 from .retained_out import finish as finish_walks
-from .session import AWAIT_ACK, Session, make_range, recency
+from .session import Session, recency
 from .session_state import restore_state
 from .spool import spooled
 

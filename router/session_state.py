@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .inflight import AWAIT_COMP, Inflight
 from .message import Message, will_delay
 from .ownership import state_owner
-from .session import AWAIT_COMP, Inflight, Session
+from .session import Session
 
 
 def snapshot_state(s: Session, live: Message | None, log_: Any) -> dict:
@@ -71,7 +72,7 @@ def restore_state(session: Session, st: dict) -> None:
     if st.get("qos2_in"):
         session.qos2_ids().update(st["qos2_in"])
     for pid in st.get("pubrel", ()):  # PUBREL must be sent again on reconnect
-        entry = Inflight(None, 2, False)  # type: ignore[arg-type]
+        entry = Inflight(None, 2, False)
         entry.state = AWAIT_COMP
         session.inflight[pid] = entry
     session.restore_will(st.get("will"))

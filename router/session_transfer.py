@@ -1,0 +1,151 @@
+"""A session's move to another router, as plain values: the header (what a new owner needs besides
+the copies), the queued copies in chunks, and the import of both on the new owner.
+
+Why apart from ``router.session``: a move is not delivery. These read and fill a ``Session`` the
+way its own methods would (``Session.export_header``, ``export_copies`` and ``import_state`` call
+them); the formats are on disks and wires of running clusters and do not change here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from .inflight import RANGED, Inflight
+from .message import Message
+from .ownership import state_owner
+from .ranges import make_range
+from .spool import SpoolRange, spool_dir
+
+if TYPE_CHECKING:
+    from .session import Session
+
+log = logging.getLogger("brokerd.router.session")  # (where these lines were always logged)
+
+
+def export_header(session: Session, same_node: bool) -> dict:
+    """What a new owner needs besides the queued copies, as plain values (msgpack-able).
+    On the same node the offline backlog in the logs travels as positions (``log``)."""
+    # From the oldest message read from them still unacknowledged (``range_values``): the
+    # queue's such messages are not copied (``export_copies``), and the new owner's snapshot
+    # then covers those in flight too (they may come twice).
+    ranges = session.range_values()
+    if session.cursor is not None and session.log is not None:
+        # Absolute: the position must mean the same after a restart from another directory.
+        ranges.append([os.path.abspath(session.log.directory), session.cursor, session.log.next_offset])
+    header = {
+        "client_id": session.client_id,
+        "persistent": session.persistent,
+        "expiry_s": session.expiry_s,
+        "subs": [s.to_values() for s in session.subscriptions.values()],
+        "inflight": [(pid, e.qos, e.retain, e.state, e.msg.to_list() if e.msg is not None else None)
+                     for pid, e in session.inflight.items()],
+        "queue": [],
+        "log": ranges if same_node else [],
+        "inbound_qos2": sorted(session.inbound_qos2),
+        "next_pid": session.next_pid,
+        "shared": [s.to_values() for s in session.shared.values()],
+        "will": session.will_state(),
+        "epoch": session.epoch,
+        "arrived": session.arrived_ms,
+    }
+    if session.owner_known:  # absent: an unknown owner (``router.ownership.state_owner``)
+        header["username"] = session.username
+    return header
+
+
+def export_copies(session: Session, same_node: bool, chunk_bytes: int = 1 << 20,
+                  limit: int | None = -1) -> Iterator[list]:
+    """The queued messages as copies, in chunks of about ``chunk_bytes``: the queue, then (to
+    another node, where this node's logs cannot be read) the offline backlog read from the
+    logs and spools. ``limit``: at most this many copies in all, what is beyond counted as
+    dropped (queue full) and logged; -1 (the default): ``max_queued``, the bound of a
+    session without a log; None: all of them (a new owner that spools them:
+    ``router.spool``)."""
+    if limit == -1:
+        limit = session.limits.max_queued
+    chunk: list = []
+    size = 0
+    n = 0
+
+    def items() -> Iterator[tuple[Message, int, bool]]:
+        # (Runs from the first chunk on, in the tick of the export: the log's end is that
+        # tick's, where the hand-on after the move starts.)
+        ranges = [] if same_node else [r.for_export() for r in session.ranges]
+        at, end = (session.cursor, session.log.next_offset) if session.log is not None else (None, 0)
+        if same_node:  # what was read from a range is read from it again there
+            yield from (item for item in session.queue if item[0].log_offset > RANGED)
+            return
+        yield from session.queue
+        for rng in ranges:
+            while (records := rng.read(256)) is not None and records:
+                if rng.copies:
+                    for _, (qos, retain, values) in records:
+                        yield Message.from_list(values), qos, retain
+                else:
+                    yield from session.matching(records)
+            rng.close()
+        if at is not None:
+            # Its own log is read through the log, not its files: the last records may still
+            # be with the writer thread (a reader of the files would stop short of them, and
+            # the hand-on after the move starts at the log's end).
+            while at < end and (records := session.log.read(at, 256)):
+                yield from session.matching([r for r in records if r.offset < end])
+                at = records[-1].offset + 1
+
+    dropped = 0
+    for msg, qos, retain in items():
+        if msg.expires_ms and msg.expired(session.clock.unix() * 1000):
+            session.stats.drop_expired += 1
+            continue
+        if limit is not None and n >= limit:
+            dropped += 1
+            continue
+        n += 1
+        chunk.append((qos, retain, msg.to_list()))
+        size += len(msg.payload) + len(msg.topic) + 32
+        if size >= chunk_bytes:
+            yield chunk
+            chunk, size = [], 0
+    if dropped:
+        session.stats.drop_queue_full += dropped
+        log.warning("session %s moved to another node: %d queued message(s) beyond --max-queued %d "
+                    "dropped (this node's log cannot be read there)", session.client_id, dropped, limit)
+    yield chunk
+
+
+def import_state(session: Session, state: dict) -> None:
+    """Load the state exported by another router (subscriptions are indexed by the caller)."""
+    session.persistent = state["persistent"]
+    session.expiry_s = state.get("expiry_s", 0)
+    session.owner_known, session.username = state_owner(state)
+    for pid, qos, retain, st, m in state["inflight"]:
+        entry = Inflight(Message.from_list(m) if m is not None else None, qos, retain)
+        entry.state = st
+        session.inflight[pid] = entry
+    for qos, retain, m in state["queue"]:
+        session._queue().append((Message.from_list(m), qos, retain))
+    if state["inbound_qos2"]:
+        session.qos2_ids().update(state["inbound_qos2"])
+    session.next_pid = state.get("next_pid", 1)
+    session.epoch = state.get("epoch", 0) + 1  # a new owner: the copy it came from is older
+    session.restore_will(state.get("will"))  # the importer publishes, drops or re-arms it
+    # The copies the new owner spooled (``router.spool``: read after the queue, which is then
+    # empty), then the other logs' ranges (same node).
+    ranges = ([state["spool"]] if state.get("spool") else []) + (state.get("log") or [])
+    if ranges:
+        session.ranges = [make_range(*r) for r in ranges]
+        if any(r.copies for r in session.ranges):
+            own = spool_dir(session.log.directory) if session.log is not None else None
+            for rng in [r for r in session.ranges if isinstance(r, SpoolRange)]:  # (the copies)
+                if own is None or os.path.dirname(rng.directory) != own:
+                    # Only this node's spool directory is read (and its files deleted).
+                    log.error("session %s: spool %s is not in %s: ignored", session.client_id, rng.directory, own)
+                    session.ranges.remove(rng)
+                else:
+                    rng.adopt(session.log.directory)  # this router's file now (a same-node move)
+        if session.log is not None and session.cursor is None:
+            # Live messages from here on wait in this router's log, read after the ranges.
+            session.cursor = session.log.next_offset
