@@ -171,7 +171,7 @@ class Decoder:
         rest = self._rest
         return len(self._buf) + (len(rest) - self._rest_pos if rest is not None else 0)
 
-    def feed(self, data: bytes) -> list[Packet]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
         """Decode every complete packet in buffered data + ``data``; keep a partial one for next time.
 
         Raises ProtocolError on any violation (with ``.packets``, see the class docstring).
