@@ -198,6 +198,7 @@ class _Service(BaseHTTPRequestHandler):
     active = 0
     asked: list[str] = []
     arrived: list[float] = []  # when each ``slow`` request came (monotonic)
+    generation = 0  # raised by each test's fixture: a slow request of an earlier test counts nowhere
 
     def do_POST(self):  # noqa: N802
         user = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["username"]
@@ -207,6 +208,7 @@ class _Service(BaseHTTPRequestHandler):
             if user == "slow":
                 cls.arrived.append(time.monotonic())
             cls.active += 1
+            generation = cls.generation
         try:
             if user == "slow":
                 time.sleep(cls.SLOW_S)
@@ -219,7 +221,8 @@ class _Service(BaseHTTPRequestHandler):
             pass  # the broker gave up on a slow answer
         finally:
             with cls.lock:
-                cls.active -= 1
+                if cls.generation == generation:
+                    cls.active -= 1
 
     def log_message(self, *a):
         pass
@@ -229,9 +232,11 @@ class _Service(BaseHTTPRequestHandler):
 def service():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Service)
     server.daemon_threads = True
-    _Service.active = 0
-    _Service.asked = []
-    _Service.arrived = []
+    with _Service.lock:
+        _Service.generation += 1
+        _Service.active = 0
+        _Service.asked = []
+        _Service.arrived = []
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}/auth"
     server.shutdown()
