@@ -373,10 +373,12 @@ def _address(host: str, port: int) -> str:
 
 def ready_line(cfg: Config) -> str:
     """What an operator wants to know once the node serves: what runs, where, with which policy."""
+    from brokerd.connection._compiled import implementation
+
     from . import __version__
     from .stats import router_endpoint
 
-    parts = [f"brokerd ready: brokerd {__version__}", f"node {cfg.node_id}",
+    parts = [f"brokerd ready: brokerd {__version__} ({implementation()})", f"node {cfg.node_id}",
              "MQTT on " + (", ".join(x.url.removeprefix("mqtt://") for x in cfg.listeners) or _address(*cfg.listen)), f"{cfg.workers} worker{'s' if cfg.workers != 1 else ''}",
              f"data {os.path.abspath(os.path.join(cfg.data_dir, cfg.node_id))} (fsync {cfg.fsync})" if cfg.log
              else "commit log off"]

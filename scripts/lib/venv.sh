@@ -31,11 +31,29 @@ ensure_venv() {
     hash="$(cat pyproject.toml setup.py 2>/dev/null | sha256sum | cut -c1-16)"
     # The broker alone is satisfied by any install of this pyproject; extras need their own line.
     if [ -f "$stamp" ] && { [ -z "$extras" ] && grep -q "^$hash " "$stamp" || grep -qx "$hash $extras" "$stamp"; }; then
-        return 0
+        compiled_stale || return 0
+        echo "the compiled hot path is older than its sources: rebuilding it" >&2
     fi
     echo "installing brokerd into .venv${extras:+ (with $extras)}" >&2
     .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras:+[$extras]}" >&2
     grep -s "^$hash " "$stamp" > "$stamp.new" || true
     echo "$hash $extras" >> "$stamp.new"
     mv "$stamp.new" "$stamp"
+}
+
+# True when the checkout's compiled hot path (connection/__compiled__) was built from sources that
+# have changed since: connection/_compiled.py would run pure Python and warn in every process, so
+# ./scripts/run and ./scripts/test build it again instead (as the manifest's SHA-256s say).
+compiled_stale() {
+    [ -f connection/__compiled__/manifest.json ] || return 1
+    .venv/bin/python - <<'PY' 2>/dev/null
+import hashlib, json, os, sys
+modules = json.load(open("connection/__compiled__/manifest.json"))["modules"]
+for module, digest in modules.items():
+    source = os.path.join(*module.split(".")[1:]) + ".py"
+    if digest is not None and (not os.path.exists(source)
+                               or hashlib.sha256(open(source, "rb").read()).hexdigest() != digest):
+        sys.exit(0)
+sys.exit(1)
+PY
 }
