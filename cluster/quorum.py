@@ -108,7 +108,8 @@ class Lease:
     *sent* (by this router's own clock: no clock is compared across nodes). The lease holds while
     this node and enough others to make a majority of the members back it.
 
-    Safety rests on the rules the echoing side keeps (``Mesh._echo``): a router that parks a
+    Safety rests on the rules the echoing side keeps (``Mesh._echo``, its rule in
+    ``cluster/mesh/membership.echo_allowed``): a router that parks a
     silent peer (``--mesh-timeout`` of silence, its vote that the peer is gone) never echoes that
     incarnation's epoch again (the fence), and echoes a peer only once it has heard it, and has
     itself run, for a mesh timeout (by then its HELLOs say it hears the peer); and on

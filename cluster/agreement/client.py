@@ -1,7 +1,7 @@
 """A worker's client of its node's agreement service (cluster/agreement/service.py).
 
 It lives on the worker's event loop and never blocks it: a DEALER for requests and a SUB for what
-the service publishes, plain ZeroMQ sockets whose descriptors the loop watches (as cluster/mesh.py
+the service publishes, plain ZeroMQ sockets whose descriptors the loop watches (as cluster/mesh/transport.py
 does; ZeroMQ's descriptor is edge-triggered, so every read drains, and a send is followed by a
 read). It imports no Raft engine: PySyncObj runs in the service alone.
 
