@@ -35,7 +35,8 @@ timeout.
 PUBLISH frames are numbered per peer, and every HELLO says up to which number it has received
 each peer's frames and its log has written the copies it made of them (durable with --fsync
 always). Until then a frame stays in the sender's ring of unconfirmed frames (bounded
-by ``--mesh-backlog`` bytes too): when a peer comes back as a new incarnation (a worker or node
+by ``--mesh-backlog`` bytes too; a frame kept for a silent peer enters it when it is sent at
+last): when a peer comes back as a new incarnation (a worker or node
 that crashed and restarted), what its old incarnation never confirmed is sent again, before what
 was kept while it was silent, so the sessions it restored from its disk get what other routers
 acknowledged to their publishers in the moment before the crash was noticed. A receiver drops a

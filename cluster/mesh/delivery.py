@@ -86,11 +86,13 @@ def confirmable(peer: Peer, written: int) -> int:
     return peer.seq_in
 
 
-def keep(peer: Peer, frame: bytes, n: int, cap: int, log_end: int | None, log_ok: bool) -> str:
+def keep(peer: Peer, frame: bytes, n: int, cap: int, log_end: int | None, log_ok: bool, seq: int = 0) -> str:
     """A frame of ``n`` messages for a silent peer: into its backlog (at most ``cap`` bytes).
     Beyond, with a working log (``log_ok``) whose offset at the last kept frame is known, the
     rest is read back from there when the peer returns; without, dropped. ``log_end``: our log's
-    next offset now (None: no log)."""
+    next offset now (None: no log). ``seq``: a PUBLISH frame's number, kept with it so that the
+    frame enters the ring of unconfirmed frames when it is sent at last (0: none, or in the ring
+    already)."""
     if peer.replay_from is not None:
         return LEFT_TO_LOG
     if peer.backlog_bytes + len(frame) > cap:
@@ -101,7 +103,7 @@ def keep(peer: Peer, frame: bytes, n: int, cap: int, log_end: int | None, log_ok
             return TO_LOG
         peer.dropped += n
         return DROPPED
-    peer.backlog.append(frame)
+    peer.backlog.append((seq, frame))
     peer.backlog_bytes += len(frame)
     peer.backlog_msgs += n
     if log_end is not None:
@@ -116,9 +118,9 @@ def parked(peer: Peer, log_end: int | None) -> None:
     peer.log_mark = log_end
 
 
-def take_backlog(peer: Peer) -> tuple[list[bytes], int, int, int]:
-    """What was kept for ``peer`` while it was silent, emptied: (frames, bytes, messages,
-    messages dropped)."""
+def take_backlog(peer: Peer) -> tuple[list[tuple[int, bytes]], int, int, int]:
+    """What was kept for ``peer`` while it was silent, emptied: ((number, frame) pairs, bytes,
+    messages, messages dropped)."""
     taken = peer.backlog, peer.backlog_bytes, peer.backlog_msgs, peer.dropped
     peer.backlog, peer.backlog_bytes, peer.backlog_msgs, peer.dropped = [], 0, 0, 0
     return taken

@@ -143,7 +143,7 @@ class ForwardingMixin:
                     self._unconfirmed(peer, seq, frame)
                     peer.link.send(frame, sources)
                 else:
-                    self._keep(peer, frame, n)
+                    self._keep(peer, frame, n, seq)
         if self._interest_batch or self._interest_waiter is not None:  # changes, or a barrier
             self._flush_interest()
 
@@ -151,13 +151,14 @@ class ForwardingMixin:
         """A numbered frame handed to ``peer``'s link: in its ring until confirmed (``delivery``)."""
         delivery.unconfirmed(peer, seq, frame, self.config.mesh_backlog)
 
-    def _keep(self, peer: Peer, frame: bytes, n: int) -> None:
+    def _keep(self, peer: Peer, frame: bytes, n: int, seq: int = 0) -> None:
         """A frame for a parked peer: into its backlog; once that is full, left to this router's
-        log (read back when the peer returns), or without a log dropped and counted."""
+        log (read back when the peer returns), or without a log dropped and counted. ``seq``: a
+        PUBLISH frame's number (it enters the ring when it is sent: ``_rejoin``)."""
         commit_log = self.router.commit_log
         done = delivery.keep(peer, frame, n, self.config.mesh_backlog,
                              commit_log.next_offset if commit_log is not None else None,
-                             commit_log is not None and commit_log.error is None)
+                             commit_log is not None and commit_log.error is None, seq)
         if done is delivery.TO_LOG:
             log.warning("mesh: router %s is silent and the %d bytes kept for it (--mesh-backlog) are "
                         "used: what it would get from here on is read back from this router's log "

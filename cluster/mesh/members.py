@@ -310,7 +310,14 @@ class MembersMixin:
                 log.info("mesh: %d frame(s) router %s had not confirmed before it restarted are sent "
                          "again", len(resend), peer.router_id)
             peer.link.pending.extend(resend)
-            peer.link.pending.extend(backlog)
+            for seq, frame in backlog:
+                if seq:
+                    # Unconfirmed until the peer's HELLO says its log wrote their copies, like
+                    # any frame sent: should it crash first, its next incarnation gets them again.
+                    # (Sent without, a node killed just after its silence ended lost what was
+                    # kept for it meanwhile: partition seed 3.)
+                    self._unconfirmed(peer, seq, frame)
+                peer.link.pending.append(frame)
             self.transport.blocked(peer.link)
         replay_from, peer.replay_from = peer.replay_from, None
         self._joined(peer, quiet=was_parked)

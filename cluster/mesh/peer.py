@@ -42,7 +42,9 @@ class Peer:
         # Silent (see the module docstring): interest kept, frames kept for its return.
         self.parked = False
         self.parked_at = 0.0
-        self.backlog: list[bytes] = []
+        # (frame number, frame): a PUBLISH frame's number, 0 for a frame that has none or is in
+        # the ring already (one the link still held when it was parked).
+        self.backlog: list[tuple[int, bytes]] = []
         self.backlog_bytes = 0
         self.backlog_msgs = 0
         self.dropped = 0  # messages dropped for it while parked (backlog full)

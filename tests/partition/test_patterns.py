@@ -28,7 +28,7 @@ from brokerd.router.replication import follower_nodes
 from tests.cluster.test_multihost import stats_reader
 from tests.helpers import Broker, Client, freeze, wait_for
 from tests.partition.netns import Lab
-from tests.partition.scenario import NsNode, start_nodes
+from tests.partition.scenario import MESH_PORT, NsNode, start_nodes
 
 AGREEMENT = os.environ.get("TEST_AGREEMENT", "1") == "1"
 CONNACK_S = 8.0  # one CONNECT's wait for its CONNACK (a takeover waits about 3 s for a silent peer)
@@ -45,6 +45,7 @@ C_BETWEEN_S = 0.3  # C: from its heal to the pair cut
 C_PAIR_S = 4.0  # C: the pair cut
 D_STOP_S = 1.5  # D: the replica holder's stop, past the mesh timeout ...
 D_AFTER_S = 0.1  # ... and the client's CONNECT on c this long after it runs again
+E_CUT_S = 0.5  # E: c's cut goes on this long after its ten publishes
 AFTER_S = 2.0  # traffic after the last fault, before the publishers stop
 
 pytestmark = pytest.mark.partition
@@ -252,6 +253,13 @@ def replicated(nodes: dict[str, NsNode], router: str) -> None:
     snapshots(holder, lambda r: r.get("sessions", {}).get(router, 0) >= 1, f"holding {router}'s session", 1)
 
 
+def mesh_deaf(node: NsNode, to: NsNode) -> None:
+    """``node``'s routers hear ``to``'s no more: what ``to`` says to them arrives on their own mesh
+    ports (one worker each), dropped; everything else flows, the agreement's traffic included
+    (cut too, its leader may sit where the other side cannot commit)."""
+    node.net.iptables("-A", "INPUT", "-s", to.host, "-p", "tcp", "--dport", str(MESH_PORT), "-j", "DROP")
+
+
 def cont(pids: list[int]) -> None:
     for pid in pids:
         os.kill(pid, signal.SIGCONT)
@@ -448,4 +456,48 @@ def test_pattern_d_a_replica_holder_without_a_majority_means_a_refusal_not_an_em
     time.sleep(AFTER_S)
     acked = pub.stop()
     sub.owed(acked, "published on c while b was cut off")
+    sub.no_empty_session()
+
+
+def test_pattern_e_what_a_router_kept_for_a_silent_peer_survives_that_peer_crashing_as_it_gets_it(
+        lab: Lab, start_broker: Callable[..., Broker]) -> None:
+    """Pattern E (partition seed 3). A persistent session lives on b; a publisher on c. c is cut
+    off from both others past the mesh timeout (b, reading c's replica then, finds nothing new)
+    and publishes ten QoS 1 messages: c keeps them for b, which it takes for silent, and holds
+    their acknowledgements. b's router hears c's no more from then on; c hears a again (the
+    ten are acknowledged), then b: it sends what it kept, and b never gets it, never confirms
+    it: the moment a node dies as its silence ends. b is SIGKILLed and restarted. What a router never
+    confirmed goes again to its next incarnation, whose restored session must get it: frames
+    kept for a silent peer included (they were sent outside that record, and lost)."""
+    nodes = nodes_of(start_broker, lab)
+    a, b, c = (nodes[n] for n in "abc")
+    u = uuid.uuid4().hex[:6]
+    sub = Persistent(f"jp-s7-{u}", f"jp/{u}/#")
+    assert not sub.connect([b])
+    sub.subscribe()
+    replicated(nodes, "b/w0")
+    pub = Numbered("kept", c, f"jp/{u}/c")
+    pub.send(range(5))
+    acked = pub.settle()
+    sub.owed(acked, "before the cut")
+    try:
+        isolate(lab, c)
+        wait_log(b, "router c/w0 silent", 10)  # (b reads c's replica on a: nothing new)
+        wait_log(c, "router b/w0 silent", 10)
+        pub.send(range(5, 15))  # kept on c for b, acknowledgements held
+        time.sleep(E_CUT_S)
+        mesh_deaf(b, c)  # b's router hears c's no more, from here to its crash
+        c.net.heal()
+        mesh_deaf(c, b)  # c hears a again (its log's follower: the ten acknowledged), not b's router yet
+        kept = pub.settle() - acked
+        assert kept, "c acknowledged none of the ten once it heard a again"
+        c.net.heal()  # c hears b again: what it kept goes to b, which never gets it
+        wait_log(c, "router b/w0 is back (heard again)", 10)
+        b.broker.kill()
+    finally:
+        heal(lab)
+    sub.drop()
+    b.broker.start()
+    sub.back([b])
+    sub.owed(acked | kept, f"{len(kept)} kept on c for b, sent as b crashed")
     sub.no_empty_session()

@@ -200,3 +200,36 @@ def test_a_router_echoes_a_beat_unless_it_fenced_that_epoch_or_heard_the_peer_fo
             await asyncio.gather(*(x.stop() for x in meshes))
 
     asyncio.run(main())
+
+
+def test_frames_kept_for_a_silent_peer_stay_unconfirmed_once_sent_until_it_confirms_them(run_dir):
+    """What a router kept for a silent peer goes to it when it is heard again, and into the ring
+    of unconfirmed frames like any frame sent: should the peer crash before its log wrote their
+    copies, its next incarnation gets them again (the ring is what a restart sends again).
+    Sent straight to the link, they were lost with a node SIGKILLed the moment its silence ended
+    (partition seed 3: 22 acknowledged messages of a persistent session)."""
+
+    async def main() -> None:
+        (a, b), meshes = await _pair()
+        m = meshes[0]
+        try:
+            _, conn = online(b, "s", ("m/#", 1))
+            await asyncio.wait_for(asyncio.gather(*b.interest_pending.values()), 5)
+            peer = m.peers["u/w1"]
+            await _until(lambda: not peer.ring, "the ring empty")
+            m._park(peer, "silent for the test")
+            first = peer.seq_out + 1
+            for i in range(3):
+                a.publish(Message("m/x", b"%d" % i, qos=1, client_id="p"))
+            m._flush()
+            kept = list(range(first, peer.seq_out + 1))
+            assert kept and peer.backlog and not peer.ring
+            m._rejoin(peer, "heard again")  # (no await since the park: nothing else rejoined it)
+            assert [seq for seq, _ in peer.ring if seq > peer.acked] == kept, \
+                "frames kept for a silent peer were sent without entering the ring: a crash now loses them"
+            await _until(lambda: _payloads(conn) == [b"0", b"1", b"2"], "the kept messages delivered")
+            await _until(lambda: not peer.ring, "the peer confirming them")
+        finally:
+            await asyncio.gather(*(x.stop() for x in meshes))
+
+    asyncio.run(main())
