@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from brokerd.connection.codec import encode
 from brokerd.connection.packets import MQTT_5, Connect, Puback, Publish, Pubrec
@@ -23,6 +23,9 @@ from .auth import Auth
 from .shared import parse_share
 
 if TYPE_CHECKING:
+    from brokerd.connection.protocol import Connection
+
+    from .ports import ClientHandle
     from .router import Router
     from .session import Session
 
@@ -65,7 +68,7 @@ def install_auth(router: Router, auth: Auth | None) -> None:
                 client.identity_revoked()  # type: ignore[attr-defined]  # a Client's, not the port's
 
 
-def user_removed(client: Any, passwords: dict[str, str]) -> bool:
+def user_removed(client: ClientHandle, passwords: dict[str, str]) -> bool:
     """Whether a connected client's user is no longer in the password file: it is disconnected,
     as Mosquitto does on a reload (the identity it proved is gone). Not one whose certificate is
     its login, nor one closing already."""
@@ -76,7 +79,7 @@ def user_removed(client: Any, passwords: dict[str, str]) -> bool:
         listener is not None and listener.use_identity_as_username))
 
 
-def anonymous_check(auth: Any, conn: Any, connect: Connect) -> Access:
+def anonymous_check(auth: Auth | None, conn: Connection, connect: Connect) -> Access:
     """The listener's rules, before any password is checked.
 
     On a ``use_identity_as_username`` listener the user name is the certificate's (set by the
@@ -107,7 +110,7 @@ def anonymous_check(auth: Any, conn: Any, connect: Connect) -> Access:
                   "(--allow-anonymous on, or allow_anonymous = true for the listener, to allow them)")
 
 
-def authenticate(auth: Auth, acl: Any, conn: Any, connect: Connect) -> Access:
+def authenticate(auth: Auth, acl: Auth | None, conn: Connection, connect: Connect) -> Access:
     """CONNECT with ``router.auth`` set: the password file's answer, or a plugin's to wait for."""
     listener = getattr(conn, "listener", None)
     answer = auth.authenticate(connect.client_id, connect.username, connect.password, conn.peer,
@@ -128,7 +131,7 @@ async def plugin_reason(connect: Connect, pending: Awaitable[Reason | None]) -> 
         return Reason.NOT_AUTHORIZED
 
 
-def decided(acl: Any, connect: Connect, reason: Reason | None) -> Access:
+def decided(acl: Auth | None, connect: Connect, reason: Reason | None) -> Access:
     """An authentication's answer as a decision: refused with a reason that never names the
     password; allowed only if the will, if any, is on a topic its user may write to."""
     user = connect.username

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from brokerd.connection.codec import PUBACK
 from brokerd.connection.reasons import Reason
 
 if TYPE_CHECKING:
+    from brokerd.connection.batching import EndOfTick
+
+    from .client import Client
     from .log import CommitLog
     from .ports import ReplicationPort
 
@@ -31,12 +34,12 @@ class AckWaits:
         # QoS 1/2 acknowledgements until enough nodes have the record, and gives them back
         # through ``send_held`` / ``refuse_held``.
         self.replication: ReplicationPort | None = None
-        self._deferred: deque[tuple[int, Any, bytes]] = deque()  # waiting to be durable
+        self._deferred: deque[tuple[int, Client, bytes]] = deque()  # waiting to be durable
         # (offset, client, ack) whose connection is gated until the log has written ``offset``
-        self._gates: deque[tuple[int, Any, bytes]] = deque()
+        self._gates: deque[tuple[int, Client, bytes]] = deque()
         self._write_soon: _WriteSoon | None = None
 
-    def attach(self, log_: CommitLog, ack_when_durable: bool, end_of_tick: Any = None) -> None:
+    def attach(self, log_: CommitLog, ack_when_durable: bool, end_of_tick: EndOfTick | None = None) -> None:
         """A QoS 1/2 acknowledgement waits for its record (``defer``): until it is fsynced with
         ``ack_when_durable`` (``--fsync always``), else until it is written into the kernel, so
         that a crash of this process (SIGKILL, OOM) loses nothing acknowledged. ``end_of_tick``
@@ -53,7 +56,7 @@ class AckWaits:
             log_.on_written(self._written)
         log_.on_error(self._log_failed)
 
-    def defer(self, offset: int, client: Any, ack: bytes) -> None:
+    def defer(self, offset: int, client: Client, ack: bytes) -> None:
         """Send ``ack`` to ``client`` (a ``router.client.Client``) once the record at ``offset`` is
         safe (``attach``). Written: the ack is queued at once, in its place among the
         connection's packets, and the connection's output gated until the log has written
@@ -92,7 +95,7 @@ class AckWaits:
             client.held_acks += 1
         self._deferred.append((offset, client, ack))
 
-    def send_held(self, held: list[tuple[Any, bytes]]) -> None:
+    def send_held(self, held: list[tuple[Client, bytes]]) -> None:
         """Held acknowledgements now safe to send (durable, or on enough nodes): (client, ack) in
         offset order."""
         for client, ack in held:
@@ -101,7 +104,7 @@ class AckWaits:
             if not client.conn.closing:
                 client.conn.send(ack)
 
-    def refuse_held(self, held: list[tuple[Any, bytes]], why: str, gated: bool = False) -> None:
+    def refuse_held(self, held: list[tuple[Client, bytes]], why: str, gated: bool = False) -> None:
         """Held acknowledgements that cannot be given (the log failed, or the record is not on
         enough nodes in time): never sent; their connections close, and the clients resend after
         reconnecting. ``gated``: the acknowledgements wait behind their connections' gates
@@ -156,7 +159,7 @@ class _WriteSoon:
 
     __slots__ = ("log", "tick", "marked")
 
-    def __init__(self, log_: CommitLog, tick: Any) -> None:
+    def __init__(self, log_: CommitLog, tick: EndOfTick) -> None:
         self.log = log_
         self.tick = tick
         self.marked = False

@@ -13,10 +13,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Generator, Iterator
 from sys import intern
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .clock import LOOP_CLOCK, Clock
 from .message import Message
+
+if TYPE_CHECKING:
+    from .stats import RouterStats
 
 SYS_PREFIX = "$SYS/"  # the broker's own topics (router.sys_topics)
 TOMBSTONES = 100_000  # cleared topics whose clearing is remembered (to order late updates), newest kept
@@ -86,7 +89,7 @@ class RetainedStore:
     suspended (``iter_match`` consumed in slices), so the walk's pending nodes stay where it
     left them; new topics may come in meanwhile (a split keeps the end of the node split)."""
 
-    def __init__(self, stats: Any = None, clock: Clock = LOOP_CLOCK) -> None:
+    def __init__(self, stats: RouterStats | None = None, clock: Clock = LOOP_CLOCK) -> None:
         self._root = _Node("")
         self._root.children = {}
         self._topics: dict[str, _Node] = {}  # topic → its node: the exact lookups of every publish

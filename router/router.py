@@ -49,6 +49,7 @@ from .topics import TopicIndex
 from .wiring import OwnersPort, Wiring
 
 if TYPE_CHECKING:
+    from brokerd.connection.batching import EndOfTick
     from brokerd.connection.listener import Listener
 
     from .auth import Auth
@@ -365,7 +366,7 @@ class Router:
         """Persistent sessions and retained messages survive restarts through ``state``."""
         self.state = self.wiring.state = state
 
-    def attach_log(self, log_: CommitLog, ack_when_durable: bool, end_of_tick: Any = None) -> None:
+    def attach_log(self, log_: CommitLog, ack_when_durable: bool, end_of_tick: EndOfTick | None = None) -> None:
         """Log what is published here; QoS 1/2 acknowledgements wait for their records
         (``AckWaits.attach``)."""
         self.commit_log = self.wiring.commit_log = log_

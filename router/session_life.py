@@ -190,7 +190,7 @@ class SessionLife:
 
     # -- wills ----------------------------------------------------------------------------------------
 
-    def publish_will(self, will: Any, username: str | None) -> None:
+    def publish_will(self, will: Message, username: str | None) -> None:
         """Publish a will (counted); a QoS 1/2 will the commit log cannot take is lost, logged.
         It is published now, not when its CONNECT came: its timestamp, and with it the start of
         its Message Expiry Interval (MQTT 5 3.1.3.2.4), are now; so is the write grant of its
@@ -208,7 +208,7 @@ class SessionLife:
         except Exception as exc:  # noqa: BLE001 - LogUnavailable: nobody waits for a will's ack
             log.warning("will of %s on %r not published: %s", will.client_id, will.topic, exc)
 
-    def delay_will(self, session: Session, will: Any, delay: float) -> None:
+    def delay_will(self, session: Session, will: Message, delay: float) -> None:
         """MQTT 5 Will Delay Interval (3.1.3.2.2): the will waits with the offline session and goes
         out after ``delay`` seconds or when the session ends, whichever comes first, and never if
         a connection resumes the session before (on this router, or on another by a takeover)."""
