@@ -26,7 +26,7 @@ LOCAL_DOWN_WAIT_S = 5.0  # a CONNECT waits this long for a router of this node t
 SEEN_WINDOW = 4096  # PUBLISH frame numbers remembered per peer, to drop a frame received twice
 # A session taken over from a live router is confirmed (TAKEOVER_DONE) once the interest its
 # subscriptions announced is acknowledged; at the latest this long after it arrived.
-CONFIRM_S = 10.0  # (beyond the interest waits and a snapshot write: router.client DURABLE_WAIT_S)
+CONFIRM_S = 10.0  # (beyond the interest waits and a snapshot write: router.connecting DURABLE_WAIT_S)
 HANDON_KEEP_S = 30.0  # how long the marks that filter a moved session's handed-on copies are kept
 HANDON_ITEMS = 1000  # copies per SESSION_HANDON frame
 
