@@ -164,8 +164,11 @@ class Subscription:
 
     @classmethod
     def from_values(cls, values: list | tuple) -> Subscription:
-        """The inverse of ``to_values``; also takes the five values written before identifiers."""
-        return cls(*values)
+        """The inverse of ``to_values``; also takes the five values written before identifiers,
+        and None for "no identifier" (0). Values come from peers and from disk: the compiled
+        build checks each field's type, so they are made what the fields say here."""
+        sub_id = values[5] if len(values) > 5 else 0
+        return cls(values[0], values[1], bool(values[2]), bool(values[3]), values[4], sub_id or 0)
 
 
 @dataclass(slots=True)
