@@ -216,6 +216,7 @@ def test_page_cache_is_released_behind_the_writer(cache_dir, fsync):
     log.close()
 
 
+@pytest.mark.alone  # the page cache is the machine's: tests beside it (brokers, Spark) may evict these pages
 def test_page_cache_left_alone_when_disabled(cache_dir):
     log = CommitLog(cache_dir, router_id="r1", fsync="always", page_cache_bytes=None)
     for _ in range(1000):
