@@ -112,7 +112,7 @@ def _install() -> tuple[bool, str]:
 
 COMPILED, IMPLEMENTATION = _install()
 """Whether this process runs the compiled hot path, and that in words ("compiled (mypyc 1.x)",
-"pure Python (BROKERD_PURE is set)" ...): ``brokerd --version`` and the start-up line say it."""
+"pure Python (BROKERD_PURE is set)" ...); the start-up line says "compiled" or "pure Python"."""
 
 
 def implementation() -> str:
