@@ -70,6 +70,16 @@ def _sha256(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def changed_source(root: str, modules: Mapping[str, str | None], suffix: str) -> str | None:
+    """The first of the manifest's ``modules`` whose source under ``root`` is not the one compiled
+    (missing, or another SHA-256), or None. ``scripts/lib/venv.sh`` asks this too, to rebuild."""
+    for module, digest in modules.items():
+        source = _place(root, module, suffix)[1]
+        if digest is not None and (not os.path.exists(source) or _sha256(source) != digest):
+            return module
+    return None
+
+
 def decide(root: str, pure: bool) -> tuple[CompiledFinder | None, str]:
     """The finder to install (None: pure Python) and the words that say what runs, for the
     packages under ``root`` (brokerd's folder); ``pure``: BROKERD_PURE is set."""
@@ -86,16 +96,18 @@ def decide(root: str, pure: bool) -> tuple[CompiledFinder | None, str]:
     if suffix not in importlib.machinery.EXTENSION_SUFFIXES:
         return None, f"pure Python (compiled for another interpreter: {suffix})"
     files: dict[str, str] = {}
-    for module, digest in modules.items():
-        file, source = _place(root, module, suffix)
+    for module in modules:
+        file = _place(root, module, suffix)[0]
         if not os.path.exists(file):
             return None, f"pure Python (the compiled build lacks {os.path.basename(file)})"
-        if digest is not None and (not os.path.exists(source) or _sha256(source) != digest):
-            warnings.warn(f"brokerd: {module} changed since it was compiled: running pure Python; "
-                          "rebuild with `pip install -e .` (or set BROKERD_PURE=1 to silence this)",
-                          RuntimeWarning, stacklevel=2)
-            return None, f"pure Python (the compiled build is older than {os.path.basename(source)})"
         files[module] = file
+    changed = changed_source(root, modules, suffix)
+    if changed is not None:
+        warnings.warn(f"brokerd: {changed} changed since it was compiled: running pure Python; "
+                      "rebuild with `pip install -e .` (or set BROKERD_PURE=1 to silence this)",
+                      RuntimeWarning, stacklevel=2)
+        source = _place(root, changed, suffix)[1]
+        return None, f"pure Python (the compiled build is older than {os.path.basename(source)})"
     return CompiledFinder(files), f"compiled ({compiler})"
 
 

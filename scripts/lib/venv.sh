@@ -46,14 +46,10 @@ ensure_venv() {
 # ./scripts/run and ./scripts/test build it again instead (as the manifest's SHA-256s say).
 compiled_stale() {
     [ -f connection/__compiled__/manifest.json ] || return 1
-    .venv/bin/python - <<'PY' 2>/dev/null
-import hashlib, json, os, sys
-modules = json.load(open("connection/__compiled__/manifest.json"))["modules"]
-for module, digest in modules.items():
-    source = os.path.join(*module.split(".")[1:]) + ".py"
-    if digest is not None and (not os.path.exists(source)
-                               or hashlib.sha256(open(source, "rb").read()).hexdigest() != digest):
-        sys.exit(0)
-sys.exit(1)
+    BROKERD_PURE=1 PYTHONPATH="scripts/lib/pythonpath" .venv/bin/python - <<'PY' 2>/dev/null
+import json, sys
+from brokerd.connection import _compiled as c  # BROKERD_PURE: asked, not installed
+m = json.load(open("connection/__compiled__/manifest.json"))
+sys.exit(0 if c.changed_source(c._ROOT, m["modules"], m["suffix"]) else 1)
 PY
 }
