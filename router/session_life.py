@@ -286,14 +286,22 @@ class SessionLife:
         session.inflight = {}
         session.ranges = ()
         session.cursor = start if session.log is not None and start >= 0 else None
+        # Without a log the new owner has no offsets to tell a copy that also came to it directly
+        # (``Mesh.confirm_takeover``'s marks); two origins are known to have: this router and the
+        # new owner routed every publish since the move was confirmed to the new owner too (its
+        # interest was taken in here first; the new owner held the session). Not after a late move:
+        # its queue holds what came before.
+        direct = (self.config.router_id, to) if session.log is None and not late else ()
         barrier = self.wiring.mesh.barrier()
         if barrier is None:
-            self.hand_on(session, to)
+            self.hand_on(session, to, direct=direct)
         else:
             # MeshPort.barrier is a Future (its result: ``_answered``), declared an Awaitable.
-            barrier.add_done_callback(lambda f: self.hand_on(session, to, _answered(f)))  # type: ignore[attr-defined]
+            barrier.add_done_callback(  # type: ignore[attr-defined]
+                lambda f: self.hand_on(session, to, _answered(f), direct=direct))
 
-    def hand_on(self, session: Session, to: str, answered: dict | None = None, stale: bool = False) -> None:
+    def hand_on(self, session: Session, to: str, answered: dict | None = None, stale: bool = False,
+                direct: tuple[str, ...] = ()) -> None:
         """The end of ``_hand_on_later``: what the moved session got here goes to router ``to``;
         its subscriptions here end (and with them, maybe, this router's interest). ``answered``:
         the routers that answered the barrier (their log ends); what the others sent here before
@@ -301,7 +309,8 @@ class SessionLife:
         (``Mesh.hand_on``)."""
         if self.wiring.commit_log is not None:
             self.wiring.commit_log.flush()  # read from the disk
-        items = [item for chunk in session.export_copies(False) for item in chunk]
+        items = [item for chunk in session.export_copies(False) for item in chunk
+                 if item[2][5] not in direct]  # (``direct``: origins whose copies reached ``to`` too)
         for topic_filter in list(session.subscriptions):
             self.subscriptions.unsubscribe(session, topic_filter)
         if items:
