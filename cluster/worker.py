@@ -73,6 +73,7 @@ class Worker:
             session_owner=c.session_owner,
             verifies_identities=bool(c.password_file or c.auth_plugin
                                      or any(x.use_identity_as_username for x in c.listeners)),
+            agreed=c.agreement is not None and (c.workers > 1 or c.mesh is not None),
         )
 
     def _open(self, conn: MQTTConnection) -> Client:
@@ -144,6 +145,7 @@ class Worker:
         await self.agreement.start()
         owners = SessionOwners(self.router_id, self.agreement, self.config.agreement_timeout)
         owners.fence = router.fence_stale
+        owners.holds = lambda cid: cid in router.sessions or cid in router.clients
         self.agreement.on_owned = owners.on_owned
         router.owners = owners
         if self.replication is not None:

@@ -101,6 +101,9 @@ class RouterConfig:
     # Whether anything verifies a user name (a password file, an auth plugin, a certificate
     # identity listener): where nothing does, every client is anonymous (``router.access``).
     verifies_identities: bool = False
+    # Whether the node agrees on session owners (--agreement): then only the agreed records fence
+    # a copy, also before the router has joined (a replica's "taken over elsewhere" is hearsay).
+    agreed: bool = False
 
 
 class Router:

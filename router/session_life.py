@@ -11,6 +11,7 @@ clock, its links (``Wiring``: mesh, log, snapshot store, agreed owners, ACL), it
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -39,6 +40,10 @@ log = logging.getLogger(__name__)
 MOVED_IN_MAX = 100_000  # arrival times kept (the oldest go first): a bound, not a rule
 FENCE_WAIT_S = 30.0  # a fenced copy waits at most this long for its new owner to be heard again
 FENCE_POLL_S = 0.05
+# A fence naming a router whose takeover of the session was undone here waits this long: that
+# router's claim timed out and committed later (it holds no session), and it moves the record
+# back (``SessionOwners.on_owned``); fenced at once, the session would be handed to nobody.
+FENCE_DEFER_S = 5.0
 
 
 class Subscriptions(Protocol):
@@ -69,6 +74,9 @@ class SessionLife:
         # that router, this log's end at the export), until it confirms or a client resumes here.
         self.in_doubt: dict[str, tuple[Session, str, int]] = {}
         self.moved_in: dict[str, float] = {}  # sessions taken over from another router: when (Unix time)
+        # With agreement: client id -> the router whose takeover of it was undone here (its claim
+        # was refused or timed out), until the session moves or a fence naming that router comes.
+        self.undone: dict[str, str] = {}
         self._expiry: dict[str, Timer] = {}
         self._wills: dict[str, Timer] = {}  # delayed wills of offline sessions
 
@@ -362,8 +370,8 @@ class SessionLife:
         client connected to it here is kept (logged): that client is the session's now. With
         agreement on, the agreed record decides instead (``fence_stale``, which hands on what
         the stale copy got meanwhile: dropped here, that would be lost)."""
-        if self.wiring.owners is not None:
-            return
+        if self.config.agreed or self.wiring.owners is not None:
+            return  # (also while the router joins: ``SessionOwners.check_restored`` reads the records then)
         for cid in client_ids:
             session = self.sessions.get(cid)
             if session is None:
@@ -393,7 +401,15 @@ class SessionLife:
         if session is None or client_id in self.moving:
             return
         client = self.clients.get(client_id)
-        if client is not None and client.session is session:
+        attached = client is not None and client.session is session
+        if to is not None and self.undone.get(client_id) == to and not attached:
+            del self.undone[client_id]
+            log.warning("session %s: the cluster names %s its owner, whose takeover of it was undone here (its "
+                        "claim committed late): kept here while that router withdraws the claim (at most %g s)",
+                        client_id, to, FENCE_DEFER_S)
+            self.clock.call_later(FENCE_DEFER_S, self._fence_deferred, client_id, to)
+            return
+        if client is not None and attached:
             client.will = None
             client.taken_over()
             log.warning("session %s is owned by %s now (the cluster agreed while this router was cut off or "
@@ -405,12 +421,12 @@ class SessionLife:
                    if e.state == AWAIT_ACK and e.msg is not None]  # (QoS 2 past PUBREC: the client has it)
         if unacked:
             session.inflight = {}
-            session.queue = [*unacked, *session.queue]
+            session.queue = deque([*unacked, *session.queue])
         if session.log is not None and session.queue:
             logged = [m.log_offset for m, _, _ in session.queue if m.log_offset >= 0]
             if logged:  # what the queue held of this log is read again from it, in order
                 start = min(logged) if session.cursor is None else min(session.cursor, *logged)
-                session.queue = [item for item in session.queue if item[0].log_offset < 0]
+                session.queue = deque(item for item in session.queue if item[0].log_offset < 0)
                 session.cursor = start
         log.warning("session %s: a stale copy here (the cluster agreed it is %s's) hands on what it had not "
                     "delivered", client_id, to)
@@ -444,6 +460,14 @@ class SessionLife:
 
         when_heard(self.clock.now() + FENCE_WAIT_S)
         self._mark_soon()
+
+    def _fence_deferred(self, client_id: str, to: str) -> None:
+        """The end of a deferred fence: kept if the record came back to this router, else fenced."""
+        owners = self.wiring.owners
+        if owners is not None and owners.owns(client_id):
+            log.info("session %s: its record is this router's again; the copy here is the session", client_id)
+            return
+        self.fence_stale(client_id, to)
 
     def _drop_stale(self, session: Session) -> None:
         log.warning("session %s was taken over on another node while this router was taken for dead: "
@@ -538,9 +562,16 @@ class SessionLife:
         if session is None or self.sessions.get(client_id) is not session:
             return
         if ok:
+            self.undone.pop(client_id, None)
             self.stats.takeovers += 1
             self._moved_away(session, to, start)
             return
+        if to is not None and not doubt and self.wiring.owners is not None:
+            undone = self.undone
+            undone.pop(client_id, None)
+            undone[client_id] = to  # (the newest last: the oldest go first)
+            while len(undone) > MOVED_IN_MAX:
+                del undone[next(iter(undone))]
         if stale and session.conn is None:
             self._drop_stale(session)
             return

@@ -13,6 +13,13 @@ Fencing: every member publishes each committed move; a router that holds a copy 
 now owned elsewhere at a newer epoch (it was cut off, stopped, or restored an old snapshot)
 disconnects its client and hands on what that copy had not delivered to the new owner
 (``Router.fence_stale``), so that what was published on its side meanwhile is not lost.
+
+A claim whose proposal timed out has an unknown outcome: it may commit later (a leader cut off
+with it in its log regains a majority), naming a router that undid its takeover and holds no
+session. That router withdraws it (a conditional move back to the owner it was claimed from, as
+soon as the move is published to it), and the old owner, which knows the takeover was undone,
+waits for that before it fences its copy (``SessionLife.fence_stale``): the session stays where
+it is instead of being handed to a router that has none (partition seed 15).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ log = logging.getLogger(__name__)
 CLAIM_ATTEMPTS = 3  # a record that changed between the read and the move is read again
 CHECK_CHUNK = 10_000  # restored sessions whose records are read in one entry
 CHECK_RETRY_S = 1.0  # while no majority answers, the check of restored sessions waits this long
+LIMBO_MAX = 10_000  # claims of unknown outcome remembered (the oldest go first): a bound, not a rule
 
 
 class SessionOwners:
@@ -44,6 +52,10 @@ class SessionOwners:
         self.timeout = timeout
         self.epochs: dict[str, int] = {}
         self.fence: Callable[[str, str | None], None] | None = None  # Router.fence_stale, set by the worker
+        # Whether this router holds (or a CONNECT here is claiming) a session: set by the worker.
+        self.holds: Callable[[str], bool] = lambda client_id: True
+        # Claims whose proposal timed out (outcome unknown): client id -> the record they moved from.
+        self.limbo: dict[str, tuple[str | None, int]] = {}
         self._tasks: set[asyncio.Task] = set()
 
     @property
@@ -60,16 +72,26 @@ class SessionOwners:
         for _ in range(CLAIM_ATTEMPTS):
             try:
                 owner, epoch = await self.client.read(SESSION, client_id)
-                if owner not in (None, self.router_id, source) and owner not in heard:
-                    return (f"its session's agreed owner {owner} did not answer (silent or cut off); "
-                            "the client may retry")
+            except Exception as exc:  # noqa: BLE001 - NoAgreement, or the service restarting
+                return f"no majority of the cluster agreed to move its session here ({exc}); the client may retry"
+            if owner not in (None, self.router_id, source) and owner not in heard:
+                return (f"its session's agreed owner {owner} did not answer (silent or cut off); "
+                        "the client may retry")
+            try:
                 # Moved even when the read names this router: the read is this member's (a cut-off
                 # member's may be stale), the move is the majority's.
                 result = (await self.client.propose([move(SESSION, client_id, owner, epoch, self.router_id)],
                                                     self.timeout))[0]
             except Exception as exc:  # noqa: BLE001 - NoAgreement, or the service restarting
+                if owner != self.router_id:  # it may commit later: withdrawn then (``on_owned``)
+                    limbo = self.limbo
+                    limbo.pop(client_id, None)
+                    limbo[client_id] = (owner, epoch)
+                    while len(limbo) > LIMBO_MAX:
+                        del limbo[next(iter(limbo))]
                 return f"no majority of the cluster agreed to move its session here ({exc}); the client may retry"
             if result[0] == OK:
+                self.limbo.pop(client_id, None)
                 self.epochs[client_id] = result[2]
                 return None
         return "its session's owner changed while it was being moved here; the client may retry"
@@ -110,6 +132,10 @@ class SessionOwners:
                 continue
             mine = self.epochs.get(key)
             if owner == self.router_id:
+                was = self.limbo.pop(key, None)
+                if was is not None and mine is None and not self.holds(key):
+                    self._withdraw(key, epoch, was[0])
+                    continue
                 if mine is None or epoch > mine:
                     self.epochs[key] = epoch  # (a claim's own answer may come after its publication)
                 continue
@@ -118,6 +144,17 @@ class SessionOwners:
             self.epochs.pop(key, None)
             if self.fence is not None:
                 self.fence(key, owner)
+
+    def _withdraw(self, client_id: str, epoch: int, to: str | None) -> None:
+        """A claim of this router that timed out committed later (the record names it at ``epoch``)
+        while it holds no session: the record goes back to ``to``, the owner it was claimed from,
+        which kept the session (or is released: nobody had it). Conditional, so a claim meanwhile
+        wins; best effort (should it fail, the old owner fences its copy after a while)."""
+        log.warning("agreement: a claim of session %s that timed out here committed later; the record goes back "
+                    "to %s, which kept the session", client_id, to or "nobody")
+        command = (move(SESSION, client_id, self.router_id, epoch, to) if to is not None
+                   else release(SESSION, client_id, self.router_id, epoch))
+        self._spawn(self.client.propose([command], self.timeout))
 
     def check_restored(self, client_ids: list[str], busy: Callable[[str], bool]) -> None:
         """The persistent sessions this router restored from its snapshot may have moved while it

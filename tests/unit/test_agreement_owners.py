@@ -117,6 +117,63 @@ def test_an_older_publication_than_the_claim_fences_nothing() -> None:
     assert owners.epochs["dev1"] == 2
 
 
+class LateMember(Member):
+    """A member whose leader was cut off: a proposal without a majority stays in its log
+    (``late``) and may commit once the leader is heard again (``commit_late``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.late: list[list] = []
+
+    async def propose(self, commands: list, timeout: float | None = None) -> list:
+        if not self.majority:
+            self.late.append(list(commands))
+            raise NoMajority("no majority")
+        return await super().propose(commands, timeout)
+
+    def commit_late(self) -> list[list]:
+        """Apply what waited; the changes the members publish ([kind, key, owner, epoch])."""
+        published = []
+        for commands in self.late:
+            for result, command in zip(self.state.apply_batch(commands), commands, strict=True):
+                if result[0] == "ok" and command[0] == "move":
+                    published.append([command[1], command[2], result[1], result[2]])
+        self.late = []
+        return published
+
+
+@pytest.mark.parametrize("holds", [False, True])
+def test_a_claim_that_timed_out_and_committed_later_goes_back_to_the_owner_it_was_claimed_from(holds: bool) -> None:
+    """Partition seed 15: a CONNECT's claim timed out (the client was refused, the takeover
+    undone: the old owner kept the session), then committed when the cut healed. The record named
+    a router without the session; its old owner fenced the real copy and handed it to nobody,
+    and the client's next CONNECT got an empty session. Now the claimant, which holds no session,
+    moves the record back as soon as it is published; one that holds it (a CONNECT claiming it
+    again) keeps it."""
+    async def go() -> tuple[LateMember, SessionOwners]:
+        member = LateMember()
+        member.state.apply(move(SESSION, "jp-s1", None, 0, "n1/w0"))  # epoch 1, the old owner's
+        owners, fenced = owners_at(member, "n2/w0")
+        owners.holds = lambda cid: holds
+        member.majority = False
+        why = await owners.claim("jp-s1", "n1/w0", {"n1/w0"})
+        assert why is not None and "no majority" in why
+        member.majority = True
+        published = member.commit_late()
+        assert published == [[SESSION, "jp-s1", "n2/w0", 2]]
+        owners.on_owned(published)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert fenced == []
+        return member, owners
+
+    member, owners = run(go())
+    if holds:
+        assert member.state.owner(SESSION, "jp-s1") == ("n2/w0", 2) and owners.owns("jp-s1")
+    else:
+        assert member.state.owner(SESSION, "jp-s1") == ("n1/w0", 3) and not owners.owns("jp-s1")
+
+
 def test_restored_sessions_owned_elsewhere_are_fenced_once_a_majority_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("brokerd.cluster.agreement.owners.CHECK_RETRY_S", 0.02)
     member = Member()

@@ -501,6 +501,68 @@ def test_without_a_log_a_hand_on_leaves_out_the_copies_that_reached_the_new_owne
         [("b/w0", "moved", [b"c/w0"])]
 
 
+def test_a_fence_naming_a_router_whose_takeover_was_undone_waits_for_the_claim_to_be_withdrawn():
+    """Partition seed 15: router n2/w0 took a session over from here, its claim timed out, it
+    undid the takeover (the session stayed here), and the claim committed later. Fenced at once,
+    the session was handed to a router that had none and the client got an empty one. Now the
+    fence waits: a record moved back here (the claimant withdraws: ``SessionOwners.on_owned``)
+    keeps the session; one that stays elsewhere fences it as before, what it held handed on."""
+    from brokerd.router.clock import FakeClock
+
+    class Mesh(NullMesh):
+        def __init__(self) -> None:
+            self.handed: list[tuple[str, str, list]] = []
+
+        def hears(self, router_id: str) -> bool:
+            return True
+
+        def hand_on(self, router_id: str, client_id: str, items: list, answered: object = None,
+                    stale: bool = False) -> None:
+            self.handed.append((router_id, client_id, items))
+
+    class Owners:
+        def __init__(self) -> None:
+            self.owned: set[str] = set()
+
+        def owns(self, client_id: str) -> bool:
+            return client_id in self.owned
+
+        def ended(self, client_id: str) -> None:
+            pass
+
+    async def run() -> tuple[Router, Mesh]:
+        mesh, clock, owners = Mesh(), FakeClock(), Owners()
+        r = Router(RouterConfig(router_id="n1/w0"), mesh, clock=clock)
+        r.owners = owners  # type: ignore[assignment]  # (a stand-in: owns is what a fence reads)
+        for cid in ("kept", "fenced"):
+            s = r.new_session(cid, True)
+            r.subscribe(s, Subscription(f"{cid}/#", 1))
+            assert r.release_session(cid, same_node=False) is not None
+            r.moved(cid, ok=False, to="n2/w0")  # the claimant undid its takeover
+            r.publish(Message(f"{cid}/x", b"meanwhile", 1, False, "p", "n3/w0"))
+            r.fence_stale(cid, "n2/w0")
+            assert r.sessions.get(cid) is s, "fenced at once"
+        r.fence_stale("fenced", "n3/w0")  # another router named: no wait
+        assert "fenced" not in r.sessions
+        assert [(to, cid, [item[2][1] for item in items]) for to, cid, items in mesh.handed] == \
+            [("n3/w0", "fenced", [b"meanwhile"])]
+        s = r.new_session("fenced", True)
+        r.subscribe(s, Subscription("fenced/#", 1))
+        assert r.release_session("fenced", same_node=False) is not None
+        r.moved("fenced", ok=False, to="n2/w0")
+        r.fence_stale("fenced", "n2/w0")
+        mesh.handed.clear()
+        owners.owned.add("kept")  # its record came back here
+        clock.advance(4.9)
+        assert "fenced" in r.sessions and not mesh.handed
+        clock.advance(0.2)
+        return r, mesh
+
+    r, mesh = asyncio.run(run())
+    assert "kept" in r.sessions and "fenced" not in r.sessions
+    assert [(to, cid) for to, cid, _ in mesh.handed] == [("n2/w0", "fenced")]
+
+
 def test_an_offline_backlog_exported_to_another_node_includes_records_not_written_yet(tmp_path):
     """The chaos suite (seed 491128138) lost the last few messages an offline session's router
     logged before the session moved to another node: the export read the backlog from the log's
