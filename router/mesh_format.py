@@ -85,6 +85,10 @@ the new owner asks them for what they sent the old router before they knew of th
 (``Replication.read_back_unheard``: a link cut between them and the old router alone); and a
 fifth, true, on every frame of a hand-on from a copy the agreement fenced (``Router.fence_stale``):
 the new owner delivers every copy, none having come to it directly.
+19: a session's header (TAKEOVER_RESP, SESSION_RESTORED) names the fields it shares with a
+snapshot's session as the snapshot does (``router.session_state.common_state``): ``expiry`` and
+``qos2_in``, which were ``expiry_s`` and ``inbound_qos2``. A header must have ``SESSION_KEYS``
+only: the QoS 2 ids, like the other fields it shares with a snapshot, may be left out.
 """
 
 from __future__ import annotations
@@ -100,7 +104,7 @@ from .message import _QOS0_V3, _QOS0_V4, _QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4,
 # the full one (Message.to_list()); one more value names the shared groups it was chosen for.
 PLAIN, FULL = 5, 9
 
-MESH_VERSION = 18
+MESH_VERSION = 19
 (HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE,
  RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE, CATCHUP, REPLICATE, REPLICA_ACK, REPLICA_FETCH, REPLICA_CATCHUP,
  REPLICA_PUBLISH, SESSION_STATE, SESSION_GONE, SESSION_CATCHUP, SESSION_COPIES, SESSION_RESTORE,
@@ -120,7 +124,9 @@ KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST
 # bigger one is disconnected by ZeroMQ and reconnects). Senders split publish batches well below it.
 MIN_MAX_FRAME = 64 << 20
 
-SESSION_KEYS = ("client_id", "persistent", "subs", "inflight", "queue", "inbound_qos2")
+# The keys a session's header must have: those its reader (``router.session_transfer.import_state``
+# and the caller's indexing) takes without a default.
+SESSION_KEYS = ("client_id", "persistent", "subs", "inflight", "queue")
 QUEUE_ITEM_LEN = 3  # [qos, retain, Message.to_list()]
 
 

@@ -3,7 +3,10 @@ the copies), the queued copies in chunks, and the import of both on the new owne
 
 Why apart from ``router.session``: a move is not delivery. These read and fill a ``Session`` the
 way its own methods would (``Session.export_header``, ``export_copies`` and ``import_state`` call
-them); the formats are on disks and wires of running clusters and do not change here.
+them). The header is the fields every copy of a session carries (``router.session_state``, under
+the names a snapshot gives them) and what only a move carries: the messages in flight, the queue,
+the next packet id and the log positions. It travels on the mesh (TAKEOVER_RESP, and
+SESSION_RESTORED from a replica), whose version changes with it (``router.mesh_format``).
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from .inflight import RANGED, Inflight
 from .message import Message
-from .ownership import state_owner
 from .ranges import make_range
+from .session_state import common_state, restore_common
 from .spool import SpoolRange, spool_dir
 
 if TYPE_CHECKING:
@@ -35,25 +38,16 @@ def export_header(session: Session, same_node: bool) -> dict:
     if session.cursor is not None and session.log is not None:
         # Absolute: the position must mean the same after a restart from another directory.
         ranges.append([os.path.abspath(session.log.directory), session.cursor, session.log.next_offset])
-    header = {
+    return {
         "client_id": session.client_id,
         "persistent": session.persistent,
-        "expiry_s": session.expiry_s,
-        "subs": [s.to_values() for s in session.subscriptions.values()],
+        **common_state(session),
         "inflight": [(pid, e.qos, e.retain, e.state, e.msg.to_list() if e.msg is not None else None)
                      for pid, e in session.inflight.items()],
         "queue": [],
         "log": ranges if same_node else [],
-        "inbound_qos2": sorted(session.inbound_qos2),
         "next_pid": session.next_pid,
-        "shared": [s.to_values() for s in session.shared.values()],
-        "will": session.will_state(),
-        "epoch": session.epoch,
-        "arrived": session.arrived_ms,
     }
-    if session.owner_known:  # absent: an unknown owner (``router.ownership.state_owner``)
-        header["username"] = session.username
-    return header
 
 
 def export_copies(session: Session, same_node: bool, chunk_bytes: int = 1 << 20,
@@ -119,19 +113,18 @@ def export_copies(session: Session, same_node: bool, chunk_bytes: int = 1 << 20,
 def import_state(session: Session, state: dict) -> None:
     """Load the state exported by another router (subscriptions are indexed by the caller)."""
     session.persistent = state["persistent"]
-    session.expiry_s = state.get("expiry_s", 0)
-    session.owner_known, session.username = state_owner(state)
+    arrived_ms = session.arrived_ms  # (when this router took it on: the caller made it now)
+    restore_common(session, state)  # (a delayed will too: the importer publishes, drops or re-arms it)
+    # A new owner: the copy it came from is older (``router.session.recency``).
+    session.epoch += 1
+    session.arrived_ms = arrived_ms
     for pid, qos, retain, st, m in state["inflight"]:
         entry = Inflight(Message.from_list(m) if m is not None else None, qos, retain)
         entry.state = st
         session.inflight[pid] = entry
     for qos, retain, m in state["queue"]:
         session._queue().append((Message.from_list(m), qos, retain))
-    if state["inbound_qos2"]:
-        session.qos2_ids().update(state["inbound_qos2"])
     session.next_pid = state.get("next_pid", 1)
-    session.epoch = state.get("epoch", 0) + 1  # a new owner: the copy it came from is older
-    session.restore_will(state.get("will"))  # the importer publishes, drops or re-arms it
     # The copies the new owner spooled (``router.spool``: read after the queue, which is then
     # empty), then the other logs' ranges (same node).
     ranges = ([state["spool"]] if state.get("spool") else []) + (state.get("log") or [])

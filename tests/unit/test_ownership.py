@@ -56,7 +56,7 @@ def test_a_takeover_request_carries_a_well_formed_claim(body, ok):
     ([1, None, False, ["alice"]], True),
     ([1, None, False, [None]], True),
     ([1, None, False, ["alice", "bob"]], False),
-    ([1, {"client_id": "c", "persistent": True, "subs": [], "inflight": [], "queue": [], "inbound_qos2": []},
+    ([1, {"client_id": "c", "persistent": True, "subs": [], "inflight": [], "queue": [], "qos2_in": []},
       False, ["alice"]], False),  # a refusal carries no session
 ])
 def test_a_refusal_is_a_takeover_answer_without_a_session(body, ok):
