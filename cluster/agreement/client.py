@@ -101,7 +101,8 @@ class AgreementClient:
         Raises ``NoAgreement`` when no majority committed it within ``timeout``."""
         timeout = self.config.agreement_timeout if timeout is None else timeout
         answer = await self._ask(["propose", list(commands), timeout, time.monotonic() + timeout], timeout)
-        return answer[0]
+        results: list = answer[0]
+        return results
 
     async def read(self, kind: str, key: str, timeout: float = 1.0) -> tuple[str | None, int]:
         """The service's local view of ``key``'s record (maybe stale: a move is agreed by ``propose``)."""
@@ -109,7 +110,8 @@ class AgreementClient:
         return owner, epoch
 
     async def status(self, timeout: float = 1.0) -> dict:
-        return (await self._ask(["status"], timeout))[0]
+        status: dict = (await self._ask(["status"], timeout))[0]
+        return status
 
     async def _ask(self, request: list, timeout: float) -> list:
         if self._dealer is None:

@@ -18,11 +18,16 @@ import logging
 import os
 import threading
 import time
+from typing import TYPE_CHECKING, Any
 
 from pysyncobj import SyncObj
 from pysyncobj import pickle as sync_pickle
 from pysyncobj.journal import MetaStorer
 from pysyncobj.syncobj import _RAFT_STATE
+
+if TYPE_CHECKING:
+    from pysyncobj import SyncObjConf
+    from pysyncobj.node import Node
 
 __all__ = ["PatchedSyncObj"]
 
@@ -47,7 +52,12 @@ class PatchedSyncObj(SyncObj):
     Membership changes (``dynamicMembershipChange``) are refused: upstream undoes the changes of the
     entries it is about to delete before deleting them, which fix 1 would leave half done."""
 
-    def __init__(self, selfNode, otherNodes, conf=None, **kwargs) -> None:
+    # Upstream's private state that the fixes read and write (set by SyncObj's __init__).
+    _SyncObj__raftCommitIndex: int
+    _SyncObj__recvTransmission: str | bytes  # a large entry's parts received so far ('' for none)
+
+    def __init__(self, selfNode: str | Node, otherNodes: list[str | Node], conf: SyncObjConf | None = None,
+                 **kwargs: Any) -> None:
         if conf is not None and conf.dynamicMembershipChange:
             raise ValueError("PatchedSyncObj does not support dynamicMembershipChange")
         # Set before SyncObj's __init__: it lists the attributes that exist then as its own and
@@ -60,7 +70,7 @@ class PatchedSyncObj(SyncObj):
 
     # -- 1. entries that agree with the leader's are kept ------------------------------------------
 
-    def _SyncObj__onMessageReceived(self, node, message) -> None:
+    def _SyncObj__onMessageReceived(self, node: Node, message: dict) -> None:
         """Upstream, on an append whose previous entry matches, deletes every entry after it and then
         appends the leader's. A repeated or late append (the leader resends from an older next index
         after a late answer, or the network repeats) thus deletes entries this member acknowledged
@@ -88,7 +98,7 @@ class PatchedSyncObj(SyncObj):
             self._SyncObj__raftCommitIndex = bound
             self._SyncObj__raftLog.setRaftCommitIndex(bound)
 
-    def _SyncObj__deleteEntriesFrom(self, fromIDx) -> None:
+    def _SyncObj__deleteEntriesFrom(self, fromIDx: int) -> None:
         """Called by upstream only on an append whose previous entry matches; skipped when every
         entry of the append is already held (rule 3: nothing conflicts, nothing is deleted)."""
         if not self._keep_tail:
@@ -131,7 +141,8 @@ class PatchedSyncObj(SyncObj):
 
     # -- 2. on disk before answering ---------------------------------------------------------------
 
-    def _SyncObj__sendNextNodeIdx(self, node, reset=False, nextNodeIdx=None, success=False) -> None:
+    def _SyncObj__sendNextNodeIdx(self, node: Node, reset: bool = False, nextNodeIdx: int | None = None,
+                                  success: bool = False) -> None:
         """Upstream writes the journal (a file through mmap) and answers, never syncing it: a machine
         crash then loses entries this member acknowledged, and the leader counted. Raft: persistent
         state is on stable storage before responding. A success answer is the acknowledgement."""
@@ -139,7 +150,7 @@ class PatchedSyncObj(SyncObj):
             self._sync_log()
         super()._SyncObj__sendNextNodeIdx(node, reset=reset, nextNodeIdx=nextNodeIdx, success=success)
 
-    def _SyncObj__setCurrentTerm(self, term, votedForNodeId) -> None:
+    def _SyncObj__setCurrentTerm(self, term: int, votedForNodeId: str | None) -> None:
         """Upstream stores term and vote (``raft.journal.meta``) through a file it renames into place,
         unsynced, just before it asks for or grants a vote: a member that restarts after a machine
         crash may vote twice in one term. Raft: currentTerm and votedFor are on stable storage
@@ -151,14 +162,14 @@ class PatchedSyncObj(SyncObj):
             journal._FileJournal__metaStorer = _SyncedMeta(storer.getPath())
         super()._SyncObj__setCurrentTerm(term, votedForNodeId)
 
-    def _SyncObj__deleteEntriesTo(self, toIDx) -> None:
+    def _SyncObj__deleteEntriesTo(self, toIDx: int) -> None:
         """Log compaction: upstream drops the entries a snapshot now holds and rewrites the journal,
         neither synced. The snapshot is synced first, so that no entry is only in unsynced files."""
         self._sync_dump()
         super()._SyncObj__deleteEntriesTo(toIDx)
         self._sync_log()
 
-    def _onTick(self, timeToWait=0.0) -> None:
+    def _onTick(self, timeToWait: float = 0.0) -> None:
         """A leader counts its own log towards a majority in the tick's commit step: its new entries
         are synced first (they left for the followers already: Raft lets the two overlap). A
         candidate asks again for votes (fix 3)."""

@@ -193,7 +193,8 @@ class Agreement:
         """The same for a plain thread (tests, the benchmark)."""
         proposal = self.propose_later(commands, timeout)
         try:
-            return proposal.result(timeout)
+            results: list[Result] = proposal.result(timeout)
+            return results
         except TimeoutError:
             proposal.cancel()
             raise NoAgreement(f"no majority committed it within {timeout:g}s") from None
@@ -208,14 +209,15 @@ class Agreement:
 def _settle(waiter: asyncio.Future, f: concurrent.futures.Future) -> None:
     if waiter.done() or f.cancelled():
         return  # the caller timed out first
-    if f.exception() is not None:
-        waiter.set_exception(f.exception())
+    exc = f.exception()
+    if exc is not None:
+        waiter.set_exception(exc)
     else:
         waiter.set_result(f.result())
 
 
 def _reason(err: int) -> str:
-    names = {v: k for k, v in vars(FAIL_REASON).items() if k.isupper()}
+    names: dict[int, str] = {v: k for k, v in vars(FAIL_REASON).items() if k.isupper()}
     return names.get(err, str(err)).lower()
 
 

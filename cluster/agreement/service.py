@@ -75,6 +75,7 @@ def password(config: Config) -> str:
     nobody without it joins (or has its frames unpickled). Never logged."""
     import zmq.auth
 
+    assert config.mesh_key is not None  # (the configuration refuses --agreement without --mesh-key)
     try:
         _, secret = zmq.auth.load_certificate(config.mesh_key)
     except (OSError, ValueError) as exc:
@@ -154,6 +155,7 @@ class Service:
     def __init__(self, config: Config, engine: Callable[..., Any], clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.clock = clock
+        assert config.agreement is not None  # (the service runs only with --agreement)
         self.address = member_address(config.agreement)
         self.peers = [member_address(p) for p in config.agreement_peer]
         self.incarnation = time.time_ns()
@@ -438,7 +440,7 @@ def service_main(config: Config, supervisor_pid: int, ready_fd: int | None = Non
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     for handler in logging.getLogger().handlers:  # name the process in every log line
-        fmt = handler.formatter._fmt if handler.formatter else "%(message)s"  # type: ignore[union-attr]
+        fmt = (handler.formatter._fmt if handler.formatter else None) or "%(message)s"
         handler.setFormatter(logging.Formatter(fmt.replace(f"[{config.node_id}]", f"[{config.node_id}/agreement]")))
     from .raft import Agreement
 
