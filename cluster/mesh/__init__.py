@@ -104,6 +104,7 @@ if TYPE_CHECKING:
     from brokerd.router.router import Router
 
     from ..config import Config
+    from ..quorum import Lease
 
 __all__ = ["HELLO_INTERVAL_S", "LOCAL_DOWN_WAIT_S", "MESH_VERSION", "PUBLISH", "Mesh", "Peer", "park_skew"]
 
@@ -125,7 +126,7 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin, MembersMixin, InterestM
         self.peers: dict[str, Peer] = {}
         self._dirty = False
         self._lingered = False
-        self._interest_batch: list[tuple[str, bool]] = []
+        self._interest_batch: list[tuple[str, bool | int]] = []
         self._interest_waiter: Waiter | None = None
         self._waiters: dict[int, Waiter] = {}
         # The other routers of this node (a CONNECT waits for them while they are down), and the
@@ -133,7 +134,7 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin, MembersMixin, InterestM
         self._local_ids = {f"{self.node_id}/w{j}" for j in range(config.workers)} - {self.router_id}
         self._local_joined: asyncio.Future | None = None
         self.replication: Any = None  # cluster.replication.Replication, with --replication-factor > 1
-        self.lease: Any = None  # cluster.quorum.Lease, set by the replication: its beats go in each HELLO
+        self.lease: Lease | None = None  # set by the replication: its beats go in each HELLO
         self._req_ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
         self._started = time.monotonic()
@@ -154,8 +155,9 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin, MembersMixin, InterestM
         # when that router is heard after a silence (``_confirm_again``): the first may be lost.
         self._takeovers_confirmed: dict[str, dict[int, float]] = {}
         # Sessions taken over here from a live router, not confirmed to it yet: client id →
-        # (old owner, request, the timer that confirms at the latest, the header's ``handon_from``).
-        self._unconfirmed_takeovers: dict[str, tuple[str | None, int, asyncio.TimerHandle, Any]] = {}
+        # (old owner, request, the timer that confirms at the latest, the header's ``handon_from``,
+        # the silent router whose replica it came from, if so).
+        self._unconfirmed_takeovers: dict[str, tuple[str | None, int, asyncio.TimerHandle, Any, str | None]] = {}
         # Copies handed on for a session whose takeover here is not settled yet (its CONNECT still
         # waits for the agreement, the session not imported): delivered once it is.
         self._early_handons: dict[str, list] = {}

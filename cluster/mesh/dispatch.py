@@ -142,6 +142,10 @@ class DispatchMixin:
     _version_warned: set[str]
     _bad_logged: set[str]
 
+    if TYPE_CHECKING:  # the other parts' methods this one calls (the ``Mesh`` is their union)
+        def check_paused(self) -> None: ...
+        def _rejoin(self, peer: Peer, why: str) -> None: ...
+
     def _on_readable(self, sock: zmq.Socket) -> None:
         """Frames waiting on ``sock``, until ``RECV_MSGS`` forwarded messages (or ``RECV_BATCH``
         frames) were handled: then the loop's other work (client reads under the turn budget,
@@ -161,7 +165,7 @@ class DispatchMixin:
                 n += 1
                 got = read(data)
                 if got.__class__ is Refused:
-                    self._refused(got)  # type: ignore[arg-type]
+                    self._refused(got)
                     continue
                 kind, sender, inc, body = got  # type: ignore[misc]
                 if kind == PUBLISH:

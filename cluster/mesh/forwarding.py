@@ -20,10 +20,13 @@ from .limits import LINGER_BELOW, log
 if TYPE_CHECKING:
     import asyncio
 
+    import msgpack
+
     from brokerd.router.router import Router
 
     from ..config import Config
     from .peer import Peer
+    from .waiter import Waiter
 
 
 class ForwardingMixin:
@@ -35,6 +38,18 @@ class ForwardingMixin:
     router_id: str
     peers: dict[str, Peer]
     closed: bool
+    _dirty: bool
+    _lingered: bool
+    _packer: msgpack.Packer
+    _interest_batch: list[tuple[str, bool | int]]
+    _interest_waiter: Waiter | None
+
+    if TYPE_CHECKING:  # the other parts' methods this one calls (the ``Mesh`` is their union)
+        def _frame(self, kind: int, body: Any) -> bytes: ...
+        def _send(self, peer: Peer, kind: int, body: Any) -> None: ...
+        def _publish_frames(self, peer: Peer, batch: list, mark: int, packed: bool = False
+                            ) -> list[tuple[int, bytes, int]]: ...
+        def _flush_interest(self) -> None: ...
 
     def forward(self, router_id: str, msg: Message, source: Any = None, groups: list[str] | None = None,
                 only: bool = False) -> None:
@@ -197,7 +212,9 @@ class ForwardingMixin:
         if peer.link.pending:
             self.loop.call_later(0.005, self._replay, peer, offset, end, sent)
             return
-        records = [r for r in self.router.commit_log.read(offset, max_records=256) if r.offset < end]
+        commit_log = self.router.commit_log
+        assert commit_log is not None  # (``_start_replay`` starts only with a log, which stays)
+        records = [r for r in commit_log.read(offset, max_records=256) if r.offset < end]
         if not records:
             peer.replaying -= 1
             log.info("mesh: %d message(s) read back from the log for router %s", sent, peer.router_id)

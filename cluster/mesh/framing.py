@@ -45,7 +45,8 @@ class FramingMixin:
     _publish_head: bytes
 
     def _frame(self, kind: int, body: Any) -> bytes:
-        return self._packer.pack([MESH_VERSION, kind, self.router_id, self.incarnation, body])
+        frame: bytes = self._packer.pack([MESH_VERSION, kind, self.router_id, self.incarnation, body])
+        return frame
 
     def _send(self, peer: Peer, kind: int, body: Any) -> None:
         if peer.link is not None:

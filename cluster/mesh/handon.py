@@ -34,10 +34,16 @@ class HandonMixin:
     peers: dict[str, Peer]
     closed: bool
     replication: Any
-    _unconfirmed_takeovers: dict[str, tuple[str | None, int, asyncio.TimerHandle, Any]]
+    _unconfirmed_takeovers: dict[str, tuple[str | None, int, asyncio.TimerHandle, Any, str | None]]
     _early_handons: dict[str, list]
     _handon_marks: dict[str, tuple[dict[str, int], float]]
     _handons_due: dict[str, list]
+
+    if TYPE_CHECKING:  # the other parts' methods this one calls (the ``Mesh`` is their union)
+        def _frame(self, kind: int, body: Any) -> bytes: ...
+        def _send(self, peer: Peer, kind: int, body: Any) -> None: ...
+        def _keep(self, peer: Peer, frame: bytes, n: int, seq: int = 0) -> None: ...
+        def _done(self, rid: str | None, req: int, ok: bool) -> None: ...
 
     def confirm_takeover(self, client_id: str, acked: list | None = None) -> None:
         """A session taken over (``_settle``) is here, in this router's snapshot, and the interest
@@ -56,7 +62,7 @@ class HandonMixin:
             self.router.take_copies(client_id, early)
         if pending is None:
             return
-        rid, req, timer, handon_from = pending
+        rid, req, timer, handon_from, replica = pending
         timer.cancel()
         marks: dict[str, int] = {}
         ends = [a for a in acked or () if a.__class__ is dict]
@@ -78,16 +84,20 @@ class HandonMixin:
             del kept[cid]
         kept[client_id] = (marks, now + HANDON_KEEP_S)
         session = self.router.sessions.get(client_id)
-        if (rid is not None and handon_from_ok(handon_from) and session is not None and session.persistent
+        handing = replica if replica.__class__ is str else rid
+        if (handing is not None and handon_from_ok(handon_from) and session is not None and session.persistent
                 and session.subscriptions):
             # Until the old owner's last SESSION_HANDON, what reached it for the session is there
-            # only; should it fall silent first, that is read back (``_handons_lost``).
+            # only; should it fall silent first, that is read back (``_handons_lost``). Taken from
+            # the replica of a silent router: that router's copy hands on when it is back and
+            # fenced (``Router.fence_stale``); should it fall silent again first (partition seed
+            # 15: SIGKILLed), what it logged beyond the replica's end is read back the same way.
             due = self._handons_due
             for cid in [c for c, entry in due.items() if entry[3] < now]:
                 del due[cid]
-            due[client_id] = [rid, handon_from, marks, now + self.config.mesh_forget, False]
-            old = self.peers.get(rid)
-            if old is not None and not old.alive:
+            due[client_id] = [handing, handon_from, marks, now + self.config.mesh_forget, False]
+            old = self.peers.get(handing)
+            if handing == rid and old is not None and not old.alive:
                 self._handons_lost(rid)
         if rid is None:
             self.replication.replica_moved(client_id, True)
@@ -118,7 +128,7 @@ class HandonMixin:
                        if rid not in answered and rid != router_id and p.origin_mark >= 0}
         for i in range(0, max(len(items), 1), HANDON_ITEMS):
             last = i + HANDON_ITEMS >= len(items)
-            body = [client_id, items[i:i + HANDON_ITEMS], last]
+            body: list[Any] = [client_id, items[i:i + HANDON_ITEMS], last]
             if stale:
                 body = [*body, unheard if last else None, True]
             elif last and unheard:

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from brokerd.router.router import Router
 
     from ..config import Config
+    from ..quorum import Lease
+    from .transfer import Transfer
     from .transport import Link, Transport
     from .waiter import Waiter
 
@@ -43,9 +45,37 @@ class MembersMixin:
     transport: Transport
     closed: bool
     replication: Any
-    lease: Any
+    lease: Lease | None
+    pause_deadline: float
     _waiters: dict[int, Waiter]
     _interest_waiter: Waiter | None
+    _peer_stats: dict[str, list[int]]
+    _local_ids: set[str]
+    _local_joined: asyncio.Future | None
+    _started: float
+    _last_beat: float
+    _pause_after: float
+    _timer: asyncio.TimerHandle | None
+    _incoming: dict[tuple[int, str], Transfer]
+    _moves: dict[tuple[str, int], str]
+    _in_doubt: dict[tuple[str, int], tuple[str, float]]
+    _takeovers_confirmed: dict[str, dict[int, float]]
+    _handons_due: dict[str, list]
+
+    if TYPE_CHECKING:  # the other parts' methods this one calls (the ``Mesh`` is their union)
+        def _frame(self, kind: int, body: Any) -> bytes: ...
+        def _send(self, peer: Peer, kind: int, body: Any) -> None: ...
+        def _flush(self) -> None: ...
+        def _keep(self, peer: Peer, frame: bytes, n: int, seq: int = 0) -> None: ...
+        def _unconfirmed(self, peer: Peer, seq: int, frame: bytes) -> None: ...
+        def _start_replay(self, peer: Peer, offset: int, why: str) -> None: ...
+        def _answer(self, req: int, router_id: str, result: Any = None) -> None: ...
+        def _announce_all(self, peer: Peer) -> None: ...
+        def _confirm_again(self, peer: Peer) -> None: ...
+        def _transfer_failed(self, key: tuple[int, str], why: str) -> None: ...
+        def _move_expired(self, key: tuple[str, int]) -> None: ...
+        def _handons_lost(self, router_id: str) -> None: ...
+        def _read_handons(self, router_id: str, back: bool) -> None: ...
 
     def _replication_hook(self, hook: Any, *args: Any) -> None:
         """Call replication from the mesh's own callbacks: its failure is logged, and the mesh
@@ -114,8 +144,9 @@ class MembersMixin:
         acks = {p.router_id: [p.incarnation, self._confirmable(p)] for p in self.peers.values() if p.seq_in}
         commit_log = self.router.commit_log
         transport = self.transport
-        body = {"node": self.node_id, "ipc": transport.ipc, "tcp": transport.tcp, "peers": known, "acks": acks,
-                "stats": transport.stats_tcp, "log": commit_log.next_offset if commit_log is not None else -1}
+        body: dict[str, Any] = {
+            "node": self.node_id, "ipc": transport.ipc, "tcp": transport.tcp, "peers": known, "acks": acks,
+            "stats": transport.stats_tcp, "log": commit_log.next_offset if commit_log is not None else -1}
         if commit_log is not None:
             # To each peer with nothing of ours on its way (nothing collected, waiting in the link,
             # kept, or being read back), and whose interest we know: every message of this log so
@@ -143,6 +174,7 @@ class MembersMixin:
         if not peer.unwritten:
             return peer.seq_in
         commit_log = self.router.commit_log
+        assert commit_log is not None  # frames are unwritten only where the log is on (``_on_publish``)
         done = commit_log.durable_offset if self.config.fsync == "always" else commit_log.written_offset
         return delivery.confirmable(peer, done)
 
@@ -273,8 +305,8 @@ class MembersMixin:
             self.transport.unblock(peer.link)
         for key in [k for k in self._incoming if k[1] == peer.router_id]:
             self._transfer_failed(key, why)
-        for key in [k for k in self._moves if k[0] == peer.router_id]:
-            self._move_expired(key)  # it may never confirm: the session stays here
+        for move in [k for k in self._moves if k[0] == peer.router_id]:
+            self._move_expired(move)  # it may never confirm: the session stays here
         if self._handons_due:
             self._handons_lost(peer.router_id)
         for req, waiter in list(self._waiters.items()):

@@ -48,8 +48,20 @@ class TakeoverMixin:
     _req_ids: itertools.count
     _incoming: dict[tuple[int, str], Transfer]
     _takeovers_confirmed: dict[str, dict[int, float]]
-    _unconfirmed_takeovers: dict[str, tuple[str | None, int, asyncio.TimerHandle, Any]]
+    _unconfirmed_takeovers: dict[str, tuple[str | None, int, asyncio.TimerHandle, Any, str | None]]
     _early_handons: dict[str, list]
+
+    if TYPE_CHECKING:  # the other parts' methods this one calls (the ``Mesh`` is their union)
+        def _frame(self, kind: int, body: Any) -> bytes: ...
+        def _send(self, peer: Peer, kind: int, body: Any) -> None: ...
+        def _flush(self) -> None: ...
+        def _alive(self) -> set[str]: ...
+        def _local_down(self) -> set[str]: ...
+        async def _local_back(self, deadline: float) -> bool: ...
+        def _just_parked(self) -> list[Peer]: ...
+        async def _gone(self, routers: set[str]) -> None: ...
+        def _transfer_failed(self, key: tuple[int, str], why: str) -> None: ...
+        def confirm_takeover(self, client_id: str, acked: list | None = None) -> None: ...
 
     async def takeover(self, client_id: str, claim: list | None = None,
                        answered: set[str] | None = None) -> dict | None:
@@ -136,7 +148,7 @@ class TakeoverMixin:
         for rid, req, state in offers:
             if rid is None:  # this router's own replica: its copy is kept until confirmed
                 if state is chosen:
-                    self._await_confirm(client_id, None, 0)
+                    self._await_confirm(client_id, None, 0, state.get("handon_from"), state.get("replica"))
                 else:
                     self.replication.replica_moved(client_id, True)  # an older copy: dropped
                 continue
@@ -145,7 +157,7 @@ class TakeoverMixin:
                 # Confirmed once its interest is known everywhere and it is in this router's
                 # snapshot (``confirm_takeover``): a live router then hands on all that still
                 # reaches it; a replica's holder drops its copy only when this one is durable.
-                self._await_confirm(client_id, rid, req, state.get("handon_from"))
+                self._await_confirm(client_id, rid, req, state.get("handon_from"), state.get("replica"))
                 continue
             self._done(rid, req, True)
             drop_named(state)
@@ -155,24 +167,26 @@ class TakeoverMixin:
             self.replication.fence(client_id, stale)
         return chosen
 
-    def _await_confirm(self, client_id: str, rid: str | None, req: int, handon_from: Any = None) -> None:
+    def _await_confirm(self, client_id: str, rid: str | None, req: int, handon_from: Any = None,
+                       replica: str | None = None) -> None:
         """The session taken from router ``rid`` (None: this router's replica) is confirmed by
         ``confirm_takeover``, at the latest ``CONFIRM_S`` from now. ``handon_from``: where the
-        old owner's logs stood when it exported the session (``_release``)."""
+        old owner's logs stood when it exported the session (``_release``), or, from the replica
+        of silent router ``replica``, where that replica ended."""
         self.confirm_takeover(client_id)  # a confirmation still due for an earlier one
         timer = self.loop.call_later(CONFIRM_S, self.confirm_takeover, client_id)
-        self._unconfirmed_takeovers[client_id] = (rid, req, timer, handon_from)
+        self._unconfirmed_takeovers[client_id] = (rid, req, timer, handon_from, replica)
 
-    def _take_local_replica(self, client_id: str, claim: list | None = None) -> dict | object | None:
+    def _take_local_replica(self, client_id: str, claim: list | None = None) -> dict | None:
         """The session from the replica this router holds (nobody else offered one)."""
-        state = self.replication.take_replica(client_id)
+        state: dict | None = self.replication.take_replica(client_id)  # (or TAKEOVER_FAILED, a dict)
         if state is not None and state is not TAKEOVER_FAILED:
-            refused = refused_by(claim, state, state.get("replica"))  # type: ignore[arg-type]
+            refused = refused_by(claim, state, state.get("replica"))
             if refused is not None:
                 self.replication.replica_moved(client_id, False)  # it stays held here
                 drop_named(state)
                 return refused
-            self._await_confirm(client_id, None, 0)
+            self._await_confirm(client_id, None, 0, state.get("handon_from"), state.get("replica"))
         return state
 
     def abort_takeover(self, client_id: str) -> None:
@@ -185,7 +199,7 @@ class TakeoverMixin:
                         "(the old owner keeps the session)", len(early), client_id)
         if pending is None:
             return
-        rid, req, timer, _ = pending
+        rid, req, timer, _, _ = pending
         timer.cancel()
         if rid is None:
             self.replication.replica_moved(client_id, False)

@@ -120,7 +120,7 @@ class Transport:
         self.router = router  # (its stats count the frames dropped for backpressure)
         self.on_readable = on_readable
         self.max_frame = max_frame(config.max_packet_size)
-        self.ctx: zmq.Context | None = None
+        self.ctx: zmq.Context[zmq.Socket] | None = None
         self.pull: zmq.Socket | None = None
         self._tcp_pull: zmq.Socket | None = None
         self.ipc = mesh_ipc(config, index)

@@ -4,7 +4,6 @@ answers. Its future completes when the last peer answers, falls silent, or the r
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 
 class Waiter:
@@ -13,16 +12,17 @@ class Waiter:
     __slots__ = ("future", "waiting", "result", "missed", "offers", "ends")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, peers: set[str]) -> None:
-        self.future: asyncio.Future = loop.create_future()
+        # Completes with a takeover's result (``MeshPort.takeover``), or an interest's ends.
+        self.future: asyncio.Future[dict | None] = loop.create_future()
         self.waiting = peers
-        self.result: Any = None
+        self.result: dict | None = None
         self.missed: set[str] = set()  # peers that fell silent or timed out instead of answering
         self.offers: list[tuple[str | None, int, dict]] = []  # takeover: (router, request, session) offered
         # Interest: each acknowledging router's log end when it took the announcement in. The
         # future of an interest waiter completes with this dict (``Router.hand_on``'s marks).
         self.ends: dict[str, int] | None = None
 
-    def answer(self, router_id: str, result: Any = None) -> None:
+    def answer(self, router_id: str, result: dict | None = None) -> None:
         self.waiting.discard(router_id)
         if result is not None and self.result is None:
             self.result = result
