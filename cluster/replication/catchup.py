@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from brokerd.router.log import LogReader
+from brokerd.router.log import CommitLog, LogReader
 from brokerd.router.message import Message
 from brokerd.router.session import Session
 from brokerd.router.spool import valid_spans
@@ -27,6 +28,7 @@ from .part import Part
 
 if TYPE_CHECKING:
     from ..mesh import Peer
+    from .follower import Replica
 
 log = logging.getLogger(__package__)  # (the package's name: the log lines name it as before)
 
@@ -41,6 +43,12 @@ LOG_END = 1 << 62
 
 class CatchupPart(Part):
     """SESSION_CATCHUP asked and answered (SESSION_COPIES)."""
+
+    # Of the other parts (``FollowerPart``, ``ReadBackPart``, ``SessionsPart``).
+    replicas: dict[str, Replica]
+    _holder: Callable[[str], tuple[Any, int]]
+    fence: Callable[[str, Iterable[str]], None]
+    _detached: Callable[[str, list], Session]
 
     def adopted(self, session: Session, state: dict) -> None:
         """A session came here from the replica of a silent router: make it the only one, and ask
@@ -206,6 +214,7 @@ class CatchupPart(Part):
         router held for the session (``read_back_copies``), among them a range of this log it
         had still to read. All of them where the asker ``spools`` the answers; else at most
         ``--max-queued`` (whole steps of ``FETCH_RECORDS // 4`` records)."""
+        log_: CommitLog | None
         if partition == self.partition:
             log_ = self.log
         else:

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgpack
@@ -66,6 +67,16 @@ class Replica:
 
 class FollowerPart(Part):
     """The replicas held here: opened, appended to, acknowledged."""
+
+    # Of the other parts (``HistoryPart``, ``SessionsPart``).
+    _history_dir: Callable[[CommitLog], str]
+    _fetch_history: Callable[[str, CommitLog], None]
+    _stop_history: Callable[[str], None]
+    _load_sessions: Callable[[str], None]
+    _sessions_changed: Callable[[str], None]
+    if TYPE_CHECKING:
+        @property
+        def sessions(self) -> dict[str, dict[str, dict]]: ...
 
     def _init_follower(self) -> None:
         self.replicas: dict[str, Replica] = {}
@@ -120,9 +131,9 @@ class FollowerPart(Part):
         # Acknowledged as the leader counts its own copy: once written into the kernel (with
         # ``--fsync always``: durable), never while a batch waits in memory for the writer.
         if self.always:
-            log_.on_durable(lambda durable, rep=rep: self._ack(rep, durable))
+            log_.on_durable(functools.partial(self._ack, rep))
         else:
-            log_.on_written(lambda written, rep=rep: self._ack(rep, written))
+            log_.on_written(functools.partial(self._ack, rep))
         return rep
 
     def replicate(self, peer: Peer, partition: str, first: int, last: int, body: bytes, hw: int) -> None:
@@ -171,12 +182,14 @@ class FollowerPart(Part):
                 self.net.send(peer, "fetch", [partition, rep.state.next_offset])
             return
         if action == FollowerState.APPEND:
-            skip = rep.state.next_offset - first  # type: ignore[operator]
+            at = rep.state.next_offset
+            assert at is not None  # (``arrived`` set it)
+            skip = at - first
             records = msgpack.unpackb(body, raw=False)
             if len(records) != last - first + 1:
                 raise ValueError(f"replicate: {len(records)} records for offsets {first}..{last}")
             # The leader's bytes as they came (no per-record call), unless part of it is here already.
-            rep.log.append_batch(rep.state.next_offset, records[skip:], body if not skip else None)
+            rep.log.append_batch(at, records[skip:], body if not skip else None)
             rep.fetch_sent = 0.0
             rep.state.appended(last)
             return  # acknowledged once written, or durable (``_ack`` from the log)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from brokerd.router.log import CommitLog
+from brokerd.router.log import CommitLog, Record
 from brokerd.router.log.format import record_fields
 from brokerd.router.replication import HistoryState
 
@@ -26,6 +27,7 @@ from .read_back import highest_holder
 
 if TYPE_CHECKING:
     from ..mesh import Peer
+    from .follower import Replica
 
 log = logging.getLogger(__package__)  # (the package's name: the log lines name it as before)
 
@@ -41,6 +43,10 @@ HISTORY_PACE = 3.0
 
 class HistoryPart(Part):
     """Fetching and serving the records below a log's start."""
+
+    # Of ``FollowerPart``.
+    replicas: dict[str, Replica]
+    _remove_tree: Callable[[str], None]
 
     def _init_history(self) -> None:
         # Logs whose records below their start are being fetched (``_fetch_history``): the task,
@@ -183,7 +189,7 @@ class HistoryPart(Part):
         ``HISTORY_RECORDS``/``HISTORY_BYTES``, or an empty answer: no more."""
         rep = self.replicas.get(partition)
         log_ = self.log if partition == self.partition else rep.log if rep is not None else None
-        records = []
+        records: list[Record] = []
         if log_ is not None:
             for r in log_.read(offset, max_records=HISTORY_RECORDS, max_bytes=HISTORY_BYTES):
                 if r.offset >= before or (records and r.offset != records[-1].offset + 1):

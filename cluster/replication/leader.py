@@ -24,17 +24,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from brokerd.router.log.format import record_fields
-from brokerd.router.replication import Held, LeaderState, TailRepair
+from brokerd.router.replication import CutOffHolds, Held, LeaderState, TailRepair
 
 from .part import Part
 from .placement import PeerSeen, Placement
 
 if TYPE_CHECKING:
+    from brokerd.cluster.quorum import Members
+
     from ..mesh import Peer
 
 log = logging.getLogger(__package__)  # (the package's name: the log lines name it as before)
@@ -48,6 +51,18 @@ TAIL_AGAIN_S = 0.5
 
 class LeaderPart(Part):
     """The leader of this router's log: placement, batches out, acknowledgements held."""
+
+    # Of the other parts (``MajorityPart``, ``SessionsPart``).
+    members: Members
+    cut_off: CutOffHolds
+    recount_at: float
+    _sessions_ready: bool
+    _sessions_known: bool
+    _sessions_sent: dict[str, dict]
+    _send_sessions: Callable[[str, dict, bool], None]
+    if TYPE_CHECKING:
+        @property
+        def in_minority(self) -> bool: ...
 
     def _init_leader(self) -> None:
         config = self.config
@@ -166,7 +181,9 @@ class LeaderPart(Part):
         if placed.changed:
             self._release(self.leader.set_followers(placed.followers, placed.needed))
         for rid in placed.added:  # what waits for it already went out before it was chosen: send it now
-            self.fetch(self.net.peer(rid), self.partition, self.leader.high_water + 1)
+            peer = self.net.peer(rid)  # (one of ``seen``: known)
+            if peer is not None:
+                self.fetch(peer, self.partition, self.leader.high_water + 1)
         for rid in placed.full_to:  # a new follower, or a new incarnation of one: every session
             self._send_sessions(rid, self._sessions_sent, True)
         # A router that holds a replica of this log without being its follower now (it was one

@@ -14,16 +14,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Collection, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Collection, Iterable
+from typing import Any
 
 from brokerd.cluster.quorum import MARGIN_S, MEMBERS_FILE, MIN_MEMBERS, Lease, Members
-from brokerd.router.replication import CutOffHolds
+from brokerd.router.replication import CutOffHolds, Held
 
 from .part import Part
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__package__)  # (the package's name: the log lines name it as before)
 
@@ -47,6 +44,8 @@ def majority_says_gone(node: str, members: Collection[str], own_node: str,
 
 class MajorityPart(Part):
     """The lease, the majority, and the acknowledgements held while cut off from it."""
+
+    _release: Callable[[list[Held]], None]  # (``LeaderPart``)
 
     def _init_majority(self) -> None:
         config = self.config

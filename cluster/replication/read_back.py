@@ -15,7 +15,7 @@ QoS 1/2 messages back to the groups from the lowest mark asked for (``_groups_ba
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from brokerd.router.message import Message
@@ -26,6 +26,7 @@ from .part import Part
 
 if TYPE_CHECKING:
     from ..mesh import Peer
+    from .follower import Replica
 
 log = logging.getLogger(__package__)  # (the package's name: the log lines name it as before)
 
@@ -42,6 +43,10 @@ def highest_holder(partition: str, peers: Iterable[Any], best: Any = None,
 
 class ReadBackPart(Part):
     """Reading a silent router's replica back to subscribers and shared groups."""
+
+    # Of the other parts (``FollowerPart``, ``WillsPart``).
+    replicas: dict[str, Replica]
+    _arm_wills: Callable[[str], None]
 
     def _init_read_back(self) -> None:
         # Per silent router whose replica is read back here: the lowest offset from which its
@@ -126,12 +131,15 @@ class ReadBackPart(Part):
                          "this router" if peer is None else peer.router_id)
             return
         batch = []
+        wanted: Callable[[str], bool]
         if peer is None:  # to this router's own subscribers
-            def wanted(topic: str, subs: Any = self.router.subs.match) -> bool:
+            def subscribed(topic: str, subs: Any = self.router.subs.match) -> bool:
                 return bool(subs(topic))
+            wanted = subscribed
         else:
-            def wanted(topic: str, interest: Any = self.router.interest.match, rid: str = peer.router_id) -> bool:
+            def interested(topic: str, interest: Any = self.router.interest.match, rid: str = peer.router_id) -> bool:
                 return any(r == rid for r, _ in interest(topic))
+            wanted = interested
         for rec in records:
             if rec.origin_router != partition or not wanted(rec.topic):
                 continue  # a copy from a third router (that one replays its own), or not wanted

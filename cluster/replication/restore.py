@@ -8,7 +8,8 @@ import asyncio
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from brokerd.router.replication import LeaderState
 from brokerd.router.session import recency
@@ -17,7 +18,11 @@ from brokerd.router.spool import note_span, valid_spans
 from .part import Part
 
 if TYPE_CHECKING:
+    from brokerd.router.log import CommitLog
+    from brokerd.router.session import Session
+
     from ..mesh import Peer
+    from .follower import Replica
 
 log = logging.getLogger(__package__)  # (the package's name: the log lines name it as before)
 
@@ -27,6 +32,21 @@ RESTORE_WAIT_S = 10.0  # ... and at most this long for its followers to send its
 
 class RestorePart(Part):
     """An empty log's continuation, and sessions restored from the followers."""
+
+    # Of the other parts (``LeaderPart``, ``FollowerPart``, ``HistoryPart``, ``SessionsPart``,
+    # ``CatchupPart``).
+    leader: LeaderState
+    flushed: int
+    replicas: dict[str, Replica]
+    _history_dir: Callable[[CommitLog], str]
+    _replica_header: Callable[[str, str, dict], tuple[Session, dict, int] | None]
+    _catchup_body: Callable[[Session, str, int, int, int], list]
+    read_back_copies: Callable[[Session, Any], int]
+    if TYPE_CHECKING:
+        @property
+        def followers(self) -> list[str]: ...
+        @property
+        def sessions(self) -> dict[str, dict[str, dict]]: ...
 
     def _init_restore(self) -> None:
         # Back on an empty disk: the followers asked for this router's sessions (``_restore``).
@@ -163,5 +183,6 @@ class RestorePart(Part):
                 self.read_back_copies(session, copies)
         if last:
             self._restoring.discard(sender)
-            if not self._restoring and not self._restore_done.done():
-                self._restore_done.set_result(None)
+            done = self._restore_done  # (set by ``_restore`` with ``_restoring``)
+            if not self._restoring and done is not None and not done.done():
+                done.set_result(None)

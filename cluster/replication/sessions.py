@@ -19,7 +19,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -35,6 +35,7 @@ from .session_store import SessionStore, changes
 
 if TYPE_CHECKING:
     from ..mesh import Peer
+    from .follower import Replica
 
 log = logging.getLogger(__package__)  # (the package's name: the log lines name it as before)
 
@@ -45,6 +46,21 @@ SESSION_CHUNK = 2000  # sessions per SESSION_STATE frame
 
 class SessionsPart(Part):
     """Sessions sent to the followers, held for other routers, and handed over from a replica."""
+
+    # Of the other parts (``FollowerPart``, ``WillsPart``, ``ReadBackPart``, ``MajorityPart``).
+    replicas: dict[str, Replica]
+    _replica_dir: Callable[[str], str]
+    _will_timers: dict[tuple[str, str], asyncio.TimerHandle]
+    _held_will_due: Callable[[str, dict], float | None]
+    _publish_held_will: Callable[[str, str, dict], None]
+    _disarm_will: Callable[[str, str], None]
+    _groups_low: dict[str, int]
+    gone_for_majority: Callable[[str], bool]
+    if TYPE_CHECKING:
+        @property
+        def followers(self) -> list[str]: ...
+        @property
+        def in_minority(self) -> bool: ...
 
     def _init_sessions(self) -> None:
         # Sessions: as last sent to the followers (leader), held for other partitions (follower),
@@ -229,6 +245,12 @@ class SessionsPart(Part):
         if rebuilt is None:
             return None
         session, header, since_ms = rebuilt
+        rep = self.replicas.get(partition)
+        if rep is not None:
+            # Where its replica ends: what the silent router logs beyond it, its stale copy hands on
+            # when it is back, or, should it fall silent again first, the new owner reads back
+            # (``Mesh.confirm_takeover``, as for a live old owner's ``handon_from``).
+            header["handon_from"] = [int(time.time() * 1000), {partition: rep.log.next_offset}]
         return header, session.export_copies(False, limit=limit), since_ms
 
     def _replica_header(self, client_id: str, partition: str, st: dict) -> tuple[Session, dict, int] | None:

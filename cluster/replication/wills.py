@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from brokerd.router.message import Message
@@ -20,7 +21,7 @@ from brokerd.router.message import Message
 from .part import Part
 
 if TYPE_CHECKING:
-    pass
+    from .session_store import SessionStore
 
 log = logging.getLogger(__package__)  # (the package's name: the log lines name it as before)
 
@@ -29,6 +30,17 @@ WILL_STAGGER_S = 0.5  # between the holders of a silent router's sessions publis
 
 class WillsPart(Part):
     """Timers for the held wills of silent routers' sessions."""
+
+    # Of the other parts (``SessionsPart``, ``MajorityPart``).
+    store: SessionStore
+    _silent_since_ms: Callable[[str], int]
+    _sessions_changed: Callable[[str], None]
+    gone_for_majority: Callable[[str], bool]
+    if TYPE_CHECKING:
+        @property
+        def sessions(self) -> dict[str, dict[str, dict]]: ...
+        @property
+        def in_minority(self) -> bool: ...
 
     def _init_wills(self) -> None:
         self._will_timers: dict[tuple[str, str], asyncio.TimerHandle] = {}  # (partition, client id)
@@ -57,7 +69,7 @@ class WillsPart(Part):
         time; None: it has none): a delayed will at its time, a connected client's will its
         delay after the silence began."""
         if st.get("will"):
-            return st["will"][1] / 1000
+            return float(st["will"][1]) / 1000
         live = st.get("live_will")
         return self._silent_since_ms(partition) / 1000 + live[1] if live else None
 
