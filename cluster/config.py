@@ -16,7 +16,7 @@ import socket
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from brokerd.connection.listener import TLS_VERSIONS
 from brokerd.router.limits import ClientLimits
@@ -362,7 +362,7 @@ def _convert(opt: Option, raw: Any, source: str) -> Any:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
+    def error(self, message: str) -> NoReturn:  # one line, exit 2
         raise ConfigError(message)
 
 
@@ -499,8 +499,7 @@ WILDCARDS = ("", "0.0.0.0", "::")  # bind addresses that name no one address to 
 def _check_replication(cfg: Config) -> None:
     """Fill in the replication defaults (1 alone, 2 with --mesh; min-insync min(2, R)) and check
     what they need: another node to follow on, a log to replicate."""
-    given = cfg.replication_factor is not None
-    if not given:
+    if cfg.replication_factor is None:
         cfg.replication_factor = 2 if cfg.mesh is not None and cfg.log else 1
     r = cfg.replication_factor
     if r > 1 and cfg.mesh is None:
@@ -564,7 +563,7 @@ def _check_ports(cfg: Config) -> None:
 def _toml_listeners(table: Mapping[str, Any], raw: Any, config_file: str) -> tuple[Any, ...]:
     """The TOML file's listeners: its ``listen`` key's, then one per ``[[listener]]`` table."""
     def convert(name: str, value: Any, where: str) -> Any:
-        opt = _BY_NAME.get(name)
+        opt = _BY_NAME[name]  # (``from_table`` passes the names of ``listeners.TABLE_KEYS``: options all)
         if name == "listen":
             if not isinstance(value, str):
                 raise ConfigError(f"{where}: expected one URL, such as \"mqtts://0.0.0.0:8883\"")

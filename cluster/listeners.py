@@ -75,7 +75,7 @@ def from_table(table: Any, source: str, convert: Callable[[str, Any, str], Any])
         values[name] = convert(name, raw, f"{source}: {key}")
     if "listen" not in values:
         raise ValueError(f"{source}: needs listen = \"URL\" (mqtt://, mqtts://, ws:// or wss://HOST:PORT)")
-    listener = values.pop("listen")
+    listener: Listener = values.pop("listen")
     return replace(listener, **values)
 
 
@@ -186,19 +186,22 @@ async def serve_listeners(loop: Any, settings: Any, connection: Callable[[Listen
             context = server_context(x)
             if contexts is not None:
                 contexts[x] = context
+        factory: Callable[[], Any]
         if x.websocket:
             from brokerd.connection.websocket import WebSocketConnection
 
-            def factory(x: Listener = x) -> Any:
+            def websocket(x: Listener = x) -> Any:
                 return WebSocketConnection(connection(x), x.path)
+            factory = websocket
         else:
             factory = partial(connection, x)
         if context is not None:
             from brokerd.connection.handshake import Handshaking
 
-            def factory(inner: Callable[[], Any] = factory, x: Listener = x, context: Any = context) -> Any:
+            def handshaking(inner: Callable[[], Any] = factory, x: Listener = x, context: Any = context) -> Any:
                 made = inner()
                 return Handshaking(made, context, made.guard, x)
+            factory = handshaking
         servers.append(await loop.create_server(factory, x.host, x.port, reuse_port=True, backlog=4096))
     return servers
 

@@ -20,7 +20,7 @@ from brokerd.router.topics import filter_matches, valid_topic_filter
 
 def _router_dirs(data_dir: str, routers: list[str] | None) -> list[tuple[str, str]]:
     """(router id 'node/wN', directory) of every log under ``data_dir``."""
-    out = []
+    out: list[tuple[str, str]] = []
     if not os.path.isdir(data_dir):
         return out
     for node in sorted(os.listdir(data_dir)):
@@ -67,7 +67,8 @@ def _data_dir(args: argparse.Namespace, prog: str) -> str | None:
     """--data-dir, else the broker's own (--config FILE, BROKERD_* variables, its default); None after
     printing the error."""
     if args.data_dir:
-        return args.data_dir
+        given: str = args.data_dir
+        return given
     from .config import ConfigError, load
 
     try:

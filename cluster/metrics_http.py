@@ -20,6 +20,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from brokerd.router.auth import read_password_file, verify_password
 
 REALM = "brokerd metrics"
+# A WSGI application (PEP 3333): environ and start_response in, the body's chunks out.
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
 class _Server(ThreadingMixIn, WSGIServer):
@@ -31,11 +33,11 @@ class _QuietHandler(WSGIRequestHandler):
         pass  # a scrape every few seconds is not worth a log line
 
 
-def basic_auth(app: Callable, passwords: dict[str, str]) -> Callable:
+def basic_auth(app: WSGIApp, passwords: dict[str, str]) -> WSGIApp:
     """``app`` for requests that carry a user and password of ``passwords``; 401 for the others."""
     ok: dict[str, bool] = {}  # Authorization header → verdict: PBKDF2 once per credential, not per scrape
 
-    def checked(environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
+    def checked(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         header = environ.get("HTTP_AUTHORIZATION", "")
         verdict = ok.get(header)
         if verdict is None:

@@ -63,7 +63,8 @@ def _set_pdeathsig(sig: int) -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         zero = ctypes.c_ulong(0)
-        return libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(sig), zero, zero, zero) == 0
+        failed: int = libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(sig), zero, zero, zero)  # (0: set)
+        return failed == 0
     except (OSError, AttributeError):
         return False
 

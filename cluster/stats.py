@@ -113,7 +113,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from brokerd.connection.protocol import MQTTConnection
-    from brokerd.router.client import Client
+    from brokerd.router.ports import ClientHandle
     from brokerd.router.router import Router
 
 log = logging.getLogger(__name__)
@@ -206,12 +206,13 @@ class RateRing:
 
 # -- the publisher ----------------------------------------------------------------------------------
 
-def _client_bytes(client: Client) -> int:
+def _client_bytes(client: ClientHandle) -> int:
     c = client.conn.counters
-    return c.bytes_in + c.bytes_out
+    total: int = c.bytes_in + c.bytes_out  # (``conn`` is a port's ``Any``)
+    return total
 
 
-def _client_row(client: Client) -> dict[str, Any]:
+def _client_row(client: ClientHandle) -> dict[str, Any]:
     conn = client.conn
     c = conn.counters
     session = client.session
@@ -295,7 +296,7 @@ class StatsPublisher:
         self._log_base: tuple[int, int] | None = None
         self._errors_logged = 0
         self._packer = msgpack.Packer(use_bin_type=True)
-        self._top_clients: list[Client] = []  # the last ranking's top (``_top``)
+        self._top_clients: list[ClientHandle] = []  # the last ranking's top (``_top``)
         self._top_conns: list[Any] = []  # their connections, ranked again with the next ones to move
         self._ranking: SlicedFold | None = None  # a ranking under way (``_top``)
         self._counting: SlicedFold | None = None  # a count of queued and in-flight under way
@@ -498,10 +499,10 @@ class StatsPublisher:
         self._counting = None
         self._pending = pending
 
-    def _best(self, conns: Iterable[Any], best: list[Client]) -> list[Client]:
+    def _best(self, conns: Iterable[Any], best: list[ClientHandle]) -> list[ClientHandle]:
         """The ``TOP_N`` of ``best`` and the connected clients of ``conns``."""
         client_of = self.router.client
-        chosen: dict[int, Client] = {id(c.conn): c for c in best}
+        chosen: dict[int, ClientHandle] = {id(c.conn): c for c in best}
         for conn in conns:
             client_id = conn.client_id
             if client_id is None:
@@ -513,7 +514,7 @@ class StatsPublisher:
                 chosen[id(conn)] = client
         return heapq.nlargest(TOP_N, chosen.values(), key=_client_bytes)
 
-    def _ranked(self, best: list[Client]) -> None:
+    def _ranked(self, best: list[ClientHandle]) -> None:
         self._ranking = None
         self._top_clients = best
         self._top_conns = [client.conn for client in best]
@@ -630,7 +631,7 @@ class StatsPublisher:
         }
 
     def connection_list(self) -> dict[str, Any]:
-        clients = self.router.clients()
+        clients = list(self.router.clients())
         chosen = heapq.nlargest(CONNECTIONS_MAX, clients, key=_client_bytes)
         return {"v": SCHEMA_VERSION, "kind": "connections", "node": self.config.node_id, "router": self.name,
                 "router_id": self.router.router_id, "index": self.index, "ts": time.time(), "total": len(clients),

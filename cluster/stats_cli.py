@@ -25,7 +25,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, NoReturn
 
 import msgpack
 import zmq
@@ -91,7 +91,8 @@ class Column:
 
 
 def _rates(s: dict[str, Any]) -> dict[str, float]:
-    return s.get("rates", {}).get("1s", {})
+    rates: dict[str, float] = s.get("rates", {}).get("1s", {})  # (a snapshot's msgpack: untyped)
+    return rates
 
 
 def _drops(s: dict[str, Any]) -> int:
@@ -622,7 +623,7 @@ def _parse_node(value: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _explicit_workers(argv: list[str], config: Any) -> int | None:
+def _explicit_workers(argv: list[str], config: Config) -> int | None:
     """The router count the user named (``--workers`` or ``BROKERD_WORKERS``), else None: the
     default would be this machine's CPUs, not the broker's workers."""
     if _gives(argv, ["--workers"]) or os.environ.get("BROKERD_WORKERS"):
@@ -631,7 +632,7 @@ def _explicit_workers(argv: list[str], config: Any) -> int | None:
 
 
 class _Args(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
+    def error(self, message: str) -> NoReturn:
         raise ConfigError(message)
 
 
