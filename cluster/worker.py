@@ -11,7 +11,7 @@ import gc
 import logging
 import os
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from brokerd.connection.batching import EndOfTick, TurnBudget
 from brokerd.connection.guard import ConnectionGuard
@@ -27,6 +27,9 @@ from .config import Config
 from .limits import connections_per_worker, open_files
 from .listeners import reload_tls, serve_listeners
 from .stats import ConnectionSet
+
+if TYPE_CHECKING:
+    from .agreement.owners import SessionOwners
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,7 @@ class Worker:
         self.mesh: Any = None
         self.replication: Any = None
         self.agreement: Any = None  # cluster.agreement.client.AgreementClient, with --agreement
+        self.owners: SessionOwners | None = None  # the router's agreed owners, with --agreement
         # The live connections, and what all of them carried (read by the stats publisher).
         self.connections = ConnectionSet()
         self.commit_log: Any = None
@@ -141,13 +145,14 @@ class Worker:
         from .agreement.owners import SessionOwners
 
         router = self.router
+        assert router is not None
         self.agreement = AgreementClient(self.config, self.loop)
         await self.agreement.start()
         owners = SessionOwners(self.router_id, self.agreement, self.config.agreement_timeout)
         owners.fence = router.fence_stale
         owners.holds = lambda cid: cid in router.sessions or cid in router.clients
         self.agreement.on_owned = owners.on_owned
-        router.owners = owners
+        router.owners = self.owners = owners
         if self.replication is not None:
             self.replication.agreed = owners
             self.agreement.on_majority = self.replication.agreement_majority
@@ -177,7 +182,8 @@ class Worker:
             fsync_interval_ms=c.fsync_interval_ms, segment_bytes=c.segment_bytes,
             retention_bytes=c.retention_bytes or None, retention_hours=c.retention_hours or None)
         router.attach_log(self.commit_log, c.fsync == "always", self.batcher)
-        router.attach_state(StateStore(router, directory))
+        state = StateStore(router, directory)
+        router.attach_state(state)
         # In a cluster a restored delayed will waits at least as long as a CONNECT right after a
         # death does: time for a replica's notice that it published the will already.
         will_grace = 0.0
@@ -185,8 +191,8 @@ class Worker:
             from .mesh import park_skew
 
             will_grace = park_skew(c)
-        sessions, retained = router.state.load(will_grace=will_grace)
-        router.state.write_now()
+        sessions, retained = state.load(will_grace=will_grace)
+        state.write_now()
         # Spool files of this router no restored session names: a transfer a crash cut short.
         named = [r.directory for s in router.sessions.values() for r in s.ranges if r.copies]
         if gone := collect_spools(directory, named):
@@ -205,7 +211,7 @@ class Worker:
     def _log_tick(self, n: int) -> None:
         """Once a second: snapshot positions, retry a failed log; once a minute: retention."""
         router = self.router
-        assert router is not None
+        assert router is not None and router.state is not None  # (``_open_log`` attached it)
         commit_log = self.commit_log
         router.state.periodic()
         if commit_log.error is not None:
@@ -219,8 +225,8 @@ class Worker:
     async def _close_log(self) -> None:
         if self.commit_log is None:
             return
+        assert self._log_timer is not None and self.router is not None and self.router.state is not None
         self._log_timer.cancel()
-        assert self.router is not None
         # The log first: the snapshot's positions name at most its written end (``StateStore``),
         # which after the close is its end, so a restart re-reads nothing.
         await self.commit_log.aclose()
@@ -273,7 +279,8 @@ class Worker:
         if self.replication is not None:
             await self.replication.close()
         if self.agreement is not None:
-            self.router.owners.close()
+            assert self.owners is not None  # (set with ``agreement``)
+            self.owners.close()
             await self.agreement.close()
         await self._close_log()
         log.info("router %s stopped", self.router_id)
@@ -311,7 +318,7 @@ def tune_gc() -> None:
 def worker_main(config: Config, index: int, ready_fd: int | None) -> int:
     """Entry point in the forked child."""
     for handler in logging.getLogger().handlers:  # name the router in every log line
-        fmt = handler.formatter._fmt if handler.formatter else "%(message)s"  # type: ignore[union-attr]
+        fmt = (handler.formatter._fmt if handler.formatter else None) or "%(message)s"
         handler.setFormatter(logging.Formatter(fmt.replace(f"[{config.node_id}]",
                                                            f"[{config.node_id}/{router_name(index)}]")))
     try:
