@@ -879,9 +879,9 @@ def test_what_a_sessions_old_router_had_not_handed_on_when_it_fell_silent_is_rea
         for payload in sent:
             pub.publish(f"{topic}/x", payload, qos=1)  # acknowledged; routed to the old router
         fake.read(lambda: all(fake.publishes(p) for p in sent), "the messages forwarded to the old router")
-        state = {"client_id": cid, "username": None, "persistent": True, "expiry_s": 0,
+        state = {"client_id": cid, "username": None, "persistent": True, "expiry": 0,
                  "subs": [[f"{topic}/#", 1, False, False, 0, None]], "inflight": [], "queue": [], "log": [],
-                 "inbound_qos2": [], "next_pid": 1, "shared": [], "will": None, "epoch": 1,
+                 "qos2_in": [], "next_pid": 1, "shared": [], "will": None, "epoch": 1,
                  "arrived": int(time.time() * 1000),
                  # Where the old router stood in the broker's log: before the five (on their way).
                  "handon_from": [int(time.time() * 1000), {rid: seen}]}
@@ -926,9 +926,9 @@ def test_a_takeover_confirmed_while_the_old_router_was_silent_is_confirmed_when_
                           "--replication-factor", "1", workers=1)
     u = uid()
     cid = f"n{u}"
-    state = {"client_id": cid, "username": None, "persistent": True, "expiry_s": 0,
+    state = {"client_id": cid, "username": None, "persistent": True, "expiry": 0,
              "subs": [[f"nt{u}/#", 1, False, False, 0, None]], "inflight": [], "queue": [], "log": [],
-             "inbound_qos2": [], "next_pid": 1, "shared": [], "will": None, "epoch": 1,
+             "qos2_in": [], "next_pid": 1, "shared": [], "will": None, "epoch": 1,
              "arrived": int(time.time() * 1000)}
     ctx = zmq.Context()
     connected: dict = {}

@@ -1002,9 +1002,9 @@ def _replica_offer(cid: str, partition: str, topic: str, payload: bytes, epoch: 
     subscription (``topic``'s parent, QoS 1) and one queued copy."""
     now = int(time.time() * 1000)
     msg = [topic, payload, 1, False, "p", partition, 7, None, now]
-    return {"client_id": cid, "username": None, "persistent": True, "expiry_s": 0,
+    return {"client_id": cid, "username": None, "persistent": True, "expiry": 0,
             "subs": [[topic.rsplit("/", 1)[0] + "/#", 1, False, False, 0, None]], "inflight": [],
-            "queue": [[1, False, msg]], "log": [], "inbound_qos2": [], "next_pid": 1, "shared": [],
+            "queue": [[1, False, msg]], "log": [], "qos2_in": [], "next_pid": 1, "shared": [],
             "will": None, "replica": partition, "since_ms": now, "epoch": epoch, "arrived": arrived_ms,
             "stale_replicas": []}
 
