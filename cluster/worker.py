@@ -82,6 +82,7 @@ class Worker:
 
     def _open(self, conn: MQTTConnection) -> Client:
         self.connections.add(conn)
+        # (the router is made in start(), before the listeners: no connection comes without it)
         return _TrackedClient(self.router, conn, self.connections)  # type: ignore[arg-type]
 
     def _protocol(self, listener: Listener | None = None) -> MQTTConnection:
@@ -241,6 +242,7 @@ class Worker:
         """Start this router's stats publisher (PUB socket, snapshots, $SYS topics)."""
         from .stats import StatsPublisher
 
+        # (called at the end of start(), which made the router)
         self.stats_publisher: StatsPublisher | None = StatsPublisher(
             self.config, self.index, self.router, self.connections, self.loop)  # type: ignore[arg-type]
         self.stats_publisher.replication = self.replication

@@ -169,7 +169,7 @@ class FollowerPart(Part):
         empty = rep.state.next_offset is None
         action = rep.state.arrived(first, last, hw)
         if empty:
-            rep.log.start_at(rep.state.next_offset)  # type: ignore[arg-type]
+            rep.log.start_at(rep.state.next_offset)  # type: ignore[arg-type]  # arrived() set it
         if not rep.history_asked:
             # A new replica placed at the high-water mark, or one whose history a restart
             # interrupted: what lies below it is fetched too (once per replica opened).
@@ -195,6 +195,7 @@ class FollowerPart(Part):
             return  # acknowledged once written, or durable (``_ack`` from the log)
         # A repeat: acknowledged again, up to what the log holds (a batch before it may still wait).
         held = rep.log.durable_offset if self.always else rep.log.written_offset
+        # (a repeat: ``next_offset`` is set, as for every batch that arrived)
         self._ack(rep, min(rep.state.next_offset - 1, held), again=True)  # type: ignore[operator]
 
     def _ack(self, rep: Replica, offset: int, again: bool = False) -> None:
