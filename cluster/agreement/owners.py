@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, Protocol
 
-from brokerd.cluster.agreement.state import OK, SESSION, get, move, release
+from .state import OK, SESSION, get, move, release
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,18 @@ CHECK_RETRY_S = 1.0  # while no majority answers, the check of restored sessions
 LIMBO_MAX = 10_000  # claims of unknown outcome remembered (the oldest go first): a bound, not a rule
 
 
+class AgreementPort(Protocol):
+    """What the owners need of the node's agreement: ``client.AgreementClient`` (a test's member)."""
+
+    majority: bool  # whether the node's member sees a majority now
+
+    async def read(self, kind: str, key: str) -> tuple[str | None, int]:
+        """The member's own view of a record: (owner, epoch), maybe stale."""
+
+    async def propose(self, commands: list, timeout: float | None = None) -> list:
+        """One entry's commands, committed by a majority: their results, or an exception."""
+
+
 class SessionOwners:
     """The agreed owners of this router's persistent sessions, and the claims and fences on them.
 
@@ -46,9 +58,9 @@ class SessionOwners:
     and from the published moves); a published move at that epoch or below is older news.
     """
 
-    def __init__(self, router_id: str, client: Any, timeout: float) -> None:
+    def __init__(self, router_id: str, client: AgreementPort, timeout: float) -> None:
         self.router_id = router_id
-        self.client = client  # cluster.agreement.client.AgreementClient
+        self.client = client
         self.timeout = timeout
         self.epochs: dict[str, int] = {}
         self.fence: Callable[[str, str | None], None] | None = None  # Router.fence_stale, set by the worker
@@ -191,7 +203,7 @@ class SessionOwners:
         for task in list(self._tasks):
             task.cancel()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._done)

@@ -42,8 +42,8 @@ from pysyncobj.transport import TCPTransport  # noqa: E402
 socket.inet_ntop = _inet_ntop
 
 # Its followers truncate only from a conflict, and its journal is synced before a member answers.
-from brokerd.cluster.agreement.pysyncobj_fixes import PatchedSyncObj  # noqa: E402
-from brokerd.cluster.agreement.state import Command, NoAgreement, Result, State  # noqa: E402
+from .pysyncobj_fixes import PatchedSyncObj  # noqa: E402
+from .state import Command, NoAgreement, Result, State  # noqa: E402
 
 __all__ = ["Agreement", "NoAgreement"]
 

@@ -26,6 +26,7 @@ own leader flag is not enough: a leader cut off from the others believes it lead
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import hashlib
 import hmac
 import logging
@@ -33,14 +34,14 @@ import os
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..config import Config
 from ..paths import agreement_ipc, agreement_pub, ensure_run_dir
 from ..process import exit_how, fork_child, name_process, stop_child
-from .state import get, join
+from .state import Command, State, get, join
 
 log = logging.getLogger(__name__)
 
@@ -143,16 +144,34 @@ class _Entry:
     """One Raft entry in flight: workers' proposals, a probe, or this node's join."""
 
     kind: str  # "requests", "probe", "join"
-    future: Any
+    future: concurrent.futures.Future
     sent: float
     requests: list[Request] = field(default_factory=list)
     due: float = float("inf")  # the earliest deadline of its requests not answered yet
 
 
+class Engine(Protocol):
+    """What the service needs of its Raft member: ``raft.Agreement``."""
+
+    @property
+    def state(self) -> State:
+        """The member's replica of the agreed state (PySyncObj's thread writes it)."""
+
+    @property
+    def leader(self) -> str | None:
+        """The leader this member knows of, if any."""
+
+    def propose_later(self, commands: Sequence[Command], timeout: float) -> concurrent.futures.Future:
+        """One entry proposed: a Future set with its results, or failed (``NoAgreement``)."""
+
+    def close(self) -> None:
+        """Stop the member."""
+
+
 class Service:
     """The service's loop; ``engine`` makes the Raft member (``Agreement``'s signature)."""
 
-    def __init__(self, config: Config, engine: Callable[..., Any], clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: Config, engine: Callable[..., Engine], clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.clock = clock
         assert config.agreement is not None  # (the service runs only with --agreement)
@@ -310,11 +329,11 @@ class Service:
     # -- entries in flight ------------------------------------------------------------------------------
 
     def _propose(self, kind: str, commands: list, timeout: float, requests: list[Request] | None = None) -> None:
-        entry = _Entry(kind, None, self.clock(), requests or [])
+        sent = self.clock()
+        entry = _Entry(kind, self.engine.propose_later(commands, timeout), sent, requests or [])
         entry.due = min((r.deadline for r in entry.requests), default=float("inf"))
-        entry.future = self.engine.propose_later(commands, timeout)
         self.in_flight.append(entry)
-        entry.future.add_done_callback(lambda _f, e=entry: self._done(e))
+        entry.future.add_done_callback(lambda _f: self._done(entry))
 
     def _events(self) -> None:
         while self.events:
