@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 import zmq
 
@@ -24,11 +24,21 @@ from .limits import MAX_PENDING_FRAMES, log
 
 if TYPE_CHECKING:
     import asyncio
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
+
+    from zmq.auth.asyncio import AsyncioAuthenticator
 
     from brokerd.router.router import Router
 
     from ..config import Config
+
+
+class Reader(Protocol):
+    """A client connection whose reads a blocked link pauses (``connection.ports.Connection``)."""
+
+    def pause_reading(self, by: object) -> None: ...
+
+    def resume_reading(self, by: object) -> None: ...
 
 
 class Link:
@@ -40,10 +50,10 @@ class Link:
         self.transport = transport
         self.endpoint = endpoint
         self.pending: list[bytes] = []
-        self.paused: set[Any] = set()  # client connections not read until this link drains
+        self.paused: set[Reader] = set()  # client connections not read until this link drains
         self.sock = transport._push(endpoint)
 
-    def send(self, frame: bytes, sources: Any = ()) -> bool:
+    def send(self, frame: bytes, sources: Iterable[Reader] = ()) -> bool:
         """Send or keep ``frame``; False if the link is blocked (frame kept, ``sources`` paused).
 
         A frame with no client connection behind it (a will, a control frame) is dropped and
@@ -130,7 +140,7 @@ class Transport:
         self.seeds: list[Link] = []
         self._blocked_links: set[Link] = set()
         self._drain_timer: asyncio.TimerHandle | None = None
-        self._auth: Any = None
+        self._auth: AsyncioAuthenticator | None = None
         self._curve: tuple[bytes, bytes] | None = None
         self.monitors: list[tuple[zmq.Socket, str, str | None]] = []
         self._refused_logged: dict[str, float] = {}
