@@ -142,7 +142,8 @@ OPTIONS: tuple[Option, ...] = (
            "nodes reach, its name in the cluster): enables agreement; needs --mesh and --mesh-key", "HOST:PORT",
            check=_address),
     Option("agreement_peer", _host_port, (), "another node's --agreement address (repeatable: every other "
-           "member; the members are this node and these)", "HOST:PORT", repeat=True, check=_address),
+           "member; the members are this node and these; this node's own, given too, is left out, so that "
+           "every node can be given one list)", "HOST:PORT", repeat=True, check=_address),
     Option("agreement_timeout", float, 5.0, "seconds a proposal may wait for a majority before what needed it "
            "is refused", "SECONDS", check=_positive),
     Option("replication_factor", int, None, "nodes that hold each router's commit log (its own and R-1 "
@@ -514,7 +515,8 @@ def _check_replication(cfg: Config) -> None:
 
 def _check_agreement(cfg: Config) -> None:
     """Agreement's members authenticate with a password derived from the mesh key, and name each
-    other by their addresses: a wildcard names nobody, and this node is no peer of its own."""
+    other by their addresses: a wildcard names nobody. This node's own address among the peers is
+    left out (one list for every node, as a StatefulSet or a compose anchor gives it)."""
     if cfg.agreement is None:
         if cfg.agreement_peer:
             raise ConfigError("--agreement-peer: needs --agreement HOST:PORT (where this node's Raft member "
@@ -527,9 +529,7 @@ def _check_agreement(cfg: Config) -> None:
     if cfg.agreement[0] in WILDCARDS:
         raise ConfigError(f"--agreement: {shown} is no address another node can reach: give this node's "
                           "address (the members name each other by it)")
-    for peer in cfg.agreement_peer:
-        if peer == cfg.agreement:
-            raise ConfigError(f"--agreement-peer: {shown} is this node's own --agreement")
+    cfg.agreement_peer = tuple(dict.fromkeys(p for p in cfg.agreement_peer if p != cfg.agreement))
 
 
 def _joined(address: tuple[str, int]) -> str:

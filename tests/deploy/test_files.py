@@ -222,6 +222,11 @@ def test_kubernetes_manifests_fit_together():
     assert config.mesh == ("0.0.0.0", ports["mesh"]) and config.mesh_key.startswith(mounts["mesh-key"] + "/")
     name, svc, replicas = sts["metadata"]["name"], headless["metadata"]["name"], sts["spec"]["replicas"]
     assert config.peer == tuple((f"{name}-{i}.{svc}", ports["mesh"]) for i in range(replicas))
+    # Agreement: this pod by its DNS name (Kubernetes expands the node id), one list of members.
+    assert values["BROKERD_AGREEMENT"] == f"$(BROKERD_NODE_ID).{svc}:{ports['agreement']}"
+    assert list(env).index("BROKERD_NODE_ID") < list(env).index("BROKERD_AGREEMENT")  # (expanded in order)
+    pod0 = load(options_argv({**values, "BROKERD_AGREEMENT": f"{name}-0.{svc}:{ports['agreement']}"}))
+    assert pod0.agreement_peer == tuple((f"{name}-{i}.{svc}", ports["agreement"]) for i in range(1, replicas))
 
     (monitor,) = by_kind["ServiceMonitor"]
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
@@ -252,6 +257,9 @@ def test_compose_file():
         assert config.node_id == name == node["hostname"] and config.mesh == (name, 7000)
         assert config.mesh_key.startswith("/keys/") and config.metrics_port == 9883
         assert all(host in ("a", "b", "c") and host != name for host, _ in config.peer)
+        # Session ownership agreed by the three nodes' Raft members, each given the others.
+        assert config.agreement == (name, 7100)
+        assert sorted(config.agreement_peer) == [(n, 7100) for n in "abc" if n != name]
     keygen = " ".join(services["mesh-key"]["entrypoint"])
     assert "brokerd keygen --out /keys/cluster" in keygen and "chown 10001" in keygen
     prometheus = services["prometheus"]
@@ -290,7 +298,7 @@ def test_dockerfile():
     assert "--interval=" in health and '"brokerd", "health"' in health
     assert ("VOLUME", "/data") in final
     exposed = " ".join(arg for w, arg in final if w == "EXPOSE").split()
-    assert {"1883", "9883"} <= set(exposed)
+    assert {"1883", "7100", "9883"} <= set(exposed)  # (7100: the agreement, as compose and the StatefulSet)
     assert json.loads(next(arg for w, arg in final if w == "ENTRYPOINT")) == ["brokerd"]
     env = image_env()
     assert env == {"BROKERD_LISTEN": "mqtt://0.0.0.0:1883", "BROKERD_PASSWORD_FILE": "/run/secrets/brokerd-passwd",

@@ -28,14 +28,21 @@ def test_agreement_peers_from_the_environment():
     assert cfg.agreement_peer == (("b", 7300), ("c", 7300))
 
 
+def test_one_list_of_members_serves_every_node():
+    """A StatefulSet or a compose anchor gives every node the same list: its own address in it is
+    left out (before, refused), and one named twice counts once."""
+    members = "a:7300,b:7300,c:7300,b:7300"
+    for me in ("a", "b", "c"):
+        cfg = load(MESH, {"BROKERD_AGREEMENT": f"{me}:7300", "BROKERD_AGREEMENT_PEER": members})
+        assert cfg.agreement_peer == tuple((n, 7300) for n in "abc" if n != me)
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--mesh", "127.0.0.1:7100", "--mesh-insecure", "on", "--agreement", "127.0.0.1:7300"],
      "--agreement: 127.0.0.1:7300 needs --mesh and --mesh-key FILE"),
     (["--agreement", "127.0.0.1:7300"], "--agreement: 127.0.0.1:7300 needs --mesh and --mesh-key FILE"),
     ([*MESH, "--agreement-peer", "127.0.0.2:7300"], "--agreement-peer: needs --agreement HOST:PORT"),
     ([*MESH, "--agreement", "0.0.0.0:7300"], "--agreement: 0.0.0.0:7300 is no address another node can reach"),
-    ([*MESH, "--agreement", "127.0.0.1:7300", "--agreement-peer", "127.0.0.1:7300"],
-     "--agreement-peer: 127.0.0.1:7300 is this node's own --agreement"),
     ([*MESH, "--agreement", "127.0.0.1:7100"], "--agreement: port 7100 is also used by --mesh"),
     ([*MESH, "--agreement", "127.0.0.1:0"], "--agreement: must be a port number"),
     ([*MESH, "--agreement", "127.0.0.1:7300", "--agreement-timeout", "0"], "--agreement-timeout: must be positive"),
