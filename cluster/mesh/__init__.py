@@ -105,6 +105,7 @@ if TYPE_CHECKING:
 
     from ..config import Config
     from ..quorum import Lease
+    from ..replication import Replication
 
 __all__ = ["HELLO_INTERVAL_S", "LOCAL_DOWN_WAIT_S", "MESH_VERSION", "PUBLISH", "Mesh", "Peer", "park_skew"]
 
@@ -133,7 +134,7 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin, MembersMixin, InterestM
         # future that the next one to join again completes.
         self._local_ids = {f"{self.node_id}/w{j}" for j in range(config.workers)} - {self.router_id}
         self._local_joined: asyncio.Future | None = None
-        self.replication: Any = None  # cluster.replication.Replication, with --replication-factor > 1
+        self.replication: Replication | None = None  # with --replication-factor > 1
         self.lease: Lease | None = None  # set by the replication: its beats go in each HELLO
         self._req_ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None

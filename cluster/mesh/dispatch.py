@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 
     from brokerd.router.router import Router
 
+    from ..replication import Replication
     from .peer import Peer
 
 ANYONE = "anyone"
@@ -136,7 +137,7 @@ class DispatchMixin:
     router: Router
     router_id: str
     peers: dict[str, Peer]
-    replication: Any
+    replication: Replication | None
     pause_deadline: float
     _handlers: dict[int, tuple[Callable[..., None], str]]
     _version_warned: set[str]
@@ -221,6 +222,13 @@ class DispatchMixin:
 
     # -- frames for the replication (``cluster.replication``) -----------------------------------
 
+    @property
+    def _replicating(self) -> Replication:
+        """The replication, where there is one for sure: for the frames ``_handle`` hands on only
+        then, and for a session taken from this router's own replica."""
+        assert self.replication is not None
+        return self.replication
+
     def _on_session_gone(self, peer: Peer, body: Any, size: int) -> None:
         partition, client_ids = body[0], body[1]
         wills = body[2] if len(body) == 3 else []
@@ -231,37 +239,37 @@ class DispatchMixin:
             self.replication.session_gone(partition, client_ids, wills)
 
     def _on_replicate(self, peer: Peer, body: Any, size: int) -> None:
-        self.replication.replicate(peer, *body)
+        self._replicating.replicate(peer, *body)
 
     def _on_replica_ack(self, peer: Peer, body: Any, size: int) -> None:
-        self.replication.acknowledged(peer.router_id, *body)
+        self._replicating.acknowledged(peer.router_id, *body)
 
     def _on_replica_fetch(self, peer: Peer, body: Any, size: int) -> None:
-        self.replication.fetch(peer, *body)
+        self._replicating.fetch(peer, *body)
 
     def _on_replica_catchup(self, peer: Peer, body: Any, size: int) -> None:
-        self.replication.catchup(peer, *body)
+        self._replicating.catchup(peer, *body)
 
     def _on_replica_publish(self, peer: Peer, body: Any, size: int) -> None:
-        self.replication.replayed(*body)
+        self._replicating.replayed(*body)
 
     def _on_session_state(self, peer: Peer, body: Any, size: int) -> None:
-        self.replication.session_state(peer, *body)
+        self._replicating.session_state(peer, *body)
 
     def _on_session_catchup(self, peer: Peer, body: Any, size: int) -> None:
-        self.replication.session_catchup(peer, *body)
+        self._replicating.session_catchup(peer, *body)
 
     def _on_session_copies(self, peer: Peer, body: Any, size: int) -> None:
         self.router.take_copies(body[0], body[1], read_back=True)
 
     def _on_session_restore(self, peer: Peer, body: Any, size: int) -> None:
-        self.replication.restore_sessions(peer, body)
+        self._replicating.restore_sessions(peer, body)
 
     def _on_session_restored(self, peer: Peer, body: Any, size: int) -> None:
-        self.replication.restored(peer.router_id, *body)
+        self._replicating.restored(peer.router_id, *body)
 
     def _on_history_fetch(self, peer: Peer, body: Any, size: int) -> None:
-        self.replication.history_fetch(peer, *body)
+        self._replicating.history_fetch(peer, *body)
 
     def _on_history(self, peer: Peer, body: Any, size: int) -> None:
-        self.replication.history(peer.router_id, *body)
+        self._replicating.history(peer.router_id, *body)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from brokerd.router.router import Router
 
     from ..config import Config
+    from ..replication import Replication
     from .peer import Peer
 
 
@@ -33,7 +34,7 @@ class HandonMixin:
     router_id: str
     peers: dict[str, Peer]
     closed: bool
-    replication: Any
+    replication: Replication | None
     _unconfirmed_takeovers: dict[str, tuple[str | None, int, asyncio.TimerHandle, Any, str | None]]
     _early_handons: dict[str, list]
     _handon_marks: dict[str, tuple[dict[str, int], float]]
@@ -44,6 +45,8 @@ class HandonMixin:
         def _send(self, peer: Peer, kind: int, body: Any) -> None: ...
         def _keep(self, peer: Peer, frame: bytes, n: int, seq: int = 0) -> None: ...
         def _done(self, rid: str | None, req: int, ok: bool) -> None: ...
+        @property
+        def _replicating(self) -> Replication: ...
 
     def confirm_takeover(self, client_id: str, acked: list | None = None) -> None:
         """A session taken over (``_settle``) is here, in this router's snapshot, and the interest
@@ -100,7 +103,7 @@ class HandonMixin:
             if handing == rid and old is not None and not old.alive:
                 self._handons_lost(rid)
         if rid is None:
-            self.replication.replica_moved(client_id, True)
+            self._replicating.replica_moved(client_id, True)
         else:
             self._done(rid, req, True)
 

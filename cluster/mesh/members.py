@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from ..config import Config
     from ..quorum import Lease
+    from ..replication import Replication
     from .transfer import Transfer
     from .transport import Link, Transport
     from .waiter import Waiter
@@ -44,7 +45,7 @@ class MembersMixin:
     peers: dict[str, Peer]
     transport: Transport
     closed: bool
-    replication: Any
+    replication: Replication | None
     lease: Lease | None
     pause_deadline: float
     _waiters: dict[int, Waiter]

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from brokerd.router.router import Router
 
     from ..config import Config
+    from ..replication import Replication
     from .peer import Peer
     from .transfer import Transfer
 
@@ -43,7 +44,7 @@ class TakeoverMixin:
     node_id: str
     peers: dict[str, Peer]
     closed: bool
-    replication: Any
+    replication: Replication | None
     _waiters: dict[int, Waiter]
     _req_ids: itertools.count
     _incoming: dict[tuple[int, str], Transfer]
@@ -62,6 +63,8 @@ class TakeoverMixin:
         async def _gone(self, routers: set[str]) -> None: ...
         def _transfer_failed(self, key: tuple[int, str], why: str) -> None: ...
         def confirm_takeover(self, client_id: str, acked: list | None = None) -> None: ...
+        @property
+        def _replicating(self) -> Replication: ...
 
     async def takeover(self, client_id: str, claim: list | None = None,
                        answered: set[str] | None = None) -> dict | None:
@@ -125,7 +128,7 @@ class TakeoverMixin:
             for rid, req, state in offers:
                 self._done(rid, req, False)
                 if rid is None:  # this router's own replica: it stays held here
-                    self.replication.replica_moved(client_id, False)
+                    self._replicating.replica_moved(client_id, False)
                 drop_named(state)
             return TAKEOVER_FAILED
         live = offer.live(offers)
@@ -134,7 +137,7 @@ class TakeoverMixin:
             if local is TAKEOVER_FAILED:  # (its copies could not be spooled: it stays held here)
                 return self._settle(client_id, offers, failed=True)
             if local is not None:
-                offers.append((None, 0, local))
+                offers.append((None, 0, local))  # type: ignore[arg-type]  # a dict: see _take_local_replica
         best = offer.newest(live or offers)
         chosen = best[2]
         refused = refused_by(claim, chosen, best[0] or chosen.get("replica"))
@@ -150,7 +153,7 @@ class TakeoverMixin:
                 if state is chosen:
                     self._await_confirm(client_id, None, 0, state.get("handon_from"), state.get("replica"))
                 else:
-                    self.replication.replica_moved(client_id, True)  # an older copy: dropped
+                    self._replicating.replica_moved(client_id, True)  # an older copy: dropped
                 continue
             if state is chosen:
                 state["offered_by"] = rid  # (the agreement's claim checks it against the record)
@@ -179,11 +182,12 @@ class TakeoverMixin:
 
     def _take_local_replica(self, client_id: str, claim: list | None = None) -> dict | None:
         """The session from the replica this router holds (nobody else offered one)."""
-        state: dict | None = self.replication.take_replica(client_id)  # (or TAKEOVER_FAILED, a dict)
+        # A session state, None, or TAKEOVER_FAILED (``object`` in take_replica's type, a dict in fact).
+        state: dict | None = self._replicating.take_replica(client_id)  # type: ignore[assignment]
         if state is not None and state is not TAKEOVER_FAILED:
             refused = refused_by(claim, state, state.get("replica"))
             if refused is not None:
-                self.replication.replica_moved(client_id, False)  # it stays held here
+                self._replicating.replica_moved(client_id, False)  # it stays held here
                 drop_named(state)
                 return refused
             self._await_confirm(client_id, None, 0, state.get("handon_from"), state.get("replica"))
@@ -202,7 +206,7 @@ class TakeoverMixin:
         rid, req, timer, _, _ = pending
         timer.cancel()
         if rid is None:
-            self.replication.replica_moved(client_id, False)
+            self._replicating.replica_moved(client_id, False)
         else:
             self._done(rid, req, False)
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from brokerd.router.router import Router
 
     from ..config import Config
+    from ..replication import Replication
     from .peer import Peer
     from .waiter import Waiter
 
@@ -49,7 +50,7 @@ class TransferMixin:
     node_id: str
     peers: dict[str, Peer]
     closed: bool
-    replication: Any
+    replication: Replication | None
     _waiters: dict[int, Waiter]
     _incoming: dict[tuple[int, str], Transfer]
     _moves: dict[tuple[str, int], str]
