@@ -137,7 +137,7 @@ class TakeoverMixin:
             if local is TAKEOVER_FAILED:  # (its copies could not be spooled: it stays held here)
                 return self._settle(client_id, offers, failed=True)
             if local is not None:
-                offers.append((None, 0, local))  # type: ignore[arg-type]  # a dict: see _take_local_replica
+                offers.append((None, 0, local))
         best = offer.newest(live or offers)
         chosen = best[2]
         refused = refused_by(claim, chosen, best[0] or chosen.get("replica"))
@@ -183,7 +183,7 @@ class TakeoverMixin:
     def _take_local_replica(self, client_id: str, claim: list | None = None) -> dict | None:
         """The session from the replica this router holds (nobody else offered one)."""
         # A session state, None, or TAKEOVER_FAILED (``object`` in take_replica's type, a dict in fact).
-        state: dict | None = self._replicating.take_replica(client_id)  # type: ignore[assignment]
+        state: dict | None = self._replicating.take_replica(client_id)
         if state is not None and state is not TAKEOVER_FAILED:
             refused = refused_by(claim, state, state.get("replica"))
             if refused is not None:

@@ -211,7 +211,7 @@ class SessionsPart(Part):
                     client_id, partition)
         return header, copies
 
-    def take_replica(self, client_id: str) -> dict | object | None:
+    def take_replica(self, client_id: str) -> dict | None:
         """``release_replica`` for a takeover asked on this router: the whole state at once. The
         copy stays held until the caller says it is taken (``replica_moved``: the mesh does, once
         the session is in this router's snapshot). With a log here its copies are spooled, all
