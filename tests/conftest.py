@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import itertools
+import json
 import os
 import shutil
 import tempfile
@@ -132,6 +133,10 @@ GROUP_FILES = {
 # that the last to start are short and the workers finish together; ``alone`` ones before all. A test's seconds are its last
 # run's (setup, call and teardown, kept in pytest's cache); a test never run is guessed by marker.
 DURATIONS_KEY = "brokerd/durations"
+# A whole run's seconds per test, kept in the repository (a fresh clone, CI, has no cache): what a
+# first run orders by, beneath what the cache holds. Refreshed by hand now and then:
+#   ./scripts/test -o cache_dir=/tmp/c && python3 -m tests.conftest /tmp/c
+DURATIONS_FILE = Path(__file__).with_name("durations.json")
 GUESS_S = {"slow": 15.0, "unit": 0.05}  # the first marker a test has; else GUESS_DEFAULT_S
 GUESS_DEFAULT_S = 1.0
 
@@ -240,8 +245,17 @@ def pytest_configure_node(node) -> None:
     Whether the run is ``loadgroup``: a worker parses the command line again, not the options the
     controller's ``pytest_configure`` changed, and names a test's work unit by its group only then."""
     cache = node.config.cache
-    node.workerinput[DURATIONS_KEY] = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
+    node.workerinput[DURATIONS_KEY] = {**_committed_durations(),
+                                       **(cache.get(DURATIONS_KEY, {}) if cache is not None else {})}
     node.workerinput[LOADGROUP_KEY] = node.config.option.dist == "loadgroup"
+
+
+def _committed_durations() -> dict[str, float]:
+    try:
+        with open(DURATIONS_FILE, encoding="utf-8") as f:
+            return {str(k): float(v) for k, v in json.load(f).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 def _shared(item: pytest.Item) -> str | None:
@@ -452,3 +466,13 @@ def on_file_broker(file_broker: Broker, request: pytest.FixtureRequest) -> Itera
             lines = f.read().decode(errors="replace").splitlines()
         print(f"--- last {LOG_TAIL_LINES} lines {file_broker.name} logged during the test ---")
         print("\n".join(lines[-LOG_TAIL_LINES:]))
+
+
+if __name__ == "__main__":  # python3 -m tests.conftest CACHE_DIR: DURATIONS_FILE from that run's cache
+    import sys
+
+    with open(Path(sys.argv[1]) / "v" / DURATIONS_KEY, encoding="utf-8") as f:
+        seen = json.load(f)
+    # Those of a second or more: the rest are guessed by marker well enough to order by.
+    kept = {k: round(v, 1) for k, v in sorted(seen.items()) if v >= 1.0}
+    DURATIONS_FILE.write_text(json.dumps(kept, indent=0) + "\n", encoding="utf-8")

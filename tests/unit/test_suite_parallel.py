@@ -135,3 +135,10 @@ def test_under_loadgroup_a_grouped_tests_id_ends_in_its_group_and_another_keeps_
     conftest._name_units(items)
     assert [i.nodeid for i in items] == ["tests/p.py::test_a[x]@spark", "tests/p.py::test_b"]
     assert conftest._test_id(items[0].nodeid) == "tests/p.py::test_a[x]"
+
+
+def test_a_fresh_clone_orders_by_the_committed_durations():
+    """CI's first run has no cache: it orders by tests/durations.json (the longest start first)."""
+    committed = conftest._committed_durations()
+    assert committed["tests/chaos/test_chaos.py::test_chaos_three_nodes"] > 10
+    assert all(seconds >= 1.0 for seconds in committed.values())
