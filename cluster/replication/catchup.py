@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from brokerd.router.log import CommitLog, LogReader
+from brokerd.router.mesh_format import handon_from_ok
 from brokerd.router.message import Message
 from brokerd.router.session import Session
 from brokerd.router.spool import valid_spans
@@ -67,7 +68,13 @@ class CatchupPart(Part):
         asked = 0
         for rid in [self.partition, *self.net.ids()]:
             if rid == partition:
-                continue  # its messages came from its replica
+                # Its messages came from the replica that served the session, to where that one
+                # ended; another holder's may reach further (a follower placed anew while that
+                # one was cut off: partition seed 11): asked from there, at least once.
+                end = replica_end(state, partition)
+                if end is not None:
+                    asked += self._ask_catchup(rid, self._catchup_body(session, rid, end, since))
+                continue
             start = marks[rid] + 1 if rid in marks else -1
             asked += self._ask_catchup(rid, self._catchup_body(session, rid, start, since))
         spans = self.read_back_copies(session, state.get("copies"))
@@ -256,3 +263,13 @@ class CatchupPart(Part):
         elif sent + len(items):
             log.info("replication: %d message(s) of %s read back for session %s", sent + len(items), partition,
                      session.client_id)
+
+
+def replica_end(state: dict, partition: str) -> int | None:
+    """Where the replica of ``partition`` that served a session ended (its takeover header's
+    ``handon_from``, ``Replication._export_replica``); None where the header does not say."""
+    handon_from: Any = state.get("handon_from")
+    if not handon_from_ok(handon_from):
+        return None
+    end = handon_from[1].get(partition)
+    return end if end.__class__ is int and end >= 0 else None
