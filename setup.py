@@ -25,9 +25,17 @@ import traceback
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-HOT_PATH_ROOTS = ["brokerd.connection.decode", "brokerd.connection.encode", "brokerd.router.topics"]
-"""The codec and the topic index. What is compiled is these and every brokerd module they import
-(``hot_path``): mypyc compiles them as one closed group, and a module moved or split stays in it."""
+HOT_PATH_ROOTS = [
+    "brokerd.connection.decode", "brokerd.connection.encode",  # the codec
+    "brokerd.router.topics",  # the topic index
+    "brokerd.router.log.writer",  # the log's batches written: encoding, pwritev, the index, fsync
+]
+"""The codec, the topic index and the commit log's writer. What is compiled is these and
+every brokerd module they import at run time (``hot_path``): mypyc compiles them as one closed
+group, and a module moved or split stays in it. What they import for annotations only
+(``if TYPE_CHECKING:``), and the packages' ``__init__`` (names re-exported), mypy reads for
+their types; they stay Python (``typed_with``). Why the router's path is not among them: compiled
+in part it ran slower, docs/benchmarks.md, "Compiled router path"."""
 
 GROUP = "brokerd.connection._hot"
 """mypyc's group: its shared library is ``brokerd.connection._hot__mypyc``."""
@@ -37,36 +45,67 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _source(module: str) -> str:
-    """``brokerd.<package>...<name>``'s file: the packages are top-level folders (pyproject.toml)."""
-    return os.path.join(HERE, *module.split(".")[1:]) + ".py"
+    """``brokerd.<package>...<name>``'s file: the packages are top-level folders (pyproject.toml);
+    a package's is its ``__init__.py``."""
+    path = os.path.join(HERE, *module.split(".")[1:])
+    return os.path.join(path, "__init__.py") if os.path.isdir(path) else path + ".py"
 
 
-def _imported(module: str) -> set[str]:
-    """The brokerd modules ``module`` imports, wherever in it (a function's import counts too)."""
+def _package(module: str) -> bool:
+    return _source(module).endswith("__init__.py")
+
+
+def _annotations_only(tree: ast.Module) -> set[int]:
+    """The nodes under ``if TYPE_CHECKING:``: imports that never run."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+            inside.update(id(n) for statement in node.body for n in ast.walk(statement))
+    return inside
+
+
+def _imported(module: str, annotations: bool = False) -> set[str]:
+    """The brokerd modules ``module`` imports, wherever in it (a function's import counts too);
+    with ``annotations``, those it imports for its annotations only (``if TYPE_CHECKING:``) too."""
     with open(_source(module), encoding="utf-8") as f:
         tree = ast.parse(f.read())
+    skipped = set() if annotations else _annotations_only(tree)
+    here = module if _package(module) else module.rsplit(".", 1)[0]  # what ``from .`` names
     found: set[str] = set()
     for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = module.rsplit(".", node.level)[0] if node.level else ""
+            base = here.rsplit(".", node.level - 1)[0] if node.level else ""
             name = ".".join(x for x in (base, node.module) if x)
             found.add(name)
             found.update(f"{name}.{alias.name}" for alias in node.names)  # ``from . import wire``
     return {m for m in found if m.startswith("brokerd.") and os.path.isfile(_source(m))}
 
 
-def hot_path() -> list[str]:
-    """``HOT_PATH_ROOTS`` and every brokerd module they import, directly or not."""
+def _closure(roots: list[str], annotations: bool) -> list[str]:
     seen: set[str] = set()
-    todo = list(HOT_PATH_ROOTS)
+    todo = list(roots)
     while todo:
         module = todo.pop()
         if module not in seen:
             seen.add(module)
-            todo.extend(_imported(module))
+            todo.extend(m for m in _imported(module, annotations) if annotations or not _package(m))
     return sorted(seen)
+
+
+def hot_path() -> list[str]:
+    """``HOT_PATH_ROOTS`` and every brokerd module they import at run time, directly or not."""
+    return _closure(HOT_PATH_ROOTS, annotations=False)
+
+
+def typed_with() -> list[str]:
+    """The modules mypy reads to type the hot path: ``hot_path()`` and what any of them names in
+    an annotation. Those outside ``hot_path()`` are read, not compiled: the compiled code holds
+    their objects as Python objects, and they run as Python beside it."""
+    return _closure(HOT_PATH_ROOTS, annotations=True)
 
 
 _warned: list[str] = []
@@ -88,17 +127,22 @@ def _mypycify(build_temp: str) -> list[Extension]:
 
     staged = os.path.join(build_temp, "mypyc-src")
     shutil.rmtree(staged, ignore_errors=True)
+    compiled = set(hot_path())
     paths = []
-    for module in hot_path():
-        target = os.path.join(staged, *module.split(".")) + ".py"
+    for module in typed_with():  # a package's __init__ too: what it exports types its importers
+        target = os.path.join(staged, *module.split("."), "__init__.py") if _package(module) \
+            else os.path.join(staged, *module.split(".")) + ".py"
         os.makedirs(os.path.dirname(target), exist_ok=True)
         open(os.path.join(os.path.dirname(target), "__init__.py"), "a").close()  # empty: not compiled
         shutil.copyfile(_source(module), target)
-        paths.append(os.path.relpath(target))
+        if module in compiled:
+            paths.append(os.path.relpath(target))
     before = os.environ.get("MYPYPATH")
     os.environ["MYPYPATH"] = os.path.relpath(staged)  # module names from brokerd/ down
-    try:  # no config file: the project's mypy settings are for checking, not for this build
-        return mypycify(["--config-file=", "--explicit-package-bases",
+    # No config file: the project's mypy settings are for checking, not for this build; msgpack
+    # and the like have no types: the compiled code calls them as Python does.
+    try:
+        return mypycify(["--config-file=", "--explicit-package-bases", "--ignore-missing-imports",
                          f"--cache-dir={os.path.join(build_temp, 'mypy-cache')}", *paths],
                         group_name=GROUP, target_dir=os.path.join(build_temp, "mypyc"))
     finally:
@@ -183,7 +227,10 @@ class BuildHotPath(build_ext):
             folder = os.path.join(HERE, *fullname.split(".")[1:-1])
             target = os.path.join(folder, FOLDER, os.path.basename(built))
             self.mkpath(os.path.dirname(target))
-            self.copy_file(built, target, level=self.verbose)
+            # A new file put in the old one's place: a broker running the old one keeps its copy
+            # (writing over a loaded extension in place would crash it).
+            self.copy_file(built, target + ".new", level=self.verbose)
+            os.replace(target + ".new", target)
 
     def get_output_mapping(self) -> dict[str, str]:
         return {}  # editable installs: the sources' folders already hold the extensions

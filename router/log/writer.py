@@ -515,11 +515,13 @@ class WriterThread:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._handed = core.written_offset  # the last offset of a batch put on the queue
-        self._inline = core.policy is not FsyncPolicy.ALWAYS
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        # Not ``_inline``, ``_thread``: mypyc names a C field after the attribute with one more
+        # underscore, and ``__inline``, ``__thread`` are C keywords to gcc.
+        self._inline_writes = core.policy is not FsyncPolicy.ALWAYS
+        self._os_thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.last_report: Report | None = None
         self._last_durable = core.durable_offset
-        self._thread.start()
+        self._os_thread.start()
 
     def put(self, item: object) -> None:
         if type(item) is Batch:
@@ -532,7 +534,7 @@ class WriterThread:
         the thread is busy, a batch handed to it earlier is not written yet (batches are written in
         order: ``written_offset`` says how far the log is contiguous), or the log is failed. Wakes
         the thread when the write makes an fsync due later (the core was clean) or now."""
-        if not self._inline or size > INLINE_MAX_BYTES or not self._lock.acquire(blocking=False):
+        if not self._inline_writes or size > INLINE_MAX_BYTES or not self._lock.acquire(blocking=False):
             return None
         try:
             core = self.core
@@ -548,11 +550,11 @@ class WriterThread:
         return report
 
     def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
+        self._os_thread.join(timeout)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._os_thread.is_alive()
 
     def _run(self) -> None:
         q = self._queue
