@@ -82,7 +82,9 @@ def test_a_deployment_serves_its_users_on_a_non_loopback_address_and_refuses_ano
     env.update(BROKERD_LISTEN=listen.replace(":1883", f":{port}"), BROKERD_PASSWORD_FILE=str(passwd),
                BROKERD_DATA_DIR=str(tmp_path / "data"), BROKERD_METRICS_PORT=str(free_port("0.0.0.0")),
                BROKERD_NODE_ID=deployment)
-    for var in ("BROKERD_MESH", "BROKERD_PEER", "BROKERD_MESH_KEY"):
+    # One node of the deployment: its cluster options (the other nodes' names, which resolve only
+    # there) go, agreement's with the mesh's (tests/deploy/test_files.py checks them).
+    for var in ("BROKERD_MESH", "BROKERD_PEER", "BROKERD_MESH_KEY", "BROKERD_AGREEMENT", "BROKERD_AGREEMENT_PEER"):
         env.pop(var, None)
     inherited = {k: "" for k in os.environ if k.startswith("BROKERD_")}  # empty: unset, to brokerd
     broker = Broker(xprocess, f"brokerd-reach-{deployment}-{port}", [], "0.0.0.0", port, env={**inherited, **env})
