@@ -63,7 +63,7 @@ def test_an_alone_test_runs_with_no_other_test_beside_it(tmp_path, monkeypatch):
 
 def test_a_test_is_marked_by_its_directory_and_by_the_lists():
     assert conftest._marks("tests/unit/test_codec.py::test_x") == ["unit"]
-    assert conftest._marks("tests/chaos/test_chaos.py::test_chaos_three_nodes") == ["chaos", "slow"]
+    assert conftest._marks("tests/chaos/test_chaos.py::test_chaos_three_nodes") == ["chaos", "slow", "alone"]
     assert conftest._marks("tests/integration/test_bench.py::test_x") == ["integration", "slow", "alone"]
     assert conftest._marks("tests/partition/test_patterns.py::test_x") == ["slow", "alone"]
     name = "tests/cluster/test_replication.py::test_a_persistent_session_survives_its_nodes_death[b-c]"
