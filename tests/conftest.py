@@ -126,15 +126,6 @@ ALONE_FILES = {
     "tests/partition/test_partition.py",
 }
 
-# Files whose tests run one after another on one worker (one fault lab at a time keeps faults, a
-# SIGSTOP or a cut, from landing on another lab's nodes).
-GROUP_FILES = {
-    "tests/chaos/test_chaos.py": "chaos",
-    "tests/partition/test_patterns.py": "partition-lab",
-    "tests/partition/test_partition.py": "partition-lab",
-}
-
-
 # The order of a parallel run: the longest work units first (an ``xdist_group``, or one test), so
 # that the last to start are short and the workers finish together; ``alone`` ones before all. A test's seconds are its last
 # run's (setup, call and teardown, kept in pytest's cache); a test never run is guessed by marker.
@@ -165,7 +156,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         for mark in _marks(item.nodeid):
             item.add_marker(mark)
-        group = GROUP_FILES.get(item.nodeid.split("::")[0]) or _shared(item)
+        group = _shared(item)
         if group and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
     workerinput = getattr(config, "workerinput", None)
