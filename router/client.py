@@ -395,7 +395,7 @@ class Client:
         if end < len(subs):
             if not start:
                 conn.hold(SUBSCRIBING)
-            asyncio.get_running_loop().call_soon(self._take_filters, p, sub_id, end, codes, retained_out, announced)
+            router.clock.call_soon(self._take_filters, p, sub_id, end, codes, retained_out, announced)
             return
         if start:
             conn.resume_reading(SUBSCRIBING)  # the held packets follow, in the next turn

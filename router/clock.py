@@ -34,6 +34,8 @@ class Clock(Protocol):
 
     def unix(self) -> float: ...
 
+    def call_soon(self, callback: Callable[..., Any], *args: Any) -> Timer: ...
+
     def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> Timer: ...
 
     def call_at(self, when: float, callback: Callable[..., Any], *args: Any) -> Timer: ...
@@ -51,6 +53,9 @@ class LoopClock:
 
     def unix(self) -> float:
         return time.time()
+
+    def call_soon(self, callback: Callable[..., Any], *args: Any) -> Timer:
+        return asyncio.get_event_loop().call_soon(callback, *args)
 
     def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> Timer:
         return asyncio.get_event_loop().call_later(delay, callback, *args)
@@ -78,7 +83,11 @@ class _FakeTimer:
 class FakeClock:
     """A clock that moves only when told (``advance``): the timers due run then, in the order of
     their times (ties: the order they were set), each at its own time, so a timer set by another
-    timer within the same advance runs too if it falls within it. Wall time moves with it."""
+    timer within the same advance runs too if it falls within it. Wall time moves with it.
+
+    ``call_soon`` is a timer due now: it runs at the next ``run_ready`` (one turn of a loop: what
+    was due when it began, not what those callbacks schedule) or ``advance`` (every turn, until
+    nothing is due)."""
 
     def __init__(self, now: float = 1000.0, unix: float = 1_700_000_000.0) -> None:
         self._now = now
@@ -91,6 +100,9 @@ class FakeClock:
 
     def unix(self) -> float:
         return self._now + self._offset
+
+    def call_soon(self, callback: Callable[..., Any], *args: Any) -> _FakeTimer:
+        return self.call_at(self._now, callback, *args)
 
     def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> _FakeTimer:
         return self.call_at(self._now + max(delay, 0.0), callback, *args)
@@ -111,6 +123,26 @@ class FakeClock:
             self._now = max(self._now, when)
             timer.callback(*timer.args)
         self._now = end
+
+    def run_ready(self) -> int:
+        """One turn of the loop: run what is due now and was set before this call; what those
+        callbacks set with ``call_soon`` waits for the next turn. Returns how many ran."""
+        timers = self._timers
+        due: list[tuple[float, int, _FakeTimer]] = []
+        while timers and timers[0][0] <= self._now:
+            due.append(heapq.heappop(timers))
+        ran = 0
+        for i, (_, _, timer) in enumerate(due):
+            if timer.cancelled:
+                continue
+            try:
+                timer.callback(*timer.args)
+            except BaseException:
+                for entry in due[i + 1:]:  # what this turn did not reach stays due
+                    heapq.heappush(timers, entry)
+                raise
+            ran += 1
+        return ran
 
     @property
     def pending(self) -> int:

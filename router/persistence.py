@@ -34,6 +34,7 @@ from .session_state import restore_state, snapshot_key, snapshot_state
 from .topics import filter_matches
 
 if TYPE_CHECKING:
+    from .clock import Clock, Timer
     from .log import CommitLog
     from .ports import ClientHandle, ReplicationPort
     from .retained import RetainedStore
@@ -53,7 +54,8 @@ class StateView(Protocol):
     """The router as its snapshot store sees it, and all it reads: what a snapshot holds
     (persistent sessions and the wills of their connections, retained messages, fences, the
     log's written end), where the sessions' state also goes (``replication``), what tells it
-    that sessions moved (``session_moves``), and where a restored session goes (``life``)."""
+    that sessions moved (``session_moves``), where a restored session goes (``life``), and
+    whose time the writes are timed by (``clock``)."""
 
     router_id: str
     commit_log: CommitLog | None
@@ -65,6 +67,7 @@ class StateView(Protocol):
     replication: ReplicationPort | None
     stats: RouterStats
     life: SessionLife
+    clock: Clock
 
     def session_moves(self) -> tuple[int, ...]: ...
 
@@ -75,7 +78,7 @@ class StateStore:
         self.path = os.path.join(directory, SNAPSHOT)
         self.file = SnapshotFile(self.path)
         self.interval_s = interval_s
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
         self._writing = False
         self.dirty = False
         self._soon = False  # a write was asked for soon while one was under way
@@ -155,8 +158,7 @@ class StateStore:
             self._timer.cancel()
             self._timer = None
         if self._timer is None and not self._writing:
-            loop = asyncio.get_event_loop()
-            self._timer = loop.call_later(0 if soon else self.interval_s, self._write_async)
+            self._timer = self.router.clock.call_later(0 if soon else self.interval_s, self._write_async)
 
     def _write_async(self) -> None:
         self._timer = None
@@ -166,8 +168,8 @@ class StateStore:
         self.dirty = False
         self._writing = True
         self._writing_for, self._waiters = self._waiters, []
-        loop = asyncio.get_event_loop()
-        fut = loop.run_in_executor(None, self.file.write, data, self.file.ticket())
+        # The file is written in a thread (the loop's: I/O, not time), its end told on the loop.
+        fut = asyncio.get_event_loop().run_in_executor(None, self.file.write, data, self.file.ticket())
         fut.add_done_callback(self._written)
 
     def _written(self, fut: asyncio.Future) -> None:

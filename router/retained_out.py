@@ -21,7 +21,6 @@ owed with it: its walks are finished first.
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from collections.abc import Generator
 from copy import copy
@@ -91,7 +90,7 @@ class RetainedOut:
             self.close()
         elif not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._run)
+            self.session.clock.call_soon(self._run)
 
     @staticmethod
     def _deliver(session: Session, sub: Subscription, msg: Message) -> None:

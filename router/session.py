@@ -9,7 +9,6 @@ does not read therefore costs a bounded amount of memory and never slows anyone 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import deque
 from collections.abc import Iterator
@@ -250,7 +249,7 @@ class Session:
                 if self.cursor is None and not self.ranges:
                     return
                 if refills == 16:  # a long catch-up: let other connections run, then go on
-                    asyncio.get_event_loop().call_soon(self.pump)
+                    self.clock.call_soon(self.pump)
                     return
                 refills += 1
                 if not self._refill():  # another router's records not on disk yet: soon
