@@ -144,6 +144,7 @@ class Worker:
         router's snapshot are checked against the records in the background."""
         from .agreement.client import AgreementClient
         from .agreement.owners import SessionOwners
+        from .agreement.state import INSYNC
 
         router = self.router
         assert router is not None
@@ -154,9 +155,18 @@ class Worker:
         owners.holds = lambda cid: cid in router.sessions or cid in router.clients
         self.agreement.on_owned = owners.on_owned
         router.owners = self.owners = owners
-        if self.replication is not None:
-            self.replication.agreed = owners
-            self.agreement.on_majority = self.replication.agreement_majority
+        replication = self.replication
+        if replication is not None:
+            replication.agreed = owners
+
+            def on_owned(batch: list) -> None:  # sessions' records to the owners, in-sync sets to replication
+                owners.on_owned(batch)
+                for kind, key, followers, epoch in batch:
+                    if kind == INSYNC:
+                        replication.insync_published(key, epoch, followers)
+
+            self.agreement.on_owned = on_owned
+            self.agreement.on_majority = replication.agreement_majority
         restored = [cid for cid, s in router.sessions.items() if s.persistent or s.expiry_s]
         owners.check_restored(restored, lambda cid: cid in router.clients)
 

@@ -16,6 +16,12 @@ Why these rules (Kafka's, where brokerd has no reason to differ):
   towards the high-water mark, so a dead follower cannot hold it back for longer than that.
 * With fewer than ``min_insync`` nodes in sync nothing new is acknowledged: acknowledgements are
   held until enough followers are back, or refused at their deadline (never sent unreplicated).
+* With ``--agreement``, the in-sync set is **agreed** (Kafka's ISR kept by its controller): only
+  the followers the agreement names count, and the high-water mark never passes what one of them
+  lacks, so that every follower the agreed state names holds every acknowledged record, whatever
+  a failover later reads back. A follower joins the set once it holds the high-water mark and
+  leaves it once it lags; either change counts only once committed (``agree``): until a lagging
+  member is agreed out, acknowledgements wait for it.
 """
 
 from __future__ import annotations
@@ -74,6 +80,13 @@ class LeaderState:
         self.acked: dict[str, int] = dict.fromkeys(followers, -1)  # follower -> last offset it holds
         self._batches: deque[tuple[int, float]] = deque()  # (last offset, when written), unacked by someone
         self._held: deque[Held] = deque()  # in offset order (appends only grow)
+        # The in-sync followers the agreement committed (``agree``); None: none is agreed (no
+        # ``--agreement``, or none committed yet), and the followers in sync by their lag count.
+        self.agreed: frozenset[str] | None = None
+        # A set proposed and not committed yet: counted with the agreed one meanwhile (Kafka's
+        # "maximal ISR"), so that whichever the agreement ends with, each member holds every
+        # record below the high-water mark.
+        self.pending: frozenset[str] = frozenset()
 
     # -- what happened ----------------------------------------------------------------------------
 
@@ -116,6 +129,24 @@ class LeaderState:
         self._held.append(Held(offset, token, self.clock() + self.hold_timeout_s))
         return True
 
+    def propose(self, followers: frozenset[str]) -> None:
+        """``followers`` are proposed as the in-sync set: until a later proposal commits they count
+        too (one whose outcome is unknown may still commit)."""
+        self.pending = self.pending | followers
+
+    def agree(self, followers: Iterable[str]) -> list[Held]:
+        """The agreement committed ``followers`` as this log's in-sync set (the last proposed): from
+        now on only they count, each one for every record; returns what that releases."""
+        self.agreed = frozenset(followers)
+        self.pending = frozenset()
+        return self._advance()
+
+    def wanted(self) -> frozenset[str]:
+        """The in-sync set to propose: the followers in sync by their lag that hold the high-water
+        mark (a follower outside it that joins must hold every acknowledged record)."""
+        hw = self.high_water
+        return frozenset(f for f in self.acked if self.acked[f] >= hw and self.lag_s(f) <= self.max_lag_s)
+
     def tick(self) -> tuple[list[Held], list[Held]]:
         """Time passed: (released, refused). Followers that fell out of sync stop holding the
         high-water mark back; acknowledgements past their deadline are refused (the client is
@@ -145,9 +176,16 @@ class LeaderState:
         return self.end - self.acked[follower]
 
     def _advance(self) -> list[Held]:
-        holders = sorted([self.end, *(self.acked[f] for f in self.in_sync())], reverse=True)
-        if len(holders) >= self.min_insync:
-            mark = holders[self.min_insync - 1]
+        agreed = self.agreed
+        if agreed is None:
+            holders = sorted([self.end, *(self.acked[f] for f in self.in_sync())], reverse=True)
+            if len(holders) >= self.min_insync:
+                mark = holders[self.min_insync - 1]
+                if mark > self.high_water:
+                    self.high_water = mark
+        elif 1 + len(agreed) >= self.min_insync:
+            # Every agreed (or proposed) member holds it (one placed elsewhere since holds nothing here).
+            mark = min([self.end, *(self.acked.get(f, -1) for f in agreed | self.pending)])
             if mark > self.high_water:
                 self.high_water = mark
         released: list[Held] = []

@@ -43,7 +43,7 @@ socket.inet_ntop = _inet_ntop
 
 # Its followers truncate only from a conflict, and its journal is synced before a member answers.
 from .pysyncobj_fixes import PatchedSyncObj  # noqa: E402
-from .state import Command, NoAgreement, Result, State  # noqa: E402
+from .state import INSYNC, Command, NoAgreement, Result, State  # noqa: E402
 
 __all__ = ["Agreement", "NoAgreement"]
 
@@ -52,7 +52,8 @@ class _Replica(PatchedSyncObj):
     """One member's replica: the only replicated method applies a batch to the local State.
 
     ``on_changed``: called in PySyncObj's thread, in log order, with the records an applied entry
-    changed (``[kind, key, owner, epoch]``, owner None once released), so that the node's service
+    changed (``[kind, key, owner, epoch]``, owner None once released; ``[INSYNC, router,
+    followers, leader epoch]`` for an in-sync set), so that the node's service
     tells its routers of moves without their asking."""
 
     def __init__(self, address: str, peers: Sequence[str], conf: SyncObjConf, transport: type,
@@ -71,10 +72,10 @@ class _Replica(PatchedSyncObj):
         if hook is None:
             return self.state.apply_batch(commands)
         keys = _touched(commands)
-        before = [self.state.owner(kind, key) for kind, key in keys]
+        before = [_record(self.state, kind, key) for kind, key in keys]
         results = self.state.apply_batch(commands)
         changed = [[kind, key, *now] for (kind, key), was in zip(keys, before, strict=True)
-                   if (now := self.state.owner(kind, key)) != was]
+                   if (now := _record(self.state, kind, key)) != was]
         if changed:
             hook(changed)
         return results
@@ -82,16 +83,28 @@ class _Replica(PatchedSyncObj):
 
 def _touched(commands: Sequence[Command], into: dict | None = None) -> list[tuple[str, str]]:
     """The (kind, key) of every move and release in ``commands``, those of ``all_of`` too, once each
-    and in order; malformed ones left out (they change nothing)."""
+    and in order, and (INSYNC, router) of every in-sync set; malformed ones left out (they change
+    nothing)."""
     seen: dict[tuple[str, str], None] = {} if into is None else into
     for c in commands:
         if not isinstance(c, (tuple, list)) or not c:
             continue
         if c[0] in ("move", "release") and len(c) > 2 and isinstance(c[1], str) and isinstance(c[2], str):
             seen[(c[1], c[2])] = None
+        elif c[0] == "insync" and len(c) > 1 and isinstance(c[1], str):
+            seen[(INSYNC, c[1])] = None
         elif c[0] == "all" and len(c) == 2 and isinstance(c[1], (tuple, list)):
             _touched(c[1], seen)
     return list(seen)
+
+
+def _record(state: State, kind: str, key: str) -> tuple:
+    """What is published of a touched record: (owner, epoch), or for an in-sync set (the sorted
+    followers, the leader epoch)."""
+    if kind == INSYNC:
+        epoch, followers = state.insync.get(key, (0, frozenset()))
+        return sorted(followers), epoch
+    return state.owner(kind, key)
 
 
 class Agreement:

@@ -15,8 +15,9 @@ Its workers reach it on two local sockets (the run directory is 0700: nothing mo
   into one Raft entry (``ENTRY_COMMANDS`` at most): a mass failover's moves are a few entries,
   not one each.
 * ``agreement.pub`` (PUB): ``["owned", [[kind, key, owner, epoch], ...]]``, what the entries
-  applied in a round changed (owner None: released), and ``["majority", bool]`` at each change
-  and every second.
+  applied in a round changed (owner None: released; an in-sync set is ``[INSYNC, router,
+  followers, leader epoch]``, and every set is said again each second), and ``["majority", bool]``
+  at each change and every second.
 
 *Majority* means "this member can commit now": a no-op is proposed every ``PROBE_EVERY_S``, and
 the member has one while a probe sent within the last ``PROBE_TIMEOUT_S`` has committed. Raft's
@@ -41,7 +42,7 @@ from typing import Any, Protocol
 from ..config import Config
 from ..paths import agreement_ipc, agreement_pub, ensure_run_dir
 from ..process import exit_how, fork_child, name_process, stop_child
-from .state import Command, State, get, join
+from .state import INSYNC, Command, State, get, join
 
 log = logging.getLogger(__name__)
 
@@ -431,6 +432,11 @@ class Service:
         if now >= self.next_majority:
             self.next_majority = now + MAJORITY_REPEAT_S
             self.pub.send(self.packer.pack(["majority", self.had_majority]))
+            # Every in-sync set as this member holds them, as ``owned`` records: a worker that
+            # (re)started since they changed learns them within a second.
+            sets = list(self.engine.state.insync.items())  # (one C call: PySyncObj's thread may write)
+            if sets:
+                self.pub.send(self.packer.pack(["owned", [[INSYNC, r, sorted(f), e] for r, (e, f) in sets]]))
 
 
 def _drain(fd: int) -> None:

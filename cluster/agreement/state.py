@@ -29,6 +29,7 @@ STALE = "stale"  # a condition did not hold: the result carries what holds inste
 BAD = "bad"  # malformed or unknown: the same on every replica, so the state stays the same everywhere
 
 SESSION = "session"
+INSYNC = "insync"  # the kind a published in-sync set carries (``[INSYNC, router, followers, epoch]``)
 SNAPSHOT_VERSION = 1
 
 Command = tuple | list  # a list: a command as msgpack brings it back (the workers' requests)

@@ -17,6 +17,7 @@ has its module, each a part of the one ``Replication`` the mesh and the router t
 - ``wills``: the held wills of a silent router's sessions;
 - ``restore``: a router back on an empty disk (its log continued, its sessions sent back);
 - ``majority``: the lease and the majority rules (``in_minority``, ``gone_for_majority``);
+- ``insync``: with ``--agreement``, the in-sync set committed through it (and others' sets learnt);
 - ``link``: the one interface to the mesh (``MeshLink``).
 """
 
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from .catchup import CatchupPart
 from .follower import FETCH_AGAIN_S, FollowerPart
 from .history import HistoryPart
+from .insync import InsyncPart
 from .leader import LeaderPart
 from .link import MeshAdapter
 from .majority import MajorityPart
@@ -54,7 +56,7 @@ RETENTION_TICKS = int(60 / TICK_S)  # replicas' retention is enforced once a min
 
 
 class Replication(LeaderPart, FollowerPart, HistoryPart, ReadBackPart, SessionsPart, CatchupPart, WillsPart,
-                  RestorePart, MajorityPart):
+                  RestorePart, MajorityPart, InsyncPart):
     """The replication of one router: leader of its own log, follower of what is placed here."""
 
     def __init__(self, config: Config, router: Router, mesh: Mesh, loop: asyncio.AbstractEventLoop) -> None:
@@ -76,6 +78,7 @@ class Replication(LeaderPart, FollowerPart, HistoryPart, ReadBackPart, SessionsP
         self._init_sessions()
         self._init_wills()
         self._init_majority()
+        self._init_insync()
         self._init_restore()
         self._init_history()
         self._init_read_back()
@@ -133,6 +136,7 @@ class Replication(LeaderPart, FollowerPart, HistoryPart, ReadBackPart, SessionsP
                 rep.fetch_sent = 0.0  # the next batch asks again
         if self.followers:
             self._tell_end()
+        self._check_insync()
         self._timer = self.loop.call_later(TICK_S, self._tick)
 
     def heartbeat(self) -> None:
@@ -150,7 +154,9 @@ class Replication(LeaderPart, FollowerPart, HistoryPart, ReadBackPart, SessionsP
         per_record = log_stats["bytes"] / kept if kept > 0 else 0.0
         return {
             "factor": self.factor, "min_insync": self.min_insync, "required": lead.min_insync,
-            "end": lead.end, "high_water": lead.high_water, "held": len(lead._held), "refused_total": self.refused,
+            "end": lead.end, "high_water": lead.high_water,
+            # With --agreement: the in-sync set committed, and this incarnation's leader epoch.
+            "agreed_in_sync": None if lead.agreed is None else sorted(lead.agreed), "leader_epoch": self.leader_epoch, "held": len(lead._held), "refused_total": self.refused,
             "followers": {f: {"offset": lead.acked[f], "lag_records": lag,
                               "lag_bytes": round(lag * per_record),
                               "lag_seconds": round(lead.lag_s(f), 3), "in_sync": f in in_sync}

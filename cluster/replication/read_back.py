@@ -47,6 +47,7 @@ class ReadBackPart(Part):
     # Of the other parts (``FollowerPart``, ``WillsPart``).
     replicas: dict[str, Replica]
     _arm_wills: Callable[[str], None]
+    in_sync_holders: Callable[[str], frozenset[str] | None]
 
     def _init_read_back(self) -> None:
         # Per silent router whose replica is read back here: the lowest offset from which its
@@ -67,6 +68,11 @@ class ReadBackPart(Part):
         if best is None:
             return
         where = "this router" if best is HERE else best.router_id
+        in_sync = self.in_sync_holders(partition)
+        if in_sync and (self.partition if best is HERE else best.router_id) not in in_sync:
+            log.warning("replication: router %s is silent and no follower the agreement names in sync with its "
+                        "log (%s) is heard: its replica on %s may lack what it acknowledged last", partition,
+                        ", ".join(sorted(in_sync)), where)
         if best_end < peer.origin_mark:
             log.info("replication: router %s is silent; this router has what it wanted of its messages up to "
                      "offset %d, as far as its replica on %s goes: nothing to read back", partition,

@@ -56,6 +56,7 @@ class SessionsPart(Part):
     _disarm_will: Callable[[str, str], None]
     _groups_low: dict[str, int]
     gone_for_majority: Callable[[str], bool]
+    in_sync_holders: Callable[[str], frozenset[str] | None]
     if TYPE_CHECKING:
         @property
         def followers(self) -> list[str]: ...
@@ -189,6 +190,13 @@ class SessionsPart(Part):
         # Two silent routers of one node may both have had it (it moved between them shortly
         # before the node died, before the first said it was gone): the most recent counts.
         partition, st = self.store.newest(found)
+        in_sync = self.in_sync_holders(partition)
+        if in_sync and self.partition not in in_sync:
+            # The agreement names other followers in sync with that router's log: this replica may
+            # lack what it acknowledged last. The client is refused until one of them serves it.
+            log.warning("replication: session %s not handed over from its replica here: the log of %s is in "
+                        "sync on %s, not on this router", client_id, partition, ", ".join(sorted(in_sync)))
+            return None
         due = self._held_will_due(partition, st)
         if due is not None and time.time() >= due:
             # Its will fell due before this connection came (the will of a connection its
