@@ -4,7 +4,7 @@ Why a process of its own: the supervisor must not hold a ZeroMQ context or an ev
 forks workers (a forked copy of either is broken), and the routers must not serve HTTP. So after the
 workers are up, the supervisor forks ``brokerd-stats``. It
 
-* subscribes to every router's stats socket (``cluster.stats.router_endpoint``) and keeps the latest
+* subscribes to every router's stats socket (``cluster.paths.router_endpoint``) and keeps the latest
   snapshot of each;
 * serves them on ``http://<--listen host>:<--metrics-port>/metrics`` with ``prometheus_client``
   (one series per router: ``router`` and ``node`` labels; conventional names and units);
@@ -35,17 +35,9 @@ from brokerd.router.stats import LIMITS
 
 from . import __version__
 from .config import Config
-from .paths import ensure_run_dir
+from .paths import effective_interval, ensure_run_dir, node_endpoint, router_endpoint
 from .process import exit_how, fork_child, name_process, stop_child
-from .stats import (
-    DROP_REASONS,
-    SCHEMA_VERSION,
-    TOPIC_NODE,
-    TOPIC_SNAPSHOT,
-    effective_interval,
-    node_endpoint,
-    router_endpoint,
-)
+from .stats_schema import DROP_REASONS, SCHEMA_VERSION, TOPIC_NODE, TOPIC_SNAPSHOT
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Where a node's local sockets live, derived from its config so every tool can find them.
+"""Where a node's sockets live, derived from its config so every tool can find them.
 
 One run directory per node and listener: ``$TMPDIR/brokerd-<uid>/<node>-<port>/`` (short, because
 an ipc:// path must fit 107 bytes), or ``$BROKERD_RUN_DIR/<node>-<port>/``. ``brokerd stats`` finds
@@ -26,6 +26,7 @@ from .process import PidLock
 LOCK_FILE = "brokerd.lock"
 NODE_FILE = "node.json"  # what `brokerd stats` needs to read a node it finds (written at start)
 CLAIM_TRIES = 20  # attempts to make and lock the run directory while others remove stale ones
+MIN_STATS_INTERVAL = 0.1  # seconds: bounds the rate ring (15 min / interval samples) and the CPU stats take
 
 
 def run_base() -> str:
@@ -149,6 +150,32 @@ def stats_endpoint(config: Config, index: int, host: str | None = None) -> str:
     return f"ipc://{run_dir(config)}/w{index}.stats"
 
 
+def zmq_host(host: str, *, bind: bool) -> str:
+    """A --listen host as ZeroMQ wants it: wildcards connect to loopback, IPv6 in brackets."""
+    if host in ("", "0.0.0.0"):
+        return "0.0.0.0" if bind else "127.0.0.1"
+    if host == "::":
+        return "[::]" if bind else "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def router_endpoint(config: Config, index: int, *, bind: bool = False, host: str | None = None) -> str:
+    """Router ``index``'s stats socket; ``host`` overrides the --listen host (remote nodes)."""
+    if not config.stats_port:
+        return stats_endpoint(config, index)
+    return stats_endpoint(config, index, zmq_host(host or config.stats_host, bind=bind))
+
+
+def node_endpoint(config: Config) -> str:
+    """The stats process's node aggregate (always local: only this node's routers read it)."""
+    return f"ipc://{run_dir(config)}/node.stats"
+
+
+def effective_interval(config: Config) -> float:
+    """Seconds between a router's stats snapshots (``node.json`` tells readers, who wait for them)."""
+    return max(MIN_STATS_INTERVAL, config.stats_interval)
+
+
 def claim_run_dir(config: Config) -> PidLock:
     """Make and lock this node's run directory, then remove what dead brokers left: stale sockets in
     it, and the run directories of this user's brokers that are gone.
@@ -175,8 +202,6 @@ def write_node_file(config: Config, path: str) -> None:
     """``node.json``: the node's id, MQTT address, router count, stats endpoints and interval, for
     ``brokerd stats`` to read a node it found (best effort: without it, the directory name and the
     ipc sockets in it still tell most)."""
-    from .stats import effective_interval, router_endpoint
-
     info = {"node": config.node_id, "listen": list(config.listen), "workers": config.workers,
             "stats_port": config.stats_port, "stats_interval": effective_interval(config),
             "stats": [router_endpoint(config, i) for i in range(config.workers)],

@@ -17,65 +17,8 @@ Sockets (``docs/stats.md`` has the operator's view):
   Topic ``conns``: the full connection list, every interval, built only while some subscriber is
   subscribed to ``conns`` (``brokerd stats --connections``).
 
-Snapshot schema, version 1 (``v``). Counters count since the router started (they restart from 0
-with a restarted worker: ``pid`` changes); rates are per second; sizes are bytes; times are seconds::
-
-    v              1
-    kind           "router"
-    node           node id (--node-id)
-    router         router name, "w<i>"
-    router_id      "<node>/<router>", the name peers use (mesh peer keys)
-    index          i
-    routers        number of routers of this node (--workers): lets a reader find the others
-    version        brokerd version
-    pid            worker process id
-    seq            snapshot number since the router started (gaps: snapshots a reader missed)
-    ts             wall-clock time of the snapshot (Unix seconds, float)
-    uptime         seconds since the router started
-    interval       seconds between snapshots
-    clients        {connected, sockets, sessions, connects_total, refused_total, protocol_errors_total}
-                   connected: clients past CONNECT; sockets: open TCP connections (also those that
-                   have not sent CONNECT yet); sessions: sessions held, connected or offline
-    subscriptions  (filter, session) pairs on this router
-    filters        distinct topic filters of local subscribers (what the router announces to peers)
-    shared         {groups, members, routes, no_member_total}: shared subscriptions with local
-                   members, their (member, subscription) pairs, shared subscriptions with members
-                   anywhere in the cluster, and group copies that found no member here
-    retained       retained messages held
-    traffic        clients: {msgs_in, msgs_out, bytes_in, bytes_out}
-                     PUBLISH packets from / to this router's clients (wills and $SYS excluded from
-                     msgs_in) and every byte read from / written to their sockets, headers included;
-                     closed connections stay counted
-                   mesh: {msgs_in, msgs_out, bytes_in, bytes_out, frames_in, frames_out,
-                          peers: {peer router id: {msgs_in, msgs_out, bytes_in, bytes_out}}}
-                     messages forwarded to / from other routers, the bytes and the number of the
-                     frames that carried them (messages per frame is how well forwarding batches);
-                     only routers that exchanged traffic appear in peers
-                   log: {records, bytes, read_records, read_bytes, disk_bytes}
-                     commit log appends and reads; disk_bytes is the log's current size
-    rates          {"1s" | "1min" | "5min" | "15min": {msgs_in, msgs_out, bytes_in, bytes_out,
-                    mesh_msgs_in, mesh_msgs_out, mesh_bytes_in, mesh_bytes_out, log_records,
-                    log_bytes, connects}}, per second, averaged over the window (over the uptime
-                   while it is shorter)
-    inflight       QoS 1/2 messages sent and not yet acknowledged, all sessions
-    queued         QoS 1/2 messages waiting behind the inflight window or for an offline session
-    auth           {failures_total, denied_total}: CONNECTs refused by authentication (bad user
-                   name or password, anonymous not allowed, not authorized), and PUBLISH packets and
-                   SUBSCRIBE filters refused by the ACL (or $SYS/)
-    drops          {queue_full, too_large, slow_consumer, mesh_backpressure, expired}
-    process        {cpu_percent, cpu_seconds, rss_bytes} of the worker process (psutil);
-                   cpu_percent over the last interval, 100 = one core
-    loop_lag       how late this snapshot's timer fired, seconds
-    mesh_refused   {peer endpoint: why}: the peers this router cannot join (its CURVE handshake with
-                   them fails: another --mesh-key); absent in a snapshot of an older brokerd
-    top            up to 10 connections with the most bytes in + out: [{client_id, peer, protocol,
-                   bytes_in, bytes_out, msgs_in, msgs_out, queued, inflight}]
-
-Connection list (topic ``conns``)::
-
-    v, kind="connections", node, router, router_id, index, ts
-    total          connected clients on this router
-    connections    up to 10 000 of them, most bytes first, each as in ``top``
+The snapshot's schema, and the topics: ``cluster.stats_schema``. Rates, the worker's traffic, and
+work split across loop turns: ``cluster.stats_figures``.
 
 $SYS: every ``--sys-interval`` the router publishes its own values under
 ``$SYS/brokerd/<node>/<router>/...`` (retained, through ``router.publish``: they reach subscribers
@@ -89,175 +32,47 @@ from __future__ import annotations
 
 import heapq
 import logging
-import math
 import os
 import time
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 import psutil
 import zmq
 
-from brokerd.connection.protocol import Traffic
 from brokerd.router.stats import LIMITS
 from brokerd.router.sys_topics import SYS_CLIENT_ID, SysTopics, broker_sys_values, router_sys_values
 from brokerd.router.view import RouterView
 
 from . import __version__
 from .config import Config
-from .paths import ensure_run_dir, run_dir, stats_endpoint
+from .metrics import NodeStats
+from .paths import effective_interval, ensure_run_dir, node_endpoint, router_endpoint, zmq_host
+from .stats_figures import ConnectionSet, RateRing, SlicedFold, client_bytes, client_row, fold_in_slices
+from .stats_schema import (
+    CONNECTIONS_MAX,
+    DROP_REASONS,
+    SCHEMA_VERSION,
+    TOP_N,
+    TOPIC_CONNECTIONS,
+    TOPIC_NODE,
+    TOPIC_SNAPSHOT,
+)
 
 if TYPE_CHECKING:
     import asyncio
 
-    from brokerd.connection.protocol import MQTTConnection
     from brokerd.router.ports import ClientHandle
     from brokerd.router.router import Router
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
-TOPIC_SNAPSHOT = b"snap"
-TOPIC_CONNECTIONS = b"conns"
-TOPIC_NODE = b"node"
-TOP_N = 10
 # Connections ranked, or sessions counted, per loop iteration (``SlicedFold``): a fleet's every
 # device moves bytes each second, and ranking 5,000 of them in one go held the loop ~5 ms,
 # counting their sessions' queues ~1.3 ms, once a second (a slice of 1,000 to rank took ~1.3 ms).
 RANK_SLICE = 250
-CONNECTIONS_MAX = 10_000
-MIN_INTERVAL = 0.1  # seconds: bounds the rate ring (15 min / interval samples) and the CPU we spend
-WINDOWS: tuple[tuple[str, float], ...] = (("1s", 1.0), ("1min", 60.0), ("5min", 300.0), ("15min", 900.0))
-RATE_KEYS = ("msgs_in", "msgs_out", "bytes_in", "bytes_out", "mesh_msgs_in", "mesh_msgs_out",
-             "mesh_bytes_in", "mesh_bytes_out", "log_records", "log_bytes", "connects")
 PENDING_RECOUNT = 10  # snapshots: queued and in-flight counted again at least this often, moved or not
-DROP_REASONS = ("queue_full", "too_large", "slow_consumer", "mesh_backpressure", "mesh_peer_gone", "expired")
-
-
-# -- addresses --------------------------------------------------------------------------------------
-
-def zmq_host(host: str, *, bind: bool) -> str:
-    """A --listen host as ZeroMQ wants it: wildcards connect to loopback, IPv6 in brackets."""
-    if host in ("", "0.0.0.0"):
-        return "0.0.0.0" if bind else "127.0.0.1"
-    if host == "::":
-        return "[::]" if bind else "[::1]"
-    return f"[{host}]" if ":" in host else host
-
-
-def router_endpoint(config: Config, index: int, *, bind: bool = False, host: str | None = None) -> str:
-    """Router ``index``'s stats socket; ``host`` overrides the --listen host (remote nodes)."""
-    if not config.stats_port:
-        return stats_endpoint(config, index)
-    return stats_endpoint(config, index, zmq_host(host or config.stats_host, bind=bind))
-
-
-def node_endpoint(config: Config) -> str:
-    """The stats process's node aggregate (always local: only this node's routers read it)."""
-    return f"ipc://{run_dir(config)}/node.stats"
-
-
-def effective_interval(config: Config) -> float:
-    return max(MIN_INTERVAL, config.stats_interval)
-
-
-# -- the worker's connections and their traffic -----------------------------------------------------
-
-class ConnectionSet(set):
-    """The worker's set of live connections, and ``traffic``: what all of them, closed ones
-    included, carried (each connection adds to it as it counts: ``connection.protocol.Traffic``)."""
-
-    __slots__ = ("traffic",)
-
-    def __init__(self, items: Iterable[MQTTConnection] = ()) -> None:
-        super().__init__(items)
-        self.traffic = Traffic()
-
-
-# -- rates ------------------------------------------------------------------------------------------
-
-class RateRing:
-    """Counter samples of the last 15 minutes, one per snapshot: rates over any window in O(1)."""
-
-    def __init__(self, interval: float, keys: tuple[str, ...] = RATE_KEYS) -> None:
-        self.interval = interval
-        self.keys = keys
-        self._ring: deque[tuple[float, tuple[int, ...]]] = deque(
-            maxlen=math.ceil(WINDOWS[-1][1] / interval) + 2)
-
-    def push(self, t: float, values: tuple[int, ...]) -> None:
-        self._ring.append((t, values))
-
-    def rates(self) -> dict[str, dict[str, float]]:
-        ring = self._ring
-        out: dict[str, dict[str, float]] = {}
-        if not ring:
-            return {name: dict.fromkeys(self.keys, 0.0) for name, _ in WINDOWS}
-        t1, v1 = ring[-1]
-        last = len(ring) - 1
-        for name, seconds in WINDOWS:
-            t0, v0 = ring[max(0, last - max(1, round(seconds / self.interval)))]
-            dt = t1 - t0
-            out[name] = {k: ((b - a) / dt if dt > 0 else 0.0) for k, a, b in zip(self.keys, v0, v1, strict=True)}
-        return out
-
-
-# -- the publisher ----------------------------------------------------------------------------------
-
-def _client_bytes(client: ClientHandle) -> int:
-    c = client.conn.counters
-    total: int = c.bytes_in + c.bytes_out  # (``conn`` is a port's ``Any``)
-    return total
-
-
-def _client_row(client: ClientHandle) -> dict[str, Any]:
-    conn = client.conn
-    c = conn.counters
-    session = client.session
-    return {"client_id": client.client_id, "peer": conn.peer, "protocol": conn.protocol_level,
-            "bytes_in": c.bytes_in, "bytes_out": c.bytes_out, "msgs_in": c.msgs_in, "msgs_out": c.msgs_out,
-            "queued": len(session.queue) if session is not None else 0,
-            "inflight": len(session.inflight) if session is not None else 0}
-
-
-class SlicedFold:
-    """Fold ``items`` a slice of ``RANK_SLICE`` per loop iteration: ``acc = step(part, acc)``,
-    then ``done(acc)``. What a snapshot must walk over every connection or session (the top
-    clients, the queued and in-flight count) is walked so, when there are more than a slice of
-    them, rather than in one go that holds every client's packets back."""
-
-    __slots__ = ("loop", "items", "pos", "acc", "step", "done")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, items: list[Any], acc: Any,
-                 step: Callable[[list[Any], Any], Any], done: Callable[[Any], None]) -> None:
-        self.loop = loop
-        self.items = items
-        self.pos = 0
-        self.acc = acc
-        self.step = step
-        self.done = done
-        loop.call_soon(self._next)
-
-    def _next(self) -> None:
-        end = self.pos + RANK_SLICE
-        self.acc = self.step(self.items[self.pos:end], self.acc)
-        self.pos = end
-        if end < len(self.items):
-            self.loop.call_soon(self._next)
-        else:
-            self.done(self.acc)
-
-
-def fold_in_slices(loop: asyncio.AbstractEventLoop | None, items: list[Any], acc: Any,
-                   step: Callable[[list[Any], Any], Any], done: Callable[[Any], None]) -> SlicedFold | None:
-    """``done(step(items, acc))`` at once when ``items`` fit in one slice (or there is no loop),
-    returning None; else a ``SlicedFold`` under way."""
-    if len(items) <= RANK_SLICE or loop is None:
-        done(step(items, acc))
-        return None
-    return SlicedFold(loop, items, acc, step, done)
 
 
 class StatsPublisher:
@@ -347,8 +162,6 @@ class StatsPublisher:
         node's memory (about 12 MB of 48 MB PSS) and a millisecond of CPU a second, for a sum
         over a few snapshots a second. It runs only where /metrics is served (``--metrics-port``):
         HTTP stays out of the routers."""
-        from .metrics import NodeStats
-
         assert self.ctx is not None
         try:
             started = psutil.Process(os.getppid()).create_time()  # the supervisor's: the node's uptime
@@ -485,11 +298,11 @@ class StatsPublisher:
         else:
             pool = [*self._top_conns, *self._unranked.values(), *moved]
             self._unranked = {}
-            self._ranking = fold_in_slices(self.loop, pool, [], self._best, self._ranked)
+            self._ranking = fold_in_slices(self.loop, pool, [], self._best, self._ranked, RANK_SLICE)
         client_of = self.router.client
         live = [c for c in self._top_clients if client_of(c.client_id) is c]
-        live.sort(key=_client_bytes, reverse=True)
-        return [_client_row(client) for client in live]
+        live.sort(key=client_bytes, reverse=True)
+        return [client_row(client) for client in live]
 
     def _count(self, sessions: list[Any], acc: tuple[int, int]) -> tuple[int, int]:
         queued, inflight = self.router.queued_inflight(sessions)
@@ -512,7 +325,7 @@ class StatsPublisher:
             client = client_of(client_id)
             if client is not None and client.conn is conn:
                 chosen[id(conn)] = client
-        return heapq.nlargest(TOP_N, chosen.values(), key=_client_bytes)
+        return heapq.nlargest(TOP_N, chosen.values(), key=client_bytes)
 
     def _ranked(self, best: list[ClientHandle]) -> None:
         self._ranking = None
@@ -558,7 +371,8 @@ class StatsPublisher:
         if (pending_key != self._pending_key or self.seq % PENDING_RECOUNT == 0) and self._counting is None:
             self._pending_key = pending_key
             # Thousands of sessions are counted a slice per loop iteration, shown when done.
-            self._counting = fold_in_slices(self.loop, router.session_list(), (0, 0), self._count, self._counted)
+            self._counting = fold_in_slices(self.loop, router.session_list(), (0, 0), self._count, self._counted,
+                                            RANK_SLICE)
         queued, inflight = self._pending
         counts = router.counts()
         peers = {
@@ -632,12 +446,17 @@ class StatsPublisher:
 
     def connection_list(self) -> dict[str, Any]:
         clients = list(self.router.clients())
-        chosen = heapq.nlargest(CONNECTIONS_MAX, clients, key=_client_bytes)
+        chosen = heapq.nlargest(CONNECTIONS_MAX, clients, key=client_bytes)
         return {"v": SCHEMA_VERSION, "kind": "connections", "node": self.config.node_id, "router": self.name,
                 "router_id": self.router.router_id, "index": self.index, "ts": time.time(), "total": len(clients),
-                "connections": [_client_row(c) for c in chosen]}
+                "connections": [client_row(c) for c in chosen]}
 
     # -- $SYS -------------------------------------------------------------------------------------
 
 
-__all__ = ["SYS_CLIENT_ID", "StatsPublisher", "broker_sys_values", "router_sys_values"]
+# Names callers import from here, each kept where it lives (the schema, the figures, the
+# addresses in ``paths``).
+__all__ = ["CONNECTIONS_MAX", "DROP_REASONS", "SCHEMA_VERSION", "SYS_CLIENT_ID", "TOPIC_CONNECTIONS", "TOPIC_NODE",
+           "TOPIC_SNAPSHOT", "TOP_N", "ConnectionSet", "RateRing", "SlicedFold", "StatsPublisher", "broker_sys_values",
+           "effective_interval", "fold_in_slices", "node_endpoint", "router_endpoint", "router_sys_values",
+           "zmq_host"]

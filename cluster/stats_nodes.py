@@ -14,8 +14,8 @@ from typing import Any
 
 from .config import Config
 from .paths import LocalNode, local_nodes, read_node_file, run_base, run_dir
-from .stats import TOPIC_SNAPSHOT
 from .stats_readers import Readers, StatsReader
+from .stats_schema import TOPIC_SNAPSHOT
 
 LOCATING = ("--listen", "--port", "--config", "--stats-port")  # the options that name one local node
 

@@ -16,8 +16,8 @@ from typing import Any
 import msgpack
 import zmq
 
-from .paths import run_dir
-from .stats import SCHEMA_VERSION, TOPIC_CONNECTIONS, TOPIC_SNAPSHOT, effective_interval, router_endpoint
+from .paths import effective_interval, router_endpoint, run_dir
+from .stats_schema import SCHEMA_VERSION, TOPIC_CONNECTIONS, TOPIC_SNAPSHOT
 
 WAIT_SLACK_S = 2.0
 

@@ -13,8 +13,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from .stats import TOPIC_CONNECTIONS, TOPIC_SNAPSHOT
 from .stats_readers import Readers
+from .stats_schema import TOPIC_CONNECTIONS, TOPIC_SNAPSHOT
 from .stats_tables import WIDE, cluster_view, connections_view, make_console, routers_view, to_text
 
 

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .metrics import NodeStats, sum_trees
+
 WIDE = 1000  # the width when stdout is not a terminal and COLUMNS is not set: every column
 
 
@@ -179,8 +181,6 @@ def make_table(columns: list[Column], rows: list[dict[str, Any]], width: int) ->
 
 def _sum_snapshots(snaps: list[dict[str, Any]]) -> dict[str, Any]:
     """The aggregate of routers of one or more nodes (each node's through ``NodeStats``)."""
-    from .metrics import NodeStats, sum_trees
-
     by_node: dict[str, list[dict[str, Any]]] = {}
     for s in snaps:
         by_node.setdefault(s["node"], []).append(s)
