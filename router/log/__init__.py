@@ -8,7 +8,7 @@
 The byte format is described in ``FORMAT.md`` and ``router.log.format``.
 """
 
-from .commitlog import CommitLog, SegmentState
+from .commitlog import CommitLog
 from .errors import CorruptRecord, LogError, LogFormatError, LogUnavailable
 from .format import (
     FORMAT_VERSION,
@@ -21,6 +21,7 @@ from .format import (
 )
 from .reader import CheckReport, LogReader, SegmentCheck, SegmentInfo, check
 from .retention import DeletedSegment
+from .segments import SegmentState
 from .writer import FsyncPolicy
 
 __all__ = [

@@ -1,10 +1,14 @@
 """``CommitLog``: the per-router segmented commit log, written from an asyncio event loop.
 
-This module holds the appender: appends and flushes (format version 2 batches placed in segments).
-The rest of ``CommitLog`` is by concern, in mixins that share its state (so the append path reads
-its attributes with no hop): ``durability`` (the writer's reports, callbacks, the failed state,
-closing), ``reads``, ``retention``, ``history`` (joining fetched history); ``loader`` recovers the
-directory at open. ``writer`` is the thread that does the I/O, ``segment`` and ``format`` the bytes.
+This module holds the appender (appends and flushes: format version 2 batches placed in
+segments) and ``CommitLog``, the facade assembled from parts it owns, each in its module and each
+holding the one state object they share, the log's segments (``segments.LogSegments``):
+``loader`` recovers the directory at open (Kafka's ``LogLoader``); ``durability.Durability``
+applies the writer's reports (written and durable offsets, their callbacks and waiters, the
+failed state); ``reads.LogReads`` reads; ``retention`` drops the oldest segments; ``history.
+HistoryJoin`` joins fetched history. ``writer`` is the thread that does the I/O (``messages``
+what passes to and from it), ``segment`` and ``format`` the bytes. The append path reads the
+log's own attributes, with no hop through a part.
 
 Why it is shaped this way:
 
@@ -33,66 +37,42 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import logging
-import operator
 import os
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgpack
 
+from .active import ActiveSegment
 from .durability import Durability
 from .errors import LogUnavailable
 from .format import (
-    BATCH_HEADER_SIZE,
     FILE_HEADER_SIZE,
     FORMAT_VERSION,
-    INDEX_ENTRY,
-    INDEX_ENTRY_SIZE,
-    MAX_ARRAY_HEADER,
     MAX_SEGMENT_POSITION,
     Record,
-    encode_batch,
 )
+from .handoff import Handoff
 from .history import HistoryJoin
-from .loader import NO_TS, Seg, load
-from .reads import Reads
-from .retention import DeletedSegment, Retention
+from .loader import load
+from .messages import Batch
+from .reads import LogReads
+from .retention import DeletedSegment, drop_past_retention
 from .scan import NO_INDEX_YET
-from .segment import OpenReaders
-from .writer import (
-    SYNC,
-    Batch,
-    Chunk,
-    FsyncPolicy,
-    WriterCore,
-    WriterThread,
-)
+from .segments import NO_TS, LogSegments, Seg, SegmentState
+from .writer import FsyncPolicy, WriterCore, WriterThread
 
 log = logging.getLogger(__name__)
 
 _time_ns = time.time_ns
-_first_item = operator.itemgetter(0)
 
 __all__ = ["CommitLog", "DeletedSegment", "SegmentState"]
 
 
-class SegmentState(NamedTuple):
-    """The log's own view of one segment (``CommitLog.segments``)."""
-
-    base_offset: int
-    path: str
-    size: int             # bytes assigned, including records not yet written
-    written_size: int     # bytes on disk
-    last_offset: int | None
-    max_timestamp: int | None
-    active: bool
-
-
-class CommitLog(Durability, Reads, Retention, HistoryJoin):
+class CommitLog:
     """A directory of segments, appended to from one event loop (or synchronously without one).
 
     Parameters (all but ``directory`` keyword-only):
@@ -172,36 +152,22 @@ class CommitLog(Durability, Reads, Retention, HistoryJoin):
         self.router_id = router_id
         self._loop = loop
         self._interval_s = fsync_interval_ms / 1000.0
-        self._segment_bytes = segment_bytes
-        self._index_interval = index_interval_bytes
         self.retention_bytes = retention_bytes
         self.retention_hours = retention_hours
         self._max_batch = max_batch_bytes
         self._autoflush = autoflush and loop is not None
 
-        # Segments (loop side).
-        self._segs: list[Seg] = []
-        self._bases: list[int] = []
-        self._by_base: dict[int, Seg] = {}
-        self._open_readers = OpenReaders()  # the segments whose read descriptors stay open
-        # Active segment as the appender sees it (including bytes not yet written).
-        self._seg_base = -1
-        self._seg_size = 1 << 62       # no active segment: the first append rolls
-        self._seg_index_size = FILE_HEADER_SIZE
-        self._last_index_pos = NO_INDEX_YET
-        self._seg_max_ts = NO_TS
+        self._segments = segments = LogSegments()  # shared by the parts below
         # The batch being filled: the records' field tuples, encoded at flush (``_flush_v2``);
         # ``_buf_len`` the bytes of their payloads, what ``max_batch_bytes`` is compared with.
         self._buf: list[Any] = []
         self._buf_len = 0
-        self._must_roll = False  # the active segment is of the other format version: never append to it
         # One packer for the life of the log: its buffer is allocated once and stays warm. A fresh
         # one per flush (msgpack.packb) allocates 256 KiB each time, written into fresh pages.
         self._pack = msgpack.Packer().pack
+        self._active = ActiveSegment(self._dir, segment_bytes, index_interval_bytes, segments, self._pack)
         self._buf_first = 0
-        self._chunk_new = False  # the next chunk placed opens its segment (the writer creates the file)
         self._inflight: deque[Batch] = deque()  # flushed, not yet reported written
-        self._round = 0  # the writer core's round of the newest report applied
         linger_s = linger_ms / 1000.0 if self._policy is not FsyncPolicy.ALWAYS else 0.0
         self._linger_s = linger_s
         # What the first append of a batch calls to have the batch flushed (no method call between).
@@ -211,41 +177,40 @@ class CommitLog(Durability, Reads, Retention, HistoryJoin):
             else functools.partial(loop.call_soon, self._autoflush_cb) if loop is not None
             else _nothing)
 
-        self._error: OSError | None = None
         self._closed = False
         # Why append refuses (None when healthy). A fresh exception per raise: re-raising one instance
         # would grow its traceback on every refused publish.
         self._refuse: str | None = None
-        self._durable_cbs: list[Callable[[int], Any]] = []
-        self._written_cbs: list[Callable[[int], Any]] = []
         # Called with (first offset, last offset, the records' msgpack body) for each version 2
         # batch as it is flushed: replication sends those bytes to followers as they are.
         self.on_batch: Callable[[int, int, bytes], Any] | None = None
-        self._error_cbs: list[Callable[[OSError | None], Any]] = []
-        self._waiters: list[tuple[int, int, asyncio.Future[int], bool]] = []
-        self._recover_futs: list[asyncio.Future[bool]] = []
-        self._seq = itertools.count()
-        self._unreadable: set[int] = set()
         self.read_records = 0  # what read() returned, for the stats snapshot (log.read_records)
         self.read_bytes = 0  # their payload bytes
 
-        loaded = load(self._dir, self._version, self._index_interval)
+        loaded = load(self._dir, self._version, index_interval_bytes)
         for seg in loaded.segments:
-            self._add_seg(seg)
+            segments.add(seg)
         if loaded.tail is not None:
-            self._set_active(*loaded.tail)
-        self._must_roll = loaded.must_roll
+            self._active.resume(*loaded.tail)
+        self._active.must_roll = loaded.must_roll
         self._next_offset = loaded.next_offset
         self._buf_first = self._next_offset
-        self._written_offset = self._durable_offset = self._next_offset - 1
+
+        # The parts.
+        self._durability = durability = Durability(self._dir, loop, segments, self._inflight,
+                                                   self._next_offset - 1, self._failed, self._healthy)
+        self._apply_report = durability.apply  # the writer's reports, straight to their part
+        self._reads = LogReads(self._dir, segments, self._inflight)
+        self._history = HistoryJoin(self._dir, self._version, index_interval_bytes, segments)
         self._core = WriterCore(self._dir, self._policy, self._interval_s,
-                                written_offset=self._written_offset, durable_offset=self._durable_offset,
+                                written_offset=self._next_offset - 1, durable_offset=self._next_offset - 1,
                                 page_cache_bytes=page_cache_bytes, max_unsynced_bytes=max_unsynced_bytes,
                                 version=format_version)
         self._thread: WriterThread | None = None
         if loop is not None:
-            self._thread = WriterThread(self._core, self._report_threadsafe,
+            self._thread = WriterThread(self._core, durability.report_threadsafe,
                                         name=f"commitlog-writer:{os.path.basename(self._dir)}")
+        self._handoff = Handoff(self._dir, self._core, self._thread, durability.apply)
 
     @classmethod
     async def open_async(cls, directory: str | os.PathLike[str], **kwargs: Any) -> CommitLog:
@@ -277,26 +242,40 @@ class CommitLog(Durability, Reads, Retention, HistoryJoin):
     @property
     def start_offset(self) -> int:
         """First offset still in the log (retention moves it forward)."""
-        return self._segs[0].base if self._segs else self._buf_first  # records not flushed yet count
+        return self._segments.all[0].base if self._segments.all else self._buf_first  # records not flushed yet count
 
     @property
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def written_offset(self) -> int:
+        """Last offset handed to the OS (readable by other processes); -1 when none."""
+        return self._durability.written_offset
+
+    @property
+    def durable_offset(self) -> int:
+        """Last offset known fsynced (for ``never``: what was synced at open or by flush(fsync=True))."""
+        return self._durability.durable_offset
+
+    @property
+    def error(self) -> OSError | None:
+        """The OSError that put the log in the failed state, None when healthy."""
+        return self._durability.error
+
+    @property
+    def pending_records(self) -> int:
+        """Records appended but not yet reported written."""
+        return self._next_offset - 1 - self._durability.written_offset
+
     def start_at(self, offset: int) -> None:
         """Make an empty log begin at ``offset`` (a replica of another router's log starts where
         its leader is when it is chosen, and keeps the leader's offsets)."""
-        if self._segs or self._buf or self._inflight or self._next_offset != self._buf_first:
+        if self._segments.all or self._buf or self._inflight or self._next_offset != self._buf_first:
             raise ValueError("start_at: the log is not empty")
         self._next_offset = self._buf_first = offset
-        self._written_offset = self._durable_offset = offset - 1
-        thread = self._thread
-        if thread is None:
-            self._core.written_offset = self._core.durable_offset = offset - 1
-            return
-        with thread._lock:  # the writer thread is idle (nothing was handed to it), but say so
-            self._core.written_offset = self._core.durable_offset = offset - 1
-            thread._handed = thread._last_durable = offset - 1
+        self._durability.start_at(offset)
+        self._handoff.start_at(offset)
 
     # -------------------------------------------------------------------------------------- append
 
@@ -313,7 +292,7 @@ class CommitLog(Durability, Reads, Retention, HistoryJoin):
         """
         # Strings are kept as str: no encode here and decode in append_bytes.
         if self._refuse is not None:
-            raise LogUnavailable(self._refuse, self._error)
+            raise LogUnavailable(self._refuse, self._durability.error)
         # ``type(x) is str`` does not narrow mypy's else branch (x is bytes-like there): hence the
         # ignores, for isinstance would take a str subclass that bytes() refuses today.
         t = topic if type(topic) is str else bytes(topic).decode()  # type: ignore[arg-type]
@@ -345,7 +324,7 @@ class CommitLog(Durability, Reads, Retention, HistoryJoin):
         references to immutable values, so nothing the caller does later changes the record.
         """
         if self._refuse is not None:
-            raise LogUnavailable(self._refuse, self._error)
+            raise LogUnavailable(self._refuse, self._durability.error)
         offset = self._next_offset
         self._next_offset = offset + 1
         buf = self._buf
@@ -367,7 +346,7 @@ class CommitLog(Durability, Reads, Retention, HistoryJoin):
         """``append`` with positional arguments, strings as UTF-8 bytes and a timestamp given; checks
         the fields (ValueError, nothing appended) where ``append_fields`` trusts its caller."""
         if self._refuse is not None:
-            raise LogUnavailable(self._refuse, self._error)
+            raise LogUnavailable(self._refuse, self._durability.error)
         _check_fields(qos, (len(topic), len(client_id), 0 if origin_router is None else len(origin_router)),
                       (len(properties), len(payload)))
         return self.append_fields(timestamp_ms, None if origin_router is None else bytes(origin_router).decode(),
@@ -380,32 +359,6 @@ class CommitLog(Durability, Reads, Retention, HistoryJoin):
         return self.append_fields(record.timestamp_ms, record.origin_router, record.origin_offset,
                                   record.client_id, record.topic, record.qos, record.retain,
                                   record.properties, record.payload)
-
-    def _roll(self, offset: int) -> None:
-        """Start a new segment at ``offset``; its file is created by the writer with the first chunk."""
-        if self._segs:
-            old = self._segs[-1]
-            old.size = self._seg_size
-            old.last_offset = offset - 1 if offset > old.base else old.last_offset
-            old.max_ts = self._seg_max_ts if self._seg_max_ts != NO_TS else old.max_ts
-        self._add_seg(Seg(self._dir, offset, FILE_HEADER_SIZE, 0, None, None))
-        self._set_active(offset, FILE_HEADER_SIZE, FILE_HEADER_SIZE, NO_INDEX_YET, NO_TS)
-        self._chunk_new = True
-        self._must_roll = False
-
-    def _set_active(self, base: int, size: int, index_size: int, last_index_pos: int, max_ts: int) -> None:
-        """Where appends go on: the active segment as the appender sees it (``loader.Tail``'s fields)."""
-        self._seg_base = base
-        self._seg_size = size
-        self._seg_index_size = index_size
-        self._last_index_pos = last_index_pos
-        self._seg_max_ts = max_ts
-        self._chunk_new = False
-
-    def _add_seg(self, seg: Seg) -> None:
-        self._segs.append(seg)
-        self._bases.append(seg.base)
-        self._by_base[seg.base] = seg
 
     def _autoflush_cb(self) -> None:
         """The linger is up. One timer at a time: a batch flushed before its timer (the broker
@@ -433,7 +386,7 @@ class CommitLog(Durability, Reads, Retention, HistoryJoin):
             self._inflight.append(batch)
         elif not fsync:
             return
-        self._hand(batch, fsync)
+        self._handoff.hand(batch, fsync)
 
     def append_batch(self, first: int, records: list[Any], body: bytes | None) -> None:
         """Append records another log packed, keeping the bytes it packed (``body``: the msgpack
@@ -443,135 +396,237 @@ class CommitLog(Durability, Reads, Retention, HistoryJoin):
         if self._buf:
             self.flush()
         if self._refuse is not None:
-            raise LogUnavailable(self._refuse, self._error)
+            raise LogUnavailable(self._refuse, self._durability.error)
         if first != self._next_offset:
             raise ValueError(f"append_batch: batch starts at {first}, the log at {self._next_offset}")
         self._buf = records
         self._next_offset = first + len(records)
         batch = self._flush_v2(body)
         self._inflight.append(batch)
-        self._hand(batch, False)
-
-    def _hand(self, batch: Batch | None, fsync: bool) -> None:
-        """Give a flushed batch (and an fsync request) to the writer, or write it now."""
-        if self._thread is not None:
-            if batch is not None:
-                report = self._thread.write_inline(batch, batch.size) if not fsync else None
-                if report is None:
-                    self._thread.put(batch)
-                else:
-                    self._apply_report(report)
-            if fsync:
-                self._thread.put(SYNC)
-        else:
-            report = self._core.process([batch] if batch is not None else [], force_sync=fsync)
-            self._apply_report(report)
-            if report.error is not None:
-                raise LogUnavailable(f"commit log {self._dir}: write failed: {report.error}",
-                                     report.error) from report.error
+        self._handoff.hand(batch, False)
 
     def _flush_v2(self, body: bytes | None = None) -> Batch:
         """Encode the pending records as version 2 batches and place them in the segments.
 
-        Normally that is one ``msgpack.packb`` of all the records (C), one CRC, a few struct packs
-        and one index entry at most: the per-record cost of the log on the loop is then the tuple
-        ``append_fields`` kept plus the packing, and nothing else. Only when the batch does not fit
-        the active segment are the records packed one by one to cut it at segment boundaries.
+        Normally that is one ``msgpack.packb`` of all the records (C) and one batch placed
+        (``ActiveSegment.place``): the per-record cost of the log on the loop is then the tuple
+        ``append_fields`` kept plus the packing, and nothing else.
         """
         recs = self._buf
         first = self._buf_first
         self._buf = []
         self._buf_len = 0
         self._buf_first = self._next_offset
-        chunks: list[Chunk] = []
         if body is None:
             body = self._pack(recs)
         if self.on_batch is not None:
             self.on_batch(first, self._next_offset - 1, body)
-        if not self._must_roll and (self._seg_size + BATCH_HEADER_SIZE + len(body) <= self._segment_bytes
-                                    or (len(recs) == 1 and self._seg_size == FILE_HEADER_SIZE)):
-            self._place_batch(first, recs, body, chunks)
-        else:
-            self._place_split(first, recs, chunks)
-        active = self._segs[-1]
-        active.size = self._seg_size
-        active.last_offset = self._next_offset - 1
-        active.max_ts = self._seg_max_ts
-        return Batch(chunks, first, self._next_offset - 1)
+        return Batch(self._active.place(first, recs, body), first, self._next_offset - 1)
 
-    def _place_split(self, first: int, recs: list[Any], chunks: list[Chunk]) -> None:
-        """Cut ``recs`` into batches that fit their segments, rolling as needed; a record bigger
-        than a segment gets a segment (and a batch) of its own."""
-        pack = self._pack
-        sizes = [len(pack(r)) for r in recs]
-        i, n = 0, len(recs)
-        while i < n:
-            if self._must_roll:
-                self._roll(first + i)
-            room = self._segment_bytes - self._seg_size - BATCH_HEADER_SIZE - MAX_ARRAY_HEADER
-            j = i
-            while j < n and sizes[j] <= room:
-                room -= sizes[j]
-                j += 1
-            if j == i:
-                if self._seg_size > FILE_HEADER_SIZE:
-                    self._roll(first + i)
-                    continue
-                j = i + 1
-            part = recs[i:j]
-            self._place_batch(first + i, part, pack(part), chunks)
-            i = j
+    # ----------------------------------------------------------- durability (``durability.Durability``)
 
-    def _place_batch(self, base: int, recs: list[Any], body: bytes, chunks: list[Chunk]) -> None:
-        """Put one batch at the end of the active segment: header, index entry, chunk."""
-        max_ts = max(map(_first_item, recs))
-        header, body = encode_batch(base, recs, body, max_ts)
-        pos = self._seg_size
-        size = len(header) + len(body)
-        if max_ts > self._seg_max_ts:
-            self._seg_max_ts = max_ts
-        index = b""
-        index_pos = self._seg_index_size
-        if pos - self._last_index_pos >= self._index_interval:
-            index = INDEX_ENTRY.pack(base - self._seg_base, pos, self._seg_max_ts)
-            self._last_index_pos = pos
-            self._seg_index_size += INDEX_ENTRY_SIZE
-        buf_start = chunks[-1].buf_end if chunks else 0
-        chunks.append(Chunk(self._seg_base, pos, buf_start, buf_start + size, index, index_pos,
-                            self._chunk_new, (header, body)))
-        self._chunk_new = False
-        self._seg_size = pos + size
+    def on_durable(self, callback: Callable[[int], Any]) -> Callable[[], None]:
+        """Call ``callback(durable_offset)`` on the loop each time it advances; returns an unregister."""
+        return self._durability.on_durable(callback)
+
+    def on_written(self, callback: Callable[[int], Any]) -> Callable[[], None]:
+        """Call ``callback(written_offset)`` on the loop each time it advances (the records up to it
+        survive a crash of this process, not of the machine); returns an unregister."""
+        return self._durability.on_written(callback)
+
+    def on_error(self, callback: Callable[[OSError | None], Any]) -> Callable[[], None]:
+        """Call ``callback(error)`` on the loop when the log fails, ``callback(None)`` when it
+        recovers; returns an unregister."""
+        return self._durability.on_error(callback)
+
+    async def wait_durable(self, offset: int, *, fail_on_error: bool = True) -> int:
+        """Wait until ``offset`` is durable; return the durable offset then.
+
+        With ``fail_on_error`` (default) raise LogUnavailable if the log is or becomes failed before
+        that — the caller should then not acknowledge; the record stays pending and is written if
+        the log recovers. Requires a loop.
+        """
+        durability = self._durability
+        if durability.durable_offset >= offset:
+            return durability.durable_offset
+        if fail_on_error and self._refuse is not None:
+            raise LogUnavailable(self._refuse, durability.error)
+        return await durability.waiter(offset, fail_on_error)
+
+    def _failed(self, error: OSError) -> str:
+        """A write failed (``Durability`` says so): refuse appends until a retry succeeds."""
+        self._refuse = f"commit log {self._dir} unavailable: {error}"
+        log.error("commit log %s: write failed (%s); refusing appends until a retry succeeds; "
+                  "%d records are kept in memory, not durable", self._dir, error,
+                  self._next_offset - 1 - self._durability.durable_offset)
+        return self._refuse
+
+    def _healthy(self) -> None:
+        """Writes succeed again (``Durability`` says so): accept appends, unless closed."""
+        if not self._closed:
+            self._refuse = None
+        log.warning("commit log %s: writes succeed again; accepting appends", self._dir)
+
+    def _enter_failed(self, error: OSError) -> None:
+        """What a report of a failed write does (tests stand in for the disk with it)."""
+        self._durability.fail(error)
+
+    def try_recover(self) -> bool:
+        """Retry the writes that failed (the broker calls this periodically while ``error`` is set).
+
+        Synchronous mode: retries now and returns whether the log is healthy. With a loop: queues the
+        retry and returns False while failed (the outcome arrives through ``error``, ``on_error`` and
+        ``on_durable``; ``await recover()`` waits for it). Returns True when not failed.
+        """
+        if self.error is None or self._closed:
+            return self.error is None
+        return self._handoff.recover() and self.error is None
+
+    async def recover(self) -> bool:
+        """Retry the failed writes and wait for the outcome: True when the log is healthy again."""
+        if self.error is None or self._closed or self._thread is None:
+            return self.try_recover()
+        fut = self._durability.recover_waiter()
+        self._handoff.recover()
+        return await fut
+
+    # ------------------------------------------------------------------- reads (``reads.LogReads``)
+
+    def read(self, from_offset: int, max_records: int = 1000, max_bytes: int = 1 << 20) -> list[Record]:
+        """Records from ``from_offset`` on (clamped to ``start_offset``), from disk with positional
+        reads and, past ``written_offset``, from the batches still in memory. Never flushes.
+
+        Returns at most ``max_records`` records and stops before exceeding ``max_bytes`` of encoded
+        records (but returns at least one). A corrupt record ends the reading of its segment and
+        reading goes on with the next one (logged once). Counted in ``read_records`` and
+        ``read_bytes`` (session catch-up and recovery read here; never the hot path).
+        """
+        out = self._reads.read(max(from_offset, self.start_offset), max_records, max_bytes, self._next_offset,
+                               self._durability.written_offset, self._buf, self._buf_first)
+        if out:
+            self.read_records += len(out)
+            self.read_bytes += sum(len(r.payload) for r in out)
+        return out
+
+    # -------------------------------------------------------------- retention (``retention``)
+
+    def enforce_retention(self, now_ms: int | None = None) -> list[DeletedSegment]:
+        """Delete whole segments beyond ``retention_bytes`` (total size of the segment files) or
+        whose newest record is older than ``retention_hours``; oldest first, never the active one,
+        never one with unwritten data. Returns what was deleted. The unlinks run on the writer
+        thread (with a loop), so this does no I/O on the loop. The broker calls it periodically."""
+        if self.retention_bytes is None and self.retention_hours is None:
+            return []
+        now_ms = _time_ns() // 1_000_000 if now_ms is None else now_ms
+        deleted = drop_past_retention(self._segments, self.retention_bytes, self.retention_hours, now_ms)
+        if deleted:
+            self._handoff.delete([d.base_offset for d in deleted])
+            log.info("commit log %s: retention deleted %d segment(s), offsets %d..%s", self._dir,
+                     len(deleted), deleted[0].base_offset, deleted[-1].last_offset)
+        return deleted
+
+    # ---------------------------------------------------------------- history (``history.HistoryJoin``)
+
+    def join_history(self, directory: str, last: int) -> int:
+        """Take the segments of a closed log in ``directory`` in as this log's oldest: the records
+        of this log's partition below ``start_offset`` (up to ``last``), fetched from a node that
+        holds them (``router.replication.HistoryState``: a replica placed at its leader's
+        high-water mark, a log continued after a lost disk). ``directory`` must be on this log's
+        file system (the files are moved); their indexes are checked as at recovery. Returns how
+        many segments joined. A gap between the history and the log stays a gap (reads skip it).
+
+        A log that has no segment yet gets its empty first one on disk before the history
+        joins, so that a reopen goes on at its offset, not at the end of the history.
+
+        Blocking (renames, fsyncs, index checks): a log with a loop joins with
+        ``await join_history_async(...)``, which does the same work in a thread."""
+        create = self._history.check(last, self.start_offset, self._buf_first)
+        return self._history_joined(self._history.move_in(directory, create), create)
+
+    async def join_history_async(self, directory: str, last: int) -> int:
+        """``join_history`` with its disk work in a thread of the loop's executor: the loop never
+        waits for the disk (a history of many segments takes an fsync and an index check each).
+        Appends, flushes and reads go on meanwhile; the history's segments lie below everything
+        they touch, and join the log's view of its segments once on disk. A log closed meanwhile
+        finds them in its directory when it is opened again."""
+        create = self._history.check(last, self.start_offset, self._buf_first)
+        loop = asyncio.get_running_loop()
+        segs = await loop.run_in_executor(None, self._history.move_in, directory, create)
+        return self._history_joined(segs, create)
+
+    def _history_joined(self, segs: list[Seg] | None, create: int | None) -> int:
+        """On the loop, the history on disk: its segments join (an empty first one may become active)."""
+        if segs is None or self._closed:
+            return 0
+        active = self._history.take(segs, create)
+        if active is not None:
+            self._active.resume(active.base, FILE_HEADER_SIZE, FILE_HEADER_SIZE, NO_INDEX_YET, NO_TS)
+        return len(segs)
 
     # -------------------------------------------------------------------------------------- segments
 
     def segments(self) -> list[SegmentState]:
         """The log's view of its segments, oldest first (no I/O)."""
-        out = []
-        for i, s in enumerate(self._segs):
-            active = i == len(self._segs) - 1
-            out.append(SegmentState(
-                s.base, s.reader.path, self._seg_size if active else s.size, s.written_end,
-                (self._next_offset - 1 if self._next_offset > s.base else None) if active else s.last_offset,
-                (self._seg_max_ts if self._seg_max_ts != NO_TS else s.max_ts) if active else s.max_ts,
-                active))
-        return out
+        return self._segments.states(self._next_offset)
 
     def stats(self) -> dict[str, Any]:
         """Counters for the broker's stats snapshot."""
+        error = self._durability.error
         return {
             "start_offset": self.start_offset,
             "next_offset": self._next_offset,
-            "written_offset": self._written_offset,
-            "durable_offset": self._durable_offset,
+            "written_offset": self._durability.written_offset,
+            "durable_offset": self._durability.durable_offset,
             "pending_records": self.pending_records,
-            "segments": len(self._segs),
-            "bytes": sum(s.size for s in self._segs[:-1]) + (self._seg_size if self._segs else 0),
-            "error": None if self._error is None else str(self._error),
+            "segments": len(self._segments.all),
+            "bytes": sum(s.size for s in self._segments.all),
+            "error": None if error is None else str(error),
             "read_records": self.read_records,
             "read_bytes": self.read_bytes,
         }
 
-    # ------------------------------------------------------------------------------------- context
+    # ------------------------------------------------------------------------------------- closing
+
+    def close(self) -> None:
+        """Flush, write and (unless ``never``) fsync what is pending, stop the writer thread.
+
+        Blocks until the writer is done: call it at shutdown, or use ``aclose`` from a coroutine."""
+        if self._closed:
+            return
+        self._begin_close()
+        self._handoff.join()
+        self._end_close()
+
+    async def aclose(self) -> None:
+        """``close`` without blocking the loop while the writer finishes."""
+        if self._closed:
+            return
+        self._begin_close()
+        await self._handoff.ajoin()
+        self._end_close()
+
+    def _begin_close(self) -> None:
+        """Flush what is pending, refuse appends from now on, tell the writer to finish."""
+        if self._buf:
+            try:
+                self.flush()
+            except LogUnavailable:
+                pass
+        self._closed = True
+        self._refuse = f"commit log {self._dir} is closed"
+        self._handoff.stop()
+
+    def _end_close(self) -> None:
+        """The writer is done (or, without a thread, does its last round now): its last report applies."""
+        report = self._handoff.final_report()
+        if report is not None:
+            self._apply_report(report)
+        lost = self._next_offset - 1 - self._durability.written_offset
+        if lost > 0:
+            log.error("commit log %s closed in the failed state: %d records were not written",
+                      self._dir, lost)
+        self._durability.close()
+        self._segments.close()
 
     def __enter__(self) -> CommitLog:
         return self
@@ -581,7 +636,7 @@ class CommitLog(Durability, Reads, Retention, HistoryJoin):
 
     def __repr__(self) -> str:
         return (f"CommitLog({self._dir!r}, offsets {self.start_offset}..{self._next_offset - 1}, "
-                f"fsync={self._policy.value}{', FAILED' if self._error else ''})")
+                f"fsync={self._policy.value}{', FAILED' if self._durability.error else ''})")
 
 
 def _check_fields(qos: int, strings: tuple[int, ...], blobs: tuple[int, ...]) -> None:

@@ -35,27 +35,12 @@ from .format import (
 )
 from .scan import scan_segment, write_index
 from .segment import SegmentReader, list_segment_files
+from .segments import NO_TS, Seg
 
 # The log's messages keep the logger they always had: operators filter on it.
 log = logging.getLogger("brokerd.router.log.commitlog")
 
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-NO_TS = -(1 << 63)  # "no timestamp yet" of the active segment (any record's is newer)
-
-
-class Seg:
-    """Loop-side bookkeeping of one segment."""
-
-    __slots__ = ("base", "size", "written_end", "last_offset", "max_ts", "reader")
-
-    def __init__(self, directory: str, base: int, size: int, written_end: int,
-                 last_offset: int | None, max_ts: int | None) -> None:
-        self.base = base
-        self.size = size
-        self.written_end = written_end
-        self.last_offset = last_offset
-        self.max_ts = max_ts
-        self.reader = SegmentReader(directory, base)
 
 
 class Tail(NamedTuple):

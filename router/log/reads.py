@@ -8,16 +8,14 @@ holds and from the field tuples not yet flushed, so a consumer never forces the 
 
 from __future__ import annotations
 
-import bisect
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import LogFormatError
 from .format import FILE_HEADER_SIZE, FORMAT_VERSION, Record, decode_records, nominal_size
-from .loader import Seg
-from .segment import OpenReaders
-from .writer import Batch
+from .messages import Batch
+from .segments import LogSegments
 
 # The log's messages keep the logger they always had: operators filter on it.
 log = logging.getLogger("brokerd.router.log.commitlog")
@@ -25,57 +23,37 @@ log = logging.getLogger("brokerd.router.log.commitlog")
 _new_tuple = tuple.__new__
 
 
-class Reads:
-    """``CommitLog.read`` (a mixin: the state is the log's own)."""
+class LogReads:
+    """``CommitLog.read``'s work: the log's segments on disk, then the batches in memory.
 
-    _dir: str
-    _segs: list[Seg]
-    _bases: list[int]
-    _open_readers: OpenReaders
-    _unreadable: set[int]
-    _inflight: deque[Batch]
-    _buf: list[Any]
-    _buf_first: int
-    _next_offset: int
-    _written_offset: int
-    read_records: int
-    read_bytes: int
+    Holds the log's segments and its queue of batches handed to the writer (both shared, never
+    rebound); the appender's batch not flushed yet and the offsets are passed in per read.
+    """
 
-    if TYPE_CHECKING:  # the log's own property (a declared attribute would be writable)
-        @property
-        def start_offset(self) -> int: ...
+    def __init__(self, directory: str, segments: LogSegments, inflight: deque[Batch]) -> None:
+        self._dir = directory
+        self._segments = segments
+        self._inflight = inflight
+        self._unreadable: set[int] = set()  # segments whose read failure was logged (once each)
 
-    def read(self, from_offset: int, max_records: int = 1000, max_bytes: int = 1 << 20) -> list[Record]:
-        """Records from ``from_offset`` on (clamped to ``start_offset``), from disk with positional
-        reads and, past ``written_offset``, from the batches still in memory. Never flushes.
-
-        Returns at most ``max_records`` records and stops before exceeding ``max_bytes`` of encoded
-        records (but returns at least one). A corrupt record ends the reading of its segment and
-        reading goes on with the next one (logged once). Counted in ``read_records`` and
-        ``read_bytes`` (session catch-up and recovery read here; never the hot path).
-        """
-        out = self._read(from_offset, max_records, max_bytes)
-        if out:
-            self.read_records += len(out)
-            self.read_bytes += sum(len(r.payload) for r in out)
-        return out
-
-    def _read(self, from_offset: int, max_records: int, max_bytes: int) -> list[Record]:
+    def read(self, from_offset: int, max_records: int, max_bytes: int, next_offset: int,
+             written_offset: int, unflushed: list[Any], unflushed_first: int) -> list[Record]:
+        """Records from ``from_offset`` (at least the log's start) up to ``next_offset``: on disk
+        to ``written_offset``, then from the batches handed to the writer, then from
+        ``unflushed`` (field tuples, the first at ``unflushed_first``). ``CommitLog.read`` says
+        what the limits do."""
         out: list[Record] = []
-        if max_records <= 0 or max_bytes <= 0:
-            return out
-        from_offset = max(from_offset, self.start_offset)
-        if from_offset >= self._next_offset:
+        if max_records <= 0 or max_bytes <= 0 or from_offset >= next_offset:
             return out
         bytes_left = max_bytes
-        if from_offset <= self._written_offset:
-            i = max(bisect.bisect_right(self._bases, from_offset) - 1, 0)
-            for seg in self._segs[i:]:
-                if seg.base > self._written_offset:
+        if from_offset <= written_offset:
+            open_readers = self._segments.open_readers
+            for seg in self._segments.starting(from_offset):
+                if seg.base > written_offset:
                     break
                 if seg.written_end <= FILE_HEADER_SIZE:
                     continue
-                self._open_readers.use(seg.base, seg.reader)
+                open_readers.use(seg.base, seg.reader)
                 try:
                     recs, nbytes, limited = seg.reader.read(
                         max(from_offset, seg.base), seg.written_end, max_records=max_records - len(out),
@@ -93,8 +71,8 @@ class Reads:
                     from_offset = recs[-1].offset + 1
                 if limited or len(out) >= max_records or bytes_left <= 0:
                     return out
-        from_offset = max(from_offset, self._written_offset + 1)
-        for buf, _first, last in self._pending_buffers():
+        from_offset = max(from_offset, written_offset + 1)
+        for buf, _first, last in self._pending_buffers(unflushed, unflushed_first, next_offset):
             if last < from_offset:
                 continue
             if type(buf) is list:  # records not flushed yet: their field tuples
@@ -111,12 +89,13 @@ class Reads:
                 break
         return out
 
-    def _pending_buffers(self) -> list[tuple[Any, int, int]]:
+    def _pending_buffers(self, unflushed: list[Any], unflushed_first: int,
+                         next_offset: int) -> list[tuple[Any, int, int]]:
         """(bytes, first, last) of each batch handed to the writer but not reported written, then
         what is not flushed yet: the list of its records' field tuples."""
         bufs: list[tuple[Any, int, int]] = [(b.content(), b.first_offset, b.last_offset) for b in self._inflight]
-        if self._buf:
-            bufs.append((self._buf, self._buf_first, self._next_offset - 1))
+        if unflushed:
+            bufs.append((unflushed, unflushed_first, next_offset - 1))
         return bufs
 
 

@@ -3,23 +3,17 @@
 
 Whole segments only, oldest first, never the active one and never one with data not yet written:
 a segment is the unit the writer creates and deletes, and a reader holding its descriptor keeps
-reading it after the unlink. The decision is pure (it reads the log's bookkeeping); the log then
-forgets the segments and has its writer unlink them.
+reading it after the unlink. The decision is pure (``past_retention``: the log's bookkeeping in,
+the segments to delete out); ``drop_past_retention`` takes them out of the log's segments, and the
+log has its writer unlink them.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from .loader import Seg
-from .segment import OpenReaders
-from .writer import WriterCore, WriterThread, delete_item
-
-# The log's messages keep the logger they always had: operators filter on it.
-log = logging.getLogger("brokerd.router.log.commitlog")
+from .segments import LogSegments, Seg
 
 
 class DeletedSegment(NamedTuple):
@@ -53,43 +47,10 @@ def past_retention(segs: Sequence[Seg], retention_bytes: int | None, retention_h
     return deleted
 
 
-class Retention:
-    """``CommitLog.enforce_retention`` (a mixin: the state is the log's own)."""
-
-    retention_bytes: int | None
-    retention_hours: float | None
-    _dir: str
-    _segs: list[Seg]
-    _bases: list[int]
-    _by_base: dict[int, Seg]
-    _open_readers: OpenReaders
-    _seg_size: int
-    _core: WriterCore
-    _thread: WriterThread | None
-
-    def enforce_retention(self, now_ms: int | None = None) -> list[DeletedSegment]:
-        """Delete whole segments beyond ``retention_bytes`` (total size of the segment files) or
-        whose newest record is older than ``retention_hours``; oldest first, never the active one,
-        never one with unwritten data. Returns what was deleted. The unlinks run on the writer
-        thread (with a loop), so this does no I/O on the loop. The broker calls it periodically."""
-        if self.retention_bytes is None and self.retention_hours is None:
-            return []
-        if self._segs:
-            self._segs[-1].size = self._seg_size
-        now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-        deleted = past_retention(self._segs, self.retention_bytes, self.retention_hours, now_ms)
-        for _ in deleted:
-            seg = self._segs.pop(0)
-            self._bases.pop(0)
-            del self._by_base[seg.base]
-            self._open_readers.forget(seg.base)
-            seg.reader.close()
-        if deleted:
-            bases = [d.base_offset for d in deleted]
-            if self._thread is not None:
-                self._thread.put(delete_item(bases))
-            else:
-                self._core.process([], deletes=bases)
-            log.info("commit log %s: retention deleted %d segment(s), offsets %d..%s", self._dir,
-                     len(deleted), deleted[0].base_offset, deleted[-1].last_offset)
-        return deleted
+def drop_past_retention(segments: LogSegments, retention_bytes: int | None, retention_hours: float | None,
+                        now_ms: int) -> list[DeletedSegment]:
+    """Take the segments past retention out of ``segments`` (readers closed) and return them,
+    oldest first; their files are the writer's to unlink."""
+    deleted = past_retention(segments.all, retention_bytes, retention_hours, now_ms)
+    segments.drop_oldest(len(deleted))
+    return deleted

@@ -26,7 +26,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NamedTuple
 
 from .format import (
     FORMAT_VERSION,
@@ -36,6 +35,7 @@ from .format import (
     pack_file_header,
     segment_name,
 )
+from .messages import RECOVER, STOP, SYNC, WAKE, Batch, Delete, Report
 
 log = logging.getLogger(__name__)
 
@@ -53,53 +53,6 @@ class FsyncPolicy(StrEnum):
     ALWAYS = "always"      # every batch fsynced before it is reported durable (QoS 1/2 acked after)
     INTERVAL = "interval"  # every fsync_interval_ms, sooner once max_unsynced_bytes are waiting
     NEVER = "never"        # left to the OS; durable_offset only moves on an explicit flush(fsync=True)
-
-
-@dataclass(slots=True)
-class Chunk:
-    """The part of a batch that goes into one segment: ``data`` (a version 2 batch: header and
-    body, written as they are, so the body is not copied once more just to be joined), bytes
-    ``buf_start:buf_end`` of the batch's content, at ``file_pos`` of segment ``base``, plus the
-    index entries for it at ``index_pos``."""
-
-    base: int
-    file_pos: int
-    buf_start: int
-    buf_end: int
-    index: bytes
-    index_pos: int
-    new_segment: bool  # the segment file does not exist yet: create it and write the headers
-    data: tuple[bytes, ...]
-
-
-@dataclass(slots=True, eq=False)
-class Batch:
-    chunks: list[Chunk]
-    first_offset: int
-    last_offset: int
-
-    @property
-    def size(self) -> int:
-        """Bytes this batch writes."""
-        chunks = self.chunks
-        if len(chunks) == 1:  # the commonest, several times per flush
-            return chunks[0].buf_end - chunks[0].buf_start
-        return sum(c.buf_end - c.buf_start for c in chunks)
-
-    def content(self) -> bytes:
-        """The batch's bytes back to back (for reads of records not yet written)."""
-        return b"".join(p for c in self.chunks for p in c.data)
-
-
-class Report(NamedTuple):
-    """What the writer tells the loop after each round."""
-
-    written_offset: int       # last offset handed to the OS
-    durable_offset: int       # last offset known fsynced
-    error: OSError | None     # the failed state, None when healthy
-    recover_attempted: bool   # this round included a try_recover request
-    final: bool = False       # the writer stopped
-    round: int = 0            # the core's round that made it: the newer one says whether it is healthy
 
 
 @dataclass(slots=True)
@@ -465,38 +418,9 @@ def _pwrite_all(fd: int, data: bytes | memoryview, pos: int) -> None:
         pos += n
 
 
-class _Sync:
-    pass
-
-
-class _Recover:
-    pass
-
-
-class _Stop:
-    pass
-
-
-@dataclass(slots=True)
-class _Delete:
-    bases: list[int]
-
-
-SYNC = _Sync()
-RECOVER = _Recover()
-STOP = _Stop()
-
-
 # The largest batch the loop writes itself (``WriterThread.write_inline``); a bigger one is a busy
 # loop's, and its copy into the page cache is better done beside the loop than on it.
 INLINE_MAX_BYTES = 64 << 10
-
-
-class _Wake:
-    pass
-
-
-WAKE = _Wake()  # the loop's write made the core dirty, or reached max_unsynced_bytes: fsync when due
 
 
 class WriterThread:
@@ -552,9 +476,12 @@ class WriterThread:
     def join(self, timeout: float | None = None) -> None:
         self._os_thread.join(timeout)
 
-    @property
-    def alive(self) -> bool:
-        return self._os_thread.is_alive()
+    def start_at(self, offset: int) -> None:
+        """An empty log begins at ``offset`` (``CommitLog.start_at``): nothing was handed over yet,
+        so the thread is idle, but the core is changed under the lock all the same."""
+        with self._lock:
+            self.core.written_offset = self.core.durable_offset = offset - 1
+            self._handed = self._last_durable = offset - 1
 
     def _run(self) -> None:
         q = self._queue
@@ -584,7 +511,7 @@ class WriterThread:
                     recover = True
                 elif it is STOP:
                     stop = recover = True  # one last attempt to write what a failure held back
-                elif isinstance(it, _Delete):
+                elif isinstance(it, Delete):
                     deletes.extend(it.bases)
             wake_only = not (batches or deletes or force or recover)
             try:
@@ -600,7 +527,3 @@ class WriterThread:
                 self._report(report)
             if stop:
                 return
-
-
-def delete_item(bases: list[int]) -> _Delete:
-    return _Delete(bases)

@@ -81,7 +81,7 @@ def test_batches_written_together_equal_batches_written_one_by_one(tmp_path, mon
     one = CommitLog(tmp_path / "one", **kw)
     grouped = CommitLog(tmp_path / "grouped", **kw)
     core = grouped._core
-    grouped._core = _Collect()  # type: ignore[assignment]
+    collect = grouped._handoff._core = _Collect()  # type: ignore[assignment]  # the flushes reach it
     for i in range(400):
         one.append_bytes(*fields(i))
         grouped.append_bytes(*fields(i))
@@ -90,7 +90,7 @@ def test_batches_written_together_equal_batches_written_one_by_one(tmp_path, mon
             grouped.flush()
     one.flush()
     grouped.flush()
-    batches = grouped._core.batches
+    batches = collect.batches
     assert len(batches) > 40
     # The views of each write of records or index entries, counted at the system calls: the
     # compiled writer calls its own functions directly. At 0 a write is a file's header.
@@ -108,7 +108,7 @@ def test_batches_written_together_equal_batches_written_one_by_one(tmp_path, mon
 
     monkeypatch.setattr(os, "pwritev", counting_pwritev)
     monkeypatch.setattr(os, "pwrite", counting_pwrite)
-    grouped._core = core
+    grouped._handoff._core = core
     grouped._apply_report(core.process(batches))
     assert grouped.written_offset == 399
     chunks = sum(len(b.chunks) for b in batches)
