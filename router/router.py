@@ -158,8 +158,9 @@ class Router:
                                                                          life.release_session)
         self.moved, self.moved_after_all, self.claim_refused = life.moved, life.moved_after_all, life.claim_refused
         self.schedule_expiry, self.cancel_expiry = life.schedule_expiry, life.cancel_expiry
-        self.publish_will, self.delay_will, self.rearm_will = life.publish_will, life.delay_will, life.rearm_will
-        self.cancel_will, self.wills_published_elsewhere = life.cancel_will, life.wills_published_elsewhere
+        wills = life.wills
+        self.publish_will, self.delay_will, self.rearm_will = wills.publish_will, wills.delay_will, wills.rearm_will
+        self.cancel_will, self.wills_published_elsewhere = wills.cancel_will, wills.wills_published_elsewhere
         self.take_copies, self.hand_on = life.take_copies, life.hand_on
         self.drop_stale_sessions, self.fence_stale = life.drop_stale_sessions, life.fence_stale
         self.subscribe_shared, self.unsubscribe_shared = shared.subscribe, shared.unsubscribe

@@ -1,5 +1,5 @@
-"""Session life on a router: creation, the end of a session, expiry, delayed wills, and moving a
-session to or from another router (takeover).
+"""Session life on a router: creation, the end of a session, expiry, and moving a session to or
+from another router (takeover); its wills are a part of their own (``wills``).
 
 A part the router owns (``router.life``; rumqttd's model: the router composes parts, each a
 file). It holds the sessions and their moves, and is given what else it uses: the router's
@@ -19,13 +19,14 @@ from brokerd.connection.packets import Subscription
 from brokerd.connection.ratelimit import CONNECTIONS
 
 from .inflight import AWAIT_ACK
-from .message import Message, expiry_deadline
+from .message import Message
 from .ownership import REFUSE, Claim, decide, name
 from .ranges import make_range
 from .retained_out import finish as finish_walks
 from .session import Session, recency
 from .session_state import restore_state
 from .spool import spooled
+from .wills import Wills
 
 if TYPE_CHECKING:
     from .clock import Clock, Timer
@@ -65,7 +66,6 @@ class SessionLife:
         self.clients = clients  # client id → the live connection's handler (the router's)
         self.subscriptions = subscriptions
         self.shared = shared
-        self.publish = publish
         self.sessions: dict[str, Session] = {}
         self.moving: dict[str, Session] = {}  # exported to another router, not yet confirmed there
         self.moving_from: dict[str, int] = {}  # of those, this router's log end when they were exported
@@ -78,7 +78,7 @@ class SessionLife:
         # was refused or timed out), until the session moves or a fence naming that router comes.
         self.undone: dict[str, str] = {}
         self._expiry: dict[str, Timer] = {}
-        self._wills: dict[str, Timer] = {}  # delayed wills of offline sessions
+        self.wills = Wills(self.sessions, stats, clock, wiring, publish)
 
     # -- sessions -------------------------------------------------------------------------------------
 
@@ -140,7 +140,7 @@ class SessionLife:
         if timer is not None:
             timer.cancel()
         if session.will is not None:
-            self.cancel_will(session.client_id)
+            self.wills.cancel_will(session.client_id)
         for rng in session.ranges:
             if rng.copies:  # its spool (this router's name of it): ended, or taken elsewhere
                 rng.discard()
@@ -174,7 +174,7 @@ class SessionLife:
             session.will = Message.from_list(live[0])
             session.will_due_ms = int((self.clock.unix() + live[1]) * 1000)
         self.schedule_expiry(session)
-        self.rearm_will(session, will_grace)
+        self.wills.rearm_will(session, will_grace)
         return session
 
     def schedule_expiry(self, session: Session) -> None:
@@ -194,70 +194,9 @@ class SessionLife:
             will = session.will
             self.end_session(session)
             if will is not None:  # the session ended before its will's delay did: the will goes now
-                self.publish_will(will, session.username)
+                self.wills.publish_will(will, session.username)
 
-    # -- wills ----------------------------------------------------------------------------------------
-
-    def publish_will(self, will: Message, username: str | None) -> None:
-        """Publish a will (counted); a QoS 1/2 will the commit log cannot take is lost, logged.
-        It is published now, not when its CONNECT came: its timestamp, and with it the start of
-        its Message Expiry Interval (MQTT 5 3.1.3.2.4), are now; so is the write grant of its
-        client's identity (``username``), which a reload may have revoked since."""
-        acl = self.wiring.acl
-        if acl is not None and not acl.may_publish(username, will.client_id, will.topic):
-            log.warning("will of %s on %r not published: user %s may no longer publish there", will.client_id,
-                        will.topic, name(username))
-            return
-        will.timestamp_ms = now = int(self.clock.unix() * 1000)
-        will.expires_ms = expiry_deadline(will.properties, now)
-        self.stats.wills_published += 1
-        try:
-            self.publish(will)
-        except Exception as exc:  # noqa: BLE001 - LogUnavailable: nobody waits for a will's ack
-            log.warning("will of %s on %r not published: %s", will.client_id, will.topic, exc)
-
-    def delay_will(self, session: Session, will: Message, delay: float) -> None:
-        """MQTT 5 Will Delay Interval (3.1.3.2.2): the will waits with the offline session and goes
-        out after ``delay`` seconds or when the session ends, whichever comes first, and never if
-        a connection resumes the session before (on this router, or on another by a takeover)."""
-        self.cancel_will(session.client_id)
-        session.will = will
-        session.will_due_ms = int(self.clock.unix() * 1000 + delay * 1000)
-        self._wills[session.client_id] = self.clock.call_later(delay, self._will_due, session)
-
-    def rearm_will(self, session: Session, at_least: float = 0.0) -> None:
-        """An offline session that came with a delayed will (a takeover that broke off, a
-        session left here by a connection that went away while it moved, a restart): the will
-        waits for the rest of its delay, and at least ``at_least`` seconds."""
-        if session.will is not None:
-            self.delay_will(session, session.will, max(at_least, session.will_due_ms / 1000 - self.clock.unix()))
-
-    def wills_published_elsewhere(self, client_ids: list[str]) -> None:
-        """The delayed wills of these sessions went out from a replica of this router while it
-        was taken for dead (cluster.replication): not again from here."""
-        for cid in client_ids:
-            session = self.sessions.get(cid)
-            if session is not None and session.will is not None:
-                log.info("session %s: its delayed will was published on another node while this router "
-                         "was taken for dead: not again here", cid)
-                self.cancel_will(cid)
-
-    def _stop_will_timer(self, client_id: str) -> None:
-        timer = self._wills.pop(client_id, None)
-        if timer is not None:
-            timer.cancel()
-
-    def cancel_will(self, client_id: str) -> None:
-        self._stop_will_timer(client_id)
-        session = self.sessions.get(client_id)
-        if session is not None:
-            session.will = None
-
-    def _will_due(self, session: Session) -> None:
-        self._wills.pop(session.client_id, None)
-        will, session.will = session.will, None
-        if will is not None and session.conn is None:
-            self.publish_will(will, session.username)
+    # -- moves --------------------------------------------------------------------------------------
 
     def claim_refused(self, client_id: str, claimant: str | None, refuse: bool) -> list | None:
         """Another router asks for ``client_id``'s session for a CONNECT of ``claimant``: with
@@ -540,7 +479,7 @@ class SessionLife:
         session.detach()
         # A delayed will goes with the session: the new connection publishes it if it starts
         # clean, drops it if it resumes the session; here it waits no more.
-        self._stop_will_timer(client_id)
+        self.wills.stop_timer(client_id)
         if self.wiring.commit_log is not None:
             self.wiring.commit_log.flush()  # the position handed over must be readable from the disk
         self.moving[client_id] = session
@@ -588,7 +527,7 @@ class SessionLife:
             if session.persistent or session.expiry_s:
                 self.cancel_expiry(client_id)
                 self.schedule_expiry(session)
-                self.rearm_will(session)
+                self.wills.rearm_will(session)
             else:
                 self.end_session(session)
 
