@@ -60,22 +60,23 @@ Consistency points:
   wait in a list and the client connections whose publishes are waiting stop being read until the
   peer drains. Local delivery and other peers carry on.
 
-The package, one part a module (the ``Mesh`` holds the transport and is the union of the others;
-the pure rules take values and time in and are tested without sockets): ``transport`` (the one part
+The package, one part a module (the ``Mesh`` holds the transport and the owned parts
+``Requests``, ``Interest``, ``Takeovers``, ``Transfers`` and ``Handons``, each with its state,
+wired by references and callbacks; framing, dispatch, forwarding and members are still its own
+methods; the pure rules take values and time in and are tested without sockets): ``transport`` (the one part
 that owns sockets: CURVE, monitors, backpressure), ``framing`` (packing frames; the formats are
 ``router.mesh_format``), ``dispatch`` (reading and checking a frame, the table of handlers by
 kind), ``delivery`` (rules: numbering, the ring, the backlog) and ``forwarding`` (publishes out and
 in, replay from the log), ``membership`` (rules: parking, forgetting, echoing, pauses) and
 ``members`` (HELLO, heartbeat, park, rejoin, forget), ``interest`` (announcements and barriers),
 ``takeover`` (asking, settling) and ``offer`` (rules: which copy is taken), ``transfer`` (a session
-leaving and arriving), ``handon`` (confirmations and the hand-on), ``peer``, ``waiter``,
-``limits``.
+leaving and arriving), ``handon`` (the hand-on) and ``marks`` (rules: which handed-on copies came directly),
+``waiter`` (the requests every live peer answers), ``peer``, ``limits``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -90,17 +91,19 @@ from . import dispatch
 from .dispatch import DispatchMixin
 from .forwarding import ForwardingMixin
 from .framing import FramingMixin
-from .handon import HandonMixin
-from .interest import InterestMixin
+from .handon import Handons
+from .interest import Interest
 from .limits import HELLO_INTERVAL_S, LOCAL_DOWN_WAIT_S, log, park_skew
 from .members import MembersMixin
 from .peer import Peer
-from .takeover import TakeoverMixin
-from .transfer import Transfer, TransferMixin
+from .takeover import Roster, Takeovers
+from .transfer import Transfers
 from .transport import Transport
-from .waiter import Waiter
+from .waiter import Requests
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     from brokerd.router.router import Router
 
     from ..config import Config
@@ -110,10 +113,12 @@ if TYPE_CHECKING:
 __all__ = ["HELLO_INTERVAL_S", "LOCAL_DOWN_WAIT_S", "MESH_VERSION", "PUBLISH", "Mesh", "Peer", "park_skew"]
 
 
-class Mesh(FramingMixin, DispatchMixin, ForwardingMixin, MembersMixin, InterestMixin,
-           TakeoverMixin, TransferMixin, HandonMixin):
+class Mesh(FramingMixin, DispatchMixin, ForwardingMixin, MembersMixin):
     """Implements ``router.ports.MeshPort`` for one router: it holds the ``Transport`` (its
-    sockets); the other parts' state is set up here and their behaviour is in their modules."""
+    sockets) and the parts that own their state (``requests``, ``interest``, ``takeovers``,
+    ``transfers``, ``handons``), wired here to each other by narrow references and callbacks;
+    framing, dispatch, forwarding and members are still its own (the publish path stays one
+    object's attributes)."""
 
     def __init__(self, config: Config, index: int, router: Router, loop: asyncio.AbstractEventLoop) -> None:
         self.config = config
@@ -127,16 +132,15 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin, MembersMixin, InterestM
         self.peers: dict[str, Peer] = {}
         self._dirty = False
         self._lingered = False
-        self._interest_batch: list[tuple[str, bool | int]] = []
-        self._interest_waiter: Waiter | None = None
-        self._waiters: dict[int, Waiter] = {}
+        self.requests = Requests()  # numbered requests every live peer answers
+        self.interest = Interest(loop, router, self.peers, self.requests, self._frame, self._send, self._mark,
+                                 self._flush_collected)
         # The other routers of this node (a CONNECT waits for them while they are down), and the
         # future that the next one to join again completes.
         self._local_ids = {f"{self.node_id}/w{j}" for j in range(config.workers)} - {self.router_id}
         self._local_joined: asyncio.Future | None = None
-        self.replication: Replication | None = None  # with --replication-factor > 1
+        self._replication: Replication | None = None  # with --replication-factor > 1
         self.lease: Lease | None = None  # set by the replication: its beats go in each HELLO
-        self._req_ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
         self._started = time.monotonic()
         self._version_warned: set[str] = set()
@@ -147,30 +151,14 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin, MembersMixin, InterestM
         self._pause_after = config.mesh_timeout - MARGIN_S
         self.pause_deadline = self._last_beat + self._pause_after
         self.max_frame = max_frame(config.max_packet_size)
-        self._incoming: dict[tuple[int, str], Transfer] = {}  # (request, sender) → session arriving
-        self._moves: dict[tuple[str, int], str] = {}  # (new owner, its request) → client id leaving
-        # Moves given up unconfirmed (the new owner fell silent): key as ``_moves`` → (client id,
-        # when); a confirmation that comes later settles them (``Router.moved_after_all``).
-        self._in_doubt: dict[tuple[str, int], tuple[str, float]] = {}
-        # Takeovers this router confirmed to a live router: its id → {request: when}. Said again
-        # when that router is heard after a silence (``_confirm_again``): the first may be lost.
-        self._takeovers_confirmed: dict[str, dict[int, float]] = {}
-        # Sessions taken over here from a live router, not confirmed to it yet: client id →
-        # (old owner, request, the timer that confirms at the latest, the header's ``handon_from``,
-        # the silent router whose replica it came from, if so).
-        self._unconfirmed_takeovers: dict[str, tuple[str | None, int, asyncio.TimerHandle, Any, str | None]] = {}
-        # Copies handed on for a session whose takeover here is not settled yet (its CONNECT still
-        # waits for the agreement, the session not imported): delivered once it is.
-        self._early_handons: dict[str, list] = {}
-        # Sessions that moved here: client id → ({router: offset of its log from which its
-        # messages reach this router directly}, until when): what the old owner hands on from
-        # there is here already (``_handed_on``).
-        self._handon_marks: dict[str, tuple[dict[str, int], float]] = {}
-        # Sessions moved here from a live router that has not ended its hand-on yet (its last
-        # SESSION_HANDON): client id → [old owner, its ``handon_from``, the marks above, until
-        # when, whether its own log is still to be read]. Should the old owner fall silent
-        # first, what it held for the session is read back instead (``_handons_lost``).
-        self._handons_due: dict[str, list] = {}
+        self.transfers = Transfers(config, loop, router, self.peers, self.requests, self._send, self._flush,
+                                   self.silent_since)
+        self.handons = Handons(config, router, self.peers, self._frame, self._send, self._keep)
+        roster = Roster(self._local_down, self._local_back, self._just_parked, self._gone)
+        self.takeovers = Takeovers(config, loop, router, self.peers, self.requests, roster, self.transfers,
+                                   self.handons, self._frame, self._send, self._flush)
+        self.handons.hold_early = self.takeovers.hold_early
+        self._parts = (self.interest, self.transfers, self.handons, self.takeovers)
         self._peer_stats: dict[str, list[int]] = {}
         self._packer = msgpack.Packer(use_bin_type=True)
         # What every PUBLISH frame of this incarnation starts with (``_publish_frames``).
@@ -191,6 +179,50 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin, MembersMixin, InterestM
         """Peer endpoints this node cannot join (its CURVE handshake failed last): endpoint → why."""
         return self.transport.refused_links()
 
+    def announce_interest(self, topic_filter: str, add: bool | int) -> asyncio.Future | None:
+        """See ``MeshPort.announce_interest`` (the ``interest`` part's)."""
+        return self.interest.announce(topic_filter, add)
+
+    def barrier(self) -> asyncio.Future | None:
+        """See ``Interest.barrier``."""
+        return self.interest.barrier()
+
+    def takeover(self, client_id: str, claim: list | None = None,
+                 answered: set[str] | None = None) -> Awaitable[dict | None]:
+        """See ``Takeovers.takeover``."""
+        return self.takeovers.takeover(client_id, claim, answered)
+
+    def abort_takeover(self, client_id: str) -> None:
+        """See ``Takeovers.abort``."""
+        self.takeovers.abort(client_id)
+
+    def confirm_takeover(self, client_id: str, acked: list | None = None) -> None:
+        """See ``Takeovers.confirm``."""
+        self.takeovers.confirm(client_id, acked)
+
+    def hand_on(self, router_id: str, client_id: str, items: list, answered: dict | None = None,
+                stale: bool = False) -> None:
+        """See ``Handons.hand_on``."""
+        self.handons.hand_on(router_id, client_id, items, answered, stale)
+
+    @property
+    def replication(self) -> Replication | None:
+        """The replication (``cluster.replication``), with --replication-factor > 1; set by the
+        worker once this mesh is made, and handed to the parts that use it."""
+        return self._replication
+
+    @replication.setter
+    def replication(self, replication: Replication | None) -> None:
+        self._replication = replication
+        for part in (self.transfers, self.handons, self.takeovers):
+            part.replication = replication
+
+    def _on_resync(self, peer: Peer, body: Any, size: int) -> None:
+        """``peer`` had taken this router for silent: it gets our interest again, and our
+        takeover confirmations, which may have been lost."""
+        self.interest.announce_all(peer)
+        self.takeovers.confirm_again(peer)
+
     async def start(self) -> None:
         self.transport.bind()
         self._heartbeat()
@@ -210,6 +242,8 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin, MembersMixin, InterestM
     async def stop(self) -> None:
         self._flush()
         self.closed = True
+        for part in self._parts:
+            part.closed = True
         frame = self._frame(GOODBYE, None)
         for peer in self.peers.values():
             if peer.alive and peer.link is not None:

@@ -1,9 +1,9 @@
 """Receiving: a frame read, checked, and handed to its kind's handler through one table.
 
 ``read`` turns bytes into a checked frame or a refusal (``router.mesh_format`` holds the checks);
-``FRAMES`` names each kind's handler and who may send it: anyone (a HELLO introduces its sender),
-a peer met in this incarnation, or such a peer while this router replicates (R > 1: otherwise the
-frame is ignored). A kind not in the table is refused as a bad frame. Handlers take ``(peer,
+``FRAMES`` names each kind's handler, the part of the ``Mesh`` that has it, and who may send it:
+anyone (a HELLO introduces its sender), a peer met in this incarnation, or such a peer while this
+router replicates (R > 1: otherwise the frame is ignored). A kind not in the table is refused as a bad frame. Handlers take ``(peer,
 body, size)``, HELLO ``(sender, incarnation, body)``.
 """
 
@@ -65,42 +65,44 @@ ANYONE = "anyone"
 MET = "met"
 REPLICATING = "replicating"
 
-# kind -> (the ``Mesh`` method that handles it, who may send it)
-FRAMES: dict[int, tuple[str, str]] = {
-    HELLO: ("_on_hello", ANYONE),
-    ECHO: ("_on_echo", MET),
-    GOODBYE: ("_on_goodbye", MET),
-    PUBLISH: ("_on_publish", MET),
-    RETAINED: ("_on_retained", MET),
-    SYNC_REQ: ("_on_sync_req", MET),
-    CATCHUP: ("_on_catchup", MET),
-    INTEREST: ("_on_interest", MET),
-    INTEREST_ACK: ("_on_interest_ack", MET),
-    RESYNC: ("_on_resync", MET),
-    TAKEOVER_REQ: ("_on_takeover_req", MET),
-    TAKEOVER_RESP: ("_on_takeover_resp", MET),
-    TAKEOVER_CHUNK: ("_on_takeover_chunk", MET),
-    TAKEOVER_DONE: ("_on_takeover_done", MET),
-    SESSION_HANDON: ("_on_session_handon", MET),
-    SESSION_GONE: ("_on_session_gone", MET),  # (also before replication is set up at a start)
-    REPLICATE: ("_on_replicate", REPLICATING),
-    REPLICA_ACK: ("_on_replica_ack", REPLICATING),
-    REPLICA_FETCH: ("_on_replica_fetch", REPLICATING),
-    REPLICA_CATCHUP: ("_on_replica_catchup", REPLICATING),
-    REPLICA_PUBLISH: ("_on_replica_publish", REPLICATING),
-    SESSION_STATE: ("_on_session_state", REPLICATING),
-    SESSION_CATCHUP: ("_on_session_catchup", REPLICATING),
-    SESSION_COPIES: ("_on_session_copies", REPLICATING),
-    SESSION_RESTORE: ("_on_session_restore", REPLICATING),
-    SESSION_RESTORED: ("_on_session_restored", REPLICATING),
-    HISTORY_FETCH: ("_on_history_fetch", REPLICATING),
-    HISTORY: ("_on_history", REPLICATING),
+# kind -> (the method that handles it, who may send it, the ``Mesh``'s part that has that method:
+# "" for the ``Mesh`` itself)
+FRAMES: dict[int, tuple[str, str, str]] = {
+    HELLO: ("_on_hello", ANYONE, ""),
+    ECHO: ("_on_echo", MET, ""),
+    GOODBYE: ("_on_goodbye", MET, ""),
+    PUBLISH: ("_on_publish", MET, ""),
+    RETAINED: ("_on_retained", MET, ""),
+    SYNC_REQ: ("_on_sync_req", MET, ""),
+    CATCHUP: ("_on_catchup", MET, ""),
+    INTEREST: ("on_interest", MET, "interest"),
+    INTEREST_ACK: ("on_interest_ack", MET, "interest"),
+    RESYNC: ("_on_resync", MET, ""),
+    TAKEOVER_REQ: ("on_takeover_req", MET, "transfers"),
+    TAKEOVER_RESP: ("on_takeover_resp", MET, "transfers"),
+    TAKEOVER_CHUNK: ("on_takeover_chunk", MET, "transfers"),
+    TAKEOVER_DONE: ("on_takeover_done", MET, "transfers"),
+    SESSION_HANDON: ("on_session_handon", MET, "handons"),
+    SESSION_GONE: ("_on_session_gone", MET, ""),  # (also before replication is set up at a start)
+    REPLICATE: ("_on_replicate", REPLICATING, ""),
+    REPLICA_ACK: ("_on_replica_ack", REPLICATING, ""),
+    REPLICA_FETCH: ("_on_replica_fetch", REPLICATING, ""),
+    REPLICA_CATCHUP: ("_on_replica_catchup", REPLICATING, ""),
+    REPLICA_PUBLISH: ("_on_replica_publish", REPLICATING, ""),
+    SESSION_STATE: ("_on_session_state", REPLICATING, ""),
+    SESSION_CATCHUP: ("_on_session_catchup", REPLICATING, ""),
+    SESSION_COPIES: ("_on_session_copies", REPLICATING, ""),
+    SESSION_RESTORE: ("_on_session_restore", REPLICATING, ""),
+    SESSION_RESTORED: ("_on_session_restored", REPLICATING, ""),
+    HISTORY_FETCH: ("_on_history_fetch", REPLICATING, ""),
+    HISTORY: ("_on_history", REPLICATING, ""),
 }
 
 
 def bind(owner: object) -> dict[int, tuple[Callable[..., None], str]]:
-    """``FRAMES`` with ``owner``'s bound handlers, for one lookup a frame."""
-    return {kind: (getattr(owner, name), who) for kind, (name, who) in FRAMES.items()}
+    """``FRAMES`` with the bound handlers of ``owner`` and its parts, for one lookup a frame."""
+    return {kind: (getattr(getattr(owner, part) if part else owner, name), who)
+            for kind, (name, who, part) in FRAMES.items()}
 
 
 class Refused(NamedTuple):

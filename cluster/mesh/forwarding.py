@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from brokerd.router.router import Router
 
     from ..config import Config
+    from .interest import Interest
     from .peer import Peer
-    from .waiter import Waiter
 
 
 class ForwardingMixin:
@@ -41,15 +41,13 @@ class ForwardingMixin:
     _dirty: bool
     _lingered: bool
     _packer: msgpack.Packer
-    _interest_batch: list[tuple[str, bool | int]]
-    _interest_waiter: Waiter | None
+    interest: Interest
 
     if TYPE_CHECKING:  # the other parts' methods this one calls (the ``Mesh`` is their union)
         def _frame(self, kind: int, body: Any) -> bytes: ...
         def _send(self, peer: Peer, kind: int, body: Any) -> None: ...
         def _publish_frames(self, peer: Peer, batch: list, mark: int, packed: bool = False
                             ) -> list[tuple[int, bytes, int]]: ...
-        def _flush_interest(self) -> None: ...
 
     def forward(self, router_id: str, msg: Message, source: Any = None, groups: list[str] | None = None,
                 only: bool = False) -> None:
@@ -94,14 +92,18 @@ class ForwardingMixin:
     def retained_update(self, msg: Message) -> None:
         if self.closed:
             return
-        if self._dirty:
-            self._flush()  # retained updates travel after this tick's publishes, in order
+        self._flush_collected()  # retained updates travel after this tick's publishes, in order
         frame = self._frame(RETAINED, [msg.to_list()])
         for peer in self.peers.values():
             if peer.alive and peer.link is not None:
                 peer.link.send(frame)
             elif peer.parked:
                 self._keep(peer, frame, 1)
+
+    def _flush_collected(self) -> None:
+        """What this loop iteration collected goes now, before a frame that must follow it."""
+        if self._dirty:
+            self._flush()
 
     def _mark(self) -> None:
         if not self._dirty and not self.closed:
@@ -117,7 +119,8 @@ class ForwardingMixin:
         never wait."""
         if not self._dirty:
             return  # flushed meanwhile (a takeover or retained update flushes first)
-        if not self._lingered and not self._interest_batch and self._interest_waiter is None:
+        interest = self.interest
+        if not self._lingered and not interest.batch and interest.waiter is None:
             n = 0
             for peer in self.peers.values():
                 n += len(peer.batch)
@@ -159,8 +162,9 @@ class ForwardingMixin:
                     peer.link.send(frame, sources)
                 else:
                     self._keep(peer, frame, n, seq)
-        if self._interest_batch or self._interest_waiter is not None:  # changes, or a barrier
-            self._flush_interest()
+        interest = self.interest
+        if interest.batch or interest.waiter is not None:  # changes, or a barrier
+            interest.flush()
 
     def _unconfirmed(self, peer: Peer, seq: int, frame: bytes) -> None:
         """A numbered frame handed to ``peer``'s link: in its ring until confirmed (``delivery``)."""

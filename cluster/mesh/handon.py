@@ -1,10 +1,10 @@
 """Hand-on: what reached a session's old router after it moved, passed on to its new one.
 
-The new owner confirms a takeover (``confirm_takeover``) and notes from which offset of each
+The new owner confirms a takeover (``Takeovers.confirm``) and notes (``moved_here``) from which offset of each
 router's log the session's messages reach it directly (the marks): a copy handed on from there
 on came here already and is dropped (``_handed_on``). The old owner hands on until its last
 SESSION_HANDON; should it fall silent first, those copies are read back from the logs instead
-(``_handons_lost``).
+(``peer_gone``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 from brokerd.router.mesh_format import SESSION_HANDON, handon_from_ok
 
 from .limits import HANDON_ITEMS, HANDON_KEEP_S, log
+from .marks import directly_from, not_direct
 
 if TYPE_CHECKING:
-    import asyncio
+    from collections.abc import Callable
 
     from brokerd.router.router import Router
 
@@ -26,63 +27,47 @@ if TYPE_CHECKING:
     from .peer import Peer
 
 
-class HandonMixin:
-    """The ``Mesh``'s confirmations of sessions taken over, and their hand-on."""
+class Handons:
+    """The ``Mesh``'s hand-on of sessions moved, owned: the marks that filter the copies handed
+    on (``_marks``) and the hand-ons still due from old owners (``_due``)."""
 
-    config: Config
-    router: Router
-    router_id: str
-    peers: dict[str, Peer]
-    closed: bool
-    replication: Replication | None
-    _unconfirmed_takeovers: dict[str, tuple[str | None, int, asyncio.TimerHandle, Any, str | None]]
-    _early_handons: dict[str, list]
-    _handon_marks: dict[str, tuple[dict[str, int], float]]
-    _handons_due: dict[str, list]
+    def __init__(self, config: Config, router: Router, peers: dict[str, Peer], frame: Callable[[int, Any], bytes],
+                 send: Callable[[Peer, int, Any], None], keep: Callable[[Peer, bytes, int], None]) -> None:
+        self.config = config
+        self.router = router
+        self.router_id = router.router_id
+        self.peers = peers
+        self._frame = frame  # (framing) a frame of ours, packed
+        self._send = send  # (framing) a frame to one peer
+        self._keep = keep  # (forwarding) a frame kept for a parked peer, in order with its publishes
+        # (takeover) copies for a session whose takeover here is pending: held there (True), or
+        # not (False: none is); set by the ``Mesh`` once both parts exist.
+        self.hold_early: Callable[[str, list], bool] = lambda client_id, items: False
+        self.replication: Replication | None = None  # set with the ``Mesh``'s
+        self.closed = False
+        # Sessions that moved here: client id → ({router: offset of its log from which its
+        # messages reach this router directly}, until when): what the old owner hands on from
+        # there is here already (``_handed_on``).
+        self._marks: dict[str, tuple[dict[str, int], float]] = {}
+        # Sessions moved here from a live router that has not ended its hand-on yet (its last
+        # SESSION_HANDON): client id → [old owner, its ``handon_from``, the marks above, until
+        # when, whether its own log is still to be read]. Should the old owner fall silent
+        # first, what it held for the session is read back instead (``peer_gone``).
+        self._due: dict[str, list] = {}
 
-    if TYPE_CHECKING:  # the other parts' methods this one calls (the ``Mesh`` is their union)
-        def _frame(self, kind: int, body: Any) -> bytes: ...
-        def _send(self, peer: Peer, kind: int, body: Any) -> None: ...
-        def _keep(self, peer: Peer, frame: bytes, n: int, seq: int = 0) -> None: ...
-        def _done(self, rid: str | None, req: int, ok: bool) -> None: ...
-        @property
-        def _replicating(self) -> Replication: ...
-
-    def confirm_takeover(self, client_id: str, acked: list | None = None) -> None:
-        """A session taken over (``_settle``) is here, in this router's snapshot, and the interest
-        its subscriptions announced has been acknowledged (``acked``: the results of those waits,
-        each {router: its log end when it took the announcement in}; None: nothing waited):
-        tell its old owner, TAKEOVER_DONE (a live router then hands on what still reaches it for
-        the session, ``Router.hand_on``; a replica's holder, this router's included, drops its
-        copy). And remember from which offset of each router's log its
-        messages come here directly, so that the copies handed on are not delivered twice: that
-        end for a router that acknowledged every announcement, how far this router has seen its
-        log where nothing was announced (the session's filters were this router's already), this
-        router's own log end; none (every copy counts) for a router that did not acknowledge."""
-        pending = self._unconfirmed_takeovers.pop(client_id, None)
-        early = self._early_handons.pop(client_id, None)
-        if early:
-            self.router.take_copies(client_id, early)
-        if pending is None:
-            return
-        rid, req, timer, handon_from, replica = pending
-        timer.cancel()
-        marks: dict[str, int] = {}
-        ends = [a for a in acked or () if a.__class__ is dict]
-        if not acked or len(ends) == len(acked):
-            for prid, peer in self.peers.items():
-                mark = peer.origin_mark
-                if acked:
-                    if any(prid not in e for e in ends):
-                        continue
-                    mark = max(mark, *(e[prid] for e in ends))
-                if mark >= 0:
-                    marks[prid] = mark
+    def moved_here(self, client_id: str, rid: str | None, handon_from: Any, replica: str | None,
+                   acked: list | None) -> None:
+        """Session ``client_id``, taken from router ``rid`` (None: this router's replica of
+        ``replica``), is confirmed (``Takeovers.confirm``; ``acked``: its interest waits'
+        results): remember from which offset of each router's log its messages come here
+        directly (``marks.directly_from``), so that the copies handed on are not delivered
+        twice; and wait for the old owner's hand-on, or read it back should that owner fall
+        silent first."""
         commit_log = self.router.commit_log
-        if commit_log is not None:
-            marks[self.router_id] = commit_log.next_offset
+        marks = directly_from(((rid, p.origin_mark) for rid, p in self.peers.items()), acked,
+                              (self.router_id, commit_log.next_offset) if commit_log is not None else None)
         now = time.monotonic()
-        kept = self._handon_marks
+        kept = self._marks
         for cid in [c for c, (_, until) in kept.items() if until < now]:
             del kept[cid]
         kept[client_id] = (marks, now + HANDON_KEEP_S)
@@ -91,27 +76,23 @@ class HandonMixin:
         if (handing is not None and handon_from_ok(handon_from) and session is not None and session.persistent
                 and session.subscriptions):
             # Until the old owner's last SESSION_HANDON, what reached it for the session is there
-            # only; should it fall silent first, that is read back (``_handons_lost``). Taken from
+            # only; should it fall silent first, that is read back (``peer_gone``). Taken from
             # the replica of a silent router: that router's copy hands on when it is back and
             # fenced (``Router.fence_stale``); should it fall silent again first (partition seed
             # 15: SIGKILLed), what it logged beyond the replica's end is read back the same way.
-            due = self._handons_due
+            due = self._due
             for cid in [c for c, entry in due.items() if entry[3] < now]:
                 del due[cid]
             due[client_id] = [handing, handon_from, marks, now + self.config.mesh_forget, False]
             old = self.peers.get(handing)
             if handing == rid and old is not None and not old.alive:
-                self._handons_lost(rid)
-        if rid is None:
-            self._replicating.replica_moved(client_id, True)
-        else:
-            self._done(rid, req, True)
+                self.peer_gone(rid)
 
     def hand_on(self, router_id: str, client_id: str, items: list, answered: dict | None = None,
                 stale: bool = False) -> None:
         """Copies for ``client_id``, which moved to ``router_id``, that reached this router
         after it was handed over (``Router.hand_on``); the last frame says so, even with none
-        (the new owner stops waiting for them: ``_handons_lost``). The last frame also names the
+        (the new owner stops waiting for them: ``peer_gone``). The last frame also names the
         routers that did not answer the barrier before it (``answered``: those that did), with
         how far this router had seen their logs: what they sent here before they knew of the
         move may still be on its way (a link cut between them and this router alone), and
@@ -146,19 +127,24 @@ class HandonMixin:
                 log.warning("mesh: %d message(s) for session %s not handed on: the backlog kept for its new "
                             "router %s is full", len(body[1]), client_id, router_id)
 
-    def _handons_lost(self, router_id: str) -> None:
+    def peer_gone(self, router_id: str) -> None:
         """Router ``router_id`` fell silent (or restarted) before it had handed on all that
         reached it for sessions that moved here from it: those copies are in logs, its own
         (read from its replica, or from it once back) from where it stood at the export, and
         each origin's from where the old owner had seen it to where its messages came here
         directly (``Replication.read_back_handon``). At least once."""
-        self._read_handons(router_id, False)
+        if self._due:
+            self._read_handons(router_id, False)
+
+    def peer_back(self, router_id: str) -> None:
+        """``router_id`` is heard again: its own log's part of the hand-ons ``peer_gone`` read
+        back, which neither it nor a replica could be asked for while it was silent (a router
+        of this node, whose log has no replica elsewhere, restarted), now from it."""
+        if self._due:
+            self._read_handons(router_id, True)
 
     def _read_handons(self, router_id: str, back: bool) -> None:
-        """``_handons_lost`` (``back`` False), or ``router_id`` heard again (``back``): its own
-        log's part, which neither it nor a replica could be asked for while it was silent (a
-        router of this node, whose log has no replica elsewhere, restarted), now from it."""
-        due = self._handons_due
+        due = self._due
         now = time.monotonic()
         for cid in [c for c, entry in due.items() if entry[0] == router_id and entry[4] == back]:
             entry = due.pop(cid)
@@ -177,30 +163,23 @@ class HandonMixin:
 
     def _handed_on(self, client_id: str, items: list, last: bool, unheard: Any = None, stale: Any = False) -> None:
         """Copies handed on by a session's old router: those that also came here directly (at
-        or beyond the marks of ``confirm_takeover``) are dropped, the rest delivered. With the
+        or beyond the marks of ``moved_here``) are dropped, the rest delivered. With the
         last: ``unheard``, the routers that had not answered the old router's barrier, {router:
         how far it had seen that router's log}: their copies between there and where they send
         here directly (the marks) are read back from their logs (SESSION_CATCHUP). At least once.
         ``stale``: from a copy the agreement fenced: all are delivered (no marks apply)."""
         if last:
-            entry = self._handons_due.pop(client_id, None)
+            entry = self._due.pop(client_id, None)
             if unheard.__class__ is dict and unheard and entry is not None:
                 self._ask_unheard(client_id, entry, unheard)
-        marks = self._handon_marks.get(client_id, ({}, 0.0))[0]
+        marks = self._marks.get(client_id, ({}, 0.0))[0]
         if marks and stale is not True:
-            kept = []
-            for item in items:
-                values = item[2]
-                mark = marks.get(values[5])
-                if mark is None or values[6] is None or values[6] < mark:
-                    kept.append(item)
-            items = kept
+            items = not_direct(items, marks)
         if not items:
             return
-        if client_id not in self.router.sessions and client_id in self._unconfirmed_takeovers:
+        if client_id not in self.router.sessions and self.hold_early(client_id, items):
             # Its old copy was fenced (its node learnt of the agreed move) before this router
-            # imported the session: held until it has (``confirm_takeover``).
-            self._early_handons.setdefault(client_id, []).extend(items)
+            # imported the session: held until it has (``Takeovers.confirm``).
             return
         self.router.take_copies(client_id, items)
 
@@ -214,5 +193,5 @@ class HandonMixin:
             log.info("mesh: session %s: router(s) %s had not answered its old router when it handed on: asked "
                      "for what they sent there before they knew of the move", client_id, ", ".join(asked))
 
-    def _on_session_handon(self, peer: Peer, body: Any, size: int) -> None:
+    def on_session_handon(self, peer: Peer, body: Any, size: int) -> None:
         self._handed_on(*body[:5])

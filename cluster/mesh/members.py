@@ -27,9 +27,12 @@ if TYPE_CHECKING:
     from ..config import Config
     from ..quorum import Lease
     from ..replication import Replication
-    from .transfer import Transfer
+    from .handon import Handons
+    from .interest import Interest
+    from .takeover import Takeovers
+    from .transfer import Transfers
     from .transport import Link, Transport
-    from .waiter import Waiter
+    from .waiter import Requests
 
 
 class MembersMixin:
@@ -48,8 +51,8 @@ class MembersMixin:
     replication: Replication | None
     lease: Lease | None
     pause_deadline: float
-    _waiters: dict[int, Waiter]
-    _interest_waiter: Waiter | None
+    requests: Requests
+    interest: Interest
     _peer_stats: dict[str, list[int]]
     _local_ids: set[str]
     _local_joined: asyncio.Future | None
@@ -57,11 +60,9 @@ class MembersMixin:
     _last_beat: float
     _pause_after: float
     _timer: asyncio.TimerHandle | None
-    _incoming: dict[tuple[int, str], Transfer]
-    _moves: dict[tuple[str, int], str]
-    _in_doubt: dict[tuple[str, int], tuple[str, float]]
-    _takeovers_confirmed: dict[str, dict[int, float]]
-    _handons_due: dict[str, list]
+    takeovers: Takeovers
+    transfers: Transfers
+    handons: Handons
 
     if TYPE_CHECKING:  # the other parts' methods this one calls (the ``Mesh`` is their union)
         def _frame(self, kind: int, body: Any) -> bytes: ...
@@ -70,13 +71,6 @@ class MembersMixin:
         def _keep(self, peer: Peer, frame: bytes, n: int, seq: int = 0) -> None: ...
         def _unconfirmed(self, peer: Peer, seq: int, frame: bytes) -> None: ...
         def _start_replay(self, peer: Peer, offset: int, why: str) -> None: ...
-        def _answer(self, req: int, router_id: str, result: Any = None) -> None: ...
-        def _announce_all(self, peer: Peer) -> None: ...
-        def _confirm_again(self, peer: Peer) -> None: ...
-        def _transfer_failed(self, key: tuple[int, str], why: str) -> None: ...
-        def _move_expired(self, key: tuple[str, int]) -> None: ...
-        def _handons_lost(self, router_id: str) -> None: ...
-        def _read_handons(self, router_id: str, back: bool) -> None: ...
 
     def _replication_hook(self, hook: Any, *args: Any) -> None:
         """Call replication from the mesh's own callbacks: its failure is logged, and the mesh
@@ -94,7 +88,7 @@ class MembersMixin:
 
     def _alive(self) -> set[str]:
         """The ids of the peers that count as alive now."""
-        return {rid for rid, p in self.peers.items() if p.alive}
+        return membership.alive(self.peers)
 
     def hears(self, router_id: str) -> bool:
         peer = self.peers.get(router_id)
@@ -216,9 +210,8 @@ class MembersMixin:
                 peer.link.reset()
                 # Its request numbers start again: what was in doubt with the old one, and what
                 # we confirmed to it, cannot be told from the new one's.
-                for key in [k for k in self._in_doubt if k[0] == sender]:
-                    del self._in_doubt[key]
-                self._takeovers_confirmed.pop(sender, None)
+                self.transfers.peer_restarted(sender)
+                self.takeovers.forget_confirmed(sender)
                 # Its frames are numbered anew; what its old incarnation never confirmed goes to
                 # the new one first.
                 delivery.new_incarnation(peer)
@@ -276,7 +269,7 @@ class MembersMixin:
                 log.info("mesh: node %s joined (first router %s at %s)", peer.node_id, peer.router_id, where)
         assert peer.link is not None
         self._send_hello(peer.link)
-        self._announce_all(peer)
+        self.interest.announce_all(peer)
         if self.replication is not None:
             self.replication.rejoined(peer)
         if time.monotonic() - self._started < SYNC_WINDOW_S:
@@ -304,18 +297,10 @@ class MembersMixin:
             for frame in peer.link.park():
                 self._keep(peer, frame, 0)
             self.transport.unblock(peer.link)
-        for key in [k for k in self._incoming if k[1] == peer.router_id]:
-            self._transfer_failed(key, why)
-        for move in [k for k in self._moves if k[0] == peer.router_id]:
-            self._move_expired(move)  # it may never confirm: the session stays here
-        if self._handons_due:
-            self._handons_lost(peer.router_id)
-        for req, waiter in list(self._waiters.items()):
-            if peer.router_id in waiter.waiting:
-                waiter.missed.add(peer.router_id)
-            self._answer(req, peer.router_id)
-        if self._interest_waiter is not None:
-            self._interest_waiter.answer(peer.router_id)
+        self.transfers.peer_gone(peer.router_id, why)  # a session it takes stays here
+        self.handons.peer_gone(peer.router_id)
+        self.requests.peer_gone(peer.router_id)
+        self.interest.peer_gone(peer.router_id)
         if self.replication is not None and why.startswith("silent"):
             # Fell silent (it may be dead): its replica has what it acknowledged. One that said
             # goodbye sent everything first; one that restarted reads its own log back (CATCHUP).
@@ -354,10 +339,9 @@ class MembersMixin:
             self.transport.blocked(peer.link)
         replay_from, peer.replay_from = peer.replay_from, None
         self._joined(peer, quiet=was_parked)
-        if self._handons_due:
-            self._read_handons(peer.router_id, True)
+        self.handons.peer_back(peer.router_id)
         if why != "restarted":
-            self._confirm_again(peer)
+            self.takeovers.confirm_again(peer)
         if was_parked and why != "restarted" and self.replication is not None:
             # (A restarted router's own catch-up reads its log back by our interest as it is now.)
             self._replication_hook(self.replication.moved_in_catchup, peer, silent_since)

@@ -4,67 +4,91 @@ the answers (bounded), settles on one offer and confirms or aborts it.
 The routers of this node are always asked (one that is down is waited for, ``LOCAL_DOWN_WAIT_S``);
 a silent router of another node is not, but with replication its follower answers for it once
 it counts as gone. An offer is confirmed (TAKEOVER_DONE true) once the session is in this
-router's snapshot and its interest is known everywhere (``handon.confirm_takeover``), at the
-latest ``CONFIRM_S`` after it arrived; the old owner keeps it until then. The answering side,
-and sessions arriving in chunks, are ``transfer``.
+router's snapshot and its interest is known everywhere (``confirm``), at the latest
+``CONFIRM_S`` after it arrived; the old owner keeps it until then, and the copies it hands on
+meanwhile wait here (``hold_early``). The answering side, and sessions arriving in chunks, are
+``transfer``; what reaches the old owner after the move, ``handon``.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from brokerd.router.mesh_format import TAKEOVER_DONE, TAKEOVER_REQ
 from brokerd.router.ownership import refused_by
 from brokerd.router.ports import TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE
 from brokerd.router.spool import drop_named
 
-from . import offer
+from . import membership, offer
 from .limits import ACK_TIMEOUT_S, CONFIRM_S, LOCAL_DOWN_WAIT_S, drop_older, log
-from .waiter import Waiter
+from .waiter import Requests, Waiter
 
 if TYPE_CHECKING:
     import asyncio
+    from collections.abc import Awaitable, Callable
 
     from brokerd.router.router import Router
 
     from ..config import Config
     from ..replication import Replication
+    from .handon import Handons
     from .peer import Peer
-    from .transfer import Transfer
+    from .transfer import Transfers
 
 
-class TakeoverMixin:
-    """The ``Mesh``'s takeover requests, settled here."""
+class Roster(NamedTuple):
+    """What asking for a session needs of membership (``members``): the routers of this node
+    that are down, a wait until one is back (True) or ``deadline`` (False), the routers of other
+    nodes parked so recently that others may not count them as gone, and a wait until
+    ``routers`` count as gone everywhere."""
 
-    config: Config
-    loop: asyncio.AbstractEventLoop
-    router: Router
-    node_id: str
-    peers: dict[str, Peer]
-    closed: bool
-    replication: Replication | None
-    _waiters: dict[int, Waiter]
-    _req_ids: itertools.count
-    _incoming: dict[tuple[int, str], Transfer]
-    _takeovers_confirmed: dict[str, dict[int, float]]
-    _unconfirmed_takeovers: dict[str, tuple[str | None, int, asyncio.TimerHandle, Any, str | None]]
-    _early_handons: dict[str, list]
+    local_down: Callable[[], set[str]]
+    local_back: Callable[[float], Awaitable[bool]]
+    just_parked: Callable[[], list[Peer]]
+    gone: Callable[[set[str]], Awaitable[None]]
 
-    if TYPE_CHECKING:  # the other parts' methods this one calls (the ``Mesh`` is their union)
-        def _frame(self, kind: int, body: Any) -> bytes: ...
-        def _send(self, peer: Peer, kind: int, body: Any) -> None: ...
-        def _flush(self) -> None: ...
-        def _alive(self) -> set[str]: ...
-        def _local_down(self) -> set[str]: ...
-        async def _local_back(self, deadline: float) -> bool: ...
-        def _just_parked(self) -> list[Peer]: ...
-        async def _gone(self, routers: set[str]) -> None: ...
-        def _transfer_failed(self, key: tuple[int, str], why: str) -> None: ...
-        def confirm_takeover(self, client_id: str, acked: list | None = None) -> None: ...
-        @property
-        def _replicating(self) -> Replication: ...
+
+class Takeovers:
+    """The ``Mesh``'s takeover requests, settled and confirmed here, owned: the sessions taken
+    and not confirmed yet (``_unconfirmed``), the copies handed on for them meanwhile
+    (``_early``), and the confirmations said (``_confirmed``)."""
+
+    def __init__(self, config: Config, loop: asyncio.AbstractEventLoop, router: Router, peers: dict[str, Peer],
+                 requests: Requests, roster: Roster, transfers: Transfers, handons: Handons,
+                 frame: Callable[[int, Any], bytes], send: Callable[[Peer, int, Any], None],
+                 flush: Callable[[], None]) -> None:
+        self.config = config
+        self.loop = loop
+        self.router = router
+        self.node_id = config.node_id
+        self.peers = peers
+        self.requests = requests
+        self.roster = roster
+        self.transfers = transfers  # (``transfer``) sessions arriving: a request waits for them
+        self.handons = handons  # (``handon``) a confirmed session's hand-on
+        self._frame = frame  # (framing) a frame of ours, packed
+        self._send = send  # (framing) a frame to one peer
+        self._flush = flush  # (forwarding) what this tick collected goes first
+        self.replication: Replication | None = None  # set with the ``Mesh``'s
+        self.closed = False
+        # Takeovers this router confirmed to a live router: its id → {request: when}. Said again
+        # when that router is heard after a silence (``confirm_again``): the first may be lost.
+        self._confirmed: dict[str, dict[int, float]] = {}
+        # Sessions taken over here from a live router, not confirmed to it yet: client id →
+        # (old owner, request, the timer that confirms at the latest, the header's ``handon_from``,
+        # the silent router whose replica it came from, if so).
+        self._unconfirmed: dict[str, tuple[str | None, int, asyncio.TimerHandle, Any, str | None]] = {}
+        # Copies handed on for a session whose takeover here is not settled yet (its CONNECT still
+        # waits for the agreement, the session not imported): delivered once it is.
+        self._early: dict[str, list] = {}
+
+    @property
+    def _replicating(self) -> Replication:
+        """The replication, where there is one for sure: a session taken from this router's
+        own replica."""
+        assert self.replication is not None
+        return self.replication
 
     async def takeover(self, client_id: str, claim: list | None = None,
                        answered: set[str] | None = None) -> dict | None:
@@ -79,16 +103,17 @@ class TakeoverMixin:
         silent node may never come back; docs/guarantees.md: "Not guaranteed yet")."""
         deadline = time.monotonic() + LOCAL_DOWN_WAIT_S
         asked_again = False
+        roster = self.roster
         while not self.closed:
-            down = self._local_down()
+            down = roster.local_down()
             if down:
-                if not await self._local_back(deadline):
+                if not await roster.local_back(deadline):
                     log.warning("mesh: client %r refused: router(s) %s of this node, which may hold its "
                                 "session, stayed down for %g s", client_id, ", ".join(sorted(down)),
                                 LOCAL_DOWN_WAIT_S)
                     return TAKEOVER_UNAVAILABLE
                 continue
-            waiter = self._ask_takeover(client_id, claim)
+            waiter = self._ask(client_id, claim)
             asked = set(waiter.waiting)
             result = await waiter.future
             if answered is not None:
@@ -100,11 +125,11 @@ class TakeoverMixin:
                 return self._settle(client_id, waiter.offers, claim=claim)
             if any(self.peers[rid].node_id == self.node_id for rid in waiter.missed):
                 continue
-            if self.replication is not None and not asked_again and (waiter.missed or self._just_parked()):
+            if self.replication is not None and not asked_again and (waiter.missed or roster.just_parked()):
                 # A router of another node fell silent instead of answering, or a moment ago: once
                 # it counts as gone everywhere, the follower holding its sessions answers for it.
                 asked_again = True
-                await self._gone(waiter.missed)
+                await roster.gone(waiter.missed)
                 continue
             if self.replication is not None:  # the follower holding it may be this router
                 return self._take_local_replica(client_id, claim)
@@ -158,7 +183,7 @@ class TakeoverMixin:
             if state is chosen:
                 state["offered_by"] = rid  # (the agreement's claim checks it against the record)
                 # Confirmed once its interest is known everywhere and it is in this router's
-                # snapshot (``confirm_takeover``): a live router then hands on all that still
+                # snapshot (``confirm``): a live router then hands on all that still
                 # reaches it; a replica's holder drops its copy only when this one is durable.
                 self._await_confirm(client_id, rid, req, state.get("handon_from"), state.get("replica"))
                 continue
@@ -173,12 +198,43 @@ class TakeoverMixin:
     def _await_confirm(self, client_id: str, rid: str | None, req: int, handon_from: Any = None,
                        replica: str | None = None) -> None:
         """The session taken from router ``rid`` (None: this router's replica) is confirmed by
-        ``confirm_takeover``, at the latest ``CONFIRM_S`` from now. ``handon_from``: where the
-        old owner's logs stood when it exported the session (``_release``), or, from the replica
-        of silent router ``replica``, where that replica ended."""
-        self.confirm_takeover(client_id)  # a confirmation still due for an earlier one
-        timer = self.loop.call_later(CONFIRM_S, self.confirm_takeover, client_id)
-        self._unconfirmed_takeovers[client_id] = (rid, req, timer, handon_from, replica)
+        ``confirm``, at the latest ``CONFIRM_S`` from now. ``handon_from``: where the
+        old owner's logs stood when it exported the session (``Transfers.release``), or, from the
+        replica of silent router ``replica``, where that replica ended."""
+        self.confirm(client_id)  # a confirmation still due for an earlier one
+        timer = self.loop.call_later(CONFIRM_S, self.confirm, client_id)
+        self._unconfirmed[client_id] = (rid, req, timer, handon_from, replica)
+
+    def confirm(self, client_id: str, acked: list | None = None) -> None:
+        """A session taken over (``_settle``) is here, in this router's snapshot, and the interest
+        its subscriptions announced has been acknowledged (``acked``: the results of those waits,
+        each {router: its log end when it took the announcement in}; None: nothing waited):
+        tell its old owner, TAKEOVER_DONE (a live router then hands on what still reaches it for
+        the session, ``Router.hand_on``; a replica's holder, this router's included, drops its
+        copy). What was handed on for it meanwhile is delivered now, and from which offset of
+        each router's log its messages come here directly is noted (``Handons.moved_here``)."""
+        pending = self._unconfirmed.pop(client_id, None)
+        early = self._early.pop(client_id, None)
+        if early:
+            self.router.take_copies(client_id, early)
+        if pending is None:
+            return
+        rid, req, timer, handon_from, replica = pending
+        timer.cancel()
+        self.handons.moved_here(client_id, rid, handon_from, replica, acked)
+        if rid is None:
+            self._replicating.replica_moved(client_id, True)
+        else:
+            self._done(rid, req, True)
+
+    def hold_early(self, client_id: str, items: list) -> bool:
+        """Copies handed on for ``client_id`` before this router imported it: held until its
+        takeover here is confirmed (``confirm``), dropped if it is aborted. False where no
+        takeover of it is pending here (the copies are for the router to take now)."""
+        if client_id not in self._unconfirmed:
+            return False
+        self._early.setdefault(client_id, []).extend(items)
+        return True
 
     def _take_local_replica(self, client_id: str, claim: list | None = None) -> dict | None:
         """The session from the replica this router holds (nobody else offered one)."""
@@ -193,11 +249,11 @@ class TakeoverMixin:
             self._await_confirm(client_id, None, 0, state.get("handon_from"), state.get("replica"))
         return state
 
-    def abort_takeover(self, client_id: str) -> None:
+    def abort(self, client_id: str) -> None:
         """See ``MeshPort.abort_takeover``: the router that offered the session keeps it (told
         TAKEOVER_DONE false), or this router's replica keeps holding it."""
-        pending = self._unconfirmed_takeovers.pop(client_id, None)
-        early = self._early_handons.pop(client_id, None)
+        pending = self._unconfirmed.pop(client_id, None)
+        early = self._early.pop(client_id, None)
         if early:
             log.warning("mesh: %d message(s) handed on for session %s, whose move here was not agreed, dropped "
                         "(the old owner keeps the session)", len(early), client_id)
@@ -210,14 +266,13 @@ class TakeoverMixin:
         else:
             self._done(rid, req, False)
 
-    def _ask_takeover(self, client_id: str, claim: list | None = None) -> Waiter:
-        alive = self._alive()
+    def _ask(self, client_id: str, claim: list | None = None) -> Waiter:
+        alive = membership.alive(self.peers)
         waiter = Waiter(self.loop, alive)
         if not alive:
             waiter.future.set_result(None)
             return waiter
-        req = next(self._req_ids)
-        self._waiters[req] = waiter
+        req = self.requests.open(waiter)
         self._flush()
         # Whether this router spools the copies of a backlog moved to it (``router.spool``: it
         # has a log): then the old router sends all of it, else at most max_queued.
@@ -227,46 +282,41 @@ class TakeoverMixin:
             link = self.peers[rid].link
             if link is not None:
                 link.send(frame)
-        self.loop.call_later(ACK_TIMEOUT_S + 1.0, self._expire_waiter, req, "takeover")
+        self.loop.call_later(ACK_TIMEOUT_S + 1.0, self._expire, req)
         return waiter
 
-    def _expire_waiter(self, req: int, what: str) -> None:
-        transfers = [k for k in self._incoming if k[0] == req]
-        if transfers:
-            now = time.monotonic()
-            if any(now - self._incoming[k].progress < ACK_TIMEOUT_S for k in transfers):
-                self.loop.call_later(ACK_TIMEOUT_S, self._expire_waiter, req, what)
-                return  # a session is still arriving, chunk by chunk
-            for key in transfers:
-                self._transfer_failed(key, "no progress")
-        waiter = self._waiters.pop(req, None)
-        if waiter is not None and not waiter.future.done():
-            log.warning("mesh: %s request %d unanswered by %s; continuing", what, req,
-                        ", ".join(sorted(waiter.waiting)))
-            waiter.missed |= waiter.waiting
-            waiter.finish()
+    def _expire(self, req: int) -> None:
+        if self.transfers.arriving(req):  # a session is still arriving, chunk by chunk
+            self.loop.call_later(ACK_TIMEOUT_S, self._expire, req)
+            return
+        self.requests.expire(req, "takeover")
 
     def _done(self, rid: str | None, req: int, ok: bool) -> None:
         """Tell router ``rid`` (None: this one, nothing to tell) whether the session it offered
         for takeover ``req`` was taken. A confirmation is remembered, to be said again if that
-        router turns out to have taken this one for silent meanwhile (``_confirm_again``)."""
+        router turns out to have taken this one for silent meanwhile (``confirm_again``)."""
         peer = self.peers.get(rid) if rid is not None else None
         if peer is None:
             return
         if ok:
             now = time.monotonic()
-            sent = self._takeovers_confirmed.setdefault(peer.router_id, {})
+            sent = self._confirmed.setdefault(peer.router_id, {})
             drop_older(sent, now - self.config.mesh_forget, lambda when: when)
             sent[req] = now
         if peer.alive:
             self._send(peer, TAKEOVER_DONE, [req, ok])
 
-    def _confirm_again(self, peer: Peer) -> None:
+    def forget_confirmed(self, router_id: str) -> None:
+        """``router_id`` is a new incarnation: its request numbers start again, so what we
+        confirmed to the old one is not said to the new one."""
+        self._confirmed.pop(router_id, None)
+
+    def confirm_again(self, peer: Peer) -> None:
         """``peer`` is heard again after a silence (on either side): the takeovers confirmed to
         it lately are confirmed again. One it missed, or never got because it was silent here,
-        left it keeping the session it gave, in doubt (``_move_expired``); one it had already is
-        ignored there."""
-        sent = self._takeovers_confirmed.get(peer.router_id)
+        left it keeping the session it gave, in doubt (``Transfers.move_expired``); one it had
+        already is ignored there."""
+        sent = self._confirmed.get(peer.router_id)
         if not sent:
             return
         drop_older(sent, time.monotonic() - self.config.mesh_forget, lambda when: when)

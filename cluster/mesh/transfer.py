@@ -1,7 +1,7 @@
-"""Session transfers: the old owner's side (``_release``: the header, then the copies streamed
+"""Session transfers: the old owner's side (``release``: the header, then the copies streamed
 in chunks, one per loop iteration; kept until TAKEOVER_DONE, in doubt if never confirmed) and
 the new owner's (``_arrived``: chunks into a spool file or the queue; ``_take``: a whole session
-is an offer for ``takeover._settle``). A transfer that stops (no progress for ``ACK_TIMEOUT_S``,
+is an offer for ``Takeovers._settle``). A transfer that stops (no progress for ``ACK_TIMEOUT_S``,
 or either side falls silent) fails: the session stays where it was.
 """
 
@@ -19,13 +19,14 @@ from .limits import ACK_TIMEOUT_S, MOVE_TIMEOUT_S, drop_older, log
 
 if TYPE_CHECKING:
     import asyncio
+    from collections.abc import Callable
 
     from brokerd.router.router import Router
 
     from ..config import Config
     from ..replication import Replication
     from .peer import Peer
-    from .waiter import Waiter
+    from .waiter import Requests
 
 
 class Transfer:
@@ -40,29 +41,32 @@ class Transfer:
         self.spool: SpoolWriter | None = None
 
 
-class TransferMixin:
-    """The ``Mesh``'s sessions leaving and arriving."""
+class Transfers:
+    """The ``Mesh``'s sessions leaving (``_moves``, ``_in_doubt``) and arriving (``_incoming``),
+    owned; the requests they answer are ``requests``'."""
 
-    config: Config
-    loop: asyncio.AbstractEventLoop
-    router: Router
-    router_id: str
-    node_id: str
-    peers: dict[str, Peer]
-    closed: bool
-    replication: Replication | None
-    _waiters: dict[int, Waiter]
-    _incoming: dict[tuple[int, str], Transfer]
-    _moves: dict[tuple[str, int], str]
-    _in_doubt: dict[tuple[str, int], tuple[str, float]]
+    def __init__(self, config: Config, loop: asyncio.AbstractEventLoop, router: Router, peers: dict[str, Peer],
+                 requests: Requests, send: Callable[[Peer, int, Any], None], flush: Callable[[], None],
+                 silent_since: Callable[[Peer], float]) -> None:
+        self.config = config
+        self.loop = loop
+        self.router = router
+        self.router_id = router.router_id
+        self.node_id = config.node_id
+        self.peers = peers
+        self.requests = requests
+        self._send = send  # (framing) a frame to one peer
+        self._flush = flush  # (forwarding) what this tick collected goes first
+        self._silent_since = silent_since  # (members) when a parked peer fell silent
+        self.replication: Replication | None = None  # set with the ``Mesh``'s
+        self.closed = False
+        self._incoming: dict[tuple[int, str], Transfer] = {}  # (request, sender) → session arriving
+        self._moves: dict[tuple[str, int], str] = {}  # (new owner, its request) → client id leaving
+        # Moves given up unconfirmed (the new owner fell silent): key as ``_moves`` → (client id,
+        # when); a confirmation that comes later settles them (``Router.moved_after_all``).
+        self._in_doubt: dict[tuple[str, int], tuple[str, float]] = {}
 
-    if TYPE_CHECKING:  # the other parts' methods this one calls (the ``Mesh`` is their union)
-        def _send(self, peer: Peer, kind: int, body: Any) -> None: ...
-        def _flush(self) -> None: ...
-        def silent_since(self, peer: Peer) -> float: ...
-        def _answer(self, req: int, router_id: str, result: Any = None) -> None: ...
-
-    def _release(self, peer: Peer, req: int, client_id: str, spools: bool = False, claim: list | None = None,
+    def release(self, peer: Peer, req: int, client_id: str, spools: bool = False, claim: list | None = None,
                  until: float | None = None) -> None:
         """``peer`` takes ``client_id`` over: answer with the session's header and its first
         chunk of copies, then stream the rest, one chunk per loop iteration. All of them where
@@ -76,7 +80,7 @@ class TransferMixin:
             now = time.monotonic()
             until = now + ACK_TIMEOUT_S if until is None else until
             if now < until:
-                self.loop.call_later(0.01, self._release, peer, req, client_id, spools, claim, until)
+                self.loop.call_later(0.01, self.release, peer, req, client_id, spools, claim, until)
                 return
         if claim is not None:  # the asker's CONNECT is another identity's: nothing is let go
             owner = self.router.claim_refused(client_id, claim[0], claim[1])
@@ -97,12 +101,12 @@ class TransferMixin:
             # here; they arrive after it left when they are heard again (a partition that cut
             # only this link: the new owner may hear them all along). It asks them for what they
             # published since (``Replication.moved_past_silence``).
-            silent = {rid: int(self.silent_since(p) * 1000) for rid, p in self.peers.items() if p.parked}
+            silent = {rid: int(self._silent_since(p) * 1000) for rid, p in self.peers.items() if p.parked}
             if silent:
                 header["silent"] = silent
             # Where this router stood in each log when the session left: what reaches it for the
             # session from there on is handed on, or, should this router die first, read back
-            # (``_handons_lost``): [now (Unix ms), {router: its log's offset as seen here}].
+            # (``Handons.peer_gone``): [now (Unix ms), {router: its log's offset as seen here}].
             seen = {rid: p.origin_mark for rid, p in self.peers.items() if p.origin_mark >= 0}
             commit_log = self.router.commit_log
             if commit_log is not None:
@@ -112,7 +116,7 @@ class TransferMixin:
         following = next(chunks, None)
         key = (peer.router_id, req)
         self._moves[key] = client_id
-        self.loop.call_later(MOVE_TIMEOUT_S, self._move_expired, key)
+        self.loop.call_later(MOVE_TIMEOUT_S, self.move_expired, key)
         self._send(peer, TAKEOVER_RESP, [req, header, following is not None])
         if following is not None:
             self._stream(peer, key, chunks, following)
@@ -128,7 +132,7 @@ class TransferMixin:
         if following is not None:
             self.loop.call_soon(self._stream, peer, key, chunks, following)
 
-    def _move_expired(self, key: tuple[str, int]) -> None:
+    def move_expired(self, key: tuple[str, int]) -> None:
         """The new owner of an exported session fell silent, or never confirmed: it stays here,
         in doubt until that router, heard again, confirms (or a client resumes it here)."""
         client_id = self._moves.pop(key, None)
@@ -168,7 +172,7 @@ class TransferMixin:
                     transfer.spool = SpoolWriter(commit_log.directory)
                 transfer.spool.add(items)
             except OSError as exc:
-                self._transfer_failed(key, f"its queued copies could not be spooled: {exc}")
+                self.failed(key, f"its queued copies could not be spooled: {exc}")
                 return
         if not last:
             return
@@ -177,7 +181,7 @@ class TransferMixin:
             try:
                 spool.finish_into(transfer.state)
             except OSError as exc:
-                self._transfer_failed(key, f"its spooled copies could not be synced: {exc}")
+                self.failed(key, f"its spooled copies could not be synced: {exc}")
                 return
             transfer.spool = None
             if spool.count > self.config.max_queued:
@@ -188,16 +192,43 @@ class TransferMixin:
 
     def _take(self, peer: Peer, req: int, state: dict) -> None:
         """A whole session arrived: an offer, settled (TAKEOVER_DONE) once every router asked
-        has answered (``_settle``); if the request is over, it stays where it was."""
-        waiter = self._waiters.get(req)
+        has answered (``Takeovers._settle``); if the request is over, it stays where it was."""
+        waiter = self.requests.get(req)
         if waiter is None or waiter.future.done():
             self._send(peer, TAKEOVER_DONE, [req, False])
             drop_named(state)
             return
         waiter.offers.append((peer.router_id, req, state))
-        self._answer(req, peer.router_id)
+        self.requests.answer(req, peer.router_id)
 
-    def _transfer_failed(self, key: tuple[int, str], why: str) -> None:
+    def arriving(self, req: int) -> bool:
+        """Whether a session for request ``req`` is still arriving, chunk by chunk (progress
+        within ``ACK_TIMEOUT_S``); if not, its transfers, if any, fail."""
+        keys = [k for k in self._incoming if k[0] == req]
+        if not keys:
+            return False
+        now = time.monotonic()
+        if any(now - self._incoming[k].progress < ACK_TIMEOUT_S for k in keys):
+            return True
+        for key in keys:
+            self.failed(key, "no progress")
+        return False
+
+    def peer_gone(self, router_id: str, why: str) -> None:
+        """``router_id`` fell silent, left or restarted: what it was sending stops arriving, and
+        the sessions it was taking stay here (it may never confirm)."""
+        for key in [k for k in self._incoming if k[1] == router_id]:
+            self.failed(key, why)
+        for move in [k for k in self._moves if k[0] == router_id]:
+            self.move_expired(move)
+
+    def peer_restarted(self, router_id: str) -> None:
+        """``router_id`` is a new incarnation: its request numbers start again, so what was in
+        doubt with the old one cannot be told from the new one's."""
+        for key in [k for k in self._in_doubt if k[0] == router_id]:
+            del self._in_doubt[key]
+
+    def failed(self, key: tuple[int, str], why: str) -> None:
         """A session stopped arriving: its old owner keeps it, and the CONNECT waiting for it is
         refused rather than given an empty session."""
         transfer = self._incoming.pop(key, None)
@@ -208,24 +239,24 @@ class TransferMixin:
         peer = self.peers.get(sender)
         if peer is not None and peer.alive:
             self._send(peer, TAKEOVER_DONE, [req, False])
-        waiter = self._waiters.get(req)
+        waiter = self.requests.get(req)
         if waiter is not None and waiter.result is None:
             waiter.result = TAKEOVER_FAILED
 
     # -- frames received ------------------------------------------------------------------------
 
-    def _on_takeover_req(self, peer: Peer, body: Any, size: int) -> None:
-        self._release(peer, *body)
+    def on_takeover_req(self, peer: Peer, body: Any, size: int) -> None:
+        self.release(peer, *body)
 
-    def _on_takeover_resp(self, peer: Peer, body: Any, size: int) -> None:
+    def on_takeover_resp(self, peer: Peer, body: Any, size: int) -> None:
         sender = peer.router_id
         req, state, more = body[:3]
         if state is None:  # none there, or (a fourth value, [owner]) another identity's
-            self._answer(req, sender, refusal(body[3][0], sender) if len(body) > 3 else None)
+            self.requests.answer(req, sender, refusal(body[3][0], sender) if len(body) > 3 else None)
             return
         state.pop("spool", None)  # (this router's to name, never a peer's)
         state.pop("spool_marks", None)
-        waiter = self._waiters.get(req)
+        waiter = self.requests.get(req)
         if waiter is None or waiter.future.done():
             self._send(peer, TAKEOVER_DONE, [req, False])  # nobody here takes it: it stays there
             return
@@ -234,7 +265,7 @@ class TransferMixin:
         self._incoming[(req, sender)] = transfer
         self._arrived(peer, req, transfer, items, not more)
 
-    def _on_takeover_chunk(self, peer: Peer, body: Any, size: int) -> None:
+    def on_takeover_chunk(self, peer: Peer, body: Any, size: int) -> None:
         req, items, last = body
         transfer = self._incoming.get((req, peer.router_id))
         if transfer is None:
@@ -244,7 +275,7 @@ class TransferMixin:
         transfer.progress = time.monotonic()
         self._arrived(peer, req, transfer, items, last)
 
-    def _on_takeover_done(self, peer: Peer, body: Any, size: int) -> None:
+    def on_takeover_done(self, peer: Peer, body: Any, size: int) -> None:
         sender = peer.router_id
         req, ok = body
         client_id = self._moves.pop((sender, req), None)

@@ -1,9 +1,14 @@
-"""A request every live peer answers: an interest announcement's acknowledgements, a takeover's
-answers. Its future completes when the last peer answers, falls silent, or the request expires."""
+"""Requests every live peer answers: an interest announcement's acknowledgements, a takeover's
+answers. A ``Waiter``'s future completes when the last peer answers, falls silent, or the request
+expires; ``Requests`` numbers them (one series for both kinds) and finds them by number."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+from typing import Any
+
+from .limits import log
 
 
 class Waiter:
@@ -32,3 +37,48 @@ class Waiter:
     def finish(self) -> None:
         if not self.future.done():
             self.future.set_result(self.ends if self.ends is not None else self.result)
+
+
+class Requests:
+    """This router's open requests by number: the parts that ask (``interest``, ``takeover``)
+    open them, the parts that read answers (``transfer`` too) find them, and a peer that falls
+    silent answers all of them at once, empty (``peer_gone``)."""
+
+    __slots__ = ("waiters", "_ids")
+
+    def __init__(self) -> None:
+        self.waiters: dict[int, Waiter] = {}
+        self._ids = itertools.count(1)
+
+    def open(self, waiter: Waiter) -> int:
+        """A number for ``waiter``, under which its answers find it."""
+        req = next(self._ids)
+        self.waiters[req] = waiter
+        return req
+
+    def get(self, req: int) -> Waiter | None:
+        return self.waiters.get(req)
+
+    def answer(self, req: int, router_id: str, result: Any = None) -> None:
+        """``router_id`` answered request ``req`` (or left: counts as an empty answer)."""
+        waiter = self.waiters.get(req)
+        if waiter is not None:
+            waiter.answer(router_id, result)
+            if waiter.future.done():
+                del self.waiters[req]
+
+    def expire(self, req: int, what: str) -> None:
+        """Request ``req`` is over: whoever has not answered yet counts as missed."""
+        waiter = self.waiters.pop(req, None)
+        if waiter is not None and not waiter.future.done():
+            log.warning("mesh: %s request %d unanswered by %s; continuing", what, req,
+                        ", ".join(sorted(waiter.waiting)))
+            waiter.missed |= waiter.waiting
+            waiter.finish()
+
+    def peer_gone(self, router_id: str) -> None:
+        """``router_id`` fell silent, left or restarted: it answers nothing more."""
+        for req, waiter in list(self.waiters.items()):
+            if router_id in waiter.waiting:
+                waiter.missed.add(router_id)
+            self.answer(req, router_id)

@@ -148,10 +148,11 @@ def test_a_session_asked_for_while_it_is_being_moved_is_answered_once_the_move_s
             a.subscribe(s, Subscription("t/#", 1))
             assert a.release_session("mover", True) is not None and "mover" in a.moving  # the first request
             answers: list = []
-            send = m._send
-            m._send = lambda peer, kind, body: (answers.append(body) if kind == TAKEOVER_RESP  # type: ignore[method-assign]
-                                                else send(peer, kind, body))
-            m._release(m.peers["u/w1"], 7, "mover")
+            transfers = m.transfers  # the part that answers takeover requests
+            send = transfers._send
+            transfers._send = lambda peer, kind, body: (answers.append(body) if kind == TAKEOVER_RESP
+                                                        else send(peer, kind, body))
+            transfers.release(m.peers["u/w1"], 7, "mover")
             await asyncio.sleep(0.1)
             assert answers == [], "answered while the session was being moved"
             a.moved("mover", False)  # the first transfer failed: the session stays here

@@ -1,0 +1,51 @@
+"""Hand-on's rules, without sockets or a clock: from which offset of each router's log a moved
+session's messages reach its new owner directly (its marks), and which copies handed on by the
+old owner that lets through.
+
+A mark is an offset of one router's log (the origin of a message, ``values[5]`` of its mesh
+form, with its offset in ``values[6]``): a copy from there on came to the new owner directly,
+so the one handed on is a duplicate. ``handon`` acts on the answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+def directly_from(seen: Iterable[tuple[str, int]], acked: list | None, own: tuple[str, int] | None
+                  ) -> dict[str, int]:
+    """The marks of a session confirmed here: ``seen``, each peer with how far this router has
+    seen its log (-1: not at all); ``acked``, the results of the interest waits of the session's
+    subscriptions, each {router: its log end when it took the announcement in} (None: nothing
+    waited); ``own``, this router with its log's end (None without a log).
+
+    A router that acknowledged every announcement: its end then (or how far it was seen, if
+    further); where nothing was announced (the session's filters were this router's already):
+    how far it is seen; a router that did not acknowledge, or any router where a wait timed
+    out (a result that is not a dict): none, every copy counts."""
+    marks: dict[str, int] = {}
+    ends = [a for a in acked or () if a.__class__ is dict]
+    if not acked or len(ends) == len(acked):
+        for rid, mark in seen:
+            if acked:
+                if any(rid not in e for e in ends):
+                    continue
+                mark = max(mark, *(e[rid] for e in ends))
+            if mark >= 0:
+                marks[rid] = mark
+    if own is not None:
+        marks[own[0]] = own[1]
+    return marks
+
+
+def not_direct(items: list, marks: Mapping[str, int]) -> list:
+    """The handed-on copies (``[qos, retain, mesh values]``) that did not also come here
+    directly: from an origin without a mark, without an offset, or from before its mark."""
+    kept: list[Any] = []
+    for item in items:
+        values = item[2]
+        mark = marks.get(values[5])
+        if mark is None or values[6] is None or values[6] < mark:
+            kept.append(item)
+    return kept
