@@ -26,7 +26,7 @@ from brokerd.router.session import SessionLimits, router_log_dir
 from .config import Config
 from .limits import connections_per_worker, open_files
 from .listeners import reload_tls, serve_listeners
-from .stats import ConnectionSet
+from .stats import ConnectionSet, StatsPublisher
 
 if TYPE_CHECKING:
     from .agreement.owners import SessionOwners
@@ -250,8 +250,6 @@ class Worker:
 
     def _start_stats(self) -> None:
         """Start this router's stats publisher (PUB socket, snapshots, $SYS topics)."""
-        from .stats import StatsPublisher
-
         # (called at the end of start(), which made the router)
         self.stats_publisher: StatsPublisher | None = StatsPublisher(
             self.config, self.index, self.router, self.connections, self.loop)  # type: ignore[arg-type]
