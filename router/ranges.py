@@ -33,9 +33,10 @@ class LogRange:
         self._reader: Any = None
         self._stalled = 0.0
 
-    def read(self, batch: int) -> list | None:
+    def read(self, batch: int, now: float | None = None) -> list | None:
         """The next records of the range (possibly none yet: the other router's writer may not
-        have written them), or None once the range is done or cannot be read."""
+        have written them), or None once the range is done or cannot be read, or its records
+        stayed missing for STALL_LIMIT_S by ``now`` (its session's clock; None: the monotonic)."""
         if self.start >= self.end:
             self.close()
             return None
@@ -53,7 +54,8 @@ class LogRange:
             self.start = records[-1].offset + 1
             self._stalled = 0.0
             return records
-        now = time.monotonic()
+        if now is None:
+            now = time.monotonic()
         if not self._stalled:
             self._stalled = now
         elif now - self._stalled > STALL_LIMIT_S:

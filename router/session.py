@@ -272,7 +272,7 @@ class Session:
         self.stats.state_moves += 1
         if self.ranges:
             rng = self.ranges[0]
-            records = rng.read(batch)
+            records = rng.read(batch, self.clock.now())
             if records is None:
                 if any(e.msg is not None and e.msg.log_offset <= RANGED for e in self.inflight.values()):
                     return False  # what it gave is not all acknowledged: the snapshot still names it

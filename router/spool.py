@@ -161,10 +161,11 @@ class SpoolRange:
         self.owned = owned  # False: a reader of another's range (an export), which leaves the file
         self._file: Any = None
 
-    def read(self, batch: int) -> list | None:
+    def read(self, batch: int, now: float | None = None) -> list | None:
         """The next queue entries (up to ``batch``) as ``(position, entry)``, the position being
         the entry's byte offset in the file; None once the range is done or cannot be read
-        (logged: what is left of it is lost). The file stays until ``discard``."""
+        (logged: what is left of it is lost). The file stays until ``discard``. (``now``: as
+        ``LogRange.read``'s; a spool is written whole before it is read, so nothing waits.)"""
         if self.start >= self.end:
             self.close()
             return None

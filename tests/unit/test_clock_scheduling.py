@@ -1,5 +1,6 @@
 """Work split across turns of the loop, driven by a fake clock (``router.clock``): a session's long
-catch-up, a SUBSCRIBE of many filters, its retained messages, and the snapshot's write timer. Each
+catch-up (and a log range that stalls), a SUBSCRIBE of many filters, its retained messages, and
+the snapshot's write timer. Each
 rule runs here without an event loop (the snapshot's write, which is a thread's, with one), one
 turn at a time (``FakeClock.run_ready``)."""
 
@@ -13,9 +14,11 @@ from brokerd.connection.packets import Suback, Subscribe, Subscription
 from brokerd.router.client import FILTERS_PER_TURN, Client
 from brokerd.router.clock import FakeClock
 from brokerd.router.limits import ClientLimits
+from brokerd.router.log import CommitLog
 from brokerd.router.message import Message
 from brokerd.router.persistence import StateStore
 from brokerd.router.ports import NullMesh
+from brokerd.router.ranges import STALL_LIMIT_S, LogRange
 from brokerd.router.retained_out import SLICE, RetainedOut
 from brokerd.router.router import Router, RouterConfig
 from brokerd.router.session import SessionLimits
@@ -71,7 +74,7 @@ class _Range:
         self.reads = 0
         self.ready = ready
 
-    def read(self, batch: int) -> list | None:
+    def read(self, batch: int, now: float | None = None) -> list | None:
         if not self.ready:
             return []  # the other router's writer has not written them yet
         if not self.left:
@@ -117,6 +120,32 @@ def test_records_not_written_yet_are_read_again_50_ms_later():
     assert rng.reads == 0
     clock.advance(0.002)
     assert rng.reads == 1 and not s.ranges
+
+
+def test_a_log_range_whose_records_stay_missing_is_given_up_after_the_stall_limit(tmp_path):
+    """Another router's log range on this node, 3 of its 10 records on disk: the session reads
+    them, then polls; once its clock says STALL_LIMIT_S passed without more, the range goes."""
+    async def write() -> None:
+        writer = Router(RouterConfig(router_id="n/w1"))
+        with CommitLog(tmp_path, router_id="n/w1") as log:
+            writer.attach_log(log, ack_when_durable=False)
+            for i in range(3):
+                writer.publish(Message(f"t/{i}", b"v", 1))
+            log.flush()
+
+    asyncio.run(write())
+    clock = FakeClock()
+    r = Router(RouterConfig(), clock=clock)
+    s = r.new_session("behind", True)
+    s.attach(FakeConn())  # type: ignore[arg-type]
+    rng = LogRange(str(tmp_path), 0, 10)
+    s.ranges = [rng]
+    s.pump()
+    assert rng.start == 3 and s.ranges  # read what is there, waiting for the rest
+    clock.advance(STALL_LIMIT_S - 0.1)
+    assert s.ranges == [rng]
+    clock.advance(0.2)
+    assert not s.ranges and clock.pending == 0
 
 
 def test_retained_messages_go_out_a_slice_per_turn():
