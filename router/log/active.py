@@ -58,6 +58,10 @@ class ActiveSegment:
         self.max_ts = max_ts
         self.chunk_new = False
 
+    def resume_empty(self, base: int) -> None:
+        """Appends go on in segment ``base``, which holds no record yet."""
+        self.resume(base, FILE_HEADER_SIZE, FILE_HEADER_SIZE, NO_INDEX_YET, NO_TS)
+
     def place(self, first: int, recs: list[Any], body: bytes) -> list[Chunk]:
         """Place records ``first``.. (``body``: their msgpack) and return the chunks to write.
 
@@ -86,8 +90,8 @@ class ActiveSegment:
             old.last_offset = offset - 1 if offset > old.base else old.last_offset
             old.max_ts = self.max_ts if self.max_ts != NO_TS else old.max_ts
         segments.add(Seg(self._dir, offset, FILE_HEADER_SIZE, 0, None, None))
-        self.resume(offset, FILE_HEADER_SIZE, FILE_HEADER_SIZE, NO_INDEX_YET, NO_TS)
-        self.chunk_new = True
+        self.resume_empty(offset)
+        self.chunk_new = True  # its files do not exist yet
         self.must_roll = False
 
     def _place_split(self, first: int, recs: list[Any], chunks: list[Chunk]) -> None:

@@ -1,14 +1,11 @@
 """``CommitLog``: the per-router segmented commit log, written from an asyncio event loop.
 
-This module holds the appender (appends and flushes: format version 2 batches placed in
-segments) and ``CommitLog``, the facade assembled from parts it owns, each in its module and each
-holding the one state object they share, the log's segments (``segments.LogSegments``):
-``loader`` recovers the directory at open (Kafka's ``LogLoader``); ``durability.Durability``
-applies the writer's reports (written and durable offsets, their callbacks and waiters, the
-failed state); ``reads.LogReads`` reads; ``retention`` drops the oldest segments; ``history.
-HistoryJoin`` joins fetched history. ``writer`` is the thread that does the I/O (``messages``
-what passes to and from it), ``segment`` and ``format`` the bytes. The append path reads the
-log's own attributes, with no hop through a part.
+This module holds the append path and ``CommitLog``, assembled from parts it owns, each in its
+module, all holding the one state they share, the log's segments (``segments.LogSegments``):
+``loader`` (recovery at open), ``active`` (where batches are placed), ``handoff`` (requests to
+the writer), ``durability``, ``reads``, ``retention``, ``history``. ``writer`` is the thread that
+does the I/O (``messages``: what passes to it and back), ``segment`` and ``format`` the bytes.
+The append path reads the log's own attributes, with no hop through a part.
 
 Why it is shaped this way:
 
@@ -46,23 +43,18 @@ from typing import Any
 
 import msgpack
 
+from . import fields
 from .active import ActiveSegment
 from .durability import Durability
 from .errors import LogUnavailable
-from .format import (
-    FILE_HEADER_SIZE,
-    FORMAT_VERSION,
-    MAX_SEGMENT_POSITION,
-    Record,
-)
+from .format import FORMAT_VERSION, MAX_SEGMENT_POSITION, Record
 from .handoff import Handoff
 from .history import HistoryJoin
 from .loader import load
 from .messages import Batch
 from .reads import LogReads
 from .retention import DeletedSegment, drop_past_retention
-from .scan import NO_INDEX_YET
-from .segments import NO_TS, LogSegments, Seg, SegmentState
+from .segments import LogSegments, Seg, SegmentState
 from .writer import FsyncPolicy, WriterCore, WriterThread
 
 log = logging.getLogger(__name__)
@@ -129,29 +121,23 @@ class CommitLog:
             self._policy = FsyncPolicy(fsync)
         except ValueError:
             raise ValueError(f"fsync must be one of always, interval, never; not {fsync!r}") from None
-        if not 1 <= fsync_interval_ms <= 3_600_000:
-            raise ValueError("fsync_interval_ms must be between 1 and 3600000")
-        if not 4096 <= segment_bytes <= MAX_SEGMENT_POSITION:
-            raise ValueError(f"segment_bytes must be between 4096 and {MAX_SEGMENT_POSITION}")
-        if index_interval_bytes < 1:
-            raise ValueError("index_interval_bytes must be positive")
-        if retention_bytes is not None and retention_bytes < 0:
-            raise ValueError("retention_bytes must be >= 0")
-        if retention_hours is not None and retention_hours < 0:
-            raise ValueError("retention_hours must be >= 0")
-        if max_unsynced_bytes < 1:
-            raise ValueError("max_unsynced_bytes must be positive")
-        if page_cache_bytes is not None and page_cache_bytes < 0:
-            raise ValueError("page_cache_bytes must be >= 0")
-        if format_version != FORMAT_VERSION:
-            raise ValueError(f"format_version must be {FORMAT_VERSION} (version 1 logs are read, not written)")
-        if not 0 <= linger_ms <= 1000:
-            raise ValueError("linger_ms must be between 0 and 1000")
+        for ok, wrong in (
+                (1 <= fsync_interval_ms <= 3_600_000, "fsync_interval_ms must be between 1 and 3600000"),
+                (4096 <= segment_bytes <= MAX_SEGMENT_POSITION,
+                 f"segment_bytes must be between 4096 and {MAX_SEGMENT_POSITION}"),
+                (index_interval_bytes >= 1, "index_interval_bytes must be positive"),
+                (retention_bytes is None or retention_bytes >= 0, "retention_bytes must be >= 0"),
+                (retention_hours is None or retention_hours >= 0, "retention_hours must be >= 0"),
+                (max_unsynced_bytes >= 1, "max_unsynced_bytes must be positive"),
+                (page_cache_bytes is None or page_cache_bytes >= 0, "page_cache_bytes must be >= 0"),
+                (format_version == FORMAT_VERSION,
+                 f"format_version must be {FORMAT_VERSION} (version 1 logs are read, not written)"),
+                (0 <= linger_ms <= 1000, "linger_ms must be between 0 and 1000")):
+            if not ok:
+                raise ValueError(wrong)
         self._version = format_version
         self._dir = os.fspath(directory)
         self.router_id = router_id
-        self._loop = loop
-        self._interval_s = fsync_interval_ms / 1000.0
         self.retention_bytes = retention_bytes
         self.retention_hours = retention_hours
         self._max_batch = max_batch_bytes
@@ -202,7 +188,7 @@ class CommitLog:
         self._apply_report = durability.apply  # the writer's reports, straight to their part
         self._reads = LogReads(self._dir, segments, self._inflight)
         self._history = HistoryJoin(self._dir, self._version, index_interval_bytes, segments)
-        self._core = WriterCore(self._dir, self._policy, self._interval_s,
+        self._core = WriterCore(self._dir, self._policy, fsync_interval_ms / 1000.0,
                                 written_offset=self._next_offset - 1, durable_offset=self._next_offset - 1,
                                 page_cache_bytes=page_cache_bytes, max_unsynced_bytes=max_unsynced_bytes,
                                 version=format_version)
@@ -290,25 +276,10 @@ class CommitLog:
         readers can count each message once.
         Raises LogUnavailable in the failed or closed state, ValueError for out-of-range fields.
         """
-        # Strings are kept as str: no encode here and decode in append_bytes.
         if self._refuse is not None:
             raise LogUnavailable(self._refuse, self._durability.error)
-        # ``type(x) is str`` does not narrow mypy's else branch (x is bytes-like there): hence the
-        # ignores, for isinstance would take a str subclass that bytes() refuses today.
-        t = topic if type(topic) is str else bytes(topic).decode()  # type: ignore[arg-type]
-        c = client_id if type(client_id) is str else bytes(client_id).decode()  # type: ignore[arg-type]
-        o = origin_router if origin_router is None or type(origin_router) is str \
-            else bytes(origin_router).decode()  # type: ignore[arg-type]
-        if (qos.__class__ is not int or not 0 <= qos <= 2 or len(t) > 0x3FFF or len(c) > 0x3FFF
-                or (o is not None and len(o) > 0x3FFF)
-                or len(payload) > 0xFFFFFFFF or len(properties) > 0xFFFFFFFF):
-            # Rare: measure the strings in UTF-8 (a character takes at most 4 bytes, so shorter
-            # strings cannot pass the 65535-byte limit) and raise what is wrong.
-            _check_fields(qos, (len(t.encode()), len(c.encode()), len((o or "").encode())),
-                          (len(properties), len(payload)))
-        return self.append_fields(_time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms,
-                                  o, origin_offset, c, t, int(qos), bool(retain), bytes(properties),
-                                  bytes(payload))
+        return self.append_fields(*fields.from_values(topic, payload, qos, retain, client_id, properties,
+                                                      origin_router, origin_offset, timestamp_ms))
 
     def append_fields(self, timestamp_ms: int, origin_router: str | None, origin_offset: int | None,
                       client_id: str, topic: str, qos: int, retain: bool, properties: bytes,
@@ -347,11 +318,8 @@ class CommitLog:
         the fields (ValueError, nothing appended) where ``append_fields`` trusts its caller."""
         if self._refuse is not None:
             raise LogUnavailable(self._refuse, self._durability.error)
-        _check_fields(qos, (len(topic), len(client_id), 0 if origin_router is None else len(origin_router)),
-                      (len(properties), len(payload)))
-        return self.append_fields(timestamp_ms, None if origin_router is None else bytes(origin_router).decode(),
-                                  origin_offset, bytes(client_id).decode(), bytes(topic).decode(), int(qos),
-                                  bool(retain), bytes(properties), bytes(payload))
+        return self.append_fields(*fields.from_bytes(topic, payload, qos, retain, client_id, properties,
+                                                     timestamp_ms, origin_router, origin_offset))
 
     def append_record(self, record: Record) -> int:
         """Append a decoded record (e.g. one read from another log), keeping its origin and
@@ -446,12 +414,7 @@ class CommitLog:
         that — the caller should then not acknowledge; the record stays pending and is written if
         the log recovers. Requires a loop.
         """
-        durability = self._durability
-        if durability.durable_offset >= offset:
-            return durability.durable_offset
-        if fail_on_error and self._refuse is not None:
-            raise LogUnavailable(self._refuse, durability.error)
-        return await durability.waiter(offset, fail_on_error)
+        return await self._durability.wait(offset, fail_on_error, self._refuse)
 
     def _failed(self, error: OSError) -> str:
         """A write failed (``Durability`` says so): refuse appends until a retry succeeds."""
@@ -528,27 +491,16 @@ class CommitLog:
     # ---------------------------------------------------------------- history (``history.HistoryJoin``)
 
     def join_history(self, directory: str, last: int) -> int:
-        """Take the segments of a closed log in ``directory`` in as this log's oldest: the records
-        of this log's partition below ``start_offset`` (up to ``last``), fetched from a node that
-        holds them (``router.replication.HistoryState``: a replica placed at its leader's
-        high-water mark, a log continued after a lost disk). ``directory`` must be on this log's
-        file system (the files are moved); their indexes are checked as at recovery. Returns how
-        many segments joined. A gap between the history and the log stays a gap (reads skip it).
-
-        A log that has no segment yet gets its empty first one on disk before the history
-        joins, so that a reopen goes on at its offset, not at the end of the history.
-
-        Blocking (renames, fsyncs, index checks): a log with a loop joins with
-        ``await join_history_async(...)``, which does the same work in a thread."""
+        """Take the segments of a closed log in ``directory`` (on this log's file system) in as this
+        log's oldest: its records below ``start_offset``, up to ``last``, fetched from a node that
+        holds them (see ``history.HistoryJoin``). Returns how many segments joined. Blocking: a
+        log with a loop joins with ``await join_history_async(...)``."""
         create = self._history.check(last, self.start_offset, self._buf_first)
         return self._history_joined(self._history.move_in(directory, create), create)
 
     async def join_history_async(self, directory: str, last: int) -> int:
         """``join_history`` with its disk work in a thread of the loop's executor: the loop never
-        waits for the disk (a history of many segments takes an fsync and an index check each).
-        Appends, flushes and reads go on meanwhile; the history's segments lie below everything
-        they touch, and join the log's view of its segments once on disk. A log closed meanwhile
-        finds them in its directory when it is opened again."""
+        waits for the disk; appends, flushes and reads go on meanwhile."""
         create = self._history.check(last, self.start_offset, self._buf_first)
         loop = asyncio.get_running_loop()
         segs = await loop.run_in_executor(None, self._history.move_in, directory, create)
@@ -560,7 +512,7 @@ class CommitLog:
             return 0
         active = self._history.take(segs, create)
         if active is not None:
-            self._active.resume(active.base, FILE_HEADER_SIZE, FILE_HEADER_SIZE, NO_INDEX_YET, NO_TS)
+            self._active.resume_empty(active.base)
         return len(segs)
 
     # -------------------------------------------------------------------------------------- segments
@@ -637,17 +589,6 @@ class CommitLog:
     def __repr__(self) -> str:
         return (f"CommitLog({self._dir!r}, offsets {self.start_offset}..{self._next_offset - 1}, "
                 f"fsync={self._policy.value}{', FAILED' if self._durability.error else ''})")
-
-
-def _check_fields(qos: int, strings: tuple[int, ...], blobs: tuple[int, ...]) -> None:
-    """The limits version 1 has in its header (and MQTT has anyway), kept so a log's appends take
-    the same values whatever version wrote its older segments; given the fields' byte lengths.
-    Raises ValueError."""
-    if qos not in (0, 1, 2):
-        raise ValueError(f"qos must be 0, 1 or 2, not {qos!r}")
-    if any(n > 0xFFFF for n in strings) or any(n > 0xFFFFFFFF for n in blobs):
-        raise ValueError("record field out of range (strings are at most 65535 bytes, properties "
-                         "and payload under 4 GiB)")
 
 
 def _nothing() -> None:

@@ -80,14 +80,19 @@ class Durability:
         self._error_cbs.append(callback)
         return functools.partial(_remove, self._error_cbs, callback)
 
-    def waiter(self, offset: int, fail_on_error: bool) -> asyncio.Future[int]:
-        """A future set to the durable offset once ``offset`` is durable; with ``fail_on_error``
-        it fails with LogUnavailable if the log fails first. Requires a loop."""
+    async def wait(self, offset: int, fail_on_error: bool, refused: str | None) -> int:
+        """``CommitLog.wait_durable``: the durable offset once ``offset`` is durable. With
+        ``fail_on_error``, LogUnavailable if the log refuses appends now (``refused`` says why:
+        failed or closed) or fails first. Requires a loop."""
+        if self.durable_offset >= offset:
+            return self.durable_offset
+        if fail_on_error and refused is not None:
+            raise LogUnavailable(refused, self.error)
         if self._loop is None:
             raise RuntimeError("wait_durable needs a CommitLog opened with a loop")
         fut: asyncio.Future[int] = self._loop.create_future()
         heapq.heappush(self._waiters, (offset, next(self._seq), fut, fail_on_error))
-        return fut
+        return await fut
 
     def recover_waiter(self) -> asyncio.Future[bool]:
         """A future set to whether the log is healthy once the writer has tried to recover."""

@@ -2,10 +2,7 @@
 
 Why it exists: a replica placed at its leader's high-water mark, or a log continued after a lost
 disk, starts above records its partition should hold; ``router.replication.HistoryState`` fetches
-them from a node that holds them into a directory beside the log, and this moves them in. The disk
-work (renames, fsyncs, an index check per segment) can run in a thread while the loop goes on:
-the history's segments lie below everything appends, flushes and reads touch, and join the log's
-segments (``LogSegments``) only once on disk.
+them from a node that holds them into a directory beside the log, and this moves them in.
 """
 
 from __future__ import annotations
@@ -27,6 +24,19 @@ from .segments import LogSegments, Seg
 
 class HistoryJoin:
     """Moving fetched history in as a log's oldest segments (``CommitLog.join_history``).
+
+    The history is the records of this log's partition below its ``start_offset``, fetched from
+    a node that holds them (``router.replication.HistoryState``: a replica placed at its leader's
+    high-water mark, a log continued after a lost disk) into a directory on this log's file
+    system: the files are moved, their indexes checked as at recovery. A gap between the
+    history and the log stays a gap (reads skip it). A log that has no segment yet gets its
+    empty first one on disk before the history joins, so that a reopen goes on at its offset,
+    not at the end of the history.
+
+    The disk work (renames, fsyncs, an index check per segment) is blocking; with a loop it runs
+    in a thread (``join_history_async``) while appends, flushes and reads go on: the history's
+    segments lie below everything they touch, and join the log's segments once on disk. A log
+    closed meanwhile finds them in its directory when it is opened again.
 
     Holds what never changes after the log is open (its directory, format version and index
     interval), so the disk part can run in any thread, and the log's segments, which only the
