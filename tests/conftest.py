@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, Broker, Client, free_port
+from tests.helpers import ROOT, Broker, Client, free_port, stop_together
 
 # Every process a test starts (brokerd, its CLI, Spark's Python workers) imports this checkout's
 # packages, not those of whichever checkout a shared virtualenv's editable install points at
@@ -421,10 +421,7 @@ def start_broker(xprocess, tmp_path, request) -> Iterator[Callable[..., Broker]]
     call = getattr(request.node, "report_call", None)
     if call is not None and call.failed:
         _print_log_tails(started)
-    for broker in started:
-        info = xprocess.getinfo(broker.name)
-        if info.isrunning():
-            info.terminate(timeout=15)
+    stop_together(xprocess, [broker.name for broker in started])
 
 
 @pytest.fixture

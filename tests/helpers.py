@@ -6,6 +6,7 @@ Every wait here is bounded and waits for an event (a message, a CONNACK, a log l
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import random
 import shutil
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
+import psutil
 from paho.mqtt.enums import CallbackAPIVersion
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -240,6 +242,39 @@ class Broker:
         read once per check: read twice, the dead worker could be reaped in between (an empty
         list the second time: a CI run failed on it)."""
         wait_for(lambda: (pids := self.workers()) and pids[0] != old, timeout, f"{self.name}'s worker restarted")
+
+
+def stop_together(xprocess, names: list[str], timeout: float = 15.0) -> None:
+    """Stop the brokers named, all at once: SIGTERM to every process of each (its workers and
+    helpers before the supervisor, as xprocess's ``terminate`` orders them), then one wait for all,
+    SIGKILL for any left after ``timeout``. Stopped one after another, a three-node test's teardown
+    waited out each node's graceful stop in turn."""
+    procs: list[psutil.Process] = []
+    for name in names:
+        info = xprocess.getinfo(name)
+        if not info.isrunning():
+            continue
+        try:
+            parent = psutil.Process(info.pid)
+            procs += reversed([parent, *parent.children(recursive=True)])
+        except psutil.NoSuchProcess:
+            continue
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(sig)
+        _, alive = psutil.wait_procs(procs, timeout=timeout)
+        procs = [p for p in alive if _not_zombie(p)]
+        if not procs:
+            return
+    print(f"could not stop processes {[p.pid for p in procs]}")  # as xprocess's terminate says it
+
+
+def _not_zombie(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _alive(pid: int) -> bool:
