@@ -70,7 +70,6 @@ class SegmentSummary:
     first_timestamp: int | None
     last_offset: int | None
     max_timestamp: int | None
-    tail_error: str | None  # the tail scan stopped early (corrupt, or incomplete on a live segment)
 
 
 class SegmentReader:
@@ -408,7 +407,7 @@ class SegmentReader:
                 res = None  # the entry does not point at a good record: do not trust it
         if res is None:
             res = scan_segment(fd, self.base, end_pos, version=version)
-        return SegmentSummary(first_ts, res.last_offset, res.max_timestamp, res.error)
+        return SegmentSummary(first_ts, res.last_offset, res.max_timestamp)
 
 
 # Segments whose read descriptors (log and index: two each) stay open between reads. Every client
