@@ -60,25 +60,31 @@ Consistency points:
   wait in a list and the client connections whose publishes are waiting stop being read until the
   peer drains. Local delivery and other peers carry on.
 
-The package, one part a module (the ``Mesh`` holds the transport and the owned parts
-``Requests``, ``Interest``, ``Takeovers``, ``Transfers`` and ``Handons``, each with its state,
-wired by references and callbacks; framing, dispatch, forwarding and members are still its own
-methods; the pure rules take values and time in and are tested without sockets): ``transport`` (the one part
-that owns sockets: CURVE, monitors, backpressure), ``framing`` (packing frames; the formats are
-``router.mesh_format``), ``dispatch`` (reading and checking a frame, the table of handlers by
-kind), ``delivery`` (rules: numbering, the ring, the backlog) and ``forwarding`` (publishes out and
-in, replay from the log), ``membership`` (rules: parking, forgetting, echoing, pauses) and
-``members`` (HELLO, heartbeat, park, rejoin, forget), ``interest`` (announcements and barriers),
-``takeover`` (asking, settling) and ``offer`` (rules: which copy is taken), ``transfer`` (a session
-leaving and arriving), ``handon`` (the hand-on) and ``marks`` (rules: which handed-on copies came directly),
-``waiter`` (the requests every live peer answers), ``peer``, ``limits``.
+The package, one part a module. The ``Mesh`` holds the transport and the parts, each of which
+owns its state and reaches the others only through what the ``Mesh`` hands it (a reference to a
+part, a callback); the pure rules take values and time in and are tested without sockets:
+- ``transport`` (the one part that owns sockets: CURVE, monitors, backpressure);
+- the publish path, still the ``Mesh``'s own methods so that a message costs no hop more:
+  ``framing`` (packing frames; the formats are ``router.mesh_format``), ``dispatch`` (reading and
+  checking a frame, the one table of handlers by kind and the part that has each), ``forwarding``
+  (publishes out and in, replay from the log) and ``delivery`` (rules: numbering, the ring, the
+  backlog);
+- ``members`` (``Members``: the peers, HELLO, heartbeat, park, rejoin, forget; what the others do
+  as a peer comes and goes is its ``Hooks``) and ``membership`` (rules: parking, forgetting,
+  echoing, pauses);
+- ``waiter`` (``Requests``: the numbered requests every live peer answers), ``interest``
+  (``Interest``: announcements and barriers);
+- sessions moving: ``takeover`` (``Takeovers``: asking, settling, confirming) and ``offer``
+  (rules: which copy is taken), ``transfer`` (``Transfers``: a session leaving and arriving),
+  ``handon`` (``Handons``: what reaches the old owner after the move) and ``marks`` (rules: which
+  handed-on copies came directly);
+- ``peer`` (the one record of a peer every part reads), ``limits``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import time
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -86,15 +92,14 @@ import zmq
 
 from brokerd.router.mesh_format import GOODBYE, MESH_VERSION, PUBLISH, max_frame
 
-from ..quorum import MARGIN_S
 from . import dispatch
 from .dispatch import DispatchMixin
 from .forwarding import ForwardingMixin
 from .framing import FramingMixin
 from .handon import Handons
 from .interest import Interest
-from .limits import HELLO_INTERVAL_S, LOCAL_DOWN_WAIT_S, log, park_skew
-from .members import MembersMixin
+from .limits import HELLO_INTERVAL_S, LOCAL_DOWN_WAIT_S, park_skew
+from .members import Hooks, Members
 from .peer import Peer
 from .takeover import Roster, Takeovers
 from .transfer import Transfers
@@ -113,59 +118,47 @@ if TYPE_CHECKING:
 __all__ = ["HELLO_INTERVAL_S", "LOCAL_DOWN_WAIT_S", "MESH_VERSION", "PUBLISH", "Mesh", "Peer", "park_skew"]
 
 
-class Mesh(FramingMixin, DispatchMixin, ForwardingMixin, MembersMixin):
+class Mesh(FramingMixin, DispatchMixin, ForwardingMixin):
     """Implements ``router.ports.MeshPort`` for one router: it holds the ``Transport`` (its
-    sockets) and the parts that own their state (``requests``, ``interest``, ``takeovers``,
-    ``transfers``, ``handons``), wired here to each other by narrow references and callbacks;
-    framing, dispatch, forwarding and members are still its own (the publish path stays one
-    object's attributes)."""
+    sockets) and the parts that own their state (``members``, ``requests``, ``interest``,
+    ``takeovers``, ``transfers``, ``handons``), wired here to each other by narrow references
+    and callbacks. Framing, dispatch and forwarding, the publish path, stay its own: one
+    object's attributes, no hop more per message."""
 
     def __init__(self, config: Config, index: int, router: Router, loop: asyncio.AbstractEventLoop) -> None:
         self.config = config
-        self.index = index
         self.router = router
         self.loop = loop
         self.router_id = router.router_id
-        self.node_id = config.node_id
         self.incarnation = int.from_bytes(os.urandom(6), "big")
         self.transport = Transport(config, index, loop, router, self._on_readable)  # the sockets
-        self.peers: dict[str, Peer] = {}
+        self.peers: dict[str, Peer] = {}  # every part's record of each peer (``peer``)
         self._dirty = False
         self._lingered = False
-        self.requests = Requests()  # numbered requests every live peer answers
-        self.interest = Interest(loop, router, self.peers, self.requests, self._frame, self._send, self._mark,
-                                 self._flush_collected)
-        # The other routers of this node (a CONNECT waits for them while they are down), and the
-        # future that the next one to join again completes.
-        self._local_ids = {f"{self.node_id}/w{j}" for j in range(config.workers)} - {self.router_id}
-        self._local_joined: asyncio.Future | None = None
         self._replication: Replication | None = None  # with --replication-factor > 1
-        self.lease: Lease | None = None  # set by the replication: its beats go in each HELLO
-        self._timer: asyncio.TimerHandle | None = None
-        self._started = time.monotonic()
         self._version_warned: set[str] = set()
         self._bad_logged: set[str] = set()
-        self._last_beat = time.monotonic()
-        # A heartbeat this long after the last means a pause the others may have acted on; the
-        # moment that is reached, for ``check_paused``'s callers to compare with cheaply.
-        self._pause_after = config.mesh_timeout - MARGIN_S
-        self.pause_deadline = self._last_beat + self._pause_after
         self.max_frame = max_frame(config.max_packet_size)
-        self.transfers = Transfers(config, loop, router, self.peers, self.requests, self._send, self._flush,
-                                   self.silent_since)
-        self.handons = Handons(config, router, self.peers, self._frame, self._send, self._keep)
-        roster = Roster(self._local_down, self._local_back, self._just_parked, self._gone)
-        self.takeovers = Takeovers(config, loop, router, self.peers, self.requests, roster, self.transfers,
-                                   self.handons, self._frame, self._send, self._flush)
-        self.handons.hold_early = self.takeovers.hold_early
-        self._parts = (self.interest, self.transfers, self.handons, self.takeovers)
-        self._peer_stats: dict[str, list[int]] = {}
         self._packer = msgpack.Packer(use_bin_type=True)
         # What every PUBLISH frame of this incarnation starts with (``_publish_frames``).
         self._publish_head = (self._packer.pack_array_header(5) + self._packer.pack(MESH_VERSION)
                               + self._packer.pack(PUBLISH) + self._packer.pack(self.router_id)
                               + self._packer.pack(self.incarnation))
         self.closed = False  # after stop(): whatever the router still says goes nowhere
+        peers, frame, send, flush = self.peers, self._frame, self._send, self._flush
+        self.requests = Requests()  # numbered requests every live peer answers
+        self.interest = Interest(loop, router, peers, self.requests, frame, send, self._mark, self._flush_collected)
+        hooks = Hooks(self.interest.announce_all, self._peer_gone, self._peer_restarted, self._peer_back)
+        self.members = Members(config, index, loop, router, self.incarnation, peers, self.transport, hooks, frame,
+                               send, flush, self._keep, self._unconfirmed, self._start_replay)
+        members = self.members
+        self.transfers = Transfers(config, loop, router, peers, self.requests, send, flush, members.silent_since)
+        self.handons = Handons(config, router, peers, frame, send, self._keep)
+        roster = Roster(members.local_down, members.local_back, members.just_parked, members.gone)
+        self.takeovers = Takeovers(config, loop, router, peers, self.requests, roster, self.transfers, self.handons,
+                                   frame, send, flush)
+        self.handons.hold_early = self.takeovers.hold_early
+        self._parts = (self.members, self.interest, self.transfers, self.handons, self.takeovers)
         self._handlers = dispatch.bind(self)  # kind -> (handler, who may send it)
 
     # The transport's, as others read them: where this router listens, its links, its refusals.
@@ -214,8 +207,71 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin, MembersMixin):
     @replication.setter
     def replication(self, replication: Replication | None) -> None:
         self._replication = replication
-        for part in (self.transfers, self.handons, self.takeovers):
+        for part in (self.members, self.transfers, self.handons, self.takeovers):
             part.replication = replication
+
+    # The members', as the router and the replication read them (``MeshPort``, ``MeshAdapter``).
+    def hears(self, router_id: str) -> bool:
+        """See ``MeshPort.hears``."""
+        return self.members.hears(router_id)
+
+    def silent_since(self, peer: Peer) -> float:
+        """See ``Members.silent_since``."""
+        return self.members.silent_since(peer)
+
+    def check_paused(self) -> None:
+        """See ``Members.check_paused``."""
+        self.members.check_paused()
+
+    def peer_stats(self) -> dict[str, list[int]]:
+        """See ``MeshPort.peer_stats``."""
+        return self.members.peer_stats()
+
+    def peer_stats_endpoints(self) -> dict[str, str]:
+        """See ``MeshPort.peer_stats_endpoints``."""
+        return self.members.peer_stats_endpoints()
+
+    @property
+    def lease(self) -> Lease | None:
+        """The lease whose beats each HELLO carries (``cluster.quorum.Lease``), set by the
+        replication."""
+        return self.members.lease
+
+    @lease.setter
+    def lease(self, lease: Lease | None) -> None:
+        self.members.lease = lease
+
+    @property
+    def pause_deadline(self) -> float:
+        """When, on the monotonic clock, a heartbeat not run yet means this process was paused."""
+        return self.members.pause_deadline
+
+    @pause_deadline.setter
+    def pause_deadline(self, deadline: float) -> None:
+        self.members.pause_deadline = deadline
+
+    # What the other parts do as membership changes (``members.Hooks``).
+    def _peer_gone(self, router_id: str, why: str) -> None:
+        """``router_id`` fell silent, left or restarted: what it was sending stops arriving, the
+        sessions it was taking stay here, the hand-ons it owed are read back, and no request
+        waits for it."""
+        self.transfers.peer_gone(router_id, why)
+        self.handons.peer_gone(router_id)
+        self.requests.peer_gone(router_id)
+        self.interest.peer_gone(router_id)
+
+    def _peer_restarted(self, router_id: str) -> None:
+        """``router_id`` is a new incarnation: its request numbers start again, so what was in
+        doubt with the old one, and what we confirmed to it, cannot be told from the new one's."""
+        self.transfers.peer_restarted(router_id)
+        self.takeovers.forget_confirmed(router_id)
+
+    def _peer_back(self, peer: Peer, restarted: bool) -> None:
+        """``peer`` is taken back after a silence: its own log's part of the hand-ons read back
+        meanwhile, and, unless it restarted, our takeover confirmations again."""
+        self.handons.peer_back(peer.router_id)
+        if not restarted:
+            self.takeovers.confirm_again(peer)
 
     def _on_resync(self, peer: Peer, body: Any, size: int) -> None:
         """``peer`` had taken this router for silent: it gets our interest again, and our
@@ -225,19 +281,7 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin, MembersMixin):
 
     async def start(self) -> None:
         self.transport.bind()
-        self._heartbeat()
-        # Serve only once the routers of this node know each other (bounded): a client that
-        # subscribes on one worker right after start must be reachable from every other.
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:
-            if not self._local_down():
-                break
-            await asyncio.sleep(0.02)
-        else:
-            log.warning("mesh: not every local router answered within 10 s; serving anyway")
-            return
-        if self.index == 0 and self._local_ids:  # the node's own routers, in one line (each pair: DEBUG)
-            log.info("mesh: the %d routers of node %s joined each other", len(self._local_ids) + 1, self.node_id)
+        await self.members.start()
 
     async def stop(self) -> None:
         self._flush()
@@ -251,6 +295,5 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin, MembersMixin):
                     peer.link.sock.send(frame, zmq.NOBLOCK)
                 except zmq.ZMQError:
                     pass
-        if self._timer is not None:
-            self._timer.cancel()
+        self.members.stop()
         self.transport.close()

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from brokerd.router.router import Router
 
     from ..replication import Replication
+    from .members import Members
     from .peer import Peer
 
 ANYONE = "anyone"
@@ -68,9 +69,9 @@ REPLICATING = "replicating"
 # kind -> (the method that handles it, who may send it, the ``Mesh``'s part that has that method:
 # "" for the ``Mesh`` itself)
 FRAMES: dict[int, tuple[str, str, str]] = {
-    HELLO: ("_on_hello", ANYONE, ""),
-    ECHO: ("_on_echo", MET, ""),
-    GOODBYE: ("_on_goodbye", MET, ""),
+    HELLO: ("on_hello", ANYONE, "members"),
+    ECHO: ("on_echo", MET, "members"),
+    GOODBYE: ("on_goodbye", MET, "members"),
     PUBLISH: ("_on_publish", MET, ""),
     RETAINED: ("_on_retained", MET, ""),
     SYNC_REQ: ("_on_sync_req", MET, ""),
@@ -140,14 +141,10 @@ class DispatchMixin:
     router_id: str
     peers: dict[str, Peer]
     replication: Replication | None
-    pause_deadline: float
+    members: Members
     _handlers: dict[int, tuple[Callable[..., None], str]]
     _version_warned: set[str]
     _bad_logged: set[str]
-
-    if TYPE_CHECKING:  # the other parts' methods this one calls (the ``Mesh`` is their union)
-        def check_paused(self) -> None: ...
-        def _rejoin(self, peer: Peer, why: str) -> None: ...
 
     def _on_readable(self, sock: zmq.Socket) -> None:
         """Frames waiting on ``sock``, until ``RECV_MSGS`` forwarded messages (or ``RECV_BATCH``
@@ -155,8 +152,9 @@ class DispatchMixin:
         writes) runs before the next frames, so a backlog of frames cannot stall every client of
         this router for the time of thousands of deliveries."""
         now = time.monotonic()
-        if now >= self.pause_deadline or (self.replication is not None and now >= self.replication.recount_at):
-            self.check_paused()
+        if now >= self.members.pause_deadline or (
+                self.replication is not None and now >= self.replication.recount_at):
+            self.members.check_paused()
         n = 0
         msgs = 0
         try:
@@ -217,7 +215,7 @@ class DispatchMixin:
             return
         peer.last_seen = time.monotonic()
         if not peer.alive and kind != GOODBYE:
-            self._rejoin(peer, "heard again")
+            self.members.rejoin(peer, "heard again")
         if who is REPLICATING and self.replication is None:
             return  # replication frames for a router that replicates nothing (R = 1 here)
         handler(peer, body, size)

@@ -3,7 +3,7 @@
 Every ``HELLO_INTERVAL_S`` this router says HELLO on every link, with the routers it knows (one
 live ``--peer`` is enough to join), its confirmations of each peer's frames, its log's end and
 marks, and its lease's beat. A peer silent for ``--mesh-timeout``, that said GOODBYE, or back as
-a new incarnation is parked; heard again, it is taken back (``_rejoin``); parked for
+a new incarnation is parked; heard again, it is taken back (``rejoin``); parked for
 ``--mesh-forget``, forgotten. The timing rules are ``membership``; this part acts on them.
 """
 
@@ -11,66 +11,105 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import zmq
 
 from brokerd.router.mesh_format import CATCHUP, ECHO, HELLO, RESYNC, SYNC_REQ
 
+from ..quorum import MARGIN_S
 from . import delivery, membership
 from .limits import HELLO_INTERVAL_S, SYNC_WINDOW_S, log, park_skew
 from .peer import Peer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from brokerd.router.router import Router
 
     from ..config import Config
     from ..quorum import Lease
     from ..replication import Replication
-    from .handon import Handons
-    from .interest import Interest
-    from .takeover import Takeovers
-    from .transfer import Transfers
     from .transport import Link, Transport
-    from .waiter import Requests
 
 
-class MembersMixin:
-    """The ``Mesh``'s peers: who is alive, parked or gone."""
+class Hooks(NamedTuple):
+    """What the other parts do when membership changes (the ``Mesh`` wires them): a peer
+    ``joined`` (it gets our interest), is ``gone`` (silent, left or restarted: nothing waits for
+    it, ``why``), ``restarted`` (its request numbers start again), or is ``back`` after a
+    silence (``restarted``: as a new incarnation)."""
 
-    config: Config
-    index: int
-    loop: asyncio.AbstractEventLoop
-    router: Router
-    router_id: str
-    node_id: str
-    incarnation: int
-    peers: dict[str, Peer]
-    transport: Transport
-    closed: bool
-    replication: Replication | None
-    lease: Lease | None
-    pause_deadline: float
-    requests: Requests
-    interest: Interest
-    _peer_stats: dict[str, list[int]]
-    _local_ids: set[str]
-    _local_joined: asyncio.Future | None
-    _started: float
-    _last_beat: float
-    _pause_after: float
-    _timer: asyncio.TimerHandle | None
-    takeovers: Takeovers
-    transfers: Transfers
-    handons: Handons
+    joined: Callable[[Peer], None]
+    gone: Callable[[str, str], None]
+    restarted: Callable[[str], None]
+    back: Callable[[Peer, bool], None]
 
-    if TYPE_CHECKING:  # the other parts' methods this one calls (the ``Mesh`` is their union)
-        def _frame(self, kind: int, body: Any) -> bytes: ...
-        def _send(self, peer: Peer, kind: int, body: Any) -> None: ...
-        def _flush(self) -> None: ...
-        def _keep(self, peer: Peer, frame: bytes, n: int, seq: int = 0) -> None: ...
-        def _unconfirmed(self, peer: Peer, seq: int, frame: bytes) -> None: ...
-        def _start_replay(self, peer: Peer, offset: int, why: str) -> None: ...
+
+class Members:
+    """The ``Mesh``'s peers, owned: who is alive, parked or gone (``peers``, the one record of
+    each that every part reads), the heartbeat and its clock of pauses, and the routers of this
+    node a CONNECT waits for."""
+
+    def __init__(self, config: Config, index: int, loop: asyncio.AbstractEventLoop, router: Router,
+                 incarnation: int, peers: dict[str, Peer], transport: Transport, hooks: Hooks,
+                 frame: Callable[[int, Any], bytes], send: Callable[[Peer, int, Any], None],
+                 flush: Callable[[], None], keep: Callable[[Peer, bytes, int], None],
+                 unconfirmed: Callable[[Peer, int, bytes], None],
+                 start_replay: Callable[[Peer, int, str], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self._clock = clock  # the monotonic clock: a test's own moves the heartbeat's time
+        self.index = index
+        self.loop = loop
+        self.router = router
+        self.router_id = router.router_id
+        self.node_id = config.node_id
+        self.incarnation = incarnation
+        self.peers = peers
+        self.transport = transport
+        self.hooks = hooks
+        self._frame = frame  # (framing) a frame of ours, packed
+        self._send = send  # (framing) a frame to one peer
+        self._flush = flush  # (forwarding) what this tick collected goes first
+        self._keep = keep  # (forwarding) a frame kept for a parked peer
+        self._unconfirmed = unconfirmed  # (forwarding) a numbered frame into a peer's ring
+        self._start_replay = start_replay  # (forwarding) this router's log read back to a peer
+        self.replication: Replication | None = None  # set with the ``Mesh``'s
+        self.lease: Lease | None = None  # set by the replication: its beats go in each HELLO
+        self.closed = False
+        self._peer_stats: dict[str, list[int]] = {}
+        # The other routers of this node (a CONNECT waits for them while they are down), and the
+        # future that the next one to join again completes.
+        self._local_ids = {f"{self.node_id}/w{j}" for j in range(config.workers)} - {self.router_id}
+        self._local_joined: asyncio.Future | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._started = self._clock()
+        self._last_beat = self._clock()
+        # A heartbeat this long after the last means a pause the others may have acted on; the
+        # moment that is reached, for ``check_paused``'s callers to compare with cheaply.
+        self._pause_after = config.mesh_timeout - MARGIN_S
+        self.pause_deadline = self._last_beat + self._pause_after
+
+    async def start(self) -> None:
+        """Start the heartbeat, and serve only once the routers of this node know each other
+        (bounded): a client that subscribes on one worker right after start must be reachable
+        from every other."""
+        self.heartbeat()
+        deadline = self._clock() + 10.0
+        while self._clock() < deadline:
+            if not self.local_down():
+                break
+            await asyncio.sleep(0.02)
+        else:
+            log.warning("mesh: not every local router answered within 10 s; serving anyway")
+            return
+        if self.index == 0 and self._local_ids:  # the node's own routers, in one line (each pair: DEBUG)
+            log.info("mesh: the %d routers of node %s joined each other", len(self._local_ids) + 1, self.node_id)
+
+    def stop(self) -> None:
+        """No more heartbeats."""
+        if self._timer is not None:
+            self._timer.cancel()
 
     def _replication_hook(self, hook: Any, *args: Any) -> None:
         """Call replication from the mesh's own callbacks: its failure is logged, and the mesh
@@ -86,10 +125,6 @@ class MembersMixin:
     def peer_stats_endpoints(self) -> dict[str, str]:
         return {rid: p.stats_tcp for rid, p in self.peers.items() if p.stats_tcp and (p.alive or p.parked)}
 
-    def _alive(self) -> set[str]:
-        """The ids of the peers that count as alive now."""
-        return membership.alive(self.peers)
-
     def hears(self, router_id: str) -> bool:
         peer = self.peers.get(router_id)
         return peer is not None and peer.alive
@@ -97,31 +132,31 @@ class MembersMixin:
     def silent_since(self, peer: Peer) -> float:
         """When ``peer`` fell silent, as a Unix time: a mesh timeout before it was parked here
         (now, if it is not parked)."""
-        return membership.silent_since(peer, time.monotonic(), time.time(), self.config.mesh_timeout)
+        return membership.silent_since(peer, self._clock(), time.time(), self.config.mesh_timeout)
 
-    def _just_parked(self) -> list[Peer]:
+    def just_parked(self) -> list[Peer]:
         """Routers of other nodes parked so recently that the other routers may not count them
         as gone yet."""
-        return membership.just_parked(self.peers.values(), self.node_id, time.monotonic(), park_skew(self.config))
+        return membership.just_parked(self.peers.values(), self.node_id, self._clock(), park_skew(self.config))
 
-    async def _gone(self, routers: set[str]) -> None:
+    async def gone(self, routers: set[str]) -> None:
         """Wait until ``routers`` count as gone (parked) here, at most one mesh timeout and a
         second, and until every router parked here counts as gone elsewhere too (``park_skew``)."""
-        end = time.monotonic() + self.config.mesh_timeout + 1.0
-        while time.monotonic() < end and not self.closed and any(
+        end = self._clock() + self.config.mesh_timeout + 1.0
+        while self._clock() < end and not self.closed and any(
                 self.peers[rid].alive for rid in routers if rid in self.peers):
             await asyncio.sleep(0.1)
-        recent = self._just_parked()
+        recent = self.just_parked()
         if recent:
-            await asyncio.sleep(park_skew(self.config) - (time.monotonic() - min(p.parked_at for p in recent)))
+            await asyncio.sleep(park_skew(self.config) - (self._clock() - min(p.parked_at for p in recent)))
 
-    def _local_down(self) -> set[str]:
+    def local_down(self) -> set[str]:
         """The routers of this node that are not alive now."""
         return {rid for rid in self._local_ids if not (rid in self.peers and self.peers[rid].alive)}
 
-    async def _local_back(self, deadline: float) -> bool:
+    async def local_back(self, deadline: float) -> bool:
         """Wait until a router of this node joins again (True), or the deadline (False)."""
-        left = deadline - time.monotonic()
+        left = deadline - self._clock()
         if left <= 0:
             return False
         if self._local_joined is None or self._local_joined.done():
@@ -160,7 +195,7 @@ class MembersMixin:
         if self.replication is not None and self.replication.replicas:
             body["replicas"] = self.replication.hello()
         if self.lease is not None:
-            body["beat"] = self.lease.beat(time.monotonic())
+            body["beat"] = self.lease.beat(self._clock())
         return body
 
     def _confirmable(self, peer: Peer) -> int:
@@ -173,7 +208,7 @@ class MembersMixin:
         done = commit_log.durable_offset if self.config.fsync == "always" else commit_log.written_offset
         return delivery.confirmable(peer, done)
 
-    def _on_hello(self, sender: str, inc: int, body: dict) -> None:
+    def on_hello(self, sender: str, inc: int, body: dict) -> None:
         if sender == self.router_id:
             return
         peer = self.peers.get(sender)
@@ -191,7 +226,7 @@ class MembersMixin:
                             peer.node_id)
                 return
             peer.link = self.transport.link(endpoint)
-        peer.last_seen = time.monotonic()
+        peer.last_seen = self._clock()
         catchup = -1
         if peer.incarnation != inc:
             peer.claim_floor = body.get("log", -1)
@@ -206,25 +241,24 @@ class MembersMixin:
                 catchup = membership.catchup_from(peer.origin_mark, body.get("log", -1))
                 # What its old incarnation had not read is lost with it; what was kept for it
                 # while it was silent goes to the new one, whose restored sessions want it.
-                self._park(peer, "restarted")
+                self.park(peer, "restarted")
                 peer.link.reset()
                 # Its request numbers start again: what was in doubt with the old one, and what
                 # we confirmed to it, cannot be told from the new one's.
-                self.transfers.peer_restarted(sender)
-                self.takeovers.forget_confirmed(sender)
+                self.hooks.restarted(sender)
                 # Its frames are numbered anew; what its old incarnation never confirmed goes to
                 # the new one first.
                 delivery.new_incarnation(peer)
             peer.incarnation = inc
             if peer.parked:
-                self._rejoin(peer, "restarted")
+                self.rejoin(peer, "restarted")
             else:
                 self._joined(peer)
             if catchup >= 0:
                 peer.origin_mark = catchup  # raised again by its frames as it reads back
                 self._send(peer, CATCHUP, catchup)
         elif not peer.alive:
-            self._rejoin(peer, "heard again")
+            self.rejoin(peer, "heard again")
         acked = body.get("acks", {}).get(self.router_id)
         if acked is not None and acked[0] == self.incarnation:
             delivery.confirmed(peer, acked[1])
@@ -244,7 +278,7 @@ class MembersMixin:
         """Answer a peer's beat at once (its lease, ``cluster.quorum.Lease``), where
         ``membership.echo_allowed`` allows it."""
         peer.beat_epoch = beat[0]
-        if peer.link is None or not membership.echo_allowed(peer, inc, beat[0], time.monotonic(), self._started,
+        if peer.link is None or not membership.echo_allowed(peer, inc, beat[0], self._clock(), self._started,
                                                             self.config.mesh_timeout):
             return
         try:
@@ -256,7 +290,7 @@ class MembersMixin:
         """A router (re)appeared: greet it, tell it our interest, fetch retained messages once."""
         first = not any(p.alive for p in self.peers.values() if p.node_id == peer.node_id)
         if not peer.alive:
-            peer.since = time.monotonic()
+            peer.since = self._clock()
         peer.alive = True
         peer.left = False
         if peer.node_id == self.node_id and self._local_joined is not None and not self._local_joined.done():
@@ -269,16 +303,16 @@ class MembersMixin:
                 log.info("mesh: node %s joined (first router %s at %s)", peer.node_id, peer.router_id, where)
         assert peer.link is not None
         self._send_hello(peer.link)
-        self.interest.announce_all(peer)
+        self.hooks.joined(peer)
         if self.replication is not None:
             self.replication.rejoined(peer)
-        if time.monotonic() - self._started < SYNC_WINDOW_S:
+        if self._clock() - self._started < SYNC_WINDOW_S:
             # Starting up: merge the retained set of every router we meet (newest version of a
             # topic wins), so a retained update that only reached some routers before a crash of
             # the whole node comes back from any one of them.
             self._send(peer, SYNC_REQ, None)
 
-    def _park(self, peer: Peer, why: str) -> None:
+    def park(self, peer: Peer, why: str) -> None:
         """``peer`` fell silent, left or restarted: nothing waits for it any more, its shared-group
         presence goes, and what it would be sent is kept (bounded) until it is heard again."""
         if not peer.alive:
@@ -286,7 +320,7 @@ class MembersMixin:
         self._flush()  # what this tick collected for it goes first, into its backlog
         peer.alive = False
         peer.parked = True
-        peer.parked_at = time.monotonic()
+        peer.parked_at = self._clock()
         if peer.incarnation is not None:
             peer.fence = (peer.incarnation, peer.beat_epoch)  # its lease gets no echo of ours now
         delivery.parked(peer, self.router.commit_log.next_offset if self.router.commit_log is not None else None)
@@ -297,16 +331,13 @@ class MembersMixin:
             for frame in peer.link.park():
                 self._keep(peer, frame, 0)
             self.transport.unblock(peer.link)
-        self.transfers.peer_gone(peer.router_id, why)  # a session it takes stays here
-        self.handons.peer_gone(peer.router_id)
-        self.requests.peer_gone(peer.router_id)
-        self.interest.peer_gone(peer.router_id)
+        self.hooks.gone(peer.router_id, why)
         if self.replication is not None and why.startswith("silent"):
             # Fell silent (it may be dead): its replica has what it acknowledged. One that said
             # goodbye sent everything first; one that restarted reads its own log back (CATCHUP).
             self._replication_hook(self.replication.parked, peer)
 
-    def _rejoin(self, peer: Peer, why: str) -> None:
+    def rejoin(self, peer: Peer, why: str) -> None:
         """A parked (or forgotten) peer is heard again: the frames kept for it first, then
         interest both ways, each side's a full announcement."""
         was_parked = peer.parked
@@ -316,7 +347,7 @@ class MembersMixin:
         backlog, kept, msgs, dropped = delivery.take_backlog(peer)
         if was_parked:
             log.info("mesh: router %s is back (%s) after %.1f s: %d kept frame(s) of %d bytes (%d "
-                     "message(s)) go to it%s", peer.router_id, why, time.monotonic() - peer.parked_at,
+                     "message(s)) go to it%s", peer.router_id, why, self._clock() - peer.parked_at,
                      len(backlog), kept, msgs, f"; {dropped} were dropped (backlog full)" if dropped else "")
         resend, peer.resend = peer.resend, []
         if peer.link is None:
@@ -339,9 +370,7 @@ class MembersMixin:
             self.transport.blocked(peer.link)
         replay_from, peer.replay_from = peer.replay_from, None
         self._joined(peer, quiet=was_parked)
-        self.handons.peer_back(peer.router_id)
-        if why != "restarted":
-            self.takeovers.confirm_again(peer)
+        self.hooks.back(peer, why == "restarted")
         if was_parked and why != "restarted" and self.replication is not None:
             # (A restarted router's own catch-up reads its log back by our interest as it is now.)
             self._replication_hook(self.replication.moved_in_catchup, peer, silent_since)
@@ -375,14 +404,14 @@ class MembersMixin:
         count the majority again if this router's lease ended since it was counted, before what
         waited is acted on (frames read, acknowledgements, a persistent CONNECT), which the
         event loop may otherwise run first."""
-        if time.monotonic() >= self.pause_deadline and self._timer is not None and not self.closed:
+        if self._clock() >= self.pause_deadline and self._timer is not None and not self.closed:
             self._timer.cancel()
-            self._heartbeat()
-        if self.replication is not None and time.monotonic() >= self.replication.recount_at:
+            self.heartbeat()
+        if self.replication is not None and self._clock() >= self.replication.recount_at:
             self._replication_hook(self.replication.recount)  # its lease ended (or was renewed)
 
-    def _heartbeat(self) -> None:
-        now = time.monotonic()
+    def heartbeat(self) -> None:
+        now = self._clock()
         timeout = self.config.mesh_timeout
         gap = now - self._last_beat  # since our last HELLO went out
         self._last_beat = now
@@ -402,7 +431,7 @@ class MembersMixin:
         for peer in list(self.peers.values()):
             step = membership.due(peer, now, timeout, self.config.mesh_forget)
             if step is membership.PARK:
-                self._park(peer, f"silent for {timeout:g} s")
+                self.park(peer, f"silent for {timeout:g} s")
             elif step is membership.FORGET:
                 self._forget(peer)
         if self.replication is not None:
@@ -412,14 +441,14 @@ class MembersMixin:
             self._send_hello(link)
         if transport.monitors:
             transport.poll_monitors()
-        self._timer = self.loop.call_later(HELLO_INTERVAL_S, self._heartbeat)
+        self._timer = self.loop.call_later(HELLO_INTERVAL_S, self.heartbeat)
 
     # -- frames received ------------------------------------------------------------------------
 
-    def _on_echo(self, peer: Peer, body: Any, size: int) -> None:
+    def on_echo(self, peer: Peer, body: Any, size: int) -> None:
         if body[0] == self.incarnation and self.lease is not None:
             self.lease.echoed(peer.node_id, body[1], body[2], peer.last_seen)
 
-    def _on_goodbye(self, peer: Peer, body: Any, size: int) -> None:
-        self._park(peer, "said goodbye")
+    def on_goodbye(self, peer: Peer, body: Any, size: int) -> None:
+        self.park(peer, "said goodbye")
         peer.left = True

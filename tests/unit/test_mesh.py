@@ -172,11 +172,11 @@ def test_a_router_echoes_a_beat_unless_it_fenced_that_epoch_or_heard_the_peer_fo
 
     async def main() -> None:
         _routers, meshes = await _pair()
-        m = meshes[0]
+        m = meshes[0].members  # the part that echoes beats
         try:
             real = m.peers["u/w1"]
             real.beat_epoch = 3
-            m._park(real, "stopped for the test")
+            m.park(real, "stopped for the test")
             assert real.fence == (real.incarnation, 3)  # parked: that epoch is fenced
             sent: list = []
             peer = Peer("x/w0", "x", None, None)
@@ -218,14 +218,14 @@ def test_frames_kept_for_a_silent_peer_stay_unconfirmed_once_sent_until_it_confi
             await asyncio.wait_for(asyncio.gather(*b.interest_pending.values()), 5)
             peer = m.peers["u/w1"]
             await _until(lambda: not peer.ring, "the ring empty")
-            m._park(peer, "silent for the test")
+            m.members.park(peer, "silent for the test")
             first = peer.seq_out + 1
             for i in range(3):
                 a.publish(Message("m/x", b"%d" % i, qos=1, client_id="p"))
             m._flush()
             kept = list(range(first, peer.seq_out + 1))
             assert kept and peer.backlog and not peer.ring
-            m._rejoin(peer, "heard again")  # (no await since the park: nothing else rejoined it)
+            m.members.rejoin(peer, "heard again")  # (no await since the park: nothing else rejoined it)
             assert [seq for seq, _ in peer.ring if seq > peer.acked] == kept, \
                 "frames kept for a silent peer were sent without entering the ring: a crash now loses them"
             await _until(lambda: _payloads(conn) == [b"0", b"1", b"2"], "the kept messages delivered")
