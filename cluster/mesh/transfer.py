@@ -35,9 +35,9 @@ class Transfer:
 
     __slots__ = ("state", "progress", "spool")
 
-    def __init__(self, state: dict) -> None:
+    def __init__(self, state: dict, now: float) -> None:
         self.state = state
-        self.progress = time.monotonic()
+        self.progress = now  # when its last chunk arrived
         self.spool: SpoolWriter | None = None
 
 
@@ -47,8 +47,9 @@ class Transfers:
 
     def __init__(self, config: Config, loop: asyncio.AbstractEventLoop, router: Router, peers: dict[str, Peer],
                  requests: Requests, send: Callable[[Peer, int, Any], None], flush: Callable[[], None],
-                 silent_since: Callable[[Peer], float]) -> None:
+                 silent_since: Callable[[Peer], float], clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        self._clock = clock  # the monotonic clock: a test's own moves a transfer's time
         self.loop = loop
         self.router = router
         self.router_id = router.router_id
@@ -77,7 +78,7 @@ class Transfers:
         ``ACK_TIMEOUT_S``: answered at once, "no session" would have the asker make a new,
         empty one while the session stays here (chaos seed 1745875908)."""
         if client_id in self.router.moving and peer.alive and not self.closed:
-            now = time.monotonic()
+            now = self._clock()
             until = now + ACK_TIMEOUT_S if until is None else until
             if now < until:
                 self.loop.call_later(0.01, self.release, peer, req, client_id, spools, claim, until)
@@ -138,7 +139,7 @@ class Transfers:
         client_id = self._moves.pop(key, None)
         if client_id is None:
             return
-        now = time.monotonic()
+        now = self._clock()
         drop_older(self._in_doubt, now - self.config.mesh_forget, lambda entry: entry[1])
         self._in_doubt[key] = (client_id, now)
         self._moved(client_id, False, key[0], doubt=True)
@@ -207,7 +208,7 @@ class Transfers:
         keys = [k for k in self._incoming if k[0] == req]
         if not keys:
             return False
-        now = time.monotonic()
+        now = self._clock()
         if any(now - self._incoming[k].progress < ACK_TIMEOUT_S for k in keys):
             return True
         for key in keys:
@@ -261,7 +262,7 @@ class Transfers:
             self._send(peer, TAKEOVER_DONE, [req, False])  # nobody here takes it: it stays there
             return
         items, state["queue"] = state["queue"], []
-        transfer = Transfer(state)
+        transfer = Transfer(state, self._clock())
         self._incoming[(req, sender)] = transfer
         self._arrived(peer, req, transfer, items, not more)
 
@@ -272,7 +273,7 @@ class Transfers:
             if last:
                 self._send(peer, TAKEOVER_DONE, [req, False])
             return
-        transfer.progress = time.monotonic()
+        transfer.progress = self._clock()
         self._arrived(peer, req, transfer, items, last)
 
     def on_takeover_done(self, peer: Peer, body: Any, size: int) -> None:
