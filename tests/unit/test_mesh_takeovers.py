@@ -1,0 +1,113 @@
+"""A CONNECT's takeover, the asking side (cluster/mesh/takeover.py) with the parts it is wired to
+(transfer, hand-on), on a loop of its own: the session a live router offers is taken and its old
+owner is told only at the confirmation; copies handed on before the session is imported here
+are held until then, and dropped (the old owner told to keep it) if the move is aborted. Fake
+router, peers and links; no sockets."""
+
+from __future__ import annotations
+
+import asyncio
+
+from brokerd.cluster.config import Config
+from brokerd.cluster.mesh import Peer
+from brokerd.cluster.mesh.handon import Handons
+from brokerd.cluster.mesh.takeover import Roster, Takeovers
+from brokerd.cluster.mesh.transfer import Transfers
+from brokerd.cluster.mesh.waiter import Requests
+from brokerd.router.mesh_format import TAKEOVER_DONE, TAKEOVER_REQ
+
+OLD = "x/w0"
+COPY = [1, False, ["t", b"p", 1, False, 0, "y/w0", 3]]
+
+
+class FakeLink:
+    def __init__(self, sent: list) -> None:
+        self.sent = sent
+
+    def send(self, frame, sources=None) -> None:
+        self.sent.append(frame)
+
+
+class FakeRouter:
+    router_id = "u/w0"
+    commit_log = None
+
+    def __init__(self) -> None:
+        self.sessions: dict = {}
+        self.taken: list[tuple] = []
+
+    def take_copies(self, client_id: str, items: list, read_back: bool = False) -> None:
+        self.taken.append((client_id, items))
+
+
+async def _none() -> None:
+    return None
+
+
+async def _back(deadline: float) -> bool:
+    return True
+
+
+def parts(loop: asyncio.AbstractEventLoop) -> tuple[Takeovers, Handons, Transfers, FakeRouter, Peer, list]:
+    """The three parts wired as the ``Mesh`` wires them, with one live old owner; what they
+    send (to the old owner, as (kind, body)) is the list returned last."""
+    sent: list = []
+    config = Config(workers=1, node_id="u", listen=("127.0.0.1", 1))
+    router = FakeRouter()
+    old = Peer(OLD, "x", None, None)
+    old.alive = True
+    old.link = FakeLink(sent)  # type: ignore[assignment]
+    peers = {OLD: old}
+    requests = Requests()
+
+    def frame(kind: int, body) -> tuple:
+        return kind, body
+
+    def send(peer: Peer, kind: int, body) -> None:
+        sent.append((kind, body))
+
+    transfers = Transfers(config, loop, router, peers, requests, send, lambda: None,  # type: ignore[arg-type]
+                          lambda peer: 0.0)
+    handons = Handons(config, router, peers, frame, send, lambda peer, data, n: None)  # type: ignore[arg-type]
+    roster = Roster(local_down=set, local_back=_back, just_parked=list, gone=lambda routers: _none())
+    takeovers = Takeovers(config, loop, router, peers, requests, roster, transfers, handons,  # type: ignore[arg-type]
+                          frame, send, lambda: None)  # type: ignore[arg-type]
+    handons.hold_early = takeovers.hold_early
+    return takeovers, handons, transfers, router, old, sent
+
+
+def take(confirm: bool) -> tuple[FakeRouter, list]:
+    """A takeover of session "c" from the old owner, with one copy handed on before the session
+    is imported here; then confirmed, or aborted."""
+
+    async def main() -> tuple[FakeRouter, list]:
+        takeovers, handons, transfers, router, old, sent = parts(asyncio.get_running_loop())
+        asking = asyncio.ensure_future(takeovers.takeover("c"))
+        await asyncio.sleep(0)
+        [(kind, [req, client_id, _spools])] = sent
+        assert (kind, client_id) == (TAKEOVER_REQ, "c")
+        transfers.on_takeover_resp(old, [req, {"client_id": "c", "queue": []}, False], 0)
+        state = await asyncio.wait_for(asking, 5)
+        assert state is not None and state["offered_by"] == OLD
+        handons.on_session_handon(old, ["c", [COPY], True], 0)  # before the session is imported
+        assert router.taken == [] and sent[1:] == [], "delivered, or confirmed, before the move is settled"
+        if confirm:
+            router.sessions["c"] = object()
+            takeovers.confirm("c")
+        else:
+            takeovers.abort("c")
+        return router, [s for s in sent if s[0] == TAKEOVER_DONE]
+
+    return asyncio.run(main())
+
+
+def test_a_session_offered_is_taken_and_its_old_owner_told_only_at_the_confirmation_with_what_it_handed_on():
+    router, done = take(confirm=True)
+    assert router.taken == [("c", [COPY])], "what was handed on meanwhile not delivered"
+    assert [ok for _, (_req, ok) in done] == [True]
+
+
+def test_an_aborted_move_drops_what_was_handed_on_and_the_old_owner_keeps_the_session():
+    router, done = take(confirm=False)
+    assert router.taken == []
+    assert [ok for _, (_req, ok) in done] == [False]
