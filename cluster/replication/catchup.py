@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from brokerd.router.log import CommitLog, LogReader
@@ -29,7 +28,9 @@ from .part import Part
 
 if TYPE_CHECKING:
     from ..mesh import Peer
-    from .follower import Replica
+    from .follower import FollowerPart
+    from .read_back import ReadBackPart
+    from .sessions import SessionsPart
 
 log = logging.getLogger(__package__)  # (the package's name: the log lines name it as before)
 
@@ -45,18 +46,17 @@ LOG_END = 1 << 62
 class CatchupPart(Part):
     """SESSION_CATCHUP asked and answered (SESSION_COPIES)."""
 
-    # Of the other parts (``FollowerPart``, ``ReadBackPart``, ``SessionsPart``).
-    replicas: dict[str, Replica]
-    _holder: Callable[[str], tuple[Any, int]]
-    fence: Callable[[str, Iterable[str]], None]
-    _detached: Callable[[str, list], Session]
+    # The other parts it calls (set by ``Replication``).
+    follow: FollowerPart
+    readback: ReadBackPart
+    session_part: SessionsPart
 
     def adopted(self, session: Session, state: dict) -> None:
         """A session came here from the replica of a silent router: make it the only one, and ask
         every other router for what it may have missed (module docstring)."""
         partition = state["replica"]
         cid = session.client_id
-        self.fence(cid, [partition])
+        self.session_part.fence(cid, [partition])
         # The copies from the replica (not live ones since): in the queue, or, where they were
         # spooled (``router.spool``), their marks taken as they were written.
         marks: dict[str, int] = dict(state.get("spool_marks") or {})
@@ -73,10 +73,10 @@ class CatchupPart(Part):
                 # one was cut off: partition seed 11): asked from there, at least once.
                 end = replica_end(state, partition)
                 if end is not None:
-                    asked += self._ask_catchup(rid, self._catchup_body(session, rid, end, since))
+                    asked += self._ask_catchup(rid, self.catchup_body(session, rid, end, since))
                 continue
             start = marks[rid] + 1 if rid in marks else -1
-            asked += self._ask_catchup(rid, self._catchup_body(session, rid, start, since))
+            asked += self._ask_catchup(rid, self.catchup_body(session, rid, start, since))
         spans = self.read_back_copies(session, state.get("copies"))
         log.info("replication: session %s taken over from the replica of %s; asked %d router(s) for what "
                  "was on its way there%s", cid, partition, asked + 1,
@@ -89,7 +89,7 @@ class CatchupPart(Part):
         for its span of them, to the span's end. Returns how many routers were asked."""
         asked = 0
         for rid, (lo, hi, _) in valid_spans(copies).items():
-            asked += self._ask_catchup(rid, self._catchup_body(session, rid, lo, 0, hi + 1))
+            asked += self._ask_catchup(rid, self.catchup_body(session, rid, lo, 0, hi + 1))
         return asked
 
     def read_back_handon(self, session: Session, old: str, since_ms: int, seen: dict[str, int],
@@ -111,7 +111,7 @@ class CatchupPart(Part):
             end = LOG_END if rid == old else marks.get(rid, LOG_END)
             if rid == old and start < 0 or 0 <= end <= start:
                 continue  # (old had no log: what it held was in memory, and in the others' logs)
-            ok = self._ask_catchup(rid, self._catchup_body(session, rid, start, since_ms - CATCHUP_MARGIN_MS, end))
+            ok = self._ask_catchup(rid, self.catchup_body(session, rid, start, since_ms - CATCHUP_MARGIN_MS, end))
             asked += ok
             old_asked = old_asked or (ok and rid == old)
         return asked, old_asked
@@ -129,11 +129,11 @@ class CatchupPart(Part):
             end = marks.get(rid, LOG_END)
             if 0 <= end <= seen:
                 continue  # it sends here directly from where the old router had seen it
-            if self._ask_catchup(rid, self._catchup_body(session, rid, seen, since_ms - CATCHUP_MARGIN_MS, end)):
+            if self._ask_catchup(rid, self.catchup_body(session, rid, seen, since_ms - CATCHUP_MARGIN_MS, end)):
                 asked.append(rid)
         return asked
 
-    def _catchup_body(self, session: Session, rid: str, start: int, since_ms: int, end: int = -1) -> list:
+    def catchup_body(self, session: Session, rid: str, start: int, since_ms: int, end: int = -1) -> list:
         """SESSION_CATCHUP's body asking router ``rid`` for ``session``'s messages (from
         ``start``, or -1: from ``since_ms``; to ``end``, -1: the log's end), and whether this
         router spools the answers: with a log it does (``Router.take_copies``), and is sent all
@@ -149,9 +149,9 @@ class CatchupPart(Part):
             return True
         peer = self.net.peer(rid)
         if peer is None:
-            holder = self._holder(rid)[0] if rid in self.replicas else None
+            holder = self.readback.holder(rid)[0] if rid in self.follow.replicas else None
         else:
-            holder = peer if peer.alive else self._holder(rid)[0]
+            holder = peer if peer.alive else self.readback.holder(rid)[0]
         if holder is HERE:
             self.session_catchup(None, *body)
         elif holder is not None:
@@ -176,7 +176,7 @@ class CatchupPart(Part):
         for rid, since_ms in silent.items():
             if rid.__class__ is not str or since_ms.__class__ is not int or not session.subscriptions:
                 continue
-            body = self._catchup_body(session, rid, -1, since_ms - CATCHUP_MARGIN_MS)
+            body = self.catchup_body(session, rid, -1, since_ms - CATCHUP_MARGIN_MS)
             peer = self.net.peer(rid)
             if rid == self.partition:
                 self.session_catchup(None, *body)
@@ -206,7 +206,7 @@ class CatchupPart(Part):
             if t < silent_since - self.config.mesh_timeout or session is None or not session.subscriptions:
                 continue
             self.net.send(peer, "session_catchup",
-                          self._catchup_body(session, peer.router_id, -1, since_ms))
+                          self.catchup_body(session, peer.router_id, -1, since_ms))
             asked += 1
         if asked:
             log.info("replication: %d session(s) that moved to this router while %s was silent ask it for what "
@@ -225,7 +225,7 @@ class CatchupPart(Part):
         if partition == self.partition:
             log_ = self.log
         else:
-            rep = self.replicas.get(partition)
+            rep = self.follow.replicas.get(partition)
             log_ = rep.log if rep is not None else None
         if log_ is None:
             return
@@ -233,7 +233,7 @@ class CatchupPart(Part):
             with LogReader(log_.directory) as reader:
                 found = reader.offset_for_time(since_ms)
             start = found if found is not None else log_.next_offset
-        session = self._detached(client_id, subs)
+        session = self.session_part.detached(client_id, subs)
         session.username = username
         stop = log_.next_offset if end < 0 else min(end, log_.next_offset)
         cap = None if spools else self.config.max_queued
@@ -267,7 +267,7 @@ class CatchupPart(Part):
 
 def replica_end(state: dict, partition: str) -> int | None:
     """Where the replica of ``partition`` that served a session ended (its takeover header's
-    ``handon_from``, ``Replication._export_replica``); None where the header does not say."""
+    ``handon_from``, ``SessionsPart._export_replica``); None where the header does not say."""
     handon_from: Any = state.get("handon_from")
     if not handon_from_ok(handon_from):
         return None

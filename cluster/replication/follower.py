@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgpack
@@ -28,19 +27,21 @@ from .part import Part
 
 if TYPE_CHECKING:
     from ..mesh import Peer
+    from .history import HistoryPart
+    from .sessions import SessionsPart
 
 log = logging.getLogger(__package__)  # (the package's name: the log lines name it as before)
 
 FETCH_AGAIN_S = 1.0  # a fetch not answered within this is asked again
 REPLICAS_DIR = "_replicas"
 # A directory being removed is first renamed to its name plus this and a number: the rename frees
-# its path at once, in order, and the files go in a thread (``FollowerPart._remove_tree``); one
+# its path at once, in order, and the files go in a thread (``FollowerPart.remove_tree``); one
 # left behind by a crash is removed at the next start.
 ASIDE = ".removing-"
 
 
 def _remove_aside(directory: str) -> None:
-    """Remove what ``_remove_tree`` renamed aside in ``directory`` and a crash left there (any thread)."""
+    """Remove what ``remove_tree`` renamed aside in ``directory`` and a crash left there (any thread)."""
     try:
         names = os.listdir(directory)
     except OSError:
@@ -62,23 +63,18 @@ class Replica:
         self.state = FollowerState(None if log_.next_offset == log_.start_offset == 0 else log_.next_offset)
         self.fetch_sent = 0.0
         self.acked = -1  # the last offset acknowledged to the leader
-        self.history_asked = False  # whether what lies below its start was looked for (``_fetch_history``)
+        self.history_asked = False  # whether what lies below its start was looked for (``fetch_history``)
 
 
 class FollowerPart(Part):
     """The replicas held here: opened, appended to, acknowledged."""
 
-    # Of the other parts (``HistoryPart``, ``SessionsPart``).
-    _history_dir: Callable[[CommitLog], str]
-    _fetch_history: Callable[[str, CommitLog], None]
-    _stop_history: Callable[[str], None]
-    _load_sessions: Callable[[str], None]
-    _sessions_changed: Callable[[str], None]
-    if TYPE_CHECKING:
-        @property
-        def sessions(self) -> dict[str, dict[str, dict]]: ...
+    # The other parts it calls (set by ``Replication``).
+    histories: HistoryPart
+    session_part: SessionsPart
 
-    def _init_follower(self) -> None:
+    def __init__(self, shared: Part) -> None:
+        super().__init__(shared)
         self.replicas: dict[str, Replica] = {}
         # Each router's replicas in a directory of its own: two workers of a node may follow the
         # same partition one after the other (its leader picks among the live ones).
@@ -86,10 +82,10 @@ class FollowerPart(Part):
         self.root = os.path.join(config.data_dir, config.node_id, REPLICAS_DIR, self.partition.rsplit("/", 1)[1])
         self._acks_due: set[str] = set()  # replicas whose acknowledgement goes at the end of this iteration
 
-    def _replica_dir(self, partition: str) -> str:
+    def replica_dir(self, partition: str) -> str:
         return router_log_dir(self.root, partition)
 
-    def _open_replicas(self) -> None:
+    def open_replicas(self) -> None:
         """The replicas this router held before a restart: kept, and followed again if placed here."""
         if not os.path.isdir(self.root):
             return
@@ -102,7 +98,7 @@ class FollowerPart(Part):
                 if ".lost-" not in name and ASIDE not in name:  # (.lost-: set aside when its leader lost its disk)
                     self._open(f"{node}/{name}")
 
-    def _remove_tree(self, path: str) -> None:
+    def remove_tree(self, path: str) -> None:
         """Remove a directory tree without the loop waiting for the disk: renamed aside at once (one
         metadata call: the path is free for what comes next, in order), its files removed in a
         thread of the loop's executor (a replica of gigabytes is thousands of unlinks: seconds)."""
@@ -114,10 +110,10 @@ class FollowerPart(Part):
         self.loop.run_in_executor(None, functools.partial(shutil.rmtree, aside, ignore_errors=True))
 
     def _open(self, partition: str, fresh: bool = False) -> Replica:
-        directory = self._replica_dir(partition)
+        directory = self.replica_dir(partition)
         if fresh:
-            self._stop_history(partition)  # its history names the records of what is replaced
-            self._remove_tree(directory)
+            self.histories.stop_history(partition)  # its history names the records of what is replaced
+            self.remove_tree(directory)
         os.makedirs(directory, mode=0o700, exist_ok=True)
         c = self.config
         log_ = CommitLog(directory, router_id=partition, loop=self.loop, fsync=c.fsync,
@@ -125,9 +121,9 @@ class FollowerPart(Part):
                          retention_bytes=c.retention_bytes or None, retention_hours=c.retention_hours or None)
         rep = self.replicas[partition] = Replica(partition, log_)
         if not fresh:
-            self._load_sessions(partition)
-        elif self.sessions.get(partition):  # they came before its first batch: keep them now
-            self._sessions_changed(partition)
+            self.session_part.load_sessions(partition)
+        elif self.session_part.sessions.get(partition):  # they came before its first batch: keep them now
+            self.session_part.replica_changed(partition)
         # Acknowledged as the leader counts its own copy: once written into the kernel (with
         # ``--fsync always``: durable), never while a batch waits in memory for the writer.
         if self.always:
@@ -151,9 +147,9 @@ class FollowerPart(Part):
                 # Its new incarnation started with less than this replica holds: its disk was lost
                 # (and it could not learn where to continue). Keep what is here, aside, and follow
                 # its new log from scratch: offsets below ``held`` now name other messages.
-                aside = f"{self._replica_dir(partition)}.lost-{int(time.time())}"
+                aside = f"{self.replica_dir(partition)}.lost-{int(time.time())}"
                 rep.log.close()
-                os.rename(self._replica_dir(partition), aside)
+                os.rename(self.replica_dir(partition), aside)
                 log.error("replication: %s came back with its log at offset %d, below this replica's %d: "
                           "its disk was lost; the replica is kept in %s, and followed anew", partition,
                           peer.claim_floor, held, aside)
@@ -174,8 +170,8 @@ class FollowerPart(Part):
             # A new replica placed at the high-water mark, or one whose history a restart
             # interrupted: what lies below it is fetched too (once per replica opened).
             rep.history_asked = True
-            if rep.log.start_offset > 0 and (empty or os.path.isdir(self._history_dir(rep.log))):
-                self._fetch_history(partition, rep.log)
+            if rep.log.start_offset > 0 and (empty or os.path.isdir(self.histories.history_dir(rep.log))):
+                self.histories.fetch_history(partition, rep.log)
         if action == FollowerState.FETCH:
             if not rep.fetch_sent:
                 rep.fetch_sent = time.monotonic()

@@ -27,7 +27,7 @@ from .read_back import highest_holder
 
 if TYPE_CHECKING:
     from ..mesh import Peer
-    from .follower import Replica
+    from .follower import FollowerPart, Replica
 
 log = logging.getLogger(__package__)  # (the package's name: the log lines name it as before)
 
@@ -44,37 +44,41 @@ HISTORY_PACE = 3.0
 class HistoryPart(Part):
     """Fetching and serving the records below a log's start."""
 
+    # The other parts it calls (set by ``Replication``).
+    follow: FollowerPart
+
     # Of ``FollowerPart``.
     replicas: dict[str, Replica]
-    _remove_tree: Callable[[str], None]
+    remove_tree: Callable[[str], None]
 
-    def _init_history(self) -> None:
-        # Logs whose records below their start are being fetched (``_fetch_history``): the task,
+    def __init__(self, shared: Part) -> None:
+        super().__init__(shared)
+        # Logs whose records below their start are being fetched (``fetch_history``): the task,
         # the request waiting for its answer, and how far it is (next offset, the log's start).
-        self._histories: dict[str, tuple[CommitLog, asyncio.Task]] = {}
+        self.fetches: dict[str, tuple[CommitLog, asyncio.Task]] = {}
         self._history_waits: dict[str, tuple[str, asyncio.Future]] = {}
         self.history_at: dict[str, tuple[int, int]] = {}
 
     @staticmethod
-    def _history_dir(log_: CommitLog) -> str:
+    def history_dir(log_: CommitLog) -> str:
         return os.path.join(log_.directory, HISTORY_DIR)
 
-    def _fetch_history(self, partition: str, log_: CommitLog) -> None:
+    def fetch_history(self, partition: str, log_: CommitLog) -> None:
         """Fetch the records of ``partition`` below where ``log_`` starts, from a node that
         holds them, and join them to it (docs/replication.md, "History"): a follower placed at the
         high-water mark holds what lies below only once this is done; a router back on an empty
         disk gets its old records back. One task per log, one request at a time."""
-        running = self._histories.get(partition)
+        running = self.fetches.get(partition)
         if running is not None and running[0] is log_ and not running[1].done():
             return
         previous = running[1] if running is not None else None
         # At once, not when the task opens it: a restart finds it and goes on (``replicate``).
-        os.makedirs(self._history_dir(log_), mode=0o700, exist_ok=True)
+        os.makedirs(self.history_dir(log_), mode=0o700, exist_ok=True)
         task = self.loop.create_task(self._history(partition, log_, previous))
-        self._histories[partition] = (log_, task)
+        self.fetches[partition] = (log_, task)
 
-    def _stop_history(self, partition: str) -> None:
-        running = self._histories.get(partition)
+    def stop_history(self, partition: str) -> None:
+        running = self.fetches.get(partition)
         if running is not None:
             running[1].cancel()
 
@@ -90,10 +94,10 @@ class HistoryPart(Part):
         if previous is not None:  # the history of a log this one replaced: wait until it let go
             previous.cancel()
             await asyncio.wait([previous])
-        directory = self._history_dir(target)
+        directory = self.history_dir(target)
         self.loop.run_in_executor(None, _remove_aside, target.directory)  # what a crash left
         if previous is not None:
-            self._remove_tree(directory)
+            self.follow.remove_tree(directory)
         c = self.config
         # No fsync per batch (nothing waits on it): the close makes the history durable before it joins.
         hist = await CommitLog.open_async(directory, router_id=partition, fsync="interval",
@@ -111,7 +115,7 @@ class HistoryPart(Part):
             held = hist.next_offset > hist.start_offset
             if hist.next_offset > before:  # (a log that began again lower: not this one's history)
                 await hist.aclose()
-                self._remove_tree(directory)
+                self.follow.remove_tree(directory)
                 hist = await CommitLog.open_async(directory, router_id=partition, fsync="interval",
                                                   segment_bytes=c.segment_bytes)
                 held = False
@@ -147,7 +151,7 @@ class HistoryPart(Part):
                 if action == HistoryState.BEGIN:
                     if hist.next_offset > hist.start_offset:  # the source no longer has what lies between
                         await hist.aclose()
-                        self._remove_tree(directory)
+                        self.follow.remove_tree(directory)
                         hist = await CommitLog.open_async(directory, router_id=partition, fsync="interval",
                                                           segment_bytes=c.segment_bytes)
                     hist.start_at(first)
@@ -162,7 +166,7 @@ class HistoryPart(Part):
             if target.closed:
                 return
             joined = await self._join(target, directory, held_to) if fetched > 0 else 0
-            self._remove_tree(directory)
+            self.follow.remove_tree(directory)
             log.info("replication: %s: %d record(s) below offset %d fetched%s", partition, max(fetched, 0),
                      before, f" and joined to the log ({joined} segment(s))" if joined else
                      "; nobody holds any (none, or retention deleted them)")
@@ -187,7 +191,7 @@ class HistoryPart(Part):
         """``peer`` fetches the records of ``partition`` below ``before`` from ``offset`` on
         (``_history``): from this router's log, or its replica of it; contiguous records up to
         ``HISTORY_RECORDS``/``HISTORY_BYTES``, or an empty answer: no more."""
-        rep = self.replicas.get(partition)
+        rep = self.follow.replicas.get(partition)
         log_ = self.log if partition == self.partition else rep.log if rep is not None else None
         records: list[Record] = []
         if log_ is not None:

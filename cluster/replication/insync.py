@@ -30,7 +30,10 @@ from ..agreement.state import OK, insync, move
 from .part import Part
 
 if TYPE_CHECKING:
-    from brokerd.router.replication import Held, LeaderState
+    from brokerd.router.replication import Held
+
+    from .leader import LeaderPart
+    from .majority import MajorityPart
 
 log = logging.getLogger(__package__)
 
@@ -41,12 +44,12 @@ RETRY_S = 1.0  # after a proposal that was not committed
 class InsyncPart(Part):
     """Proposing this log's in-sync set through the agreement, and learning others' sets."""
 
-    # Of the other parts (``LeaderPart``, ``MajorityPart``).
-    leader: LeaderState
-    agreed: Any  # cluster.agreement.owners.SessionOwners, with --agreement
-    _release: Any
+    # The other parts it calls (set by ``Replication``).
+    lead: LeaderPart
+    quorum: MajorityPart
 
-    def _init_insync(self) -> None:
+    def __init__(self, shared: Part) -> None:
+        super().__init__(shared)
         self.leader_epoch: int | None = None  # this incarnation's claim of its own log
         self._isr_busy = False
         self._isr_after = 0.0  # monotonic: no proposal before (after one that failed)
@@ -54,16 +57,16 @@ class InsyncPart(Part):
         # followers)): a failover prefers the replicas they name (``in_sync_holders``).
         self.agreed_isr: dict[str, tuple[int, frozenset[str]]] = {}
 
-    def _check_insync(self) -> None:
+    def check_insync(self) -> None:
         """On the tick: propose the wanted in-sync set when it differs from the agreed one."""
-        if self.agreed is None or self.factor <= 1 or self._isr_busy:
+        if self.quorum.agreed is None or self.factor <= 1 or self._isr_busy:
             return
-        lead = self.leader
+        lead = self.lead.leader
         wanted = lead.wanted()
         if wanted == lead.agreed and self.leader_epoch is not None and not lead.pending:
             return
         now = time.monotonic()
-        if now < self._isr_after or not self.agreed.majority:
+        if now < self._isr_after or not self.quorum.agreed.majority:
             return
         self._isr_busy = True
         lead.propose(wanted)
@@ -71,7 +74,7 @@ class InsyncPart(Part):
         task.add_done_callback(self._insync_done)
 
     async def _propose_insync(self, wanted: frozenset[str]) -> None:
-        client = self.agreed.client
+        client = self.quorum.agreed.client
         timeout = self.config.agreement_timeout
         if self.leader_epoch is None:
             owner, epoch = await client.read(LOG, self.partition)
@@ -85,12 +88,12 @@ class InsyncPart(Part):
             # one claims again (it is the one running: the supervisor starts one at a time).
             self.leader_epoch = None
             raise _NotNow(f"the in-sync set was refused: {result}")
-        was = self.leader.agreed
-        released: list[Held] = self.leader.agree(wanted)  # (clears the proposal)
+        was = self.lead.leader.agreed
+        released: list[Held] = self.lead.leader.agree(wanted)  # (clears the proposal)
         if was is None or was != wanted:
             log.info("replication: the log of %s is in sync on %s (agreed, leader epoch %d)", self.partition,
                      ", ".join(sorted(wanted)) or "no follower", self.leader_epoch)
-        self._release(released)
+        self.lead.release(released)
 
     def _insync_done(self, task: asyncio.Task) -> None:
         self._isr_busy = False

@@ -14,7 +14,7 @@ than ``--min-insync``, the live nodes are what is required (a node alone acknowl
 until the cluster view is agreed, a node cannot tell a dead peer from a partition, and refusing
 every publish on a peer's death is not what a user of one would expect. A gap is asked for with
 REPLICA_FETCH ``[partition, offset]``, answered from the log; a leader that sends nothing new
-tells a follower behind it where its log ends (``_tell_end``).
+tells a follower behind it where its log ends (``tell_end``).
 
 The rules are ``router.replication.LeaderState`` (held acknowledgements, the high-water mark)
 and ``placement.Placement`` (who follows); this part moves their frames.
@@ -24,21 +24,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from brokerd.router.log.format import record_fields
-from brokerd.router.replication import CutOffHolds, Held, LeaderState, TailRepair
+from brokerd.router.replication import Held, LeaderState, TailRepair
 
 from .part import Part
 from .placement import PeerSeen, Placement
 
 if TYPE_CHECKING:
-    from brokerd.cluster.quorum import Members
 
     from ..mesh import Peer
+    from .majority import MajorityPart
+    from .sessions import SessionsPart
 
 log = logging.getLogger(__package__)  # (the package's name: the log lines name it as before)
 
@@ -52,25 +52,18 @@ TAIL_AGAIN_S = 0.5
 class LeaderPart(Part):
     """The leader of this router's log: placement, batches out, acknowledgements held."""
 
-    # Of the other parts (``MajorityPart``, ``SessionsPart``).
-    members: Members
-    cut_off: CutOffHolds
-    recount_at: float
-    _sessions_ready: bool
-    _sessions_known: bool
-    _sessions_sent: dict[str, dict]
-    _send_sessions: Callable[[str, dict, bool], None]
-    if TYPE_CHECKING:
-        @property
-        def in_minority(self) -> bool: ...
+    # The other parts it calls (set by ``Replication``).
+    session_part: SessionsPart
+    quorum: MajorityPart
 
-    def _init_leader(self) -> None:
+    def __init__(self, shared: Part) -> None:
+        super().__init__(shared)
         config = self.config
         end = self.log.durable_offset if self.always else self.log.written_offset
         self.leader = LeaderState([], 1, config.replica_lag, config.replica_timeout, time.monotonic, end)
         self.placement = Placement(self.partition, self.config.node_id, self.factor, self.min_insync)
         self.flushed = self.log.next_offset - 1  # the last offset handed to followers in a live batch
-        self.tail = TailRepair(self.flushed, TAIL_AGAIN_S)  # the gap repair (``_tell_end``)
+        self.tail = TailRepair(self.flushed, TAIL_AGAIN_S)  # the gap repair (``tell_end``)
         self.refused = 0  # acknowledgements refused at --replica-timeout
 
     @property
@@ -82,16 +75,16 @@ class LeaderPart(Part):
         """Whether the acknowledgement of the record at ``offset`` must wait for the followers
         (or for the majority, on a node cut off from it)."""
         now = time.monotonic()
-        if now >= self.net.pause_deadline() or now >= self.recount_at:
+        if now >= self.net.pause_deadline() or now >= self.quorum.recount_at:
             self.net.check_paused()  # after a pause, or the lease's end, the majority is counted again first
         if self.leader.hold(offset, (client, ack)):
             return True
-        if self.in_minority:
-            self.cut_off.hold(offset, (client, ack))
+        if self.quorum.in_minority:
+            self.quorum.cut_off.hold(offset, (client, ack))
             return True
         return False
 
-    def _on_batch(self, first: int, last: int, body: bytes) -> None:
+    def on_batch(self, first: int, last: int, body: bytes) -> None:
         self.flushed = last
         if self.followers:
             frame_body = [self.partition, first, last, body, self.leader.high_water]
@@ -100,22 +93,22 @@ class LeaderPart(Part):
                 if peer is not None and peer.alive:
                     self.net.send(peer, "replicate", frame_body)
 
-    def _leader_end(self, end: int) -> None:
+    def leader_end(self, end: int) -> None:
         """The leader's own copy: what its log wrote into the kernel (with ``--fsync always``:
-        made durable). Not at ``_on_batch``: a batch is flushed there, and may wait for the writer."""
-        self._release(self.leader.written(end))
+        made durable). Not at ``on_batch``: a batch is flushed there, and may wait for the writer."""
+        self.release(self.leader.written(end))
 
-    def _release(self, held: list[Held]) -> None:
+    def release(self, held: list[Held]) -> None:
         if not held:
             return
-        if self.in_minority:
-            self.cut_off.keep(held)  # replicated, but this side of a partition may not acknowledge
+        if self.quorum.in_minority:
+            self.quorum.cut_off.keep(held)  # replicated, but this side of a partition may not acknowledge
             return
         self.router.release_acks([h.token for h in held])
 
     def acknowledged(self, sender: str, partition: str, offset: int) -> None:
         if partition == self.partition:  # never beyond what was sent: a lying follower releases nothing
-            self._release(self.leader.acknowledged(sender, min(offset, self.flushed)))
+            self.release(self.leader.acknowledged(sender, min(offset, self.flushed)))
 
     def fetch(self, peer: Peer, partition: str, offset: int) -> None:
         """A follower lacks our records from ``offset`` on: read them back from the log, up to
@@ -138,7 +131,7 @@ class LeaderPart(Part):
         if records[-1].offset < self.flushed:  # more to fetch: the follower asks at once, not at the next tick
             self._send_last(peer)
 
-    def _tell_end(self) -> None:
+    def tell_end(self) -> None:
         """Each follower behind this log's end that was sent nothing for ``TAIL_AGAIN_S`` is sent
         the last record again, as a live batch of one: one that lacks records before it fetches
         them (``FollowerState.arrived``), one that holds it acknowledges again. Without it, a
@@ -158,7 +151,7 @@ class LeaderPart(Part):
             self.net.send(peer, "replicate", [self.partition, self.flushed, self.flushed, body,
                                               self.leader.high_water])
 
-    def _place(self) -> None:
+    def place(self) -> None:
         """The followers for the live nodes now (called on every heartbeat): ``Placement``'s
         decision, acted on in its order."""
         if self.factor <= 1:
@@ -166,29 +159,29 @@ class LeaderPart(Part):
         seen = [PeerSeen(rid, p.node_id, p.alive, p.incarnation, self.partition in p.replicas)
                 for rid, p in self.net.items()]
         starting = time.monotonic() - self._started < 2 * self.config.mesh_timeout + 1.0  # peers still joining
-        # Cut off from the majority, it acknowledges nothing at all (said by ``_majority``): the
+        # Cut off from the majority, it acknowledges nothing at all (said by ``count_majority``): the
         # shortfall is told once the majority is back, if it still holds.
-        placed = self.placement.place(seen, starting, self.members.has_majority,
-                                      self._sessions_ready and self._sessions_known)
+        placed = self.placement.place(seen, starting, self.quorum.members.has_majority,
+                                      self.session_part.sessions_ready and self.session_part.sessions_known)
         if placed.warn_short:
             log.warning("replication: %d live node(s), fewer than --min-insync %d: QoS 1/2 messages are "
                         "acknowledged once on %d node(s)", 1 + len(placed.followers), self.min_insync, placed.needed)
         for rid in placed.dropped:  # a follower no more: its copy of the sessions would go stale
-            self._send_sessions(rid, {}, True)
+            self.session_part.send_sessions(rid, {}, True)
         if placed.moved:
             log.info("replication: the log of %s is followed by %s", self.partition,
                      ", ".join(placed.followers) or "nobody")
         if placed.changed:
-            self._release(self.leader.set_followers(placed.followers, placed.needed))
+            self.release(self.leader.set_followers(placed.followers, placed.needed))
         for rid in placed.added:  # what waits for it already went out before it was chosen: send it now
             peer = self.net.peer(rid)  # (one of ``seen``: known)
             if peer is not None:
                 self.fetch(peer, self.partition, self.leader.high_water + 1)
         for rid in placed.full_to:  # a new follower, or a new incarnation of one: every session
-            self._send_sessions(rid, self._sessions_sent, True)
+            self.session_part.send_sessions(rid, self.session_part.sessions_sent, True)
         # A router that holds a replica of this log without being its follower now (it was one
         # before this router restarted, or before a node came back): the sessions it holds of
         # this router are stale, and, taken for current after this router's death, would hand
         # a client an old state of its session. Cleared once per incarnation of each.
         for rid in placed.clear:
-            self._send_sessions(rid, {}, True)
+            self.session_part.send_sessions(rid, {}, True)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ..mesh import Peer
 
-# Where a replica's holder is this router itself (``Replication._holder``), not a peer.
+# Where a replica's holder is this router itself (``ReadBackPart.holder``), not a peer.
 HERE: Any = object()
 
 

@@ -14,13 +14,16 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Collection, Iterable
-from typing import Any
+from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster.quorum import MARGIN_S, MEMBERS_FILE, MIN_MEMBERS, Lease, Members
-from brokerd.router.replication import CutOffHolds, Held
+from brokerd.router.replication import CutOffHolds
 
 from .part import Part
+
+if TYPE_CHECKING:
+    from .leader import LeaderPart
 
 log = logging.getLogger(__package__)  # (the package's name: the log lines name it as before)
 
@@ -45,9 +48,11 @@ def majority_says_gone(node: str, members: Collection[str], own_node: str,
 class MajorityPart(Part):
     """The lease, the majority, and the acknowledgements held while cut off from it."""
 
-    _release: Callable[[list[Held]], None]  # (``LeaderPart``)
+    # The other parts it calls (set by ``Replication``).
+    lead: LeaderPart
 
-    def _init_majority(self) -> None:
+    def __init__(self, shared: Part) -> None:
+        super().__init__(shared)
         config = self.config
         # When this router's loop last came back from a pause long enough for the others to take
         # it for gone (``paused``): only a node heard since counts towards the majority.
@@ -70,7 +75,7 @@ class MajorityPart(Part):
 
     def recount(self) -> None:
         """The lease ended, or was renewed, since the majority was counted (``recount_at``)."""
-        self._majority()
+        self.count_majority()
 
     @property
     def in_minority(self) -> bool:
@@ -95,7 +100,7 @@ class MajorityPart(Part):
                 log.warning("cluster: this node's agreement member can commit again: QoS 1/2 acknowledgements go "
                             "on (%d held ones sent)", len(held))
             self._agreed_once = True
-            self._release(held)
+            self.lead.release(held)
             return
         log.error("cluster: this node's agreement member cannot commit (no majority of the cluster reachable): "
                   "QoS 1/2 publishes are not acknowledged and no session is taken in until it can")
@@ -135,7 +140,7 @@ class MajorityPart(Part):
             log.warning("replication: this router's loop was paused for %.1f s, beyond what the other nodes "
                         "wait before taking it for gone; nothing more is acknowledged until they are heard "
                         "again", gap)
-        self._majority()
+        self.count_majority()
 
     def gone_for_majority(self, router_id: str) -> bool:
         """Whether a majority of the member nodes take ``router_id`` for gone: each node of
@@ -162,7 +167,7 @@ class MajorityPart(Part):
         return sorted(rid for rid, p in self.net.items()
                       if p.parked and p.node_id != own and not self.gone_for_majority(rid))
 
-    def _majority(self) -> None:
+    def count_majority(self) -> None:
         if self.agreed is not None:
             return  # the agreement's member says whether this node has the majority
         self._lease_majority()
@@ -213,7 +218,7 @@ class MajorityPart(Part):
             log.warning("cluster: this node sees a majority of the cluster again (%d of %d nodes): QoS 1/2 "
                         "acknowledgements go on (%d held ones sent)", backed, len(self.members.nodes),
                         len(held))
-            self._release(held)
+            self.lead.release(held)
         else:
             router = self.router
             moved = [c for cid, c in router.clients.items()

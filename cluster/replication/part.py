@@ -1,8 +1,9 @@
 """What every part of ``Replication`` reads: the router it replicates, its log, and the mesh.
 
-The parts (leader, follower, history, read-back, sessions, catch-ups, wills, restore, majority)
-are mixins of one ``Replication``: each sets up its own state (``_init_<part>``) and calls the
-others through ``self``. This base only declares what they share, set by ``Replication``.
+The parts (leader, follower, history, read-back, sessions, catch-ups, wills, restore, majority,
+in-sync set) are objects ``Replication`` owns, each with its own state; a part calls another
+through the reference ``Replication`` gives it (``self.quorum.in_minority``), declared on its
+class, so what crosses between parts is named in one place. This base holds what they all read.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 
 class Part:
-    """The state every part of replication reads (set by ``Replication.__init__``)."""
+    """The state every part of replication reads, copied from ``shared`` (the ``Replication``)."""
 
     config: Config
     router: Router
@@ -31,3 +32,15 @@ class Part:
     min_insync: int
     always: bool  # --fsync always: what counts is what is durable, not only written
     _started: float  # when replication started (monotonic): peers are still joining for a while
+
+    def __init__(self, shared: Part) -> None:
+        self.config = shared.config
+        self.router = shared.router
+        self.net = shared.net
+        self.loop = shared.loop
+        self.partition = shared.partition
+        self.log = shared.log
+        self.factor = shared.factor
+        self.min_insync = shared.min_insync
+        self.always = shared.always
+        self._started = shared._started

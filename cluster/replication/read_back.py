@@ -26,7 +26,9 @@ from .part import Part
 
 if TYPE_CHECKING:
     from ..mesh import Peer
-    from .follower import Replica
+    from .follower import FollowerPart
+    from .insync import InsyncPart
+    from .wills import WillsPart
 
 log = logging.getLogger(__package__)  # (the package's name: the log lines name it as before)
 
@@ -44,15 +46,16 @@ def highest_holder(partition: str, peers: Iterable[Any], best: Any = None,
 class ReadBackPart(Part):
     """Reading a silent router's replica back to subscribers and shared groups."""
 
-    # Of the other parts (``FollowerPart``, ``WillsPart``).
-    replicas: dict[str, Replica]
-    _arm_wills: Callable[[str], None]
-    in_sync_holders: Callable[[str], frozenset[str] | None]
+    # The other parts it calls (set by ``Replication``).
+    follow: FollowerPart
+    wills: WillsPart
+    isr: InsyncPart
 
-    def _init_read_back(self) -> None:
+    def __init__(self, shared: Part) -> None:
+        super().__init__(shared)
         # Per silent router whose replica is read back here: the lowest offset from which its
         # QoS 1/2 messages went to the shared groups (``_groups_back``).
-        self._groups_low: dict[str, int] = {}
+        self.groups_low: dict[str, int] = {}
 
     def parked(self, peer: Peer) -> None:
         """A router fell silent: if it is of another node, have its replica read back what it
@@ -60,15 +63,15 @@ class ReadBackPart(Part):
         wills held here."""
         if peer.node_id == self.config.node_id:
             return
-        self._arm_wills(peer.router_id)
+        self.wills.arm_wills(peer.router_id)
         if peer.origin_mark < 0:
             return
         partition = peer.router_id
-        best, best_end = self._holder(partition)
+        best, best_end = self.holder(partition)
         if best is None:
             return
         where = "this router" if best is HERE else best.router_id
-        in_sync = self.in_sync_holders(partition)
+        in_sync = self.isr.in_sync_holders(partition)
         if in_sync and (self.partition if best is HERE else best.router_id) not in in_sync:
             log.warning("replication: router %s is silent and no follower the agreement names in sync with its "
                         "log (%s) is heard: its replica on %s may lack what it acknowledged last", partition,
@@ -99,16 +102,16 @@ class ReadBackPart(Part):
         asked from (its mark: below it, that router had every message of the dead one). Each
         asker's lower mark extends the range downwards; at least once (a group may get again
         what reached it between the marks)."""
-        low = self._groups_low.get(partition)
+        low = self.groups_low.get(partition)
         if low is not None and offset >= low:
             return
-        self._groups_low[partition] = offset
+        self.groups_low[partition] = offset
         self._groups_step(partition, offset, low, 0)
 
     def _groups_step(self, partition: str, offset: int, end: int | None, sent: int) -> None:
         """One step of ``_groups_back`` (per loop iteration): records from ``offset`` up to
         ``end`` (None: the replica's end)."""
-        rep = self.replicas.get(partition)
+        rep = self.follow.replicas.get(partition)
         if rep is None or not self.router.has_shared:
             return
         records = rep.log.read(max(offset, rep.log.start_offset), max_records=FETCH_RECORDS // 4)
@@ -127,7 +130,7 @@ class ReadBackPart(Part):
     def _read_back(self, partition: str, offset: int, peer: Peer | None, sent: int = 0) -> None:
         """Read the replica of ``partition`` back from ``offset``, by ``peer``'s interest (or to
         this router's own subscribers), one step per loop iteration."""
-        rep = self.replicas.get(partition)
+        rep = self.follow.replicas.get(partition)
         if rep is None or (peer is not None and not peer.alive):
             return
         records = rep.log.read(max(offset, rep.log.start_offset), max_records=FETCH_RECORDS // 4)
@@ -167,10 +170,10 @@ class ReadBackPart(Part):
         if origin is not None and mark > origin.origin_mark:
             origin.origin_mark = mark
 
-    def _holder(self, partition: str) -> tuple[Any, int]:
+    def holder(self, partition: str) -> tuple[Any, int]:
         """Who holds the replica of ``partition`` with the highest end (``HERE``: this router; a
         live peer; None: nobody), and that end."""
-        own = self.replicas.get(partition)
+        own = self.follow.replicas.get(partition)
         if own is not None:
             return highest_holder(partition, self.net.peers(), HERE, own.log.next_offset - 1)
         return highest_holder(partition, self.net.peers())

@@ -8,8 +8,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from brokerd.router.replication import LeaderState
 from brokerd.router.session import recency
@@ -18,11 +17,13 @@ from brokerd.router.spool import note_span, valid_spans
 from .part import Part
 
 if TYPE_CHECKING:
-    from brokerd.router.log import CommitLog
-    from brokerd.router.session import Session
 
     from ..mesh import Peer
-    from .follower import Replica
+    from .catchup import CatchupPart
+    from .follower import FollowerPart
+    from .history import HistoryPart
+    from .leader import LeaderPart
+    from .sessions import SessionsPart
 
 log = logging.getLogger(__package__)  # (the package's name: the log lines name it as before)
 
@@ -33,29 +34,22 @@ RESTORE_WAIT_S = 10.0  # ... and at most this long for its followers to send its
 class RestorePart(Part):
     """An empty log's continuation, and sessions restored from the followers."""
 
-    # Of the other parts (``LeaderPart``, ``FollowerPart``, ``HistoryPart``, ``SessionsPart``,
-    # ``CatchupPart``).
-    leader: LeaderState
-    flushed: int
-    replicas: dict[str, Replica]
-    _history_dir: Callable[[CommitLog], str]
-    _replica_header: Callable[[str, str, dict], tuple[Session, dict, int] | None]
-    _catchup_body: Callable[[Session, str, int, int, int], list]
-    read_back_copies: Callable[[Session, Any], int]
-    if TYPE_CHECKING:
-        @property
-        def followers(self) -> list[str]: ...
-        @property
-        def sessions(self) -> dict[str, dict[str, dict]]: ...
+    # The other parts it calls (set by ``Replication``).
+    lead: LeaderPart
+    follow: FollowerPart
+    histories: HistoryPart
+    session_part: SessionsPart
+    catchups: CatchupPart
 
-    def _init_restore(self) -> None:
+    def __init__(self, shared: Part) -> None:
+        super().__init__(shared)
         # Back on an empty disk: the followers asked for this router's sessions (``_restore``).
         self._restoring: set[str] = set()
         self._restored_from: dict[str, tuple[int, int]] = {}  # client id → recency of the copy restored
         self._restore_done: asyncio.Future | None = None
         self._restored = 0
 
-    async def _continue_log(self) -> None:
+    async def continue_log(self) -> None:
         loop = self.loop
         deadline = loop.time() + READY_WAIT_S
         heard = None
@@ -75,13 +69,13 @@ class RestorePart(Part):
                         "(a lost or replaced disk?): it continues at %d; what came before stays on its "
                         "replicas", start - 1, start)
             self.log.start_at(start)
-            self.flushed = start - 1
-            self.leader = LeaderState(self.followers, self.leader.min_insync, self.config.replica_lag,
+            self.lead.flushed = start - 1
+            self.lead.leader = LeaderState(self.lead.followers, self.lead.leader.min_insync, self.config.replica_lag,
                                       self.config.replica_timeout, time.monotonic, start - 1)
         holders = [p for p in self.net.peers()
                    if p.alive and p.node_id != own and self.partition in p.replicas]
         if start > 0 and holders:  # its records below ``start`` are fetched back from them (``ready``)
-            os.makedirs(self._history_dir(self.log), mode=0o700, exist_ok=True)
+            os.makedirs(self.histories.history_dir(self.log), mode=0o700, exist_ok=True)
         if holders:
             await self._restore(holders)
 
@@ -111,7 +105,7 @@ class RestorePart(Part):
         session per loop iteration, then a last, empty one."""
         if partition != peer.router_id:
             raise ValueError(f"session-restore: {peer.router_id} asked for the sessions of {partition}")
-        self._restore_step(peer, partition, list(self.sessions.get(partition, {})), 0, 0)
+        self._restore_step(peer, partition, list(self.session_part.sessions.get(partition, {})), 0, 0)
 
     def _restore_step(self, peer: Peer, partition: str, client_ids: list[str], i: int, sent: int) -> None:
         if not peer.alive:
@@ -119,8 +113,8 @@ class RestorePart(Part):
         while i < len(client_ids):
             cid = client_ids[i]
             i += 1
-            st = self.sessions.get(partition, {}).get(cid)
-            if st is None or partition not in self.replicas:
+            st = self.session_part.sessions.get(partition, {}).get(cid)
+            if st is None or partition not in self.follow.replicas:
                 continue
             header = self._restore_header(cid, partition, st)
             if header is None:
@@ -137,7 +131,7 @@ class RestorePart(Part):
         the replica from the session's position, and what its router held for it outside its
         log (``Session.copy_spans``). Before, the copies came in the header, at most
         ``--max-queued`` of them. None (logged) when its held state cannot be read back."""
-        rebuilt = self._replica_header(client_id, partition, st)
+        rebuilt = self.session_part.replica_header(client_id, partition, st)
         if rebuilt is None:
             return None
         session, header, _ = rebuilt
@@ -159,7 +153,7 @@ class RestorePart(Part):
             had = router.sessions.get(cid)
             earlier = self._restored_from.get(cid)
             # Two holders may answer: a former follower's copy can be older than the current
-            # follower's (this router clears it only once it serves: ``_place``). The newer counts.
+            # follower's (this router clears it only once it serves: ``place``). The newer counts.
             if had is None or (earlier is not None and earlier < recency(header)):
                 if had is not None:
                     router.drop_session(had)
@@ -178,9 +172,9 @@ class RestorePart(Part):
                 own = copies.pop(self.partition, None)
                 peer = self.net.peer(sender)
                 if own is not None and peer is not None:
-                    body = self._catchup_body(session, self.partition, own[0], 0, own[1] + 1)
+                    body = self.catchups.catchup_body(session, self.partition, own[0], 0, own[1] + 1)
                     self.net.send(peer, "session_catchup", body)
-                self.read_back_copies(session, copies)
+                self.catchups.read_back_copies(session, copies)
         if last:
             self._restoring.discard(sender)
             done = self._restore_done  # (set by ``_restore`` with ``_restoring``)

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -35,7 +35,12 @@ from .session_store import SessionStore, changes
 
 if TYPE_CHECKING:
     from ..mesh import Peer
-    from .follower import Replica
+    from .follower import FollowerPart
+    from .insync import InsyncPart
+    from .leader import LeaderPart
+    from .majority import MajorityPart
+    from .read_back import ReadBackPart
+    from .wills import WillsPart
 
 log = logging.getLogger(__package__)  # (the package's name: the log lines name it as before)
 
@@ -47,38 +52,31 @@ SESSION_CHUNK = 2000  # sessions per SESSION_STATE frame
 class SessionsPart(Part):
     """Sessions sent to the followers, held for other routers, and handed over from a replica."""
 
-    # Of the other parts (``FollowerPart``, ``WillsPart``, ``ReadBackPart``, ``MajorityPart``).
-    replicas: dict[str, Replica]
-    _replica_dir: Callable[[str], str]
-    _will_timers: dict[tuple[str, str], asyncio.TimerHandle]
-    _held_will_due: Callable[[str, dict], float | None]
-    _publish_held_will: Callable[[str, str, dict], None]
-    _disarm_will: Callable[[str, str], None]
-    _groups_low: dict[str, int]
-    gone_for_majority: Callable[[str], bool]
-    in_sync_holders: Callable[[str], frozenset[str] | None]
-    if TYPE_CHECKING:
-        @property
-        def followers(self) -> list[str]: ...
-        @property
-        def in_minority(self) -> bool: ...
+    # The other parts it calls (set by ``Replication``).
+    lead: LeaderPart
+    follow: FollowerPart
+    readback: ReadBackPart
+    wills: WillsPart
+    quorum: MajorityPart
+    isr: InsyncPart
 
-    def _init_sessions(self) -> None:
+    def __init__(self, shared: Part) -> None:
+        super().__init__(shared)
         # Sessions: as last sent to the followers (leader), held for other partitions (follower),
         # and being handed over from a replica.
-        self._sessions_sent: dict[str, dict] = {}
+        self.sessions_sent: dict[str, dict] = {}
         self.store = SessionStore()
         # Held sessions are kept on disk beside their replica, so that a follower restarted while
         # their router is dead still has them (two failures in a row).
         self._session_files: dict[str, SnapshotFile] = {}
-        self._sessions_timer: asyncio.TimerHandle | None = None
+        self.sessions_timer: asyncio.TimerHandle | None = None
         # No full set of sessions goes to the followers before ``ready``: on an empty disk it
         # would replace the sessions this router is about to ask them for.
-        self._sessions_ready = self.log.next_offset != 0 or not self.config.peer
-        # Whether ``_sessions_sent`` lists this router's sessions: a snapshot was taken since it
+        self.sessions_ready = self.log.next_offset != 0 or not self.config.peer
+        # Whether ``sessions_sent`` lists this router's sessions: a snapshot was taken since it
         # started (``sessions_changed``). A full set sent before that is empty and would wipe what
         # the followers hold: the sessions of a restarted router (the chaos suite, seed 697068541).
-        self._sessions_known = False
+        self.sessions_known = False
 
     @property
     def sessions(self) -> dict[str, dict[str, dict]]:
@@ -91,14 +89,14 @@ class SessionsPart(Part):
         changed since the last go to the followers."""
         if self.factor <= 1:
             return
-        self._sessions_known = True
-        updates = changes(self._sessions_sent, sessions)
-        self._sessions_sent = sessions
+        self.sessions_known = True
+        updates = changes(self.sessions_sent, sessions)
+        self.sessions_sent = sessions
         if updates:
-            for rid in self.followers:
-                self._send_sessions(rid, updates, False)
+            for rid in self.lead.followers:
+                self.send_sessions(rid, updates, False)
 
-    def _send_sessions(self, rid: str, sessions: dict, full: bool) -> None:
+    def send_sessions(self, rid: str, sessions: dict, full: bool) -> None:
         peer = self.net.peer(rid)
         if peer is None or not peer.alive:
             return
@@ -114,20 +112,20 @@ class SessionsPart(Part):
         self.store.apply(partition, full, updates)
         self._arm_write()
 
-    def _sessions_changed(self, partition: str) -> None:
+    def replica_changed(self, partition: str) -> None:
         self.store.mark(partition)
         self._arm_write()
 
     def _arm_write(self) -> None:
-        if self._sessions_timer is None:
-            self._sessions_timer = self.loop.call_later(SESSIONS_WRITE_S, self._write_sessions)
+        if self.sessions_timer is None:
+            self.sessions_timer = self.loop.call_later(SESSIONS_WRITE_S, self.write_sessions)
 
-    def _write_sessions(self, wait: bool = False) -> None:
+    def write_sessions(self, wait: bool = False) -> None:
         """Write the held sessions of the partitions changed since the last write (in a thread;
         ``wait``: here, at a stop)."""
-        self._sessions_timer = None
+        self.sessions_timer = None
         for partition in self.store.take_dirty():
-            directory = self._replica_dir(partition)
+            directory = self.follow.replica_dir(partition)
             if not os.path.isdir(directory):
                 continue  # not following it (any more): nothing to keep
             path = os.path.join(directory, SESSIONS_FILE)
@@ -149,8 +147,8 @@ class SessionsPart(Part):
             log.error("replication: cannot write %s: %s (a restart of this router before its leader "
                       "returns would not have those sessions)", path, exc.strerror)
 
-    def _load_sessions(self, partition: str) -> None:
-        path = os.path.join(self._replica_dir(partition), SESSIONS_FILE)
+    def load_sessions(self, partition: str) -> None:
+        path = os.path.join(self.follow.replica_dir(partition), SESSIONS_FILE)
         try:
             with open(path, "rb") as f:
                 held = msgpack.unpackb(f.read(), raw=False, strict_map_key=False)
@@ -169,7 +167,7 @@ class SessionsPart(Part):
         until the new owner has it in its snapshot (``replica_moved``)."""
         if client_id in self.store.handing:
             return None  # being handed over already (to another connection of that id)
-        if self.in_minority:
+        if self.quorum.in_minority:
             if self.store.holds(client_id):
                 log.warning("replication: session %s not handed over from its replica: this node sees no "
                             "majority of the cluster", client_id)
@@ -177,33 +175,33 @@ class SessionsPart(Part):
         # (partition, state) of every silent router whose sessions held here name it (with no
         # replica yet where its router logged nothing)
         found = self.store.found(client_id, self.net.hears)
-        if found and not all(self.gone_for_majority(p) for p, _ in found):
+        if found and not all(self.quorum.gone_for_majority(p) for p, _ in found):
             # Silent here, but another node still hears its router: that router may be serving
             # it (a partition that cut only some links). The client is refused, not given a
             # second copy (``undecided``).
             log.warning("replication: session %s not handed over from its replica: router(s) %s are silent "
                         "here but heard by other nodes", client_id,
-                        ", ".join(p for p, _ in found if not self.gone_for_majority(p)))
+                        ", ".join(p for p, _ in found if not self.quorum.gone_for_majority(p)))
             return None
         if not found:
             return None
         # Two silent routers of one node may both have had it (it moved between them shortly
         # before the node died, before the first said it was gone): the most recent counts.
         partition, st = self.store.newest(found)
-        in_sync = self.in_sync_holders(partition)
+        in_sync = self.isr.in_sync_holders(partition)
         if in_sync and self.partition not in in_sync:
             # The agreement names other followers in sync with that router's log: this replica may
             # lack what it acknowledged last. The client is refused until one of them serves it.
             log.warning("replication: session %s not handed over from its replica here: the log of %s is in "
                         "sync on %s, not on this router", client_id, partition, ", ".join(sorted(in_sync)))
             return None
-        due = self._held_will_due(partition, st)
+        due = self.wills.held_will_due(partition, st)
         if due is not None and time.time() >= due:
             # Its will fell due before this connection came (the will of a connection its
             # router's loss closed, with a Will Delay Interval of 0, at once): it goes out before
             # the session moves, wherever the holders' timers were (they look once a second
             # for the majority's vote).
-            self._publish_held_will(partition, client_id, st)
+            self.wills.publish_held_will(partition, client_id, st)
         exported = self._export_replica(client_id, partition, st, limit)
         if exported is None:
             return None
@@ -249,11 +247,11 @@ class SessionsPart(Part):
         """A session of ``partition`` held here, exported from its replica: its takeover header,
         its copies (``Session.export_copies``, read as they are taken), and the time of its
         position; None (logged) when its held state cannot be read back."""
-        rebuilt = self._replica_header(client_id, partition, st)
+        rebuilt = self.replica_header(client_id, partition, st)
         if rebuilt is None:
             return None
         session, header, since_ms = rebuilt
-        rep = self.replicas.get(partition)
+        rep = self.follow.replicas.get(partition)
         if rep is not None:
             # Where its replica ends: what the silent router logs beyond it, its stale copy hands on
             # when it is back, or, should it fall silent again first, the new owner reads back
@@ -261,7 +259,7 @@ class SessionsPart(Part):
             header["handon_from"] = [int(time.time() * 1000), {partition: rep.log.next_offset}]
         return header, session.export_copies(False, limit=limit), since_ms
 
-    def _replica_header(self, client_id: str, partition: str, st: dict) -> tuple[Session, dict, int] | None:
+    def replica_header(self, client_id: str, partition: str, st: dict) -> tuple[Session, dict, int] | None:
         """A session of ``partition`` rebuilt from its replica (``_replica_session``), its
         takeover header and the time of its position; None (logged) when its held state cannot
         be read back."""
@@ -276,30 +274,30 @@ class SessionsPart(Part):
     def _replica_session(self, client_id: str, partition: str, st: dict) -> tuple[Session, int]:
         """A session of ``partition`` rebuilt from its replicated state (not indexed by this
         router), reading the replica from its position; with the time of that position."""
-        session = self._detached(client_id, st["subs"])
+        session = self.detached(client_id, st["subs"])
         restore_state(session, st)
         for values in st.get("shared", ()):
             sub = Subscription.from_values(values)
             session.shared[sub.topic_filter] = sub
-        rep = self.replicas.get(partition)
+        rep = self.follow.replicas.get(partition)
         if rep is None:  # its router had logged nothing when it fell silent: nothing to read
-            return session, self._silent_since_ms(partition)
+            return session, self.silent_since_ms(partition)
         rep.log.flush()  # the range is read from the disk
         start = max(st.get("position") or 0, rep.log.start_offset)
         end = rep.log.next_offset
         first = rep.log.read(start, max_records=1) if start < end else []
-        since_ms = first[0].timestamp_ms if first else self._silent_since_ms(partition)
+        since_ms = first[0].timestamp_ms if first else self.silent_since_ms(partition)
         session.ranges = [LogRange(rep.log.directory, start, end)]
         return session, since_ms
 
-    def _silent_since_ms(self, partition: str) -> int:
+    def silent_since_ms(self, partition: str) -> int:
         """When the router of ``partition`` fell silent (Unix ms; now if it is not parked here):
         a session served from its replica with nothing logged after its position asks the others
         (``adopted``) for what was published since then."""
         peer = self.net.peer(partition)
         return int((self.net.silent_since(peer) if peer is not None else time.time()) * 1000)
 
-    def _detached(self, client_id: str, subs: list) -> Session:
+    def detached(self, client_id: str, subs: list) -> Session:
         """A session that no router indexes, to read logs with (its subscriptions' QoS, No
         Local, identifiers and the ACLs, as a catch-up reads them)."""
         session = Session(client_id, True, self.router.config.session, self.router.stats)
@@ -336,7 +334,7 @@ class SessionsPart(Part):
         wills = list(wills)
         changed = self.store.forget(partition, client_ids, wills)
         for cid in wills:
-            self._disarm_will(partition, cid)
+            self.wills.disarm_will(partition, cid)
         if changed:
             self._arm_write()
 
@@ -344,9 +342,9 @@ class SessionsPart(Part):
         """A router is heard again: the sessions taken from its replica while it was silent
         are not its any more, and the delayed wills published from here not its to publish; its
         other wills are its own again."""
-        for key in [k for k in self._will_timers if k[0] == peer.router_id]:
-            self._disarm_will(*key)
-        self._groups_low.pop(peer.router_id, None)  # a later silence reads back afresh
+        for key in [k for k in self.wills.will_timers if k[0] == peer.router_id]:
+            self.wills.disarm_will(*key)
+        self.readback.groups_low.pop(peer.router_id, None)  # a later silence reads back afresh
         fenced = self.router.fenced.pop(peer.router_id, None)
         wills = self.router.fenced_wills.pop(peer.router_id, None)
         if fenced or wills:

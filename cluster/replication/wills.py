@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from brokerd.router.message import Message
@@ -21,7 +20,8 @@ from brokerd.router.message import Message
 from .part import Part
 
 if TYPE_CHECKING:
-    from .session_store import SessionStore
+    from .majority import MajorityPart
+    from .sessions import SessionsPart
 
 log = logging.getLogger(__package__)  # (the package's name: the log lines name it as before)
 
@@ -31,27 +31,21 @@ WILL_STAGGER_S = 0.5  # between the holders of a silent router's sessions publis
 class WillsPart(Part):
     """Timers for the held wills of silent routers' sessions."""
 
-    # Of the other parts (``SessionsPart``, ``MajorityPart``).
-    store: SessionStore
-    _silent_since_ms: Callable[[str], int]
-    _sessions_changed: Callable[[str], None]
-    gone_for_majority: Callable[[str], bool]
-    if TYPE_CHECKING:
-        @property
-        def sessions(self) -> dict[str, dict[str, dict]]: ...
-        @property
-        def in_minority(self) -> bool: ...
+    # The other parts it calls (set by ``Replication``).
+    session_part: SessionsPart
+    quorum: MajorityPart
 
-    def _init_wills(self) -> None:
-        self._will_timers: dict[tuple[str, str], asyncio.TimerHandle] = {}  # (partition, client id)
+    def __init__(self, shared: Part) -> None:
+        super().__init__(shared)
+        self.will_timers: dict[tuple[str, str], asyncio.TimerHandle] = {}  # (partition, client id)
 
-    def _arm_wills(self, partition: str) -> None:
+    def arm_wills(self, partition: str) -> None:
         """``partition``'s router fell silent: each will of its sessions held here goes out when
         due (``_will_due``), this router's turn among the live holders of its replica later by
         ``WILL_STAGGER_S`` each: a delayed will of an offline session at its time, the will of a
         session whose client was connected (``live_will``) its Will Delay Interval after the
         silence began (that connection is lost with its node, or sent away from a minority)."""
-        held = self.sessions.get(partition)
+        held = self.session_part.sessions.get(partition)
         if not held:
             return
         holders = sorted({self.partition, *(p.router_id for p in self.net.peers()
@@ -59,22 +53,22 @@ class WillsPart(Part):
         stagger = holders.index(self.partition) * WILL_STAGGER_S
         now = time.time()
         for cid, st in held.items():
-            due = self._held_will_due(partition, st)
-            if due is not None and (partition, cid) not in self._will_timers:
+            due = self.held_will_due(partition, st)
+            if due is not None and (partition, cid) not in self.will_timers:
                 delay = max(0.0, due - now) + stagger
-                self._will_timers[(partition, cid)] = self.loop.call_later(delay, self._will_due, partition, cid)
+                self.will_timers[(partition, cid)] = self.loop.call_later(delay, self._will_due, partition, cid)
 
-    def _held_will_due(self, partition: str, st: dict) -> float | None:
+    def held_will_due(self, partition: str, st: dict) -> float | None:
         """When the will held with session state ``st`` of silent ``partition`` falls due (Unix
         time; None: it has none): a delayed will at its time, a connected client's will its
         delay after the silence began."""
         if st.get("will"):
             return float(st["will"][1]) / 1000
         live = st.get("live_will")
-        return self._silent_since_ms(partition) / 1000 + live[1] if live else None
+        return self.session_part.silent_since_ms(partition) / 1000 + live[1] if live else None
 
-    def _disarm_will(self, partition: str, cid: str) -> None:
-        timer = self._will_timers.pop((partition, cid), None)
+    def disarm_will(self, partition: str, cid: str) -> None:
+        timer = self.will_timers.pop((partition, cid), None)
         if timer is not None:
             timer.cancel()
 
@@ -82,24 +76,24 @@ class WillsPart(Part):
         """Publish the will of ``cid`` (of silent ``partition``) unless its router is back or
         the session was taken over; without a majority (the router may be alive on the other
         side of a partition), look again in a second."""
-        self._will_timers.pop((partition, cid), None)
-        st = self.sessions.get(partition, {}).get(cid)
+        self.will_timers.pop((partition, cid), None)
+        st = self.session_part.sessions.get(partition, {}).get(cid)
         if st is None or not (st.get("will") or st.get("live_will")) or self.net.hears(partition):
             return
-        if self.in_minority or cid in self.store.handing or not self.gone_for_majority(partition):
+        if self.quorum.in_minority or cid in self.session_part.store.handing or not self.quorum.gone_for_majority(partition):
             # (a takeover may resume it; another node may still hear its router)
-            self._will_timers[(partition, cid)] = self.loop.call_later(1.0, self._will_due, partition, cid)
+            self.will_timers[(partition, cid)] = self.loop.call_later(1.0, self._will_due, partition, cid)
             return
-        self._publish_held_will(partition, cid, st)
+        self.publish_held_will(partition, cid, st)
 
-    def _publish_held_will(self, partition: str, cid: str, st: dict) -> None:
+    def publish_held_will(self, partition: str, cid: str, st: dict) -> None:
         """Publish the will held in ``st`` (session ``cid`` of silent ``partition``) from this
         router, once: the other holders and, when it returns, the router are told."""
-        self._disarm_will(partition, cid)
+        self.disarm_will(partition, cid)
         delayed = bool(st.get("will"))
         will = st.get("will") or st["live_will"]
         st["will"] = st["live_will"] = None
-        self._sessions_changed(partition)
+        self.session_part.replica_changed(partition)
         kind = "delayed will" if delayed else "will"
         try:
             msg = Message.from_list(will[0])
