@@ -376,7 +376,7 @@ def ready_line(cfg: Config) -> str:
     from brokerd.connection._compiled import implementation
 
     from . import __version__
-    from .stats import router_endpoint
+    from .paths import router_endpoint
 
     parts = [f"brokerd ready: brokerd {__version__} ({implementation()})", f"node {cfg.node_id}",
              "MQTT on " + (", ".join(x.url.removeprefix("mqtt://") for x in cfg.listeners) or _address(*cfg.listen)), f"{cfg.workers} worker{'s' if cfg.workers != 1 else ''}",
