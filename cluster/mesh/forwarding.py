@@ -173,7 +173,7 @@ class ForwardingMixin:
     def _keep(self, peer: Peer, frame: bytes, n: int, seq: int = 0) -> None:
         """A frame for a parked peer: into its backlog; once that is full, left to this router's
         log (read back when the peer returns), or without a log dropped and counted. ``seq``: a
-        PUBLISH frame's number (it enters the ring when it is sent: ``_rejoin``)."""
+        PUBLISH frame's number (it enters the ring when it is sent: ``Members.rejoin``)."""
         commit_log = self.router.commit_log
         done = delivery.keep(peer, frame, n, self.config.mesh_backlog,
                              commit_log.next_offset if commit_log is not None else None,
