@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -25,14 +27,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
-def lab() -> Iterator[Lab]:
+def lab(monkeypatch: pytest.MonkeyPatch) -> Iterator[Lab]:
     """A bridge and three node namespaces (tests/partition/netns.py). Requested before
-    ``start_broker``, it is removed after the brokers in it are stopped."""
+    ``start_broker``, it is removed after the brokers in it are stopped. Its brokers get a run
+    directory of their own (``BROKERD_RUN_DIR``): every lab's nodes are a, b and c on port 1883,
+    and the namespaces share the file system, so two labs at once (two checkouts' runs) would
+    otherwise share each node's stats and mesh sockets."""
     reason = missing()
     if reason:
         pytest.skip(reason)
+    run_dir = tempfile.mkdtemp(prefix="brokerd-lab-")  # short: an ipc:// path must fit 107 bytes
+    monkeypatch.setenv("BROKERD_RUN_DIR", run_dir)
     made = Lab.open(3)
     try:
         yield made
     finally:
         made.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
