@@ -192,7 +192,8 @@ class SessionOwners:
                     continue
                 if owner == self.router_id:
                     self.epochs[cid] = epoch
-                elif owner is not None and self.fence is not None:
+                elif owner is not None and self.fence is not None and self.holds(cid):
+                    # (one a takeover moved away meanwhile is not held: nothing to fence, nor to say)
                     stale += 1
                     self.fence(cid, owner)
             if stale:

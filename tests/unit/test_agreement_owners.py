@@ -6,6 +6,7 @@ node's service that answers at once or not at all (no majority)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -196,6 +197,27 @@ def test_restored_sessions_owned_elsewhere_are_fenced_once_a_majority_answers(mo
     run(scenario())
     assert fenced == [("moved", "n2/w0")]
     assert owners.epochs == {"mine": 2}
+
+
+def test_a_restored_session_a_takeover_moved_away_meanwhile_is_neither_fenced_nor_counted(
+        caplog: pytest.LogCaptureFixture) -> None:
+    member = Member()
+    member.state.apply(move(SESSION, "gone", None, 0, "n2/w0"))
+    member.state.apply(move(SESSION, "stale", None, 0, "n3/w0"))
+    owners, fenced = owners_at(member, "n1/w0")
+    owners.holds = lambda cid: cid != "gone"  # a CONNECT elsewhere took "gone" from here already
+
+    async def scenario() -> None:
+        owners.check_restored(["gone", "stale"], lambda cid: False)
+        for _ in range(40):
+            if fenced:
+                break
+            await asyncio.sleep(0.05)
+
+    with caplog.at_level(logging.WARNING):
+        run(scenario())
+    assert fenced == [("stale", "n3/w0")]
+    assert "1 session(s) restored here moved to other routers" in caplog.text
 
 
 @pytest.mark.parametrize("recorded", [None, "n2/w0"])
