@@ -71,7 +71,7 @@ origins' logs when its router is lost).
 has nothing to hand on, so that the new owner knows the hand-on ended; a takeover header from a
 live router carries ``handon_from``, ``[Unix ms, {router: offset}]`` (where the old router stood
 in each log when the session left: should it fall silent before its last SESSION_HANDON, the new
-owner reads those copies back from there, ``Mesh._handons_lost``).
+owner reads those copies back from there, ``Handons.peer_gone``).
 16: the lease (``cluster.quorum.Lease``): HELLO carries ``beat``, ``[epoch, n]``, and a router
 that hears it answers at once with ECHO ``[the HELLO sender's incarnation, epoch, n]``, unless it
 parked that incarnation at that epoch or a later one (its fence) or has heard it for less than a
@@ -82,7 +82,10 @@ refuses it with TAKEOVER_RESP ``[req, None, False, [owner]]``, before it lets an
 18: the last SESSION_HANDON may carry a fourth value, ``{router: offset}``: the routers that had
 not answered the old router's barrier before it handed on, and how far it had seen their logs;
 the new owner asks them for what they sent the old router before they knew of the move
-(``Replication.read_back_unheard``: a link cut between them and the old router alone); and a
+(``Replication.read_back_unheard``: a link cut between them and the old router alone); a router
+that answered is named there too, with None (readers before ignored such values), and the new
+owner asks the routers it knows that the old router names neither way (it had not heard them:
+it had just restarted) from a time (``cluster.mesh.marks.to_ask``); and a
 fifth, true, on every frame of a hand-on from a copy the agreement fenced (``Router.fence_stale``):
 the new owner delivers every copy, none having come to it directly.
 19: a session's header (TAKEOVER_RESP, SESSION_RESTORED) names the fields it shares with a

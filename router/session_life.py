@@ -270,7 +270,7 @@ class SessionLife:
         takeover from a replica, a hand-on from its old router): delivered as they come.
 
         A read-back (``read_back``) asked by a router with a log is not bounded by
-        ``--max-queued`` (``Replication._catchup_body``): what does not fit in the session's
+        ``--max-queued`` (``CatchupPart.catchup_body``): what does not fit in the session's
         queue below that bound, and everything once a range is pending (the order stays the
         read's), is written to a spool file of its own (``router.spool``; fsynced with
         ``--fsync always``), which the session reads as a range after what it has: any number,

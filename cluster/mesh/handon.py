@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from brokerd.router.mesh_format import SESSION_HANDON, handon_from_ok
 
 from .limits import HANDON_ITEMS, HANDON_KEEP_S, log
-from .marks import directly_from, not_direct
+from .marks import directly_from, not_direct, to_ask
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -106,16 +106,19 @@ class Handons:
                 log.warning("mesh: %d message(s) for session %s not handed on: its new router %s is gone",
                             len(items), client_id, router_id)
             return
-        unheard = None
+        # The routers that did not answer, with how far this router had seen their logs; those
+        # that did, with None: the new owner asks those named neither way too (``marks.to_ask``).
+        unheard: dict[str, int | None] | None = None
         if answered is not None:
-            unheard = {rid: p.origin_mark for rid, p in self.peers.items()
-                       if rid not in answered and rid != router_id and p.origin_mark >= 0}
+            unheard = {rid: None for rid in answered if rid != router_id}
+            unheard.update({rid: p.origin_mark for rid, p in self.peers.items()
+                            if rid not in answered and rid != router_id and p.origin_mark >= 0})
         for i in range(0, max(len(items), 1), HANDON_ITEMS):
             last = i + HANDON_ITEMS >= len(items)
             body: list[Any] = [client_id, items[i:i + HANDON_ITEMS], last]
             if stale:
                 body = [*body, unheard if last else None, True]
-            elif last and unheard:
+            elif last and unheard is not None:
                 body = [*body, unheard]
             if not parked:
                 self._send(peer, SESSION_HANDON, body)
@@ -170,8 +173,11 @@ class Handons:
         ``stale``: from a copy the agreement fenced: all are delivered (no marks apply)."""
         if last:
             entry = self._due.pop(client_id, None)
-            if unheard.__class__ is dict and unheard and entry is not None:
-                self._ask_unheard(client_id, entry, unheard)
+            if unheard.__class__ is dict and entry is not None:
+                known = () if stale is True else [rid for rid, p in self.peers.items() if p.origin_mark >= 0]
+                ask = to_ask(unheard, known, entry[0])
+                if ask:
+                    self._ask_unheard(client_id, entry, ask)
         marks = self._marks.get(client_id, ({}, 0.0))[0]
         if marks and stale is not True:
             items = not_direct(items, marks)
@@ -190,8 +196,9 @@ class Handons:
             return
         asked = self.replication.read_back_unheard(session, since_ms, unheard, marks)
         if asked:
-            log.info("mesh: session %s: router(s) %s had not answered its old router when it handed on: asked "
-                     "for what they sent there before they knew of the move", client_id, ", ".join(asked))
+            log.info("mesh: session %s: router(s) %s had not answered its old router when it handed on (or it "
+                     "had not heard them yet): asked for what they sent there before they knew of the move",
+                     client_id, ", ".join(asked))
 
     def on_session_handon(self, peer: Peer, body: Any, size: int) -> None:
         self._handed_on(*body[:5])

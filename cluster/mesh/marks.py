@@ -49,3 +49,21 @@ def not_direct(items: list, marks: Mapping[str, int]) -> list:
         if mark is None or values[6] is None or values[6] < mark:
             kept.append(item)
     return kept
+
+
+def to_ask(named: Mapping[str, Any], known: Iterable[str], old: str) -> dict[str, int]:
+    """The routers a session's new owner asks for what they sent its old router ``old`` before
+    they knew of the move, with how far ``old`` had seen their logs (-1: nothing, asked from a
+    time). ``named``: the last SESSION_HANDON's, {router: how far ``old`` had seen its log, for
+    one that did not answer its barrier; None, for one that did}; ``known``: the new owner's
+    peers with a log. Those that did not answer are asked, and so are those ``old`` names
+    neither way: it had not heard them at all. A router that has just restarted hears the
+    others one by one; what they send again to its new incarnation (frames its old one never
+    confirmed, what they kept while it was silent) may reach it after the session left, past a
+    barrier they were not asked to answer, and match nothing there (chaos seeds 1135298849 and
+    1240224720 beside the CPU hog). At least once."""
+    ask = {rid: mark for rid, mark in named.items() if mark.__class__ is int}
+    for rid in known:
+        if rid != old and rid not in named:
+            ask[rid] = -1
+    return ask

@@ -95,7 +95,7 @@ class CatchupPart(Part):
     def read_back_handon(self, session: Session, old: str, since_ms: int, seen: dict[str, int],
                          marks: dict[str, int], only_old: bool = False) -> tuple[int, bool]:
         """``session`` moved here from router ``old``, which fell silent before it had handed on
-        what reached it for the session after it left (``Mesh._handons_lost``). Those copies
+        what reached it for the session after it left (``Handons.peer_gone``). Those copies
         are in logs: ``old``'s own, from where it stood when the session left (``seen``, its
         ``handon_from``) to its end, whatever their origin (it logged the copies other routers
         sent it), read from its replica; and each other router's, from where ``old`` had seen
