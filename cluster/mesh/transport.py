@@ -20,7 +20,7 @@ from brokerd.router.mesh_format import max_frame
 
 from ..config import WILDCARDS
 from ..paths import ensure_run_dir, mesh_ipc
-from .limits import MAX_PENDING_FRAMES, log
+from .limits import CURVE_PERSIST_S, CURVE_STREAK_GAP_S, MAX_PENDING_FRAMES, log
 
 if TYPE_CHECKING:
     import asyncio
@@ -144,6 +144,8 @@ class Transport:
         self._curve: tuple[bytes, bytes] | None = None
         self.monitors: list[tuple[zmq.Socket, str, str | None]] = []
         self._refused_logged: dict[str, float] = {}
+        # Per monitored socket, the run of handshake failures going on: (its first, its last).
+        self._failing: dict[str, tuple[float, float]] = {}
         # Peer endpoints whose last CURVE handshake failed, and how (``brokerd stats`` names them).
         self.refused: dict[str, str] = {}
 
@@ -182,7 +184,12 @@ class Transport:
 
     def poll_monitors(self) -> None:
         """Read handshake events (from the heartbeat: rare events, no descriptor juggling) and
-        log a failure at most every 30 s per link, since ZeroMQ retries the handshake continuously."""
+        log a failure at most every 30 s per socket, since ZeroMQ retries the handshake
+        continuously. A link to a peer says it cannot join only once its failures go on for
+        ``CURVE_PERSIST_S``: a peer that restarts, or a connection cut mid-handshake, fails a
+        handshake or two and then succeeds, and "different --mesh-key files" then was false (every
+        worker restart logged it at ERROR); a key that differs fails every retry. The listener side
+        says each refusal (an outsider may try once), as a warning naming both causes."""
         from zmq.utils.monitor import recv_monitor_message
 
         now = time.monotonic()
@@ -193,17 +200,25 @@ class Transport:
                 except zmq.ZMQError:
                     break
                 if ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self._failing.pop(what, None)
                     if peer is not None and self.refused.pop(peer, None) is not None:
                         log.info("mesh: the CURVE handshake with the peer at %s succeeds now", peer)
                     continue
                 if peer is not None:
                     self.refused[peer] = _event_name(ev["event"])
+                first, last = self._failing.get(what, (now, now))
+                if now - last > CURVE_STREAK_GAP_S:
+                    first = now  # a new run of failures
+                self._failing[what] = (first, now)
+                if peer is not None and now - first < CURVE_PERSIST_S:
+                    continue
                 if now - self._refused_logged.get(what, -1e9) < 30.0:
                     continue
                 self._refused_logged[what] = now
                 if peer is None:
-                    log.error("mesh: %s: CURVE handshake failed (%s): the other side does not hold "
-                              "this cluster's --mesh-key; refused", what, _event_name(ev["event"]))
+                    log.warning("mesh: %s: a CURVE handshake failed (%s) and the connection was refused: a "
+                                "process without this cluster's --mesh-key, or a peer cut off mid-handshake "
+                                "(restarting)", what, _event_name(ev["event"]))
                 else:
                     log.error("mesh: cannot join the peer at %s: CURVE handshake failed (%s): it and this node "
                               "hold different --mesh-key files (or it has none); this node is not in its mesh "
