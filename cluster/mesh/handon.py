@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from brokerd.router.mesh_format import SESSION_HANDON, handon_from_ok
 
-from .limits import HANDON_ITEMS, HANDON_KEEP_S, log
+from .limits import HANDON_ITEMS, HANDON_KEEP_S, HANDON_YOUNG_S, log
 from .marks import directly_from, not_direct, to_ask
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ class Handons:
         self.hold_early: Callable[[str, list], bool] = lambda client_id, items: False
         self.replication: Replication | None = None  # set with the ``Mesh``'s
         self.closed = False
+        self._started = time.monotonic()  # this incarnation's start (``hand_on``: a young one)
         # Sessions that moved here: client id → ({router: offset of its log from which its
         # messages reach this router directly}, until when): what the old owner hands on from
         # there is here already (``_handed_on``).
@@ -108,8 +109,15 @@ class Handons:
             return
         # The routers that did not answer, with how far this router had seen their logs; those
         # that did, with None: the new owner asks those named neither way too (``marks.to_ask``).
+        # A young incarnation (just restarted) names every router with -1, from a time: what the
+        # others send it again (frames its old incarnation never confirmed) comes as each link
+        # comes up, may follow a barrier's answer, and lies below the marks of their first HELLOs
+        # (chaos seed 1240224720 beside the CPU hog, after the first fix).
         unheard: dict[str, int | None] | None = None
-        if answered is not None:
+        if answered is not None and time.monotonic() - self._started < HANDON_YOUNG_S:
+            unheard = {rid: -1 for rid, p in self.peers.items() if rid != router_id and p.origin_mark >= 0}
+            unheard.update({rid: -1 for rid in answered if rid != router_id})
+        elif answered is not None:
             unheard = {rid: None for rid in answered if rid != router_id}
             unheard.update({rid: p.origin_mark for rid, p in self.peers.items()
                             if rid not in answered and rid != router_id and p.origin_mark >= 0})

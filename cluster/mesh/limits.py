@@ -29,6 +29,9 @@ SEEN_WINDOW = 4096  # PUBLISH frame numbers remembered per peer, to drop a frame
 CONFIRM_S = 10.0  # (beyond the interest waits and a snapshot write: router.connecting DURABLE_WAIT_S)
 HANDON_KEEP_S = 30.0  # how long the marks that filter a moved session's handed-on copies are kept
 HANDON_ITEMS = 1000  # copies per SESSION_HANDON frame
+# A router this young (restarted since) has every router read back what it sent there, from a
+# time, when a session moves off it: the others' frames to its new incarnation may come late.
+HANDON_YOUNG_S = 10.0
 # CURVE handshake failures logged only once they go on this long (a restart fails one or two) ...
 CURVE_PERSIST_S = 3.0
 CURVE_STREAK_GAP_S = 5.0  # ... with no pause longer than this between them (ZeroMQ retries each second at most)

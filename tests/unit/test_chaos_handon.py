@@ -17,6 +17,7 @@ import pytest
 
 from brokerd.cluster.config import Config
 from brokerd.cluster.mesh import Mesh, Peer
+from brokerd.cluster.mesh.limits import HANDON_YOUNG_S
 from brokerd.connection.packets import Subscription
 from brokerd.router.mesh_format import SESSION_HANDON
 from brokerd.router.router import Router, RouterConfig
@@ -109,10 +110,22 @@ def test_a_fenced_copy_hands_on_as_before(mesh, asked):
 
 
 def test_the_old_router_names_the_routers_that_answered_its_barrier_too(mesh):
-    """u/w0 hands ``mover`` on to u/w1: x/w0 answered its barrier (named, None), x/w1 did not
-    (named with how far u/w0 had seen its log)."""
+    """u/w0, up for a while, hands ``mover`` on to u/w1: x/w0 answered its barrier (named,
+    None), x/w1 did not (named with how far u/w0 had seen its log)."""
+    sent: list = []
+    part = _handons(mesh)
+    part._started -= HANDON_YOUNG_S  # (up for longer than a restart's moment)
+    part._send = lambda peer, kind, body: sent.append((peer.router_id, kind, body))
+    part.hand_on("u/w1", "mover", [], {"u/w1": 3, "x/w0": 510})
+    assert sent == [("u/w1", SESSION_HANDON, ["mover", [], True, {"x/w0": None, "x/w1": 700}])]
+
+
+def test_a_router_just_restarted_names_every_router_from_a_time(mesh):
+    """u/w0 has just started (a worker restarted): what the others send its new incarnation
+    again may come after a barrier's answer and below the marks of their first HELLOs, so every
+    router is named with -1, asked from a time (chaos seed 1240224720 after the first fix)."""
     sent: list = []
     part = _handons(mesh)
     part._send = lambda peer, kind, body: sent.append((peer.router_id, kind, body))
     part.hand_on("u/w1", "mover", [], {"u/w1": 3, "x/w0": 510})
-    assert sent == [("u/w1", SESSION_HANDON, ["mover", [], True, {"x/w0": None, "x/w1": 700}])]
+    assert sent == [("u/w1", SESSION_HANDON, ["mover", [], True, {"x/w0": -1, "x/w1": -1}])]
