@@ -61,20 +61,20 @@ class Report(NamedTuple):
     round: int = 0            # the core's round that made it: the newer one says whether it is healthy
 
 
-class _Sync:
-    pass
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A request to the writer besides a batch: what its next round does on top of writing.
+    The thread ORs the fields of every command it finds queued into one round."""
+
+    force_sync: bool = False  # fsync what is written, whatever the policy
+    recover: bool = False     # write again what a failure held back
+    stop: bool = False        # the last round: close the files, end the thread
 
 
-class _Recover:
-    pass
-
-
-class _Stop:
-    pass
-
-
-class _Wake:
-    pass
+SYNC = Command(force_sync=True)         # ``flush(fsync=True)``
+RECOVER = Command(recover=True)         # ``try_recover``
+STOP = Command(recover=True, stop=True)  # ``close``: one last try to write what a failure held back
+WAKE = Command()  # the loop's write made the core dirty, or reached max_unsynced_bytes: fsync when due
 
 
 @dataclass(slots=True)
@@ -84,7 +84,4 @@ class Delete:
     bases: list[int]
 
 
-SYNC = _Sync()        # fsync everything written, whatever the policy (``flush(fsync=True)``)
-RECOVER = _Recover()  # write again what a failure held back (``try_recover``)
-STOP = _Stop()        # write what is left (one more try after a failure), fsync, close, end the thread
-WAKE = _Wake()        # the loop's write made the core dirty, or reached max_unsynced_bytes: fsync when due
+Item = Batch | Command | Delete  # what the loop puts on the writer thread's queue

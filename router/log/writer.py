@@ -35,7 +35,7 @@ from .format import (
     pack_file_header,
     segment_name,
 )
-from .messages import RECOVER, STOP, SYNC, WAKE, Batch, Delete, Report
+from .messages import WAKE, Batch, Command, Item, Report
 
 log = logging.getLogger(__name__)
 
@@ -436,7 +436,7 @@ class WriterThread:
     def __init__(self, core: WriterCore, report: Callable[[Report], None], name: str) -> None:
         self.core = core
         self._report = report
-        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Item] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._handed = core.written_offset  # the last offset of a batch put on the queue
         # Not ``_inline``, ``_thread``: mypyc names a C field after the attribute with one more
@@ -447,7 +447,7 @@ class WriterThread:
         self._last_durable = core.durable_offset
         self._os_thread.start()
 
-    def put(self, item: object) -> None:
+    def put(self, item: Item) -> None:
         if type(item) is Batch:
             self._handed = item.last_offset
         self._queue.put(item)
@@ -491,7 +491,7 @@ class WriterThread:
             try:
                 item = q.get(timeout=timeout) if timeout is not None else q.get()
             except queue.Empty:
-                items: list[object] = []
+                items: list[Item] = []
             else:
                 items = [item]
                 while True:
@@ -505,13 +505,11 @@ class WriterThread:
             for it in items:
                 if isinstance(it, Batch):
                     batches.append(it)
-                elif it is SYNC:
-                    force = True
-                elif it is RECOVER:
-                    recover = True
-                elif it is STOP:
-                    stop = recover = True  # one last attempt to write what a failure held back
-                elif isinstance(it, Delete):
+                elif isinstance(it, Command):
+                    force = force or it.force_sync
+                    recover = recover or it.recover
+                    stop = stop or it.stop
+                else:
                     deletes.extend(it.bases)
             wake_only = not (batches or deletes or force or recover)
             try:
