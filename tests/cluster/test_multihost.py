@@ -17,12 +17,6 @@ from brokerd.cluster.config import load
 from brokerd.cluster.stats_cli import StatsReader
 from tests.helpers import BROKERD, Broker, Client, free_port, in_parallel, mesh_key, stop_together
 
-# Tests see nodes meet, and what replication holds, in the routers' stats snapshots (``mesh_peers``;
-# test_replication's ``snapshot_of``): ten a second, each such wait ends within a tenth of a second
-# of what it waits for, not within the default interval's second. What a snapshot says does not
-# depend on how often it is taken; nodes of tests about the snapshots keep the default.
-SNAPSHOTS = ("--stats-interval", "0.1")
-
 
 def mesh_port(host: str) -> int:
     """A port P with P and P+1 free on ``host`` (router i of a node binds P+i)."""
@@ -46,7 +40,7 @@ def start_nodes(start_broker, *extra_by_node: list[str]):
     peers = [[1], [0], [1]]
 
     def start(i: int, h: str, name: str) -> Broker:
-        args = ["--mesh", f"{h}:{mports[i]}", *mesh_key(), *SNAPSHOTS]  # a --mesh-key in extra_by_node replaces it
+        args = ["--mesh", f"{h}:{mports[i]}", *mesh_key()]  # a --mesh-key in extra_by_node replaces it
         for j in peers[i]:
             args += ["--peer", f"{hosts[j]}:{mports[j]}"]
         args += extra_by_node[i] if i < len(extra_by_node) else []
@@ -112,8 +106,7 @@ def two_nodes(xprocess, data_dir: Callable[[str], object], label: str, *extra: s
             port = free_port(host)
             argv = ["--workers", "2", "--listen", f"{host}:{port}", "--node-id", name,
                     "--data-dir", str(data_dir(name)), *mesh_key(),
-                    "--mesh", f"{host}:{mports[i]}", "--peer", f"{hosts[other]}:{mports[other]}", *SNAPSHOTS,
-                    *extra]
+                    "--mesh", f"{host}:{mports[i]}", "--peer", f"{hosts[other]}:{mports[other]}", *extra]
             started.append(Broker(xprocess, f"brokerd-{label}-node-{name}-{port}", argv, host, port))
         in_parallel(*(broker.start for broker in started))
         for n in started:

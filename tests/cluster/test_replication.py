@@ -33,7 +33,7 @@ from brokerd.router.mesh_format import (
 )
 from brokerd.router.replication import follower_nodes
 from tests.cluster.fake_router import FakeRouter, mesh_endpoint
-from tests.cluster.test_multihost import SNAPSHOTS, mesh_peers, mesh_port, stats_reader
+from tests.cluster.test_multihost import mesh_peers, mesh_port, stats_reader
 from tests.helpers import (
     Broker,
     Client,
@@ -57,7 +57,7 @@ def three_nodes(start_broker, *extra: str) -> dict:
 
     def start(name: str, host: str) -> Broker:
         args = ["--mesh", f"{host}:{ports[name]}", *mesh_key(), "--mesh-timeout", "1", "--fsync", "always",
-                *SNAPSHOTS, *extra]
+                *extra]
         # b and c join through a; a names b.
         seed = "b" if name == "a" else "a"
         args += ["--peer", f"{HOSTS[seed]}:{ports[seed]}"]
@@ -89,7 +89,7 @@ def three_nodes_behind_proxies(start_broker, proxies: dict, *extra: str) -> dict
             "--mesh", f"{host}:{ports[name]}", *mesh_key(),
             "--mesh-advertise", f"{host}:{proxies[name].port}",
             "--peer", f"{HOSTS[seed]}:{proxies[seed].port}", "--mesh-timeout", "1", "--fsync", "always",
-            "--replication-factor", "2", *SNAPSHOTS, *extra, host=host, node_id=name, workers=1)
+            "--replication-factor", "2", *extra, host=host, node_id=name, workers=1)
 
     return _started_and_met(start)
 
@@ -723,8 +723,8 @@ def test_a_third_node_joining_a_node_whose_only_peer_died_does_not_cut_it_off(st
     def start(name: str, seed: str) -> Broker:
         return start_broker("--mesh", f"{HOSTS[name]}:{ports[name]}", *mesh_key(),
                             "--peer", f"{HOSTS[seed]}:{ports[seed]}",
-                            "--mesh-timeout", "1", "--replication-factor", "2", *SNAPSHOTS, host=HOSTS[name],
-                            node_id=name, workers=1)
+                            "--mesh-timeout", "1", "--replication-factor", "2", host=HOSTS[name], node_id=name,
+                            workers=1)
 
     a, b = in_parallel(functools.partial(start, "a", "b"), functools.partial(start, "b", "a"))
     snapshot_of(a, lambda r: r["members"] == 2 and r["lease"]["backing"] == 2)
