@@ -67,11 +67,13 @@ def three_nodes(start_broker, *extra: str) -> dict:
 
 
 def _started_and_met(start: Callable[[str, str], Broker]) -> dict:
-    """Nodes a, b, c, each ``start(name, host)``, all at once; returns {name: Broker} once every
-    router has met the other two."""
+    """Nodes a, b, c (one router each), each ``start(name, host)``, all at once; returns
+    {name: Broker} once every router has met the other two: its node's log says each joined, as
+    it happens (the routers' stats snapshots, which ``mesh_peers`` reads, say it within a second)."""
     nodes = dict(zip(HOSTS, in_parallel(*(functools.partial(start, n, h) for n, h in HOSTS.items())), strict=True))
-    in_parallel(*(functools.partial(mesh_peers, node, 15.0, lambda peers: all(len(p) >= 2 for p in peers.values()))
-                  for node in nodes.values()))
+    for name, node in nodes.items():
+        for other in nodes.keys() - {name}:
+            node.wait_log(f"mesh: node {other} joined", timeout=15.0)
     return nodes
 
 
