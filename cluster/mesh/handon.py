@@ -45,7 +45,12 @@ class Handons:
         self.hold_early: Callable[[str, list], bool] = lambda client_id, items: False
         self.replication: Replication | None = None  # set with the ``Mesh``'s
         self.closed = False
-        self._started = time.monotonic()  # this incarnation's start (``hand_on``: a young one)
+        # Until when this incarnation is young: restarted on a log of its own (a worker or node back
+        # after a crash or a stop), the others send it again what its old one never confirmed, each
+        # as its link comes up (``hand_on``). A first start has nothing to be sent again.
+        log_ = router.commit_log
+        ran_before = log_ is not None and log_.next_offset > 0
+        self.young_until = time.monotonic() + HANDON_YOUNG_S if ran_before else 0.0
         # Sessions that moved here: client id → ({router: offset of its log from which its
         # messages reach this router directly}, until when): what the old owner hands on from
         # there is here already (``_handed_on``).
@@ -109,12 +114,12 @@ class Handons:
             return
         # The routers that did not answer, with how far this router had seen their logs; those
         # that did, with None: the new owner asks those named neither way too (``marks.to_ask``).
-        # A young incarnation (just restarted) names every router with -1, from a time: what the
-        # others send it again (frames its old incarnation never confirmed) comes as each link
-        # comes up, may follow a barrier's answer, and lies below the marks of their first HELLOs
-        # (chaos seed 1240224720 beside the CPU hog, after the first fix).
+        # A young incarnation (just restarted on its log) names every router with -1, from a time:
+        # what the others send it again (frames its old incarnation never confirmed) comes as each
+        # link comes up, may follow a barrier's answer, and lies below the marks of their first
+        # HELLOs (chaos seed 1240224720 beside the CPU hog, after the first fix).
         unheard: dict[str, int | None] | None = None
-        if answered is not None and time.monotonic() - self._started < HANDON_YOUNG_S:
+        if answered is not None and time.monotonic() < self.young_until:
             unheard = {rid: -1 for rid, p in self.peers.items() if rid != router_id and p.origin_mark >= 0}
             unheard.update({rid: -1 for rid in answered if rid != router_id})
         elif answered is not None:

@@ -114,18 +114,21 @@ def test_the_old_router_names_the_routers_that_answered_its_barrier_too(mesh):
     None), x/w1 did not (named with how far u/w0 had seen its log)."""
     sent: list = []
     part = _handons(mesh)
-    part._started -= HANDON_YOUNG_S  # (up for longer than a restart's moment)
+    part.young_until = 0.0  # (up for longer than a restart's moment, or a first start)
     part._send = lambda peer, kind, body: sent.append((peer.router_id, kind, body))
     part.hand_on("u/w1", "mover", [], {"u/w1": 3, "x/w0": 510})
     assert sent == [("u/w1", SESSION_HANDON, ["mover", [], True, {"x/w0": None, "x/w1": 700}])]
 
 
 def test_a_router_just_restarted_names_every_router_from_a_time(mesh):
-    """u/w0 has just started (a worker restarted): what the others send its new incarnation
-    again may come after a barrier's answer and below the marks of their first HELLOs, so every
-    router is named with -1, asked from a time (chaos seed 1240224720 after the first fix)."""
+    """u/w0 has just restarted on its log (a worker SIGKILLed): what the others send its new
+    incarnation again may come after a barrier's answer and below the marks of their first
+    HELLOs, so every router is named with -1, asked from a time (chaos seed 1240224720 after the
+    first fix)."""
     sent: list = []
     part = _handons(mesh)
+    assert part.young_until == 0.0  # a first start (no log here): not young
+    part.young_until = time.monotonic() + HANDON_YOUNG_S  # as a restart on a log makes it
     part._send = lambda peer, kind, body: sent.append((peer.router_id, kind, body))
     part.hand_on("u/w1", "mover", [], {"u/w1": 3, "x/w0": 510})
     assert sent == [("u/w1", SESSION_HANDON, ["mover", [], True, {"x/w0": -1, "x/w1": -1}])]
