@@ -90,7 +90,7 @@ class InsyncPart(Part):
             raise _NotNow(f"the in-sync set was refused: {result}")
         was = self.lead.leader.agreed
         released: list[Held] = self.lead.leader.agree(wanted)  # (clears the proposal)
-        if was is None or was != wanted:
+        if was != wanted:  # (None, before the first commit, differs too)
             log.info("replication: the log of %s is in sync on %s (agreed, leader epoch %d)", self.partition,
                      ", ".join(sorted(wanted)) or "no follower", self.leader_epoch)
         self.lead.release(released)
