@@ -215,7 +215,7 @@ class Message:
                     enc = self._enc
                     if len(enc) > 32:
                         enc.clear()
-                    key |= props[_EXPIRY] << 8  # type: ignore[index]
+                    key |= props[_EXPIRY] << 8  # type: ignore[index]  # expires_ms: props has it
                     parts = enc.get(key)
                     if parts is not None:
                         return parts

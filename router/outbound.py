@@ -57,5 +57,5 @@ class Outbound:
         if len(head) + len(tail) + (2 if qos else 0) > self.max_size:
             return None  # never sent, so no mapping was made
         if fresh:
-            aliases[topic] = alias  # type: ignore[assignment]
+            aliases[topic] = alias  # type: ignore[assignment]  # fresh: alias is an int
         return (head + tail, b"") if qos == 0 else (head, tail)

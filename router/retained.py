@@ -179,7 +179,7 @@ class RetainedStore:
         node = self._topics.pop(topic, None)
         if node is None:
             return
-        size = held_bytes(node.msg)  # type: ignore[arg-type]
+        size = held_bytes(node.msg)  # type: ignore[arg-type]  # a topic's node holds one
         self.bytes -= size
         if topic.startswith(SYS_PREFIX):
             self.sys_count -= 1
@@ -197,7 +197,7 @@ class RetainedStore:
         if path is None:
             return
         parent, key = path[-1]
-        node = parent.children[key]  # type: ignore[index]
+        node = parent.children[key]  # type: ignore[index]  # on the path: has children
         if node.msg is not None:  # set again since
             return
         if node.children:
@@ -205,16 +205,16 @@ class RetainedStore:
                 self._merge(parent, key, node)
             return
         del parent.children[key]  # type: ignore[union-attr]  # a parent on the path has children
-        if len(path) > 1 and parent.msg is None and len(parent.children) == 1:  # type: ignore[arg-type]
+        if len(path) > 1 and parent.msg is None and len(parent.children) == 1:  # type: ignore[arg-type]  # as above
             grand, parent_key = path[-2]
             self._merge(grand, parent_key, parent)
 
     @staticmethod
     def _merge(parent: _Node, key: str, node: _Node) -> None:
         """``node`` holds no message and has one child: the child takes its place and its levels."""
-        (child,) = node.children.values()  # type: ignore[union-attr]
+        (child,) = node.children.values()  # type: ignore[union-attr]  # one child
         child.levels = node.levels + "/" + child.levels
-        parent.children[key] = child  # type: ignore[index]
+        parent.children[key] = child  # type: ignore[index]  # a parent has children
 
     def _path(self, topic: str) -> list[tuple[_Node, str]] | None:
         """(parent, key) of every node on the way to the node ending at ``topic`` (None: no such node)."""
@@ -375,7 +375,7 @@ class RetainedStore:
                 stack.extend(n.children.values())
 
     def __iter__(self) -> Iterator[Message]:
-        return iter([node.msg for node in self._topics.values()])  # type: ignore[misc]
+        return iter([node.msg for node in self._topics.values()])  # type: ignore[misc]  # each holds one
 
     def __len__(self) -> int:
         return self.count

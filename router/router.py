@@ -410,7 +410,7 @@ class Router:
                 folded[session] = (session, max(prev[1], sub.qos), prev[2] and sub.no_local,
                                    prev[3] or sub.retain_as_published)
         for session, sub_ids in ids.items():
-            folded[session] = (Identified(session, sub_ids), *folded[session][1:])  # type: ignore[assignment]
+            folded[session] = (Identified(session, sub_ids), *folded[session][1:])  # type: ignore[assignment]  # duck
         routes = list(folded.values())
         if len(self._routes) > 65536:
             self._routes.clear()
@@ -483,7 +483,7 @@ class Router:
             if pending.get(key) is ack:
                 del pending[key]
 
-        ack.add_done_callback(done)  # type: ignore[attr-defined]
+        ack.add_done_callback(done)  # type: ignore[attr-defined]  # MeshPort's Awaitable is a Future
 
     # -- the other routers ----------------------------------------------------------------------------
 

@@ -243,8 +243,7 @@ class SessionLife:
         if barrier is None:
             self.hand_on(session, to, direct=direct)
         else:
-            # MeshPort.barrier is a Future (its result: ``_answered``), declared an Awaitable.
-            barrier.add_done_callback(  # type: ignore[attr-defined]
+            barrier.add_done_callback(  # type: ignore[attr-defined]  # MeshPort's Awaitable is a Future
                 lambda f: self.hand_on(session, to, _answered(f), direct=direct))
 
     def hand_on(self, session: Session, to: str, answered: dict | None = None, stale: bool = False,

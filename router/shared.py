@@ -115,7 +115,7 @@ def _has_room(session: Session, conn: object, qos: int) -> bool:
     """Whether a message sent to this member now goes out (QoS 0: the socket drains; QoS 1/2:
     the inflight window has room) rather than being dropped or queued."""
     if qos == 0:
-        return not conn.write_paused  # type: ignore[attr-defined]
+        return not conn.write_paused  # type: ignore[attr-defined]  # a Connection, typed object
     return not session.queue and len(session.inflight) < session.receive_max
 
 

@@ -102,11 +102,13 @@ class SharedRoutes:
         """``_deliver_shared``: False when this router has no member of ``key`` that may read
         ``msg`` (left to the caller to count, or to hand on)."""
         group = self.local.get(key)
-        picked = group.pick(msg.qos) if group is not None else None
+        if group is None:
+            return False
+        picked = group.pick(msg.qos)
         if picked is None:
             return False
         if picked[0].acl is not None:
-            picked = _readable_member(group, picked, msg)  # type: ignore[arg-type]
+            picked = _readable_member(group, picked, msg)
             if picked is None:
                 return False
         session, sub = picked

@@ -105,7 +105,7 @@ class Durability:
     def report_threadsafe(self, report: Report) -> None:
         """Called on the writer thread: move the report onto the loop."""
         try:
-            self._loop.call_soon_threadsafe(self.apply, report)  # type: ignore[union-attr]
+            self._loop.call_soon_threadsafe(self.apply, report)  # type: ignore[union-attr]  # a thread: a loop
         except RuntimeError:  # loop closed: close() applies the final report itself
             pass
 

@@ -18,12 +18,12 @@ def from_values(topic: str | bytes, payload: bytes, qos: int, retain: bool, clie
                 timestamp_ms: int | None) -> tuple[Any, ...]:
     """``append``'s arguments as ``append_fields``'s, in its order; the timestamp now if None.
     Strings are kept as str (no encode here, no decode later). Raises ValueError."""
-    # ``type(x) is str`` does not narrow mypy's else branch (x is bytes-like there): hence the
-    # ignores, for isinstance would take a str subclass that bytes() refuses today.
-    t = topic if type(topic) is str else bytes(topic).decode()  # type: ignore[arg-type]
-    c = client_id if type(client_id) is str else bytes(client_id).decode()  # type: ignore[arg-type]
+    # isinstance would take a str subclass, which bytes() refuses: ``type(x) is str`` keeps that
+    # refusal, and does not narrow (each ignore below: x is bytes-like in the else branch).
+    t = topic if type(topic) is str else bytes(topic).decode()  # type: ignore[arg-type]  # bytes-like
+    c = client_id if type(client_id) is str else bytes(client_id).decode()  # type: ignore[arg-type]  # bytes-like
     o = origin_router if origin_router is None or type(origin_router) is str \
-        else bytes(origin_router).decode()  # type: ignore[arg-type]
+        else bytes(origin_router).decode()  # type: ignore[arg-type]  # bytes-like
     if (qos.__class__ is not int or not 0 <= qos <= 2 or len(t) > 0x3FFF or len(c) > 0x3FFF
             or (o is not None and len(o) > 0x3FFF)
             or len(payload) > 0xFFFFFFFF or len(properties) > 0xFFFFFFFF):
