@@ -210,6 +210,9 @@ class Supervisor:
         for line in describe(cfg.listeners, cfg.listeners_implicit, checked, anonymous_allowed(cfg)):
             log.info("%s", line)
         log.info("%s", ready_line(cfg))
+        unagreed = unagreed_warning(cfg)
+        if unagreed:
+            log.warning("%s", unagreed)
         notify(f"READY=1\nSTATUS=node {cfg.node_id}: MQTT on {host}:{port}, {cfg.workers} workers")  # systemd
         while True:
             info = signal.sigtimedwait(SIGNALS, 1.0)
@@ -369,6 +372,17 @@ class Supervisor:
 
 def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def unagreed_warning(cfg: Config) -> str | None:
+    """What a node of several without ``--agreement`` risks, said once at start: the lease rules
+    that then decide who serves a session cannot tell every partition apart (issue 41's losses),
+    and an operator who reads only the ready line would not know it."""
+    if cfg.mesh is None or not cfg.peer or cfg.agreement is not None:
+        return None
+    return ("no --agreement: which node serves a persistent session and which followers are in sync "
+            "is decided by heartbeat leases, and a network partition can lose acknowledged QoS 1/2 "
+            "messages; run --agreement on three nodes or more (README, Several hosts)")
 
 
 def ready_line(cfg: Config) -> str:
