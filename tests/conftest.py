@@ -117,14 +117,18 @@ ALONE_FILES = {
     # failed twice (CI at 0e66e87 and c01a029). It must pass on a loaded machine too, which
     # .ci/run checks on its own, beside a CPU hog; in the suite it runs alone.
     "tests/chaos/test_chaos.py",
+    # A run's drain ends once deliveries are quiet for 0.3 s and counts what is missing as lost: a
+    # neighbour holding the cores that long would make a loss of what is not one.
     "tests/integration/test_bench.py",
-    "tests/integration/test_backpressure.py",  # a worker's RSS, and how soon a stalled reader is closed
     "tests/integration/test_retained_cost.py",  # one client's big SUBSCRIBE holds nobody else up (timed)
     # Faults timed against a 1 s mesh timeout on three nodes in namespaces: beside other tests, a
     # node's routers once took over 15 s to see its start through (CI at 0e66e87, pattern E).
     "tests/partition/test_patterns.py",
     "tests/partition/test_partition.py",
 }
+# Not alone: tests/integration/test_backpressure.py. The memory it bounds is its own worker's, which
+# no neighbour changes, and its one time (a client beside the flood served within 3 s) is far above
+# what a loaded box takes: it passed beside the retained_cost floods, at a load of 5 on two cores.
 
 # The order of a parallel run: the longest work units first (an ``xdist_group``, or one test), so
 # that the last to start are short and the workers finish together; ``alone`` ones before all. A test's seconds are its last
