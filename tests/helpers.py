@@ -214,6 +214,15 @@ class Broker:
     def wait_log(self, text: str, timeout: float = WAIT) -> None:
         wait_for(lambda: text in self.log_text(), timeout, f"log line {text!r}")
 
+    def wait_line(self, *parts: str, timeout: float = WAIT) -> str:
+        """A line of the log that holds every one of ``parts``, awaited. On a broker a file's tests
+        share (``file_broker``), a test's own line: its client id or its socket's address among
+        the parts, so that another test's line alike is not taken for it."""
+        def found() -> str | None:
+            return next((line for line in self.log_text().splitlines() if all(p in line for p in parts)), None)
+
+        return str(wait_for(found, timeout, f"a log line with {parts!r}"))
+
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM (graceful stop) and wait; returns the exit status."""
         os.kill(self.pid, signal.SIGTERM)

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import socket
 import ssl
+import time
 
 import paho.mqtt.client as mqtt
 import pytest
 
-from tests.helpers import Client, RawClient, cid, connect_packet
+from tests.helpers import Broker, Client, RawClient, cid, connect_packet
+
+
+@pytest.fixture
+def broker(on_file_broker: Broker) -> Broker:
+    """One broker for the tests of this file that take the defaults (tests/conftest.py's
+    ``file_broker``): each its own client ids and topics, and a log line it waits for is its own
+    (``peer``: its socket's address is in the line). Fewer protocol violations than a worker's
+    ten warnings a second (connection/ratelimit.py), so none of them is held back."""
+    return on_file_broker
+
+
+def peer(raw: RawClient) -> str:
+    """How the broker's log names a raw client's connection: ``(127.0.0.1:PORT)``."""
+    host, port = raw.sock.getsockname()[:2]
+    return f"({host}:{port})"
 
 
 def test_unsupported_protocol_level_gets_connack_1_then_close(broker):
@@ -58,52 +75,53 @@ def test_reserved_connect_flag_closes_the_connection(broker):
     raw = RawClient(broker.port)
     raw.send(connect_packet("rsv", flags=0x03))
     assert raw.recv_until_closed() == b""
-    broker.wait_log("reserved")
+    broker.wait_line(peer(raw), "reserved")
 
 
 def test_second_connect_is_a_protocol_violation(broker):
     raw = RawClient(broker.port)
-    raw.send(connect_packet("twice"))
+    name = cid("twice")
+    raw.send(connect_packet(name))
     assert raw.recv_exact(4) == b"\x20\x02\x00\x00"
-    raw.send(connect_packet("twice"))
+    raw.send(connect_packet(name))
     assert raw.recv_until_closed() == b""
-    broker.wait_log("MQTT-3.1.0-2")
+    broker.wait_line(peer(raw), "MQTT-3.1.0-2")
 
 
 def test_first_packet_must_be_connect(broker):
     raw = RawClient(broker.port)
     raw.send(b"\xc0\x00")  # PINGREQ
     assert raw.recv_until_closed() == b""
-    broker.wait_log("MQTT-3.1.0-1")
+    broker.wait_line(peer(raw), "MQTT-3.1.0-1")
 
 
 def test_malformed_packet_closes_only_that_client(broker):
     good = Client(broker.port, cid("good")).connect()
     good.subscribe("m/#", 1)
     raw = RawClient(broker.port)
-    raw.send(connect_packet(cid("evil")))
+    evil = cid("evil")
+    raw.send(connect_packet(evil))
     assert raw.recv_exact(4) == b"\x20\x02\x00\x00"
     raw.send(b"\x82\x06\x00\x01\x00\x10ab")  # SUBSCRIBE whose filter length overruns the packet
     assert raw.recv_until_closed() == b""
     pub = Client(broker.port, cid("p")).connect()
     pub.publish("m/ok", b"still fine", qos=1)
     assert good.wait_topic("m/ok").payload == b"still fine"
-    broker.wait_log("evil")  # the log line names the client
+    broker.wait_line(f"client {evil} {peer(raw)}", "malformed packet")  # the log line names the client
 
 
 def test_tls_client_hello_on_plain_port_is_named_in_the_log(broker):
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
-    import socket
-
     with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as s:
+        host, port = s.getsockname()[:2]
         try:
             with ctx.wrap_socket(s, server_hostname="localhost"):
                 raise AssertionError("TLS handshake should not succeed")
         except (ssl.SSLError, ConnectionResetError, OSError):
             pass
-    broker.wait_log("TLS handshake on a plain MQTT listener")
+    broker.wait_line(f"{host}:{port}: TLS handshake on a plain MQTT listener")
 
 
 def test_keepalive_enforced_at_one_and_a_half_times_and_fires_the_will(broker):
@@ -111,15 +129,13 @@ def test_keepalive_enforced_at_one_and_a_half_times_and_fires_the_will(broker):
     watcher.subscribe("will/ka", 1)
     raw = RawClient(broker.port)
     # CONNECT with keepalive 1 s and a will, then silence.
-    cid_b, wt, wm = b"ka-client", b"will/ka", b"gone"
+    cid_b, wt, wm = cid("ka-client").encode(), b"will/ka", b"gone"
     flags = 0x02 | 0x04 | (1 << 3)  # clean, will, will qos 1
     body = (b"\x00\x04MQTT\x04" + bytes([flags]) + (1).to_bytes(2, "big")
             + len(cid_b).to_bytes(2, "big") + cid_b + len(wt).to_bytes(2, "big") + wt
             + len(wm).to_bytes(2, "big") + wm)
     raw.send(bytes([0x10, len(body)]) + body)
     assert raw.recv_exact(4) == b"\x20\x02\x00\x00"
-    import time
-
     t0 = time.monotonic()
     raw.recv_until_closed(timeout=10)
     elapsed = time.monotonic() - t0

@@ -5,75 +5,90 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
+
 from tests.cluster.conftest import client_worker
-from tests.helpers import WAIT, Client, cid, freeze, wait_for
+from tests.helpers import WAIT, Broker, Client, cid, freeze, wait_for
+
+
+@pytest.fixture
+def broker(on_file_broker: Broker) -> Broker:
+    """One broker for the tests of this file that take the defaults (tests/conftest.py's
+    ``file_broker``): each its own client ids, and its topics under a root of its own (``cid``),
+    so that what one retains no other's wildcard gets; the one '#' asserts only an absence."""
+    return on_file_broker
 
 
 def test_retained_stored_replaced_and_cleared(broker):
+    r = cid("r")
     pub = Client(broker.port, cid("p")).connect()
-    pub.publish("r/a", b"v1", qos=1, retain=True)
-    pub.publish("r/a", b"v2", qos=1, retain=True)  # replaces
-    pub.publish("r/b", b"b1", qos=0, retain=True)
+    pub.publish(f"{r}/a", b"v1", qos=1, retain=True)
+    pub.publish(f"{r}/a", b"v2", qos=1, retain=True)  # replaces
+    pub.publish(f"{r}/b", b"b1", qos=0, retain=True)
     s1 = Client(broker.port, cid("s1")).connect()
-    s1.subscribe("r/+", 1)
+    s1.subscribe(f"{r}/+", 1)
     msgs = s1.wait_messages(2)
     got = {m.topic: (m.payload, m.retain, m.qos) for m in msgs}
-    assert got == {"r/a": (b"v2", True, 1), "r/b": (b"b1", True, 0)}
+    assert got == {f"{r}/a": (b"v2", True, 1), f"{r}/b": (b"b1", True, 0)}
     # Live messages on an established subscription arrive with RETAIN 0.
-    pub.publish("r/a", b"v3", qos=1, retain=True)
+    pub.publish(f"{r}/a", b"v3", qos=1, retain=True)
     live = s1.wait_messages(3)[2]
     assert (live.payload, live.retain) == (b"v3", False)
     # An empty retained payload clears it.
-    pub.publish("r/a", b"", qos=1, retain=True)
+    pub.publish(f"{r}/a", b"", qos=1, retain=True)
     s2 = Client(broker.port, cid("s2")).connect()
-    s2.subscribe("r/#", 1)
-    pub.publish("r/zz", b"marker", qos=1)
-    s2.wait_topic("r/zz")
-    assert [(m.topic, m.payload) for m in s2.messages] == [("r/b", b"b1"), ("r/zz", b"marker")]
+    s2.subscribe(f"{r}/#", 1)
+    pub.publish(f"{r}/zz", b"marker", qos=1)
+    s2.wait_topic(f"{r}/zz")
+    assert [(m.topic, m.payload) for m in s2.messages] == [(f"{r}/b", b"b1"), (f"{r}/zz", b"marker")]
 
 
 def test_retained_not_matched_by_leading_wildcard_for_dollar_topics(broker):
+    hidden, seen = f"${cid('x')}/r", f"{cid('vis')}/r"
     pub = Client(broker.port, cid("p")).connect()
-    pub.publish("$x/r", b"hidden", qos=1, retain=True)
-    pub.publish("vis/r", b"seen", qos=1, retain=True)
+    pub.publish(hidden, b"hidden", qos=1, retain=True)
+    pub.publish(seen, b"seen", qos=1, retain=True)
     s = Client(broker.port, cid("s")).connect()
     s.subscribe("#", 0)
-    s.wait_topic("vis/r")
-    assert "$x/r" not in [m.topic for m in s.messages]
+    s.wait_topic(seen)
+    assert hidden not in [m.topic for m in s.messages]
 
 
 def test_will_published_on_abnormal_close(broker):
+    wills = cid("wills")
     watcher = Client(broker.port, cid("w")).connect()
-    watcher.subscribe("wills/#", 1)
-    dying = Client(broker.port, cid("dying"), will=("wills/dying", b"bye", 1, False)).connect()
+    watcher.subscribe(f"{wills}/#", 1)
+    dying = Client(broker.port, cid("dying"), will=(f"{wills}/dying", b"bye", 1, False)).connect()
     dying.drop()
-    m = watcher.wait_topic("wills/dying")
+    m = watcher.wait_topic(f"{wills}/dying")
     assert (m.payload, m.qos) == (b"bye", 1)
 
 
 def test_no_will_after_disconnect(broker):
+    wills = cid("wills")
     watcher = Client(broker.port, cid("w")).connect()
-    watcher.subscribe("wills/#", 1)
-    polite = Client(broker.port, cid("polite"), will=("wills/polite", b"bye", 1, False)).connect()
+    watcher.subscribe(f"{wills}/#", 1)
+    polite = Client(broker.port, cid("polite"), will=(f"{wills}/polite", b"bye", 1, False)).connect()
     polite.disconnect()
     marker = Client(broker.port, cid("m")).connect()
-    marker.publish("wills/marker", b"m", qos=1)
-    watcher.wait_topic("wills/marker")
-    assert [m.topic for m in watcher.messages] == ["wills/marker"]
+    marker.publish(f"{wills}/marker", b"m", qos=1)
+    watcher.wait_topic(f"{wills}/marker")
+    assert [m.topic for m in watcher.messages] == [f"{wills}/marker"]
 
 
 def test_retained_will(broker):
+    topic = f"{cid('wills')}/ret"
     watcher = Client(broker.port, cid("w")).connect()
-    watcher.subscribe("wills/ret", 1)
-    dying = Client(broker.port, cid("d"), will=("wills/ret", b"last", 1, True)).connect()
+    watcher.subscribe(topic, 1)
+    dying = Client(broker.port, cid("d"), will=(topic, b"last", 1, True)).connect()
     dying.drop()
     # The broker publishes the will when it notices the close, on the dying client's worker: once
     # the watcher has it, it is retained there and sent on to the other worker, and only a
     # subscriber that comes after that gets it as a retained message (before: live, RETAIN 0).
-    watcher.wait_topic("wills/ret")
+    watcher.wait_topic(topic)
     late = Client(broker.port, cid("late")).connect()
-    late.subscribe("wills/ret", 1)
-    m = late.wait_topic("wills/ret")
+    late.subscribe(topic, 1)
+    m = late.wait_topic(topic)
     assert (m.payload, m.retain) == (b"last", True)
 
 

@@ -5,8 +5,26 @@ from __future__ import annotations
 import time
 
 import msgpack
+import pytest
 
-from tests.helpers import Client, RawClient, cid, connect_packet, read_packet, subscribe_packet, wait_for
+from tests.helpers import (
+    Broker,
+    Client,
+    RawClient,
+    cid,
+    connect_packet,
+    read_packet,
+    subscribe_packet,
+    wait_for,
+)
+
+
+@pytest.fixture
+def broker(on_file_broker: Broker) -> Broker:
+    """One broker for the tests of this file that take the defaults (tests/conftest.py's
+    ``file_broker``): each its own client ids and topics, nothing retained, and the takeover line
+    awaited is the test's own client's."""
+    return on_file_broker
 
 
 def test_persistent_session_keeps_subscriptions_and_queues_qos1_qos2(broker):
@@ -85,7 +103,7 @@ def test_same_client_id_takes_over_and_closes_the_old_connection(broker):
     pub = Client(broker.port, cid("p")).connect()
     pub.publish("tk/x", b"to-new", qos=1)
     assert new.wait_topic("tk/x").payload == b"to-new"
-    broker.wait_log("taken over")
+    broker.wait_line(f"client {name} (", "taken over")
 
 
 def test_a_clean_session_is_not_resumed_by_a_takeover_that_asks_for_a_persistent_one(broker):
