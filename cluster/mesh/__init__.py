@@ -209,6 +209,7 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin):
         self._replication = replication
         for part in (self.members, self.transfers, self.handons, self.takeovers):
             part.replication = replication
+        self._handlers = dispatch.bind(self)  # its frames now reach its handlers
 
     # The members', as the router and the replication read them (``MeshPort``, ``MeshAdapter``).
     def hears(self, router_id: str) -> bool:

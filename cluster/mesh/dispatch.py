@@ -3,8 +3,9 @@
 ``read`` turns bytes into a checked frame or a refusal (``router.mesh_format`` holds the checks);
 ``FRAMES`` names each kind's handler, the part of the ``Mesh`` that has it, and who may send it:
 anyone (a HELLO introduces its sender), a peer met in this incarnation, or such a peer while this
-router replicates (R > 1: otherwise the frame is ignored). A kind not in the table is refused as a bad frame. Handlers take ``(peer,
-body, size)``, HELLO ``(sender, incarnation, body)``.
+router replicates (R > 1: otherwise the frame is ``ignored``; the replication's handlers are its
+own, ``cluster.replication.frames``). A kind not in the table is refused as a bad frame. Handlers
+take ``(peer, body, size)``, HELLO ``(sender, incarnation, body)``.
 """
 
 from __future__ import annotations
@@ -65,9 +66,10 @@ if TYPE_CHECKING:
 ANYONE = "anyone"
 MET = "met"
 REPLICATING = "replicating"
+REPLICATION = "replication.frames"  # the replication's receiving end (``cluster.replication.frames``)
 
 # kind -> (the method that handles it, who may send it, the ``Mesh``'s part that has that method:
-# "" for the ``Mesh`` itself)
+# "" for the ``Mesh`` itself, a dotted path for a part of a part)
 FRAMES: dict[int, tuple[str, str, str]] = {
     HELLO: ("on_hello", ANYONE, "members"),
     ECHO: ("on_echo", MET, "members"),
@@ -85,25 +87,39 @@ FRAMES: dict[int, tuple[str, str, str]] = {
     TAKEOVER_DONE: ("on_takeover_done", MET, "transfers"),
     SESSION_HANDON: ("on_session_handon", MET, "handons"),
     SESSION_GONE: ("_on_session_gone", MET, ""),  # (also before replication is set up at a start)
-    REPLICATE: ("_on_replicate", REPLICATING, ""),
-    REPLICA_ACK: ("_on_replica_ack", REPLICATING, ""),
-    REPLICA_FETCH: ("_on_replica_fetch", REPLICATING, ""),
-    REPLICA_CATCHUP: ("_on_replica_catchup", REPLICATING, ""),
-    REPLICA_PUBLISH: ("_on_replica_publish", REPLICATING, ""),
-    SESSION_STATE: ("_on_session_state", REPLICATING, ""),
-    SESSION_CATCHUP: ("_on_session_catchup", REPLICATING, ""),
-    SESSION_COPIES: ("_on_session_copies", REPLICATING, ""),
-    SESSION_RESTORE: ("_on_session_restore", REPLICATING, ""),
-    SESSION_RESTORED: ("_on_session_restored", REPLICATING, ""),
-    HISTORY_FETCH: ("_on_history_fetch", REPLICATING, ""),
-    HISTORY: ("_on_history", REPLICATING, ""),
+    REPLICATE: ("on_replicate", REPLICATING, REPLICATION),
+    REPLICA_ACK: ("on_replica_ack", REPLICATING, REPLICATION),
+    REPLICA_FETCH: ("on_replica_fetch", REPLICATING, REPLICATION),
+    REPLICA_CATCHUP: ("on_replica_catchup", REPLICATING, REPLICATION),
+    REPLICA_PUBLISH: ("on_replica_publish", REPLICATING, REPLICATION),
+    SESSION_STATE: ("on_session_state", REPLICATING, REPLICATION),
+    SESSION_CATCHUP: ("on_session_catchup", REPLICATING, REPLICATION),
+    SESSION_COPIES: ("on_session_copies", REPLICATING, REPLICATION),
+    SESSION_RESTORE: ("on_session_restore", REPLICATING, REPLICATION),
+    SESSION_RESTORED: ("on_session_restored", REPLICATING, REPLICATION),
+    HISTORY_FETCH: ("on_history_fetch", REPLICATING, REPLICATION),
+    HISTORY: ("on_history", REPLICATING, REPLICATION),
 }
 
 
 def bind(owner: object) -> dict[int, tuple[Callable[..., None], str]]:
-    """``FRAMES`` with the bound handlers of ``owner`` and its parts, for one lookup a frame."""
-    return {kind: (getattr(getattr(owner, part) if part else owner, name), who)
-            for kind, (name, who, part) in FRAMES.items()}
+    """``FRAMES`` with the bound handlers of ``owner`` and its parts, for one lookup a frame. A
+    part not there (the replication, on a router that replicates nothing, or a test's stand-in
+    without frames) has its kinds ``ignored``; the ``Mesh`` binds again once it is set."""
+    handlers: dict[int, tuple[Callable[..., None], str]] = {}
+    for kind, (name, who, path) in FRAMES.items():
+        part: Any = owner
+        for step in path.split(".") if path else ():
+            part = getattr(part, step, None)
+            if part is None:
+                break
+        handlers[kind] = (ignored if part is None else getattr(part, name), who)
+    return handlers
+
+
+def ignored(peer: Peer, body: Any, size: int) -> None:
+    """A replication frame reaching a router that replicates nothing (R = 1 here): no part of
+    this router acts on it."""
 
 
 class Refused(NamedTuple):
@@ -216,60 +232,17 @@ class DispatchMixin:
         peer.last_seen = time.monotonic()
         if not peer.alive and kind != GOODBYE:
             self.members.rejoin(peer, "heard again")
-        if who is REPLICATING and self.replication is None:
-            return  # replication frames for a router that replicates nothing (R = 1 here)
         handler(peer, body, size)
 
-    # -- frames for the replication (``cluster.replication``) -----------------------------------
-
-    @property
-    def _replicating(self) -> Replication:
-        """The replication, where there is one for sure: for the frames ``_handle`` hands on only
-        then, and for a session taken from this router's own replica."""
-        assert self.replication is not None
-        return self.replication
+    # -- SESSION_GONE: also before the replication is set up at a start ------------------------
 
     def _on_session_gone(self, peer: Peer, body: Any, size: int) -> None:
+        """These sessions of a partition were taken over from a replica: the partition's own
+        router drops its stale copies (with or without replication), a follower its replicas."""
         partition, client_ids = body[0], body[1]
         wills = body[2] if len(body) == 3 else []
-        if partition == self.router_id:  # (also before replication is set up at a start)
+        if partition == self.router_id:
             self.router.drop_stale_sessions(client_ids)
             self.router.wills_published_elsewhere(wills)
         elif self.replication is not None:
             self.replication.session_gone(partition, client_ids, wills)
-
-    def _on_replicate(self, peer: Peer, body: Any, size: int) -> None:
-        self._replicating.replicate(peer, *body)
-
-    def _on_replica_ack(self, peer: Peer, body: Any, size: int) -> None:
-        self._replicating.acknowledged(peer.router_id, *body)
-
-    def _on_replica_fetch(self, peer: Peer, body: Any, size: int) -> None:
-        self._replicating.fetch(peer, *body)
-
-    def _on_replica_catchup(self, peer: Peer, body: Any, size: int) -> None:
-        self._replicating.catchup(peer, *body)
-
-    def _on_replica_publish(self, peer: Peer, body: Any, size: int) -> None:
-        self._replicating.replayed(*body)
-
-    def _on_session_state(self, peer: Peer, body: Any, size: int) -> None:
-        self._replicating.session_state(peer, *body)
-
-    def _on_session_catchup(self, peer: Peer, body: Any, size: int) -> None:
-        self._replicating.session_catchup(peer, *body)
-
-    def _on_session_copies(self, peer: Peer, body: Any, size: int) -> None:
-        self.router.take_copies(body[0], body[1], read_back=True)
-
-    def _on_session_restore(self, peer: Peer, body: Any, size: int) -> None:
-        self._replicating.restore_sessions(peer, body)
-
-    def _on_session_restored(self, peer: Peer, body: Any, size: int) -> None:
-        self._replicating.restored(peer.router_id, *body)
-
-    def _on_history_fetch(self, peer: Peer, body: Any, size: int) -> None:
-        self._replicating.history_fetch(peer, *body)
-
-    def _on_history(self, peer: Peer, body: Any, size: int) -> None:
-        self._replicating.history(peer.router_id, *body)

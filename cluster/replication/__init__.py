@@ -22,7 +22,8 @@ declared in one place and type-checked. The mesh, the router and the worker talk
 - ``restore``: a router back on an empty disk (its log continued, its sessions sent back);
 - ``majority``: the lease and the majority rules (``in_minority``, ``gone_for_majority``);
 - ``insync``: with ``--agreement``, the in-sync set committed through it (and others' sets learnt);
-- ``link``: the one interface to the mesh (``MeshLink``).
+- ``link``: the one interface to the mesh (``MeshLink``), and ``frames``: its receiving end, the
+  handlers the mesh's dispatch table names for the replication's frame kinds.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from .catchup import CatchupPart
 from .follower import FETCH_AGAIN_S, FollowerPart, Replica
+from .frames import FramesPart
 from .history import HistoryPart
 from .insync import InsyncPart
 from .leader import LeaderPart
@@ -93,9 +95,10 @@ class Replication(Part):
         self.histories = HistoryPart(self)
         self.readback = ReadBackPart(self)
         self.catchups = CatchupPart(self)
+        self.frames = FramesPart(self)  # the frames the mesh hands on (``dispatch.FRAMES``)
         parts = {"lead": self.lead, "follow": self.follow, "session_part": self.session_part, "wills": self.wills,
                  "quorum": self.quorum, "isr": self.isr, "restorer": self.restorer, "histories": self.histories,
-                 "readback": self.readback, "catchups": self.catchups}
+                 "readback": self.readback, "catchups": self.catchups, "frames": self.frames}
         for part in parts.values():
             for name in _references(type(part)):
                 setattr(part, name, parts[name])
@@ -250,26 +253,14 @@ class Replication(Part):
     def agreed(self, owners: Any) -> None:
         self.quorum.agreed = owners
 
-    def fetch(self, peer: Peer, partition: str, offset: int) -> None:
-        self.lead.fetch(peer, partition, offset)
-
     def hello(self) -> dict[str, int]:
         return self.follow.hello()
 
     def history(self, sender: str, partition: str, first: int, last: int, body: bytes) -> None:
         self.histories.history(sender, partition, first, last, body)
 
-    def history_fetch(self, peer: Peer, partition: str, offset: int, before: int) -> None:
-        self.histories.history_fetch(peer, partition, offset, before)
-
     def parked(self, peer: Peer) -> None:
         self.readback.parked(peer)
-
-    def catchup(self, peer: Peer | None, partition: str, offset: int) -> None:
-        self.readback.catchup(peer, partition, offset)
-
-    def replayed(self, partition: str, batch: list, mark: int) -> None:
-        self.readback.replayed(partition, batch, mark)
 
     def sessions_changed(self, sessions: dict[str, dict]) -> None:
         self.session_part.sessions_changed(sessions)
@@ -310,16 +301,6 @@ class Replication(Part):
 
     def moved_in_catchup(self, peer: Peer, silent_since: float) -> None:
         self.catchups.moved_in_catchup(peer, silent_since)
-
-    def session_catchup(self, peer: Peer | None, client_id: str, partition: str, start: int, since_ms: int,
-                        subs: list, username: str | None, end: int = -1, spools: bool = False) -> None:
-        self.catchups.session_catchup(peer, client_id, partition, start, since_ms, subs, username, end, spools)
-
-    def restore_sessions(self, peer: Peer, partition: str) -> None:
-        self.restorer.restore_sessions(peer, partition)
-
-    def restored(self, sender: str, partition: str, header: dict | None, last: bool) -> None:
-        self.restorer.restored(sender, partition, header, last)
 
     def check_paused(self) -> None:
         self.quorum.check_paused()

@@ -5,13 +5,24 @@ refused as a bad frame (counted) without reaching any handler. No sockets."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import msgpack
 import pytest
 
 from brokerd.cluster.config import Config
-from brokerd.cluster.mesh import Mesh, dispatch
-from brokerd.router.mesh_format import ECHO, GOODBYE, HELLO, KIND_NAMES, MESH_VERSION, PUBLISH
+from brokerd.cluster.mesh import Mesh, Peer, dispatch
+from brokerd.cluster.replication.frames import FramesPart
+from brokerd.router.mesh_format import (
+    ECHO,
+    GOODBYE,
+    HELLO,
+    KIND_NAMES,
+    MESH_VERSION,
+    PUBLISH,
+    REPLICATE,
+    SESSION_GONE,
+)
 from brokerd.router.router import Router, RouterConfig
 
 
@@ -21,8 +32,37 @@ def frame(kind: int, body, version: int = MESH_VERSION, sender: str = "x/w0", in
 
 def test_the_table_has_one_handler_for_each_kind_of_the_wire_format(mesh):
     assert set(dispatch.FRAMES) == set(KIND_NAMES)
+    mesh.replication = replication_standin()
+    assert set(mesh._handlers) == set(KIND_NAMES)
     for kind, (handler, _who) in mesh._handlers.items():
         assert handler.__name__ == dispatch.FRAMES[kind][0]
+
+
+def replication_standin() -> SimpleNamespace:
+    """What the mesh reads of a ``Replication`` to bind its frames: its receiving part."""
+    return SimpleNamespace(frames=FramesPart.__new__(FramesPart))
+
+
+def test_the_replications_frames_reach_its_own_part_and_are_ignored_without_one(mesh):
+    replicating = [kind for kind, (_name, who, _part) in dispatch.FRAMES.items() if who == dispatch.REPLICATING]
+    assert REPLICATE in replicating and SESSION_GONE not in replicating
+    assert all(mesh._handlers[kind][0] is dispatch.ignored for kind in replicating)
+    standin = replication_standin()
+    mesh.replication = standin
+    for kind in replicating:
+        handler = mesh._handlers[kind][0]
+        assert handler.__self__ is standin.frames and handler.__func__ is getattr(FramesPart, dispatch.FRAMES[kind][0])
+    mesh.replication = None
+    assert all(mesh._handlers[kind][0] is dispatch.ignored for kind in replicating)
+
+
+def test_a_replication_frame_without_a_replication_still_tells_that_its_sender_is_heard(mesh):
+    """(R = 1 here: the frame is acted on by nobody, but its sender is not silent.)"""
+    peer = Peer("x/w0", "x", None, None)
+    peer.incarnation, peer.alive, peer.last_seen = 7, True, 0.0
+    mesh.peers["x/w0"] = peer
+    mesh._handle(REPLICATE, "x/w0", 7, ["x/w0", 0, 0, b"", -1], 10)
+    assert peer.last_seen > 0.0 and mesh.router.stats.mesh_bad_frames == 0
 
 
 def test_bytes_become_a_checked_frame_or_say_why_they_are_refused():
