@@ -434,14 +434,16 @@ def broker(start_broker) -> Broker:
 
 
 @pytest.fixture(scope="module")
-def file_broker(xprocess, tmp_path_factory) -> Iterator[Broker]:
+def file_broker(xprocess, tmp_path_factory, request: pytest.FixtureRequest) -> Iterator[Broker]:
     """A broker with ``start_broker``'s defaults for a whole test file, started once, not once a
     test (a second or two each, more on a busy box). Only for files whose tests can share one:
     each its own client ids (``cid``) and topics, nothing retained that another's wildcard would
     get, no log line or counter that another test could have made. Tests take it through
-    ``on_file_broker``; under xdist the file stays on one worker (``_shared``)."""
+    ``on_file_broker``; under xdist the file stays on one worker (``_shared``). Two workers, or
+    as many as the file's ``FILE_BROKER_WORKERS`` says."""
+    workers = getattr(request.module, "FILE_BROKER_WORKERS", 2)
     port = _free_port_not_in("127.0.0.1", ())
-    argv = ["--workers", "2", "--listen", f"127.0.0.1:{port}", "--node-id", "t",
+    argv = ["--workers", str(workers), "--listen", f"127.0.0.1:{port}", "--node-id", "t",
             "--data-dir", str(tmp_path_factory.mktemp("file-broker"))]
     broker = Broker(xprocess, f"brokerd-{next(_names)}-{port}", argv, "127.0.0.1", port).start()
     yield broker

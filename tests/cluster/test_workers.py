@@ -13,13 +13,23 @@ import pytest
 from tests.cluster.conftest import client_worker, spread, worker_of
 from tests.helpers import Client, RawClient, connect_packet, freeze, read_packet, wait_for
 
+FILE_BROKER_WORKERS = 3  # the file's broker (tests/conftest.py's ``file_broker``)
+
 
 def uid() -> str:
     return uuid.uuid4().hex[:6]
 
 
 @pytest.fixture
-def cluster(start_broker):
+def cluster(on_file_broker):
+    """The file's broker of three workers, for the tests that leave it as they found it: each its
+    own client ids and topics (``uid``), a worker it stops running again before it ends."""
+    return on_file_broker
+
+
+@pytest.fixture
+def own_cluster(start_broker):
+    """A broker of three workers of the test's own, for a test that kills a worker or the node."""
     return start_broker(workers=3)
 
 
@@ -203,7 +213,8 @@ def test_takeover_of_a_live_connection_on_another_worker_closes_it(cluster):
     raw.close()
 
 
-def test_killed_worker_is_restarted_and_serves_again(cluster):
+def test_killed_worker_is_restarted_and_serves_again(own_cluster):
+    cluster = own_cluster
     before = set(cluster.workers())
     assert len(before) == 3
     victim = sorted(before)[1]
@@ -249,7 +260,8 @@ def test_listen_port_is_shared_by_all_workers(cluster):
     assert len(pids) >= 2
 
 
-def test_retained_survives_a_crash_of_the_whole_node_on_every_worker(cluster):
+def test_retained_survives_a_crash_of_the_whole_node_on_every_worker(own_cluster):
+    cluster = own_cluster
     u = uid()
     pub = Client(cluster.port, f"rk{u}").connect()
     pub.publish(f"crashret{u}", b"still here", qos=1, retain=True)
