@@ -70,8 +70,9 @@ part, a callback); the pure rules take values and time in and are tested without
   (publishes out and in, replay from the log) and ``delivery`` (rules: numbering, the ring, the
   backlog);
 - ``members`` (``Members``: the peers, HELLO, heartbeat, park, rejoin, forget; what the others do
-  as a peer comes and goes is its ``Hooks``) and ``membership`` (rules: parking, forgetting,
-  echoing, pauses);
+  as a peer comes and goes is its ``Hooks``), the shell of ``membership`` (the rules: parking,
+  forgetting, echoing, pauses; and ``MembersCore``, the sans-IO core: time and frames in, frames
+  and effects out);
 - ``waiter`` (``Requests``: the numbered requests every live peer answers), ``interest``
   (``Interest``: announcements and barriers);
 - sessions moving: ``takeover`` (``Takeovers``: asking, settling, confirming) and ``offer``

@@ -4,7 +4,13 @@ Every ``HELLO_INTERVAL_S`` this router says HELLO on every link, with the router
 live ``--peer`` is enough to join), its confirmations of each peer's frames, its log's end and
 marks, and its lease's beat. A peer silent for ``--mesh-timeout``, that said GOODBYE, or back as
 a new incarnation is parked; heard again, it is taken back (``rejoin``); parked for
-``--mesh-forget``, forgotten. The timing rules are ``membership``; this part acts on them.
+``--mesh-forget``, forgotten.
+
+The decisions and the peers' membership state are the sans-IO core, ``membership.MembersCore``:
+it takes the time and a frame's values and yields frames and effects. ``Members`` is its shell
+(as uvicorn's ``h11_impl`` is h11's): it owns the clock, the heartbeat timer and the links, and
+acts on each effect through one table (``_actions``): sending, logging, moving kept frames to a
+link, telling the other parts (``Hooks``) and the replication.
 """
 
 from __future__ import annotations
@@ -15,15 +21,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import zmq
 
-from brokerd.router.mesh_format import CATCHUP, ECHO, HELLO, RESYNC, SYNC_REQ
+from brokerd.router.mesh_format import ECHO, HELLO
 
-from ..quorum import MARGIN_S
 from . import delivery, membership
-from .limits import HELLO_INTERVAL_S, SYNC_WINDOW_S, log, park_skew
+from .limits import HELLO_INTERVAL_S, log, park_skew
 from .peer import Peer
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from brokerd.router.router import Router
 
@@ -64,7 +69,6 @@ class Members:
         self.router = router
         self.router_id = router.router_id
         self.node_id = config.node_id
-        self.incarnation = incarnation
         self.peers = peers
         self.transport = transport
         self.hooks = hooks
@@ -83,12 +87,10 @@ class Members:
         self._local_ids = {f"{self.node_id}/w{j}" for j in range(config.workers)} - {self.router_id}
         self._local_joined: asyncio.Future | None = None
         self._timer: asyncio.TimerHandle | None = None
-        self._started = self._clock()
-        self._last_beat = self._clock()
-        # A heartbeat this long after the last means a pause the others may have acted on; the
-        # moment that is reached, for ``check_paused``'s callers to compare with cheaply.
-        self._pause_after = config.mesh_timeout - MARGIN_S
-        self.pause_deadline = self._last_beat + self._pause_after
+        # The membership itself (who is alive, parked, forgotten; the heartbeat's clock): the
+        # core decides, with the time given; this shell acts (``_actions``).
+        self.core = membership.MembersCore(self.router_id, self.node_id, incarnation, peers, config.mesh_timeout,
+                                           config.mesh_forget, self._clock())
 
     async def start(self) -> None:
         """Start the heartbeat, and serve only once the routers of this node know each other
@@ -208,121 +210,92 @@ class Members:
         done = commit_log.durable_offset if self.config.fsync == "always" else commit_log.written_offset
         return delivery.confirmable(peer, done)
 
-    def on_hello(self, sender: str, inc: int, body: dict) -> None:
-        if sender == self.router_id:
-            return
-        peer = self.peers.get(sender)
-        if peer is None:
-            peer = Peer(sender, body["node"], body.get("ipc"), body.get("tcp"))
-            self.peers[sender] = peer
-            self._peer_stats[sender] = peer.stats
-        peer.ipc, peer.tcp = body.get("ipc"), body.get("tcp")
-        peer.stats_tcp = body.get("stats")
-        peer.replicas = body.get("replicas", {})
-        if peer.link is None:
-            endpoint = peer.ipc if peer.node_id == self.node_id else peer.tcp
-            if endpoint is None:
-                log.warning("mesh: router %s of node %s has no --mesh address; cannot reach it", sender,
-                            peer.node_id)
-                return
-            peer.link = self.transport.link(endpoint)
-        peer.last_seen = self._clock()
-        catchup = -1
-        if peer.incarnation != inc:
-            peer.claim_floor = body.get("log", -1)
-            peer.interest_known = False
-            if peer.incarnation is None:
-                if peer.origin_mark < 0:  # first met: what it logged before is not ours to ask
-                    peer.origin_mark = body.get("log", -1)
-            else:
-                # It crashed and came back: ask it (after our interest, below) for what it
-                # acknowledged since our mark and never sent, or from where its log is now if it
-                # came back with less (a lost disk).
-                catchup = membership.catchup_from(peer.origin_mark, body.get("log", -1))
-                # What its old incarnation had not read is lost with it; what was kept for it
-                # while it was silent goes to the new one, whose restored sessions want it.
-                self.park(peer, "restarted")
-                peer.link.reset()
-                # Its request numbers start again: what was in doubt with the old one, and what
-                # we confirmed to it, cannot be told from the new one's.
-                self.hooks.restarted(sender)
-                # Its frames are numbered anew; what its old incarnation never confirmed goes to
-                # the new one first.
-                delivery.new_incarnation(peer)
-            peer.incarnation = inc
-            if peer.parked:
-                self.rejoin(peer, "restarted")
-            else:
-                self._joined(peer)
-            if catchup >= 0:
-                peer.origin_mark = catchup  # raised again by its frames as it reads back
-                self._send(peer, CATCHUP, catchup)
-        elif not peer.alive:
-            self.rejoin(peer, "heard again")
-        acked = body.get("acks", {}).get(self.router_id)
-        if acked is not None and acked[0] == self.incarnation:
-            delivery.confirmed(peer, acked[1])
-        peer.seen_of_me = body.get("seen", {}).get(self.router_id, -1)
-        peer.hears = frozenset(p[0] for p in body.get("peers", ()))
-        beat = body.get("beat")
-        if beat is not None:
-            self._echo(peer, inc, beat)
-        peer.origin_mark = membership.claimed_mark(peer, body.get("marks", {}).get(self.router_id))
-        for rid, node, ipc, tcp in body.get("peers", ()):
-            if rid != self.router_id and rid not in self.peers:
-                endpoint = ipc if node == self.node_id else tcp
-                if endpoint:
-                    self._send_hello(self.transport.link(endpoint))
-
-    def _echo(self, peer: Peer, inc: int, beat: list[int]) -> None:
-        """Answer a peer's beat at once (its lease, ``cluster.quorum.Lease``), where
-        ``membership.echo_allowed`` allows it."""
-        peer.beat_epoch = beat[0]
-        if peer.link is None or not membership.echo_allowed(peer, inc, beat[0], self._clock(), self._started,
-                                                            self.config.mesh_timeout):
-            return
+    def _send_hello(self, link: Link) -> None:
         try:
-            peer.link.sock.send(self._frame(ECHO, [inc, beat[0], beat[1]]), zmq.NOBLOCK)
+            link.sock.send(self._frame(HELLO, self._hello_body()), zmq.NOBLOCK)
         except zmq.Again:
-            pass  # a blocked link: the next beat is echoed instead
+            pass  # a blocked or absent peer: the next heartbeat tries again
 
-    def _joined(self, peer: Peer, quiet: bool = False) -> None:
-        """A router (re)appeared: greet it, tell it our interest, fetch retained messages once."""
-        first = not any(p.alive for p in self.peers.values() if p.node_id == peer.node_id)
-        if not peer.alive:
-            peer.since = self._clock()
-        peer.alive = True
-        peer.left = False
-        if peer.node_id == self.node_id and self._local_joined is not None and not self._local_joined.done():
-            self._local_joined.set_result(None)  # CONNECTs waiting for a router of this node go on
-        if not quiet:
-            # One INFO line per node that joins, from router 0 of this node; each router pair: DEBUG.
-            where = peer.link.endpoint if peer.link else "?"
-            log.debug("mesh: router %s joined (%s)", peer.router_id, where)
-            if first and self.index == 0 and peer.node_id != self.node_id:
-                log.info("mesh: node %s joined (first router %s at %s)", peer.node_id, peer.router_id, where)
-        assert peer.link is not None
-        self._send_hello(peer.link)
-        self.hooks.joined(peer)
-        if self.replication is not None:
-            self.replication.rejoined(peer)
-        if self._clock() - self._started < SYNC_WINDOW_S:
-            # Starting up: merge the retained set of every router we meet (newest version of a
-            # topic wins), so a retained update that only reached some routers before a crash of
-            # the whole node comes back from any one of them.
-            self._send(peer, SYNC_REQ, None)
+    # -- the core's transitions, and the shell's actions on its effects --------------------------
+
+    def _act(self, effects: Iterable[Any]) -> None:
+        """Act on each effect the core yields, before it goes on (``membership.MembersCore``)."""
+        actions = self._actions
+        for effect in effects:
+            actions[effect.__class__](self, effect)
+
+    def on_hello(self, sender: str, inc: int, body: dict) -> None:
+        self._act(self.core.hello(sender, inc, body, self._clock()))
+
+    def on_echo(self, peer: Peer, body: Any, size: int) -> None:
+        self._act(self.core.echo(peer, body))
+
+    def on_goodbye(self, peer: Peer, body: Any, size: int) -> None:
+        self._act(self.core.goodbye(peer, self._clock()))
 
     def park(self, peer: Peer, why: str) -> None:
         """``peer`` fell silent, left or restarted: nothing waits for it any more, its shared-group
         presence goes, and what it would be sent is kept (bounded) until it is heard again."""
-        if not peer.alive:
-            return
-        self._flush()  # what this tick collected for it goes first, into its backlog
-        peer.alive = False
-        peer.parked = True
-        peer.parked_at = self._clock()
-        if peer.incarnation is not None:
-            peer.fence = (peer.incarnation, peer.beat_epoch)  # its lease gets no echo of ours now
+        self._act(self.core.park(peer, why, self._clock()))
+
+    def rejoin(self, peer: Peer, why: str) -> None:
+        """A parked (or forgotten) peer is heard again: the frames kept for it first, then
+        interest both ways, each side's a full announcement."""
+        self._act(self.core.rejoin(peer, why, self._clock()))
+
+    def heartbeat(self) -> None:
+        self._act(self.core.heartbeat(self._clock()))
+
+    def check_paused(self) -> None:
+        """If the heartbeat is a mesh timeout late (this process was paused), run it now, and
+        count the majority again if this router's lease ended since it was counted, before what
+        waited is acted on (frames read, acknowledgements, a persistent CONNECT), which the
+        event loop may otherwise run first."""
+        if self.core.late(self._clock()) and self._timer is not None and not self.closed:
+            self._timer.cancel()
+            self.heartbeat()
+        if self.replication is not None and self._clock() >= self.replication.recount_at:
+            self._replication_hook(self.replication.recount)  # its lease ended (or was renewed)
+
+    @property
+    def pause_deadline(self) -> float:
+        """When, on the monotonic clock, a heartbeat not run yet means this process was paused."""
+        return self.core.pause_deadline
+
+    @pause_deadline.setter
+    def pause_deadline(self, deadline: float) -> None:
+        self.core.pause_deadline = deadline
+
+    def _frame_out(self, effect: membership.Frame) -> None:
+        self._send(effect.peer, effect.kind, effect.body)
+
+    def _echo(self, effect: membership.Echo) -> None:
+        assert effect.peer.link is not None  # (the core echoes only on a link)
+        try:
+            effect.peer.link.sock.send(self._frame(ECHO, effect.body), zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # a blocked link: the next beat is echoed instead
+
+    def _greet(self, effect: membership.Greet) -> None:
+        self._send_hello(self.transport.link(effect.endpoint))
+
+    def _met(self, effect: membership.Met) -> None:
+        self._peer_stats[effect.peer.router_id] = effect.peer.stats
+
+    def _reach(self, effect: membership.Reach) -> None:
+        effect.peer.link = self.transport.link(effect.endpoint)
+
+    def _unreachable(self, effect: membership.Unreachable) -> None:
+        log.warning("mesh: router %s of node %s has no --mesh address; cannot reach it", effect.peer.router_id,
+                    effect.peer.node_id)
+
+    def _flush_now(self, effect: membership.Flush) -> None:
+        self._flush()
+
+    def _parked(self, effect: membership.Parked) -> None:
+        """What the rest of the router does as ``peer`` is parked: its backlog starts, the
+        router drops its shared-group presence, what its link held is kept, nothing waits for it."""
+        peer, why = effect
         delivery.parked(peer, self.router.commit_log.next_offset if self.router.commit_log is not None else None)
         log.warning("mesh: router %s %s; keeping its interest and up to %d bytes of frames for it for "
                     "%g s", peer.router_id, why, self.config.mesh_backlog, self.config.mesh_forget)
@@ -337,50 +310,74 @@ class Members:
             # goodbye sent everything first; one that restarted reads its own log back (CATCHUP).
             self._replication_hook(self.replication.parked, peer)
 
-    def rejoin(self, peer: Peer, why: str) -> None:
-        """A parked (or forgotten) peer is heard again: the frames kept for it first, then
-        interest both ways, each side's a full announcement."""
-        was_parked = peer.parked
-        # When its silence began: taken while it still counts as parked (after, it reads as now).
-        silent_since = self.silent_since(peer)
-        peer.parked = False
+    def _restarted(self, effect: membership.Restarted) -> None:
+        peer = effect.peer
+        assert peer.link is not None  # (reached before its incarnation is compared)
+        peer.link.reset()
+        # Its request numbers start again: what was in doubt with the old one, and what we
+        # confirmed to it, cannot be told from the new one's.
+        self.hooks.restarted(peer.router_id)
+        # Its frames are numbered anew; what its old incarnation never confirmed goes to the new
+        # one first.
+        delivery.new_incarnation(peer)
+
+    def _returning(self, effect: membership.Returning) -> None:
+        """The frames kept for a peer taken back go to its link: unconfirmed frames of a crashed
+        incarnation first, then what was kept meanwhile."""
+        peer, why, was_parked = effect
         backlog, kept, msgs, dropped = delivery.take_backlog(peer)
         if was_parked:
             log.info("mesh: router %s is back (%s) after %.1f s: %d kept frame(s) of %d bytes (%d "
                      "message(s)) go to it%s", peer.router_id, why, self._clock() - peer.parked_at,
                      len(backlog), kept, msgs, f"; {dropped} were dropped (backlog full)" if dropped else "")
         resend, peer.resend = peer.resend, []
-        if peer.link is None:
+        if peer.link is None or not (resend or backlog):
             return
-        if resend or backlog:
-            # Straight into the link's queue (not ``send``: nothing is dropped for its length):
-            # unconfirmed frames of a crashed incarnation first, then what was kept meanwhile.
-            if resend:
-                log.info("mesh: %d frame(s) router %s had not confirmed before it restarted are sent "
-                         "again", len(resend), peer.router_id)
-            peer.link.pending.extend(resend)
-            for seq, frame in backlog:
-                if seq:
-                    # Unconfirmed until the peer's HELLO says its log wrote their copies, like
-                    # any frame sent: should it crash first, its next incarnation gets them again.
-                    # (Sent without, a node killed just after its silence ended lost what was
-                    # kept for it meanwhile: partition seed 3.)
-                    self._unconfirmed(peer, seq, frame)
-                peer.link.pending.append(frame)
-            self.transport.blocked(peer.link)
-        replay_from, peer.replay_from = peer.replay_from, None
-        self._joined(peer, quiet=was_parked)
-        self.hooks.back(peer, why == "restarted")
-        if was_parked and why != "restarted" and self.replication is not None:
-            # (A restarted router's own catch-up reads its log back by our interest as it is now.)
-            self._replication_hook(self.replication.moved_in_catchup, peer, silent_since)
-        self._send(peer, RESYNC, None)
-        if replay_from is not None:
-            self._start_replay(peer, replay_from, "its backlog here was full")
+        # Straight into the link's queue (not ``send``: nothing is dropped for its length).
+        if resend:
+            log.info("mesh: %d frame(s) router %s had not confirmed before it restarted are sent "
+                     "again", len(resend), peer.router_id)
+        peer.link.pending.extend(resend)
+        for seq, frame in backlog:
+            if seq:
+                # Unconfirmed until the peer's HELLO says its log wrote their copies, like any
+                # frame sent: should it crash first, its next incarnation gets them again. (Sent
+                # without, a node killed just after its silence ended lost what was kept for it
+                # meanwhile: partition seed 3.)
+                self._unconfirmed(peer, seq, frame)
+            peer.link.pending.append(frame)
+        self.transport.blocked(peer.link)
 
-    def _forget(self, peer: Peer) -> None:
+    def _joined(self, effect: membership.Joined) -> None:
+        """A router (re)appeared: greet it, tell it our interest (``Hooks.joined``)."""
+        peer, first, quiet = effect
+        if peer.node_id == self.node_id and self._local_joined is not None and not self._local_joined.done():
+            self._local_joined.set_result(None)  # CONNECTs waiting for a router of this node go on
+        if not quiet:
+            # One INFO line per node that joins, from router 0 of this node; each router pair: DEBUG.
+            where = peer.link.endpoint if peer.link else "?"
+            log.debug("mesh: router %s joined (%s)", peer.router_id, where)
+            if first and self.index == 0 and peer.node_id != self.node_id:
+                log.info("mesh: node %s joined (first router %s at %s)", peer.node_id, peer.router_id, where)
+        assert peer.link is not None
+        self._send_hello(peer.link)
+        self.hooks.joined(peer)
+        if self.replication is not None:
+            self.replication.rejoined(peer)
+
+    def _back(self, effect: membership.Back) -> None:
+        peer, restarted, was_parked, silent_for = effect
+        self.hooks.back(peer, restarted)
+        if was_parked and not restarted and self.replication is not None:
+            # (A restarted router's own catch-up reads its log back by our interest as it is now.)
+            self._replication_hook(self.replication.moved_in_catchup, peer, time.time() - silent_for)
+
+    def _replay(self, effect: membership.Replay) -> None:
+        self._start_replay(effect.peer, effect.offset, "its backlog here was full")
+
+    def _forgotten(self, effect: membership.Forgotten) -> None:
         """Parked for ``--mesh-forget`` seconds: drop its interest and what was kept for it."""
-        peer.parked = False
+        peer = effect.peer
         _, _, lost, dropped = delivery.take_backlog(peer)
         self.router.stats.drop_mesh_peer_gone += lost
         log.warning("mesh: router %s silent for %g s: forgotten, %d kept message(s) dropped", peer.router_id,
@@ -393,49 +390,26 @@ class Members:
         if peer.link is not None:
             peer.link.reset()
 
-    def _send_hello(self, link: Link) -> None:
-        try:
-            link.sock.send(self._frame(HELLO, self._hello_body()), zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # a blocked or absent peer: the next heartbeat tries again
-
-    def check_paused(self) -> None:
-        """If the heartbeat is a mesh timeout late (this process was paused), run it now, and
-        count the majority again if this router's lease ended since it was counted, before what
-        waited is acted on (frames read, acknowledgements, a persistent CONNECT), which the
-        event loop may otherwise run first."""
-        if self._clock() >= self.pause_deadline and self._timer is not None and not self.closed:
-            self._timer.cancel()
-            self.heartbeat()
-        if self.replication is not None and self._clock() >= self.replication.recount_at:
-            self._replication_hook(self.replication.recount)  # its lease ended (or was renewed)
-
-    def heartbeat(self) -> None:
-        now = self._clock()
-        timeout = self.config.mesh_timeout
-        gap = now - self._last_beat  # since our last HELLO went out
-        self._last_beat = now
-        self.pause_deadline = now + self._pause_after
-        if gap >= self._pause_after and self.replication is not None:
+    def _our_pause(self, effect: membership.OurPause) -> None:
+        gap, late = effect
+        if gap >= self.core.pause_after and self.replication is not None:
             # The others may have taken this router for gone meanwhile (and its sessions over):
             # it counts no node as heard until one speaks again (``Replication.paused``).
             self._replication_hook(self.replication.paused, gap)
-        late = membership.paused_ours(gap, HELLO_INTERVAL_S, timeout)
         if late is not None:
-            # The silence was ours (``membership.paused_ours``): give every peer a fresh timeout to
-            # be heard instead of parking them all.
+            # The silence was ours (``membership.paused_ours``): every peer gets a fresh timeout
+            # to be heard instead of being parked.
             log.warning("mesh: this router's loop was paused for %.1f s; giving peers %g s to be heard",
-                        late, timeout)
-            for peer in self.peers.values():
-                peer.last_seen = max(peer.last_seen, now)
-        for peer in list(self.peers.values()):
-            step = membership.due(peer, now, timeout, self.config.mesh_forget)
-            if step is membership.PARK:
-                self.park(peer, f"silent for {timeout:g} s")
-            elif step is membership.FORGET:
-                self._forget(peer)
+                        late, self.config.mesh_timeout)
+
+    def _echoed(self, effect: membership.Echoed) -> None:
+        if self.lease is not None:
+            self.lease.echoed(effect.peer.node_id, effect.epoch, effect.n, effect.peer.last_seen)
+
+    def _beat(self, effect: membership.Beat) -> None:
+        """The heartbeat's own work: followers placed on the live nodes, HELLO on every link."""
         if self.replication is not None:
-            self._replication_hook(self.replication.heartbeat)  # followers placed on the live nodes
+            self._replication_hook(self.replication.heartbeat)
         transport = self.transport
         for link in transport.links.values():
             self._send_hello(link)
@@ -443,12 +417,12 @@ class Members:
             transport.poll_monitors()
         self._timer = self.loop.call_later(HELLO_INTERVAL_S, self.heartbeat)
 
-    # -- frames received ------------------------------------------------------------------------
-
-    def on_echo(self, peer: Peer, body: Any, size: int) -> None:
-        if body[0] == self.incarnation and self.lease is not None:
-            self.lease.echoed(peer.node_id, body[1], body[2], peer.last_seen)
-
-    def on_goodbye(self, peer: Peer, body: Any, size: int) -> None:
-        self.park(peer, "said goodbye")
-        peer.left = True
+    # effect -> its action (the core's effects, ``membership``)
+    _actions: dict[type, Callable[[Members, Any], None]] = {
+        membership.Frame: _frame_out, membership.Echo: _echo, membership.Greet: _greet, membership.Met: _met,
+        membership.Reach: _reach, membership.Unreachable: _unreachable, membership.Flush: _flush_now,
+        membership.Parked: _parked, membership.Restarted: _restarted, membership.Returning: _returning,
+        membership.Joined: _joined, membership.Back: _back, membership.Replay: _replay,
+        membership.Forgotten: _forgotten, membership.OurPause: _our_pause, membership.Echoed: _echoed,
+        membership.Beat: _beat,
+    }

@@ -182,20 +182,20 @@ def test_a_router_echoes_a_beat_unless_it_fenced_that_epoch_or_heard_the_peer_fo
             peer = Peer("x/w0", "x", None, None)
             peer.link = SimpleNamespace(sock=SimpleNamespace(send=lambda data, flags=0: sent.append(msgpack.unpackb(data))))
             peer.since = time.monotonic()
-            m._started -= 10.0
-            m._echo(peer, 7, [0, 1])
+            m.core.started -= 10.0
+            m._act(m.core.answer_beat(peer, 7, [0, 1], time.monotonic()))
             assert sent == [], "echoed a peer taken in less than a mesh timeout ago"
             peer.since -= 1.5  # heard for longer than the mesh timeout (1 s)
-            m._echo(peer, 7, [0, 2])
+            m._act(m.core.answer_beat(peer, 7, [0, 2], time.monotonic()))
             assert [f[1] for f in sent] == [ECHO] and sent[0][4] == [7, 0, 2]
             peer.fence = (7, 0)  # parked at epoch 0
-            m._echo(peer, 7, [0, 3])
+            m._act(m.core.answer_beat(peer, 7, [0, 3], time.monotonic()))
             assert len(sent) == 1, "echoed a fenced epoch"
-            m._echo(peer, 7, [1, 4])  # its next epoch
-            m._echo(peer, 8, [0, 1])  # a new incarnation
+            m._act(m.core.answer_beat(peer, 7, [1, 4], time.monotonic()))  # its next epoch
+            m._act(m.core.answer_beat(peer, 8, [0, 1], time.monotonic()))  # a new incarnation
             assert [f[4] for f in sent[1:]] == [[7, 1, 4], [8, 0, 1]]
-            m._started = time.monotonic()
-            m._echo(peer, 8, [0, 2])
+            m.core.started = time.monotonic()
+            m._act(m.core.answer_beat(peer, 8, [0, 2], time.monotonic()))
             assert len(sent) == 3, "echoed in this router's own first mesh timeout"
         finally:
             await asyncio.gather(*(x.stop() for x in meshes))
