@@ -347,6 +347,25 @@ def _comm(pid: int) -> str:
         return ""
 
 
+def stop_loops(pahos: list[mqtt.Client]) -> None:
+    """paho's ``loop_stop`` for each client, without its wait: ``loop_stop`` leaves the network
+    thread to notice when its select() times out (a second, on a connection that is up); here
+    every thread is told first and woken through its socket pair, so stopping many takes no
+    longer than one, and one takes milliseconds."""
+    threads = []
+    for c in pahos:
+        c._thread_terminate = True  # what loop_stop sets
+        if c._sockpairW is not None:
+            try:
+                c._sockpairW.send(b"0")
+            except OSError:
+                pass
+        if c._thread is not None and c._thread is not threading.current_thread():
+            threads.append(c._thread)
+    for t in threads:
+        t.join(WAIT)
+
+
 class Client:
     """A paho client with blocking, bounded helpers and a record of what it received."""
 
@@ -469,31 +488,22 @@ class Client:
         self.disconnected.wait(WAIT)
         self.c.loop_stop()
 
+    def stop_loop(self) -> None:
+        """Stop this client's network thread (``stop_loops``): nothing more is read or sent, nor is
+        it connected again; the connection stays open."""
+        stop_loops([self.c])
+
     @staticmethod
     def close_all(clients: list[Client]) -> None:
-        """Stop the clients' network threads and close their sockets and paho's wake-up socket
-        pairs (no DISCONNECT: a test that wants one calls ``disconnect``). paho's ``loop_stop``
-        waits for its thread's select() to time out (a second each); here every thread is told
-        first and woken through its socket pair, so closing many takes no longer than one."""
-        threads = []
-        for client in clients:
-            c = client.c
-            c._thread_terminate = True  # what loop_stop sets
-            if c._sockpairW is not None:
-                try:
-                    c._sockpairW.send(b"0")
-                except OSError:
-                    pass
-            if c._thread is not None:
-                threads.append(c._thread)
-        for t in threads:
-            t.join(WAIT)
+        """Stop the clients' network threads (``stop_loops``) and close their sockets and paho's
+        wake-up socket pairs (no DISCONNECT: a test that wants one calls ``disconnect``)."""
+        stop_loops([client.c for client in clients])
         for client in clients:
             client.c._reset_sockets()  # paho has no public call that closes its socket pair
 
     def drop(self) -> None:
         """Close the socket without DISCONNECT (an abnormal close: the will fires)."""
-        self.c.loop_stop()
+        self.stop_loop()
         sock = self.c.socket()
         if sock is not None:
             sock.close()

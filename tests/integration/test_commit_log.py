@@ -12,7 +12,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from tests.helpers import BROKERD, Client, RawClient, connect_packet
+from tests.helpers import BROKERD, Client, RawClient, connect_packet, stop_loops
 
 
 def uid() -> str:
@@ -71,7 +71,7 @@ class AckCounter:
                 break
 
     def stop(self) -> None:
-        self.c.loop_stop()
+        stop_loops([self.c])
 
 
 @pytest.mark.parametrize("fsync", ["always", "interval"])

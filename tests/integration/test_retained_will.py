@@ -152,7 +152,7 @@ def test_a_crashed_workers_connected_persistent_client_has_its_will_published(st
         return False
 
     wait_for(in_snapshot, WAIT, "the connected client's will in its worker's snapshot")
-    device.c.loop_stop()  # no reconnection: a client back before the will went out would cancel it
+    device.stop_loop()  # no reconnection: a client back before the will went out would cancel it
     os.kill(here, signal.SIGKILL)
     m = watcher.wait_topic("wills/crash", timeout=30)
     assert (m.payload, m.qos) == (b"gone", 1)
