@@ -143,7 +143,9 @@ class Decoder:
         self._topics = _TOPICS.setdefault(max_topic_levels, {})
         self.protocol_level = protocol_level
         self.limit = limit
-        self._buf = bytearray()  # the start of a packet not yet complete
+        # The start of a packet not yet complete: a bytearray while there is one, else the shared
+        # b"" (an empty bytearray kept by every idle connection was 56 bytes each).
+        self._buf: bytearray | bytes = b""
         self._need = 0  # total size of that packet once its fixed header is known, else 0
         self._connect_seen = False
         self._rest: bytes | None = None  # data beyond the limit, from _rest_pos on
@@ -197,19 +199,19 @@ class Decoder:
                     pos = need - have
                     buf += memoryview(data)[:pos]
                     packet = bytes(buf)
-                    buf.clear()
+                    self._buf = b""
                     self._need = 0
                     self._decode(packet, 0, out)
                 else:
                     # Not even the fixed header was complete (at most 4 bytes held): prepend them.
                     data = bytes(buf) + data
-                    buf.clear()
+                    self._buf = b""
             pos = self._decode(data, pos, out)
         except ProtocolError as exc:
             exc.packets = out  # type: ignore[attr-defined]
             raise
         if pos < len(data):
-            buf += memoryview(data)[pos:]
+            self._keep(data, pos)
         return out
 
     @property
@@ -230,8 +232,15 @@ class Decoder:
             exc.packets = out  # type: ignore[attr-defined]
             raise
         if pos < len(data):
-            self._buf += memoryview(data)[pos:]
+            self._keep(data, pos)
         return out
+
+    def _keep(self, data: bytes, pos: int) -> None:
+        """Hold ``data[pos:]``: the start of a packet not yet complete (after what is held)."""
+        if self._buf:
+            self._buf += memoryview(data)[pos:]  # a bytearray: in place
+        else:
+            self._buf = bytearray(memoryview(data)[pos:])
 
     def _decode(self, data: bytes, pos: int, out: list[Packet]) -> int:
         """Decode packets from ``data[pos:]`` into ``out``; return where the first incomplete one starts.

@@ -8,6 +8,11 @@ bucket comes due it is either closed (idle for its whole keepalive, MQTT-3.1.2-2
 bucket of its new deadline. No bucket due, no timer: an idle worker with no connections wakes for
 nothing. Deadlines are rounded up to the next whole second of the loop's clock: a keepalive
 expires up to a second late, never early.
+
+Each bucket is a dict (insertion order, values unused), not a set: a set's table is kept at most 60 %
+full and grows fourfold, a dict's entries are packed (2,000 connections: 86 -> about 40 bytes
+each). A connection holds its bucket's own key object (``_Bucket.key``), not an int of its own
+(32 bytes each: the loop's clock in seconds is beyond CPython's cached small ints).
 """
 
 from __future__ import annotations
@@ -24,12 +29,22 @@ class Kept(Protocol):
     def check_keepalive(self) -> None: ...
 
 
+class _Bucket(dict[Kept, None]):
+    """The connections due at one second (the keys; the values are None), and that second."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: int) -> None:
+        super().__init__()
+        self.key = key
+
+
 class KeepaliveWheel:
     __slots__ = ("_loop", "_buckets", "_keys", "_timer")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._buckets: dict[int, set[Kept]] = {}
+        self._buckets: dict[int, _Bucket] = {}
         self._keys: list[int] = []  # a heap of the buckets' keys
         self._timer: asyncio.TimerHandle | None = None
 
@@ -42,14 +57,14 @@ class KeepaliveWheel:
         key = math.ceil(deadline)
         bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = self._buckets[key] = set()
+            bucket = self._buckets[key] = _Bucket(key)
             heapq.heappush(self._keys, key)
             if self._keys[0] == key:  # sooner than the timer set: move it
                 if self._timer is not None:
                     self._timer.cancel()
                 self._timer = self._loop.call_at(key, self._due)
-        bucket.add(conn)
-        conn.keepalive_key = key
+        bucket[conn] = None
+        conn.keepalive_key = bucket.key
 
     def discard(self, conn: Kept) -> None:
         key = conn.keepalive_key
@@ -58,7 +73,7 @@ class KeepaliveWheel:
         conn.keepalive_key = None
         bucket = self._buckets.get(key)
         if bucket is not None:
-            bucket.discard(conn)
+            bucket.pop(conn, None)
             # An empty bucket stays until it comes due (its key is in the heap): a dict entry.
 
     def _due(self) -> None:

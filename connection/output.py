@@ -21,6 +21,9 @@ LINGER_S = 1.0
 # twice as long each time up to the maximum (``MQTTConnection._drain_check``).
 DRAIN_POLL_S = 0.01
 DRAIN_POLL_MAX_S = 0.5
+# Nothing queued: one shared empty tuple, not an empty list per connection (56 bytes each, kept by
+# every idle connection); ``send`` makes the list with its first chunk.
+NOTHING: tuple[()] = ()
 
 
 class Output:
@@ -34,7 +37,7 @@ class Output:
     traffic: Traffic  # the worker's sums of every connection's counters
     write_paused: bool  # transport above its high-water mark: a slow consumer
     _batcher: EndOfTick
-    _out: list[bytes]  # queued for this loop iteration's write
+    _out: list[bytes] | tuple[()]  # queued for this loop iteration's write (NOTHING: none)
     _gate: int | None  # output held until open_gate(this or more): see gate()
     _lingering: bool  # closed with something to say: see _end()
     _polling: bool  # its output backed up: _drain_check looks until it drained
@@ -96,13 +99,15 @@ class Output:
             if self.closing:
                 return
             self._batcher.mark(self)
-        out.append(data)
+            self._out = [data]
+            return
+        out.append(data)  # (not empty: a list)
 
     def flush(self) -> None:
         out = self._out
         if not out or self.transport is None or self._gate is not None:
             return
-        self._out = []
+        self._out = NOTHING
         if self.closing and self.transport.is_closing():
             return
         n = 0
@@ -138,7 +143,7 @@ class Output:
         """What the gate held can never go out (the log could not write the records it
         acknowledges): drop it, unwritten, and close (MQTT 5: DISCONNECT ``reason``)."""
         self._gate = None
-        self._out.clear()
+        self._out = NOTHING
         if not self.closing:
             self.close(reason)
         elif self.transport is not None and not self.transport.is_closing():

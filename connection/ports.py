@@ -42,10 +42,16 @@ class Connection(Protocol):
     traffic: Traffic  # the worker's sums of every connection's counters
     write_paused: bool  # the client is not reading: QoS 0 messages to it are dropped
     closing: bool
-    max_topic_levels: int
-    listener: Listener | None  # the listener it came in on: allow_anonymous, use_identity_as_username ...
     tls_identity: str | None  # TLS listeners: the client certificate's CN (or first SAN), when it sent one
     outbound: Outgoing | None  # None: the client asked nothing of the PUBLISHes sent to it
+
+    @property
+    def max_topic_levels(self) -> int:
+        """Deeper topic names are refused; the handler refuses deeper SUBSCRIBE filters."""
+
+    @property
+    def listener(self) -> Listener | None:
+        """The listener it came in on: allow_anonymous, use_identity_as_username ..."""
 
     def send(self, data: bytes) -> None:
         """Queue bytes for this loop iteration's one write."""

@@ -22,11 +22,12 @@ from .flow import BUDGET, OUTPUT, FlowControl
 from .guard import RATE, ClientRate, ConnectionGuard
 from .keepalive import KeepaliveWheel
 from .listener import Listener
-from .output import Output
+from .output import NOTHING, Output
 from .packets import Connect, Packet
 from .ports import Connection, Handler, Outgoing
 from .ratelimit import VIOLATIONS
 from .reasons import ProtocolError, Reason
+from .settings import ConnectionSettings, shared_settings
 from .state import AWAIT_CONNECT, CONNECT_TIMEOUT_S, HANDLE, Action, ConnectionState, Rule
 from .traffic import ConnectionCounters, Traffic
 
@@ -46,11 +47,11 @@ class MQTTConnection(Output, asyncio.Protocol):
     alone, and checked where input arrives."""
 
     # One per client, so no instance dict (``Output`` has the output half's slots): with 31
-    # attributes the dict outgrew CPython's shared keys (30) and cost 1.5 KB a connection.
-    __slots__ = ("_open_handler", "_flow", "_decoder", "max_topic_levels", "listener", "_guard", "_rate",
-                 "partial_since", "tls_identity", "_write_buffer_high", "handler", "peer", "client_id",
-                 "protocol_level", "outbound", "closing", "_cstate", "_loop", "_wheel", "keepalive_key",
-                 "_reading_paused_by", "_held", "admitted")
+    # attributes the dict outgrew CPython's shared keys (30) and cost 1.5 KB a connection. What
+    # every connection of its listener shares is one object (``_settings``), not a slot each.
+    __slots__ = ("_settings", "_flow", "_decoder", "_guard", "_rate", "partial_since", "tls_identity",
+                 "handler", "peer", "client_id", "protocol_level", "outbound", "closing", "_cstate", "_loop",
+                 "keepalive_key", "_reading_paused_by", "_held", "admitted")
 
     def __init__(
         self,
@@ -78,18 +79,20 @@ class MQTTConnection(Output, asyncio.Protocol):
 
         ``traffic``: the worker's sums, which this connection's counts are added to (a test's
         connection gets one of its own)."""
-        self._open_handler = open_handler
+        self._loop = asyncio.get_event_loop()
+        if keepalive is not None:  # the worker's: shared with its other connections
+            self._settings = shared_settings(open_handler, listener, write_buffer_high, keepalive)
+        else:  # a test's connection: keepalive deadlines of its own
+            self._settings = ConnectionSettings(open_handler, listener, write_buffer_high,
+                                                KeepaliveWheel(self._loop))
         self._flow = FlowControl(read_budget, turn)
         self._batcher = batcher
         self._decoder = Decoder(max_packet_size=max_packet_size, limit=max(1, read_budget),
                                 max_topic_levels=max_topic_levels)
-        self.max_topic_levels = max_topic_levels
-        self.listener = listener
         self._guard = guard
         self._rate: ClientRate | None = guard.client_rate() if guard is not None else None
         self.partial_since = 0.0  # when the unfinished packet it holds began (0: none)
         self.tls_identity: str | None = None
-        self._write_buffer_high = write_buffer_high
         self.transport: asyncio.Transport | None = None
         self.handler: Handler | None = None
         self.peer = "?"
@@ -100,12 +103,9 @@ class MQTTConnection(Output, asyncio.Protocol):
         self.traffic = traffic if traffic is not None else Traffic()
         self.write_paused = False  # transport above its high-water mark: a slow consumer
         self.closing = False
-        self._out: list[bytes] = []
+        self._out = NOTHING
         self._timer: asyncio.TimerHandle | None = None  # the CONNECT timeout
-        self._loop = asyncio.get_event_loop()
         self._cstate = ConnectionState()  # the connection's rules and keepalive (connection.state)
-        # The worker's keepalive deadlines (one of its own where none is given: a test's).
-        self._wheel = keepalive if keepalive is not None else KeepaliveWheel(self._loop)
         self.keepalive_key: int | None = None  # its bucket there
         self._reading_paused_by: set[object] | frozenset[object] = _NOBODY  # a set once paused
         # Packets that came behind a CONNECT while the handler decides on it (reading paused for
@@ -124,6 +124,16 @@ class MQTTConnection(Output, asyncio.Protocol):
         """The worker's connection-layer limits (what a TLS or WebSocket layer in front charges)."""
         return self._guard
 
+    @property
+    def listener(self) -> Listener | None:
+        """The listener it came in on (None: a test's connection)."""
+        return self._settings.listener
+
+    @property
+    def max_topic_levels(self) -> int:
+        """Deeper topic names are refused by its decoder; the handler refuses deeper filters."""
+        return self._decoder.max_topic_levels
+
     # -- asyncio.Protocol -------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -135,20 +145,21 @@ class MQTTConnection(Output, asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
-        stream.set_write_buffer_limits(high=self._write_buffer_high)
+        settings = self._settings
+        stream.set_write_buffer_limits(high=settings.write_buffer_high)
         self._cstate.heard_at = self._loop.time()
         guard = self._guard
-        if guard is not None and not self.admitted and not guard.admit(self.listener):
+        if guard is not None and not self.admitted and not guard.admit(settings.listener):
             log.debug("%s: over the listener's --max-connection-rate; closed", self.peer)
             self.abort()
             return
         self._timer = self._loop.call_later(CONNECT_TIMEOUT_S, self._connect_timeout)
-        listener = self.listener
+        listener = settings.listener
         if listener is not None and listener.tls:  # the loop finished the handshake before this call
             from .tls import peer_identity
 
             self.tls_identity = peer_identity(transport)
-        self.handler = self._open_handler(self)
+        self.handler = settings.open_handler(self)
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -301,8 +312,8 @@ class MQTTConnection(Output, asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._wheel.discard(self)
-        self._out.clear()
+        self._settings.keepalive.discard(self)
+        self._out = NOTHING
         handler, self.handler = self.handler, None
         if handler is not None:
             handler.connection_lost(self._cstate.graceful)
@@ -326,7 +337,7 @@ class MQTTConnection(Output, asyncio.Protocol):
             self._timer = None
         deadline = self._cstate.accept(keepalive, self._loop.time())
         if deadline is not None:
-            self._wheel.add(self, deadline)
+            self._settings.keepalive.add(self, deadline)
 
     def close(self, reason: int | None = None) -> None:
         """Close after flushing what is queued. MQTT 5 clients get DISCONNECT with ``reason``."""
@@ -425,7 +436,7 @@ class MQTTConnection(Output, asyncio.Protocol):
                      self.client_id or "-", self.peer, now - cstate.heard_at)
             self.close(Reason.KEEP_ALIVE_TIMEOUT)
             return
-        self._wheel.add(self, deadline)
+        self._settings.keepalive.add(self, deadline)
 
 
 # What the connection does for each rule's action but HANDLE (``connection.state.TABLE``).
