@@ -74,7 +74,9 @@ part, a callback); the pure rules take values and time in and are tested without
   forgetting, echoing, pauses; and ``MembersCore``, the sans-IO core: time and frames in, frames
   and effects out);
 - ``waiter`` (``Requests``: the numbered requests every live peer answers), ``interest``
-  (``Interest``: announcements and barriers);
+  (``Interest``: announcements and barriers), the shell of ``announcements`` (``InterestCore``,
+  the sans-IO core: frames in, frames and effects out); ``effects`` holds what every core
+  yields alike (a frame to a peer, a flush);
 - sessions moving: ``takeover`` (``Takeovers``: asking, settling, confirming) and ``offer``
   (rules: which copy is taken), ``transfer`` (``Transfers``: a session leaving and arriving),
   ``handon`` (``Handons``: what reaches the old owner after the move) and ``marks`` (rules: which

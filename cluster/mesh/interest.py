@@ -5,15 +5,19 @@ adds a filter (or a ``barrier``, one without changes) is numbered and waits, bou
 ``ACK_TIMEOUT_S``, until every live peer acknowledges it (INTEREST_ACK, with its log's end then):
 a SUBACK after that reaches the new subscriber from any router. A router that joins, or is heard
 again, gets everything as one full announcement that replaces the last (``announce_all``).
+
+What the frames mean is the sans-IO core, ``announcements.InterestCore``; ``Interest`` is its
+shell: the requests' futures and timeouts, the frames packed and sent, the router told (``_actions``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from brokerd.router.mesh_format import INTEREST, INTEREST_ACK
+from brokerd.router.mesh_format import INTEREST_ACK
 
-from . import membership
+from . import announcements, effects, membership
+from .announcements import InterestCore
 from .limits import ACK_TIMEOUT_S
 from .waiter import Waiter
 
@@ -45,12 +49,17 @@ class Interest:
         self._mark = mark  # (forwarding) something to send at the end of this tick
         self._flush_collected = flush_collected  # (forwarding) send what this tick collected, now
         self.closed = False
-        self.batch: list[tuple[str, bool | int]] = []  # this tick's changes
+        self.core = InterestCore()  # this tick's changes (``batch``), what frames mean
         self.waiter: Waiter | None = None  # their request, where one waits for acknowledgements
+
+    @property
+    def batch(self) -> list[tuple[str, bool | int]]:
+        """This tick's changes (the core's), which ``forwarding`` looks at."""
+        return self.core.batch
 
     def announce(self, topic_filter: str, add: bool | int) -> asyncio.Future | None:
         """``MeshPort.announce_interest``."""
-        self.batch.append((topic_filter, add))
+        self.core.collect(topic_filter, add)
         self._mark()
         if not add:
             return None
@@ -79,20 +88,19 @@ class Interest:
 
     def announce_all(self, peer: Peer) -> None:
         """Everything this router announces, as one full announcement (it replaces the last)."""
-        changes = self.router.interest_announcements()
-        for i in range(0, max(len(changes), 1), 5000):
-            self._send(peer, INTEREST, [None, changes[i:i + 5000], i == 0])
+        for frame in InterestCore.full(peer, self.router.interest_announcements()):
+            self._send(*frame)
 
     def flush(self) -> None:
         """This loop iteration's interest changes (or a barrier): one frame for every live peer."""
-        changes, self.batch = self.batch, []
         waiter, self.waiter = self.waiter, None
         seq = None
         if waiter is not None:
             waiter.ends = {}
             seq = self.requests.open(waiter)
             self.loop.call_later(ACK_TIMEOUT_S, self.requests.expire, seq, "interest")
-        frame = self._frame(INTEREST, [seq, changes])
+        out = self.core.out(seq)
+        frame = self._frame(out.kind, out.body)
         for peer in self.peers.values():
             if peer.alive and peer.link is not None:
                 peer.link.send(frame)
@@ -105,24 +113,34 @@ class Interest:
     # -- frames received ------------------------------------------------------------------------
 
     def on_interest(self, peer: Peer, body: Any, size: int) -> None:
-        router = self.router
-        sender = peer.router_id
-        seq, changes = body[0], body[1]
-        if len(body) == 3 and body[2]:
-            router.peer_left(sender)  # a full announcement replaces everything it said before
-            peer.interest_known = True
-        for topic_filter, add in changes:
-            router.peer_interest(sender, topic_filter, add)
-        if seq is not None:
-            self._flush_collected()  # what was collected before it goes first: the answer follows it
-            # With where this router's log is now: its own messages from there on that the
-            # filters match go to the announcer (a session moved there counts on it).
-            commit_log = router.commit_log
-            self._send(peer, INTEREST_ACK, [seq, commit_log.next_offset if commit_log is not None else -1])
+        actions = self._actions
+        for effect in InterestCore.received(peer, body):
+            actions[effect.__class__](self, effect)
 
     def on_interest_ack(self, peer: Peer, body: Any, size: int) -> None:
-        seq, end = body
+        seq, router_id, end = InterestCore.acknowledged(peer, body)
         waiter = self.requests.get(seq)
         if waiter is not None and waiter.ends is not None:
-            waiter.ends[peer.router_id] = end
-        self.requests.answer(seq, peer.router_id)
+            waiter.ends[router_id] = end
+        self.requests.answer(seq, router_id)
+
+    def _replaced(self, effect: announcements.Replaced) -> None:
+        self.router.peer_left(effect.router_id)  # a full announcement replaces everything it said before
+
+    def _changed(self, effect: announcements.Changed) -> None:
+        self.router.peer_interest(*effect)
+
+    def _flush_now(self, effect: effects.Flush) -> None:
+        self._flush_collected()  # what was collected before it goes first: the answer follows it
+
+    def _acknowledge(self, effect: announcements.Acknowledge) -> None:
+        # With where this router's log is now: its own messages from there on that the filters
+        # match go to the announcer (a session moved there counts on it).
+        commit_log = self.router.commit_log
+        self._send(effect.peer, INTEREST_ACK, [effect.seq, commit_log.next_offset if commit_log is not None else -1])
+
+    # effect -> its action (the core's effects, ``announcements``)
+    _actions: dict[type, Callable[[Interest, Any], None]] = {
+        announcements.Replaced: _replaced, announcements.Changed: _changed, effects.Flush: _flush_now,
+        announcements.Acknowledge: _acknowledge,
+    }

@@ -23,7 +23,7 @@ import zmq
 
 from brokerd.router.mesh_format import ECHO, HELLO
 
-from . import delivery, membership
+from . import delivery, effects, membership
 from .limits import HELLO_INTERVAL_S, log, park_skew
 from .peer import Peer
 
@@ -218,10 +218,10 @@ class Members:
 
     # -- the core's transitions, and the shell's actions on its effects --------------------------
 
-    def _act(self, effects: Iterable[Any]) -> None:
+    def _act(self, yielded: Iterable[Any]) -> None:
         """Act on each effect the core yields, before it goes on (``membership.MembersCore``)."""
         actions = self._actions
-        for effect in effects:
+        for effect in yielded:
             actions[effect.__class__](self, effect)
 
     def on_hello(self, sender: str, inc: int, body: dict) -> None:
@@ -266,7 +266,7 @@ class Members:
     def pause_deadline(self, deadline: float) -> None:
         self.core.pause_deadline = deadline
 
-    def _frame_out(self, effect: membership.Frame) -> None:
+    def _frame_out(self, effect: effects.Frame) -> None:
         self._send(effect.peer, effect.kind, effect.body)
 
     def _echo(self, effect: membership.Echo) -> None:
@@ -289,7 +289,7 @@ class Members:
         log.warning("mesh: router %s of node %s has no --mesh address; cannot reach it", effect.peer.router_id,
                     effect.peer.node_id)
 
-    def _flush_now(self, effect: membership.Flush) -> None:
+    def _flush_now(self, effect: effects.Flush) -> None:
         self._flush()
 
     def _parked(self, effect: membership.Parked) -> None:
@@ -419,8 +419,8 @@ class Members:
 
     # effect -> its action (the core's effects, ``membership``)
     _actions: dict[type, Callable[[Members, Any], None]] = {
-        membership.Frame: _frame_out, membership.Echo: _echo, membership.Greet: _greet, membership.Met: _met,
-        membership.Reach: _reach, membership.Unreachable: _unreachable, membership.Flush: _flush_now,
+        effects.Frame: _frame_out, membership.Echo: _echo, membership.Greet: _greet, membership.Met: _met,
+        membership.Reach: _reach, membership.Unreachable: _unreachable, effects.Flush: _flush_now,
         membership.Parked: _parked, membership.Restarted: _restarted, membership.Returning: _returning,
         membership.Joined: _joined, membership.Back: _back, membership.Replay: _replay,
         membership.Forgotten: _forgotten, membership.OurPause: _our_pause, membership.Echoed: _echoed,

@@ -17,6 +17,7 @@ from brokerd.router.mesh_format import CATCHUP, RESYNC, SYNC_REQ
 
 from ..quorum import MARGIN_S
 from . import delivery
+from .effects import Flush, Frame
 from .limits import HELLO_INTERVAL_S, SYNC_WINDOW_S
 from .peer import Peer
 
@@ -101,14 +102,7 @@ def claimed_mark(peer: Peer, claim: int | None) -> int:
 # of the shell's actions and the core's state changes is the one a reader sees in the code (a
 # peer's batch is flushed while it still counts as alive; it is parked before its new incarnation
 # is recorded). A test drives the core with values and a fake ``now`` and reads the effects.
-
-
-class Frame(NamedTuple):
-    """A frame to ``peer`` on its link (queued behind what waits there)."""
-
-    peer: Peer
-    kind: int
-    body: Any
+# ``Frame`` and ``Flush`` are every core's (``effects``); the others are membership's own.
 
 
 class Echo(NamedTuple):
@@ -141,10 +135,6 @@ class Unreachable(NamedTuple):
     """``peer`` has no address this router can link to (no ``--mesh`` on its node)."""
 
     peer: Peer
-
-
-class Flush(NamedTuple):
-    """What this loop iteration collected goes now (before a peer's state changes)."""
 
 
 class Parked(NamedTuple):

@@ -2,7 +2,7 @@
 an added filter waits for every live peer's acknowledgement and completes with their log ends,
 a peer that falls silent counts as an answer, a request that expires names who missed it, and an
 announcement received is applied and answered after what this tick collected. Fake peers and
-links, a loop that never runs; no sockets."""
+links, a loop that never runs; no sockets. Then the core alone (``announcements``), with values."""
 
 from __future__ import annotations
 
@@ -11,6 +11,16 @@ import asyncio
 import pytest
 
 from brokerd.cluster.mesh import Peer
+from brokerd.cluster.mesh.announcements import (
+    FULL_CHUNK,
+    Acknowledge,
+    Answered,
+    Broadcast,
+    Changed,
+    InterestCore,
+    Replaced,
+)
+from brokerd.cluster.mesh.effects import Flush, Frame
 from brokerd.cluster.mesh.interest import Interest
 from brokerd.cluster.mesh.waiter import Requests, Waiter
 from brokerd.router.mesh_format import INTEREST, INTEREST_ACK
@@ -131,3 +141,40 @@ def test_an_announcement_received_is_applied_and_answered_after_what_this_tick_c
     part.log.clear()
     part.interest.on_interest(x, [None, [["t/#", False]]], 0)  # not numbered: no answer
     assert part.log == [("interest", "x/w0", "t/#", False)]
+
+
+# -- the core alone (cluster/mesh/announcements.py): frames in, effects out, no shell -------------
+
+
+def test_the_core_turns_a_full_numbered_announcement_into_a_replacement_the_changes_a_flush_and_an_ack():
+    x = Peer("x/w0", "x", None, None)
+    effects = InterestCore.received(x, [7, [["t/#", True], ["$share/g/s", 2]], True])
+    assert effects == [Replaced("x/w0"), Changed("x/w0", "t/#", True), Changed("x/w0", "$share/g/s", 2),
+                       Flush(), Acknowledge(x, 7)]
+    assert x.interest_known, "a full announcement makes the peer's interest known"
+
+
+def test_the_core_applies_an_unnumbered_change_without_answering_it_nor_counting_it_as_full():
+    x = Peer("x/w0", "x", None, None)
+    assert InterestCore.received(x, [None, [["t/#", False]]]) == [Changed("x/w0", "t/#", False)]
+    assert not x.interest_known
+
+
+def test_the_core_collects_a_ticks_changes_into_one_frame_and_starts_over():
+    core = InterestCore()
+    core.collect("a/#", True)
+    core.collect("b", False)
+    assert core.out(3) == Broadcast(INTEREST, [3, [("a/#", True), ("b", False)]])
+    assert core.batch == [] and core.out(None) == Broadcast(INTEREST, [None, []]), "a barrier's frame is empty"
+
+
+def test_a_full_announcement_is_chunked_and_only_its_first_frame_replaces():
+    x = Peer("x/w0", "x", None, None)
+    changes = [(f"t/{i}", True) for i in range(FULL_CHUNK + 1)]
+    frames = InterestCore.full(x, changes)
+    assert [(f.kind, len(f.body[1]), f.body[2]) for f in frames] == [(INTEREST, FULL_CHUNK, True), (INTEREST, 1, False)]
+    assert InterestCore.full(x, []) == [Frame(x, INTEREST, [None, [], True])], "nothing to announce still replaces"
+
+
+def test_an_ack_is_an_answer_to_the_numbered_request_with_the_peers_log_end():
+    assert InterestCore.acknowledged(Peer("x/w0", "x", None, None), [9, 120]) == Answered(9, "x/w0", 120)

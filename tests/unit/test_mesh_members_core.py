@@ -8,15 +8,14 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from brokerd.cluster.mesh import Peer
+from brokerd.cluster.mesh.effects import Flush, Frame
 from brokerd.cluster.mesh.limits import HELLO_INTERVAL_S, SYNC_WINDOW_S
 from brokerd.cluster.mesh.membership import (
     Back,
     Beat,
     Echo,
     Echoed,
-    Flush,
     Forgotten,
-    Frame,
     Greet,
     Joined,
     MembersCore,
