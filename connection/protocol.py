@@ -153,7 +153,10 @@ class MQTTConnection(Output, asyncio.Protocol):
             log.debug("%s: over the listener's --max-connection-rate; closed", self.peer)
             self.abort()
             return
-        self._timer = self._loop.call_later(CONNECT_TIMEOUT_S, self._connect_timeout)
+        # The CONNECT timeout is a keepalive deadline until ``accept`` sets the first real one: a
+        # timer of its own (made, then cancelled, per connection) cost every connect a uvloop timer.
+        # Checked in the bucket before the timeout's second: closed within CONNECT_TIMEOUT_S.
+        settings.keepalive.add(self, self._cstate.heard_at + CONNECT_TIMEOUT_S - 1.0)
         listener = settings.listener
         if listener is not None and listener.tls:  # the loop finished the handshake before this call
             from .tls import peer_identity
@@ -332,12 +335,11 @@ class MQTTConnection(Output, asyncio.Protocol):
         """The handler accepted CONNECT: start enforcing the keepalive (MQTT-3.1.2-24: 1.5×)."""
         self.protocol_level = protocol_level
         self._decoder.protocol_level = protocol_level
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         deadline = self._cstate.accept(keepalive, self._loop.time())
         if deadline is not None:
-            self._settings.keepalive.add(self, deadline)
+            self._settings.keepalive.add(self, deadline)  # in place of the CONNECT timeout
+        else:
+            self._settings.keepalive.discard(self)
 
     def close(self, reason: int | None = None) -> None:
         """Close after flushing what is queued. MQTT 5 clients get DISCONNECT with ``reason``."""
@@ -415,15 +417,20 @@ class MQTTConnection(Output, asyncio.Protocol):
     # -- timers ---------------------------------------------------------------------------------------
 
     def _connect_timeout(self) -> None:
-        self._timer = None
+        """Its CONNECT timeout came due (before ``accept``): close it if it sent no CONNECT (one
+        the handler is still deciding on goes on: the handler answers it)."""
         if self._cstate.connect_timed_out():
             log.info("%s: no CONNECT within %.0f s; closing", self.peer, CONNECT_TIMEOUT_S)
             self.abort()
 
     def check_keepalive(self) -> None:
         """Its keepalive bucket came due (``KeepaliveWheel``): close it if it has been silent for
-        its whole keepalive, else check again at its new deadline."""
+        its whole keepalive, else check again at its new deadline. Before ``accept`` set a
+        keepalive the deadline was the CONNECT timeout's."""
         if self.closing:
+            return
+        if not self._cstate.keepalive:
+            self._connect_timeout()
             return
         taken = None  # while its reads are held for its output: what it has taken of that
         if OUTPUT in self._reading_paused_by and self.transport is not None:

@@ -53,6 +53,10 @@ KEEPALIVE_FACTOR = 1.5  # MQTT-3.1.2-24: silent for 1.5 times its Keep Alive, th
 
 
 class State(enum.Enum):
+    # Enum's own __hash__ is Python code (the name's hash): every table lookup by state paid a
+    # call; a member is its only instance, so identity is equality.
+    __hash__ = object.__hash__
+
     AWAIT_CONNECT = "awaiting CONNECT"
     CONNECTING = "connecting"
     CONNECTED = "connected"
@@ -69,6 +73,8 @@ CLOSED = State.CLOSED
 
 class Action(enum.Enum):
     """What the adapter does with a packet."""
+
+    __hash__ = object.__hash__  # (as ``State``'s)
 
     HANDLE = "to the handler"
     CONNECT = "to the handler, with the connection's identity taken from it"

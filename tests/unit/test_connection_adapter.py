@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from brokerd.connection.batching import EndOfTick
 from brokerd.connection.packets import Connect, Disconnect, Packet, Publish
-from brokerd.connection.protocol import MQTTConnection
+from brokerd.connection.protocol import CONNECT_TIMEOUT_S, MQTTConnection
 
 CONNECT_V4 = b"\x10\x0d\x00\x04MQTT\x04\x02\x00\x1e\x00\x01c"
 CONNECT_V5 = b"\x10\x0e\x00\x04MQTT\x05\x02\x00\x1e\x00\x00\x01c"
@@ -164,3 +164,49 @@ def test_packets_behind_a_connect_the_handler_waits_on_are_held_until_it_resumes
         assert transport.written == b"\xd0\x00"
 
     _run(test, waits=True)
+
+
+# -- the CONNECT timeout: a keepalive deadline until the CONNECT is accepted ----------------------
+
+def _due(conn: MQTTConnection) -> None:
+    """What the keepalive wheel does when the connection's bucket comes due."""
+    conn._settings.keepalive.discard(conn)
+    conn.check_keepalive()
+
+
+def test_a_silent_socket_is_due_within_the_connect_timeout_and_then_closed() -> None:
+    """No timer of its own: its CONNECT timeout is its first keepalive deadline, at most
+    CONNECT_TIMEOUT_S after it opened (the wheel's buckets are whole seconds), and when that
+    comes due a connection that sent no CONNECT is closed."""
+    def test(conn: MQTTConnection, transport: _Transport, handler: _Handler) -> None:
+        opened = conn._cstate.heard_at
+        assert conn._timer is None
+        assert conn.keepalive_key is not None
+        assert opened + CONNECT_TIMEOUT_S - 1 <= conn.keepalive_key <= opened + CONNECT_TIMEOUT_S
+        _due(conn)
+        assert transport.closed and conn.closing and handler.got == []
+
+    _run(test)
+
+
+def test_the_connect_timeout_spares_a_connect_the_handler_is_deciding_on() -> None:
+    """A CONNECT the handler is still deciding on (it asks the cluster) is not timed out: the
+    handler answers it; the connection leaves the wheel until it is accepted."""
+    def test(conn: MQTTConnection, transport: _Transport, handler: _Handler) -> None:
+        conn.data_received(CONNECT_V4)
+        _due(conn)
+        assert not transport.closed and not conn.closing
+        assert conn.keepalive_key is None  # not put back: its keepalive starts at its accept
+
+    _run(test, waits=True)
+
+
+def test_an_accepted_connect_replaces_the_connect_timeout_with_its_keepalive() -> None:
+    def test(conn: MQTTConnection, transport: _Transport, handler: _Handler) -> None:
+        conn.data_received(CONNECT_V4)  # keepalive 30 s: checked after 45 s of silence
+        now = conn._cstate.heard_at
+        assert conn.keepalive_key is not None and conn.keepalive_key >= now + 45
+        conn.accept(0, 4)  # (accepted again, without a keepalive: none to check)
+        assert conn.keepalive_key is None
+
+    _run(test)
