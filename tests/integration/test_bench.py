@@ -4,7 +4,6 @@ anyone believes its figures (no loss, every delivery counted, placement where it
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -77,31 +76,6 @@ def test_log_on_and_off_in_one_run(tmp_path):
     for run in runs:
         assert run["ok"], run["error"]
         assert run["delivered_per_s"] > 0 and run["loss"] == 0.0 and run["broker_cpu_s"] > 0
-
-
-@pytest.mark.skipif(shutil.which("mosquitto_pub") is None, reason="needs mosquitto-clients")
-def test_crosscheck_with_mosquittos_clients_delivers_everything_to_both_brokers():
-    """The second generator (mosquitto_pub -l / mosquitto_sub -C) against brokerd, with and without
-    its log, and Mosquitto, the publishers paced (``--rate``)."""
-    proc = subprocess.run([str(ROOT / "scripts" / "crosscheck"), "--pairs", "2", "--messages", "300",
-                           "--qos", "1", "--reps", "1", "--timeout", "60", "--rate", "1000", "--log", "on,off"],
-                          capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "qos1 brokerd/1w: 600/600 delivered" in proc.stdout
-    assert "qos1 brokerd/1w --log off: 600/600 delivered" in proc.stdout
-    assert "qos1 mosquitto: 600/600 delivered" in proc.stdout
-    assert "| p2p x2 QoS 1, 1000 msg/s each | 16 B |" in proc.stdout and "| 0 / 0 / 0 |" in proc.stdout
-
-
-@pytest.mark.skipif(shutil.which("mosquitto_pub") is None, reason="needs mosquitto-clients")
-def test_crosscheck_runs_brokerd_with_the_workers_asked_for():
-    """``--workers`` cross-checks a scaling run: brokerd with that many workers, Mosquitto as it is."""
-    proc = subprocess.run([str(ROOT / "scripts" / "crosscheck"), "--pairs", "4", "--messages", "200",
-                           "--qos", "1", "--reps", "1", "--timeout", "60", "--workers", "2"],
-                          capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "qos1 brokerd/2w: 800/800 delivered" in proc.stdout
-    assert "qos1 mosquitto: 800/800 delivered" in proc.stdout
 
 
 def test_a_negative_per_write_is_refused():
