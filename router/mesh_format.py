@@ -92,6 +92,14 @@ the new owner delivers every copy, none having come to it directly.
 snapshot's session as the snapshot does (``router.session_state.common_state``): ``expiry`` and
 ``qos2_in``, which were ``expiry_s`` and ``inbound_qos2``. A header must have ``SESSION_KEYS``
 only: the QoS 2 ids, like the other fields it shares with a snapshot, may be left out.
+20: PUBLISH frames lost on the way while both routers live are found and sent again
+(``cluster.mesh.delivery``): a HELLO's ``sent`` gives, per peer, the lowest frame number it may
+still get and the last one sent before that HELLO (-1: unsaid); its ``missing`` names, per
+peer, [the incarnation that numbered them, the numbers missed]; and its ``acks`` confirm only
+numbers below the first missed. A receiver of 19 confirmed the highest number received.
+SESSION_COPIES may carry a fourth value, the partition its ask named: the last answer lets the
+asker forget the ask, which it otherwise asks again should the asked router fall silent,
+restart or come back (``CatchupPart.ask_again``).
 """
 
 from __future__ import annotations
@@ -107,7 +115,7 @@ from .message import _QOS0_V3, _QOS0_V4, _QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4,
 # the full one (Message.to_list()); one more value names the shared groups it was chosen for.
 PLAIN, FULL = 5, 9
 
-MESH_VERSION = 19
+MESH_VERSION = 20
 (HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE,
  RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE, CATCHUP, REPLICATE, REPLICA_ACK, REPLICA_FETCH, REPLICA_CATCHUP,
  REPLICA_PUBLISH, SESSION_STATE, SESSION_GONE, SESSION_CATCHUP, SESSION_COPIES, SESSION_RESTORE,
@@ -274,8 +282,9 @@ def _session_catchup(body: Any) -> bool:
 
 
 def _session_copies(body: Any) -> bool:
-    return (body.__class__ is list and len(body) == 3 and body[0].__class__ is str
-            and _queue_items(body[1]) and body[2].__class__ is bool)
+    return (body.__class__ is list and 3 <= len(body) <= 4 and body[0].__class__ is str
+            and _queue_items(body[1]) and body[2].__class__ is bool
+            and (len(body) == 3 or body[3].__class__ is str))
 
 
 def _session_restored(body: Any) -> bool:

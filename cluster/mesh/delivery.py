@@ -7,13 +7,23 @@ sending, the logging and the counting. Numbers are per (sender, receiver): a rec
 frame whose number it has seen, and a HELLO confirms up to a number once the copies its log made
 are written; until then the frame stays in the sender's ring, for the receiver's next
 incarnation should it crash.
+
+A frame can also be lost on its way while both ends live: ZeroMQ drops what a TCP connection
+held when that connection breaks and reconnects (a firewall that rejects a node's packets for a
+few seconds does it: partition seed 218 lost two frames so). So a receiver confirms only the
+numbers it has *all* of (``contiguous``), names the ones it misses in its HELLO (``missing``),
+and the sender sends those again from its ring (``to_send_again``); the sender's HELLO says
+which numbers it has sent (``sent``: below ``base`` nothing is coming any more, up to ``last``
+everything went out before that HELLO on the same socket), so a gap at the tail of a quiet
+link is found too.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
-from .limits import SEEN_WINDOW
+from .limits import MISSING_MAX, NAMED_MAX, RESEND_AFTER_S, UNWRITTEN_MAX
 
 if TYPE_CHECKING:
     from .peer import Peer
@@ -47,29 +57,112 @@ def confirmed(peer: Peer, acked: int) -> None:
 
 def first_receipt(peer: Peer, seq: int, mark: int) -> bool:
     """Frame ``seq`` of ``peer`` arrived carrying ``mark``: True the first time (then it counts:
-    the highest number and mark are raised), False for one received already.
+    the highest number is raised, and the numbers it skipped are missed), False for one received
+    already (or sent again after we stopped waiting for it).
 
-    A number below the highest that is not among those seen is a frame our previous incarnation
-    never read, sent again after newer ones reached us (the sender's link reconnected to us
-    before it knew we had restarted): it counts."""
-    seen = peer.seqs_seen
-    if seq <= peer.seq_in and (seq in seen or seq <= peer.seq_in - SEEN_WINDOW):
-        return False  # sent again to a new incarnation of ours, or twice: we have it
-    seen[seq] = None
-    if len(seen) > SEEN_WINDOW:
-        del seen[next(iter(seen))]
-    if seq > peer.seq_in:
+    The mark (nothing of its log below it that our interest matched is on its way) is taken only
+    while no frame is missed: with one missing, it is held until the gap is filled."""
+    if seq <= peer.seq_in:
+        missing = peer.missing
+        if seq not in missing:
+            return False  # twice, or sent again to a new incarnation of ours: we have it
+        del missing[seq]
+    elif seq > peer.seq_in + 1:
+        _miss(peer, peer.seq_in + 1, seq)
         peer.seq_in = seq
+    else:
+        peer.seq_in = seq
+    _take_mark(peer, mark)
+    return True
+
+
+def _miss(peer: Peer, first: int, end: int) -> None:
+    """Numbers ``[first, end)`` of ``peer`` did not come: missed, at most ``MISSING_MAX`` of them
+    (beyond, the oldest are given up: the sender's ring holds less than that anyway)."""
+    missing = peer.missing
+    for s in range(max(first, end - MISSING_MAX), end):
+        missing[s] = None
+    while len(missing) > MISSING_MAX:
+        del missing[next(iter(missing))]
+
+
+def _take_mark(peer: Peer, mark: int) -> None:
+    if peer.missing:
+        if mark > peer.held_mark:
+            peer.held_mark = mark
+        return
+    if peer.held_mark > mark:
+        mark = peer.held_mark
+    peer.held_mark = -1
     if mark > peer.origin_mark:
         peer.origin_mark = mark
-    return True
+
+
+def contiguous(peer: Peer) -> int:
+    """The number up to which we have every frame of ``peer``."""
+    missing = peer.missing
+    return next(iter(missing)) - 1 if missing else peer.seq_in
+
+
+def sent(peer: Peer, base: int, last: int) -> None:
+    """``peer``'s HELLO says it sends us nothing below ``base`` any more (confirmed, or its ring
+    let it go: a frame lost then is lost) and, where ``last`` >= 0, sent every number up to
+    ``last`` before that HELLO on the same socket: one not here by now was lost on the way."""
+    if peer.seq_in < base - 1:
+        peer.seq_in = base - 1  # (first met: its numbers start there for us)
+    missing = peer.missing
+    while missing and next(iter(missing)) < base:
+        del missing[next(iter(missing))]
+    if last > peer.seq_in:
+        _miss(peer, peer.seq_in + 1, last + 1)
+        peer.seq_in = last
+    if not missing:
+        _take_mark(peer, -1)
+
+
+def missed(peer: Peer) -> list[int]:
+    """The first numbers of ``peer``'s frames we miss, to name in our HELLO (at most
+    ``NAMED_MAX``; the rest next time)."""
+    return list(itertools.islice(peer.missing, NAMED_MAX))
+
+
+def base(peer: Peer) -> int:
+    """The lowest number ``peer`` may still get from us: the oldest unconfirmed frame in the
+    ring, else the oldest kept for it, else the next one."""
+    low = peer.seq_out + 1
+    if peer.ring:
+        low = min(low, peer.ring[0][0])
+    for seq, _frame in peer.backlog:
+        if seq:
+            return min(low, seq)
+    return low
+
+
+def to_send_again(peer: Peer, named: list[int], now: float) -> list[bytes]:
+    """The frames of ours that ``peer`` named as missed (its HELLO), still in the ring: sent
+    again, each at most once per ``RESEND_AFTER_S`` (one sent again may still be on its way
+    when the next HELLO names it)."""
+    if not named or not peer.ring:
+        return []
+    wanted = set(named)
+    again = peer.resent
+    frames = []
+    for seq, frame in peer.ring:
+        if seq in wanted and now - again.get(seq, -RESEND_AFTER_S) >= RESEND_AFTER_S:
+            again[seq] = now
+            frames.append(frame)
+    if len(again) > 2 * NAMED_MAX:  # those confirmed since, or let go by the ring
+        low = peer.ring[0][0]
+        for seq in [s for s in again if s < low]:
+            del again[seq]
+    return frames
 
 
 def logged(peer: Peer, seq: int, end: int) -> None:
     """Frame ``seq``'s copies end at offset ``end`` of our log: confirmable once it is written."""
     unwritten = peer.unwritten
     unwritten.append((seq, end))
-    if len(unwritten) > SEEN_WINDOW:  # the log stalls (a failing disk): as before,
+    if len(unwritten) > UNWRITTEN_MAX:  # the log stalls (a failing disk): as before,
         unwritten.popleft()  # confirmed on receipt
 
 
@@ -81,9 +174,10 @@ def confirmable(peer: Peer, written: int) -> int:
     pending = peer.unwritten
     while pending and pending[0][1] <= written:
         pending.popleft()
+    have = contiguous(peer)
     if pending:
-        return min(peer.seq_in, pending[0][0] - 1)
-    return peer.seq_in
+        return min(have, pending[0][0] - 1)
+    return have
 
 
 def keep(peer: Peer, frame: bytes, n: int, cap: int, log_end: int | None, log_ok: bool, seq: int = 0) -> str:
@@ -130,6 +224,7 @@ def new_incarnation(peer: Peer) -> None:
     """``peer`` restarted: its frames are numbered anew, and what its old incarnation never
     confirmed goes to the new one first (``resend``)."""
     peer.seq_in = 0
-    peer.seqs_seen.clear()
+    peer.missing.clear()
+    peer.held_mark = -1
     peer.unwritten.clear()
     peer.resend = [frame for seq, frame in peer.ring if seq > peer.acked]

@@ -23,7 +23,12 @@ LINGER_BELOW = 64  # publishes in a tick's frames below which they wait one more
 SYNC_WINDOW_S = 30.0  # after start, fetch the retained messages of every router that joins
 MOVE_TIMEOUT_S = 60.0  # an exported session not confirmed by its new owner within this stays here
 LOCAL_DOWN_WAIT_S = 5.0  # a CONNECT waits this long for a router of this node that is down
-SEEN_WINDOW = 4096  # PUBLISH frame numbers remembered per peer, to drop a frame received twice
+# PUBLISH frames lost on the way (``delivery``): numbers missed per peer at most, named in one
+# HELLO at most, and how soon one sent again is sent again once more if still named.
+MISSING_MAX = 65536
+NAMED_MAX = 256
+RESEND_AFTER_S = 1.0
+UNWRITTEN_MAX = 4096  # received frames whose copies our log has not written, remembered per peer
 # A session taken over from a live router is confirmed (TAKEOVER_DONE) once the interest its
 # subscriptions announced is acknowledged; at the latest this long after it arrived.
 CONFIRM_S = 10.0  # (beyond the interest waits and a snapshot write: router.connecting DURABLE_WAIT_S)

@@ -179,6 +179,16 @@ class Members:
         body: dict[str, Any] = {
             "node": self.node_id, "ipc": transport.ipc, "tcp": transport.tcp, "peers": known, "acks": acks,
             "stats": transport.stats_tcp, "log": commit_log.next_offset if commit_log is not None else -1}
+        # Frames lost on the way (``delivery``): the numbers we sent each peer (from what it may
+        # still get; up to the last, where all went out before this HELLO on its socket), and
+        # those of its frames we miss, named with the incarnation that numbered them.
+        sent = {p.router_id: [delivery.base(p), p.seq_out if p.alive and p.link is not None and not p.link.pending
+                              and not p.backlog else -1] for p in self.peers.values() if p.seq_out}
+        if sent:
+            body["sent"] = sent
+        missing = {p.router_id: [p.incarnation, delivery.missed(p)] for p in self.peers.values() if p.missing}
+        if missing:
+            body["missing"] = missing
         if commit_log is not None:
             # To each peer with nothing of ours on its way (nothing collected, waiting in the link,
             # kept, or being read back), and whose interest we know: every message of this log so
@@ -204,7 +214,7 @@ class Members:
         """The number up to which ``peer``'s PUBLISH frames can be confirmed (``delivery``): our
         log written up to its durable offset with --fsync always, else its written one."""
         if not peer.unwritten:
-            return peer.seq_in
+            return delivery.contiguous(peer)
         commit_log = self.router.commit_log
         assert commit_log is not None  # frames are unwritten only where the log is on (``_on_publish``)
         done = commit_log.durable_offset if self.config.fsync == "always" else commit_log.written_offset
@@ -275,6 +285,15 @@ class Members:
             effect.peer.link.sock.send(self._frame(ECHO, effect.body), zmq.NOBLOCK)
         except zmq.Again:
             pass  # a blocked link: the next beat is echoed instead
+
+    def _send_again(self, effect: membership.SendAgain) -> None:
+        peer = effect.peer
+        if peer.link is None:
+            return
+        log.info("mesh: %d frame(s) router %s missed (lost on the way) are sent again", len(effect.frames),
+                 peer.router_id)
+        for frame in effect.frames:
+            peer.link.send(frame)
 
     def _greet(self, effect: membership.Greet) -> None:
         self._send_hello(self.transport.link(effect.endpoint))
@@ -424,5 +443,5 @@ class Members:
         membership.Parked: _parked, membership.Restarted: _restarted, membership.Returning: _returning,
         membership.Joined: _joined, membership.Back: _back, membership.Replay: _replay,
         membership.Forgotten: _forgotten, membership.OurPause: _our_pause, membership.Echoed: _echoed,
-        membership.Beat: _beat,
+        membership.Beat: _beat, membership.SendAgain: _send_again,
     }

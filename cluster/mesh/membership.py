@@ -87,7 +87,8 @@ def claimed_mark(peer: Peer, claim: int | None) -> int:
     """``peer``'s mark raised by its HELLO's claim that nothing of its log below ``claim`` matching
     our interest is on its way; only once the mark reached ``claim_floor`` (what a crashed
     predecessor never sent is read back first, and a claim must not jump over it)."""
-    if claim is not None and peer.origin_mark >= peer.claim_floor and claim > peer.origin_mark:
+    if claim is not None and peer.origin_mark >= peer.claim_floor and claim > peer.origin_mark \
+            and not peer.missing:  # (a frame lost on the way is sent again first: ``delivery``)
         return claim
     return peer.origin_mark
 
@@ -110,6 +111,13 @@ class Echo(NamedTuple):
 
     peer: Peer
     body: list[int]
+
+
+class SendAgain(NamedTuple):
+    """Our ``frames`` that ``peer`` named as missed (lost on the way: ``delivery``), sent again."""
+
+    peer: Peer
+    frames: list[bytes]
 
 
 class Greet(NamedTuple):
@@ -346,6 +354,14 @@ class MembersCore:
         acked = body.get("acks", {}).get(self.router_id)
         if acked is not None and acked[0] == self.incarnation:
             delivery.confirmed(peer, acked[1])
+        named = body.get("missing", {}).get(self.router_id)
+        if named is not None and named[0] == self.incarnation:
+            again = delivery.to_send_again(peer, named[1], now)
+            if again:
+                yield SendAgain(peer, again)
+        numbered = body.get("sent", {}).get(self.router_id)
+        if numbered is not None:
+            delivery.sent(peer, numbered[0], numbered[1])
         peer.seen_of_me = body.get("seen", {}).get(self.router_id, -1)
         peer.hears = frozenset(p[0] for p in body.get("peers", ()))
         beat = body.get("beat")

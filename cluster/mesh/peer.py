@@ -21,7 +21,7 @@ class Peer:
                  "batch", "batch_sources", "stats", "parked", "parked_at", "backlog", "backlog_bytes",
                  "backlog_msgs", "dropped", "log_mark", "replay_from", "seq_out", "seq_in", "acked",
                  "ring", "ring_bytes", "resend", "stats_tcp", "origin_mark", "replaying", "replicas",
-                 "claim_floor", "interest_known", "seen_of_me", "seqs_seen", "unwritten", "left", "hears",
+                 "claim_floor", "interest_known", "seen_of_me", "missing", "held_mark", "resent", "unwritten", "left", "hears",
                  "beat_epoch", "fence", "since", "batch_packed")
 
     def __init__(self, router_id: str, node_id: str, ipc: str | None, tcp: str | None) -> None:
@@ -54,9 +54,13 @@ class Peer:
         # confirmed, and those sent but not confirmed yet (for its next incarnation, if it crashes).
         self.seq_out = 0
         self.seq_in = 0
-        # The numbers of its last PUBLISH frames received (``SEEN_WINDOW``), not only the
-        # highest: frames sent again to a new incarnation of ours may come after newer ones.
-        self.seqs_seen: dict[int, None] = {}
+        # The numbers below ``seq_in`` of its PUBLISH frames that did not come (lost on the way,
+        # or sent again later to a new incarnation of ours), oldest first; and the highest mark
+        # held back meanwhile (``delivery.first_receipt``).
+        self.missing: dict[int, None] = {}
+        self.held_mark = -1
+        # Our frames it named as missed and we sent again: number → when (``to_send_again``).
+        self.resent: dict[int, float] = {}
         # (frame number, the log offset its copies end at) of its frames whose copies our log
         # has not written yet (durable, with --fsync always): HELLO confirms only frames before.
         self.unwritten: deque[tuple[int, int]] = deque()

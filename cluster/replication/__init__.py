@@ -261,6 +261,7 @@ class Replication(Part):
 
     def parked(self, peer: Peer) -> None:
         self.readback.parked(peer)
+        self.catchups.ask_again(peer)
 
     def sessions_changed(self, sessions: dict[str, dict]) -> None:
         self.session_part.sessions_changed(sessions)
@@ -285,6 +286,7 @@ class Replication(Part):
 
     def rejoined(self, peer: Peer) -> None:
         self.session_part.rejoined(peer)
+        self.catchups.ask_again(peer)
 
     def adopted(self, session: Session, state: dict) -> None:
         self.catchups.adopted(session, state)

@@ -41,6 +41,10 @@ CATCHUP_MARGIN_MS = 10_000
 # SESSION_CATCHUP's ``end`` for "to the log's end, the records of every origin" (-1 reads to the
 # end, the log's own records only).
 LOG_END = 1 << 62
+# A SESSION_CATCHUP sent to another router is asked again (of it, or of its replica's holder)
+# should that router fall silent, restart or come back from a silence before its last answer
+# came: for this long after the first ask.
+ASK_KEEP_S = 60.0
 
 
 class CatchupPart(Part):
@@ -50,6 +54,12 @@ class CatchupPart(Part):
     follow: FollowerPart
     readback: ReadBackPart
     session_part: SessionsPart
+
+    def __init__(self, shared: Part) -> None:
+        super().__init__(shared)
+        # SESSION_CATCHUPs sent and not answered yet (``_send_ask``): (session, partition asked
+        # for) → (the router asked, the body, when first asked).
+        self.open_asks: dict[tuple[str, str], tuple[str, list, float]] = {}
 
     def adopted(self, session: Session, state: dict) -> None:
         """A session came here from the replica of a silent router: make it the only one, and ask
@@ -141,7 +151,7 @@ class CatchupPart(Part):
         return [session.client_id, rid, start, since_ms, [s.to_values() for s in session.subscriptions.values()],
                 session.username, end, self.router.commit_log is not None]
 
-    def _ask_catchup(self, rid: str, body: list) -> bool:
+    def _ask_catchup(self, rid: str, body: list, first: float | None = None) -> bool:
         """Send SESSION_CATCHUP ``body`` to router ``rid``, to this router itself, or (``rid``
         silent) to the holder of its replica with the highest end; False when none can answer."""
         if rid == self.partition:
@@ -155,10 +165,42 @@ class CatchupPart(Part):
         if holder is HERE:
             self.session_catchup(None, *body)
         elif holder is not None:
-            self.net.send(holder, "session_catchup", body)
+            self._send_ask(holder, body, first)
         else:
             return False
         return True
+
+    def _send_ask(self, target: Peer, body: list, first: float | None = None) -> None:
+        """SESSION_CATCHUP ``body`` to ``target``, remembered until its last answer comes
+        (``answered``): a frame lost with a broken connection, or a router that dies before it
+        answers, would lose what the session missed (partition seed 218: a node killed a second
+        after a heal never answered the session that had just moved)."""
+        self.net.send(target, "session_catchup", body)
+        asks = self.open_asks
+        now = time.monotonic()
+        asks[(body[0], body[1])] = (target.router_id, body, now if first is None else first)
+        if len(asks) > 4096:  # (a bound: those answered drop out, the rest age out in ASK_KEEP_S)
+            for key in [k for k, (_, _, t) in asks.items() if now - t > ASK_KEEP_S]:
+                del asks[key]
+
+    def answered(self, client_id: str, partition: str) -> None:
+        """The last SESSION_COPIES of an ask for ``client_id``'s messages of ``partition`` came."""
+        self.open_asks.pop((client_id, partition), None)
+
+    def ask_again(self, peer: Peer) -> None:
+        """``peer`` fell silent, restarted or is heard again: what was asked of it and not
+        answered is asked again, of it or of its replica's holder (at least once: the session
+        takes copies twice rather than none)."""
+        asks = self.open_asks
+        now = time.monotonic()
+        again = [(key, body, t) for key, (target, body, t) in asks.items() if target == peer.router_id]
+        for key, body, t in again:
+            del asks[key]
+            if now - t <= ASK_KEEP_S and key[0] in self.router.sessions:
+                self._ask_catchup(body[1], body, t)
+        if again:
+            log.info("replication: %d read-back(s) asked of %s and not answered asked again", len(again),
+                     peer.router_id)
 
     def moved_past_silence(self, session: Session, silent: Any) -> None:
         """A session moved here from a live router to which other routers were silent
@@ -181,7 +223,7 @@ class CatchupPart(Part):
             if rid == self.partition:
                 self.session_catchup(None, *body)
             elif peer is not None and peer.alive:
-                self.net.send(peer, "session_catchup", body)
+                self._send_ask(peer, body)
             else:
                 continue
             asked.append(rid)
@@ -205,8 +247,7 @@ class CatchupPart(Part):
             session = self.router.sessions.get(cid)
             if t < silent_since - self.config.mesh_timeout or session is None or not session.subscriptions:
                 continue
-            self.net.send(peer, "session_catchup",
-                          self.catchup_body(session, peer.router_id, -1, since_ms))
+            self._send_ask(peer, self.catchup_body(session, peer.router_id, -1, since_ms))
             asked += 1
         if asked:
             log.info("replication: %d session(s) that moved to this router while %s was silent ask it for what "
@@ -256,7 +297,7 @@ class CatchupPart(Part):
         if peer is None:
             self.router.take_copies(session.client_id, items, read_back=True)
         else:
-            self.net.send(peer, "copies", [session.client_id, items, last])
+            self.net.send(peer, "copies", [session.client_id, items, last, partition])
         if not last:
             self.loop.call_soon(self._catchup_step, peer, session, partition, whole, cap, log_,
                                 records[-1].offset + 1, end, sent + len(items))

@@ -66,8 +66,11 @@ class FramesPart(Part):
         self.catchups.session_catchup(peer, *body)
 
     def on_session_copies(self, peer: Peer, body: Any, size: int) -> None:
-        """SESSION_COPIES: the answer, copies for a session of this router's."""
+        """SESSION_COPIES: the answer, copies for a session of this router's; the last of an
+        answer names the partition asked for (mesh version 20), and the ask is done."""
         self.router.take_copies(body[0], body[1], read_back=True)
+        if body[2] and len(body) > 3:
+            self.catchups.answered(body[0], body[3])
 
     def on_session_restore(self, peer: Peer, body: Any, size: int) -> None:
         """SESSION_RESTORE: a router back on an empty disk asks for its sessions held here."""

@@ -1,34 +1,89 @@
 """The mesh's delivery rules (cluster/mesh/delivery.py) with values: frame numbers received once,
-the ring of unconfirmed frames and what a new incarnation is sent again, the backlog kept for a
-silent peer and what happens when it is full. No sockets, no clock."""
+frames lost on the way found and sent again, the ring of unconfirmed frames and what a new
+incarnation is sent again, the backlog kept for a silent peer and what happens when it is full.
+No sockets, no clock."""
 
 from __future__ import annotations
 
 from brokerd.cluster.mesh import Peer, delivery
-from brokerd.cluster.mesh.limits import SEEN_WINDOW
+from brokerd.cluster.mesh.limits import MISSING_MAX, NAMED_MAX, RESEND_AFTER_S
 
 
 def peer() -> Peer:
     return Peer("x/w0", "x", None, None)
 
 
-def test_a_frame_counts_once_and_a_late_one_an_old_incarnation_never_read_counts_too():
+def test_a_frame_counts_once_and_a_late_one_fills_its_gap():
     p = peer()
     assert delivery.first_receipt(p, 1, 10) and delivery.first_receipt(p, 3, 30)
-    assert (p.seq_in, p.origin_mark) == (3, 30)
+    assert (p.seq_in, list(p.missing), delivery.contiguous(p)) == (3, [2], 1)
+    assert p.origin_mark == 10, "a mark past a missing frame is held back"
     assert not delivery.first_receipt(p, 3, 30), "the same frame twice"
     assert not delivery.first_receipt(p, 1, 10), "a frame sent again"
-    assert delivery.first_receipt(p, 2, 20), "a number below the highest, never seen"
-    assert (p.seq_in, p.origin_mark) == (3, 30), "a late frame lowers neither the number nor the mark"
+    assert delivery.first_receipt(p, 2, 20), "a number below the highest, missed"
+    assert (p.seq_in, p.missing, delivery.contiguous(p)) == (3, {}, 3)
+    assert p.origin_mark == 30, "the gap filled, the mark held back is taken"
+    assert not delivery.first_receipt(p, 2, 20), "and not twice"
 
 
-def test_a_frame_older_than_the_window_is_taken_for_seen():
+def test_a_confirmation_stops_before_the_first_frame_missed():
+    """Partition seed 218: frames 43 and 44 lost when the connection under them broke, 45 and on
+    arrived; confirming 45 let the sender drop 43 and 44 from its ring for good."""
     p = peer()
-    for seq in range(1, SEEN_WINDOW + 11):
-        assert delivery.first_receipt(p, seq, -1)
-    assert len(p.seqs_seen) == SEEN_WINDOW
-    assert not delivery.first_receipt(p, 5, -1)  # forgotten, but below the window: seen
-    assert p.origin_mark == -1  # (-1 claims nothing)
+    for seq in (1, 2, 5, 6):
+        delivery.first_receipt(p, seq, -1)
+    assert delivery.confirmable(p, written=100) == 2
+    assert delivery.missed(p) == [3, 4]
+    assert delivery.first_receipt(p, 4, -1) and delivery.confirmable(p, written=100) == 2
+    assert delivery.first_receipt(p, 3, -1) and delivery.confirmable(p, written=100) == 6
+
+
+def test_the_missed_numbers_are_bounded_and_named_a_few_at_a_time():
+    p = peer()
+    delivery.first_receipt(p, MISSING_MAX + 10, -1)
+    assert len(p.missing) == MISSING_MAX and next(iter(p.missing)) == 10, "the oldest given up"
+    assert delivery.missed(p) == list(range(10, 10 + NAMED_MAX))
+
+
+def test_the_senders_numbers_find_a_lost_tail_and_let_go_of_what_it_let_go():
+    p = peer()
+    delivery.first_receipt(p, 1, 10)
+    delivery.sent(p, base=1, last=3)  # 2 and 3 went out before its HELLO, which came: lost
+    assert (p.seq_in, list(p.missing)) == (3, [2, 3])
+    delivery.first_receipt(p, 4, 40)
+    assert p.origin_mark == 10
+    delivery.sent(p, base=3, last=-1)  # its ring let 2 go: nothing waits for it any more
+    assert list(p.missing) == [3] and delivery.contiguous(p) == 2
+    delivery.first_receipt(p, 3, 30)
+    assert (delivery.contiguous(p), p.origin_mark) == (4, 40)
+
+
+def test_a_new_receiver_starts_at_the_senders_base():
+    p = peer()
+    delivery.sent(p, base=500, last=-1)  # met anew: its numbers for us start at 500
+    assert (p.seq_in, p.missing) == (499, {})
+    assert delivery.first_receipt(p, 500, -1) and delivery.contiguous(p) == 500
+
+
+def test_frames_named_as_missed_are_sent_again_from_the_ring_once_a_second():
+    p = peer()
+    for seq in range(1, 6):
+        delivery.unconfirmed(p, seq, b"f%d" % seq, cap=1000)
+    p.seq_out = 5
+    assert delivery.base(p) == 1
+    delivery.confirmed(p, 2)
+    assert delivery.base(p) == 3
+    assert delivery.to_send_again(p, [3, 4, 9], now=10.0) == [b"f3", b"f4"], "9 is not in the ring"
+    assert delivery.to_send_again(p, [3, 4], now=10.5) == [], "on its way still"
+    assert delivery.to_send_again(p, [4], now=10.0 + RESEND_AFTER_S) == [b"f4"]
+
+
+def test_the_base_counts_frames_kept_for_a_silent_peer():
+    p = peer()
+    p.seq_out = 9
+    delivery.parked(p, None)
+    delivery.keep(p, b"k", 1, cap=100, log_end=None, log_ok=False, seq=8)
+    assert delivery.base(p) == 8
 
 
 def test_the_ring_keeps_unconfirmed_frames_within_its_bytes_and_a_confirmation_empties_it():
@@ -47,11 +102,11 @@ def test_a_new_incarnation_is_sent_again_what_the_old_one_never_confirmed_and_nu
     for seq in (1, 2, 3):
         delivery.unconfirmed(p, seq, b"f%d" % seq, cap=1000)
     delivery.confirmed(p, 1)
-    delivery.first_receipt(p, 7, 70)
-    delivery.logged(p, 7, 99)
+    delivery.first_receipt(p, 1, 70)
+    delivery.logged(p, 1, 99)
     delivery.new_incarnation(p)
     assert p.resend == [b"f2", b"f3"]
-    assert (p.seq_in, p.seqs_seen, list(p.unwritten)) == (0, {}, [])
+    assert (p.seq_in, p.missing, list(p.unwritten)) == (0, {}, [])
     assert p.origin_mark == 70, "the mark is kept across incarnations"
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from brokerd.cluster.mesh import Peer
+from brokerd.cluster.mesh import Peer, delivery
 from brokerd.cluster.mesh.effects import Flush, Frame
 from brokerd.cluster.mesh.limits import HELLO_INTERVAL_S, SYNC_WINDOW_S
 from brokerd.cluster.mesh.membership import (
@@ -26,6 +26,7 @@ from brokerd.cluster.mesh.membership import (
     Replay,
     Restarted,
     Returning,
+    SendAgain,
     Unreachable,
 )
 from brokerd.router.mesh_format import CATCHUP, RESYNC, SYNC_REQ
@@ -176,3 +177,21 @@ def test_a_peer_is_a_plain_record_the_core_shares_with_the_mesh():
     c = MembersCore("u/w0", "u", 1, peers, TIMEOUT, FORGET, START)
     hello(c, START)
     assert peers is c.peers and isinstance(peers[PEER], Peer)
+
+
+def test_a_hello_naming_our_frames_as_missed_sends_them_again_and_its_numbers_find_a_lost_tail():
+    """Frames lost on the way (``delivery``): the HELLO of the receiver names what it misses of
+    ours (for this incarnation of ours, 1), and that of a sender says what it sent us."""
+    c = core()
+    hello(c, START + 1.0)
+    peer = c.peers[PEER]
+    for seq in (1, 2, 3):
+        delivery.unconfirmed(peer, seq, b"f%d" % seq, cap=1000)
+    peer.seq_out = 3
+    effects = hello(c, START + 1.5, missing={"u/w0": [1, [2, 3]]})
+    again = [e for e in effects if e.__class__ is SendAgain]
+    assert len(again) == 1 and again[0].frames == [b"f2", b"f3"]
+    assert not [e for e in hello(c, START + 2.0, missing={"u/w0": [0, [2]]}) if e.__class__ is SendAgain], \
+        "named for another incarnation of ours: not ours to send"
+    hello(c, START + 2.5, sent={"u/w0": [1, 4]})  # it sent us 1 to 4 before that HELLO: none came
+    assert list(peer.missing) == [1, 2, 3, 4] and delivery.contiguous(peer) == 0
