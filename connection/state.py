@@ -123,6 +123,23 @@ TABLE: dict[State, dict[type[Packet], Rule]] = {
 
 # The handler's answer to CONNECT moves CONNECTING on; in any other state it changes nothing.
 _ACCEPTED = {CONNECTING: CONNECTED}
+# keepalive -> the silence allowed (KEEPALIVE_FACTOR x): one float object per value, which every
+# connection with that keepalive shares (a float of its own was 24 bytes a connection). Keepalives
+# from 0 to SHARED_SILENCES - 1 are kept (a fleet's are a few values); others get floats of their own.
+SHARED_SILENCES = 4096
+_SILENCES: dict[int, float] = {}
+
+
+def allowed_silence(keepalive: int) -> float:
+    """Seconds of silence allowed to a client with ``keepalive`` (MQTT-3.1.2-24: 1.5 times it)."""
+    silence = _SILENCES.get(keepalive)
+    if silence is None:
+        silence = keepalive * KEEPALIVE_FACTOR
+        if 0 <= keepalive < SHARED_SILENCES:
+            _SILENCES[keepalive] = silence
+    return silence
+
+
 # States in which a close with a reason tells an MQTT 5 client why: it got past CONNECT.
 _SAYS_WHY = frozenset({CONNECTING, CONNECTED, DISCONNECTING})
 # (state, reason of a violation) -> what is answered before closing instead of DISCONNECT.
@@ -177,7 +194,7 @@ class ConnectionState:
         state = _ACCEPTED.get(self.state)
         if state is not None:
             self._enter(state)
-        self.keepalive = keepalive * KEEPALIVE_FACTOR
+        self.keepalive = allowed_silence(keepalive)
         return now + self.keepalive if keepalive else None
 
     def keepalive_deadline(self, now: float, taken: int | None = None) -> float | None:

@@ -216,3 +216,11 @@ def test_a_client_that_still_takes_its_backed_up_output_is_not_silent() -> None:
     assert state.keepalive_deadline(14.0, taken=100) == 29.0  # it took bytes since: heard now
     assert state.keepalive_deadline(28.0, taken=300) == 43.0
     assert state.keepalive_deadline(43.0, taken=300) is None  # took nothing for 15 s: dead
+
+
+def test_connections_with_one_keepalive_share_one_silence_object() -> None:
+    """An idle connection holds no float of its own for its keepalive (24 bytes each)."""
+    first, second = connected(keepalive=60), connected(keepalive=60)
+    assert first.keepalive == second.keepalive == 90.0
+    assert first.keepalive is second.keepalive
+    assert connected(keepalive=7).keepalive == 10.5
