@@ -3,11 +3,12 @@
 Why not a timer per connection: uvloop's TimerHandle and the libuv timer behind it were about 600
 of the 3,600 bytes an idle connection held (tracemalloc, 2,000 idle connections); a set entry here
 is a few dozen. The work stays proportional to what is due, as before: a read only stamps the
-connection (``MQTTConnection._last_rx``), nothing is touched per packet, and when a connection's
+connection (``ConnectionState.heard_at``), nothing is touched per packet, and when a connection's
 bucket comes due it is either closed (idle for its whole keepalive, MQTT-3.1.2-24) or moved to the
 bucket of its new deadline. No bucket due, no timer: an idle worker with no connections wakes for
 nothing. Deadlines are rounded up to the next whole second of the loop's clock: a keepalive
-expires up to a second late, never early.
+expires up to a second late, never early. A connection's first deadline, until its CONNECT is
+accepted, is its CONNECT timeout (``MQTTConnection.connection_made``): no timer per connect either.
 
 Each bucket is a dict (insertion order, values unused), not a set: a set's table is kept at most 60 %
 full and grows fourfold, a dict's entries are packed (2,000 connections: 86 -> about 40 bytes

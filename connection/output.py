@@ -41,7 +41,7 @@ class Output:
     _gate: int | None  # output held until open_gate(this or more): see gate()
     _lingering: bool  # closed with something to say: see _end()
     _polling: bool  # its output backed up: _drain_check looks until it drained
-    _timer: asyncio.TimerHandle | None  # the CONNECT timeout, then the linger's (``_end``)
+    _timer: asyncio.TimerHandle | None  # the linger after a close (``_end``)
     # The input half's, which this half pauses while the output backs up, and closes with.
     closing: bool
     _loop: asyncio.AbstractEventLoop

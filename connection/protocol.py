@@ -104,7 +104,7 @@ class MQTTConnection(Output, asyncio.Protocol):
         self.write_paused = False  # transport above its high-water mark: a slow consumer
         self.closing = False
         self._out = NOTHING
-        self._timer: asyncio.TimerHandle | None = None  # the CONNECT timeout
+        self._timer: asyncio.TimerHandle | None = None  # the linger after a close (``_end``)
         self._cstate = ConnectionState()  # the connection's rules and keepalive (connection.state)
         self.keepalive_key: int | None = None  # its bucket there
         self._reading_paused_by: set[object] | frozenset[object] = _NOBODY  # a set once paused
