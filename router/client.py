@@ -58,8 +58,10 @@ FILTERS_PER_TURN = 1024  # filters of one SUBSCRIBE taken per loop turn (valid o
 
 
 class Client:
+    MAX_QOS = 2  # the highest QoS taken from a client and granted to its subscriptions (every client's)
+
     __slots__ = ("conn", "router", "session", "client_id", "level", "will", "pending", "_connecting",
-                 "_taken_over", "_max_qos", "unconnected", "listener", "_aliases", "problem_info", "held_acks",
+                 "_taken_over", "unconnected", "listener", "_aliases", "problem_info", "held_acks",
                  "username")
 
     def __init__(self, router: Router, conn: Connection) -> None:
@@ -72,7 +74,6 @@ class Client:
         self.pending: list[Packet] | None = None
         self._connecting = False
         self._taken_over = False
-        self._max_qos = 2
         # A socket not yet CONNECTed holds a place under --max-connections until its CONNECT.
         self.unconnected = True
         router.stats.unconnected += 1
@@ -238,7 +239,7 @@ class Client:
 
     def _on_publish(self, p: Publish) -> None:
         qos = p.qos
-        if qos > self._max_qos:
+        if qos > self.MAX_QOS:
             raise ProtocolError("MQTT-3.2.2-11 QoS above the maximum", Reason.QOS_NOT_SUPPORTED)
         if p.properties and Prop.TOPIC_ALIAS in p.properties:
             self._resolve_alias(p)
@@ -381,7 +382,7 @@ class Client:
                 router.stats.acl_denied += 1
                 codes.append(0x80 if self.level < MQTT_5 else Reason.NOT_AUTHORIZED)
                 continue
-            granted = min(sub.qos, self._max_qos)
+            granted = min(sub.qos, self.MAX_QOS)
             if granted != sub.qos or sub_id:  # the identifier is kept with the subscription (MQTT 5 3.8.2.1.2)
                 sub = Subscription(f, granted, sub.no_local, sub.retain_as_published, sub.retain_handling,
                                    sub_id)
