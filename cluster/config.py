@@ -203,8 +203,8 @@ OPTIONS: tuple[Option, ...] = (
            "allowed, as Mosquitto's max_topic_alias)", "N", check=lambda v: None if 0 <= v <= 65535 else "must be 0-65535"),
     Option("topic_alias_out", _on_off, False, "send repeated topics to MQTT 5 clients that allow it (Topic Alias "
            "Maximum in their CONNECT) as topic aliases, saving bandwidth on constrained links", "on|off"),
-    Option("max_connection_rate", float, 1000.0, "new connections per second per listener, shared by the "
-           "workers (beyond: the socket is closed at once; 0: no limit)", "N", check=_at_least(0)),
+    Option("max_connection_rate", float, 0.0, "new connections per second per listener, shared by the "
+           "workers (beyond: the socket is closed at once; 0: no limit, as Mosquitto)", "N", check=_at_least(0)),
     Option("max_client_msg_rate", float, 0.0, "packets per second one client may send (beyond: its reads are "
            "paused, never disconnected; 0: no limit)", "N", check=_at_least(0)),
     Option("max_client_byte_rate", _size, 0, "bytes per second one client may send (beyond: its reads are "
@@ -307,7 +307,7 @@ class Config:
     max_session_expiry: float = _LIMITS.max_session_expiry
     max_topic_alias: int = _LIMITS.max_topic_alias
     topic_alias_out: bool = False
-    max_connection_rate: float = 1000.0
+    max_connection_rate: float = 0.0
     max_client_msg_rate: float = 0.0
     max_client_byte_rate: int = 0
     read_budget: int = 16
