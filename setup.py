@@ -29,13 +29,18 @@ HOT_PATH_ROOTS = [
     "brokerd.connection.decode", "brokerd.connection.encode",  # the codec
     "brokerd.router.topics",  # the topic index
     "brokerd.router.log.writer",  # the log's batches written: encoding, pwritev, the index, fsync
+    "brokerd.connection.protocol",  # the connection: bytes in, rules, packets to the router
+    "brokerd.router.client", "brokerd.router.router",  # the router's per-message path
 ]
-"""The codec, the topic index and the commit log's writer. What is compiled is these and
-every brokerd module they import at run time (``hot_path``): mypyc compiles them as one closed
-group, and a module moved or split stays in it. What they import for annotations only
-(``if TYPE_CHECKING:``), and the packages' ``__init__`` (names re-exported), mypy reads for
-their types; they stay Python (``typed_with``). Why the router's path is not among them: compiled
-in part it ran slower, docs/benchmarks.md, "Compiled router path"."""
+"""The codec, the topic index, the commit log's writer, and the per-message path from the
+connection to the session (the protocol, the client, the router: with what they import, 52
+modules). What is compiled is these and every brokerd module they import at run time
+(``hot_path``): mypyc compiles them as one closed group, and a module moved or split stays in
+it. What they import for annotations only (``if TYPE_CHECKING:``), and the packages'
+``__init__`` (names re-exported), mypy reads for their types; they stay Python
+(``typed_with``). The router's path is compiled whole, from the protocol to the session: in
+part it ran slower (each object read across the line between compiled and Python code costs
+more than the compiled side saves; docs/benchmarks.md, "Compiled router path")."""
 
 GROUP = "brokerd.connection._hot"
 """mypyc's group: its shared library is ``brokerd.connection._hot__mypyc``."""

@@ -82,8 +82,9 @@ class Worker:
 
     def _open(self, conn: MQTTConnection) -> Client:
         self.connections.add(conn)
-        # (the router is made in start(), before the listeners: no connection comes without it)
-        return _TrackedClient(self.router, conn, self.connections)  # type: ignore[arg-type]
+        router = self.router
+        assert router is not None  # made in start(), before the listeners: no connection comes without it
+        return Client(router, conn)
 
     def _protocol(self, listener: Listener | None = None) -> MQTTConnection:
         return MQTTConnection(self._open, self.batcher, max_packet_size=self.config.max_packet_size,
@@ -96,6 +97,7 @@ class Worker:
     async def start(self) -> None:
         c = self.config
         self.router = Router(self._router_config())
+        self.router.live_connections = self.connections  # a client leaving takes its connection out
         from .auth_setup import install as install_auth
         from .auth_setup import reload as reload_auth
 
@@ -294,20 +296,6 @@ class Worker:
             await self.agreement.close()
         await self._close_log()
         log.info("router %s stopped", self.router_id)
-
-
-class _TrackedClient(Client):
-    """A Client that also leaves the worker's connection set when it goes."""
-
-    __slots__ = ("_registry",)
-
-    def __init__(self, router: Router, conn: MQTTConnection, registry: set[MQTTConnection]) -> None:
-        super().__init__(router, conn)
-        self._registry = registry
-
-    def connection_lost(self, graceful: bool) -> None:
-        self._registry.discard(self.conn)
-        super().connection_lost(graceful)
 
 
 def tune_gc() -> None:

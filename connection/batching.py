@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Callable
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 
 class Flushable(Protocol):
@@ -21,7 +21,7 @@ class Flushable(Protocol):
 class EndOfTick:
     __slots__ = ("_loop", "_dirty", "_scheduled", "_early")
 
-    EARLY_PER_TURN = 4  # quiet clients' outputs written at once per iteration; later ones wait
+    EARLY_PER_TURN: ClassVar[int] = 4  # quiet clients' outputs written at once per iteration; later ones wait
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -73,7 +73,7 @@ class TurnBudget:
     The count starts over once per iteration (a ``call_soon`` scheduled by the first share taken).
     """
 
-    MIN_SHARE = 4  # every connection still makes progress every turn
+    MIN_SHARE: ClassVar[int] = 4  # every connection still makes progress every turn
     __slots__ = ("_loop", "per_turn", "left", "_scheduled", "fan_budget", "delivered")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, per_turn: int, fan_budget: int = 0,

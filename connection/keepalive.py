@@ -40,6 +40,13 @@ class _Bucket(dict[Kept, None]):
         self.key = key
 
 
+class _Timer(Protocol):
+    """The loop's timer handle (a test's fake clock gives its own): compiled, a declared
+    ``asyncio.TimerHandle`` would be checked as one."""
+
+    def cancel(self) -> None: ...
+
+
 class KeepaliveWheel:
     __slots__ = ("_loop", "_buckets", "_keys", "_timer")
 
@@ -47,7 +54,7 @@ class KeepaliveWheel:
         self._loop = loop
         self._buckets: dict[int, _Bucket] = {}
         self._keys: list[int] = []  # a heap of the buckets' keys
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: _Timer | None = None
 
     def __len__(self) -> int:
         return sum(len(b) for b in self._buckets.values())
@@ -78,7 +85,7 @@ class KeepaliveWheel:
             # An empty bucket stays until it comes due (its key is in the heap): a dict entry.
 
     def _due(self) -> None:
-        self._timer = None
+        self._fired()
         now = self._loop.time()
         keys, buckets = self._keys, self._buckets
         while keys and keys[0] <= now:
@@ -88,6 +95,12 @@ class KeepaliveWheel:
                 conn.check_keepalive()  # closes it, or adds it again at its new deadline
         if keys and self._timer is None:
             self._timer = self._loop.call_at(keys[0], self._due)
+
+    def _fired(self) -> None:
+        """The timer ran. (A method, not ``self._timer = None`` in ``_due``: mypy would take the
+        attribute for None through the checks below, where a connection checked may have set a
+        timer again, and compiled, mypyc would raise on that timer.)"""
+        self._timer = None
 
     def close(self) -> None:
         if self._timer is not None:

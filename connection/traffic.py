@@ -3,7 +3,7 @@ bumped in the hot path, read by the stats process's snapshots."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from .ports import Connection
@@ -37,7 +37,7 @@ class Traffic(ConnectionCounters):
 
     __slots__ = ("moved_conns", "_prune_at", "epoch")
 
-    PRUNE_MIN = 1024  # the list is cleared of closed connections when it reaches twice its live part
+    PRUNE_MIN: ClassVar[int] = 1024  # the list is cleared of closed connections when it reaches twice its live part
 
     def __init__(self) -> None:
         super().__init__()

@@ -164,6 +164,7 @@ class Client:
 
     def connection_lost(self, graceful: bool) -> None:
         router = self.router
+        router.live_connections.discard(self.conn)
         if self.unconnected:
             self.unconnected = False
             router.stats.unconnected -= 1

@@ -47,7 +47,6 @@ def will_delay(will: Message) -> int:
     return will.properties.get(Prop.WILL_DELAY_INTERVAL, 0) if will.properties else 0
 
 
-_new = object.__new__
 _time = time.time
 # Keys of Message._enc: (protocol level << 3) | (QoS << 1) | RETAIN.
 _QOS0_V3, _QOS0_V4, _QOS0_V5 = 3 << 3, 4 << 3, MQTT_5 << 3
@@ -61,8 +60,8 @@ class Message:
 
     def __init__(
         self,
-        topic: str,
-        payload: bytes,
+        topic: str = "",  # (defaults: compiled, ``_new`` is the constructor called without arguments)
+        payload: bytes = b"",
         qos: int = 0,
         retain: bool = False,
         client_id: str = "",
@@ -188,6 +187,26 @@ class Message:
         msg._topic_bytes = self._topic_bytes
         return msg
 
+    def clone(self) -> Message:
+        """A copy to change a field of (``log_offset``): shares the payload and the encodings.
+        ``copy.copy`` would do in Python, but compiled (mypyc) a native class has no pickling
+        protocol to copy by."""
+        msg = _new(Message)
+        msg.topic = self.topic
+        msg._payload = self._payload
+        msg.qos = self.qos
+        msg.retain = self.retain
+        msg.client_id = self.client_id
+        msg.origin_router = self.origin_router
+        msg.origin_offset = self.origin_offset
+        msg.properties = self.properties
+        msg.timestamp_ms = self.timestamp_ms
+        msg.expires_ms = self.expires_ms
+        msg.log_offset = self.log_offset
+        msg._enc = self._enc
+        msg._topic_bytes = self._topic_bytes
+        return msg
+
     def outgoing_properties(self) -> dict | None:
         """The properties an MQTT 5 subscriber gets: those forwarded, the expiry interval as the
         time left (MQTT-3.3.2-6; at least 1 s: 0 would mean it never expires)."""
@@ -230,3 +249,11 @@ class Message:
     def __repr__(self) -> str:
         return f"Message({self.topic!r}, {len(self.payload)} B, qos={self.qos}, retain={self.retain})"
 
+
+
+# A message made without ``__init__`` (its defaults, the clock read, the expiry computed) where
+# every field is set at once: ``published``, ``with_ids``, ``clone``, the mesh's ``from_mesh``.
+# ``Message.__new__``, not ``object.__new__``: compiled (mypyc), Message is a native class, whose
+# instances only its own ``__new__`` may make, and that runs ``__init__`` with its defaults (a
+# few attributes set twice, cheap there); in Python it is ``object.__new__``, and nothing runs.
+_new = Message.__new__

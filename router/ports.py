@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Iterable
 from typing import Any, Protocol
 
+from mypy_extensions import mypyc_attr
+
 from .message import Message
 
 # What ``MeshPort.takeover`` answers when a session was being moved here and the transfer broke
@@ -94,6 +96,7 @@ class MeshPort(Protocol):
         """The stats sockets of peer routers that other nodes can read: {router id: tcp://...}."""
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the unit tests' fake meshes start from it
 class NullMesh:
     """The mesh of a router alone: nobody to forward to, announce to, or wait for."""
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Generator
-from copy import copy
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -102,7 +101,7 @@ class RetainedOut:
             # Offline (or catching up), a session reads what it missed from the log from its
             # cursor on; a retained message logged before that is no part of it: a copy is queued.
             if not sub.sub_id:  # else ``with_ids`` made it a copy already
-                msg = copy(msg)
+                msg = msg.clone()
             msg.log_offset = -1
         session.deliver(msg, qos, True)
 

@@ -61,26 +61,12 @@ __all__ = ["TAKEOVER_FAILED", "MeshPort", "Router", "RouterConfig"]
 log = logging.getLogger(__name__)
 
 
-class Identified:
-    """A session in a route whose matching subscriptions carry Subscription Identifiers: it gets
-    each message as a copy with them (``Message.with_ids``), which only MQTT 5 needs."""
-
-    __slots__ = ("session", "ids", "client_id")
-
-    def __init__(self, session: Session, ids: tuple[int, ...]) -> None:
-        self.session = session
-        self.ids = ids
-        self.client_id = session.client_id
-
-    def deliver(self, msg: Message, qos: int, retain: bool) -> None:
-        self.session.deliver(msg.with_ids(self.ids), qos, retain)
-
-    def deliver_packet(self, packet: bytes) -> bool:
-        return self.session.deliver_packet(packet)  # False for MQTT 5: then ``deliver``
-
-    @property
-    def persistent(self) -> bool:
-        return self.session.persistent
+# A folded route: (session, QoS cap, no_local, retain_as_published, the Subscription Identifiers
+# of its matching subscriptions or None). A session with identifiers gets each message as a copy
+# with them (``Message.with_ids``), which only MQTT 5 needs; the other routes cost nothing more.
+# The identifiers in the tuple, not a wrapper in the session's place: the route's first element
+# stays a Session, so the compiled router calls it natively.
+Route = tuple["Session", int, bool, bool, "tuple[int, ...] | None"]
 
 
 @dataclass(slots=True)
@@ -120,6 +106,10 @@ class Router:
         self.wiring = Wiring(self.mesh)
         self.stats = RouterStats()
         self.clients: dict[str, ClientHandle] = {}  # client id → the live connection's handler
+        # The worker's set of live connections (stats, a stop): each client's connection leaves it
+        # as the client goes (``Client.connection_lost``). Not a subclass of Client in the worker:
+        # compiled, Client is a native class, which Python code cannot subclass.
+        self.live_connections: set[Any] = set()
         self.listener_sockets: dict[Listener, int] = {}  # listener with a max_connections → its open sockets here
         self.subs: TopicIndex[Session, Subscription] = TopicIndex()
         self.local_filters: dict[str, int] = {}  # filter → number of local sessions subscribed
@@ -128,7 +118,7 @@ class Router:
         self.retained = RetainedStore(self.stats, clock)
         # Folded routes per topic: [(session, qos cap, no_local, retain_as_published)] and the peer
         # routers to forward to. Cleared on any subscription / interest change.
-        self._routes: dict[str, list[tuple[Session, int, bool, bool]]] = {}
+        self._routes: dict[str, list[Route]] = {}
         self._peer_routes: dict[str, tuple[str, ...]] = {}
         self.shared = shared = SharedRoutes(self.router_id, self.stats, clock, self.wiring, self._peers,
                                             self._session_changed, self._interest_ack)
@@ -300,13 +290,13 @@ class Router:
                 continue
             if msg is None:  # ``routes`` were looked up with the packet above
                 publisher = values[2]
-                for session, _cap, no_local, _rap in routes:  # type: ignore[union-attr]  # (set with msg None)
+                for session, _cap, no_local, _rap, ids in routes:  # type: ignore[union-attr]  # (set with msg None)
                     if no_local and session.client_id == publisher:
                         continue
-                    if not session.deliver_packet(packet):
+                    if not session.deliver_packet(packet):  # False for MQTT 5: then ``deliver``
                         if msg is None:
                             msg = from_mesh(values, sender)
-                        session.deliver(msg, 0, False)
+                        session.deliver(msg if ids is None else msg.with_ids(ids), 0, False)
                 continue
             if groups is not None:
                 self.deliver_remote_shared(msg, groups, only)
@@ -376,7 +366,7 @@ class Router:
         self.commit_log = self.wiring.commit_log = log_
         self.acks.attach(log_, ack_when_durable, end_of_tick)
 
-    def _deliver(self, msg: Message, routes: list[tuple[Session, int, bool, bool]]) -> None:
+    def _deliver(self, msg: Message, routes: list[Route]) -> None:
         """Hand ``msg`` to this router's subscribers of its topic (``routes``, folded). The callers
         look the routes up themselves: a forwarding router mostly finds none, and the call is
         skipped."""
@@ -386,16 +376,15 @@ class Router:
         qos = msg.qos
         retain = msg.retain
         publisher = msg.client_id
-        for session, cap, no_local, rap in routes:
+        for session, cap, no_local, rap, ids in routes:
             if no_local and session.client_id == publisher:
                 continue
-            session.deliver(msg, qos if qos < cap else cap, retain and rap)
+            session.deliver(msg if ids is None else msg.with_ids(ids), qos if qos < cap else cap, retain and rap)
 
-    def _fold_routes(self, topic: str) -> list[tuple[Session, int, bool, bool]]:
+    def _fold_routes(self, topic: str) -> list[Route]:
         """Overlapping subscriptions of one client: deliver once, at the highest granted QoS, with
-        the Subscription Identifiers of all of them (MQTT-3.3.4-3/-5): such a session's route holds
-        an ``Identified`` in its place, so routes without identifiers cost nothing more."""
-        folded: dict[Session, tuple[Session, int, bool, bool]] = {}
+        the Subscription Identifiers of all of them (MQTT-3.3.4-3/-5)."""
+        folded: dict[Session, Route] = {}
         ids: dict[Session, tuple[int, ...]] = {}
         acl = self.acl
         for session, sub in self.subs.match(topic):
@@ -405,12 +394,13 @@ class Router:
                 ids[session] = ids.get(session, ()) + (sub.sub_id,)
             prev = folded.get(session)
             if prev is None:
-                folded[session] = (session, sub.qos, sub.no_local, sub.retain_as_published)
+                folded[session] = (session, sub.qos, sub.no_local, sub.retain_as_published, None)
             else:
                 folded[session] = (session, max(prev[1], sub.qos), prev[2] and sub.no_local,
-                                   prev[3] or sub.retain_as_published)
+                                   prev[3] or sub.retain_as_published, None)
         for session, sub_ids in ids.items():
-            folded[session] = (Identified(session, sub_ids), *folded[session][1:])  # type: ignore[assignment]  # duck
+            _, cap, no_local, rap, _ = folded[session]
+            folded[session] = (session, cap, no_local, rap, sub_ids)
         routes = list(folded.values())
         if len(self._routes) > 65536:
             self._routes.clear()

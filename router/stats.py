@@ -5,6 +5,8 @@ No locks and no allocation per message: the router runs on one event loop, so ``
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 # Limits a client hit (docs/limits.md), counted as ``limit_<name>``:
 # CONNECTs refused for a long client id or keepalive, SUBSCRIBE filters refused over the quota,
 # retained messages delivered but not retained, connections closed for too many QoS 2 messages
@@ -16,55 +18,52 @@ LIMITS = ("client_id", "keepalive", "subscriptions", "retained", "qos2_pending",
           "packet_timeout", "connection_rate", "client_rate", "session_expiry", "listener_connections")
 
 
+@dataclass(slots=True, eq=False)
 class RouterStats:
-    """One integer per counter, declared once: the annotations are the slots (and what mypy checks
-    the ``+= 1`` against); ``limit_<name>`` for each of ``LIMITS``."""
+    """One integer per counter, declared once: a slotted dataclass, each field 0 at start (and what
+    mypy checks the ``+= 1`` against); ``limit_<name>`` for each of ``LIMITS``. A dataclass, not
+    ``__slots__`` from the annotations: compiled (mypyc), a native class has neither, and
+    ``dataclasses.fields`` names the counters either way."""
 
     # state_moves: changes of session state that neither grow the log nor ask for a snapshot at once
     # (acknowledgements that end or advance a flow, released QoS 2 ids, catch-up reads): with the
     # log's end, what tells the snapshot (router.persistence) that a session may have changed.
     # auth_failures: CONNECTs refused by authentication (bad credentials, anonymous not allowed, not
     # authorized); acl_denied: PUBLISH packets and SUBSCRIBE filters refused by the ACL (or $SYS/).
-    connections: int
-    connects_total: int
-    drop_queue_full: int
-    drop_slow_consumer: int
-    drop_too_large: int
-    drop_mesh_backpressure: int
-    drop_expired: int
-    drop_mesh_peer_gone: int
-    mesh_bad_frames: int
-    refused_connections: int
-    refused_log_unavailable: int
-    protocol_errors: int
-    mesh_msgs_out: int
-    mesh_msgs_in: int
-    mesh_bytes_out: int
-    mesh_bytes_in: int
-    mesh_frames_out: int
-    mesh_frames_in: int
-    retained_count: int
-    wills_published: int
-    takeovers: int
-    shared_no_member: int
-    unconnected: int
-    auth_failures: int
-    acl_denied: int
-    state_moves: int
-    limit_client_id: int
-    limit_keepalive: int
-    limit_subscriptions: int
-    limit_retained: int
-    limit_qos2_pending: int
-    limit_qos2_expired: int
-    limit_packet_timeout: int
-    limit_connection_rate: int
-    limit_client_rate: int
-    limit_session_expiry: int
-    limit_listener_connections: int
-
-    __slots__ = tuple(__annotations__)
-
-    def __init__(self) -> None:
-        for name in self.__slots__:
-            setattr(self, name, 0)
+    connections: int = 0
+    connects_total: int = 0
+    drop_queue_full: int = 0
+    drop_slow_consumer: int = 0
+    drop_too_large: int = 0
+    drop_mesh_backpressure: int = 0
+    drop_expired: int = 0
+    drop_mesh_peer_gone: int = 0
+    mesh_bad_frames: int = 0
+    refused_connections: int = 0
+    refused_log_unavailable: int = 0
+    protocol_errors: int = 0
+    mesh_msgs_out: int = 0
+    mesh_msgs_in: int = 0
+    mesh_bytes_out: int = 0
+    mesh_bytes_in: int = 0
+    mesh_frames_out: int = 0
+    mesh_frames_in: int = 0
+    retained_count: int = 0
+    wills_published: int = 0
+    takeovers: int = 0
+    shared_no_member: int = 0
+    unconnected: int = 0
+    auth_failures: int = 0
+    acl_denied: int = 0
+    state_moves: int = 0
+    limit_client_id: int = 0
+    limit_keepalive: int = 0
+    limit_subscriptions: int = 0
+    limit_retained: int = 0
+    limit_qos2_pending: int = 0
+    limit_qos2_expired: int = 0
+    limit_packet_timeout: int = 0
+    limit_connection_rate: int = 0
+    limit_client_rate: int = 0
+    limit_session_expiry: int = 0
+    limit_listener_connections: int = 0

@@ -63,9 +63,9 @@ def test_a_turn_cut_short_by_an_error_keeps_what_it_did_not_reach():
     assert ran == [1]
 
 
-class _Range:
-    """A log range on this node (``ranges.LogRange``'s shape) whose records none of the session's
-    subscriptions match: every read is a refill that queues nothing."""
+class _Range(LogRange):
+    """A log range on this node whose records none of the session's subscriptions match: every
+    read is a refill that queues nothing. (A LogRange: compiled, the session's ranges are.)"""
 
     copies = False
 

@@ -69,7 +69,7 @@ def test_the_adapter_implements_every_method_of_the_link():
 def test_replication_implements_the_routers_port():
     for name, member in _public(ReplicationPort).items():
         impl = getattr(Replication, name)
-        if isinstance(member, property):
-            assert isinstance(impl, property), name
+        if isinstance(member, property) or isinstance(impl, property):  # (compiled, the port's
+            assert isinstance(impl, property), name  # properties are descriptors of another kind)
         else:
             assert list(inspect.signature(impl).parameters) == list(inspect.signature(member).parameters), name

@@ -17,6 +17,7 @@ import pytest
 
 from brokerd.cluster.config import Config
 from brokerd.cluster.replication import Replication
+from brokerd.router.client import Client
 from brokerd.router.log.commitlog import CommitLog
 from brokerd.router.router import Router, RouterConfig
 
@@ -129,8 +130,8 @@ def test_a_replicated_batch_leaves_in_the_iteration_that_read_it(tmp_path):
             repl.heartbeat()
             assert repl.followers == ["b/w0"]
 
-            def publish(packet_id: int) -> tuple[SimpleNamespace, bytes]:
-                client = SimpleNamespace(conn=FakeConn(), held_acks=0)
+            def publish(packet_id: int) -> tuple[Client, bytes]:
+                client = Client(router, FakeConn())  # (compiled, a Client is checked as one)
                 msg = Message("e/x", b"m", 1, False, "p", LEADER)
                 router.publish(msg)
                 ack = success_ack(PUBACK, packet_id)

@@ -9,6 +9,8 @@ import pytest
 import brokerd.router.message as message_mod
 from brokerd.connection.codec import Decoder
 from brokerd.connection.packets import Publish, Subscription
+from brokerd.router.client import Client
+from brokerd.router.clock import FakeClock
 from brokerd.router.mesh_format import from_mesh, to_mesh
 from brokerd.router.message import Message
 from brokerd.router.ports import NullMesh
@@ -184,19 +186,15 @@ def test_session_export_import_round_trip(router):
 
 
 def test_expiry_drops_offline_session():
-    async def run():
-        r = Router(RouterConfig())
-        s = r.new_session("exp", True)
-        s.expiry_s = 0.05
-        r.subscribe(s, Subscription("a", 1))
-        r.schedule_expiry(s)
-        for _ in range(200):  # the expiry timer fires after 50 ms; bounded at 2 s
-            if "exp" not in r.sessions:
-                break
-            await asyncio.sleep(0.01)
-        return r
-
-    r = asyncio.run(run())
+    clock = FakeClock()
+    r = Router(RouterConfig(), clock=clock)
+    s = r.new_session("exp", True)
+    s.expiry_s = 1
+    r.subscribe(s, Subscription("a", 1))
+    r.schedule_expiry(s)
+    clock.advance(0.9)
+    assert "exp" in r.sessions
+    clock.advance(0.2)  # the expiry interval has passed
     assert "exp" not in r.sessions and len(r.subs) == 0
 
 
@@ -361,7 +359,7 @@ def test_a_local_retained_publish_is_stamped_past_what_it_replaces():
     router = Router(RouterConfig())
     router.router_id = "a/w0"
     router.peer_retained(Message("rs/x", b"ahead", 0, True, "cb", "b/w0", 1, None, 5000))
-    mine = Message("rs/x", b"mine", 0, True, "ca", "a/w0", None, None, 4000)
+    mine = Message("rs/x", b"mine", 0, True, "ca", "a/w0", -1, None, 4000)
     router.publish(mine)
     assert mine.timestamp_ms == 5001 and _retained(router, "rs/x") == b"mine"
     other = Router(RouterConfig())
@@ -744,7 +742,6 @@ def test_an_acknowledgement_waits_until_its_record_is_written(tmp_path, tick):
     acknowledgement is queued in its place and the connection's output gated until the record is
     written: marked on the worker's end-of-iteration flush, the batch is written in the same
     iteration; without one, at the linger."""
-    from types import SimpleNamespace
 
     from brokerd.connection.batching import EndOfTick
     from brokerd.connection.codec import PUBACK, success_ack
@@ -756,7 +753,7 @@ def test_an_acknowledgement_waits_until_its_record_is_written(tmp_path, tick):
         try:
             r = Router(RouterConfig(router_id="t/w0"))
             r.attach_log(log_, False, EndOfTick(loop) if tick else None)
-            publisher = SimpleNamespace(conn=FakeConn(), held_acks=0)
+            publisher = Client(r, FakeConn())  # (compiled, a Client is checked as one)
             msg = Message("e/x", b"m", 1, False, "p", "t/w0")
             r.publish(msg)
             r.defer_ack(msg.log_offset, publisher, success_ack(PUBACK, 7))
@@ -782,7 +779,6 @@ def test_an_acknowledgement_waits_until_its_record_is_written(tmp_path, tick):
 def test_a_log_that_cannot_write_refuses_the_acknowledgements_waiting_for_it(tmp_path):
     """A failed write: the gated acknowledgements are never written, their connection closes
     (the client resends after reconnecting), as with --fsync always."""
-    from types import SimpleNamespace
 
     from brokerd.connection.codec import PUBACK, success_ack
     from brokerd.router.log.commitlog import CommitLog
@@ -792,7 +788,7 @@ def test_a_log_that_cannot_write_refuses_the_acknowledgements_waiting_for_it(tmp
         try:
             r = Router(RouterConfig(router_id="t/w0"))
             r.attach_log(log_, False)
-            publisher = SimpleNamespace(conn=FakeConn(), held_acks=0)
+            publisher = Client(r, FakeConn())  # (compiled, a Client is checked as one)
             msg = Message("e/x", b"m", 1, False, "p", "t/w0")
             r.publish(msg)
             r.defer_ack(msg.log_offset, publisher, success_ack(PUBACK, 3))

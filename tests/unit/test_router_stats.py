@@ -1,4 +1,6 @@
-"""RouterStats: each counter declared once, as an annotation that is also its slot."""
+"""RouterStats: each counter declared once, a field of a slotted dataclass (compiled: a native class)."""
+
+from dataclasses import fields
 
 import pytest
 
@@ -9,12 +11,13 @@ pytestmark = pytest.mark.unit
 
 def test_every_declared_counter_is_a_slot_that_starts_at_zero() -> None:
     stats = RouterStats()
-    assert stats.__slots__ == tuple(RouterStats.__annotations__)
-    assert all(getattr(stats, name) == 0 for name in stats.__slots__)
+    names = [f.name for f in fields(RouterStats)]
+    assert len(names) > 30 and all(f.type in ("int", int) for f in fields(RouterStats))
+    assert all(getattr(stats, name) == 0 for name in names)
 
 
 def test_every_limit_has_its_counter() -> None:
-    assert {f"limit_{name}" for name in LIMITS} <= set(RouterStats.__slots__)
+    assert {f"limit_{name}" for name in LIMITS} <= {f.name for f in fields(RouterStats)}
 
 
 def test_a_counter_not_declared_cannot_be_set() -> None:

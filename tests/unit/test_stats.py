@@ -31,6 +31,7 @@ from brokerd.cluster.stats_cli import (
     render_routers,
 )
 from brokerd.connection.protocol import ConnectionCounters, Traffic
+from brokerd.router.message import Message
 from brokerd.router.router import Router, RouterConfig
 from tests.unit.conftest import FakeConn, PeerStatsMesh
 
@@ -320,8 +321,20 @@ def test_publish_sys_sends_router_topics_cluster_wide_and_node_topics_locally():
     pub, router, conns = publisher()
     sent: list = []
     local: list = []
-    router.publish = lambda msg, source=None: sent.append(msg)  # type: ignore[method-assign]
-    router.deliver_remote = lambda msg: local.append(msg)  # type: ignore[method-assign]
+
+    class Recording:
+        """The router as ``SysTopics`` uses it, recording what it would publish (compiled, a
+        Router's methods cannot be replaced on the instance)."""
+        router_id = router.router_id
+        peer_retained = router.peer_retained
+
+        def publish(self, msg: Message, source: object = None) -> None:
+            sent.append(msg)
+
+        def deliver_remote(self, msg: Message) -> None:
+            local.append(msg)
+
+    pub.sys.router = Recording()  # type: ignore[assignment]
     snap = pub.snapshot()
     pub.sys.publish(snap, pub.node_latest)
     assert sent and all(m.topic.startswith("$SYS/brokerd/n/w0/") and m.retain for m in sent)
