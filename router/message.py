@@ -169,22 +169,12 @@ class Message:
         """This message as a subscriber with Subscription Identifiers ``ids`` gets it: a copy that
         shares the payload and the MQTT 3.1/3.1.1 encodings (which carry no identifiers) and
         adds the identifiers to the properties; made per delivery, only for such subscribers."""
-        msg = _new(Message)
-        msg.topic = self.topic
+        msg = self.clone()
         msg._payload = self.payload
-        msg.qos = self.qos
-        msg.retain = self.retain
-        msg.client_id = self.client_id
-        msg.origin_router = self.origin_router
-        msg.origin_offset = self.origin_offset
         props = dict(self.properties) if self.properties else {}
         props[_SUB_IDS] = list(ids)
         msg.properties = props
-        msg.timestamp_ms = self.timestamp_ms
-        msg.expires_ms = self.expires_ms
-        msg.log_offset = self.log_offset
         msg._enc = {k: v for k, v in self._enc.items() if k < _V5_KEYS}
-        msg._topic_bytes = self._topic_bytes
         return msg
 
     def clone(self) -> Message:
