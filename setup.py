@@ -29,18 +29,23 @@ HOT_PATH_ROOTS = [
     "brokerd.connection.decode", "brokerd.connection.encode",  # the codec
     "brokerd.router.topics",  # the topic index
     "brokerd.router.log.writer",  # the log's batches written: encoding, pwritev, the index, fsync
-    "brokerd.connection.protocol",  # the connection: bytes in, rules, packets to the router
-    "brokerd.router.client", "brokerd.router.router",  # the router's per-message path
 ]
-"""The codec, the topic index, the commit log's writer, and the per-message path from the
-connection to the session (the protocol, the client, the router: with what they import, 52
-modules). What is compiled is these and every brokerd module they import at run time
-(``hot_path``): mypyc compiles them as one closed group, and a module moved or split stays in
-it. What they import for annotations only (``if TYPE_CHECKING:``), and the packages'
-``__init__`` (names re-exported), mypy reads for their types; they stay Python
-(``typed_with``). The router's path is compiled whole, from the protocol to the session: in
-part it ran slower (each object read across the line between compiled and Python code costs
-more than the compiled side saves; docs/benchmarks.md, "Compiled router path")."""
+"""The codec, the topic index and the commit log's writer. What is compiled is these and
+every brokerd module they import at run time (``hot_path``): mypyc compiles them as one closed
+group, and a module moved or split stays in it. What they import for annotations only
+(``if TYPE_CHECKING:``), and the packages' ``__init__`` (names re-exported), mypy reads for
+their types; they stay Python (``typed_with``).
+
+``ROUTER_PATH_ROOTS`` would add the per-message path from the connection to the session (52
+modules: 1.3-1.6x messages per CPU-second, docs/benchmarks.md, "Compiled router path"). Not
+yet: compiled, every declared type is checked at run time, and the whole suite found
+annotations that were not true of what the mesh and the replication hand in (a takeover's
+queue entries as tuples, a None where an int is declared in a takeover request): a TypeError
+there drops a mesh frame. ``BROKERD_ROUTER_PATH=1`` at build time compiles it, to measure."""
+
+ROUTER_PATH_ROOTS = ["brokerd.connection.protocol", "brokerd.router.client", "brokerd.router.router"]
+if os.environ.get("BROKERD_ROUTER_PATH", "") not in ("", "0"):
+    HOT_PATH_ROOTS = HOT_PATH_ROOTS + ROUTER_PATH_ROOTS
 
 GROUP = "brokerd.connection._hot"
 """mypyc's group: its shared library is ``brokerd.connection._hot__mypyc``."""

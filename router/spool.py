@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, Literal
 
 import msgpack
@@ -73,7 +73,9 @@ class SpoolWriter:
         # is lost before the session read the file (``Session.copy_spans``).
         self.spans: dict[str, list] = {}
 
-    def add(self, items: Iterable[list]) -> None:
+    def add(self, items: Iterable[Sequence[Any]]) -> None:
+        """Queue entries, lists or tuples ``[qos, dup, message values]`` (Sequence: compiled, a
+        declared ``list`` is checked as one, and a takeover's chunks hold tuples)."""
         pack = msgpack.Packer().pack
         write = self._file.write
         spans = self.spans
