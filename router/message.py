@@ -138,10 +138,14 @@ class Message:
 
     @classmethod
     def from_record(cls, rec: Record) -> Message:
-        """A message read back from the commit log (session catch-up, retained recovery)."""
+        """A message read back from the commit log (session catch-up, retained recovery). A
+        record's origin offset may read back None (a copy whose origin did not say where its log
+        holds it): -1 here, the log format's and the message's "unknown", which a mark compares
+        with (None would not; compiled, it is refused outright)."""
         props = msgpack.unpackb(rec.properties, strict_map_key=False) if rec.properties else None
+        origin_offset = rec.origin_offset
         msg = cls(rec.topic, rec.payload, rec.qos, rec.retain, rec.client_id, rec.origin_router,
-                  rec.origin_offset, props, rec.timestamp_ms)
+                  -1 if origin_offset is None else origin_offset, props, rec.timestamp_ms)
         msg.log_offset = rec.offset
         return msg
 
