@@ -33,7 +33,7 @@ def server_context(listener: Listener) -> ssl.SSLContext:
                          f"{exc.reason or exc}") from None
     except OSError as exc:
         raise ValueError(f"--certfile/--keyfile: cannot read {exc.filename or listener.certfile}: "
-                         f"{exc.strerror}") from None
+                         f"{exc.strerror or exc}") from None  # (strerror may be None, typeshed says str)
     if listener.cafile:
         try:
             ctx.load_verify_locations(cafile=listener.cafile)
@@ -59,7 +59,7 @@ def reload_context(ctx: ssl.SSLContext, listener: Listener) -> None:
                 try:
                     shutil.copyfile(path, copy)
                 except OSError as exc:
-                    raise ValueError(f"--{name}: cannot read {path}: {exc.strerror}") from None
+                    raise ValueError(f"--{name}: cannot read {path}: {exc.strerror or exc}") from None
         staged = replace(listener, certfile=copies.get("certfile", listener.certfile),
                          keyfile=copies.get("keyfile", listener.keyfile), cafile=copies.get("cafile", listener.cafile))
         try:
