@@ -40,8 +40,8 @@ their types; they stay Python (``typed_with``).
 modules: 1.3-1.6x messages per CPU-second, docs/benchmarks.md, "Compiled router path"). Not
 yet: compiled, every declared type is checked at run time, and the whole suite found
 annotations that were not true of what the mesh and the replication hand in (a takeover's
-queue entries as tuples, a None where an int is declared in a takeover request): a TypeError
-there drops a mesh frame. ``BROKERD_ROUTER_PATH=1`` at build time compiles it, to measure."""
+queue entries as tuples, a log record's None origin offset): a TypeError there drops a mesh
+frame. ``BROKERD_ROUTER_PATH=1`` at build time compiles it, to measure and to find the rest."""
 
 ROUTER_PATH_ROOTS = ["brokerd.connection.protocol", "brokerd.router.client", "brokerd.router.router"]
 if os.environ.get("BROKERD_ROUTER_PATH", "") not in ("", "0"):
