@@ -67,10 +67,9 @@ def first_receipt(peer: Peer, seq: int, mark: int) -> bool:
         if seq not in missing:
             return False  # twice, or sent again to a new incarnation of ours: we have it
         del missing[seq]
-    elif seq > peer.seq_in + 1:
-        _miss(peer, peer.seq_in + 1, seq)
-        peer.seq_in = seq
     else:
+        if seq > peer.seq_in + 1:
+            _miss(peer, peer.seq_in + 1, seq)
         peer.seq_in = seq
     _take_mark(peer, mark)
     return True
