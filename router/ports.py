@@ -57,6 +57,10 @@ class MeshPort(Protocol):
     def hears(self, router_id: str) -> bool:
         """Whether peer router ``router_id`` counts as alive here now."""
 
+    def interest_known(self, router_id: str) -> bool:
+        """Whether peer router ``router_id``'s full interest announcement (its filters and its
+        shared groups' presence) reached this router since it met that router's incarnation."""
+
     def barrier(self) -> Awaitable[None] | None:
         """An awaitable that completes when every live peer has answered a request sent now, so
         that everything they sent before it (retained updates above all) has been handled here;
@@ -116,6 +120,9 @@ class NullMesh:
 
     def hears(self, router_id: str) -> bool:
         return False
+
+    def interest_known(self, router_id: str) -> bool:
+        return True  # (nobody to wait for)
 
     def barrier(self) -> None:
         return None

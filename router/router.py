@@ -299,7 +299,7 @@ class Router:
                         session.deliver(msg if ids is None else msg.with_ids(ids), 0, False)
                 continue
             if groups is not None:
-                self.deliver_remote_shared(msg, groups, only)
+                self.deliver_remote_shared(msg, groups, only, sender)
                 continue
             if logged:
                 self.deliver_remote(msg)
@@ -311,13 +311,15 @@ class Router:
                 self._deliver(msg, routes)
         return bad
 
-    def deliver_remote_shared(self, msg: Message, groups: list[str], only: bool = False) -> None:
+    def deliver_remote_shared(self, msg: Message, groups: list[str], only: bool = False,
+                              sender: str | None = None) -> None:
         """``deliver_remote`` for a message this router was also chosen for by the shared
-        subscriptions ``groups``: one local member of each gets it (``only``: nobody else)."""
+        subscriptions ``groups`` (by router ``sender``, where it came in a frame): one local
+        member of each gets it (``only``: nobody else)."""
         if not only:
             self.deliver_remote(msg)
         for key in groups:
-            self.shared.deliver_remote(msg, key, only)
+            self.shared.deliver_remote(msg, key, only, sender)
 
     def _log(self, msg: Message, forwarded: bool) -> int:
         """Append ``msg`` to this router's log; a forwarded copy keeps its origin. Returns and

@@ -12,6 +12,7 @@ for its acknowledgements).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,13 @@ if TYPE_CHECKING:
     from .clock import Clock
     from .stats import RouterStats
     from .wiring import Wiring
+
+log = logging.getLogger(__name__)
+
+# A group's copy that reaches a router knowing no router of its group waits this long for one to
+# be announced (``SharedRoutes.held``); at most this many wait (beyond: dropped, counted).
+HELD_S = 10.0
+HELD_MAX = 10_000
 
 
 class SharedRoutes:
@@ -49,6 +57,11 @@ class SharedRoutes:
         self.index: TopicIndex[str, SharedRoute] = TopicIndex()
         self.cache: dict[str, tuple[SharedRoute, ...]] = {}
         self.active = False
+        # Group copies chosen for this router that found no member here and no router of their
+        # group known (this router just restarted: the peers' presence comes with their interest,
+        # after the frames they send again): key -> (until when, the copies).
+        self.held: dict[str, tuple[float, list[Message]]] = {}
+        self._held_count = 0
 
     # -- shared subscriptions: publishing -------------------------------------------------------------
 
@@ -120,16 +133,60 @@ class SharedRoutes:
                                msg.retain and sub.retain_as_published)
         return True
 
-    def deliver_remote(self, msg: Message, key: str, only: bool) -> None:
+    def deliver_remote(self, msg: Message, key: str, only: bool, sender: str | None = None) -> None:
         """A message another router chose this one for, for group ``key``. Its last member here
         may have left while the message was on its way (the publisher's router had not heard
         yet): then it goes on to another router of the group, once (``only``: it was handed on
-        already, and is not handed back and forth while the routers' views of the group differ)."""
+        already, and is not handed back and forth while the routers' views of the group differ).
+        Where this router knows no router of the group and ``sender``'s full interest has not
+        reached it yet (it just met that router: its announcement follows), it waits (``_hold``)."""
         if not self._to_member(msg, key):
             if only:
                 self.stats.shared_no_member += 1
+            elif key not in self.routes and sender is not None and not self.wiring.mesh.interest_known(sender):
+                self._hold(msg, key)
             else:
                 self.to_another_member(msg, key)
+
+    def _hold(self, msg: Message, key: str) -> None:
+        """``msg`` for group ``key``, of which this router knows no member anywhere: it waits
+        (``HELD_S``) for a router of the group to be announced, then goes to one member of it.
+        A restarted router is sent again the frames its old incarnation never confirmed before
+        the senders' interest reaches it: the copies of a group whose member was there (gone with
+        the process) found nobody, and were dropped (partition seed 307: five acknowledged)."""
+        if self._held_count >= HELD_MAX:
+            self.stats.shared_no_member += 1
+            return
+        entry = self.held.get(key)
+        if entry is None:
+            until = self.clock.now() + HELD_S
+            entry = self.held[key] = (until, [])
+            self.clock.call_later(HELD_S, self._held_expired, key, until)
+        entry[1].append(msg)
+        self._held_count += 1
+
+    def _held_expired(self, key: str, until: float) -> None:
+        """No router of group ``key`` was announced in time: its held copies are dropped."""
+        entry = self.held.get(key)
+        if entry is None or entry[0] != until:
+            return  # delivered meanwhile (and maybe held anew since)
+        del self.held[key]
+        self._held_count -= len(entry[1])
+        self.stats.shared_no_member += len(entry[1])
+        log.warning("shared subscription %s: %d message(s) chosen for this router found no member of the "
+                    "group anywhere within %g s: dropped", key, len(entry[1]), HELD_S)
+
+    def _release_held(self, key: str) -> None:
+        """A router of group ``key`` is known now: the copies held for it go to one member each."""
+        entry = self.held.pop(key, None)
+        if entry is None:
+            return
+        msgs = entry[1]
+        self._held_count -= len(msgs)
+        log.info("shared subscription %s: %d message(s) that arrived before any member of the group was "
+                 "known here go to its members now", key, len(msgs))
+        for msg in msgs:
+            self.to_another_member(msg, key)
 
     def to_another_member(self, msg: Message, key: str) -> None:
         """Deliver ``msg`` to another member of group ``key``, wherever the choice falls, and to
@@ -198,6 +255,8 @@ class SharedRoutes:
             self.cache.clear()
             self.active = True
         route.set_presence(router_id, presence)
+        if presence != NONE and self.held:
+            self._release_held(key)
         if not route.routers:
             del self.routes[key]
             self.index.remove(route.topic_filter, route.group)

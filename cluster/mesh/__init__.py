@@ -219,6 +219,11 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin):
         """See ``MeshPort.hears``."""
         return self.members.hears(router_id)
 
+    def interest_known(self, router_id: str) -> bool:
+        """See ``MeshPort.interest_known``."""
+        peer = self.peers.get(router_id)
+        return peer is None or peer.interest_known
+
     def silent_since(self, peer: Peer) -> float:
         """See ``Members.silent_since``."""
         return self.members.silent_since(peer)
