@@ -82,6 +82,10 @@ class Takeovers:
         # Copies handed on for a session whose takeover here is not settled yet (its CONNECT still
         # waits for the agreement, the session not imported): delivered once it is.
         self._early: dict[str, list] = {}
+        # The offers a takeover passed over, and the silent routers whose replicas' copies that
+        # makes stale: client id -> (offers, stale). Dropped and fenced only once the move is
+        # confirmed; an aborted one leaves them held where they are (``_passed_over``).
+        self._passed: dict[str, tuple[list[offer.Offer], list[str]]] = {}
 
     @property
     def _replicating(self) -> Replication:
@@ -146,9 +150,13 @@ class Takeovers:
         ownership epoch) where there are two; among replicas' copies, the most recent. Every
         router that offered one drops its copy (TAKEOVER_DONE true: the one taken and the older
         ones alike); the silent routers whose copies were passed over are fenced
-        (``Replication.fence``), the one taken by ``Replication.adopted``. ``failed``: a transfer
-        broke off, nothing is taken and every offer stays where it is; so does a ``claim`` the
-        chosen copy's owner refuses (``ownership.refused_by``)."""
+        (``Replication.fence``), the one taken by ``Replication.adopted``. The older ones are
+        dropped and fenced only once the move is confirmed: a move the agreement then refuses
+        (the copy taken was a stale one, its router not the agreed owner) leaves every copy
+        where it was, the agreed owner's replica too (partition seed 315: dropped at once, it
+        left nobody to serve the session until its silent owner came back, 20 s). ``failed``:
+        a transfer broke off, nothing is taken and every offer stays where it is; so does a
+        ``claim`` the chosen copy's owner refuses (``ownership.refused_by``)."""
         if failed:
             for rid, req, state in offers:
                 self._done(rid, req, False)
@@ -174,26 +182,37 @@ class Takeovers:
                         "the others dropped", client_id, len(live), ", ".join(sorted(str(o[0]) for o in live)))
         stale = offer.passed_over(offers, chosen)
         for rid, req, state in offers:
-            if rid is None:  # this router's own replica: its copy is kept until confirmed
-                if state is chosen:
-                    self._await_confirm(client_id, None, 0, state.get("handon_from"), state.get("replica"))
-                else:
-                    self._replicating.replica_moved(client_id, True)  # an older copy: dropped
+            if state is not chosen:
                 continue
-            if state is chosen:
+            if rid is not None:
                 state["offered_by"] = rid  # (the agreement's claim checks it against the record)
-                # Confirmed once its interest is known everywhere and it is in this router's
-                # snapshot (``confirm``): a live router then hands on all that still
-                # reaches it; a replica's holder drops its copy only when this one is durable.
-                self._await_confirm(client_id, rid, req, state.get("handon_from"), state.get("replica"))
-                continue
-            self._done(rid, req, True)
+            # Confirmed once its interest is known everywhere and it is in this router's snapshot
+            # (``confirm``): a live router then hands on all that still reaches it; a replica's
+            # holder (this router's included) drops its copy only when this one is durable.
+            self._await_confirm(client_id, rid, req, state.get("handon_from"), state.get("replica"))
+        passed = [o for o in offers if o[2] is not chosen]
+        if passed or stale:
+            self._passed[client_id] = (passed, stale)
+        return chosen
+
+    def _passed_over(self, client_id: str, taken: bool) -> None:
+        """The offers a takeover of ``client_id`` passed over (``_settle``), now that its move is
+        confirmed (``taken``: each drops its copy, TAKEOVER_DONE true, and the silent routers'
+        stale replicas are fenced) or aborted (each keeps its copy, as the one chosen does)."""
+        passed = self._passed.pop(client_id, None)
+        if passed is None:
+            return
+        offers, stale = passed
+        for rid, req, state in offers:
+            if rid is None:  # this router's own replica: an older copy dropped, or kept held
+                self._replicating.replica_moved(client_id, taken)
+            else:
+                self._done(rid, req, taken)
             drop_named(state)
-        if stale and self.replication is not None:
+        if taken and stale and self.replication is not None:
             log.warning("mesh: session %s: copies of it held for silent router(s) %s are older than the one "
                         "taken; passed over", client_id, ", ".join(sorted(set(stale))))
             self.replication.fence(client_id, stale)
-        return chosen
 
     def _await_confirm(self, client_id: str, rid: str | None, req: int, handon_from: Any = None,
                        replica: str | None = None) -> None:
@@ -219,6 +238,7 @@ class Takeovers:
             self.router.take_copies(client_id, early)
         if pending is None:
             return
+        self._passed_over(client_id, True)
         rid, req, timer, handon_from, replica = pending
         timer.cancel()
         self.handons.moved_here(client_id, rid, handon_from, replica, acked)
@@ -257,6 +277,7 @@ class Takeovers:
         if early:
             log.warning("mesh: %d message(s) handed on for session %s, whose move here was not agreed, dropped "
                         "(the old owner keeps the session)", len(early), client_id)
+        self._passed_over(client_id, False)
         if pending is None:
             return
         rid, req, timer, _, _ = pending

@@ -111,3 +111,64 @@ def test_an_aborted_move_drops_what_was_handed_on_and_the_old_owner_keeps_the_se
     router, done = take(confirm=False)
     assert router.taken == []
     assert [ok for _, (_req, ok) in done] == [False]
+
+
+HOLDER = "z/w1"  # a live router holding a replica of silent router z/w0
+
+
+class FakeReplication:
+    def __init__(self) -> None:
+        self.fenced: list[tuple[str, list]] = []
+
+    def fence(self, client_id: str, partitions) -> None:
+        self.fenced.append((client_id, list(partitions)))
+
+
+def take_beside_a_replica(confirm: bool) -> tuple[list, FakeReplication]:
+    """A takeover of session "c" offered by two live routers: the old owner (a copy of its own)
+    and a router holding a replica of silent router z/w0; the live copy is chosen. Then the move
+    is confirmed, or aborted (the agreement refused the claim). Returns the TAKEOVER_DONE frames
+    sent, as (to whom, ok), and the fences made."""
+
+    async def main() -> tuple[list, FakeReplication]:
+        takeovers, _handons, transfers, _router, old, sent = parts(asyncio.get_running_loop())
+        holder = Peer(HOLDER, "z", None, None)
+        holder.alive = True
+        holder.link = FakeLink(sent)  # type: ignore[assignment]
+        takeovers.peers[HOLDER] = holder
+        to: list = []
+        takeovers._send = lambda peer, kind, body: to.append((peer.router_id, kind, body))  # type: ignore[method-assign]
+        replication = FakeReplication()
+        takeovers.replication = replication  # type: ignore[assignment]
+        asking = asyncio.ensure_future(takeovers.takeover("c"))
+        await asyncio.sleep(0)
+        req = sent[0][1][0]
+        transfers.on_takeover_resp(old, [req, {"client_id": "c", "queue": []}, False], 0)
+        transfers.on_takeover_resp(holder, [req, {"client_id": "c", "queue": [], "replica": "z/w0"}, False], 0)
+        state = await asyncio.wait_for(asking, 5)
+        assert state is not None and state["offered_by"] == OLD
+        assert [t for t in to if t[1] == TAKEOVER_DONE] == [] and replication.fenced == [], \
+            "an offer passed over dropped, or its replica fenced, before the move was settled"
+        if confirm:
+            takeovers.confirm("c")
+        else:
+            takeovers.abort("c")
+        return sorted((rid, body[1]) for rid, kind, body in to if kind == TAKEOVER_DONE), replication
+
+    return asyncio.run(main())
+
+
+def test_a_replica_passed_over_is_dropped_and_fenced_only_once_the_move_is_confirmed():
+    done, replication = take_beside_a_replica(confirm=True)
+    assert done == [(OLD, True), (HOLDER, True)]
+    assert replication.fenced == [("c", ["z/w0"])]
+
+
+def test_a_move_the_agreement_refuses_leaves_the_replica_passed_over_where_it_was():
+    """Partition seed 315: a stale live copy (its router not the agreed owner) was chosen over the
+    replica of the agreed owner, which was cut off; the replica was told to drop its copy and
+    fenced at once, then the claim was refused: nobody could serve the session for 20 s, until
+    its owner was heard again. Now the replica is kept: the next CONNECT can take it."""
+    done, replication = take_beside_a_replica(confirm=False)
+    assert done == [(OLD, False), (HOLDER, False)]
+    assert replication.fenced == []
