@@ -287,6 +287,7 @@ class Replication(Part):
     def rejoined(self, peer: Peer) -> None:
         self.session_part.rejoined(peer)
         self.catchups.ask_again(peer)
+        self.catchups.returned(peer)
 
     def adopted(self, session: Session, state: dict) -> None:
         self.catchups.adopted(session, state)

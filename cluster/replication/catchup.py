@@ -60,6 +60,10 @@ class CatchupPart(Part):
         # SESSION_CATCHUPs sent and not answered yet (``_send_ask``): (session, partition asked
         # for) → (the router asked, the body, when first asked).
         self.open_asks: dict[tuple[str, str], tuple[str, list, float]] = {}
+        # SESSION_CATCHUPs for a silent router answered by a replica of its log (``_ask_catchup``):
+        # (session, that router) → (the body, when asked). Asked of the router itself once it is
+        # heard again (``returned``).
+        self.via_replica: dict[tuple[str, str], tuple[list, float]] = {}
 
     def adopted(self, session: Session, state: dict) -> None:
         """A session came here from the replica of a silent router: make it the only one, and ask
@@ -168,7 +172,38 @@ class CatchupPart(Part):
             self._send_ask(holder, body, first)
         else:
             return False
+        if peer is not None and holder is not peer:
+            self._via_replica(rid, body)
         return True
+
+    def _via_replica(self, rid: str, body: list) -> None:
+        """Router ``rid`` was silent and a replica of its log answered ``body`` for it: that
+        replica ends where it did then, and the router, silent only to some (a partition that
+        healed one way first), may go on logging messages for the session that it sends nobody:
+        its old router's copy hands on and unsubscribes, and this router's interest has not
+        reached it yet. Asked of the router itself once it is heard again (``returned``), after
+        this router's interest (partition seed 315, second run: 3 acknowledged messages lost)."""
+        asks = self.via_replica
+        now = time.monotonic()
+        asks[(body[0], rid)] = (body, now)
+        if len(asks) > 4096:  # (a bound: the rest age out with the mesh's forget)
+            for key in [k for k, (_, t) in asks.items() if now - t > self.config.mesh_forget]:
+                del asks[key]
+
+    def returned(self, peer: Peer) -> None:
+        """``peer`` is heard again (after this router's interest went to it): what a replica of
+        its log answered for it while it was silent is asked of it, from the same offsets to its
+        log's end now (at least once: the replica's part comes twice)."""
+        asks = self.via_replica
+        now = time.monotonic()
+        again = [(key, body, t) for key, (body, t) in asks.items() if key[1] == peer.router_id]
+        for key, body, t in again:
+            del asks[key]
+            if now - t <= self.config.mesh_forget and key[0] in self.router.sessions:
+                self._send_ask(peer, body)
+        if again:
+            log.info("replication: %d read-back(s) a replica of %s answered while it was silent asked of it now",
+                     len(again), peer.router_id)
 
     def _send_ask(self, target: Peer, body: list, first: float | None = None) -> None:
         """SESSION_CATCHUP ``body`` to ``target``, remembered until its last answer comes
