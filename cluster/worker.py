@@ -117,6 +117,7 @@ class Worker:
             from .mesh import Mesh
 
             self.mesh = Mesh(self.config, self.index, self.router, self.loop)
+            self.mesh.end_of_tick = self.batcher  # one end-of-iteration flush: connections, log, mesh
             self.router.attach_mesh(self.mesh)
             await self.mesh.start()
             if self.commit_log is not None:

@@ -18,14 +18,37 @@ class Flushable(Protocol):
     def flush(self) -> None: ...
 
 
+class Soon(Protocol):
+    """What ``EndOfTick`` needs of a loop: ``call_soon`` (an asyncio loop, or a fake one in a test)."""
+
+    def call_soon(self, callback: Callable[[], object], /) -> object: ...
+
+
 class EndOfTick:
-    __slots__ = ("_loop", "_dirty", "_scheduled", "_early")
+    """One ``call_soon`` per loop iteration, which flushes everything marked dirty in it.
+
+    Two kinds of item. ``mark``: a connection's output or the log, which ``flush_since`` may also
+    write early for a quiet client. ``mark_end``: the mesh's batch, written at the end of the
+    iteration only, for its frames are worth filling (a frame's costs are per frame, not per
+    message; reached by ``flush_since``, a fan-out across workers lost 12 %). An end-only item may
+    wait for the next iteration's end instead (``mark_next``).
+
+    End-only items flush first in the pass: the mesh's frames reach ZeroMQ's I/O thread (and the
+    receiving worker) while this worker writes its sockets and its log, which is the order the
+    mesh's own ``call_soon`` had (its wait for the next iteration put it ahead of that
+    iteration's pass); nothing the mesh sends waits for the log's write (a frame's mark is the
+    log's next offset, taken as the messages were appended).
+    """
+
+    __slots__ = ("_loop", "_dirty", "_end", "_next", "_scheduled", "_early")
 
     EARLY_PER_TURN: ClassVar[int] = 4  # quiet clients' outputs written at once per iteration; later ones wait
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: Soon) -> None:
         self._loop = loop
         self._dirty: list[Flushable] = []
+        self._end: list[Flushable] = []  # end-only: never reached by ``flush_since``
+        self._next: list[Flushable] = []  # end-only, for the next iteration's end
         self._scheduled = False
         self._early = 0
 
@@ -37,7 +60,8 @@ class EndOfTick:
         """Write now what became dirty after ``pending()`` returned ``mark``: what one quiet
         client's packet caused (a device's command, a probe) need not wait for the busy clients'
         reads and writes of the rest of this iteration. At most ``EARLY_PER_TURN`` times an
-        iteration, so that many quiet publishers to one subscriber still share its writes."""
+        iteration, so that many quiet publishers to one subscriber still share its writes.
+        End-only items (``mark_end``) wait for the end."""
         if self._early >= self.EARLY_PER_TURN:
             return
         self._early += 1
@@ -52,15 +76,39 @@ class EndOfTick:
             self._scheduled = True
             self._loop.call_soon(self._run)
 
+    def mark_end(self, item: Flushable) -> None:
+        """Flush ``item`` at the end of this iteration and only then (never by ``flush_since``)."""
+        self._end.append(item)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._run)
+
+    def mark_next(self, item: Flushable) -> None:
+        """Flush ``item`` at the end of the next iteration, not this one (called from its
+        ``flush``: an end-only item that waits once more to fill)."""
+        self._next.append(item)
+        if not self._scheduled:  # (outside a pass: this iteration's pass hands it on to the next)
+            self._scheduled = True
+            self._loop.call_soon(self._run)
+
     def _run(self) -> None:
         # Flushing may mark new items (a flush that triggers more output); loop until quiet so that
         # nothing waits a whole extra iteration.
-        while self._dirty:
-            dirty, self._dirty = self._dirty, []
-            for item in dirty:
-                item.flush()
-        self._scheduled = False
+        while self._end or self._dirty:
+            if self._end:
+                end, self._end = self._end, []
+                for item in end:
+                    item.flush()
+            while self._dirty:
+                dirty, self._dirty = self._dirty, []
+                for item in dirty:
+                    item.flush()
         self._early = 0
+        if self._next:  # what waits for the next iteration's end: one ``call_soon`` for it all
+            self._end, self._next = self._next, []
+            self._loop.call_soon(self._run)
+        else:
+            self._scheduled = False
 
 
 class TurnBudget:

@@ -2,8 +2,9 @@
 for a silent peer, read back from the log; and the PUBLISH and RETAINED frames it receives.
 
 ``forward`` / ``forward_to`` put a publish in each wanting peer's batch; the end of the loop
-iteration (``_end_of_tick``) makes each batch one numbered PUBLISH frame (``framing``), into the
-peer's ring until confirmed, or into its backlog while it is parked (the rules: ``delivery``).
+iteration (``flush``: the mesh is an end-only item of the worker's ``EndOfTick``) makes each batch
+one numbered PUBLISH frame (``framing``), into the peer's ring until confirmed, or into its
+backlog while it is parked (the rules: ``delivery``).
 A backlog that overflows is read back from this router's log when the peer returns (``_replay``).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from brokerd.connection.batching import EndOfTick
 from brokerd.router.mesh_format import RETAINED, to_mesh, to_mesh_shared
 from brokerd.router.message import Message
 
@@ -38,10 +40,13 @@ class ForwardingMixin:
     router_id: str
     peers: dict[str, Peer]
     closed: bool
-    _dirty: bool
+    _dirty: bool  # marked on ``end_of_tick``: what was collected waits for the iteration's end
     _lingered: bool
     _packer: msgpack.Packer
     interest: Interest
+    # The worker's end-of-iteration flush, shared with its connections and its log (the worker
+    # sets it before ``start``); a mesh made without one (a unit test, a tool) makes its own.
+    end_of_tick: EndOfTick | None = None
 
     if TYPE_CHECKING:  # the other parts' methods this one calls (the ``Mesh`` is their union)
         def _frame(self, kind: int, body: Any) -> bytes: ...
@@ -61,8 +66,7 @@ class ForwardingMixin:
         if source is not None:
             peer.batch_sources.add(source)
         if not self._dirty:
-            self._dirty = True
-            self.loop.call_soon(self._end_of_tick)
+            self._mark()
 
     def forward_to(self, router_ids: tuple[str, ...], msg: Message, source: Any = None) -> None:
         """Once per publish that other routers want. For one router the message's values join
@@ -86,8 +90,7 @@ class ForwardingMixin:
             if source is not None:
                 peer.batch_sources.add(source)
         if item is not None and not self._dirty:
-            self._dirty = True
-            self.loop.call_soon(self._end_of_tick)
+            self._mark()
 
     def retained_update(self, msg: Message) -> None:
         if self.closed:
@@ -106,12 +109,17 @@ class ForwardingMixin:
             self._flush()
 
     def _mark(self) -> None:
+        """Something to send at the end of this loop iteration (``flush``)."""
         if not self._dirty and not self.closed:
             self._dirty = True
-            self.loop.call_soon(self._end_of_tick)
+            tick = self.end_of_tick
+            if tick is None:
+                tick = self.end_of_tick = EndOfTick(self.loop)
+            tick.mark_end(self)
 
-    def _end_of_tick(self) -> None:
-        """Flush what this loop iteration collected; publishes alone and fewer than
+    def flush(self) -> None:
+        """The end of the loop iteration (``EndOfTick``'s end-only item; ``_flush`` sends now):
+        send what this loop iteration collected; publishes alone and fewer than
         ``LINGER_BELOW`` wait for one more iteration first, once. Under load that iteration is
         the next turn of reads (the turn budget keeps turns short), so frames carry about twice
         as many messages and every per-frame cost (ZeroMQ's threads, wake-ups, framing) halves;
@@ -126,7 +134,9 @@ class ForwardingMixin:
                 n += len(peer.batch)
             if n < LINGER_BELOW:
                 self._lingered = True
-                self.loop.call_soon(self._end_of_tick)
+                tick = self.end_of_tick
+                assert tick is not None  # (it is what called this)
+                tick.mark_next(self)
                 return
         self._flush()
 
