@@ -94,11 +94,15 @@ class EndOfTick:
     def _run(self) -> None:
         # Flushing may mark new items (a flush that triggers more output); loop until quiet so that
         # nothing waits a whole extra iteration.
+        failed: Exception | None = None
         while self._end or self._dirty:
             if self._end:
                 end, self._end = self._end, []
                 for item in end:
-                    item.flush()
+                    try:
+                        item.flush()
+                    except Exception as exc:  # (the mesh's frames) the connections and log still write
+                        failed = exc
             while self._dirty:
                 dirty, self._dirty = self._dirty, []
                 for item in dirty:
@@ -109,6 +113,8 @@ class EndOfTick:
             self._loop.call_soon(self._run)
         else:
             self._scheduled = False
+        if failed is not None:
+            raise failed  # to the loop's exception handler, as a callback of its own would have
 
 
 class TurnBudget:

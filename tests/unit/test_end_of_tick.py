@@ -4,6 +4,8 @@ the order of the end-of-iteration pass, an item that waits for the next iteratio
 
 from __future__ import annotations
 
+import pytest
+
 from brokerd.connection.batching import EndOfTick
 from brokerd.router.clock import FakeClock
 
@@ -140,3 +142,28 @@ def test_flush_since_writes_early_at_most_a_few_times_an_iteration_and_again_aft
     tick.mark(quiet[0])
     tick.flush_since(mark)  # a new iteration: early writes allowed again
     assert journal[-1] == ("q0", [99])
+
+
+def test_an_end_only_item_that_fails_leaves_the_others_and_later_iterations_flushing():
+    """The mesh's frames are an item of the same pass as every connection's write: its failure
+    (raised to the loop's exception handler) must not stop them, now or in later iterations."""
+    clock, tick, journal = _setup()
+
+    class _Failing(_Item):
+        def flush(self) -> None:
+            self.out = []
+            raise RuntimeError("a frame that cannot be packed")
+
+    mesh, conn = _Failing("mesh", journal), _Item("conn", journal)
+    mesh.out.append(1)
+    tick.mark_end(mesh)
+    conn.out.append(1)
+    tick.mark(conn)
+    with pytest.raises(RuntimeError):
+        clock.run_ready()
+    assert journal == [("conn", [1])]
+    conn.out.append(2)
+    tick.mark(conn)
+    assert clock.pending == 1  # the next iteration has its pass
+    clock.run_ready()
+    assert journal == [("conn", [1]), ("conn", [2])]
