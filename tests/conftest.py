@@ -113,10 +113,6 @@ SLOW_TESTS = {
 # ``alone``: tests that measure time, memory or throughput, which a test beside them on the other
 # core would skew. Under xdist they run with no other test at once (``_turn``); serially, as all do.
 ALONE_FILES = {
-    # The chaos suite loads both cores for a minute: beside it, the cluster tests' timed waits
-    # failed twice (CI at 0e66e87 and c01a029). It must pass on a loaded machine too, which
-    # .ci/run checks on its own, beside a CPU hog; in the suite it runs alone.
-    "tests/chaos/test_chaos.py",
     # A run's drain ends once deliveries are quiet for 0.3 s and counts what is missing as lost: a
     # neighbour holding the cores that long would make a loss of what is not one.
     "tests/integration/test_bench.py",
@@ -136,6 +132,15 @@ ALONE_TESTS = {
     "tests/integration/test_retained_cost.py::"
     "test_one_subscribe_of_100000_filters_is_taken_in_slices_and_what_follows_it_waits_its_turn",
 }
+# ``loud``: tests that load both cores and pass on a loaded machine, beside which the timed waits of
+# other tests do not hold. Under xdist only ``companion`` tests run beside them: the chaos suite
+# loads both cores for a minute, and the cluster tests' timed waits beside it failed twice (CI
+# at 0e66e87 and c01a029); it must pass on a loaded machine, which .ci/run checks on its own,
+# beside a CPU hog, and the JVMs and pure computations beside it here are such a load.
+LOUD_FILES = {"tests/chaos/test_chaos.py"}
+# ``companion``: tests that wait on nothing timed tightly (fake clocks; Spark's generous bounds),
+# which run beside a ``loud`` test (a minute of two cores otherwise idle while it ran alone).
+COMPANION_DIRECTORIES = {"unit", "pipeline"}
 # Not alone: tests/integration/test_backpressure.py. The memory it bounds is its own worker's, which
 # no neighbour changes, and its one time (a client beside the flood served within 3 s) is far above
 # what a loaded box takes: it passed beside the retained_cost floods, at a load of 5 on two cores.
@@ -162,6 +167,8 @@ def _marks(nodeid: str) -> list[str]:
         marks.append("slow")
     if path in ALONE_FILES or test in ALONE_TESTS:
         marks.append("alone")
+    if path in LOUD_FILES:
+        marks.append("loud")
     return marks
 
 
@@ -209,18 +216,42 @@ def _guess(item: pytest.Item, durations: dict[str, float]) -> float:
     return next((s for mark, s in GUESS_S.items() if item.get_closest_marker(mark)), GUESS_DEFAULT_S)
 
 
+def _kind(item: pytest.Item) -> str:
+    """How a test shares the machine under xdist (``_turn``): alone, loud, companion or plain."""
+    for kind in ("alone", "loud"):
+        if item.get_closest_marker(kind):
+            return kind
+    return "companion" if any(item.get_closest_marker(d) for d in COMPANION_DIRECTORIES) else "plain"
+
+
 def _longest_first(items: list[pytest.Item], durations: dict[str, float]) -> list[pytest.Item]:
-    """Work units by their seconds, longest first, those with an ``alone`` test before all others;
-    a unit's tests keep their order. ``alone`` ones first: one started later waits for every test
-    running beside it to end, while the other workers, kept out, sit idle; at the start, nothing
-    runs yet. Stable, so that every worker, given the same durations, collects the same order
-    (xdist checks it)."""
+    """Work units by their seconds, longest first, those with an ``alone`` test before all others,
+    then each ``loud`` one followed by its share of the ``companion`` units; a unit's tests keep
+    their order. ``alone`` ones first: one started later waits for every test running beside it
+    to end, while the other workers, kept out, sit idle; at the start, nothing runs yet. Companions
+    right behind a loud one: a worker runs its tests in the order it got them, so the other
+    workers must have companions next to run beside it (each asks for more work once it has two
+    tests or fewer left). Stable, so that every worker, given the same durations, collects the
+    same order (xdist checks it)."""
     units: dict[str, list[pytest.Item]] = {}
     for item in items:
         units.setdefault(_group(item), []).append(item)
     seconds = {name: sum(_guess(i, durations) for i in unit) for name, unit in units.items()}
-    alone = {name for name, unit in units.items() if any(i.get_closest_marker("alone") for i in unit)}
-    return [i for name in sorted(units, key=lambda n: (n not in alone, -seconds[n])) for i in units[name]]
+    kinds = {name: min((_kind(i) for i in unit), key=KINDS.index) for name, unit in units.items()}
+    by_time = sorted(units, key=lambda n: -seconds[n])
+    alone = [n for n in by_time if kinds[n] == "alone"]
+    loud = [n for n in by_time if kinds[n] == "loud"]
+    companions = [n for n in by_time if kinds[n] == "companion"]
+    rest = [n for n in by_time if kinds[n] == "plain"]
+    beside: list[str] = []
+    for i, name in enumerate(loud):  # the companions dealt round, the longest to the first
+        beside += [name, *companions[i::len(loud)]]
+    if not loud:
+        rest = sorted(companions + rest, key=lambda n: -seconds[n])
+    return [i for name in alone + beside + rest for i in units[name]]
+
+
+KINDS = ("alone", "loud", "companion", "plain")
 
 
 def _test_id(nodeid: str) -> str:
@@ -317,34 +348,53 @@ def _turn_dir(run: str) -> Path:
     return Path(tempfile.gettempdir()) / f"brokerd-tests-{run}"
 
 
+TURNS = {  # kind: how it takes the room and the side room (None: not at all)
+    "plain": (fcntl.LOCK_SH, None),
+    "companion": (None, fcntl.LOCK_SH),
+    "loud": (fcntl.LOCK_EX, fcntl.LOCK_SH),
+    "alone": (fcntl.LOCK_EX, fcntl.LOCK_EX),
+}
+"""Under xdist, an ``alone`` test waits until no other test runs, and none starts until it is
+done; a ``loud`` one lets only companions beside it; the others run side by side. Two lock
+files, each taken shared or exclusive behind a turnstile of its own that every test taking it
+passes on its way in: a waiting exclusive taker holds the turnstile, so the other workers' next
+tests cannot keep the lock shared for ever. The room is taken before the side room, and the side
+room exclusive only by a test that holds the room exclusive: no two tests wait on each other."""
+
+
 @contextlib.contextmanager
-def _turn(alone: bool) -> Iterator[None]:
-    """Under xdist, a test marked ``alone`` waits until no other test runs, and none starts until it
-    is done; the others run side by side. A lock file taken shared or exclusive, behind a turnstile
-    taken by every test on its way in: a waiting ``alone`` test holds it, so the other worker's
-    next tests cannot keep the lock shared for ever."""
+def _turn(kind: str) -> Iterator[None]:
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if not run:
         yield
         return
     directory = _turn_dir(run)
     directory.mkdir(exist_ok=True)
-    with open(directory / "turnstile", "a") as gate, open(directory / "room", "a") as room:
+    with contextlib.ExitStack() as held:
+        for name, how in zip(("room", "side"), TURNS[kind], strict=True):
+            if how is not None:
+                held.enter_context(_taken(directory, name, how))
+        yield
+
+
+@contextlib.contextmanager
+def _taken(directory: Path, name: str, how: int) -> Iterator[None]:
+    with open(directory / f"{name}.turnstile", "a") as gate, open(directory / name, "a") as lock:
         fcntl.flock(gate, fcntl.LOCK_EX)
         try:
-            fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            fcntl.flock(lock, how)
         finally:
             fcntl.flock(gate, fcntl.LOCK_UN)
         try:
             yield
         finally:
-            fcntl.flock(room, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Each test's setup, call and teardown (module fixtures' too) inside its turn."""
-    with _turn(item.get_closest_marker("alone") is not None):
+    with _turn(_kind(item)):
         return (yield)
 
 

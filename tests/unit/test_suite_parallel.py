@@ -29,41 +29,60 @@ def test_a_port_handed_out_is_not_handed_out_again_before_it_is_bound():
     assert all(p in helpers.worker_ports() for p in ports)
 
 
-def _hold(alone: bool, run: str, entered: multiprocessing.Event, spans: multiprocessing.Queue) -> None:
+def _hold(kind: str, run: str, entered: multiprocessing.Event, spans: multiprocessing.Queue) -> None:
     import os
 
     os.environ["PYTEST_XDIST_TESTRUNUID"] = run
-    with conftest._turn(alone):
+    with conftest._turn(kind):
         entered.set()
         start = time.monotonic()
         time.sleep(0.3)
-        spans.put((alone, start, time.monotonic()))
+        spans.put((kind, start, time.monotonic()))
+
+
+def _spans(kinds: list[str]) -> list[tuple[str, float, float]]:
+    """Each kind's test held in turn, started 0.1 s apart (the first entered before the next)."""
+    ctx = multiprocessing.get_context("fork")
+    spans = ctx.Queue()
+    procs = []
+    for i, kind in enumerate(kinds):
+        entered = ctx.Event()
+        procs.append(ctx.Process(target=_hold, args=(kind, "r", entered, spans)))
+        procs[-1].start()
+        if i == 0:
+            assert entered.wait(10)
+        else:
+            time.sleep(0.1)
+    for p in procs:
+        p.join(10)
+        assert p.exitcode == 0
+    return sorted(spans.get(timeout=1) for _ in procs)
+
+
+def _overlap(a: tuple[str, float, float], b: tuple[str, float, float]) -> bool:
+    return a[1] < b[2] and b[1] < a[2]
 
 
 def test_an_alone_test_runs_with_no_other_test_beside_it(tmp_path, monkeypatch):
     monkeypatch.setattr(conftest.tempfile, "gettempdir", lambda: str(tmp_path))
-    ctx = multiprocessing.get_context("fork")
-    spans = ctx.Queue()
-    first, second, third = ctx.Event(), ctx.Event(), ctx.Event()
-    procs = [ctx.Process(target=_hold, args=(False, "r", first, spans))]
-    procs[0].start()
-    assert first.wait(10)
-    procs.append(ctx.Process(target=_hold, args=(True, "r", second, spans)))  # waits for the first
-    procs[1].start()
-    time.sleep(0.1)
-    procs.append(ctx.Process(target=_hold, args=(False, "r", third, spans)))  # waits behind the alone one
-    procs[2].start()
-    for p in procs:
-        p.join(10)
-        assert p.exitcode == 0
-    got = sorted(spans.get(timeout=1) for _ in procs)
-    (_, a0, a1), normal = next(s for s in got if s[0]), [s for s in got if not s[0]]
-    assert all(end <= a0 or start >= a1 for _, start, end in normal), got
+    # a plain test first; the alone one waits for it; a plain and a companion wait behind the alone one
+    got = _spans(["plain", "alone", "plain", "companion"])
+    alone = next(s for s in got if s[0] == "alone")
+    assert not any(_overlap(alone, s) for s in got if s is not alone), got
+
+
+def test_a_loud_test_runs_beside_companions_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(conftest.tempfile, "gettempdir", lambda: str(tmp_path))
+    # the loud one first; a plain test waits for it, a companion runs beside it
+    got = _spans(["loud", "plain", "companion"])
+    loud, plain, companion = (next(s for s in got if s[0] == k) for k in ("loud", "plain", "companion"))
+    assert _overlap(loud, companion), got
+    assert not _overlap(loud, plain), got
 
 
 def test_a_test_is_marked_by_its_directory_and_by_the_lists():
     assert conftest._marks("tests/unit/test_codec.py::test_x") == ["unit"]
-    assert conftest._marks("tests/chaos/test_chaos.py::test_chaos_three_nodes") == ["chaos", "slow", "alone"]
+    assert conftest._marks("tests/chaos/test_chaos.py::test_chaos_three_nodes") == ["chaos", "slow", "loud"]
     assert conftest._marks("tests/integration/test_bench.py::test_x") == ["integration", "slow", "alone"]
     assert conftest._marks("tests/partition/test_patterns.py::test_x") == ["slow", "alone"]
     name = "tests/cluster/test_replication.py::test_a_persistent_session_survives_its_nodes_death[b-c]"
@@ -93,6 +112,19 @@ def test_a_parallel_run_starts_the_longest_work_units_first_and_keeps_a_groups_t
     items.append(_Item("f::timed", pytest.mark.alone))
     order = [i.nodeid for i in conftest._longest_first(items, {**durations, "f::timed": 1.0})]
     assert order[0] == "f::timed"  # before all: later it would wait for what runs beside it
+
+
+def test_each_loud_test_is_followed_by_its_share_of_the_companions():
+    unit, pipeline, loud = pytest.mark.unit, pytest.mark.pipeline, pytest.mark.loud
+    items = [_Item("p::plain"), _Item("u::a", unit), _Item("c::l1", loud), _Item("u::b", unit),
+             _Item("s::j", pipeline), _Item("c::l2", loud), _Item("t::alone", pytest.mark.alone)]
+    durations = {"p::plain": 9.0, "u::a": 0.1, "c::l1": 50.0, "u::b": 0.2, "s::j": 20.0, "c::l2": 25.0,
+                 "t::alone": 1.0}
+    order = [i.nodeid for i in conftest._longest_first(items, durations)]
+    # alone first; then each loud one with companions dealt round, the longest to the first; then the rest
+    assert order == ["t::alone", "c::l1", "s::j", "u::a", "c::l2", "u::b", "p::plain"]
+    assert [conftest._kind(i) for i in items] == ["plain", "companion", "loud", "companion", "companion",
+                                                   "loud", "alone"]
 
 
 def test_a_tests_seconds_are_kept_under_its_own_id_whatever_group_xdist_appended():
