@@ -2,7 +2,7 @@
 followers on other nodes, acknowledgements held until ``--min-insync`` nodes hold a record, and
 a dead router's messages and sessions served from a replica.
 
-The rules are pure (``router.replication``: ``LeaderState``, ``FollowerState``,
+The rules are pure (``cluster.replication.rules``: ``LeaderState``, ``FollowerState``,
 ``HistoryState``; ``placement``; ``session_store``); this package moves their frames over the
 mesh and their records to and from disk. Per router, on its own log (the *partition* named by
 its router id) it is the leader; on other nodes' logs placed here it is a follower. Each side

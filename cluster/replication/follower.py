@@ -5,7 +5,7 @@ A replica is a commit log of the same format under ``DATA/<node>/_replicas/<rout
 leader's offsets. A batch is appended and acknowledged with REPLICA_ACK ``[partition, offset]``
 once its log wrote it into the kernel (with ``--fsync always``: once durable); a gap is asked
 for with REPLICA_FETCH ``[partition, offset]``. The rule for each batch is
-``router.replication.FollowerState``.
+``cluster.replication.rules.FollowerState``.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import msgpack
 
 from brokerd.router.log import CommitLog
-from brokerd.router.replication import FollowerState
 from brokerd.router.session import router_log_dir
 
 from .part import Part
+from .rules import FollowerState
 
 if TYPE_CHECKING:
     from ..mesh import Peer

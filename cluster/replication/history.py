@@ -4,7 +4,7 @@ holds them (docs/replication.md, "History").
 A follower placed at its leader's high-water mark holds what lies below only once this is done;
 a router back on an empty disk gets its old records back. One task per log, one HISTORY_FETCH
 at a time, into a log of its own that joins the main log once it reaches it. The rule for each
-answer is ``router.replication.HistoryState``.
+answer is ``cluster.replication.rules.HistoryState``.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import msgpack
 
 from brokerd.router.log import CommitLog, Record
 from brokerd.router.log.format import record_fields
-from brokerd.router.replication import HistoryState
 
 from .follower import FETCH_AGAIN_S, _remove_aside
 from .part import Part
 from .read_back import highest_holder
+from .rules import HistoryState
 
 if TYPE_CHECKING:
     from ..mesh import Peer

@@ -30,10 +30,9 @@ from ..agreement.state import OK, insync, move
 from .part import Part
 
 if TYPE_CHECKING:
-    from brokerd.router.replication import Held
-
     from .leader import LeaderPart
     from .majority import MajorityPart
+    from .rules import Held
 
 log = logging.getLogger(__package__)
 

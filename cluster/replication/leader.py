@@ -16,7 +16,7 @@ every publish on a peer's death is not what a user of one would expect. A gap is
 REPLICA_FETCH ``[partition, offset]``, answered from the log; a leader that sends nothing new
 tells a follower behind it where its log ends (``tell_end``).
 
-The rules are ``router.replication.LeaderState`` (held acknowledgements, the high-water mark)
+The rules are ``cluster.replication.rules.LeaderState`` (held acknowledgements, the high-water mark)
 and ``placement.Placement`` (who follows); this part moves their frames.
 """
 
@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from brokerd.router.log.format import record_fields
-from brokerd.router.replication import Held, LeaderState, TailRepair
 
 from .part import Part
 from .placement import PeerSeen, Placement
+from .rules import Held, LeaderState, TailRepair
 
 if TYPE_CHECKING:
 

@@ -18,9 +18,9 @@ from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster.quorum import MARGIN_S, MEMBERS_FILE, MIN_MEMBERS, Lease, Members
-from brokerd.router.replication import CutOffHolds
 
 from .part import Part
+from .rules import CutOffHolds
 
 if TYPE_CHECKING:
     from .leader import LeaderPart

@@ -5,7 +5,7 @@ gets back its followers and what to do about the change: which followers are new
 waits for them), which are followers no more (told to drop this router's sessions: their copy
 would go stale), which get every session (a new follower, or a new incarnation of one), and
 which hold a stale replica without being followers (cleared once per incarnation). The rule:
-the first R-1 live nodes of the rendezvous order (``router.replication.follower_nodes``), on
+the first R-1 live nodes of the rendezvous order (``cluster.replication.rules.follower_nodes``), on
 each the router ``follower_router`` picks; a record must be on ``min(--min-insync, 1 +
 followers)`` nodes (a node alone acknowledges alone).
 """
@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from brokerd.router.replication import follower_nodes, follower_router
+from .rules import follower_nodes, follower_router
 
 
 class PeerSeen(NamedTuple):

@@ -10,11 +10,11 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from brokerd.router.replication import LeaderState
 from brokerd.router.session import recency
 from brokerd.router.spool import note_span, valid_spans
 
 from .part import Part
+from .rules import LeaderState
 
 if TYPE_CHECKING:
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from brokerd.router.replication import follower_nodes
+from brokerd.cluster.replication.rules import follower_nodes
 from tests.cluster.test_agreed_ownership import nodes  # noqa: F401 - the three nodes with --agreement
 from tests.helpers import Broker, Client, cid, wait_for
 

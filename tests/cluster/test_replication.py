@@ -18,6 +18,7 @@ import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from brokerd.cluster.metrics import NodeStats, metrics_text
+from brokerd.cluster.replication.rules import follower_nodes
 from brokerd.cluster.stats_cli import replication_lines
 from brokerd.router.mesh_format import (
     HELLO,
@@ -31,7 +32,6 @@ from brokerd.router.mesh_format import (
     TAKEOVER_REQ,
     TAKEOVER_RESP,
 )
-from brokerd.router.replication import follower_nodes
 from tests.cluster.fake_router import FakeRouter, mesh_endpoint
 from tests.cluster.test_multihost import mesh_peers, mesh_port, stats_reader
 from tests.helpers import (

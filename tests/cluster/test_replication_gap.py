@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 
-from brokerd.router.replication import follower_nodes
+from brokerd.cluster.replication.rules import follower_nodes
 from tests.cluster.test_replication import HOSTS, proxied_nodes, snapshot_of
 from tests.helpers import Client
 

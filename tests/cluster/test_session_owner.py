@@ -85,7 +85,7 @@ def test_a_dead_nodes_session_is_not_handed_from_its_replica_to_another_user(sta
     """alice's session lives on node a, followed by c; a dies with a message queued for her. bob
     claims her client id on c (which holds the replica) or on b (which asks c): refused, and the
     replica stays held, so alice, back on c, finds her session and her message."""
-    from brokerd.router.replication import follower_nodes
+    from brokerd.cluster.replication.rules import follower_nodes
     from tests.cluster.test_replication import HOSTS, snapshot_of, three_nodes
 
     assert follower_nodes("a/w0", "a", ["b", "c"], 1) == ["c"]  # the test's layout rests on it

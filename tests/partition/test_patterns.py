@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 import paho.mqtt.client as mqtt
 import pytest
 
-from brokerd.router.replication import follower_nodes
+from brokerd.cluster.replication.rules import follower_nodes
 from tests.cluster.test_multihost import stats_reader
 from tests.helpers import Broker, Client, freeze, wait_for
 from tests.partition.netns import Lab

@@ -1,4 +1,4 @@
-"""The replication state machines (router/replication.py) driven by hand, with a fake clock: the
+"""The replication state machines (cluster/replication/rules.py) driven by hand, with a fake clock: the
 high-water mark, the in-sync set, held acknowledgements released or refused, and a follower's
 answer to each batch. No mesh, no disk: these are the rules the transport will follow."""
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brokerd.router.replication import (
+from brokerd.cluster.replication.rules import (
     FollowerState,
     HistoryState,
     LeaderState,

@@ -1,9 +1,9 @@
-"""Acknowledgements held while a node sees no majority (``router.replication.CutOffHolds``),
+"""Acknowledgements held while a node sees no majority (``cluster.replication.rules.CutOffHolds``),
 driven with a fake clock: all go once the majority is back, each is refused at its deadline."""
 
 from __future__ import annotations
 
-from brokerd.router.replication import CutOffHolds, Held
+from brokerd.cluster.replication.rules import CutOffHolds, Held
 
 
 class Clock:

@@ -5,7 +5,7 @@ no clock."""
 from __future__ import annotations
 
 from brokerd.cluster.replication.placement import PeerSeen, Placement
-from brokerd.router.replication import follower_nodes, follower_router
+from brokerd.cluster.replication.rules import follower_nodes, follower_router
 
 LEADER = "a/w0"
 

@@ -1,10 +1,10 @@
-"""The leader's gap repair (``router.replication.TailRepair``) with a fake clock: a follower
+"""The leader's gap repair (``cluster.replication.rules.TailRepair``) with a fake clock: a follower
 behind the log's end is sent the last record again once nothing new went out for a while, and
 then at most once per interval."""
 
 from __future__ import annotations
 
-from brokerd.router.replication import TailRepair
+from brokerd.cluster.replication.rules import TailRepair
 
 
 def test_nothing_is_due_while_the_log_moves_or_before_the_interval():
