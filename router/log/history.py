@@ -1,7 +1,7 @@
 """Joining fetched history: the segments of a closed log taken in as a ``CommitLog``'s oldest.
 
 Why it exists: a replica placed at its leader's high-water mark, or a log continued after a lost
-disk, starts above records its partition should hold; ``router.replication.HistoryState`` fetches
+disk, starts above records its partition should hold; ``cluster.replication.rules.HistoryState`` fetches
 them from a node that holds them into a directory beside the log, and this moves them in.
 """
 
@@ -26,7 +26,7 @@ class HistoryJoin:
     """Moving fetched history in as a log's oldest segments (``CommitLog.join_history``).
 
     The history is the records of this log's partition below its ``start_offset``, fetched from
-    a node that holds them (``router.replication.HistoryState``: a replica placed at its leader's
+    a node that holds them (``cluster.replication.rules.HistoryState``: a replica placed at its leader's
     high-water mark, a log continued after a lost disk) into a directory on this log's file
     system: the files are moved, their indexes checked as at recovery. A gap between the
     history and the log stays a gap (reads skip it). A log that has no segment yet gets its
