@@ -5,7 +5,11 @@ holds for a silent router (``stale_replicas``: others it knows are older).
 
 A copy a live router offers is the session, the most recent (``recency``: the highest ownership
 epoch, then arrival) where there are two (a partition that healed before the fence reached the
-side cut off); among replicas' copies, the most recent. ``takeover._settle`` acts on the answer.
+side cut off); among replicas' copies, the most recent. Where the session's agreed owner is known
+(``--agreement``), the copy it offers, or a replica's copy of its session, comes first: a live
+router that is not the owner holds a stale copy, whose move the agreement would refuse (partition
+seed 315: the connect was refused until the silent owner was heard again). ``takeover._settle``
+acts on the answer.
 """
 
 from __future__ import annotations
@@ -25,6 +29,24 @@ def live(offers: list[Offer]) -> list[Offer]:
 def newest(offers: list[Offer]) -> Offer:
     """The offer with the most recent copy."""
     return max(offers, key=lambda o: recency(o[2]))
+
+
+def source(o: Offer) -> str | None:
+    """The router whose session an offer is: the silent router whose replica's copy it is, else
+    the live router that offered it (None: none, for a copy of no router's)."""
+    replica: str | None = o[2].get("replica")
+    return replica or o[0]
+
+
+def choose(offers: list[Offer], agreed: str | None = None) -> Offer:
+    """The offer taken: the most recent live router's copy, else the most recent replica's copy;
+    of the agreed owner's copies alone (``agreed``; None: not known), where it or a replica of it
+    offered one."""
+    if agreed is not None:
+        owners = [o for o in offers if source(o) == agreed]
+        if owners:
+            offers = owners
+    return newest(live(offers) or offers)
 
 
 def passed_over(offers: list[Offer], chosen: dict[str, Any]) -> list[str]:

@@ -12,6 +12,7 @@ meanwhile wait here (``hold_early``). The answering side, and sessions arriving 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -20,12 +21,15 @@ from brokerd.router.ownership import refused_by
 from brokerd.router.ports import TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE
 from brokerd.router.spool import drop_named
 
+from ..agreement.owners import SessionOwners
+from ..agreement.state import SESSION
 from . import membership, offer
 from .limits import ACK_TIMEOUT_S, CONFIRM_S, LOCAL_DOWN_WAIT_S, drop_older, log
 from .waiter import Requests, Waiter
 
+AGREED_READ_S = 0.5  # how long a takeover with several offers waits for its agreed owner's name
+
 if TYPE_CHECKING:
-    import asyncio
     from collections.abc import Awaitable, Callable
 
     from brokerd.router.router import Router
@@ -126,7 +130,8 @@ class Takeovers:
                 self._settle(client_id, waiter.offers, failed=True)
                 return result
             if waiter.offers:
-                return self._settle(client_id, waiter.offers, claim=claim)
+                agreed = await self._agreed_owner(client_id, waiter.offers)
+                return self._settle(client_id, waiter.offers, claim=claim, agreed=agreed)
             if any(self.peers[rid].node_id == self.node_id for rid in waiter.missed):
                 continue
             if self.replication is not None and not asked_again and (waiter.missed or roster.just_parked()):
@@ -140,8 +145,22 @@ class Takeovers:
             return result
         return None
 
+    async def _agreed_owner(self, client_id: str, offers: list[offer.Offer]) -> str | None:
+        """The router this node's agreement member names as the session's owner, where several
+        offers leave a choice (``offer.choose``); None where it is not known: no ``--agreement``,
+        one offer, or no answer within ``AGREED_READ_S`` (the choice is then the rule without it).
+        The member's own view, maybe stale: the claim that follows checks it with a majority."""
+        owners = getattr(self.router, "owners", None)  # (unit tests' fake routers have none)
+        if len(offers) < 2 or not isinstance(owners, SessionOwners):
+            return None
+        try:
+            owner, _ = await asyncio.wait_for(owners.client.read(SESSION, client_id), AGREED_READ_S)
+        except Exception:  # noqa: BLE001 - NoAgreement, a timeout, the service restarting: not known
+            return None
+        return owner
+
     def _settle(self, client_id: str, offers: list[tuple[str | None, int, dict]], failed: bool = False,
-                claim: list | None = None) -> dict:
+                claim: list | None = None, agreed: str | None = None) -> dict:
         """Every router asked has answered a takeover; pick the session state this router takes.
         Normally one router offers it. More than one when replicas of silent routers hold
         copies beside the live one, or beside each other, and two live routers for a moment
@@ -156,7 +175,9 @@ class Takeovers:
         where it was, the agreed owner's replica too (partition seed 315: dropped at once, it
         left nobody to serve the session until its silent owner came back, 20 s). ``failed``:
         a transfer broke off, nothing is taken and every offer stays where it is; so does a
-        ``claim`` the chosen copy's owner refuses (``ownership.refused_by``)."""
+        ``claim`` the chosen copy's owner refuses (``ownership.refused_by``). ``agreed``: the
+        session's agreed owner, where known (``_agreed_owner``): its copy, or a replica's copy of
+        it, is taken before a live router's that is not the owner (``offer.choose``)."""
         if failed:
             for rid, req, state in offers:
                 self._done(rid, req, False)
@@ -171,15 +192,19 @@ class Takeovers:
                 return self._settle(client_id, offers, failed=True)
             if local is not None:
                 offers.append((None, 0, local))
-        best = offer.newest(live or offers)
+        best = offer.choose(offers, agreed)
         chosen = best[2]
         refused = refused_by(claim, chosen, best[0] or chosen.get("replica"))
         if refused is not None:
             self._settle(client_id, offers, failed=True)
             return refused
-        if len(live) > 1:
-            log.warning("mesh: session %s was offered by %d live routers (%s): the most recent copy is taken, "
-                        "the others dropped", client_id, len(live), ", ".join(sorted(str(o[0]) for o in live)))
+        if live and chosen.get("replica"):
+            log.warning("mesh: session %s: the copy of its agreed owner %s is taken, not the one of live router(s) "
+                        "%s (stale: dropped)", client_id, agreed, ", ".join(sorted(str(o[0]) for o in live)))
+        elif len(live) > 1:
+            log.warning("mesh: session %s was offered by %d live routers (%s): the %s copy is taken, the others "
+                        "dropped", client_id, len(live), ", ".join(sorted(str(o[0]) for o in live)),
+                        "agreed owner's" if offer.source(best) == agreed else "most recent")
         stale = offer.passed_over(offers, chosen)
         for rid, req, state in offers:
             if state is not chosen:
