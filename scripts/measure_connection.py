@@ -163,9 +163,9 @@ def census(worker: Worker) -> list[tuple[str, float]]:
         ("Client", lambda c: [c.handler]),
         ("Client._aliases", lambda c: [c.handler._aliases] if c.handler._aliases is not None else []),
         ("Session", lambda c: [c.handler.session]),
-        ("Session.subscriptions (dict)", lambda c: [c.handler.session.subscriptions]),
-        ("Session.inflight (dict)", lambda c: [c.handler.session.inflight]),
-        ("Session.shared (dict)", lambda c: [c.handler.session.shared]),
+        ("Session.subscriptions (dict)", lambda c: _made(c.handler.session, "subscriptions")),
+        ("Session.inflight (dict)", lambda c: _made(c.handler.session, "inflight")),
+        ("Session.shared (dict)", lambda c: _made(c.handler.session, "shared")),
         ("Session.queue", lambda c: [c.handler.session.queue] if c.handler.session.queue != () else []),
     ]
     out = []
@@ -179,6 +179,15 @@ def census(worker: Worker) -> list[tuple[str, float]]:
                     total += sys.getsizeof(o)
         out.append((name, total / n))
     return out
+
+
+def _made(obj: Any, name: str) -> list[Any]:
+    """A slot made at first use (``Session.subscriptions``...): its value, or nothing while it is
+    unset; read through the slot's descriptor, as reading the attribute would make it."""
+    try:
+        return [type(obj).__dict__[name].__get__(obj)]
+    except AttributeError:
+        return []
 
 
 def _shared(o: Any) -> bool:
