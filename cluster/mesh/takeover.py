@@ -150,7 +150,7 @@ class Takeovers:
         offers leave a choice (``offer.choose``); None where it is not known: no ``--agreement``,
         one offer, or no answer within ``AGREED_READ_S`` (the choice is then the rule without it).
         The member's own view, maybe stale: the claim that follows checks it with a majority."""
-        owners = getattr(self.router, "owners", None)  # (unit tests' fake routers have none)
+        owners = self.router.owners
         if len(offers) < 2 or not isinstance(owners, SessionOwners):
             return None
         try:

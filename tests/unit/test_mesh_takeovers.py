@@ -31,6 +31,7 @@ class FakeLink:
 class FakeRouter:
     router_id = "u/w0"
     commit_log = None
+    owners = None  # no --agreement
 
     def __init__(self) -> None:
         self.sessions: dict = {}
