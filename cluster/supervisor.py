@@ -270,12 +270,8 @@ class Supervisor:
     # -- auxiliary processes (cluster/metrics.py owns what happens here) -----------------------------
 
     def _start_aux(self) -> None:
-        """Start the node's auxiliary processes (stats aggregation, /metrics, $SYS) after the workers.
-        Only with --metrics-port: without it none runs, and the supervisor does not import their
-        module (``cluster.metrics``: about 0.3 MB of its memory for nothing)."""
-        if not self.config.metrics_port:
-            return
-        from .metrics import AuxProcess  # lazy: only a node with --metrics-port runs a stats process
+        """Start the node's auxiliary processes (stats aggregation, /metrics, $SYS) after the workers."""
+        from .metrics import AuxProcess
 
         self.aux: AuxProcess | None = AuxProcess(self.config)
         problem = self.aux.check()
@@ -393,7 +389,7 @@ def unagreed_warning(cfg: Config) -> str | None:
 def preload_worker() -> None:
     """Import what a worker imports, once, before the first fork. A forked worker then shares those
     modules' pages with the supervisor (copy-on-write) instead of building a private copy of each
-    after the fork: about 1.8 MB less per worker ("An idle node's memory" in docs/benchmarks.md).
+    after the fork: about 1.8 MB less per worker (docs/benchmarks.md, "Memory: where an idle node's PSS goes").
     Importing creates no event loop and no ZeroMQ context (those stay in the worker, after the fork).
     """
     from . import worker  # noqa: F401 - for its modules: the router, the log, the stats, ZeroMQ
