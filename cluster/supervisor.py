@@ -392,8 +392,10 @@ def preload_worker() -> None:
     after the fork: about 1.8 MB less per worker (docs/benchmarks.md, "Memory: where an idle node's PSS goes").
     Importing creates no event loop and no ZeroMQ context (those stay in the worker, after the fork).
     """
-    from . import worker  # noqa: F401 - for its modules: the router, the log, the stats, ZeroMQ
-
+    try:
+        from . import worker  # noqa: F401 - for its modules: the router, the log, the stats, ZeroMQ
+    except ImportError:  # pragma: no cover - a dependency missing: each worker meets it, as before
+        return
     try:
         import uvloop  # noqa: F401 - worker_main's loop
     except ImportError:  # pragma: no cover - uvloop is a dependency; the worker falls back to asyncio
