@@ -188,11 +188,16 @@ class SharedRoutes:
         for msg in msgs:
             self.to_another_member(msg, key)
 
-    def to_another_member(self, msg: Message, key: str) -> None:
+    def to_another_member(self, msg: Message, key: str, not_to: str | None = None) -> None:
         """Deliver ``msg`` to another member of group ``key``, wherever the choice falls, and to
-        nobody else (its member's session ended before acknowledging it)."""
+        nobody else (its member's session ended before acknowledging it). ``not_to``: a router
+        never chosen (the one the copy was for, which will not get it: ``Mesh``'s copies for a
+        forgotten router, or beyond its backlog)."""
         route = self.routes.get(key)
         rid = route.choose() if route is not None else None
+        if rid is not None and rid == not_to:
+            assert route is not None
+            rid = next((r for r in (route.choose() for _ in route.schedule) if r != not_to), None)
         if rid == self.router_id:
             self._deliver_shared(msg, key)
         elif rid is not None:

@@ -16,16 +16,29 @@ and the sender sends those again from its ring (``to_send_again``); the sender's
 which numbers it has sent (``sent``: below ``base`` nothing is coming any more, up to ``last``
 everything went out before that HELLO on the same socket), so a gap at the tail of a quiet
 link is found too.
+
+A shared group's copy is for one member of its group: where the router chosen for it is
+forgotten, or its backlog overflowed (what follows is read back from our log by its plain
+interest alone), the QoS 1/2 group copies it never confirmed are taken out (``group_copies``)
+for another router of their group.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from brokerd.router.mesh_format import FULL, PLAIN, PUBLISH, from_mesh_shared
 
 from .limits import MISSING_MAX, NAMED_MAX, RESEND_AFTER_S, UNWRITTEN_MAX
 
 if TYPE_CHECKING:
+    from brokerd.router.message import Message
+
     from .peer import Peer
 
 # What ``keep`` did with a frame for a silent peer.
@@ -227,3 +240,82 @@ def new_incarnation(peer: Peer) -> None:
     peer.held_mark = -1
     peer.unwritten.clear()
     peer.resend = [frame for seq, frame in peer.ring if seq > peer.acked]
+
+
+# -- a shared group's copies for a router that does not return ----------------------------------
+
+GroupCopy = tuple["Message", list[str]]  # a message, and the groups it was chosen for
+
+
+SHARE = b"$share/"  # in every group copy's frame (its groups' keys): the rest are not unpacked
+
+
+def _publish_body(frame: bytes) -> list | None:
+    """A frame's body ``[seq, batch, mark]`` where it is a PUBLISH frame that may hold group
+    copies; None for another kind, or one without (a frame is ``[MESH_VERSION, kind, sender,
+    incarnation, body]``: ``framing``)."""
+    if SHARE not in frame:
+        return None  # (no group copy in it: not unpacked)
+    values = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    return values[4] if values[1] == PUBLISH else None
+
+
+def _split(batch: list, sender: str) -> tuple[list, list[GroupCopy]]:
+    """``batch`` without its QoS 1/2 group copies (a copy that was also for the receiver's plain
+    subscribers stays as a plain one), and those copies. QoS 0 copies stay: at most once, and
+    the receiver may have had them already."""
+    kept: list = []
+    taken: list[GroupCopy] = []
+    for values in batch:
+        if values.__class__ is bytes or len(values) in (PLAIN, FULL):
+            kept.append(values)  # (bytes: packed once for several peers, a plain copy)
+            continue
+        msg, groups, only = from_mesh_shared(values, sender)
+        if msg.qos == 0:
+            kept.append(values)
+            continue
+        taken.append((msg, groups))
+        if not only:
+            kept.append(values[:-1])
+    return kept, taken
+
+
+def group_copies(peer: Peer, kept: list[tuple[int, bytes]], sender: str,
+                 frame: Callable[[int, Any], bytes]) -> list[GroupCopy]:
+    """``peer`` is forgotten: the QoS 1/2 group copies of our PUBLISH frames it never confirmed
+    (those in its ring beyond ``acked``, and those ``kept`` for it while it was silent, taken
+    from its backlog already), each once, for another router of their groups. The ring's frames
+    are made again without them (``frame``: ``framing._frame``), same numbers and marks: should
+    the peer return after all, it is sent the rest, and no group gets a copy twice. ``sender``:
+    this router (the origin of the short forms)."""
+    copies: list[GroupCopy] = []
+    seen: set[int] = set()
+    ring: deque[tuple[int, bytes]] = deque()
+    ring_bytes = 0
+    for seq, data in peer.ring:
+        if seq > peer.acked:
+            seen.add(seq)
+            body = _publish_body(data)
+            if body is not None:
+                batch, taken = _split(body[1], sender)
+                if taken:
+                    copies += taken
+                    data = frame(PUBLISH, [body[0], batch, body[2]])
+        ring.append((seq, data))
+        ring_bytes += len(data)
+    peer.ring, peer.ring_bytes = ring, ring_bytes
+    for _seq, data in kept:
+        body = _publish_body(data)
+        # (a frame its link held when it was parked is in the ring already: number 0 here)
+        if body is not None and body[0] > peer.acked and body[0] not in seen:
+            seen.add(body[0])
+            copies += _split(body[1], sender)[1]
+    return copies
+
+
+def dropped_group_copies(data: bytes, sender: str) -> list[GroupCopy]:
+    """A PUBLISH frame for a parked peer that its backlog did not take (full): the QoS 1/2 group
+    copies in it, for another router of their groups (what follows is read back from our log
+    by the peer's plain interest alone, or dropped)."""
+    body = _publish_body(data)
+    return _split(body[1], sender)[1] if body is not None else []

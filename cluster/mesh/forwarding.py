@@ -5,7 +5,9 @@ for a silent peer, read back from the log; and the PUBLISH and RETAINED frames i
 iteration (``flush``: the mesh is an end-only item of the worker's ``EndOfTick``) makes each batch
 one numbered PUBLISH frame (``framing``), into the peer's ring until confirmed, or into its
 backlog while it is parked (the rules: ``delivery``).
-A backlog that overflows is read back from this router's log when the peer returns (``_replay``).
+A backlog that overflows is read back from this router's log when the peer returns (``_replay``),
+by its plain interest: the shared groups' copies it would not take go to another router of their
+group at once (``to_other_members``), as do those a forgotten peer never confirmed (``Members``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,20 @@ if TYPE_CHECKING:
     from ..config import Config
     from .interest import Interest
     from .peer import Peer
+
+
+def to_other_members(router: Router, copies: list[delivery.GroupCopy], not_to: str) -> None:
+    """Group copies chosen for router ``not_to`` that it will not get (forgotten, or beyond its
+    backlog): each to one member of its group elsewhere, for that group alone (MQTT 5.0 4.8.2:
+    a message a member's session ended without acknowledging goes to another member)."""
+    if not copies:
+        return
+    log.warning("mesh: %d shared-group message(s) chosen for router %s, which will not get them, go to "
+                "another router of their groups", len(copies), not_to)
+    shared = router.shared
+    for msg, groups in copies:
+        for key in groups:
+            shared.to_another_member(msg, key, not_to)
 
 
 class ForwardingMixin:
@@ -188,6 +204,8 @@ class ForwardingMixin:
         done = delivery.keep(peer, frame, n, self.config.mesh_backlog,
                              commit_log.next_offset if commit_log is not None else None,
                              commit_log is not None and commit_log.error is None, seq)
+        if done is not delivery.KEPT and seq and self.router.shared.active:
+            to_other_members(self.router, delivery.dropped_group_copies(frame, self.router_id), peer.router_id)
         if done is delivery.TO_LOG:
             log.warning("mesh: router %s is silent and the %d bytes kept for it (--mesh-backlog) are "
                         "used: what it would get from here on is read back from this router's log "

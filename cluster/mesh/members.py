@@ -24,6 +24,7 @@ import zmq
 from brokerd.router.mesh_format import ECHO, HELLO
 
 from . import delivery, effects, membership
+from .forwarding import to_other_members
 from .limits import HELLO_INTERVAL_S, log, park_skew
 from .peer import Peer
 
@@ -395,9 +396,11 @@ class Members:
         self._start_replay(effect.peer, effect.offset, "its backlog here was full")
 
     def _forgotten(self, effect: membership.Forgotten) -> None:
-        """Parked for ``--mesh-forget`` seconds: drop its interest and what was kept for it."""
+        """Parked for ``--mesh-forget`` seconds: drop its interest and what was kept for it; the
+        shared groups' copies it never confirmed go to other members (``delivery.group_copies``)."""
         peer = effect.peer
-        _, _, lost, dropped = delivery.take_backlog(peer)
+        kept, _, lost, dropped = delivery.take_backlog(peer)
+        copies = delivery.group_copies(peer, kept, self.router_id, self._frame)
         self.router.stats.drop_mesh_peer_gone += lost
         log.warning("mesh: router %s silent for %g s: forgotten, %d kept message(s) dropped", peer.router_id,
                     self.config.mesh_forget, lost + dropped)
@@ -406,6 +409,8 @@ class Members:
                         "%d on are not sent", peer.router_id, peer.replay_from)
             peer.replay_from = None
         self.router.peer_left(peer.router_id)
+        # The shared groups' copies chosen for it that it never confirmed: to another member each.
+        to_other_members(self.router, copies, peer.router_id)
         if peer.link is not None:
             peer.link.reset()
 
