@@ -8,12 +8,14 @@ epoch, then arrival) where there are two (a partition that healed before the fen
 side cut off); among replicas' copies, the most recent. Where the session's agreed owner is known
 (``--agreement``), the copy it offers, or a replica's copy of its session, comes first: a live
 router that is not the owner holds a stale copy, whose move the agreement would refuse (partition
-seed 315: the connect was refused until the silent owner was heard again). ``takeover._settle``
-acts on the answer.
+seed 315: the connect was refused until the silent owner was heard again). The asking router's
+own replica of the owner's session counts as an offer too (``takes_own_replica``): beside one
+stale live copy it is the one taken. ``takeover._settle`` acts on the answer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from brokerd.router.session import recency
@@ -47,6 +49,16 @@ def choose(offers: list[Offer], agreed: str | None = None) -> Offer:
         if owners:
             offers = owners
     return newest(live(offers) or offers)
+
+
+def takes_own_replica(offers: list[Offer], agreed: str | None, held: Callable[[], list[str]]) -> bool:
+    """Whether the asking router's own replica copy joins the offers: where no live router
+    offered the session, or where the agreed owner is a silent router whose session it holds
+    (``held``: those routers, asked only then) and no offer is that owner's copy: then that
+    copy is the one ``choose`` takes, not a stale live one the agreement would refuse."""
+    if not live(offers):
+        return True
+    return agreed is not None and not any(source(o) == agreed for o in offers) and agreed in held()
 
 
 def passed_over(offers: list[Offer], chosen: dict[str, Any]) -> list[str]:

@@ -147,17 +147,22 @@ class Takeovers:
 
     async def _agreed_owner(self, client_id: str, offers: list[offer.Offer]) -> str | None:
         """The router this node's agreement member names as the session's owner, where several
-        offers leave a choice (``offer.choose``); None where it is not known: no ``--agreement``,
+        offers leave a choice (``offer.choose``; a replica this router holds of a silent router's
+        session counts as one: ``_replicas_of``); None where it is not known: no ``--agreement``,
         one offer, or no answer within ``AGREED_READ_S`` (the choice is then the rule without it).
         The member's own view, maybe stale: the claim that follows checks it with a majority."""
         owners = self.router.owners
-        if len(offers) < 2 or not isinstance(owners, SessionOwners):
-            return None
+        if not isinstance(owners, SessionOwners) or (len(offers) < 2 and not self._replicas_of(client_id)):
+            return None  # (this router's own replica of a silent owner's session counts as an offer)
         try:
             owner, _ = await asyncio.wait_for(owners.client.read(SESSION, client_id), AGREED_READ_S)
         except Exception:  # noqa: BLE001 - NoAgreement, a timeout, the service restarting: not known
             return None
         return owner
+
+    def _replicas_of(self, client_id: str) -> list[str]:
+        """The silent routers whose session ``client_id`` this router holds a replica of."""
+        return self.replication.restorer.replicas_of(client_id) if self.replication is not None else []
 
     def _settle(self, client_id: str, offers: list[tuple[str | None, int, dict]], failed: bool = False,
                 claim: list | None = None, agreed: str | None = None) -> dict:
@@ -177,7 +182,9 @@ class Takeovers:
         a transfer broke off, nothing is taken and every offer stays where it is; so does a
         ``claim`` the chosen copy's owner refuses (``ownership.refused_by``). ``agreed``: the
         session's agreed owner, where known (``_agreed_owner``): its copy, or a replica's copy of
-        it, is taken before a live router's that is not the owner (``offer.choose``)."""
+        it, is taken before a live router's that is not the owner (``offer.choose``); this
+        router's own replica of it too, taken from the replication only then
+        (``offer.takes_own_replica``)."""
         if failed:
             for rid, req, state in offers:
                 self._done(rid, req, False)
@@ -186,8 +193,10 @@ class Takeovers:
                 drop_named(state)
             return TAKEOVER_FAILED
         live = offer.live(offers)
-        if not live and self.replication is not None:
-            local = self.replication.take_replica(client_id)  # this router may hold a newer copy
+        if self.replication is not None and offer.takes_own_replica(
+                offers, agreed, lambda: self._replicas_of(client_id)):
+            # This router may hold a newer copy, or the agreed owner's beside a stale live one.
+            local = self.replication.take_replica(client_id)
             if local is TAKEOVER_FAILED:  # (its copies could not be spooled: it stays held here)
                 return self._settle(client_id, offers, failed=True)
             if local is not None:

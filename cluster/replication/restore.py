@@ -49,6 +49,12 @@ class RestorePart(Part):
         self._restore_done: asyncio.Future | None = None
         self._restored = 0
 
+    def replicas_of(self, client_id: str) -> list[str]:
+        """The silent routers whose session ``client_id`` this router holds a replica of; read
+        only (nothing is taken): a takeover asked here counts that copy as an offer before it
+        chooses (``Takeovers._agreed_owner``), and takes it only once it is the one chosen."""
+        return [partition for partition, _ in self.session_part.store.found(client_id, self.net.hears)]
+
     async def continue_log(self) -> None:
         loop = self.loop
         deadline = loop.time() + READY_WAIT_S
