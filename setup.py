@@ -1,14 +1,16 @@
 """The compiled hot path's build; pyproject.toml holds everything else about the package.
 
-mypyc compiles the hot path (``hot_path()``: plain, typed Python: they stay the reference and run
-wherever nothing was compiled) into a ``__compiled__`` folder beside each package's sources, and
+mypyc compiles the hot path (``hot_path()``: the codec, the topic index, the log's writer and the
+router's per-message path, plain typed Python that stays the reference and runs wherever nothing
+was compiled) into a ``__compiled__`` folder beside each package's sources, and
 writes ``connection/__compiled__/manifest.json``: the compiler, the extension suffix and the
 SHA-256 of every source compiled. ``connection/_compiled.py`` reads it and decides, per process,
 which of the two runs. Why mypyc and not Cython: docs/benchmarks.md, "Compiled hot path: the choice".
 
 ``pip install .`` builds them into the wheel, ``pip install -e .`` beside the sources. The install
 never fails for want of them: without mypy, without a working C compiler, or with a module mypyc
-refuses, it goes on with pure Python and says so once. ``BROKERD_PURE=1`` skips the compiling.
+refuses, it goes on with pure Python and says so once. ``BROKERD_PURE=1`` skips the compiling;
+``BROKERD_ROUTER_PATH=0`` compiles the small group only (``ROUTER_PATH_ROOTS`` says what for).
 """
 
 from __future__ import annotations
@@ -25,27 +27,30 @@ import traceback
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-HOT_PATH_ROOTS = [
+CORE_ROOTS = [
     "brokerd.connection.decode", "brokerd.connection.encode",  # the codec
     "brokerd.router.topics",  # the topic index
     "brokerd.router.log.writer",  # the log's batches written: encoding, pwritev, the index, fsync
 ]
-"""The codec, the topic index and the commit log's writer. What is compiled is these and
-every brokerd module they import at run time (``hot_path``): mypyc compiles them as one closed
-group, and a module moved or split stays in it. What they import for annotations only
-(``if TYPE_CHECKING:``), and the packages' ``__init__`` (names re-exported), mypy reads for
-their types; they stay Python (``typed_with``).
-
-``ROUTER_PATH_ROOTS`` would add the per-message path from the connection to the session (52
-modules: 1.3-1.6x messages per CPU-second, docs/benchmarks.md, "Compiled router path"). Not
-yet: compiled, every declared type is checked at run time, and the whole suite found
-annotations that were not true of what the mesh and the replication hand in (a takeover's
-queue entries as tuples, a log record's None origin offset): a TypeError there drops a mesh
-frame. ``BROKERD_ROUTER_PATH=1`` at build time compiles it, to measure and to find the rest."""
+"""The codec, the topic index and the commit log's writer: the small group, compiled alone with
+``BROKERD_ROUTER_PATH=0``."""
 
 ROUTER_PATH_ROOTS = ["brokerd.connection.protocol", "brokerd.router.client", "brokerd.router.router"]
-if os.environ.get("BROKERD_ROUTER_PATH", "") not in ("", "0"):
-    HOT_PATH_ROOTS = HOT_PATH_ROOTS + ROUTER_PATH_ROOTS
+"""The per-message path from the connection to the session (53 modules with the core's: 1.3-1.6x
+messages per CPU-second, docs/benchmarks.md, "Compiled router path"). It gains only whole: a
+line between compiled and Python code on that path costs more than the compiled side saves.
+
+Compiled, every declared type is checked at run time: an annotation that is not true of what
+flows in (from msgpack, the mesh, a log record, the standard library where typeshed is wrong)
+raises TypeError, and a mesh frame that meets one is dropped. ``BROKERD_ROUTER_PATH=0`` at build
+time leaves it Python: to tell such a TypeError from a bug of the code (the same traffic, with
+the path Python), or to build in a quarter of the compiler's time (docs/benchmarks.md)."""
+
+HOT_PATH_ROOTS = CORE_ROOTS if os.environ.get("BROKERD_ROUTER_PATH", "") == "0" else CORE_ROOTS + ROUTER_PATH_ROOTS
+"""What is compiled is these and every brokerd module they import at run time (``hot_path``):
+mypyc compiles them as one closed group, and a module moved or split stays in it. What they
+import for annotations only (``if TYPE_CHECKING:``), and the packages' ``__init__`` (names
+re-exported), mypy reads for their types; they stay Python (``typed_with``)."""
 
 GROUP = "brokerd.connection._hot"
 """mypyc's group: its shared library is ``brokerd.connection._hot__mypyc``."""

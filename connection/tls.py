@@ -19,6 +19,14 @@ from .listener import Listener
 _VERSIONS = {"tlsv1.2": ssl.TLSVersion.TLSv1_2, "tlsv1.3": ssl.TLSVersion.TLSv1_3}
 
 
+def _why(exc: OSError) -> object:
+    """What is wrong with a TLS file, in words: an SSLError's reason, else the OSError's strerror,
+    else the error itself. Either may be None, though typeshed says str: read untyped, for compiled
+    (mypyc checks a declared str when it is read) None raised TypeError, not the ValueError that a
+    SIGHUP reload reports and start-up prints."""
+    return getattr(exc, "reason", None) or getattr(exc, "strerror", None) or exc
+
+
 def server_context(listener: Listener) -> ssl.SSLContext:
     """The SSL context of a TLS listener: its certificate and key, the lowest version it accepts, and
     with a CA file, client certificates checked against it (required with ``require_certificate``)."""
@@ -30,16 +38,15 @@ def server_context(listener: Listener) -> ssl.SSLContext:
         ctx.load_cert_chain(listener.certfile, listener.keyfile)
     except ssl.SSLError as exc:
         raise ValueError(f"--certfile/--keyfile: cannot use {listener.certfile} with {listener.keyfile}: "
-                         f"{exc.reason or exc}") from None
+                         f"{_why(exc)}") from None
     except OSError as exc:
         raise ValueError(f"--certfile/--keyfile: cannot read {exc.filename or listener.certfile}: "
-                         f"{exc.strerror or exc}") from None  # (strerror may be None, typeshed says str)
+                         f"{_why(exc)}") from None
     if listener.cafile:
         try:
             ctx.load_verify_locations(cafile=listener.cafile)
         except (ssl.SSLError, OSError) as exc:
-            raise ValueError(f"--cafile: cannot use {listener.cafile}: "
-                             f"{getattr(exc, 'reason', None) or exc.strerror or exc}") from None
+            raise ValueError(f"--cafile: cannot use {listener.cafile}: {_why(exc)}") from None
         ctx.verify_mode = ssl.CERT_REQUIRED if listener.require_certificate else ssl.CERT_OPTIONAL
     return ctx
 
@@ -59,7 +66,7 @@ def reload_context(ctx: ssl.SSLContext, listener: Listener) -> None:
                 try:
                     shutil.copyfile(path, copy)
                 except OSError as exc:
-                    raise ValueError(f"--{name}: cannot read {path}: {exc.strerror or exc}") from None
+                    raise ValueError(f"--{name}: cannot read {path}: {_why(exc)}") from None
         staged = replace(listener, certfile=copies.get("certfile", listener.certfile),
                          keyfile=copies.get("keyfile", listener.keyfile), cafile=copies.get("cafile", listener.cafile))
         try:

@@ -90,7 +90,7 @@ class Record(NamedTuple):
     offset: int
     timestamp_ms: int
     origin_router: str
-    origin_offset: int
+    origin_offset: int | None  # None: a copy whose origin did not say where its log holds it
     client_id: str
     topic: str
     qos: int
@@ -278,7 +278,7 @@ _packb = msgpack.packb
 _unpackb = msgpack.unpackb
 _first_item = operator.itemgetter(0)
 
-FieldTuple = tuple[int, str, int, str, str, int, bool, bytes, bytes]
+FieldTuple = tuple[int, str, int | None, str, str, int, bool, bytes, bytes]
 """A record as a version 2 batch holds it: ``Record`` without the offset, in ``Record``'s order."""
 
 

@@ -57,3 +57,25 @@ def test_the_shipped_group_holds_the_codec_the_topic_index_and_the_log_writer(mo
     assert {"brokerd.connection.decode", "brokerd.router.topics", "brokerd.router.log.writer"} <= set(group)
     assert "brokerd.router.log" not in group  # a package's __init__: Python
     assert all(Path(ROOT, *m.split(".")[1:]).with_suffix(".py").is_file() for m in group)
+
+
+def _shipped_group(monkeypatch, router_path: str | None) -> set[str]:
+    monkeypatch.setattr(setuptools, "setup", lambda **kw: None)
+    if router_path is None:
+        monkeypatch.delenv("BROKERD_ROUTER_PATH", raising=False)
+    else:
+        monkeypatch.setenv("BROKERD_ROUTER_PATH", router_path)
+    return set(runpy.run_path(str(ROOT / "setup.py"), run_name="setup_under_test")["hot_path"]())
+
+
+def test_the_shipped_group_holds_the_routers_per_message_path(monkeypatch):
+    group = _shipped_group(monkeypatch, None)
+    assert {"brokerd.connection.protocol", "brokerd.router.client", "brokerd.router.router",
+            "brokerd.router.session", "brokerd.router.message", "brokerd.router.acks"} <= group
+
+
+def test_router_path_0_builds_the_small_group_only(monkeypatch):
+    small = _shipped_group(monkeypatch, "0")
+    assert {"brokerd.connection.decode", "brokerd.router.topics", "brokerd.router.log.writer"} <= small
+    assert not {"brokerd.connection.protocol", "brokerd.router.client", "brokerd.router.router"} & small
+    assert small < _shipped_group(monkeypatch, None)
