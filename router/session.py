@@ -39,12 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Session's slots made at first use (``Session.__getattr__``). Not ``inflight`` nor ``shared``: a
-# connect reads both (``Session.attach``, ``router.connecting``), and the stats count every
-# session's ``inflight``; making them there costs more CPU per connect than their 128 B are worth.
-MADE_AT_FIRST_USE = frozenset({"subscriptions"})
-
-
 @dataclass(slots=True)
 class SessionLimits:
     max_inflight: int = 20
@@ -71,24 +65,11 @@ class Session:
                  "will", "will_due_ms", "dropped", "log", "cursor", "shared", "ranges", "username", "acl",
                  "arrived_ms", "epoch", "owner_known", "clock")
 
-    # Made at first use, by ``__getattr__``: a subscribe, or the session's end, reads it; every
-    # reader and writer finds a dict, and once made it is a plain slot. Of a quiet fleet's clean
-    # sessions, the publishers never subscribe: an empty dict is 64 B a connection.
-    subscriptions: dict[str, Subscription]
-
-    if not TYPE_CHECKING:  # hidden from mypy, which would otherwise accept any attribute name
-        def __getattr__(self, name: str) -> Any:
-            """Called for an unset slot only: one made at first use, else the usual error."""
-            if name in MADE_AT_FIRST_USE:
-                made: dict[Any, Any] = {}
-                setattr(self, name, made)
-                return made
-            raise AttributeError(f"{self.__class__.__name__!r} object has no attribute {name!r}")
-
     def __init__(self, client_id: str, persistent: bool, limits: SessionLimits, stats: RouterStats,
                  clock: Clock = LOOP_CLOCK) -> None:
         self.client_id = client_id
         self.persistent = persistent
+        self.subscriptions: dict[str, Subscription] = {}
         self.conn: Connection | None = None
         self.inflight: dict[int, Inflight] = {}
         self.queue: deque[tuple[Message, int, bool]] | tuple[()] = NO_QUEUE  # a deque once used
