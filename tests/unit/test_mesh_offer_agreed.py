@@ -9,9 +9,8 @@ from __future__ import annotations
 import asyncio
 
 from brokerd.cluster.agreement.owners import SessionOwners
-from brokerd.cluster.mesh import Peer
 from brokerd.router.mesh_format import TAKEOVER_DONE
-from tests.unit.test_mesh_takeovers import HOLDER, OLD, FakeLink, FakeReplication, parts
+from tests.unit.test_mesh_takeovers import HOLDER, OLD, FakeReplication, live_holder, parts
 
 OWNER = "z/w0"  # silent: HOLDER offers its replica's copy
 
@@ -44,18 +43,13 @@ def take(owner: str | None) -> tuple[dict, list, FakeAgreement]:
         takeovers, _handons, transfers, router, old, sent = parts(asyncio.get_running_loop())
         agreement = FakeAgreement(owner)
         router.owners = SessionOwners(router.router_id, agreement, 1.0)  # type: ignore[attr-defined]
-        holder = Peer(HOLDER, "z", None, None)
-        holder.alive = True
-        holder.link = FakeLink(sent)  # type: ignore[assignment]
-        takeovers.peers[HOLDER] = holder
-        to: list = []
-        takeovers._send = lambda peer, kind, body: to.append((peer.router_id, kind, body))  # type: ignore[method-assign]
+        to = live_holder(takeovers, sent)
         takeovers.replication = FakeReplication()  # type: ignore[assignment]
         asking = asyncio.ensure_future(takeovers.takeover("c"))
         await asyncio.sleep(0)
         req = sent[0][1][0]
         transfers.on_takeover_resp(old, [req, {"client_id": "c", "queue": [], "epoch": 3}, False], 0)
-        transfers.on_takeover_resp(holder, [req, {"client_id": "c", "queue": [], "epoch": 4, "replica": OWNER}, False], 0)
+        transfers.on_takeover_resp(takeovers.peers[HOLDER], [req, {"client_id": "c", "queue": [], "epoch": 4, "replica": OWNER}, False], 0)
         state = await asyncio.wait_for(asking, 5)
         assert [t for t in to if t[1] == TAKEOVER_DONE] == [], "an offer dropped before the move was settled"
         takeovers.confirm("c")

@@ -125,6 +125,18 @@ class FakeReplication:
         self.fenced.append((client_id, list(partitions)))
 
 
+def live_holder(takeovers: Takeovers, sent: list) -> list:
+    """Router HOLDER live beside the old owner; the frames the takeover sends it by ``_send``
+    land in the list returned (those by its link in ``sent``)."""
+    holder = Peer(HOLDER, "z", None, None)
+    holder.alive = True
+    holder.link = FakeLink(sent)  # type: ignore[assignment]
+    takeovers.peers[HOLDER] = holder
+    to: list = []
+    takeovers._send = lambda peer, kind, body: to.append((peer.router_id, kind, body))  # type: ignore[method-assign]
+    return to
+
+
 def take_beside_a_replica(confirm: bool) -> tuple[list, FakeReplication]:
     """A takeover of session "c" offered by two live routers: the old owner (a copy of its own)
     and a router holding a replica of silent router z/w0; the live copy is chosen. Then the move
@@ -133,19 +145,14 @@ def take_beside_a_replica(confirm: bool) -> tuple[list, FakeReplication]:
 
     async def main() -> tuple[list, FakeReplication]:
         takeovers, _handons, transfers, _router, old, sent = parts(asyncio.get_running_loop())
-        holder = Peer(HOLDER, "z", None, None)
-        holder.alive = True
-        holder.link = FakeLink(sent)  # type: ignore[assignment]
-        takeovers.peers[HOLDER] = holder
-        to: list = []
-        takeovers._send = lambda peer, kind, body: to.append((peer.router_id, kind, body))  # type: ignore[method-assign]
+        to = live_holder(takeovers, sent)
         replication = FakeReplication()
         takeovers.replication = replication  # type: ignore[assignment]
         asking = asyncio.ensure_future(takeovers.takeover("c"))
         await asyncio.sleep(0)
         req = sent[0][1][0]
         transfers.on_takeover_resp(old, [req, {"client_id": "c", "queue": []}, False], 0)
-        transfers.on_takeover_resp(holder, [req, {"client_id": "c", "queue": [], "replica": "z/w0"}, False], 0)
+        transfers.on_takeover_resp(takeovers.peers[HOLDER], [req, {"client_id": "c", "queue": [], "replica": "z/w0"}, False], 0)
         state = await asyncio.wait_for(asking, 5)
         assert state is not None and state["offered_by"] == OLD
         assert [t for t in to if t[1] == TAKEOVER_DONE] == [] and replication.fenced == [], \
