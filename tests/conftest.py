@@ -37,7 +37,6 @@ DIRECTORY_MARKERS = {"unit", "integration", "cluster", "chaos", "deploy", "pipel
 # Whole files where most tests are; otherwise the tests by name (parameters aside).
 SLOW_FILES = {
     "tests/chaos/test_chaos.py",
-    "tests/partition/test_links.py",
     "tests/partition/test_patterns.py",
     "tests/partition/test_partition.py",
     "tests/integration/test_bench.py",
@@ -118,9 +117,7 @@ ALONE_FILES = {
     # neighbour holding the cores that long would make a loss of what is not one.
     "tests/integration/test_bench.py",
     # Faults timed against a 1 s mesh timeout on three nodes in namespaces: beside other tests, a
-    # node's routers once took over 15 s to see its start through (CI at 0e66e87, pattern E); and
-    # a link's return after a heal, timed to 2.5 s.
-    "tests/partition/test_links.py",
+    # node's routers once took over 15 s to see its start through (CI at 0e66e87, pattern E).
     "tests/partition/test_patterns.py",
     "tests/partition/test_partition.py",
 }
