@@ -2,6 +2,7 @@
 # the project.
 # Usage: ensure_venv [EXTRAS]   (EXTRAS like "test,pipeline"; empty for the broker alone)
 # Installs only when pyproject.toml, setup.py or the extras asked for changed since the last install.
+# A .venv that is a symbolic link (a worktree sharing another checkout's) is never installed into.
 # use_checkout ROOT: processes started from here on import ROOT's brokerd.* packages, not those of
 # whichever checkout a shared .venv's editable install points at (scripts/lib/pythonpath/README.md).
 
@@ -33,6 +34,13 @@ ensure_venv() {
     if [ -f "$stamp" ] && { [ -z "$extras" ] && grep -q "^$hash " "$stamp" || grep -qx "$hash $extras" "$stamp"; }; then
         compiled_stale || return 0
         echo "the compiled hot path is older than its sources: rebuilding it" >&2
+    fi
+    if [ -L .venv ]; then
+        # A .venv linked from another checkout (a worktree beside the main one) is that checkout's:
+        # installing here would point its editable install at this worktree. Build in place instead.
+        echo ".venv is a link to another checkout's: not installing; building the compiled path here" >&2
+        .venv/bin/python setup.py -q build_ext --inplace >&2
+        return
     fi
     echo "installing brokerd into .venv${extras:+ (with $extras)}" >&2
     .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras:+[$extras]}" >&2
