@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from brokerd.router.mesh_format import SESSION_HANDON, handon_from_ok
 
 from .limits import HANDON_ITEMS, HANDON_KEEP_S, HANDON_YOUNG_S, log
-from .marks import directly_from, not_direct, to_ask
+from .marks import directly_from, named_unheard, not_direct, to_ask
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -118,14 +118,12 @@ class Handons:
         # what the others send it again (frames its old incarnation never confirmed) comes as each
         # link comes up, may follow a barrier's answer, and lies below the marks of their first
         # HELLOs (chaos seed 1240224720 beside the CPU hog, after the first fix).
+        # A router that answered but whose frames are missed here (lost on the way, to be sent
+        # again after the hand-on) is named as one that did not (``marks.named_unheard``).
         unheard: dict[str, int | None] | None = None
-        if answered is not None and time.monotonic() < self.young_until:
-            unheard = {rid: -1 for rid, p in self.peers.items() if rid != router_id and p.origin_mark >= 0}
-            unheard.update({rid: -1 for rid in answered if rid != router_id})
-        elif answered is not None:
-            unheard = {rid: None for rid in answered if rid != router_id}
-            unheard.update({rid: p.origin_mark for rid, p in self.peers.items()
-                            if rid not in answered and rid != router_id and p.origin_mark >= 0})
+        if answered is not None:
+            unheard = named_unheard(answered, ((rid, p.origin_mark, bool(p.missing)) for rid, p in self.peers.items()),
+                                    router_id, time.monotonic() < self.young_until)
         for i in range(0, max(len(items), 1), HANDON_ITEMS):
             last = i + HANDON_ITEMS >= len(items)
             body: list[Any] = [client_id, items[i:i + HANDON_ITEMS], last]

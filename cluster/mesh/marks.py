@@ -51,6 +51,34 @@ def not_direct(items: list, marks: Mapping[str, int]) -> list:
     return kept
 
 
+def named_unheard(answered: Iterable[str], peers: Iterable[tuple[str, int, bool]], new_owner: str,
+                  young: bool) -> dict[str, int | None]:
+    """What a session's old router names in its last SESSION_HANDON: {router: how far this router
+    has seen its log, for one whose messages may still come here after the hand-on; None, for one
+    that answered the barrier}. ``answered``: the routers that answered it; ``peers``: each with
+    how far its log is seen here (``origin_mark``, -1: not at all) and whether frames of it are
+    missed here (lost on the way, not sent again yet); ``new_owner``: the session's router now;
+    ``young``: this incarnation has just restarted on its log.
+
+    A router that answered sent its answer after what it had sent here, but a PUBLISH frame lost
+    on the way (ZeroMQ drops what a replaced connection held) is sent again only once this router
+    names it, after the answer and after the hand-on: it then matches nothing here (partition
+    seeds 331 and 341: 8 and 11 lost so). So a router whose frames are missed here is named with
+    its mark, which is held below the gap (``delivery.first_receipt``), as one that did not
+    answer: the new owner reads its log from there. That holds for the new owner too, whose own
+    messages came here before the move (it reads them from its own log). A young incarnation
+    names every other router from a time (-1): what they send it again may follow their answer
+    (``Handons.hand_on``)."""
+    seen = [(rid, mark, missed) for rid, mark, missed in peers if rid != new_owner or missed]
+    if young:
+        named: dict[str, int | None] = {rid: -1 for rid, mark, missed in seen if mark >= 0 or missed}
+        named.update({rid: -1 for rid in answered if rid != new_owner})
+        return named
+    named = {rid: None for rid in answered if rid != new_owner}
+    named.update({rid: mark for rid, mark, missed in seen if (missed or rid not in named) and (mark >= 0 or missed)})
+    return named
+
+
 def to_ask(named: Mapping[str, Any], known: Iterable[str], old: str) -> dict[str, int]:
     """The routers a session's new owner asks for what they sent its old router ``old`` before
     they knew of the move, with how far ``old`` had seen their logs (-1: nothing, asked from a
