@@ -84,6 +84,7 @@ def first_receipt(peer: Peer, seq: int, mark: int) -> bool:
         if seq > peer.seq_in + 1:
             _miss(peer, peer.seq_in + 1, seq)
         peer.seq_in = seq
+        peer.unsure = False  # (any number it skipped is missed now)
     _take_mark(peer, mark)
     return True
 
@@ -128,8 +129,16 @@ def sent(peer: Peer, base: int, last: int) -> None:
     if last > peer.seq_in:
         _miss(peer, peer.seq_in + 1, last + 1)
         peer.seq_in = last
+    if last >= 0:
+        peer.unsure = False
     if not missing:
         _take_mark(peer, -1)
+
+
+def in_doubt(peer: Peer) -> bool:
+    """Whether frames of ``peer`` may still reach us later than those after them: missed (sent
+    again once named), or maybe lost with a connection while it was silent (``unsure``)."""
+    return bool(peer.missing) or peer.unsure
 
 
 def missed(peer: Peer) -> list[int]:
@@ -218,7 +227,9 @@ def keep(peer: Peer, frame: bytes, n: int, cap: int, log_end: int | None, log_ok
 
 
 def parked(peer: Peer, log_end: int | None) -> None:
-    """``peer`` fell silent: a new backlog, from our log's offset now."""
+    """``peer`` fell silent: a new backlog, from our log's offset now; and what its connection
+    held may be lost, unknown to us until it numbers a frame beyond or says what it sent."""
+    peer.unsure = True
     peer.dropped = 0
     peer.replay_from = None
     peer.log_mark = log_end

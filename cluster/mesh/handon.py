@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from brokerd.router.mesh_format import SESSION_HANDON, handon_from_ok
 
+from .delivery import in_doubt
 from .limits import HANDON_ITEMS, HANDON_KEEP_S, HANDON_YOUNG_S, log
 from .marks import directly_from, named_unheard, not_direct, to_ask
 
@@ -118,11 +119,11 @@ class Handons:
         # what the others send it again (frames its old incarnation never confirmed) comes as each
         # link comes up, may follow a barrier's answer, and lies below the marks of their first
         # HELLOs (chaos seed 1240224720 beside the CPU hog, after the first fix).
-        # A router that answered but whose frames are missed here (lost on the way, to be sent
-        # again after the hand-on) is named as one that did not (``marks.named_unheard``).
+        # A router that answered but whose frames are missed here, or may be (lost on the way, to
+        # be sent again after the hand-on), is named as one that did not (``marks.named_unheard``).
         unheard: dict[str, int | None] | None = None
         if answered is not None:
-            unheard = named_unheard(answered, ((rid, p.origin_mark, bool(p.missing)) for rid, p in self.peers.items()),
+            unheard = named_unheard(answered, ((rid, p.origin_mark, in_doubt(p)) for rid, p in self.peers.items()),
                                     router_id, time.monotonic() < self.young_until)
         for i in range(0, max(len(items), 1), HANDON_ITEMS):
             last = i + HANDON_ITEMS >= len(items)

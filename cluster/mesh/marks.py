@@ -56,15 +56,16 @@ def named_unheard(answered: Iterable[str], peers: Iterable[tuple[str, int, bool]
     """What a session's old router names in its last SESSION_HANDON: {router: how far this router
     has seen its log, for one whose messages may still come here after the hand-on; None, for one
     that answered the barrier}. ``answered``: the routers that answered it; ``peers``: each with
-    how far its log is seen here (``origin_mark``, -1: not at all) and whether frames of it are
-    missed here (lost on the way, not sent again yet); ``new_owner``: the session's router now;
+    how far its log is seen here (``origin_mark``, -1: not at all) and whether frames of it may
+    still come after those that followed them (``delivery.in_doubt``: missed here, or maybe lost
+    with a connection while it was silent); ``new_owner``: the session's router now;
     ``young``: this incarnation has just restarted on its log.
 
     A router that answered sent its answer after what it had sent here, but a PUBLISH frame lost
     on the way (ZeroMQ drops what a replaced connection held) is sent again only once this router
     names it, after the answer and after the hand-on: it then matches nothing here (partition
-    seeds 331 and 341: 8 and 11 lost so). So a router whose frames are missed here is named with
-    its mark, which is held below the gap (``delivery.first_receipt``), as one that did not
+    seeds 331 and 341: 8 and 11 lost so). So a router whose frames are missed here, or may be, is
+    named with its mark, which is held below the gap (``delivery.first_receipt``), as one that did not
     answer: the new owner reads its log from there. That holds for the new owner too, whose own
     messages came here before the move (it reads them from its own log). A young incarnation
     names every other router from a time (-1): what they send it again may follow their answer

@@ -58,6 +58,27 @@ def test_the_senders_numbers_find_a_lost_tail_and_let_go_of_what_it_let_go():
     assert (delivery.contiguous(p), p.origin_mark) == (4, 40)
 
 
+def test_a_peer_parked_here_is_in_doubt_until_a_later_number_or_its_hello_tells_what_was_lost():
+    """What a connection held when it was replaced is lost without a word: after a silence, the
+    receiver learns of a lost tail only from a frame numbered beyond it or the sender's HELLO
+    (partition seeds 331, 341: a hand-on in that moment took the sender's answer for all it
+    had sent)."""
+    p = peer()
+    delivery.first_receipt(p, 1, 10)
+    assert not delivery.in_doubt(p)
+    delivery.parked(p, None)
+    assert delivery.in_doubt(p) and not p.missing, "frame 2 may be lost: nobody knows yet"
+    delivery.first_receipt(p, 3, 30)  # (kept for us while we were silent to it, sent at the heal)
+    assert delivery.in_doubt(p) and list(p.missing) == [2], "now it is known: missed"
+    delivery.first_receipt(p, 2, 20)  # sent again
+    assert not delivery.in_doubt(p)
+    delivery.parked(p, None)
+    delivery.sent(p, base=1, last=-1)  # a HELLO that does not say what went out
+    assert delivery.in_doubt(p)
+    delivery.sent(p, base=1, last=3)  # nothing lost after all
+    assert not delivery.in_doubt(p) and not p.missing
+
+
 def test_a_new_receiver_starts_at_the_senders_base():
     p = peer()
     delivery.sent(p, base=500, last=-1)  # met anew: its numbers for us start at 500

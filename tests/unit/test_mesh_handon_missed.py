@@ -52,3 +52,13 @@ def test_once_the_frames_sent_again_arrived_an_answer_counts_again(mesh):
     delivery.first_receipt(x0, 2, 520)  # sent again, before the hand-on
     sent = _hand_on(mesh, {"u/w1": 3, "x/w0": 540, "x/w1": 710})
     assert sent == [("u/w1", SESSION_HANDON, ["mover", [], True, {"x/w0": None, "x/w1": None}])]
+
+
+def test_a_router_parked_here_and_back_with_no_frame_or_hello_since_is_named_with_its_mark(mesh):
+    """The tail case: what x/w0's connection held before it was taken for silent may be lost,
+    and no later frame or HELLO told this router yet; its answer to the barrier proves nothing."""
+    x0 = mesh.peers["x/w0"]
+    delivery.first_receipt(x0, 1, 510)
+    delivery.parked(x0, None)
+    sent = _hand_on(mesh, {"u/w1": 3, "x/w0": 540, "x/w1": 710})
+    assert sent == [("u/w1", SESSION_HANDON, ["mover", [], True, {"x/w0": 510, "x/w1": None}])]
