@@ -309,11 +309,15 @@ class Connecting:
         session = router.import_session(client.client_id, state)
         pending = router.interest_pending
         waits = [pending[f] for f in session.subscriptions if f in pending]
-        acked = await asyncio.gather(*waits, return_exceptions=True) if waits else None
+        acked = await asyncio.gather(*waits, return_exceptions=True) if waits else []
         await self._durable(session)
         # Its interest is known everywhere, and it is in this router's snapshot: the old owner
-        # may let it go, and hands on what reached it meanwhile (``Router.hand_on``).
-        router.mesh.confirm_takeover(client.client_id, acked)
+        # may let it go, and hands on what reached it meanwhile (``Router.hand_on``). A filter
+        # this router had already (another session's, announced before) has no wait above, and
+        # how far a peer's log is seen here may lie before where the peer took it in: the copies
+        # it sent the old owner in between would be taken for direct ones (partition seed 363).
+        # So each peer's marks are no lower than where it took this router's filters in.
+        router.mesh.confirm_takeover(client.client_id, [*acked, dict(router.interest_taken)])
         if state.get("replica") and router.replication is not None:
             # From the replica of a silent router: once its interest is known everywhere, ask the
             # other routers for what was on its way there (docs/replication.md, "Sessions").

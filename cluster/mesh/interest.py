@@ -87,7 +87,11 @@ class Interest:
         return self.waiter.future
 
     def announce_all(self, peer: Peer) -> None:
-        """Everything this router announces, as one full announcement (it replaces the last)."""
+        """Everything this router announces, as one full announcement (it replaces the last).
+        Unacknowledged, it is taken in at an unknown end of ``peer``'s log: ``peer`` has no
+        floor for the marks of sessions moved here (``Router.interest_taken``) until it
+        acknowledges a later one."""
+        self.router.interest_taken.pop(peer.router_id, None)
         for frame in InterestCore.full(peer, self.router.interest_announcements()):
             self._send(*frame)
 
