@@ -100,6 +100,11 @@ numbers below the first missed. A receiver of 19 confirmed the highest number re
 SESSION_COPIES may carry a fourth value, the partition its ask named: the last answer lets the
 asker forget the ask, which it otherwise asks again should the asked router fall silent,
 restart or come back (``CatchupPart.ask_again``).
+21: a router whose session is being moved to another router (exported, not yet confirmed)
+answers a takeover request for it, once that move has not settled within its wait, with
+TAKEOVER_RESP ``[req, None, False, None, MOVING]``: the asker refuses its CONNECT for now (the
+client retries), where "no session" had it make a new, empty one while the session stayed
+with its owner (partition seed 378).
 """
 
 from __future__ import annotations
@@ -115,7 +120,8 @@ from .message import _QOS0_V3, _QOS0_V4, _QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4,
 # the full one (Message.to_list()); one more value names the shared groups it was chosen for.
 PLAIN, FULL = 5, 9
 
-MESH_VERSION = 20
+MESH_VERSION = 21
+MOVING = "moving"  # TAKEOVER_RESP's fifth value: the session is here, being moved elsewhere (21)
 (HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE,
  RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE, CATCHUP, REPLICATE, REPLICA_ACK, REPLICA_FETCH, REPLICA_CATCHUP,
  REPLICA_PUBLISH, SESSION_STATE, SESSION_GONE, SESSION_CATCHUP, SESSION_COPIES, SESSION_RESTORE,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from brokerd.router.mesh_format import TAKEOVER_CHUNK, TAKEOVER_DONE, TAKEOVER_RESP
+from brokerd.router.mesh_format import MOVING, TAKEOVER_CHUNK, TAKEOVER_DONE, TAKEOVER_RESP
 from brokerd.router.ownership import refusal
 from brokerd.router.ports import TAKEOVER_FAILED
 from brokerd.router.spool import SpoolWriter, drop_named
@@ -76,13 +76,18 @@ class Transfers:
         A session being moved already (an earlier request, which its router may have given up
         while this one was stopped or silent) is answered once that move settles, bounded by
         ``ACK_TIMEOUT_S``: answered at once, "no session" would have the asker make a new,
-        empty one while the session stays here (chaos seed 1745875908)."""
+        empty one while the session stays here (chaos seed 1745875908). A move still unsettled
+        then is answered as such (``MOVING``): the asker refuses its CONNECT for now, the client
+        retries (partition seed 378: the asker, told "no session" while the session waited here
+        for a confirmation a slow link held back, gave the client a new, empty one)."""
         if client_id in self.router.moving and peer.alive and not self.closed:
             now = self._clock()
             until = now + ACK_TIMEOUT_S if until is None else until
             if now < until:
                 self.loop.call_later(0.01, self.release, peer, req, client_id, spools, claim, until)
                 return
+            self._send(peer, TAKEOVER_RESP, [req, None, False, None, MOVING])
+            return
         if claim is not None:  # the asker's CONNECT is another identity's: nothing is let go
             owner = self.router.claim_refused(client_id, claim[0], claim[1])
             if owner is not None:
@@ -252,8 +257,11 @@ class Transfers:
     def on_takeover_resp(self, peer: Peer, body: Any, size: int) -> None:
         sender = peer.router_id
         req, state, more = body[:3]
-        if state is None:  # none there, or (a fourth value, [owner]) another identity's
-            self.requests.answer(req, sender, refusal(body[3][0], sender) if len(body) > 3 else None)
+        if state is None:  # none there, or (a fourth value, [owner]) another identity's, or moving there
+            if len(body) > 4 and body[4] == MOVING:  # (it stays there: nothing is taken, the CONNECT waits)
+                self.requests.answer(req, sender, TAKEOVER_FAILED)
+                return
+            self.requests.answer(req, sender, refusal(body[3][0], sender) if len(body) > 3 and body[3] else None)
             return
         state.pop("spool", None)  # (this router's to name, never a peer's)
         state.pop("spool_marks", None)

@@ -16,7 +16,7 @@ from brokerd.cluster.mesh import Peer
 from brokerd.cluster.mesh.limits import ACK_TIMEOUT_S
 from brokerd.cluster.mesh.transfer import Transfers
 from brokerd.cluster.mesh.waiter import Requests, Waiter
-from brokerd.router.mesh_format import TAKEOVER_DONE, TAKEOVER_RESP
+from brokerd.router.mesh_format import MOVING, TAKEOVER_DONE, TAKEOVER_RESP
 from brokerd.router.ports import TAKEOVER_FAILED
 
 OLD = "x/w0"
@@ -123,3 +123,28 @@ def test_a_new_incarnation_settles_nothing_of_the_old_ones_moves(part):
     part.transfers.peer_restarted(OLD)  # its request numbers start again
     part.transfers.on_takeover_done(part.old, [5, True], 0)
     assert part.router.calls == [("moved", "c", False, OLD, True)]
+
+
+def test_a_session_still_moving_elsewhere_is_answered_as_moving_and_the_asker_refuses(part):
+    """Partition seed 378: the owner had exported the session to a router whose confirmation a
+    slow link held back; a second asker, told "no session" once the owner's wait ran out, made a
+    new, empty one while the session stayed with its owner."""
+    part.router.moving.add("c")
+    part.transfers.release(part.old, 7, "c")
+    assert part.sent == [], "answered while its move may still settle"
+    part.now += ACK_TIMEOUT_S + 0.1
+    part.loop.run_until_complete(asyncio.sleep(0.05))  # its next look, past its wait
+    [(to, kind, body)] = part.sent
+    assert (to, kind, body) == (OLD, TAKEOVER_RESP, [7, None, False, None, MOVING])
+    req, waiter = part.ask()  # the asker's side: that answer refuses, it is no "no session"
+    part.transfers.on_takeover_resp(part.old, [req, None, False, None, MOVING], 0)
+    assert waiter.future.done() and waiter.future.result() is TAKEOVER_FAILED and waiter.offers == []
+
+
+def test_no_session_and_another_identitys_session_are_answered_as_before(part):
+    req, waiter = part.ask()
+    part.transfers.on_takeover_resp(part.old, [req, None, False], 0)
+    assert waiter.future.result() is None
+    req, waiter = part.ask()
+    part.transfers.on_takeover_resp(part.old, [req, None, False, ["alice"]], 0)
+    assert waiter.future.result()["refused"] == ["alice", OLD]
