@@ -2,7 +2,7 @@
 """What an idle client connection costs a worker (not a test).
 
     .venv/bin/python scripts/measure_connection.py [--count 2000] [--level 4] [--persistent]
-        [--log on] [--top 15] [--profile FILE] [-- BROKERD OPTIONS]
+        [--log on] [--top 15] [--profile FILE] [--password] [-- BROKERD OPTIONS]
 
 Starts one worker in this process, on its own event loop (uvloop), as ``cluster.worker`` runs it;
 a child process forked before anything is traced opens ``--count`` connections to it (CONNECT,
@@ -16,7 +16,8 @@ CONNACK, then silence). Three figures per connection:
 
 ``--cpu``: instead, the worker's CPU time per connect while the child connects (nothing traced;
 ``--count`` connections as fast as one client process opens them); ``--profile FILE``: that storm
-under cProfile.
+under cProfile. ``--password``: the worker has a password file (one user, mosquitto_passwd's
+PBKDF2) and every client connects with its user name and password.
 """
 
 from __future__ import annotations
@@ -43,27 +44,38 @@ import psutil  # noqa: E402
 
 from brokerd.cluster import config as broker_config  # noqa: E402
 from brokerd.cluster.worker import Worker, tune_gc  # noqa: E402
+from brokerd.router.auth import hash_password  # noqa: E402
 
 BATCH = 200  # connects the child has in flight at once
+USER = "device"  # --password: every client's user name in the password file made for the run
+PASSWORD = b"a-device-password"  # and its password
 
 
-def _connect_packet(i: int, level: int, clean: bool) -> bytes:
-    """A CONNECT as a device sends it: client id ``idle-<i>``, keepalive 60 s."""
+def _field(data: bytes) -> bytes:
+    return len(data).to_bytes(2, "big") + data
+
+
+def _connect_packet(i: int, level: int, clean: bool, password: bytes | None = None) -> bytes:
+    """A CONNECT as a device sends it: client id ``idle-<i>``, keepalive 60 s; with ``password``,
+    user name ``USER`` and that password."""
     cid = f"idle-{i}".encode()
     name = b"\x00\x04MQTT"
-    flags = 0x02 if clean else 0x00
+    flags = (0x02 if clean else 0x00) | (0xC0 if password is not None else 0)
     variable = name + bytes([level, flags]) + (60).to_bytes(2, "big") + (b"\x00" if level == 5 else b"")
-    body = variable + len(cid).to_bytes(2, "big") + cid
+    body = variable + _field(cid)
+    if password is not None:
+        body += _field(USER.encode()) + _field(password)
     return bytes([0x10, len(body)]) + body
 
 
-def _connecting(port: int, i: int, level: int, clean: bool) -> socket.socket:
+def _connecting(port: int, i: int, level: int, clean: bool, password: bytes | None) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(_connect_packet(i, level, clean))
+    s.sendall(_connect_packet(i, level, clean, password))
     return s
 
 
-def _client(port: int, count: int, level: int, clean: bool, go: int, done: int, release: int) -> None:
+def _client(port: int, count: int, level: int, clean: bool, go: int, done: int, release: int,
+            password: bytes | None = None) -> None:
     """The child: wait for ``go``, open ``count`` connections (``BATCH`` at a time; one closed
     before its CONNACK is tried again at once, as a device does), say ``done`` with the number of
     tries again, hold them until ``release``."""
@@ -72,7 +84,7 @@ def _client(port: int, count: int, level: int, clean: bool, go: int, done: int, 
     retries = 0
     todo = list(range(count))
     while todo:
-        batch = [(i, _connecting(port, i, level, clean)) for i in todo[:BATCH]]
+        batch = [(i, _connecting(port, i, level, clean, password)) for i in todo[:BATCH]]
         del todo[:BATCH]
         for i, s in batch:
             s.settimeout(30)
@@ -80,10 +92,10 @@ def _client(port: int, count: int, level: int, clean: bool, go: int, done: int, 
                 answer = s.recv(64)
             except ConnectionResetError:
                 answer = b""
-            if answer[:1] == b"\x20":
+            if answer[:1] == b"\x20" and answer[3:4] == b"\x00":
                 socks.append(s)
             elif answer:
-                raise SystemExit(f"not a CONNACK: {answer!r}")
+                raise SystemExit(f"not a CONNACK that accepts: {answer!r}")
             else:
                 s.close()
                 retries += 1
@@ -261,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flood", action="store_true", help="instead: the connect storm beside live traffic, "
                     "whose latency it reports (set the worker's --max-connection-rate after --)")
     ap.add_argument("--live-rate", type=float, default=1000.0, help="--flood: live messages a second")
+    ap.add_argument("--password", action="store_true", help=f"a password file for the worker: every "
+                    f"client connects as user {USER!r} with its password (PBKDF2, mosquitto_passwd's cost)")
     ap.add_argument("broker", nargs="*", help="more brokerd options (after --)")
     args = ap.parse_args(argv)
 
@@ -271,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     child = os.fork()
     if child == 0:  # before anything is traced or started
         try:
-            _client(port, args.count, args.level, not args.persistent, go_r, done_w, rel_r)
+            _client(port, args.count, args.level, not args.persistent, go_r, done_w, rel_r,
+                    PASSWORD if args.password else None)
         except BaseException as exc:  # say so, and let the parent go on: it reads what connected
             print(f"client: {exc!r}", file=sys.stderr)
             os.write(done_w, b"0")
@@ -293,7 +308,12 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="measure-conn-") as data_dir:
         # No connection rate: the child connects as fast as it can (a later option overrides it).
-        config = broker_config.load(["--listen", f"127.0.0.1:{port}", "--data-dir", data_dir,
+        auth: list[str] = []
+        if args.password:
+            auth = ["--password-file", os.path.join(data_dir, "passwords")]
+            with open(auth[1], "w") as f:
+                f.write(f"{USER}:{hash_password(PASSWORD.decode())}\n")
+        config = broker_config.load(["--listen", f"127.0.0.1:{port}", "--data-dir", data_dir, *auth,
                                      "--workers", "1", "--log", args.log, "--max-connection-rate", "0", *args.broker])
         import uvloop
 
