@@ -16,9 +16,12 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
-from brokerd.cluster.mesh import marks
+from brokerd.cluster.mesh import Peer, marks
+from brokerd.cluster.mesh.interest import Interest
+from brokerd.cluster.mesh.waiter import Requests
 from brokerd.connection.packets import Subscription
 from brokerd.router.connecting import Connecting
+from brokerd.router.mesh_format import INTEREST
 from brokerd.router.ports import NullMesh
 from brokerd.router.router import Router, RouterConfig
 from tests.unit.conftest import FakeConn
@@ -135,5 +138,24 @@ def test_where_each_peer_took_the_filters_in_is_its_highest_end_and_a_peer_that_
         router.interest_taken["x/w0"] = 40
         _settle(loop)
         assert router.interest_taken == {} and not router.interest_pending
+    finally:
+        loop.close()
+
+
+def test_a_peer_sent_every_filter_at_once_has_no_end_until_it_acknowledges_a_later_announcement():
+    """A full announcement (a peer met, or heard again) is not acknowledged: the peer takes this
+    router's filters in at an end of its log nobody knows, so it has no floor, and a session
+    moved here gets no mark for it (every copy from it counts) until its next acknowledgement."""
+    router, _mesh, loop = _router()
+    try:
+        sent: list = []
+        peer = Peer("x/w0", "x", None, None)
+        interest = Interest(loop, router, {"x/w0": peer}, Requests(), frame=lambda kind, body: b"",
+                            send=lambda p, kind, body: sent.append((p.router_id, kind)),
+                            mark=lambda: None, flush_collected=lambda: None)
+        router.interest_taken.update({"x/w0": 10, "y/w0": 20})
+        interest.announce_all(peer)
+        assert sent == [("x/w0", INTEREST)] and router.interest_taken == {"y/w0": 20}
+        assert marks.directly_from([("x/w0", 15), ("y/w0", 5)], [dict(router.interest_taken)], None) == {"y/w0": 20}
     finally:
         loop.close()
