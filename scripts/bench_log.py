@@ -9,6 +9,13 @@
 * read: ``LogReader.read`` from offset 0 to the end (another process's view), then
   ``iter_record_batches`` over the segment files (what the Spark data source does).
 * decode: ``decode_records`` over one in-memory buffer, with and without CRC verification.
+* fixed (``--fixed``, alone): the loop's cost at a fixed rate, where each loop wake-up carries a
+  message or a few: per wake-up, ``--per-wakeup`` appends through ``append_fields`` (what the
+  router calls) and the flush an acknowledgement waiting for them makes (``_WriteSoon``: written
+  at the end of the iteration), with a callback on ``on_written`` as the broker has, then a
+  sleep of ``--gap-ms`` (at 5,000 msg/s a worker wakes about every 1-1.5 ms). Thread CPU of
+  the appends and the flush, median over the wake-ups: after a sleep the code runs from cold
+  caches, which is what a quiet broker pays and a burst of appends does not show.
 
 Every loop is bounded by --seconds and --max-records. Figures depend on the disk and the CPU; the
 directory defaults to a fresh temporary one (on /tmp).
@@ -57,6 +64,47 @@ async def bench_append(directory: str, payload_size: int, seconds: float, max_re
     record_bytes = sum(s.size for s in log.segments())
     await log.aclose()
     return {"records": n, "bytes": record_bytes, "append_s": in_append, "disk_s": elapsed}
+
+
+async def bench_fixed(directory: str, payload_size: int, per_wakeup: int, gap_s: float,
+                      wakeups: int) -> tuple[float, float]:
+    """``--fixed``: (median, mean) thread CPU in microseconds of one wake-up's appends and flush."""
+    log = await CommitLog.open_async(directory, router_id="bench-router", fsync="interval",
+                                     fsync_interval_ms=1000)
+    written: list[int] = []
+    log.on_written(written.append)
+    payload = os.urandom(payload_size)
+    now_ms = time.time_ns() // 1_000_000
+    clock = time.thread_time_ns
+    append = log.append_fields
+    samples = []
+    for _ in range(wakeups):
+        t = clock()
+        for _ in range(per_wakeup):
+            append(now_ms, None, None, "device-00017", "fleet/devices/00017/telemetry", 1, False, b"",
+                   payload)
+        log.flush()
+        samples.append(clock() - t)
+        await asyncio.sleep(gap_s)
+    await log.aclose()
+    samples.sort()
+    return samples[len(samples) // 2] / 1000, sum(samples) / len(samples) / 1000
+
+
+def run_fixed(parent: str, args: argparse.Namespace) -> None:
+    """``--fixed``: the loop's cost per wake-up at a fixed rate, for 16 B and 1 KiB payloads."""
+    try:
+        import uvloop  # the broker's loop
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvloop is a dependency of the broker
+        pass
+    print(f"fixed rate: {args.per_wakeup} append(s) and a flush per wake-up, {args.gap_ms} ms apart, "
+          f"{args.wakeups} wake-ups")
+    for size in (16, 1024):
+        d = os.path.join(parent, f"fixed{size}")
+        median, mean = asyncio.run(bench_fixed(d, size, args.per_wakeup, args.gap_ms / 1000, args.wakeups))
+        print(f"  {size:>5} B payload: loop CPU per wake-up {median:6.1f} us median, {mean:6.1f} us mean;"
+              f" per message {mean / args.per_wakeup:6.2f} us")
 
 
 def bench_read(directory: str, seconds: float) -> dict:
@@ -119,9 +167,16 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0, help="time budget per case (default 3)")
     ap.add_argument("--max-records", type=int, default=3_000_000, help="cap per append case")
     ap.add_argument("--dir", default=None, help="parent directory for the logs (default: a temp dir)")
+    ap.add_argument("--fixed", action="store_true", help="only the fixed-rate case (see above)")
+    ap.add_argument("--per-wakeup", type=int, default=1, help="--fixed: appends per wake-up (default 1)")
+    ap.add_argument("--gap-ms", type=float, default=1.0, help="--fixed: sleep between wake-ups (default 1)")
+    ap.add_argument("--wakeups", type=int, default=3000, help="--fixed: wake-ups per payload size")
     args = ap.parse_args()
     parent = tempfile.mkdtemp(prefix="bench_log.", dir=args.dir)
     try:
+        if args.fixed:
+            run_fixed(parent, args)
+            return
         print(f"python {sys.version.split()[0]}, logs under {parent}")
         for size in (100, 1024):
             d = os.path.join(parent, f"p{size}")

@@ -65,16 +65,19 @@ class ActiveSegment:
     def place(self, first: int, recs: list[Any], body: bytes) -> list[Chunk]:
         """Place records ``first``.. (``body``: their msgpack) and return the chunks to write.
 
-        Normally that is one batch: one CRC, a few struct packs and one index entry at most. Only
-        when the batch does not fit the active segment are the records packed one by one to cut it
-        at segment boundaries.
+        Normally that is one batch: one CRC, a few struct packs and one index entry at most,
+        placed here without a further call (at a fixed rate every flush is a message or two, run
+        from cold caches: each call and each object on the way costs). Only when the batch does
+        not fit the active segment are the records packed one by one to cut it at segment
+        boundaries.
         """
-        chunks: list[Chunk] = []
-        if not self.must_roll and (self.size + BATCH_HEADER_SIZE + len(body) <= self._segment_bytes
-                                   or (len(recs) == 1 and self.size == FILE_HEADER_SIZE)):
-            self._place_batch(first, recs, body, chunks)
-        else:
+        pos = self.size
+        if self.must_roll or (pos + BATCH_HEADER_SIZE + len(body) > self._segment_bytes
+                              and not (len(recs) == 1 and pos == FILE_HEADER_SIZE)):
+            chunks: list[Chunk] = []
             self._place_split(first, recs, chunks)
+        else:
+            chunks = [self._place_batch(first, recs, body, pos, 0)]
         active = self._segments.all[-1]
         active.size = self.size
         active.last_offset = first + len(recs) - 1
@@ -114,15 +117,15 @@ class ActiveSegment:
                     continue
                 j = i + 1
             part = recs[i:j]
-            self._place_batch(first + i, part, pack(part), chunks)
+            chunks.append(self._place_batch(first + i, part, pack(part), self.size,
+                                            chunks[-1].buf_end if chunks else 0))
             i = j
 
-    def _place_batch(self, base: int, recs: list[Any], body: bytes, chunks: list[Chunk]) -> None:
-        """Put one batch at the end of the active segment: header, index entry, chunk."""
-        max_ts = max(map(_first_item, recs))
+    def _place_batch(self, base: int, recs: list[Any], body: bytes, pos: int, buf_start: int) -> Chunk:
+        """Put one batch at ``pos``, the end of the active segment: header, index entry, chunk
+        (its bytes from ``buf_start`` of the batch's content)."""
+        max_ts = recs[0][0] if len(recs) == 1 else max(map(_first_item, recs))
         header, body = encode_batch(base, recs, body, max_ts)
-        pos = self.size
-        size = len(header) + len(body)
         if max_ts > self.max_ts:
             self.max_ts = max_ts
         index = b""
@@ -130,9 +133,9 @@ class ActiveSegment:
         if pos - self.last_index_pos >= self._index_interval:
             index = INDEX_ENTRY.pack(base - self.base, pos, self.max_ts)
             self.last_index_pos = pos
-            self.index_size += INDEX_ENTRY_SIZE
-        buf_start = chunks[-1].buf_end if chunks else 0
-        chunks.append(Chunk(self.base, pos, buf_start, buf_start + size, index, index_pos,
-                            self.chunk_new, (header, body)))
-        self.chunk_new = False
+            self.index_size = index_pos + INDEX_ENTRY_SIZE
+        size = len(header) + len(body)
         self.size = pos + size
+        new = self.chunk_new
+        self.chunk_new = False
+        return Chunk(self.base, pos, buf_start, buf_start + size, index, index_pos, new, (header, body))

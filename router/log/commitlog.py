@@ -51,7 +51,7 @@ from .format import FORMAT_VERSION, MAX_SEGMENT_POSITION, Record
 from .handoff import Handoff
 from .history import HistoryJoin
 from .loader import load
-from .messages import Batch
+from .messages import Batch, Report
 from .reads import LogReads
 from .retention import DeletedSegment, drop_past_retention
 from .segments import LogSegments, Seg, SegmentState
@@ -197,6 +197,9 @@ class CommitLog:
             self._thread = WriterThread(self._core, durability.report_threadsafe,
                                         name=f"commitlog-writer:{os.path.basename(self._dir)}")
         self._handoff = Handoff(self._dir, self._core, self._thread, durability.apply)
+        # ``flush``'s own way for a small batch: the loop writes it (None: no thread to spare it).
+        self._write_inline: Callable[[Batch, int], Report | None] | None = (
+            self._thread.write_inline if self._thread is not None else None)
 
     @classmethod
     async def open_async(cls, directory: str | os.PathLike[str], **kwargs: Any) -> CommitLog:
@@ -348,12 +351,23 @@ class CommitLog:
         """
         if self._closed:
             return
-        batch = None
-        if self._buf:
-            batch = self._flush_v2()
-            self._inflight.append(batch)
-        elif not fsync:
+        if not self._buf:
+            if fsync:
+                self._handoff.hand(None, True)
             return
+        batch = self._flush_v2()
+        if not fsync and not self._inflight and self._write_inline is not None:
+            # The commonest flush, a quiet broker's message or two: the loop writes it itself
+            # (``WriterThread.write_inline``) and takes the report at once (``Durability.wrote``),
+            # with no hand-off and no queue of batches in flight.
+            report = self._write_inline(batch, batch.size)
+            if report is not None:
+                self._durability.wrote(report, batch)
+                return
+            self._inflight.append(batch)
+            self._handoff.hand(batch, False, inline=False)
+            return
+        self._inflight.append(batch)
         self._handoff.hand(batch, fsync)
 
     def append_batch(self, first: int, records: list[Any], body: bytes | None) -> None:

@@ -121,21 +121,9 @@ class Durability:
         written = report.written_offset
         if written > self.written_offset:
             inflight = self._inflight
-            by_base = self._segments.by_base
             while inflight and inflight[0].last_offset <= written:
-                batch = inflight.popleft()
-                for c in batch.chunks:
-                    seg = by_base.get(c.base)
-                    if seg is not None:
-                        end = c.file_pos + c.buf_end - c.buf_start
-                        if end > seg.written_end:
-                            seg.written_end = end
-            self.written_offset = written
-            for cb in list(self._written_cbs):
-                try:
-                    cb(written)
-                except Exception:
-                    log.exception("commit log on_written callback failed")
+                self._written_ends(inflight.popleft())
+            self._written(written)
         if report.error is not None and self.error is None:
             self.fail(report.error)
         elif report.error is not None:
@@ -162,6 +150,39 @@ class Durability:
             for f in futs:
                 if not f.done():
                     f.set_result(self.error is None)
+
+    def wrote(self, report: Report, batch: Batch) -> None:
+        """``apply`` for a batch the loop wrote itself (``WriterThread.write_inline``) with no
+        batch in flight before it, so never queued: its segment's written end and the written
+        offset move, and the ``on_written`` callbacks run. Anything more in the report (an
+        error, a newer durable offset, a log that was failed) goes the general way."""
+        if (report.error is not None or self.error is not None or report.round < self._round
+                or report.durable_offset > self.durable_offset):
+            self._inflight.append(batch)
+            self.apply(report)
+            return
+        self._round = report.round
+        self._written_ends(batch)
+        self._written(report.written_offset)
+
+    def _written_ends(self, batch: Batch) -> None:
+        """``batch`` is written: its segments' written ends (where reads stop) move past it."""
+        by_base = self._segments.by_base
+        for c in batch.chunks:
+            seg = by_base.get(c.base)
+            if seg is not None:
+                end = c.file_pos + c.buf_end - c.buf_start
+                if end > seg.written_end:
+                    seg.written_end = end
+
+    def _written(self, written: int) -> None:
+        """The log is written up to ``written``: the ``on_written`` callbacks hear it."""
+        self.written_offset = written
+        for cb in list(self._written_cbs):
+            try:
+                cb(written)
+            except Exception:
+                log.exception("commit log on_written callback failed")
 
     def fail(self, error: OSError) -> None:
         """A write failed: the log refuses appends, waiters that asked to fail do, callbacks hear it."""

@@ -27,14 +27,15 @@ class Handoff:
         self._thread = thread
         self._apply = apply
 
-    def hand(self, batch: Batch | None, fsync: bool) -> None:
+    def hand(self, batch: Batch | None, fsync: bool, inline: bool = True) -> None:
         """Give a flushed batch (and an fsync request) to the writer, or write it now. A small
         batch the thread would only write is written by the loop itself while the thread is idle
-        (``WriterThread.write_inline``). Synchronous mode: a failed write raises LogUnavailable."""
+        (``WriterThread.write_inline``; ``inline=False``: the caller tried that already).
+        Synchronous mode: a failed write raises LogUnavailable."""
         thread = self._thread
         if thread is not None:
             if batch is not None:
-                report = thread.write_inline(batch, batch.size) if not fsync else None
+                report = thread.write_inline(batch, batch.size) if inline and not fsync else None
                 if report is None:
                     thread.put(batch)
                 else:

@@ -457,7 +457,9 @@ class WriterThread:
         None when it must go through the queue instead: the policy fsyncs every batch, it is big,
         the thread is busy, a batch handed to it earlier is not written yet (batches are written in
         order: ``written_offset`` says how far the log is contiguous), or the log is failed. Wakes
-        the thread when the write makes an fsync due later (the core was clean) or now."""
+        the thread when the write makes an fsync due later (the core was clean) or now by size;
+        one due by time needs no wake-up (a thread with something to fsync waits with a timeout,
+        ``sync_deadline``), so no clock is read on every write."""
         if not self._inline_writes or size > INLINE_MAX_BYTES or not self._lock.acquire(blocking=False):
             return None
         try:
@@ -466,7 +468,7 @@ class WriterThread:
                 return None
             was_dirty = core._dirty
             report = core.write_one(batch)
-            wake = not was_dirty or core.sync_due()
+            wake = not was_dirty or core._unsynced_bytes >= core.max_unsynced_bytes
         finally:
             self._lock.release()
         if wake:
