@@ -155,7 +155,13 @@ class _WriteSoon:
     """The log as an end-of-iteration flush (``connection.batching.EndOfTick``): marked when an
     acknowledgement begins to wait for its record to be written, so the batch is written (and
     the connections gated on it write) in the iteration's own end-of-iteration pass, not a
-    linger later. Batches of QoS 0 messages alone keep the linger: nothing waits for them."""
+    linger later. Batches of QoS 0 messages alone keep the linger: nothing waits for them.
+
+    End-only (``mark_end``): one write of the log an iteration, never one per quiet client
+    (``flush_since``). At a fixed rate most reads are a device's one PUBLISH, and written early
+    each was a batch of its own: 2.4 log writes an iteration, each a flush's whole fixed cost
+    (the iteration's acknowledgements then wait for its end; what the publishes delivered still
+    goes early)."""
 
     __slots__ = ("log", "tick", "marked")
 
@@ -166,7 +172,7 @@ class _WriteSoon:
 
     def mark(self) -> None:
         self.marked = True
-        self.tick.mark(self)
+        self.tick.mark_end(self)
 
     def flush(self) -> None:
         self.marked = False

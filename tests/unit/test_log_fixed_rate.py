@@ -1,15 +1,56 @@
-"""The log at a fixed rate, where each loop wake-up carries a message or two: the loop's own
-write taken at once.
+"""The log at a fixed rate, where each loop wake-up carries a message or two: one write of the log
+per loop iteration (not one per quiet client), and the loop's own write taken at once.
 
-A real loop and real files in tmp_path.
+A real loop and real files in tmp_path; the router's clients are ``FakeConn``s.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+from brokerd.connection.batching import EndOfTick
+from brokerd.connection.codec import PUBACK, success_ack
+from brokerd.router.client import Client
 from brokerd.router.log import CommitLog
 from brokerd.router.log.messages import Report
+from brokerd.router.message import Message
+from brokerd.router.router import Router, RouterConfig
+from tests.unit.conftest import FakeConn
+
+
+def test_quiet_clients_acknowledgements_share_one_write_of_the_log_at_the_iterations_end(tmp_path):
+    """Three devices' QoS 1 PUBLISHes, each read alone, in one loop iteration: what each caused is
+    written early (``EndOfTick.flush_since``) but the log, which their acknowledgements wait
+    for, is written once, at the iteration's end, and then every acknowledgement goes out.
+    Written early, each device's record was a write of its own: a flush's whole fixed cost."""
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        log_ = CommitLog(tmp_path, router_id="t/w0", loop=loop)
+        tick = EndOfTick(loop)
+        try:
+            r = Router(RouterConfig(router_id="t/w0"))
+            r.attach_log(log_, False, tick)
+            devices = [Client(r, FakeConn()) for _ in range(3)]
+            rounds = log_._core.rounds
+            offsets = []
+            for i, device in enumerate(devices):
+                mark = tick.pending()  # as a connection does for a read of one packet
+                msg = Message(f"fleet/{i}", b"m", 1, False, f"d{i}", "t/w0")
+                r.publish(msg)
+                r.defer_ack(msg.log_offset, device, success_ack(PUBACK, i + 1))
+                tick.flush_since(mark)
+                offsets.append(msg.log_offset)
+            assert log_.written_offset < offsets[0] and log_._core.rounds == rounds
+            assert all(d.conn.chunks == [] for d in devices), "acknowledged before the record was written"
+            await asyncio.sleep(0)  # the end of this iteration
+            assert log_.written_offset == offsets[-1] and log_._core.rounds == rounds + 1
+            assert [d.conn.chunks for d in devices] == [[success_ack(PUBACK, i + 1)] for i in range(3)]
+            assert all(d.held_acks == 0 for d in devices)
+        finally:
+            log_.close()
+
+    asyncio.run(run())
 
 
 def test_the_loops_own_write_is_taken_at_once_and_counts_as_the_newest_round(tmp_path):
