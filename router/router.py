@@ -114,9 +114,9 @@ class Router:
         self.subs: TopicIndex[Session, Subscription] = TopicIndex()
         self.local_filters: dict[str, int] = {}  # filter → number of local sessions subscribed
         self.interest_pending: dict[str, Awaitable[None]] = {}  # announced, not yet acknowledged
-        # Each peer router that acknowledged every announcement of ours since it last missed one
-        # (or was sent them all at once), with the highest log end it took one in at: from there
-        # on, its messages that any filter here matches come here directly (``_interest_ack``).
+        # Where each peer router took this router's filters in (its log end then): from there on,
+        # its messages that any filter here matches come here directly. Kept by the mesh
+        # (``cluster.mesh.announcements.Floors``); a session taken in has marks no lower.
         self.interest_taken: dict[str, int] = {}
         self.interest: TopicIndex[str, None] = TopicIndex()  # peers' filters → router ids
         self.retained = RetainedStore(self.stats, clock)
@@ -469,25 +469,15 @@ class Router:
             self.state.mark(soon=True)
 
     def _interest_ack(self, key: str, ack: Awaitable[None] | None) -> None:
-        """Remember an announcement the peers have not acknowledged yet (a SUBACK waits for it)
-        and, once they have, where each took it in (``interest_taken``)."""
+        """Remember an announcement the peers have not acknowledged yet (a SUBACK waits for it)."""
         if ack is None:
-            if key in self.local_filters:  # a filter added with no peer to wait for: taken in unseen
-                self.interest_taken.clear()
             return
         self.interest_pending[key] = ack
         pending = self.interest_pending
-        taken = self.interest_taken
 
-        def done(f: Any, key: str = key, ack: Awaitable[None] = ack) -> None:
+        def done(_f: object, key: str = key, ack: Awaitable[None] = ack) -> None:
             if pending.get(key) is ack:
                 del pending[key]
-            # Its ends ({router: its log end when it took the announcement in}) raise the peers'
-            # marks; a peer without one (silent, too slow) goes: it takes the filter in unseen.
-            ends = None if f.cancelled() or f.exception() is not None else f.result()
-            kept = {rid: max(end, taken.get(rid, -1)) for rid, end in ends.items()} if ends.__class__ is dict else {}
-            taken.clear()
-            taken.update(kept)
 
         ack.add_done_callback(done)  # type: ignore[attr-defined]  # MeshPort's Awaitable is a Future
 

@@ -11,6 +11,7 @@ and applies each effect through one table.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from brokerd.router.mesh_format import INTEREST
@@ -19,6 +20,7 @@ from .effects import Flush, Frame
 from .peer import Peer
 
 FULL_CHUNK = 5000  # filters per frame of a full announcement
+NEVER = float("inf")  # a request number no acknowledgement reaches: a full announcement is due first
 
 
 class Replaced(NamedTuple):
@@ -78,11 +80,13 @@ class InterestCore:
         return Broadcast(INTEREST, [seq, changes])
 
     @staticmethod
-    def full(peer: Peer, changes: list) -> list[Frame]:
+    def full(peer: Peer, changes: list, seq: int | None = None) -> list[Frame]:
         """Everything this router announces (``changes``) as frames to ``peer``, the first of
-        which replaces what it was told before; one even with nothing to announce."""
-        return [Frame(peer, INTEREST, [None, changes[i:i + FULL_CHUNK], i == 0])
-                for i in range(0, max(len(changes), 1), FULL_CHUNK)]
+        which replaces what it was told before; one even with nothing to announce. ``seq``
+        numbers the last: ``peer`` acknowledges it once it has taken everything in."""
+        starts = range(0, max(len(changes), 1), FULL_CHUNK)
+        return [Frame(peer, INTEREST, [seq if i == starts[-1] else None, changes[i:i + FULL_CHUNK], i == 0])
+                for i in starts]
 
     @staticmethod
     def received(peer: Peer, body: list) -> list[Any]:
@@ -104,3 +108,39 @@ class InterestCore:
     def acknowledged(peer: Peer, body: list) -> Answered:
         """An INTEREST_ACK from ``peer``."""
         return Answered(body[0], peer.router_id, body[1])
+
+
+class Floors:
+    """Where each peer router took this router's filters in (``floors``, {router: its log end
+    then}): from there on, its messages that any filter here matches come here directly, so a
+    session moved here has marks no lower (``Connecting._import_announced``; partition seed 363:
+    how far a peer's log is seen here may lie before where it took in a filter another session
+    announced just before). A peer reads this router's announcements in order (one socket per
+    direction), so its acknowledgement of a request says it had taken in, by that end, whatever
+    was sent it before. A floor is kept only from an acknowledgement of a request no older than
+    the last one that added a filter, or than its last full announcement; a peer not sent an
+    added filter (silent) has none until its next full announcement is acknowledged. Values in,
+    the dict changed in place: one entry per peer router, none per filter."""
+
+    __slots__ = ("floors", "_due")
+
+    def __init__(self, floors: dict[str, int]) -> None:
+        self.floors = floors
+        self._due: dict[str, float] = {}  # router -> the request its acknowledgement must reach
+
+    def added(self, seq: int | None, sent: Iterable[str], others: Iterable[str]) -> None:
+        """An announcement that adds a filter (numbered ``seq``), sent to ``sent`` and not to
+        ``others``, which take it in from their next full announcement."""
+        for rid, due in [*((rid, NEVER if seq is None else seq) for rid in sent), *((rid, NEVER) for rid in others)]:
+            self._due[rid] = due
+            self.floors.pop(rid, None)
+
+    def full(self, rid: str, seq: int) -> None:
+        """A full announcement, its last frame numbered ``seq``, sent to ``rid``."""
+        self._due[rid] = seq
+        self.floors.pop(rid, None)
+
+    def acknowledged(self, rid: str, seq: int, end: int) -> None:
+        """``rid`` acknowledged request ``seq``, its log then at ``end``."""
+        if seq >= self._due.get(rid, 0) and end >= self.floors.get(rid, -1):
+            self.floors[rid] = end

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from brokerd.router.mesh_format import INTEREST_ACK
 
 from . import announcements, effects, membership
-from .announcements import InterestCore
+from .announcements import Floors, InterestCore
 from .limits import ACK_TIMEOUT_S
 from .waiter import Waiter
 
@@ -51,6 +51,9 @@ class Interest:
         self.closed = False
         self.core = InterestCore()  # this tick's changes (``batch``), what frames mean
         self.waiter: Waiter | None = None  # their request, where one waits for acknowledgements
+        # Where each peer took our filters in: the router reads them (``Router.interest_taken``).
+        self.floors = Floors({})
+        router.interest_taken = self.floors.floors
 
     @property
     def batch(self) -> list[tuple[str, bool | int]]:
@@ -87,12 +90,15 @@ class Interest:
         return self.waiter.future
 
     def announce_all(self, peer: Peer) -> None:
-        """Everything this router announces, as one full announcement (it replaces the last).
-        Unacknowledged, it is taken in at an unknown end of ``peer``'s log: ``peer`` has no
-        floor for the marks of sessions moved here (``Router.interest_taken``) until it
-        acknowledges a later one."""
-        self.router.interest_taken.pop(peer.router_id, None)
-        for frame in InterestCore.full(peer, self.router.interest_announcements()):
+        """Everything this router announces, as one full announcement (it replaces the last);
+        its last frame is numbered, so that the peer's acknowledgement says where it took it in
+        (``floors``)."""
+        waiter = Waiter(self.loop, {peer.router_id})
+        waiter.ends = {}
+        seq = self.requests.open(waiter)
+        self.loop.call_later(ACK_TIMEOUT_S, self.requests.expire, seq, "interest")
+        self.floors.full(peer.router_id, seq)
+        for frame in InterestCore.full(peer, self.router.interest_announcements(), seq):
             self._send(*frame)
 
     def flush(self) -> None:
@@ -103,11 +109,16 @@ class Interest:
             waiter.ends = {}
             seq = self.requests.open(waiter)
             self.loop.call_later(ACK_TIMEOUT_S, self.requests.expire, seq, "interest")
+        adds = any(add for _, add in self.core.batch)
         out = self.core.out(seq)
         frame = self._frame(out.kind, out.body)
+        sent: list[str] = []
         for peer in self.peers.values():
             if peer.alive and peer.link is not None:
                 peer.link.send(frame)
+                sent.append(peer.router_id)
+        if adds:
+            self.floors.added(seq, sent, self.peers.keys() - sent)
 
     def peer_gone(self, router_id: str) -> None:
         """``router_id`` fell silent: this tick's request does not wait for it."""
@@ -123,6 +134,7 @@ class Interest:
 
     def on_interest_ack(self, peer: Peer, body: Any, size: int) -> None:
         seq, router_id, end = InterestCore.acknowledged(peer, body)
+        self.floors.acknowledged(router_id, seq, end)  # (before its waits complete: they read it)
         waiter = self.requests.get(seq)
         if waiter is not None and waiter.ends is not None:
             waiter.ends[router_id] = end

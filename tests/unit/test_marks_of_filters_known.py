@@ -6,9 +6,10 @@ pb1:218 (its offset 415) to a/w1 only: c/w0 wanted none of those filters then. s
 announced them and waited; b/w1 took them in at its end 416, after 218. sa0's import found them
 this router's already, waited for nothing, and its mark for b/w1 was how far c/w0 had seen b/w1's
 log: 415. a/w1's copy of 218, handed on for sa0, was taken for one that had come directly and
-dropped: an acknowledged message lost. The router keeps where each peer took its filters in
-(``Router.interest_taken``, from the acknowledgements' ends) and ``Connecting._import_announced``
-passes it with the waits' results. Values, a loop that runs only when told; no sockets."""
+dropped: an acknowledged message lost. The mesh keeps where each peer took the router's filters
+in (``announcements.Floors``, from the acknowledgements' ends; ``Router.interest_taken``) and
+``Connecting._import_announced`` passes it with the waits' results. Values, a loop that runs only
+when told; no sockets."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from brokerd.cluster.mesh import Peer, marks
+from brokerd.cluster.mesh.announcements import Floors
 from brokerd.cluster.mesh.interest import Interest
 from brokerd.cluster.mesh.waiter import Requests
 from brokerd.connection.packets import Subscription
@@ -99,6 +101,7 @@ def test_a_session_whose_filters_were_announced_for_another_gets_marks_from_wher
         sc0 = _import(router, loop, "sc0")
         _settle(loop)
         assert FILTER in router.interest_pending and not sc0.done(), "sc0's import waits for its announcement"
+        router.interest_taken.update({B: TAKEN_B, "b/w0": 300})  # (the mesh's, as the peers acknowledge)
         mesh.waits[0].set_result({B: TAKEN_B, "b/w0": 300})
         _settle(loop)
         assert sc0.done() and FILTER not in router.interest_pending
@@ -112,50 +115,51 @@ def test_a_session_whose_filters_were_announced_for_another_gets_marks_from_wher
         loop.close()
 
 
-def test_where_each_peer_took_the_filters_in_is_its_highest_end_and_a_peer_that_missed_one_has_none():
-    router, mesh, loop = _router()
-    try:
-        session = router.new_session("s", True)
-        router.subscribe(session, Subscription("a/#", 1))
-        mesh.waits[-1].set_result({"x/w0": 10, "y/w0": 20})
-        _settle(loop)
-        assert router.interest_taken == {"x/w0": 10, "y/w0": 20}
-        router.subscribe(session, Subscription("b/#", 1))
-        mesh.waits[-1].set_result({"x/w0": 15})  # y/w0 silent or too slow: it takes b/# in unseen
-        _settle(loop)
-        assert router.interest_taken == {"x/w0": 15}
-        router.subscribe(session, Subscription("a/#", 0))  # a filter here already: no announcement
-        router.subscribe(session, Subscription("c/#", 1))
-        mesh.waits[-1].set_result({"x/w0": 12, "y/w0": 30})  # ends only raise
-        _settle(loop)
-        assert router.interest_taken == {"x/w0": 15, "y/w0": 30}
-        mesh.nobody = True
-        router.subscribe(session, Subscription("d/#", 1))  # nobody to wait for: nobody's end known
-        assert router.interest_taken == {}
-        mesh.nobody = False
-        router.subscribe(session, Subscription("e/#", 1))
-        mesh.waits[-1].cancel()  # a wait that did not complete: nobody's end known either
-        router.interest_taken["x/w0"] = 40
-        _settle(loop)
-        assert router.interest_taken == {} and not router.interest_pending
-    finally:
-        loop.close()
+def test_a_floor_comes_from_an_acknowledgement_no_older_than_the_last_added_filter_or_full_announcement():
+    floors = Floors({})
+    floors.acknowledged("x/w0", 1, 10)  # a barrier, nothing added yet
+    floors.added(2, ["x/w0", "y/w0"], ["z/w0"])
+    assert floors.floors == {}, "sent a filter: no floor until it acknowledges that request"
+    floors.acknowledged("x/w0", 2, 15)
+    floors.acknowledged("y/w0", 2, 20)
+    floors.acknowledged("z/w0", 3, 30)  # silent when the filter was added: it has not taken it in
+    assert floors.floors == {"x/w0": 15, "y/w0": 20}
+    floors.acknowledged("x/w0", 4, 12)  # a later barrier: floors only rise
+    assert floors.floors == {"x/w0": 15, "y/w0": 20}
+    floors.added(5, ["x/w0"], ["y/w0", "z/w0"])
+    floors.acknowledged("x/w0", 5, 40)
+    floors.acknowledged("y/w0", 6, 45)  # silent at 5: only its next full announcement counts
+    assert floors.floors == {"x/w0": 40}
+    floors.full("y/w0", 7)
+    floors.full("z/w0", 8)
+    floors.acknowledged("y/w0", 7, 50)
+    assert floors.floors == {"x/w0": 40, "y/w0": 50}
+    floors.added(None, [], ["x/w0", "y/w0"])  # added with nobody alive
+    assert floors.floors == {}
 
 
-def test_a_peer_sent_every_filter_at_once_has_no_end_until_it_acknowledges_a_later_announcement():
-    """A full announcement (a peer met, or heard again) is not acknowledged: the peer takes this
-    router's filters in at an end of its log nobody knows, so it has no floor, and a session
-    moved here gets no mark for it (every copy from it counts) until its next acknowledgement."""
+def test_a_full_announcement_is_numbered_and_its_acknowledgement_gives_the_peer_its_floor():
+    """A full announcement (a peer met, or heard again) replaces what the peer knew of this
+    router's filters: its floor goes, and comes back with the acknowledgement of its last frame;
+    a flush that adds a filter takes every peer's floor until it acknowledges it."""
     router, _mesh, loop = _router()
     try:
         sent: list = []
-        peer = Peer("x/w0", "x", None, None)
-        interest = Interest(loop, router, {"x/w0": peer}, Requests(), frame=lambda kind, body: b"",
-                            send=lambda p, kind, body: sent.append((p.router_id, kind)),
+        peers = {rid: Peer(rid, rid[0], None, None) for rid in ("x/w0", "y/w0")}
+        interest = Interest(loop, router, peers, Requests(), frame=lambda kind, body: b"",
+                            send=lambda p, kind, body: sent.append((p.router_id, kind, body)),
                             mark=lambda: None, flush_collected=lambda: None)
-        router.interest_taken.update({"x/w0": 10, "y/w0": 20})
-        interest.announce_all(peer)
-        assert sent == [("x/w0", INTEREST)] and router.interest_taken == {"y/w0": 20}
+        interest.floors.floors.update({"x/w0": 10, "y/w0": 20})
+        assert router.interest_taken is interest.floors.floors, "the router reads the mesh's floors"
+        interest.announce_all(peers["x/w0"])
+        [(rid, kind, body)] = sent
+        seq = body[0]
+        assert (rid, kind) == ("x/w0", INTEREST) and seq is not None and router.interest_taken == {"y/w0": 20}
         assert marks.directly_from([("x/w0", 15), ("y/w0", 5)], [dict(router.interest_taken)], None) == {"y/w0": 20}
+        interest.on_interest_ack(peers["x/w0"], [seq, 33], 0)
+        assert router.interest_taken == {"x/w0": 33, "y/w0": 20}
+        interest.announce("a/#", True)  # neither peer alive: neither is sent it
+        interest.flush()
+        assert router.interest_taken == {}
     finally:
         loop.close()
