@@ -25,7 +25,7 @@ from ..agreement.owners import SessionOwners
 from ..agreement.state import SESSION
 from . import membership, offer
 from .limits import ACK_TIMEOUT_S, CONFIRM_S, LOCAL_DOWN_WAIT_S, drop_older, log
-from .waiter import Requests, Waiter
+from .waiter import Deadlines, Requests, Waiter
 
 AGREED_READ_S = 0.5  # how long a takeover with several offers waits for its agreed owner's name
 
@@ -90,6 +90,8 @@ class Takeovers:
         # makes stale: client id -> (offers, stale). Dropped and fenced only once the move is
         # confirmed; an aborted one leaves them held where they are (``_passed_over``).
         self._passed: dict[str, tuple[list[offer.Offer], list[str]]] = {}
+        # The requests asked and not answered yet, expired on one timer (``_expire``).
+        self._deadlines = Deadlines(loop, self._expire)
 
     @property
     def _replicating(self) -> Replication:
@@ -121,9 +123,10 @@ class Takeovers:
                                 LOCAL_DOWN_WAIT_S)
                     return TAKEOVER_UNAVAILABLE
                 continue
-            waiter = self._ask(client_id, claim)
+            req, waiter = self._ask(client_id, claim)
             asked = set(waiter.waiting)
             result = await waiter.future
+            self._deadlines.discard(req)
             if answered is not None:
                 answered |= asked - waiter.missed - waiter.waiting
             if result is not None:  # a transfer broke off: that router keeps the session
@@ -321,12 +324,14 @@ class Takeovers:
         else:
             self._done(rid, req, False)
 
-    def _ask(self, client_id: str, claim: list | None = None) -> Waiter:
+    def _ask(self, client_id: str, claim: list | None = None) -> tuple[int, Waiter]:
+        """Ask every live peer for ``client_id``'s session: the request's number (0: nobody to
+        ask, answered already) and what waits for its answers, bounded (``_expire``)."""
         alive = membership.alive(self.peers)
         waiter = Waiter(self.loop, alive)
         if not alive:
             waiter.future.set_result(None)
-            return waiter
+            return 0, waiter
         req = self.requests.open(waiter)
         self._flush()
         # Whether this router spools the copies of a backlog moved to it (``router.spool``: it
@@ -337,12 +342,13 @@ class Takeovers:
             link = self.peers[rid].link
             if link is not None:
                 link.send(frame)
-        self.loop.call_later(ACK_TIMEOUT_S + 1.0, self._expire, req)
-        return waiter
+        self._deadlines.add(req, ACK_TIMEOUT_S + 1.0)
+        return req, waiter
 
     def _expire(self, req: int) -> None:
+        """Takeover ``req`` is past its deadline: whoever has not answered counts as missed."""
         if self.transfers.arriving(req):  # a session is still arriving, chunk by chunk
-            self.loop.call_later(ACK_TIMEOUT_S, self._expire, req)
+            self._deadlines.add(req, ACK_TIMEOUT_S)
             return
         self.requests.expire(req, "takeover")
 

@@ -1,14 +1,22 @@
 """Requests every live peer answers: an interest announcement's acknowledgements, a takeover's
 answers. A ``Waiter``'s future completes when the last peer answers, falls silent, or the request
-expires; ``Requests`` numbers them (one series for both kinds) and finds them by number."""
+expires; ``Requests`` numbers them (one series for both kinds) and finds them by number;
+``Deadlines`` expires them with one timer for all."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 from .limits import log
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+# A timer may run this much before its time (asyncio runs what is due within the clock's resolution).
+_EARLY = time.get_clock_info("monotonic").resolution
 
 
 class Waiter:
@@ -82,3 +90,53 @@ class Requests:
             if router_id in waiter.waiting:
                 waiter.missed.add(router_id)
             self.answer(req, router_id)
+
+
+class Deadlines:
+    """Requests' deadlines on one timer, the earliest's, instead of one timer each: a connection
+    storm asked once per CONNECT and left a timer per request to fire seconds after its answer
+    came. A request answered in time is ``discard``-ed; one past its deadline goes to ``due``,
+    which may ``add`` it again (a session still arriving)."""
+
+    __slots__ = ("_loop", "_due", "_at", "_timer")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, due: Callable[[int], None]) -> None:
+        self._loop = loop
+        self._due = due
+        self._at: dict[int, float] = {}  # request → its deadline (the loop's clock)
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+    def add(self, req: int, delay: float) -> None:
+        """``req`` is due ``delay`` seconds from now, unless discarded first."""
+        when = self._loop.time() + delay
+        self._at[req] = when
+        timer = self._timer
+        if timer is None or when < timer.when():
+            self._arm(when)
+
+    def discard(self, req: int) -> None:
+        """``req`` was answered: nothing is due for it (the timer, where it was the earliest,
+        finds nothing to do when it runs and is set for the next)."""
+        self._at.pop(req, None)
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        at = self._at
+        now = self._loop.time() + _EARLY
+        due = [req for req, when in at.items() if when <= now]
+        for req in due:
+            del at[req]
+        for req in due:
+            self._due(req)  # (may add it again, setting the timer for then)
+        if at:
+            earliest = min(at.values())
+            if self._timer is None or earliest < self._timer.when():
+                self._arm(earliest)

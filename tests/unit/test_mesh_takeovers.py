@@ -180,3 +180,26 @@ def test_a_move_the_agreement_refuses_leaves_the_replica_passed_over_where_it_wa
     done, replication = take_beside_a_replica(confirm=False)
     assert done == [(OLD, False), (HOLDER, False)]
     assert replication.fenced == []
+
+
+def test_asks_answered_leave_no_deadline_and_one_unanswered_expires(monkeypatch):
+    """Every CONNECT asks; an answer in time leaves nothing due (no timer per ask: a connection
+    storm left thousands to fire after their answers), and an ask nobody answers is still
+    bounded: its peer counts as missed once the deadline passes."""
+    monkeypatch.setattr("brokerd.cluster.mesh.takeover.ACK_TIMEOUT_S", 0.05)
+
+    async def main() -> tuple[int, dict | None, float]:
+        takeovers, _handons, transfers, _router, old, sent = parts(asyncio.get_running_loop())
+        for i in range(100):
+            asking = asyncio.ensure_future(takeovers.takeover(f"c{i}"))
+            await asyncio.sleep(0)
+            transfers.on_takeover_resp(old, [sent[-1][1][0], None, False], 0)
+            assert await asyncio.wait_for(asking, 5) is None
+        pending = len(takeovers._deadlines)
+        start = asyncio.get_running_loop().time()
+        unanswered = await asyncio.wait_for(takeovers.takeover("lost"), 5)
+        return pending, unanswered, asyncio.get_running_loop().time() - start
+
+    pending, unanswered, waited = asyncio.run(main())
+    assert pending == 0
+    assert unanswered is None and 1.0 <= waited < 4.0, waited
