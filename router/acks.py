@@ -50,6 +50,8 @@ class AckWaits:
         self.ack_when_durable = ack_when_durable
         self._write_soon = _WriteSoon(log_, end_of_tick) if end_of_tick is not None and not ack_when_durable \
             else None
+        if self._write_soon is not None:
+            log_.use_iteration_end(self._write_soon.begun)
         if ack_when_durable:
             log_.on_durable(self._durable)
         else:
@@ -161,19 +163,33 @@ class _WriteSoon:
     (``flush_since``). At a fixed rate most reads are a device's one PUBLISH, and written early
     each was a batch of its own: 2.4 log writes an iteration, each a flush's whole fixed cost
     (the iteration's acknowledgements then wait for its end; what the publishes delivered still
-    goes early)."""
+    goes early).
 
-    __slots__ = ("log", "tick", "marked")
+    It also stands for the log's linger timer (``CommitLog.use_iteration_end``): a batch begun in
+    an iteration is looked at in its pass (``begun``), and only one nothing waits for gets the
+    timer."""
+
+    __slots__ = ("log", "tick", "marked", "queued")
 
     def __init__(self, log_: CommitLog, tick: EndOfTick) -> None:
         self.log = log_
         self.tick = tick
-        self.marked = False
+        self.marked = False  # an acknowledgement waits for the batch: write it in this pass
+        self.queued = False  # in this iteration's pass
 
     def mark(self) -> None:
         self.marked = True
-        self.tick.mark_end(self)
+        self.begun()
+
+    def begun(self) -> None:
+        """A batch began (or an acknowledgement waits): see to it at this iteration's end."""
+        if not self.queued:
+            self.queued = True
+            self.tick.mark_end(self)
 
     def flush(self) -> None:
-        self.marked = False
-        self.log.flush()
+        self.queued = False
+        if self.marked:
+            self.marked = False
+            self.log.flush()
+        self.log.at_iteration_end()

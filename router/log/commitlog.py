@@ -157,7 +157,9 @@ class CommitLog:
         linger_s = linger_ms / 1000.0 if self._policy is not FsyncPolicy.ALWAYS else 0.0
         self._linger_s = linger_s
         # What the first append of a batch calls to have the batch flushed (no method call between).
-        self._armed = False  # a flush is scheduled (_autoflush_cb clears it)
+        self._armed = False  # a flush is scheduled (_autoflush_cb clears it; ``at_iteration_end`` too)
+        self._loop = loop
+        self._timer: asyncio.TimerHandle | None = None  # the linger's, armed at an iteration's end
         self._arm_flush: Callable[[], object] = (
             functools.partial(loop.call_later, linger_s, self._autoflush_cb) if loop is not None and linger_s
             else functools.partial(loop.call_soon, self._autoflush_cb) if loop is not None
@@ -337,8 +339,29 @@ class CommitLog:
         the next batch, which is then flushed a little sooner, rather than one timer per batch -
         at a fixed rate of QoS 1 messages a timer (and its callback) per message."""
         self._armed = False
+        self._timer = None
         if not self._closed and self._buf:
             self.flush()
+
+    def use_iteration_end(self, mark: Callable[[], object]) -> None:
+        """The first append of each batch calls ``mark`` instead of arming the linger's timer, and
+        whoever ``mark`` tells calls ``at_iteration_end`` at the end of that loop iteration (the
+        broker: ``router.acks``, through the worker's end-of-iteration pass, which writes the
+        log anyway when an acknowledgement waits). Why: at a fixed rate of QoS 1 messages every
+        batch is written by that pass, and a timer armed for it only made each wait of the loop
+        a timed one (an hrtimer set and cancelled in the kernel) and woke it for nothing. No
+        effect with ``--fsync always`` (no linger) or without autoflush."""
+        if self._autoflush and self._linger_s:
+            self._arm_flush = mark
+
+    def at_iteration_end(self) -> None:
+        """The end of a loop iteration in which a batch began (``use_iteration_end``), after the
+        pass's own write, if any: a batch still unwritten (nothing waits for it: QoS 0) gets the
+        linger's timer; the next batch's first append marks again."""
+        if not self._buf:
+            self._armed = False
+        elif self._timer is None and not self._closed:
+            self._timer = self._loop.call_later(self._linger_s, self._autoflush_cb)  # type: ignore[union-attr]
 
     # --------------------------------------------------------------------------------------- flush
 

@@ -53,6 +53,46 @@ def test_quiet_clients_acknowledgements_share_one_write_of_the_log_at_the_iterat
     asyncio.run(run())
 
 
+def test_a_batch_the_iterations_pass_writes_arms_no_linger_timer_and_one_nothing_waits_for_does(tmp_path):
+    """With the worker's end-of-iteration pass (``CommitLog.use_iteration_end``, set by the
+    router's acknowledgement waits) a batch is looked at in the pass of the iteration it began
+    in: a QoS 1 message's, written there, arms no linger timer (at a fixed rate every wait of the
+    loop was a timed one for it); a QoS 0 message's, which nothing waits for, is written at the
+    linger, as before."""
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        log_ = CommitLog(tmp_path, router_id="t/w0", loop=loop, linger_ms=20)
+        try:
+            r = Router(RouterConfig(router_id="t/w0"))
+            r.attach_log(log_, False, EndOfTick(loop))
+            device = Client(r, FakeConn())
+            for i in range(3):
+                msg = Message("fleet/1", b"m", 1, False, "d1", "t/w0")
+                r.publish(msg)
+                r.defer_ack(msg.log_offset, device, success_ack(PUBACK, i + 1))
+                await asyncio.sleep(0)  # the iteration's end
+                assert log_.written_offset == msg.log_offset and log_._timer is None
+            quiet = Message("telemetry/1", b"q", 0, False, "d2", "t/w0")
+            r.publish(quiet)
+            await asyncio.sleep(0)
+            assert log_.written_offset < quiet.log_offset and log_._timer is not None
+            for _ in range(100):  # the linger (20 ms) writes it
+                if log_.written_offset >= quiet.log_offset:
+                    break
+                await asyncio.sleep(0.005)
+            assert log_.written_offset == quiet.log_offset and log_._timer is None
+            msg = Message("fleet/1", b"m", 1, False, "d1", "t/w0")  # and the next batch is seen to again
+            r.publish(msg)
+            r.defer_ack(msg.log_offset, device, success_ack(PUBACK, 9))
+            await asyncio.sleep(0)
+            assert log_.written_offset == msg.log_offset and device.conn.chunks[-1] == success_ack(PUBACK, 9)
+        finally:
+            log_.close()
+
+    asyncio.run(run())
+
+
 def test_the_loops_own_write_is_taken_at_once_and_counts_as_the_newest_round(tmp_path):
     """A small batch the loop writes itself is not queued as in flight: the written offset moves
     and ``on_written`` hears it before ``flush`` returns. A report of an earlier round of the
