@@ -8,6 +8,9 @@ backlog while it is parked (the rules: ``delivery``).
 A backlog that overflows is read back from this router's log when the peer returns (``_replay``),
 by its plain interest: the shared groups' copies it would not take go to another router of their
 group at once (``to_other_members``), as do those a forgotten peer never confirmed (``Members``).
+A peer's CATCHUP after this router restarted is read back the same way; when the asker is a router
+of a shared group, this router's own QoS 1/2 messages from its mark go to the groups again
+(``_groups_back``): the copies chosen for it died with the old incarnation's ring.
 """
 
 from __future__ import annotations
@@ -47,6 +50,12 @@ def to_other_members(router: Router, copies: list[delivery.GroupCopy], not_to: s
             shared.to_another_member(msg, key, not_to)
 
 
+def in_a_group(router: Router, router_id: str) -> bool:
+    """Whether ``router_id`` has announced members of any shared group (a group's copies may
+    have been chosen for it)."""
+    return any(router_id in route.routers for route in router.shared.routes.values())
+
+
 class ForwardingMixin:
     """The ``Mesh``'s outbound publishes and their delivery."""
 
@@ -63,6 +72,9 @@ class ForwardingMixin:
     # The worker's end-of-iteration flush, shared with its connections and its log (the worker
     # sets it before ``start``); a mesh made without one (a unit test, a tool) makes its own.
     end_of_tick: EndOfTick | None = None
+    # The lowest offset of this incarnation's log that went to the shared groups again on a
+    # peer's catch-up (``_groups_back``); None: none yet.
+    _groups_low: int | None = None
 
     if TYPE_CHECKING:  # the other parts' methods this one calls (the ``Mesh`` is their union)
         def _frame(self, kind: int, body: Any) -> bytes: ...
@@ -299,3 +311,44 @@ class ForwardingMixin:
 
     def _on_catchup(self, peer: Peer, body: Any, size: int) -> None:
         self._start_replay(peer, body, "it restarted and asks for what it may have missed")
+        self._groups_back(peer, body)
+
+    # -- the shared groups' part of a catch-up (this router restarted) ----------------------------
+
+    def _groups_back(self, peer: Peer, offset: int) -> None:
+        """A restarted router's catch-up reads its log back by the asker's plain interest; the
+        group copies it had chosen for the asker died in its ring or backlog (partition seed 505:
+        43 lost when a one-way cut kept them there and the node was SIGKILLed). So a router of a
+        group asking from ``offset`` has this router's own QoS 1/2 messages from there go to the
+        groups again (``Router.to_groups``), up to the log's end at the first catch-up (later
+        ones went to the groups live); a lower offset asked later extends the range downwards.
+        At least once: a group may get again what reached it before the crash."""
+        router = self.router
+        commit_log = router.commit_log
+        if commit_log is None or not router.has_shared or not in_a_group(router, peer.router_id):
+            return
+        low = self._groups_low
+        if low is not None and offset >= low:
+            return
+        end = commit_log.next_offset if low is None else low
+        self._groups_low = offset
+        self._groups_step(max(offset, commit_log.start_offset), end, 0)
+
+    def _groups_step(self, offset: int, end: int, sent: int) -> None:
+        """One step of ``_groups_back`` (256 records per loop iteration)."""
+        commit_log = self.router.commit_log
+        assert commit_log is not None  # (``_groups_back`` starts only with a log, which stays)
+        records = [r for r in commit_log.read(offset, max_records=256) if r.offset < end]
+        if not records:
+            if sent:
+                log.info("mesh: %d message(s) of this router's log read back to the shared groups (a router "
+                         "of theirs asked for what it may have missed)", sent)
+            return
+        me = self.router_id
+        for rec in records:
+            if rec.qos > 0 and (not rec.origin_router or rec.origin_router == me):
+                msg = Message.from_record(rec)
+                msg.origin_router, msg.origin_offset = me, rec.offset
+                if self.router.to_groups(msg):
+                    sent += 1
+        self.loop.call_soon(self._groups_step, records[-1].offset + 1, end, sent)
