@@ -54,8 +54,15 @@ class ReadBackPart(Part):
     def __init__(self, shared: Part) -> None:
         super().__init__(shared)
         # Per silent router whose replica is read back here: the lowest offset from which its
-        # QoS 1/2 messages went to the shared groups (``_groups_back``).
+        # QoS 1/2 messages went to the shared groups, and how far up they went (``_groups_back``).
         self.groups_low: dict[str, int] = {}
+        self.groups_high: dict[str, int] = {}
+        self._groups_rising: set[str] = set()  # those whose upward read is still going
+
+    def forget_groups(self, partition: str) -> None:
+        """``partition``'s router is heard again: a later silence reads back afresh."""
+        self.groups_low.pop(partition, None)
+        self.groups_high.pop(partition, None)
 
     def parked(self, peer: Peer) -> None:
         """A router fell silent: if it is of another node, have its replica read back what it
@@ -101,23 +108,36 @@ class ReadBackPart(Part):
         to the groups from here instead (``Router.to_groups``), from the lowest offset any router
         asked from (its mark: below it, that router had every message of the dead one). Each
         asker's lower mark extends the range downwards; at least once (a group may get again
-        what reached it between the marks)."""
+        what reached it between the marks). The records the replica got after the first read
+        reached its end go too, at the next ask: a router cut off from the dead one only in part
+        goes on replicating to here a while (partition seed 445: a second ask from above the
+        first mark returned at once, and the 64 messages the replica had got since reached no
+        group)."""
         low = self.groups_low.get(partition)
-        if low is not None and offset >= low:
-            return
-        self.groups_low[partition] = offset
-        self._groups_step(partition, offset, low, 0)
+        if low is None or offset < low:
+            self.groups_low[partition] = offset
+            if low is None:
+                self.groups_high[partition] = offset
+                self._groups_rising.add(partition)
+                self._groups_step(partition, offset, None, 0)
+                return
+            self._groups_step(partition, offset, low, 0)
+        if partition not in self._groups_rising:
+            self._groups_rising.add(partition)
+            self._groups_step(partition, self.groups_high.get(partition, offset), None, 0)
 
     def _groups_step(self, partition: str, offset: int, end: int | None, sent: int) -> None:
         """One step of ``_groups_back`` (per loop iteration): records from ``offset`` up to
-        ``end`` (None: the replica's end)."""
+        ``end`` (None: the replica's end, and how far that went is kept in ``groups_high``)."""
         rep = self.follow.replicas.get(partition)
-        if rep is None or not self.router.has_shared:
-            return
-        records = rep.log.read(max(offset, rep.log.start_offset), max_records=FETCH_RECORDS // 4)
+        records = []
+        if rep is not None and self.router.has_shared:
+            records = rep.log.read(max(offset, rep.log.start_offset), max_records=FETCH_RECORDS // 4)
         if end is not None:
             records = [r for r in records if r.offset < end]
         if not records:
+            if end is None:
+                self._groups_rising.discard(partition)
             if sent:
                 log.info("replication: %d message(s) of %s read back from its replica for the shared groups",
                          sent, partition)
@@ -125,6 +145,8 @@ class ReadBackPart(Part):
         for rec in records:
             if rec.origin_router == partition and rec.qos > 0 and self.router.to_groups(Message.from_record(rec)):
                 sent += 1
+        if end is None and partition in self.groups_high:
+            self.groups_high[partition] = records[-1].offset + 1
         self.loop.call_soon(self._groups_step, partition, records[-1].offset + 1, end, sent)
 
     def _read_back(self, partition: str, offset: int, peer: Peer | None, sent: int = 0) -> None:

@@ -344,7 +344,7 @@ class SessionsPart(Part):
         other wills are its own again."""
         for key in [k for k in self.wills.will_timers if k[0] == peer.router_id]:
             self.wills.disarm_will(*key)
-        self.readback.groups_low.pop(peer.router_id, None)  # a later silence reads back afresh
+        self.readback.forget_groups(peer.router_id)  # a later silence reads back afresh
         fenced = self.router.fenced.pop(peer.router_id, None)
         wills = self.router.fenced_wills.pop(peer.router_id, None)
         if fenced or wills:
