@@ -8,7 +8,6 @@ a fake router, a loop run by hand."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,24 +15,9 @@ import pytest
 
 from brokerd.cluster.replication.read_back import ReadBackPart
 from brokerd.router.log.commitlog import CommitLog
+from tests.unit.test_mesh_catchup_groups import Loop  # (call_soon collected, run by drain)
 
 DEAD = "a/w1"
-
-
-class Loop:
-    def __init__(self) -> None:
-        self.due: list[tuple[Callable[..., Any], tuple]] = []
-
-    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        self.due.append((fn, args))
-
-    def drain(self) -> None:
-        for _ in range(1000):
-            if not self.due:
-                return
-            fn, args = self.due.pop(0)
-            fn(*args)
-        raise AssertionError("the loop never went idle")
 
 
 class Router:
