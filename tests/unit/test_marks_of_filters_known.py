@@ -14,7 +14,6 @@ when told; no sockets."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 from typing import Any
 
 from brokerd.cluster.mesh import Peer, marks
@@ -22,6 +21,7 @@ from brokerd.cluster.mesh.announcements import Floors
 from brokerd.cluster.mesh.interest import Interest
 from brokerd.cluster.mesh.waiter import Requests
 from brokerd.connection.packets import Subscription
+from brokerd.router.client import Client
 from brokerd.router.connecting import Connecting
 from brokerd.router.mesh_format import INTEREST
 from brokerd.router.ports import NullMesh
@@ -73,8 +73,9 @@ def _moved_state(client_id: str) -> dict:
 
 
 def _import(router: Router, loop: asyncio.AbstractEventLoop, client_id: str) -> asyncio.Task:
-    client = SimpleNamespace(client_id=client_id, router=router, conn=FakeConn())
-    return loop.create_task(Connecting(client)._import_announced(_moved_state(client_id)))  # type: ignore[arg-type]
+    client = Client(router, FakeConn())  # type: ignore[arg-type]  # (compiled, a Client is checked as one)
+    client.client_id = client_id
+    return loop.create_task(Connecting(client)._import_announced(_moved_state(client_id)))
 
 
 def _settle(loop: asyncio.AbstractEventLoop) -> None:

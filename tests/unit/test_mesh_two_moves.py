@@ -8,13 +8,13 @@ temporary run directory), as tests/unit/test_mesh.py has two."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 
 from brokerd.cluster.config import Config
 from brokerd.cluster.mesh import Mesh
 from brokerd.connection.packets import Subscription
+from brokerd.router.client import Client
 from brokerd.router.connecting import Connecting
 from brokerd.router.log.commitlog import CommitLog
 from brokerd.router.message import Message
@@ -39,8 +39,9 @@ async def _three(tmp_path) -> tuple[list[Router], list[Mesh]]:
 async def _import(router: Router, client_id: str, state: dict) -> None:
     """The new owner's side of a CONNECT that took the session over: take it in, wait for its
     announcement (if any), confirm (``Connecting._import_announced``)."""
-    client = SimpleNamespace(client_id=client_id, router=router, conn=FakeConn())
-    assert await Connecting(client)._import_announced(state) is None  # type: ignore[arg-type]
+    client = Client(router, FakeConn())  # type: ignore[arg-type]  # (compiled, a Client is checked as one)
+    client.client_id = client_id
+    assert await Connecting(client)._import_announced(state) is None
 
 
 @pytest.mark.usefixtures("run_dir")
