@@ -135,11 +135,7 @@ class Durability:
         durable = report.durable_offset
         if durable > self.durable_offset:
             self.durable_offset = durable
-            for cb in list(self._durable_cbs):
-                try:
-                    cb(durable)
-                except Exception:
-                    log.exception("commit log on_durable callback failed")
+            _call_each(self._durable_cbs, durable, "on_durable")
             waiters = self._waiters
             while waiters and waiters[0][0] <= durable:
                 fut = heapq.heappop(waiters)[2]
@@ -178,11 +174,7 @@ class Durability:
     def _written(self, written: int) -> None:
         """The log is written up to ``written``: the ``on_written`` callbacks hear it."""
         self.written_offset = written
-        for cb in list(self._written_cbs):
-            try:
-                cb(written)
-            except Exception:
-                log.exception("commit log on_written callback failed")
+        _call_each(self._written_cbs, written, "on_written")
 
     def fail(self, error: OSError) -> None:
         """A write failed: the log refuses appends, waiters that asked to fail do, callbacks hear it."""
@@ -210,11 +202,17 @@ class Durability:
         self._waiters = keep
 
     def _call_error_cbs(self, error: OSError | None) -> None:
-        for cb in list(self._error_cbs):
-            try:
-                cb(error)
-            except Exception:
-                log.exception("commit log on_error callback failed")
+        _call_each(self._error_cbs, error, "on_error")
+
+
+def _call_each(callbacks: list[Callable[[Any], Any]], value: Any, kind: str) -> None:
+    """Each of ``callbacks`` with ``value`` (a copy of the list: one may remove itself); one that
+    raises is logged and the others still run."""
+    for cb in list(callbacks):
+        try:
+            cb(value)
+        except Exception:
+            log.exception("commit log %s callback failed", kind)
 
 
 def _remove(lst: list[Any], item: Any) -> None:
