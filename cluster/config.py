@@ -40,6 +40,18 @@ def _host_port(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+AGREEMENT_OFF = ("off", 0)  # ``--agreement off``: the operator's explicit choice of the lease rules
+
+
+def _host_port_or_off(value: str) -> tuple[str, int]:
+    """``--agreement`` takes an address or, said in so many words, ``off``."""
+    return AGREEMENT_OFF if value.strip().lower() == "off" else _host_port(value)
+
+
+def _agreement_address(v: tuple[str, int]) -> str | None:
+    return None if v == AGREEMENT_OFF else _address(v)
+
+
 def _size(value: str | int) -> int:
     """Sizes accept plain bytes or a K/M/G suffix (powers of 1024): '64M', '1G'."""
     if isinstance(value, int):
@@ -138,9 +150,10 @@ OPTIONS: tuple[Option, ...] = (
            "is heard again (beyond: dropped and counted as mesh_peer_gone)", "BYTES", check=_at_least(0)),
     Option("mesh_forget", float, 300.0, "seconds a silent peer router's interest and backlog are kept before "
            "it is forgotten", "SECONDS", check=lambda v: None if v > 0 else "must be positive"),
-    Option("agreement", _host_port, None, "where this node's Raft member listens (TCP; the address the other "
-           "nodes reach, its name in the cluster): enables agreement; needs --mesh and --mesh-key", "HOST:PORT",
-           check=_address),
+    Option("agreement", _host_port_or_off, None, "where this node's Raft member listens (TCP; the address the "
+           "other nodes reach, its name in the cluster): who serves each persistent session and which followers "
+           "are in sync, agreed by a majority; needs --mesh-key; --mesh needs it, or `off` (heartbeat leases, "
+           "which can lose acknowledged messages in a network partition)", "HOST:PORT|off", check=_agreement_address),
     Option("agreement_peer", _host_port, (), "another node's --agreement address (repeatable: every other "
            "member; the members are this node and these; this node's own, given too, is left out, so that "
            "every node can be given one list)", "HOST:PORT", repeat=True, check=_address),
@@ -279,6 +292,7 @@ class Config:
     agreement: tuple[str, int] | None = None
     agreement_peer: tuple[tuple[str, int], ...] = ()
     agreement_timeout: float = 5.0
+    agreement_off: bool = False  # --agreement off: a cluster on the lease rules, as its operator said
     replication_factor: int | None = None
     min_insync: int | None = None
     replica_lag: float = 5.0
@@ -481,6 +495,8 @@ def load(argv: list[str], environ: Mapping[str, str] | None = None) -> Config:
         raise ConfigError("--mesh-advertise: needs --mesh HOST:PORT (where this node accepts mesh traffic)")
     if not cfg.node_id or "/" in cfg.node_id or "+" in cfg.node_id or "#" in cfg.node_id:
         raise ConfigError(f"--node-id: invalid value {cfg.node_id!r} (no '/', '+' or '#')")
+    if cfg.agreement == AGREEMENT_OFF:
+        cfg.agreement, cfg.agreement_off = None, True
     _check_ports(cfg)
     _check_replication(cfg)
     _check_agreement(cfg)
@@ -491,6 +507,14 @@ def load(argv: list[str], environ: Mapping[str, str] | None = None) -> Config:
                           "it any process that reaches the port joins the cluster): make the key once with "
                           "`brokerd keygen --out cluster` and start every node with --mesh-key "
                           "cluster.key_secret, or run the mesh unauthenticated with --mesh-insecure on")
+    if cfg.mesh is not None and cfg.agreement is None and not cfg.agreement_off:
+        # Without agreement heartbeat leases decide who serves a session, and a partition can
+        # lose acknowledged messages (issue 41): a cluster runs so only when its operator says so.
+        raise ConfigError(f"--mesh: {_joined(cfg.mesh)} needs --agreement HOST:PORT (where this node's Raft "
+                          "member listens) and --agreement-peer HOST:PORT for every other node's, the same "
+                          "list on every node (README, Several hosts): who serves each persistent session is "
+                          "then agreed by a majority; or --agreement off to run on heartbeat leases, which "
+                          "can lose acknowledged QoS 1/2 messages in a network partition")
     return cfg
 
 

@@ -376,12 +376,12 @@ def _address(host: str, port: int) -> str:
 
 
 def unagreed_warning(cfg: Config) -> str | None:
-    """What a node of several without ``--agreement`` risks, said once at start: the lease rules
-    that then decide who serves a session cannot tell every partition apart (issue 41's losses),
-    and an operator who reads only the ready line would not know it."""
-    if cfg.mesh is None or not cfg.peer or cfg.agreement is not None:
+    """What a node of several run with ``--agreement off`` risks, said once at start: the lease
+    rules that then decide who serves a session cannot tell every partition apart (issue 41's
+    losses), and an operator who reads only the ready line would not know it."""
+    if cfg.mesh is None or not cfg.peer or not cfg.agreement_off:
         return None
-    return ("no --agreement: which node serves a persistent session and which followers are in sync "
+    return ("--agreement off: which node serves a persistent session and which followers are in sync "
             "is decided by heartbeat leases, and a network partition can lose acknowledged QoS 1/2 "
             "messages; run --agreement on three nodes or more (README, Several hosts)")
 

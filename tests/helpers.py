@@ -138,6 +138,12 @@ def mesh_key() -> list[str]:
     return ["--mesh-key", mesh_key_file()]
 
 
+# ``--agreement off``: a cluster on heartbeat leases, said in so many words as brokerd requires with
+# --mesh. The tests of the mesh, replication and faults without agreement start their nodes so; the
+# agreed cluster's tests give --agreement and its peers (tests/chaos/harness.py ``start_nodes``).
+LEASES = ("--agreement", "off")
+
+
 def add_user(path: str | Path, user: str, password: str) -> None:
     """Add ``user`` to the password file at ``path`` as an operator does: ``brokerd passwd``, the
     password on stdin."""

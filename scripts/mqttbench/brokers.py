@@ -359,12 +359,13 @@ class BrokerdCluster:
     def __init__(self, kind: BrokerKind) -> None:
         self.kind = kind
         self.nodes = [RunningBroker(kind, host=host) for host in CLUSTER_HOSTS]
-        mesh = []
+        mesh, agree = [], []
         for node in self.nodes:  # a port released by the OS may come back: never the listener's
-            port = free_port(node.host)
-            while port == node.port:
+            for ports in (mesh, agree):
                 port = free_port(node.host)
-            mesh.append(port)
+                while port == node.port or port in mesh:
+                    port = free_port(node.host)
+                ports.append(port)
         # The mesh as deployed: authenticated and encrypted with the cluster's key (its cost counts).
         key = self.nodes[0].dir / "cluster"
         subprocess.run([str(brokerd_executable()), "keygen", "--out", str(key)], check=True, capture_output=True,
@@ -372,6 +373,11 @@ class BrokerdCluster:
         for i, (node, name) in enumerate(zip(self.nodes, "abc", strict=True)):
             extra = ["--log", "on", "--node-id", name, "--mesh", f"{node.host}:{mesh[i]}",
                      "--mesh-key", f"{key}.key_secret", "--replication-factor", str(kind.replication)]
+            # As deployed: who serves each persistent session agreed through Raft (paid per move,
+            # never per message: what the bench measures is the message path with it running).
+            extra += ["--agreement", f"{node.host}:{agree[i]}",
+                      *(a for j, other in enumerate(self.nodes) if j != i
+                        for a in ("--agreement-peer", f"{other.host}:{agree[j]}"))]
             if i:
                 extra += ["--peer", f"{CLUSTER_HOSTS[0]}:{mesh[0]}"]
             node.extra = tuple(extra)
@@ -392,19 +398,20 @@ class BrokerdCluster:
         self.stop()
 
     def _wait_placed(self) -> None:
-        """Until the first node's routers have met the others and placed their followers."""
+        """Until the first node's routers have met the others and placed their followers, and its
+        agreement member hears a majority (persistent sessions are served from then on)."""
         want = self.kind.replication - 1
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             text = (self.dir / "broker.log").read_text(errors="replace")
-            joined = "node b joined" in text and "node c joined" in text
+            joined = "node b joined" in text and "node c joined" in text and "agreement: majority" in text
             # The placement line (cluster.replication): "replication: the log of a/w0 is followed by ..."
             placed = [line.split(" is followed by ", 1)[1] for line in text.splitlines()
                       if "replication: the log of a/" in line and " is followed by " in line]
             if joined and (want == 0 or (placed and len(placed[-1].split(", ")) >= want)):
                 return
             time.sleep(0.1)
-        raise BrokerUnavailable(f"{self.kind.label}: the three nodes did not join and place replicas in "
+        raise BrokerUnavailable(f"{self.kind.label}: the three nodes did not join, agree and place replicas in "
                                 f"{START_TIMEOUT_S:.0f} s: {self.log_tail()}")
 
     def processes(self) -> list[psutil.Process]:

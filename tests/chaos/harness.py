@@ -75,7 +75,7 @@ import paho.mqtt.client as mqtt
 import psutil
 
 from tests.cluster.partition import MeshProxy
-from tests.helpers import WAIT, Broker, Client, in_parallel, mesh_key, wait_for
+from tests.helpers import LEASES, WAIT, Broker, Client, in_parallel, mesh_key, wait_for
 
 MESH_TIMEOUT = 1.0  # --mesh-timeout of every broker: short, so a SIGSTOP beyond it is short too
 # The default --fsync (interval): an acknowledgement waits for its record's write, so no SIGKILL
@@ -1229,6 +1229,8 @@ def start_nodes(start_broker: Callable[..., Broker], names: str = "abc", workers
         if agreement and len(names) > 1:
             args += ["--agreement", f"{host}:{agree[i]}"]
             args += [a for j in range(len(names)) if j != i for a in ("--agreement-peer", f"{hosts[j]}:{agree[j]}")]
+        else:
+            args += LEASES
         proxies = []
         if partitionable:
             proxies = [MeshProxy(host, ports[i] + w, advertised[i] + w) for w in range(workers)]

@@ -17,7 +17,7 @@ import zmq
 
 from tests.cluster.conftest import spread
 from tests.cluster.fake_router import FakeRouter, mesh_endpoint
-from tests.helpers import Client, freeze, mesh_key, wait_for
+from tests.helpers import LEASES, Client, freeze, mesh_key, wait_for
 
 
 def uid() -> str:
@@ -305,9 +305,9 @@ def _two_nodes(start_broker, *both: str, b_only: tuple[str, ...] = ()) -> tuple:
     from tests.cluster.test_multihost import mesh_port
 
     pa, pb = mesh_port("127.0.0.1"), mesh_port("127.0.0.2")
-    a = start_broker("--mesh", f"127.0.0.1:{pa}", "--peer", f"127.0.0.2:{pb}", "--max-queued", "1500", *both,
+    a = start_broker("--mesh", f"127.0.0.1:{pa}", *LEASES, "--peer", f"127.0.0.2:{pb}", "--max-queued", "1500", *both,
                      *mesh_key(), host="127.0.0.1", node_id="a")
-    b = start_broker("--mesh", f"127.0.0.2:{pb}", "--peer", f"127.0.0.1:{pa}", "--max-queued", "1500", *both,
+    b = start_broker("--mesh", f"127.0.0.2:{pb}", *LEASES, "--peer", f"127.0.0.1:{pa}", "--max-queued", "1500", *both,
                      *b_only, *mesh_key(), host="127.0.0.2", node_id="b")
     a.wait_log("joined")
     b.wait_log("joined")
@@ -469,9 +469,9 @@ def test_a_restarted_node_gets_what_it_never_confirmed_before_its_crash(start_br
     from tests.cluster.test_multihost import mesh_port
 
     pa, pb = mesh_port("127.0.0.1"), mesh_port("127.0.0.2")
-    a = start_broker("--mesh", f"127.0.0.1:{pa}", *mesh_key(), "--peer", f"127.0.0.2:{pb}", host="127.0.0.1",
+    a = start_broker("--mesh", f"127.0.0.1:{pa}", *LEASES, *mesh_key(), "--peer", f"127.0.0.2:{pb}", host="127.0.0.1",
                      node_id="a")
-    b = start_broker("--mesh", f"127.0.0.2:{pb}", *mesh_key(), "--peer", f"127.0.0.1:{pa}",
+    b = start_broker("--mesh", f"127.0.0.2:{pb}", *LEASES, *mesh_key(), "--peer", f"127.0.0.1:{pa}",
                      "--fsync", "always", host="127.0.0.2", node_id="b")
     a.wait_log("node b joined")
     u = uid()
@@ -638,7 +638,7 @@ def test_a_confirmation_meant_for_an_old_incarnation_confirms_nothing(start_brok
     from brokerd.router.mesh_format import HELLO, INTEREST
     from tests.helpers import free_port
 
-    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *mesh_key(), "--replication-factor", "1",
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *LEASES, *mesh_key(), "--replication-factor", "1",
                           workers=1)
     u = uid()
     pub = Client(broker.port, f"p{u}").connect()
@@ -692,7 +692,7 @@ def test_what_reaches_a_sessions_old_router_after_it_moved_is_handed_on_once(sta
     from tests.cluster.conftest import client_worker
     from tests.helpers import free_port
 
-    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *mesh_key(), "--mesh-timeout", "3",
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *LEASES, *mesh_key(), "--mesh-timeout", "3",
                           "--replication-factor", "1", workers=2)  # (the fake acknowledges no replica)
     u = uid()
     topic = f"ho{u}"
@@ -791,7 +791,7 @@ def test_a_move_confirmed_only_after_its_new_router_fell_silent_is_settled_then(
     )
     from tests.helpers import free_port
 
-    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *mesh_key(), "--mesh-timeout", "1",
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *LEASES, *mesh_key(), "--mesh-timeout", "1",
                           "--replication-factor", "1", workers=1)  # (the fake acknowledges no replica)
     u = uid()
     cid, topic = f"d{u}", f"dt{u}"
@@ -851,7 +851,7 @@ def test_what_a_sessions_old_router_had_not_handed_on_when_it_fell_silent_is_rea
     )
     from tests.helpers import free_port
 
-    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *mesh_key(), "--mesh-timeout", "1",
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *LEASES, *mesh_key(), "--mesh-timeout", "1",
                           "--replication-factor", "1", workers=1)
     u = uid()
     cid, topic = f"h{u}", f"ht{u}"
@@ -922,7 +922,7 @@ def test_a_takeover_confirmed_while_the_old_router_was_silent_is_confirmed_when_
     from brokerd.router.mesh_format import HELLO, TAKEOVER_DONE, TAKEOVER_REQ, TAKEOVER_RESP
     from tests.helpers import free_port
 
-    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *mesh_key(), "--mesh-timeout", "1",
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *LEASES, *mesh_key(), "--mesh-timeout", "1",
                           "--replication-factor", "1", workers=1)
     u = uid()
     cid = f"n{u}"
@@ -965,7 +965,7 @@ def test_a_session_moved_while_a_router_was_silent_asks_it_for_what_it_published
     from tests.cluster.conftest import worker_of
     from tests.helpers import connect_packet, free_port
 
-    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *mesh_key(), "--mesh-timeout", "1",
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *LEASES, *mesh_key(), "--mesh-timeout", "1",
                           "--replication-factor", "1")
     u = uid()
     cid = f"mv{u}"

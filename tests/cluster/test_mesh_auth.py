@@ -23,7 +23,7 @@ import zmq.auth
 from brokerd.router.mesh_format import HELLO, INTEREST
 from tests.cluster.fake_router import FakeRouter
 from tests.cluster.test_multihost import mesh_peers, mesh_port
-from tests.helpers import BROKERD, Client, free_port, mesh_key
+from tests.helpers import BROKERD, LEASES, Client, free_port, mesh_key
 
 OUTSIDER = "outsider/w0"
 QUIET_S = 2.0  # how long the outsider keeps trying after the message it must not get was delivered
@@ -35,7 +35,7 @@ def test_a_mesh_without_a_key_is_refused_at_start_loopback_too(tmp_path, given):
     argv = [BROKERD, "--listen", f"127.0.0.1:{free_port()}", "--data-dir", str(tmp_path)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("BROKERD_")}
     if given == "argv":
-        argv += ["--mesh", f"127.0.0.1:{mp}"]
+        argv += ["--mesh", f"127.0.0.1:{mp}", *LEASES]
     else:
         env["BROKERD_MESH"] = f"127.0.0.1:{mp}"
     r = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env)
@@ -58,7 +58,7 @@ def _outsider_key(kind: str, tmp_path) -> str | None:
 def test_a_process_without_the_clusters_key_reads_nothing_and_is_no_peer(start_broker, tmp_path, kind):
     """One worker: the outsider speaks to router 0's port."""
     mp = mesh_port("127.0.0.1")
-    broker = start_broker("--mesh", f"127.0.0.1:{mp}", *mesh_key(), workers=1)
+    broker = start_broker("--mesh", f"127.0.0.1:{mp}", *LEASES, *mesh_key(), workers=1)
     u = uuid.uuid4().hex[:6]
     sub = Client(broker.port, f"s{u}").connect()
     sub.subscribe(f"secret{u}/#", 1)
@@ -94,7 +94,7 @@ def test_with_mesh_insecure_on_a_local_process_joins_and_reads_the_mesh(start_br
     """What the keyed node refuses above, said in so many words by the operator: the node warns at
     start, and the same outsider becomes a peer that reads every message. One worker, as above."""
     mp = mesh_port("127.0.0.1")
-    broker = start_broker("--mesh", f"127.0.0.1:{mp}", "--mesh-insecure", "on", workers=1)
+    broker = start_broker("--mesh", f"127.0.0.1:{mp}", *LEASES, "--mesh-insecure", "on", workers=1)
     broker.wait_log(f"mesh: 127.0.0.1:{mp} is unauthenticated and unencrypted (--mesh-insecure on)")
     u = uuid.uuid4().hex[:6]
     pub = Client(broker.port, f"p{u}").connect()

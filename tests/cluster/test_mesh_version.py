@@ -8,12 +8,12 @@ import zmq.auth
 
 from brokerd.cluster.mesh import MESH_VERSION, PUBLISH
 from tests.cluster.test_multihost import mesh_port
-from tests.helpers import Client, mesh_key, mesh_key_file
+from tests.helpers import LEASES, Client, mesh_key, mesh_key_file
 
 
 def test_frame_of_another_mesh_version_is_refused_and_logged(start_broker):
     mp = mesh_port("127.0.0.1")
-    broker = start_broker("--mesh", f"127.0.0.1:{mp}", *mesh_key(), workers=1)
+    broker = start_broker("--mesh", f"127.0.0.1:{mp}", *LEASES, *mesh_key(), workers=1)
     sub = Client(broker.port, "vsub").connect()
     sub.subscribe("v/#", 0)
     ctx = zmq.Context()

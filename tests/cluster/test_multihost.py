@@ -15,7 +15,7 @@ import pytest
 
 from brokerd.cluster.config import load
 from brokerd.cluster.stats_cli import StatsReader
-from tests.helpers import BROKERD, Broker, Client, free_port, in_parallel, mesh_key, stop_together
+from tests.helpers import BROKERD, LEASES, Broker, Client, free_port, in_parallel, mesh_key, stop_together
 
 
 def mesh_port(host: str) -> int:
@@ -40,7 +40,7 @@ def start_nodes(start_broker, *extra_by_node: list[str]):
     peers = [[1], [0], [1]]
 
     def start(i: int, h: str, name: str) -> Broker:
-        args = ["--mesh", f"{h}:{mports[i]}", *mesh_key()]  # a --mesh-key in extra_by_node replaces it
+        args = ["--mesh", f"{h}:{mports[i]}", *LEASES, *mesh_key()]  # a --mesh-key in extra_by_node replaces it
         for j in peers[i]:
             args += ["--peer", f"{hosts[j]}:{mports[j]}"]
         args += extra_by_node[i] if i < len(extra_by_node) else []
@@ -106,7 +106,7 @@ def two_nodes(xprocess, data_dir: Callable[[str], object], label: str, *extra: s
             port = free_port(host)
             argv = ["--workers", "2", "--listen", f"{host}:{port}", "--node-id", name,
                     "--data-dir", str(data_dir(name)), *mesh_key(),
-                    "--mesh", f"{host}:{mports[i]}", "--peer", f"{hosts[other]}:{mports[other]}", *extra]
+                    "--mesh", f"{host}:{mports[i]}", *LEASES, "--peer", f"{hosts[other]}:{mports[other]}", *extra]
             started.append(Broker(xprocess, f"brokerd-{label}-node-{name}-{port}", argv, host, port))
         in_parallel(*(broker.start for broker in started))
         for n in started:

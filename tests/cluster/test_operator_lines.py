@@ -15,7 +15,7 @@ import zmq.auth
 
 from tests.cluster.test_multihost import mesh_port
 from tests.cluster.test_replication import three_nodes
-from tests.helpers import BROKERD, mesh_key
+from tests.helpers import BROKERD, LEASES, mesh_key
 
 QUIET_S = 3.0  # ZeroMQ retries a refused handshake every 50 ms to 1 s: this is many retries
 
@@ -30,8 +30,8 @@ def _stats(*args: str) -> str:
 def test_a_node_with_another_mesh_key_says_which_peer_it_cannot_join(start_broker, tmp_path):
     _, other_key = zmq.auth.create_certificates(str(tmp_path), "other")
     pa, pb = mesh_port("127.0.0.1"), mesh_port("127.0.0.2")
-    start_broker("--mesh", f"127.0.0.1:{pa}", *mesh_key(), workers=1, node_id="a")
-    b = start_broker("--mesh", f"127.0.0.2:{pb}", "--mesh-key", other_key, "--peer", f"127.0.0.1:{pa}",
+    start_broker("--mesh", f"127.0.0.1:{pa}", *LEASES, *mesh_key(), workers=1, node_id="a")
+    b = start_broker("--mesh", f"127.0.0.2:{pb}", *LEASES, "--mesh-key", other_key, "--peer", f"127.0.0.1:{pa}",
                      workers=1, host="127.0.0.2", node_id="b")
     line = f"mesh: cannot join the peer at tcp://127.0.0.1:{pa}: CURVE handshake failed"
     b.wait_log(line)

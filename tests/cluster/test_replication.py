@@ -35,6 +35,7 @@ from brokerd.router.mesh_format import (
 from tests.cluster.fake_router import FakeRouter, mesh_endpoint
 from tests.cluster.test_multihost import mesh_peers, mesh_port, stats_reader
 from tests.helpers import (
+    LEASES,
     Broker,
     Client,
     RawClient,
@@ -56,7 +57,7 @@ def three_nodes(start_broker, *extra: str) -> dict:
     ports = {n: mesh_port(h) for n, h in HOSTS.items()}
 
     def start(name: str, host: str) -> Broker:
-        args = ["--mesh", f"{host}:{ports[name]}", *mesh_key(), "--mesh-timeout", "1", "--fsync", "always",
+        args = ["--mesh", f"{host}:{ports[name]}", *LEASES, *mesh_key(), "--mesh-timeout", "1", "--fsync", "always",
                 *extra]
         # b and c join through a; a names b.
         seed = "b" if name == "a" else "a"
@@ -88,7 +89,7 @@ def three_nodes_behind_proxies(start_broker, proxies: dict, *extra: str) -> dict
     def start(name: str, host: str) -> Broker:
         seed = "b" if name == "a" else "a"
         return start_broker(
-            "--mesh", f"{host}:{ports[name]}", *mesh_key(),
+            "--mesh", f"{host}:{ports[name]}", *LEASES, *mesh_key(),
             "--mesh-advertise", f"{host}:{proxies[name].port}",
             "--peer", f"{HOSTS[seed]}:{proxies[seed].port}", "--mesh-timeout", "1", "--fsync", "always",
             "--replication-factor", "2", *extra, host=host, node_id=name, workers=1)
@@ -224,10 +225,10 @@ def test_replication_needs_a_mesh_and_a_log(tmp_path):
     with pytest.raises(ConfigError, match="needs --mesh"):
         load(["--replication-factor", "2"], environ={})
     with pytest.raises(ConfigError, match="needs --log on"):
-        load(["--replication-factor", "2", "--mesh", "127.0.0.1:7000", "--log", "off"], environ={})
+        load(["--replication-factor", "2", "--mesh", "127.0.0.1:7000", *LEASES, "--log", "off"], environ={})
     with pytest.raises(ConfigError, match="more than --replication-factor"):
-        load(["--min-insync", "3", "--replication-factor", "2", "--mesh", "127.0.0.1:7000"], environ={})
-    cfg = load(["--mesh", "127.0.0.1:7000", *mesh_key()], environ={})
+        load(["--min-insync", "3", "--replication-factor", "2", "--mesh", "127.0.0.1:7000", *LEASES], environ={})
+    cfg = load(["--mesh", "127.0.0.1:7000", *LEASES, *mesh_key()], environ={})
     assert (cfg.replication_factor, cfg.min_insync) == (2, 2)
     assert (load([], environ={}).replication_factor, load([], environ={}).min_insync) == (1, 1)
 
@@ -723,7 +724,7 @@ def test_a_third_node_joining_a_node_whose_only_peer_died_does_not_cut_it_off(st
     ports = {n: mesh_port(h) for n, h in HOSTS.items()}
 
     def start(name: str, seed: str) -> Broker:
-        return start_broker("--mesh", f"{HOSTS[name]}:{ports[name]}", *mesh_key(),
+        return start_broker("--mesh", f"{HOSTS[name]}:{ports[name]}", *LEASES, *mesh_key(),
                             "--peer", f"{HOSTS[seed]}:{ports[seed]}",
                             "--mesh-timeout", "1", "--replication-factor", "2", host=HOSTS[name], node_id=name,
                             workers=1)
@@ -1068,7 +1069,7 @@ def test_of_two_copies_of_a_session_the_most_recent_is_taken(start_broker, holde
     returns. The same holds for two live routers (a partition's two sides for a moment after it
     healed). Two fake routers of other nodes play the holders: the stale copy answers at once,
     the current one 0.3 s later. One worker: the router that takes over."""
-    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *mesh_key(), "--replication-factor", "2",
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *LEASES, *mesh_key(), "--replication-factor", "2",
                           "--mesh-timeout", "3", workers=1)
     u = uuid.uuid4().hex[:6]
     cid = f"s{u}"
@@ -1134,7 +1135,7 @@ def test_a_copy_here_older_than_the_one_a_takeover_brings_gives_way(start_broker
     client reconnects: the more recent copy is its session (its subscription and queued message),
     as among copies offered by several routers; before, the copy here was kept whatever its age,
     and the holder of the current one was told to drop it. One worker: the router that decides."""
-    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *mesh_key(), "--replication-factor", "2",
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *LEASES, *mesh_key(), "--replication-factor", "2",
                           "--mesh-timeout", "3", workers=1)
     u = uuid.uuid4().hex[:6]
     cid = f"s{u}"
@@ -1165,7 +1166,7 @@ def test_a_router_tells_a_former_follower_to_drop_the_sessions_it_holds(start_br
     that holds a replica of its log without following it now to drop its sessions (a full, empty
     SESSION_STATE), once per incarnation. Two fake routers of other nodes both claim a replica of
     the broker's log; the one it follows gets the session, the other an empty set."""
-    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *mesh_key(), "--replication-factor", "2",
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *LEASES, *mesh_key(), "--replication-factor", "2",
                           "--mesh-timeout", "3", workers=1)
     u = uuid.uuid4().hex[:6]
     client = Client(broker.port, f"s{u}", clean=False).connect()
@@ -1196,7 +1197,7 @@ def test_a_clean_start_fences_the_silent_router_whose_replica_gave_the_session(s
     over; the silent router it came from must drop its own copy when it returns (SESSION_GONE),
     or the old session, subscriptions and backlog, comes back there. Before, only a resumed
     session fenced it. A fake router of another node holds the replica copy."""
-    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *mesh_key(), "--replication-factor", "2",
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *LEASES, *mesh_key(), "--replication-factor", "2",
                           "--mesh-timeout", "3", workers=1)
     u = uuid.uuid4().hex[:6]
     cid = f"s{u}"
@@ -1216,7 +1217,7 @@ def test_the_holder_of_a_replica_keeps_a_session_until_its_new_owner_confirms(st
     again, with the same messages; once confirmed (true), the copy here is dropped. (A holder
     that dropped its copy at the answer would lose the session with a transfer that breaks off.)
     One worker: the holder."""
-    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *mesh_key(), "--replication-factor", "2",
+    broker = start_broker("--mesh", f"127.0.0.1:{free_port()}", *LEASES, *mesh_key(), "--replication-factor", "2",
                           "--mesh-timeout", "2", workers=1)
     u = uuid.uuid4().hex[:6]
     cid = f"r{u}"

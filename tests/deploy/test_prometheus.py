@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.test_files import DEPLOY, alert_rules, metrics_in
-from tests.helpers import Client, cid, free_port, mesh_key, wait_for
+from tests.helpers import LEASES, Client, cid, free_port, mesh_key, wait_for
 
 MESSAGES = 25
 BOUND_S = 20.0  # every wait for Prometheus (start, scrape, evaluation)
@@ -86,9 +86,9 @@ def test_prometheus_scrapes_brokerd_and_counts_what_was_sent(start_broker, prome
     # replication series the alerts use exist too.
     mesh_a, mesh_b = mesh_port("127.0.0.1"), mesh_port("127.0.0.2")
     broker = start_broker("--metrics-port", str(metrics_port), "--stats-interval", "0.5", "--mesh",
-                          f"127.0.0.1:{mesh_a}", "--peer", f"127.0.0.2:{mesh_b}", *mesh_key(), workers=2,
+                          f"127.0.0.1:{mesh_a}", *LEASES, "--peer", f"127.0.0.2:{mesh_b}", *mesh_key(), workers=2,
                           node_id="prom")
-    start_broker("--mesh", f"127.0.0.2:{mesh_b}", "--peer", f"127.0.0.1:{mesh_a}", *mesh_key(),
+    start_broker("--mesh", f"127.0.0.2:{mesh_b}", *LEASES, "--peer", f"127.0.0.1:{mesh_a}", *mesh_key(),
                  host="127.0.0.2", node_id="peer")
     base = prometheus([f"127.0.0.1:{metrics_port}"])
 

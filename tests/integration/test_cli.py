@@ -6,7 +6,7 @@ import re
 import subprocess
 
 from brokerd.cluster.config import OPTIONS
-from tests.helpers import BROKERD, Client, RawClient, connect_packet, free_port, mesh_key
+from tests.helpers import BROKERD, LEASES, Client, RawClient, connect_packet, free_port, mesh_key
 
 
 def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -125,7 +125,7 @@ def test_ready_line_says_what_runs_and_where(start_broker, tmp_path):
     from tests.cluster.test_multihost import mesh_port
 
     mport, metrics = mesh_port("127.0.0.1"), free_port()
-    broker = start_broker("--mesh", f"127.0.0.1:{mport}", *mesh_key(), "--metrics-port", str(metrics),
+    broker = start_broker("--mesh", f"127.0.0.1:{mport}", *LEASES, *mesh_key(), "--metrics-port", str(metrics),
                           "--fsync", "always", workers=2)
     line = next(x for x in broker.log_text().splitlines() if "brokerd ready" in x)
     for part in (f"brokerd {__version__}", "node t", f"MQTT on 127.0.0.1:{broker.port}", "2 workers",
@@ -218,9 +218,9 @@ def test_mesh_joins_are_one_line_per_node(start_broker):
     from tests.cluster.test_multihost import mesh_port, wait_mesh_complete
 
     pa, pb = mesh_port("127.0.0.1"), mesh_port("127.0.0.2")
-    a = start_broker("--mesh", f"127.0.0.1:{pa}", *mesh_key(), "--peer", f"127.0.0.2:{pb}", workers=2,
+    a = start_broker("--mesh", f"127.0.0.1:{pa}", *LEASES, *mesh_key(), "--peer", f"127.0.0.2:{pb}", workers=2,
                      host="127.0.0.1", node_id="a")
-    b = start_broker("--mesh", f"127.0.0.2:{pb}", *mesh_key(), "--peer", f"127.0.0.1:{pa}", workers=2,
+    b = start_broker("--mesh", f"127.0.0.2:{pb}", *LEASES, *mesh_key(), "--peer", f"127.0.0.1:{pa}", workers=2,
                      host="127.0.0.2", node_id="b")
     wait_mesh_complete([a, b], routers=4)
     for me, other in ((a, "b"), (b, "a")):

@@ -15,7 +15,18 @@ import pytest
 
 from brokerd.cluster.paths import LOCK_FILE
 from tests.cluster.conftest import client_worker
-from tests.helpers import BROKERD, WAIT, Client, _alive, cid, free_port, mesh_key, wait_for, worker_pids
+from tests.helpers import (
+    BROKERD,
+    LEASES,
+    WAIT,
+    Client,
+    _alive,
+    cid,
+    free_port,
+    mesh_key,
+    wait_for,
+    worker_pids,
+)
 
 FAIL_FAST_S = 20.0  # bound on a brokerd that must stop at start-up
 
@@ -129,7 +140,7 @@ def test_the_agreement_journal_locks_the_data_directory_with_the_log_off(start_b
 
 def test_a_port_or_node_a_broker_serves_stops_a_second_broker_with_one_line(start_broker, tmp_path):
     mesh = free_port()
-    first = start_broker("--log", "off", "--mesh", f"127.0.0.1:{mesh}", *mesh_key())
+    first = start_broker("--log", "off", "--mesh", f"127.0.0.1:{mesh}", *LEASES, *mesh_key())
     common = ("--workers", "1", "--log", "off", "--data-dir", str(tmp_path / "other"))
 
     r = run_failing(*common, "--listen", f"127.0.0.1:{first.port}", "--node-id", "t")
@@ -137,7 +148,7 @@ def test_a_port_or_node_a_broker_serves_stops_a_second_broker_with_one_line(star
     assert one_line(r) == f"brokerd: error: --listen: 127.0.0.1:{first.port} is already in use (another broker running?)"
 
     r = run_failing(*common, "--listen", f"127.0.0.1:{free_port()}", "--node-id", "u",
-                    "--mesh", f"127.0.0.1:{mesh}", *mesh_key())
+                    "--mesh", f"127.0.0.1:{mesh}", *LEASES, *mesh_key())
     assert r.returncode != 0
     assert one_line(r) == f"brokerd: error: --mesh: 127.0.0.1:{mesh} is already in use (another broker running?)"
 
@@ -152,7 +163,7 @@ def test_a_port_or_node_a_broker_serves_stops_a_second_broker_with_one_line(star
 @pytest.mark.parametrize("args, option", [
     (["--metrics-port", "70000"], "--metrics-port"),
     (["--stats-port", "65535", "--workers", "2"], "--stats-port"),
-    (["--mesh", "127.0.0.1:65535", "--workers", "2"], "--mesh"),
+    (["--mesh", "127.0.0.1:65535", *LEASES, "--workers", "2"], "--mesh"),
     (["--stats-interval", "0"], "--stats-interval"),
 ])
 def test_a_wrong_option_stops_startup_before_anything_forks(tmp_path, args, option):
@@ -205,8 +216,8 @@ def _run_dir(path: Path, holder: int | None, *sockets: str) -> Path:
 
 @pytest.mark.parametrize("argv, message", [
     (["--port", "0"], "--port: must be a port number (1-65535), got 0"),
-    (["--mesh", "127.0.0.1:7000", "--peer", "127.0.0.1:0"], "--peer: must be a port number (1-65535)"),
-    (["--listen", "127.0.0.1:1883", "--mesh", "0.0.0.0:1882", "--workers", "2"],
+    (["--mesh", "127.0.0.1:7000", *LEASES, "--peer", "127.0.0.1:0"], "--peer: must be a port number (1-65535)"),
+    (["--listen", "127.0.0.1:1883", "--mesh", "0.0.0.0:1882", *LEASES, "--workers", "2"],
      "--mesh: port 1883 is also used by --listen"),
     (["--listen", "0.0.0.0:1883", "--metrics-port", "1883"], "--metrics-port: port 1883 is also used by --listen"),
     (["--sys-interval", "-1"], "--sys-interval: must be at least 0"),
@@ -219,4 +230,4 @@ def test_option_rules_between_and_within_options(argv, message):
         load(argv)
     assert str(err.value).startswith(message), str(err.value)
     # other addresses
-    load(["--listen", "127.0.0.2:1883", "--mesh", "127.0.0.1:1883", *mesh_key(), "--workers", "2"])
+    load(["--listen", "127.0.0.2:1883", "--mesh", "127.0.0.1:1883", *LEASES, *mesh_key(), "--workers", "2"])

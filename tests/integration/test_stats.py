@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from brokerd.cluster.config import load
 from brokerd.cluster.stats_cli import StatsReader
-from tests.helpers import BROKERD, WAIT, Broker, Client, free_port, mesh_key, wait_for
+from tests.helpers import BROKERD, LEASES, WAIT, Broker, Client, free_port, mesh_key, wait_for
 
 WORKERS = 2
 INTERVAL = "0.2"
@@ -645,7 +645,7 @@ def test_stats_cluster_view_from_one_node(start_in, tmp_path):
         peer = 1 if i == 0 else i - 1
         extra = ["--stats-port", str(stats_port), "--stats-host", host] if name == "c" else []
         # c runs "on another host": another run directory base, its stats on tcp.
-        nodes.append(start_in(here if name != "c" else elsewhere, "--mesh", f"{host}:{ports[i]}", "--peer",
+        nodes.append(start_in(here if name != "c" else elsewhere, "--mesh", f"{host}:{ports[i]}", *LEASES, "--peer",
                               f"{hosts[peer]}:{ports[peer]}", *mesh_key(), *extra, workers=WORKERS, host=host,
                               node_id=name))
     wait_mesh_complete(nodes, routers=6)
@@ -677,7 +677,7 @@ def test_stats_cluster_leaves_out_a_broker_of_another_cluster_on_the_same_host(s
     run = str(tmp_path / "run")
     hosts = {"a": "127.0.0.1", "b": "127.0.0.2"}
     ports = {n: mesh_port(h) for n, h in hosts.items()}
-    nodes = [start_in(run, "--mesh", f"{h}:{ports[n]}", "--peer", f"{hosts['b' if n == 'a' else 'a']}:"
+    nodes = [start_in(run, "--mesh", f"{h}:{ports[n]}", *LEASES, "--peer", f"{hosts['b' if n == 'a' else 'a']}:"
                       f"{ports['b' if n == 'a' else 'a']}", *mesh_key(), workers=1, host=h, node_id=n)
              for n, h in hosts.items()]
     start_in(run, workers=1, node_id="x")

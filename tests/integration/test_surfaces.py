@@ -11,15 +11,15 @@ import pytest
 
 from brokerd.cluster.config import ConfigError, load
 from brokerd.cluster.paths import private_dir
-from tests.helpers import Client
+from tests.helpers import LEASES, Client
 
 
 def test_a_mesh_needs_a_key_or_the_operators_word_loopback_too():
     for address in ("0.0.0.0:7000", "127.0.0.2:7000"):  # every local process reaches loopback
         with pytest.raises(ConfigError, match=f"--mesh: {address} needs --mesh-key FILE.*brokerd keygen"):
-            load(["--mesh", address, "--listen", "127.0.0.1:1883"], environ={})
-    assert load(["--mesh", "0.0.0.0:7000", "--mesh-insecure", "on"], environ={}).mesh_insecure
-    assert load(["--mesh", "127.0.0.2:7000", "--mesh-key", "k.key_secret"], environ={}).mesh_key
+            load(["--mesh", address, *LEASES, "--listen", "127.0.0.1:1883"], environ={})
+    assert load(["--mesh", "0.0.0.0:7000", *LEASES, "--mesh-insecure", "on"], environ={}).mesh_insecure
+    assert load(["--mesh", "127.0.0.2:7000", *LEASES, "--mesh-key", "k.key_secret"], environ={}).mesh_key
 
 
 def test_run_directories_are_private_and_checked(tmp_path):

@@ -42,7 +42,7 @@ from tests.chaos.harness import (
     probe_mesh,
     serving_sessions,
 )
-from tests.helpers import Broker, in_parallel, mesh_key, wait_for
+from tests.helpers import LEASES, Broker, in_parallel, mesh_key, wait_for
 from tests.partition.netns import Lab, Namespace, tcp_sockets
 
 MQTT_PORT = 1883  # every node on its own address: the same ports everywhere, as on separate hosts
@@ -92,6 +92,8 @@ def start_nodes(start_broker: Callable[..., Broker], lab: Lab, args: list[str],
         if agreement:
             peers += ["--agreement", f"{ns.address}:{AGREEMENT_PORT}",
                       *(a for other in others for a in ("--agreement-peer", f"{other.address}:{AGREEMENT_PORT}"))]
+        else:
+            peers += LEASES
         argv = [*BROKER_ARGS, *FSYNC_ALWAYS, *args, "--mesh", f"{ns.address}:{MESH_PORT}", *mesh_key(), *peers]
         starts.append(functools.partial(start_broker, *argv, workers=workers, host=ns.address, port=MQTT_PORT,
                                         node_id=name, prefix=ns.exec_prefix()))

@@ -17,10 +17,32 @@ def test_agreement_with_its_peers_and_timeout():
     assert cfg.agreement_timeout == 2.5
 
 
-def test_agreement_is_off_by_default_and_alone_is_a_cluster_of_one():
-    cfg = load(MESH, {})
-    assert cfg.agreement is None and cfg.agreement_peer == () and cfg.agreement_timeout == 5.0
-    assert load([*MESH, "--agreement", "127.0.0.1:7300"], {}).agreement_peer == ()
+def test_a_mesh_needs_agreement_or_off_said_in_so_many_words():
+    """A node of a cluster runs on agreement, or on the lease rules (which a partition can make
+    lose acknowledged messages) only when its operator says ``off``: never by omission."""
+    with pytest.raises(ConfigError) as refused:
+        load(MESH, {})
+    said = str(refused.value)
+    assert said.startswith("--mesh: 127.0.0.1:7100 needs --agreement HOST:PORT") and "--agreement off" in said
+    for off in ([*MESH, "--agreement", "off"], [*MESH, "--agreement", "OFF"]):
+        cfg = load(off, {})
+        assert cfg.agreement is None and cfg.agreement_off and cfg.agreement_peer == ()
+    assert load(MESH, {"BROKERD_AGREEMENT": "off"}).agreement_off
+    insecure = load(["--mesh", "127.0.0.1:7100", "--mesh-insecure", "on", "--agreement", "off"], {})
+    assert insecure.agreement is None and insecure.agreement_off
+    assert not load([], {}).agreement_off  # a node alone needs neither
+
+
+def test_agreement_alone_is_a_cluster_of_one():
+    cfg = load([*MESH, "--agreement", "127.0.0.1:7300"], {})
+    assert cfg.agreement == ("127.0.0.1", 7300) and cfg.agreement_peer == () and cfg.agreement_timeout == 5.0
+    assert not cfg.agreement_off
+
+
+def test_agreement_off_from_a_toml_file(tmp_path):
+    conf = tmp_path / "brokerd.toml"
+    conf.write_text('mesh = "127.0.0.1:7100"\nmesh_key = "k.key_secret"\nagreement = "off"\n')
+    assert load(["--config", str(conf)], {}).agreement_off
 
 
 def test_agreement_peers_from_the_environment():
@@ -42,6 +64,9 @@ def test_one_list_of_members_serves_every_node():
      "--agreement: 127.0.0.1:7300 needs --mesh and --mesh-key FILE"),
     (["--agreement", "127.0.0.1:7300"], "--agreement: 127.0.0.1:7300 needs --mesh and --mesh-key FILE"),
     ([*MESH, "--agreement-peer", "127.0.0.2:7300"], "--agreement-peer: needs --agreement HOST:PORT"),
+    ([*MESH, "--agreement", "off", "--agreement-peer", "127.0.0.2:7300"],
+     "--agreement-peer: needs --agreement HOST:PORT"),
+    ([*MESH, "--agreement", "of"], "--agreement: invalid value 'of'"),
     ([*MESH, "--agreement", "0.0.0.0:7300"], "--agreement: 0.0.0.0:7300 is no address another node can reach"),
     ([*MESH, "--agreement", "127.0.0.1:7100"], "--agreement: port 7100 is also used by --mesh"),
     ([*MESH, "--agreement", "127.0.0.1:0"], "--agreement: must be a port number"),

@@ -19,13 +19,13 @@ def test_values_of_each_kind_come_from_the_environment():
     cfg = load([], {
         "BROKERD_WORKERS": "3", "BROKERD_LISTEN": "127.0.0.1:1999", "BROKERD_LOG": "off",
         "BROKERD_FSYNC": "always", "BROKERD_SEGMENT_BYTES": "8M", "BROKERD_MESH_TIMEOUT": "1.5",
-        "BROKERD_MESH": "127.0.0.1:7100", "BROKERD_MESH_KEY": "k.key_secret",
+        "BROKERD_MESH": "127.0.0.1:7100", "BROKERD_MESH_KEY": "k.key_secret", "BROKERD_AGREEMENT": "off",
         "BROKERD_PEER": "127.0.0.2:7100, 127.0.0.3:7100,", "BROKERD_NODE_ID": "env-node",
         "BROKERD_LOG_LEVEL": "debug",
     })
     assert cfg.workers == 3 and cfg.listen == ("127.0.0.1", 1999) and cfg.log is False
     assert cfg.fsync == "always" and cfg.segment_bytes == 8 << 20 and cfg.mesh_timeout == 1.5
-    assert cfg.mesh == ("127.0.0.1", 7100) and cfg.mesh_key == "k.key_secret"
+    assert cfg.mesh == ("127.0.0.1", 7100) and cfg.mesh_key == "k.key_secret" and cfg.agreement_off
     assert cfg.peer == (("127.0.0.2", 7100), ("127.0.0.3", 7100))
     assert cfg.node_id == "env-node" and cfg.log_level == "debug"
 
