@@ -129,6 +129,7 @@ class Agreement:
             dump = os.path.join(data_dir, "raft.snapshot")
         conf = SyncObjConf(
             password=password,
+            bindAddress=bind_address(address),
             autoTick=True,
             raftMinTimeout=election_timeout[0],
             raftMaxTimeout=election_timeout[1],
@@ -217,6 +218,19 @@ class Agreement:
         if not self._closed:
             self._closed = True
             self._replica.destroy_synchronous()
+
+
+def bind_address(address: str) -> str:
+    """Where the member listens: its own address, resolved as the supervisor's start check binds it.
+    PySyncObj binds 0.0.0.0 (or ::) at the member's port otherwise, and a wildcard bind fails while
+    any socket of the host holds that port on any address, such as a client's ephemeral port: it
+    retries every second without a word, and the member, never bound, connects to nobody either
+    (chaos seed 1151369154: node c's member alone for 30 s while a client of another test held
+    its port on another address)."""
+    host, port = address.rsplit(":", 1)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    ip = socket.getaddrinfo(host, int(port), family, socket.SOCK_STREAM)[0][4][0]
+    return f"{ip}:{port}"
 
 
 def _settle(waiter: asyncio.Future, f: concurrent.futures.Future) -> None:

@@ -75,7 +75,7 @@ import paho.mqtt.client as mqtt
 import psutil
 
 from tests.cluster.partition import MeshProxy
-from tests.helpers import LEASES, WAIT, Broker, Client, in_parallel, mesh_key, wait_for
+from tests.helpers import LEASES, WAIT, Broker, Client, free_port, in_parallel, mesh_key, wait_for
 
 MESH_TIMEOUT = 1.0  # --mesh-timeout of every broker: short, so a SIGSTOP beyond it is short too
 # The default --fsync (interval): an acknowledgement waits for its record's write, so no SIGKILL
@@ -1360,11 +1360,11 @@ def probe_mesh(nodes: list[Node], tag: str, wait: float, credentials: tuple[str,
 
 
 def _mesh_port(host: str, count: int) -> int:
-    """A port P with P .. P+count-1 free on ``host`` (router i of a node binds P+i)."""
+    """A port P with P .. P+count-1 free on ``host`` (router i of a node binds P+i), below the
+    kernel's ephemeral range (``free_port``): a port bound to 0 comes from that range, where a
+    client connection of this or another test may take it before the node binds it."""
     for _ in range(50):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            p = s.getsockname()[1]
+        p = free_port(host)
         try:
             for i in range(1, count):
                 with socket.socket() as s2:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -171,6 +172,41 @@ def test_a_node_cut_off_from_the_two_others_refuses_proposals_and_has_no_majorit
         wait_for(lambda: "agreement: majority lost" in a.log_text(), 5.0, "a's warning")
 
     asyncio.run(main())
+
+
+def test_a_member_whose_port_a_socket_holds_on_another_address_listens_on_its_own_and_joins(start_broker):
+    """A member listens on its --agreement address, not on every address at its port: a wildcard
+    bind fails while any socket of the host holds the port on any address (a client's ephemeral
+    port, as in chaos seed 1151369154), and PySyncObj, retrying without a word, then connects to
+    nobody either. Nodes on 127.0.0.1, .2 and .3 (as the chaos suite runs them); c's port is held
+    on 127.0.0.1 by a bound socket without SO_REUSEADDR, as a client's is, the whole test long."""
+    hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    mesh = [free_port(h) for h in hosts]
+    agree = [free_port("0.0.0.0") for _ in hosts]  # free on every address: the holder below can take c's
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", agree[2]))
+    peers = [f"{h}:{p}" for h, p in zip(hosts, agree, strict=True)]
+
+    def node(i: int) -> Broker:
+        args = ["--mesh", f"{hosts[i]}:{mesh[i]}", *mesh_key(), "--agreement", peers[i],
+                "--peer", f"{hosts[i - 1]}:{mesh[i - 1]}"]
+        args += [a for j in range(3) if j != i for a in ("--agreement-peer", peers[j])]
+        return start_broker(*args, host=hosts[i], node_id="abc"[i])
+
+    try:
+        nodes = in_parallel(*(lambda i=i: node(i) for i in range(3)))
+
+        async def main() -> None:
+            (cc,) = await clients(nodes[2])  # its majority: c's member commits
+            try:
+                status = await cc.status()
+                assert status["joined"] is True and sorted(status["members"]) == ["a", "b", "c"], status
+            finally:
+                await cc.close()
+
+        asyncio.run(main())
+    finally:
+        holder.close()
 
 
 # -- the service in this process: one member (a cluster of one), its sockets and the client -------
