@@ -159,6 +159,12 @@ class Agreement:
         leader = self._replica._getLeader()
         return None if leader is None else leader.address
 
+    @property
+    def listening(self) -> bool:
+        """Whether the member's port is bound: until then PySyncObj ticks nothing else (no peer is
+        connected to), and retries the bind every second without a word."""
+        return bool(self._replica._SyncObj__transport.ready)
+
     def propose_later(self, commands: Sequence[Command], timeout: float) -> concurrent.futures.Future:
         """Propose from any thread: a Future set (in PySyncObj's thread) with the results. A
         proposal the engine drops (a leader lost, none elected yet) is proposed again until

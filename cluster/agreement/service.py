@@ -55,6 +55,7 @@ PROBE_EVERY_S = 0.5
 PROBE_TIMEOUT_S = 1.5
 MAJORITY_REPEAT_S = 1.0  # ["majority", bool] again, for subscribers that came late
 JOIN_TIMEOUT_S = 5.0
+UNBOUND_GRACE_S = 2.0  # a member not listening this long after its start is said to be
 ENTRY_COMMANDS = 5000  # most commands in one Raft entry (a bigger request goes alone)
 ROUND_REQUESTS = 10_000  # requests read in one poll round before the rest wait for the next
 QUEUE_HWM = 1_000_000  # messages queued per socket: a mass failover's requests at once (ZeroMQ's 1,000 refused them)
@@ -138,6 +139,35 @@ class Majority:
         return self.last_ok is not None and now - self.last_ok <= self.window
 
 
+class Unbound:
+    """When to say that the member's port is not bound: PySyncObj retries a failed bind every second
+    without a word, and a member not bound ticks nothing else, so it reaches no peer either (chaos
+    seed 1151369154, undiagnosed for a day). Said once it lasted ``grace``, and again once bound."""
+
+    def __init__(self, started: float, grace: float = UNBOUND_GRACE_S) -> None:
+        self.started = started
+        self.grace = grace
+        self.said = False
+
+    def news(self, listening: bool, now: float) -> str | None:
+        """"unbound" the first time the member is not bound ``grace`` after its start, "bound" once
+        it is after that; else None."""
+        if listening:
+            said, self.said = self.said, False
+            return "bound" if said else None
+        if self.said or now - self.started < self.grace:
+            return None
+        self.said = True
+        return "unbound"
+
+
+UNBOUND_LOG = {  # Unbound's news: how the service says it (with the member's address)
+    "unbound": (logging.WARNING, "agreement: cannot listen on %s yet (its port taken on this host?): tried again "
+                "every second; until then this member reaches no other"),
+    "bound": (logging.INFO, "agreement: listening on %s now"),
+}
+
+
 # -- the service --------------------------------------------------------------------------------------
 
 @dataclass
@@ -162,6 +192,10 @@ class Engine(Protocol):
     def leader(self) -> str | None:
         """The leader this member knows of, if any."""
 
+    @property
+    def listening(self) -> bool:
+        """Whether the member's port is bound."""
+
     def propose_later(self, commands: Sequence[Command], timeout: float) -> concurrent.futures.Future:
         """One entry proposed: a Future set with its results, or failed (``NoAgreement``)."""
 
@@ -185,6 +219,7 @@ class Service:
         self.engine = engine(self.address, self.peers, password(config), data_dir=data_dir(config),
                              on_changed=self._changed)
         self.majority = Majority()
+        self.unbound = Unbound(self.clock())
         self.had_majority = False
         self.majority_seen = False  # had it once: a later one is "regained"
         self.leader: str | None = None
@@ -405,6 +440,10 @@ class Service:
         if not self.joined and now >= self.next_join and not any(e.kind == "join" for e in self.in_flight):
             self.next_join = now + JOIN_TIMEOUT_S
             self._propose("join", [join(self.config.node_id, self.address, self.incarnation)], JOIN_TIMEOUT_S)
+        news = self.unbound.news(self.engine.listening, now)
+        if news is not None:
+            level, text = UNBOUND_LOG[news]
+            log.log(level, text, self.address)
         leader = self.engine.leader
         if leader != self.leader:
             self.leader = leader

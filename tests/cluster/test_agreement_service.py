@@ -22,7 +22,7 @@ pytest.importorskip("brokerd.cluster.agreement.raft")
 
 from brokerd.cluster.agreement import state as S  # noqa: E402
 from brokerd.cluster.agreement.client import AgreementClient, NoAgreement  # noqa: E402
-from brokerd.cluster.agreement.service import ENTRY_COMMANDS, PROCESS_NAME, Service  # noqa: E402
+from brokerd.cluster.agreement.service import ENTRY_COMMANDS, PROCESS_NAME, UNBOUND_GRACE_S, Service  # noqa: E402
 from brokerd.cluster.agreement.state import OK, SESSION, STALE  # noqa: E402
 from brokerd.cluster.config import Config, load  # noqa: E402
 from tests.helpers import (  # noqa: E402
@@ -335,6 +335,41 @@ def test_a_client_started_before_its_service_refuses_by_timeout_then_uses_it_onc
         stop.set()
         if runner.is_alive():
             runner.join(10)
+
+
+def test_a_member_whose_port_is_taken_says_so_and_commits_once_it_is_free(tmp_path, monkeypatch, caplog):
+    """PySyncObj retries a failed bind every second without a word, and a member never bound
+    reaches no peer: the service says so after ``UNBOUND_GRACE_S``, and again once it listens."""
+    monkeypatch.setenv("BROKERD_RUN_DIR", str(tmp_path / "run"))
+    port = free_port()
+    cfg = Config(node_id="taken", listen=("127.0.0.1", free_port()), mesh=("127.0.0.1", free_port()),
+                 mesh_key=mesh_key_file(), agreement=("127.0.0.1", port), data_dir=str(tmp_path / "data"))
+    from brokerd.cluster.agreement.raft import Agreement
+
+    holder = socket.socket()  # as a client connection holds its local port: no SO_REUSEADDR
+    holder.bind(("127.0.0.1", port))
+    stop = threading.Event()
+    runner = threading.Thread(target=lambda: Service(cfg, Agreement).run(None, lambda: not stop.is_set()), daemon=True)
+    caplog.set_level("INFO", logger="brokerd.cluster.agreement.service")
+    runner.start()
+    try:
+        said = f"agreement: cannot listen on 127.0.0.1:{port} yet (its port taken on this host?)"
+        wait_for(lambda: said in caplog.text, UNBOUND_GRACE_S + 5.0, "the warning")
+        holder.close()
+        wait_for(lambda: f"agreement: listening on 127.0.0.1:{port} now" in caplog.text, 5.0, "the member bound")
+
+        async def main() -> None:
+            (client,) = await clients_of(cfg)
+            try:
+                assert (await client.propose([S.move(SESSION, "bound", None, 0, "r")], COMMIT))[0][:2] == [OK, "r"]
+            finally:
+                await client.close()
+
+        asyncio.run(main())
+    finally:
+        holder.close()
+        stop.set()
+        runner.join(10)
 
 
 def test_a_node_whose_agreement_journal_cannot_be_written_stops_at_start_naming_it(tmp_path):
