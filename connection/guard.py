@@ -7,12 +7,16 @@ Costs: without rates nothing per read; with them two token-bucket updates per re
 message) and one timer per pause. The unfinished-packet check is one attribute test per read, a
 set entry while a connection holds an unfinished packet, and once a second a look at those
 connections only (it was all of the worker's connections: a pause a second at 100k of them).
+
+Time is the loop's (``time()``, ``call_later``), as the keepalive wheel's: nothing here reads
+``time``, so a test gives a ``router.clock.FakeClock`` as the loop and no second passes for real.
+The rates need only a monotonic clock; the unfinished packet's start (``Holder.partial_since``)
+is on the loop's clock too.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
+from collections.abc import Callable
 from typing import Protocol
 
 from .listener import Listener
@@ -32,22 +36,32 @@ class GuardStats(Protocol):
 class Holder(Protocol):
     """A connection that may hold an unfinished packet (``MQTTConnection``)."""
 
-    partial_since: float  # when the unfinished packet began (0: none)
+    partial_since: float  # when the unfinished packet began, the loop's time (0: none)
     closing: bool
 
     def unfinished_packet_timeout(self, held: float) -> None: ...
 
 
+class LoopTime(Protocol):
+    """What the guard asks of its event loop: its time (seconds, monotonic) and a timer. An asyncio
+    loop, or a test's ``router.clock.FakeClock``."""
+
+    def time(self) -> float: ...
+
+    def call_later(self, delay: float, callback: Callable[[], object], /) -> object: ...
+
+
 class TokenBucket:
-    """``rate`` tokens a second, at most ``burst`` saved up (a second's worth by default)."""
+    """``rate`` tokens a second, at most ``burst`` saved up (a second's worth by default), full
+    at ``now`` (the seconds of any monotonic clock: ``take`` is given the same clock's)."""
 
     __slots__ = ("rate", "burst", "tokens", "stamp")
 
-    def __init__(self, rate: float, burst: float | None = None) -> None:
+    def __init__(self, rate: float, now: float, burst: float | None = None) -> None:
         self.rate = rate
         self.burst = burst if burst is not None else max(rate, 1.0)
         self.tokens = self.burst
-        self.stamp = time.monotonic()
+        self.stamp = now
 
     def take(self, n: float, now: float) -> float:
         """Spend ``n`` tokens (going into debt if need be); the seconds until the debt is paid."""
@@ -59,16 +73,19 @@ class TokenBucket:
 
 
 class ClientRate:
-    """One client's message and byte budgets; ``charge`` says how long to pause its reads."""
+    """One client's message and byte budgets; ``charge`` says how long to pause its reads.
+    ``clock``: the loop's ``time`` (seconds), read once a charge."""
 
-    __slots__ = ("msgs", "bytes")
+    __slots__ = ("msgs", "bytes", "clock")
 
-    def __init__(self, msg_rate: float, byte_rate: float) -> None:
-        self.msgs = TokenBucket(msg_rate) if msg_rate > 0 else None
-        self.bytes = TokenBucket(byte_rate) if byte_rate > 0 else None
+    def __init__(self, msg_rate: float, byte_rate: float, clock: Callable[[], float]) -> None:
+        now = clock()
+        self.clock = clock
+        self.msgs = TokenBucket(msg_rate, now) if msg_rate > 0 else None
+        self.bytes = TokenBucket(byte_rate, now) if byte_rate > 0 else None
 
     def charge(self, packets: int, nbytes: int) -> float:
-        now = time.monotonic()
+        now = self.clock()
         wait = 0.0
         if self.msgs is not None and packets:
             wait = self.msgs.take(packets, now)
@@ -78,13 +95,14 @@ class ClientRate:
 
 
 class ConnectionGuard:
-    def __init__(self, loop: asyncio.AbstractEventLoop, *, connection_rate: float = 0.0, msg_rate: float = 0.0,
+    def __init__(self, loop: LoopTime, *, connection_rate: float = 0.0, msg_rate: float = 0.0,
                  byte_rate: float = 0.0, packet_timeout: float = 0.0, stats: GuardStats | None = None,
                  sockets: dict[Listener, int] | None = None) -> None:
         """``connection_rate``: new connections a second per listener for this worker (its share);
         ``msg_rate``/``byte_rate``: per client; ``packet_timeout``: seconds; 0 turns each off.
         ``stats``: the router's counters (``limit_*``); ``sockets``: the router's open sockets per
-        listener with a max_connections (``router.limits.listener_opened``)."""
+        listener with a max_connections (``router.limits.listener_opened``). ``loop``: its
+        ``time()`` and ``call_later`` (a ``FakeClock`` in a unit test)."""
         self.loop = loop
         self.connection_rate = connection_rate
         self.msg_rate = msg_rate
@@ -111,9 +129,10 @@ class ConnectionGuard:
         if self.connection_rate <= 0:
             return True
         bucket = self._accepts.get(listener)
+        now = self.loop.time()
         if bucket is None:
-            bucket = self._accepts[listener] = TokenBucket(self.connection_rate)
-        if bucket.take(1, time.monotonic()) <= 0:
+            bucket = self._accepts[listener] = TokenBucket(self.connection_rate, now)
+        if bucket.take(1, now) <= 0:
             return True
         bucket.tokens += 1  # a refused connection costs nothing
         if self.stats is not None:
@@ -144,7 +163,7 @@ class ConnectionGuard:
 
     def client_rate(self) -> ClientRate | None:
         if self.msg_rate > 0 or self.byte_rate > 0:
-            return ClientRate(self.msg_rate, self.byte_rate)
+            return ClientRate(self.msg_rate, self.byte_rate, self.loop.time)
         return None
 
     def paused_for_rate(self) -> None:
@@ -154,7 +173,7 @@ class ConnectionGuard:
     def _sweep(self) -> None:
         """Close the connections that have held an unfinished packet for ``packet_timeout``;
         forget those that finished it (or closed)."""
-        now = time.monotonic()
+        now = self.loop.time()
         limit = self.packet_timeout
         for conn in list(self._partial):
             since = conn.partial_since

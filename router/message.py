@@ -3,11 +3,15 @@
 A message fanned out to many subscribers is encoded once per variant (protocol level, QoS, RETAIN
 flag) and the bytes are shared by every send: QoS 0 sends the whole packet as one bytes object;
 QoS > 0 sends ``head + packet id + tail`` so only two bytes differ per subscriber.
+
+It reads no clock of its own: a time it needs (when it was published, the expiry interval left
+for a subscriber) is the asker's, given as a value or as the asker's ``Clock``
+(``router.clock``), so its expiry rules are tested with a ``FakeClock``. What is not given is
+``LOOP_CLOCK``'s, as for every part made without a clock.
 """
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 import msgpack
@@ -15,7 +19,10 @@ import msgpack
 from brokerd.connection.codec import publish_parts, qos0_payload
 from brokerd.connection.packets import MQTT_5, Prop
 
+from .clock import LOOP_CLOCK
+
 if TYPE_CHECKING:
+    from .clock import Clock
     from .log import Record
 
 # Properties a broker forwards to MQTT 5 subscribers (spec 3.3.2.3): unchanged, except the Message
@@ -47,7 +54,6 @@ def will_delay(will: Message) -> int:
     return will.properties.get(Prop.WILL_DELAY_INTERVAL, 0) if will.properties else 0
 
 
-_time = time.time
 # Keys of Message._enc: (protocol level << 3) | (QoS << 1) | RETAIN.
 _QOS0_V3, _QOS0_V4, _QOS0_V5 = 3 << 3, 4 << 3, MQTT_5 << 3
 _QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4 = 3 << 3 | 2, 4 << 3 | 2, 3 << 3 | 4, 4 << 3 | 4
@@ -68,7 +74,7 @@ class Message:
         origin_router: str = "",
         origin_offset: int = -1,
         properties: dict | None = None,
-        timestamp_ms: int | None = None,
+        timestamp_ms: int | None = None,  # None: now, by ``LOOP_CLOCK``
     ) -> None:
         self.topic = topic
         self._payload: bytes | None = payload  # None: still in the packet (``payload``)
@@ -78,7 +84,7 @@ class Message:
         self.origin_router = origin_router
         self.origin_offset = origin_offset
         self.properties = properties or None
-        self.timestamp_ms = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+        self.timestamp_ms = int(LOOP_CLOCK.unix() * 1000) if timestamp_ms is None else timestamp_ms
         self.log_offset = -1  # where this router's commit log holds it (-1: not logged)
         self._enc: dict[int, tuple[bytes, bytes]] = {}
         self._topic_bytes: bytes | None = None
@@ -101,8 +107,10 @@ class Message:
 
     @classmethod
     def published(cls, topic: str, payload: bytes, qos: int, retain: bool, client_id: str, router_id: str,
-                  properties: dict | None, raw: bytes | None, level: int) -> Message:
-        """A message a client of protocol ``level`` published to router ``router_id`` just now.
+                  properties: dict | None, raw: bytes | None, level: int,
+                  timestamp_ms: int | None = None) -> Message:
+        """A message a client of protocol ``level`` published to router ``router_id`` at
+        ``timestamp_ms`` (its router's clock, Unix ms; None: now, by ``LOOP_CLOCK``).
 
         ``raw`` is what the decoder kept of its packet (``Publish.raw``). For QoS 0 it is the
         whole packet, byte for byte what subscribers of that level get at QoS 0; for QoS 1/2
@@ -120,7 +128,7 @@ class Message:
         msg.origin_router = router_id
         msg.origin_offset = -1
         msg.properties = properties or None
-        msg.timestamp_ms = now = int(_time() * 1000)
+        msg.timestamp_ms = now = int(LOOP_CLOCK.unix() * 1000) if timestamp_ms is None else timestamp_ms
         msg.expires_ms = expiry_deadline(properties, now) if properties else 0
         msg.log_offset = -1
         if raw is None:
@@ -201,21 +209,23 @@ class Message:
         msg._topic_bytes = self._topic_bytes
         return msg
 
-    def outgoing_properties(self) -> dict | None:
+    def outgoing_properties(self, clock: Clock = LOOP_CLOCK) -> dict | None:
         """The properties an MQTT 5 subscriber gets: those forwarded, the expiry interval as the
-        time left (MQTT-3.3.2-6; at least 1 s: 0 would mean it never expires)."""
+        time left by ``clock`` (the sender's; MQTT-3.3.2-6; at least 1 s: 0 would mean it never
+        expires). A clock, not a time: it is read only for a message that expires."""
         props = self.properties
         if not props:
             return None
         out = {k: v for k, v in props.items() if k in _FORWARDED}
         if self.expires_ms:
-            out[_EXPIRY] = max(1, -int((_time() * 1000 - self.expires_ms) // 1000))
+            out[_EXPIRY] = max(1, -int((clock.unix() * 1000 - self.expires_ms) // 1000))
         return out or None
 
-    def encoded(self, level: int, qos: int, retain: bool) -> tuple[bytes, bytes]:
+    def encoded(self, level: int, qos: int, retain: bool, clock: Clock = LOOP_CLOCK) -> tuple[bytes, bytes]:
         """(head, tail) of the PUBLISH for this variant; QoS 0: head + tail is the whole packet.
 
-        An MQTT 5 encoding of a message that expires carries the seconds left, so it is cached
+        An MQTT 5 encoding of a message that expires carries the seconds left by ``clock`` (the
+        sender's: ``outgoing_properties``), so it is cached
         under its key and those seconds (never under the key alone: that lookup stays the
         common case's single dict hit)."""
         key = (level << 3) | (qos << 1) | retain
@@ -223,7 +233,7 @@ class Message:
         if parts is None:
             props = None
             if level >= MQTT_5 and self.properties:
-                props = self.outgoing_properties()
+                props = self.outgoing_properties(clock)
                 if self.expires_ms:
                     enc = self._enc
                     if len(enc) > 32:
