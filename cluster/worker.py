@@ -116,8 +116,8 @@ class Worker:
         if c.workers > 1 or c.mesh is not None:
             from .mesh import Mesh
 
-            self.mesh = Mesh(self.config, self.index, self.router, self.loop)
-            self.mesh.end_of_tick = self.batcher  # one end-of-iteration flush: connections, log, mesh
+            # One end-of-iteration flush: connections, log, mesh.
+            self.mesh = Mesh(self.config, self.index, self.router, self.loop, self.batcher)
             self.router.attach_mesh(self.mesh)
             await self.mesh.start()
             if self.commit_log is not None:

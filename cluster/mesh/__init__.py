@@ -112,6 +112,7 @@ from .waiter import Requests
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
+    from brokerd.connection.batching import EndOfTick
     from brokerd.router.router import Router
 
     from ..config import Config
@@ -128,10 +129,14 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin):
     and callbacks. Framing, dispatch and forwarding, the publish path, stay its own: one
     object's attributes, no hop more per message."""
 
-    def __init__(self, config: Config, index: int, router: Router, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, config: Config, index: int, router: Router, loop: asyncio.AbstractEventLoop,
+                 end_of_tick: EndOfTick) -> None:
+        """``end_of_tick``: the worker's end-of-iteration pass, shared with its connections and its
+        log; the mesh's frames are an end-only item of it (``ForwardingMixin.flush``)."""
         self.config = config
         self.router = router
         self.loop = loop
+        self.end_of_tick = end_of_tick
         self.router_id = router.router_id
         self.incarnation = int.from_bytes(os.urandom(6), "big")
         self.transport = Transport(config, index, loop, router, self._on_readable)  # the sockets

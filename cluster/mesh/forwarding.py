@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from brokerd.connection.batching import EndOfTick
 from brokerd.router.mesh_format import RETAINED, to_mesh, to_mesh_shared
 from brokerd.router.message import Message
 
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
 
     import msgpack
 
+    from brokerd.connection.batching import EndOfTick
     from brokerd.router.router import Router
 
     from ..config import Config
@@ -69,9 +69,7 @@ class ForwardingMixin:
     _lingered: bool
     _packer: msgpack.Packer
     interest: Interest
-    # The worker's end-of-iteration flush, shared with its connections and its log (the worker
-    # sets it before ``start``); a mesh made without one (a unit test, a tool) makes its own.
-    end_of_tick: EndOfTick | None = None
+    end_of_tick: EndOfTick  # the worker's end-of-iteration pass, given to the ``Mesh`` when made
     # The lowest offset of this incarnation's log that went to the shared groups again on a
     # peer's catch-up (``_groups_back``); None: none yet.
     _groups_low: int | None = None
@@ -140,10 +138,7 @@ class ForwardingMixin:
         """Something to send at the end of this loop iteration (``flush``)."""
         if not self._dirty and not self.closed:
             self._dirty = True
-            tick = self.end_of_tick
-            if tick is None:
-                tick = self.end_of_tick = EndOfTick(self.loop)
-            tick.mark_end(self)
+            self.end_of_tick.mark_end(self)
 
     def flush(self) -> None:
         """The end of the loop iteration (``EndOfTick``'s end-only item; ``_flush`` sends now):
@@ -162,9 +157,7 @@ class ForwardingMixin:
                 n += len(peer.batch)
             if n < LINGER_BELOW:
                 self._lingered = True
-                tick = self.end_of_tick
-                assert tick is not None  # (it is what called this)
-                tick.mark_next(self)
+                self.end_of_tick.mark_next(self)
                 return
         self._flush()
 

@@ -18,6 +18,7 @@ import pytest
 from brokerd.cluster.config import Config
 from brokerd.cluster.mesh import Mesh, Peer
 from brokerd.cluster.mesh.limits import HANDON_YOUNG_S
+from brokerd.connection.batching import EndOfTick
 from brokerd.connection.packets import Subscription
 from brokerd.router.mesh_format import SESSION_HANDON
 from brokerd.router.router import Router, RouterConfig
@@ -43,7 +44,8 @@ def mesh(tmp_path, monkeypatch):
     monkeypatch.setenv("BROKERD_RUN_DIR", str(tmp_path / "run"))
     loop = asyncio.new_event_loop()
     router = Router(RouterConfig(router_id="u/w0", node_id="u"))
-    mesh = Mesh(Config(workers=2, node_id="u", listen=("127.0.0.1", 1), mesh_timeout=1.0), 0, router, loop)
+    mesh = Mesh(Config(workers=2, node_id="u", listen=("127.0.0.1", 1), mesh_timeout=1.0), 0, router, loop,
+                EndOfTick(loop))
     for rid, mark in (("u/w1", 10), ("x/w0", 500), ("x/w1", 700)):
         peer = Peer(rid, rid.split("/")[0], None, None)
         peer.alive, peer.origin_mark = True, mark

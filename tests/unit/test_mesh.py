@@ -13,6 +13,7 @@ import pytest
 
 from brokerd.cluster.config import Config
 from brokerd.cluster.mesh import Mesh, Peer
+from brokerd.connection.batching import EndOfTick
 from brokerd.connection.packets import Publish, Subscription
 from brokerd.router.mesh_format import ECHO, PUBLISH, TAKEOVER_RESP, to_mesh
 from brokerd.router.message import Message
@@ -30,7 +31,7 @@ async def _pair() -> tuple[list[Router], list[Mesh]]:
     config = Config(workers=2, node_id="u", listen=("127.0.0.1", 1), mesh_timeout=1.0)
     loop = asyncio.get_running_loop()
     routers = [Router(RouterConfig(router_id=f"u/w{i}", node_id="u")) for i in range(2)]
-    meshes = [Mesh(config, i, r, loop) for i, r in enumerate(routers)]
+    meshes = [Mesh(config, i, r, loop, EndOfTick(loop)) for i, r in enumerate(routers)]
     for r, m in zip(routers, meshes, strict=True):
         r.attach_mesh(m)
     await asyncio.wait_for(asyncio.gather(*(m.start() for m in meshes)), 10)

@@ -13,6 +13,7 @@ import pytest
 from brokerd.cluster.config import Config
 from brokerd.cluster.mesh import Mesh, Peer, dispatch
 from brokerd.cluster.replication.frames import FramesPart
+from brokerd.connection.batching import EndOfTick
 from brokerd.router.mesh_format import (
     ECHO,
     GOODBYE,
@@ -80,7 +81,7 @@ def mesh():
     """A mesh not started: no socket is opened, the loop never runs."""
     loop = asyncio.new_event_loop()
     config = Config(workers=1, node_id="u", listen=("127.0.0.1", 1))
-    yield Mesh(config, 0, Router(RouterConfig(router_id="u/w0", node_id="u")), loop)
+    yield Mesh(config, 0, Router(RouterConfig(router_id="u/w0", node_id="u")), loop, EndOfTick(loop))
     loop.close()
 
 

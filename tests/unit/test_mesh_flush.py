@@ -52,10 +52,11 @@ class _Conn:
             self.out = 0
 
 
-def _mesh(clock: FakeClock) -> tuple[Mesh, _Link]:
+def _mesh(clock: FakeClock, tick: EndOfTick) -> tuple[Mesh, _Link]:
     """u/w0's mesh, made and not started, with one live peer u/w1 on a fake link."""
     router = Router(RouterConfig(router_id="u/w0", node_id="u"))
-    mesh = Mesh(Config(workers=2, node_id="u", listen=("127.0.0.1", 1)), 0, router, clock)  # type: ignore[arg-type]
+    mesh = Mesh(Config(workers=2, node_id="u", listen=("127.0.0.1", 1)), 0, router, clock,  # type: ignore[arg-type]
+                tick)
     peer = Peer("u/w1", "u", None, None)
     link = _Link()
     peer.alive, peer.link = True, link  # type: ignore[assignment]
@@ -67,9 +68,8 @@ def _mesh(clock: FakeClock) -> tuple[Mesh, _Link]:
 def setup(tmp_path, monkeypatch) -> Iterator[tuple[FakeClock, EndOfTick, Mesh, _Link]]:
     monkeypatch.setenv("BROKERD_RUN_DIR", str(tmp_path / "run"))
     clock = FakeClock()
-    mesh, link = _mesh(clock)
     tick = EndOfTick(clock)
-    mesh.end_of_tick = tick  # as the worker does
+    mesh, link = _mesh(clock, tick)  # given the tick, as the worker does
     try:
         yield clock, tick, mesh, link
     finally:
@@ -121,15 +121,14 @@ def test_a_full_batch_goes_at_the_end_of_its_own_iteration(setup):
     assert clock.pending == 0
 
 
-def test_a_mesh_made_without_a_tick_makes_its_own(tmp_path, monkeypatch):
-    monkeypatch.setenv("BROKERD_RUN_DIR", str(tmp_path / "run"))
-    clock = FakeClock()
-    mesh, link = _mesh(clock)
-    try:
-        assert mesh.end_of_tick is None
-        _publish(mesh, LINGER_BELOW)
-        assert isinstance(mesh.end_of_tick, EndOfTick)
-        clock.run_ready()
-        assert link.frames == [LINGER_BELOW]
-    finally:
-        mesh.transport.close()
+def test_the_mesh_flushes_in_the_pass_of_the_tick_it_was_given(setup):
+    """One pass for the connections and the mesh: the mesh schedules no call of its own."""
+    clock, tick, mesh, link = setup
+    assert mesh.end_of_tick is tick
+    conn = _Conn(tick)
+    _publish(mesh, LINGER_BELOW)
+    conn.send()
+    assert clock.pending == 1  # the tick's one call_soon, for both
+    assert clock.run_ready() == 1
+    assert link.frames == [LINGER_BELOW] and conn.writes == 1
+    assert clock.pending == 0

@@ -13,6 +13,7 @@ import pytest
 
 from brokerd.cluster.config import Config
 from brokerd.cluster.mesh import Mesh
+from brokerd.connection.batching import EndOfTick
 from brokerd.connection.packets import Subscription
 from brokerd.router.client import Client
 from brokerd.router.connecting import Connecting
@@ -29,7 +30,7 @@ async def _three(tmp_path) -> tuple[list[Router], list[Mesh]]:
     routers = [Router(RouterConfig(router_id=f"u/w{i}", node_id="u")) for i in range(3)]
     for i, r in enumerate(routers):
         r.attach_log(CommitLog(tmp_path / "data" / f"w{i}", router_id=r.router_id, loop=loop), False)
-    meshes = [Mesh(config, i, r, loop) for i, r in enumerate(routers)]
+    meshes = [Mesh(config, i, r, loop, EndOfTick(loop)) for i, r in enumerate(routers)]
     for r, m in zip(routers, meshes, strict=True):
         r.attach_mesh(m)
     await asyncio.wait_for(asyncio.gather(*(m.start() for m in meshes)), 10)
