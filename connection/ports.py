@@ -26,9 +26,10 @@ class Outgoing(Protocol):
     """What an MQTT 5 client asked of the PUBLISHes sent to it (a Maximum Packet Size, topic
     aliases): the router's ``router.outbound.Outbound``."""
 
-    def parts(self, msg: Any, qos: int, retain: bool) -> tuple[bytes, bytes] | None:
+    def parts(self, msg: Any, qos: int, retain: bool, clock: Any = ...) -> tuple[bytes, bytes] | None:
         """``msg`` (the router's message, a type this layer does not know) as (head, tail) for
-        this client; None: too large for it, not sent."""
+        this client, its expiry interval left by ``clock`` (the sender's); None: too large for
+        it, not sent."""
 
 
 class Connection(Protocol):

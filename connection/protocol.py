@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 
 from .batching import EndOfTick, TurnBudget
@@ -274,7 +273,7 @@ class MQTTConnection(Output, asyncio.Protocol):
         client's rates (over them: reading pauses until the debt is paid; nothing is dropped)."""
         if self._decoder.buffered:
             if not self.partial_since:
-                self.partial_since = time.monotonic()
+                self.partial_since = self._loop.time()  # the guard's clock
                 self._guard.holding(self)  # type: ignore[union-attr]
         elif self.partial_since:
             self.partial_since = 0.0

@@ -255,7 +255,7 @@ class Client:
         conn.counters.msgs_in += 1
         conn.traffic.msgs_in += 1
         msg = Message.published(p.topic, p.payload, qos, p.retain, self.client_id, router.router_id,
-                                p.properties, p.raw, conn.protocol_level)
+                                p.properties, p.raw, conn.protocol_level, int(router.clock.unix() * 1000))
         try:
             if qos == 0:
                 router.publish(msg, conn)

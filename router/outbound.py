@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from brokerd.connection.codec import publish_parts
 from brokerd.connection.packets import MQTT_5, Prop
 
+from .clock import LOOP_CLOCK, Clock
+
 if TYPE_CHECKING:
     from .message import Message
 
@@ -35,17 +37,18 @@ class Outbound:
         self.alias_max = alias_max
         self.aliases: dict[str, int] = {}
 
-    def parts(self, msg: Message, qos: int, retain: bool) -> tuple[bytes, bytes] | None:
+    def parts(self, msg: Message, qos: int, retain: bool, clock: Clock = LOOP_CLOCK) -> tuple[bytes, bytes] | None:
         """(head, tail) as ``Message.encoded`` gives them, for this connection; None when the
         packet would exceed the client's Maximum Packet Size: the message is then not sent to it
-        (MQTT-3.1.2-25: discarded for this client, as if it had been sent)."""
+        (MQTT-3.1.2-25: discarded for this client, as if it had been sent). ``clock``: the
+        sender's, for the expiry interval left."""
         if not self.alias_max:
-            head, tail = msg.encoded(MQTT_5, qos, retain)
+            head, tail = msg.encoded(MQTT_5, qos, retain, clock)
             return None if len(head) + len(tail) + (2 if qos else 0) > self.max_size else (head, tail)
         aliases = self.aliases
         topic = msg.topic
         alias = aliases.get(topic)
-        props = msg.outgoing_properties() or {}
+        props = msg.outgoing_properties(clock) or {}
         fresh = alias is None and len(aliases) < self.alias_max
         if fresh:
             alias = len(aliases) + 1

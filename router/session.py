@@ -121,9 +121,9 @@ class Session:
                 return
             outbound = conn.outbound
             if outbound is None:
-                conn.send(msg.encoded(conn.protocol_level, 0, retain)[0])
+                conn.send(msg.encoded(conn.protocol_level, 0, retain, self.clock)[0])
             else:
-                parts = outbound.parts(msg, 0, retain)
+                parts = outbound.parts(msg, 0, retain, self.clock)
                 if parts is None:
                     self.stats.drop_too_large += 1
                     return
@@ -222,9 +222,9 @@ class Session:
     def _send_new(self, conn: Connection, msg: Message, qos: int, retain: bool) -> None:
         outbound = conn.outbound
         if outbound is None:
-            head, tail = msg.encoded(conn.protocol_level, qos, retain)
+            head, tail = msg.encoded(conn.protocol_level, qos, retain, self.clock)
         else:
-            parts = outbound.parts(msg, qos, retain)
+            parts = outbound.parts(msg, qos, retain, self.clock)
             if parts is None:  # beyond the client's Maximum Packet Size: discarded for it
                 self.stats.drop_too_large += 1
                 return
@@ -454,8 +454,8 @@ class Session:
                 assert msg is not None  # kept until its PUBREC
                 # Expired or too large for this connection: dropped, as Mosquitto drops expired
                 # messages from the inflight window when it resends.
-                parts = msg.encoded(level, entry.qos, entry.retain) if outbound is None else \
-                    outbound.parts(msg, entry.qos, entry.retain)
+                parts = msg.encoded(level, entry.qos, entry.retain, self.clock) if outbound is None else \
+                    outbound.parts(msg, entry.qos, entry.retain, self.clock)
                 if parts is None or (msg.expires_ms and msg.expired(self.clock.unix() * 1000)):
                     del self.inflight[pid]
                     if parts is None:
