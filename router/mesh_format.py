@@ -105,6 +105,13 @@ answers a takeover request for it, once that move has not settled within its wai
 TAKEOVER_RESP ``[req, None, False, None, MOVING]``: the asker refuses its CONNECT for now (the
 client retries), where "no session" had it make a new, empty one while the session stayed
 with its owner (partition seed 378).
+22: TAKEOVER_ASKS ``[ask, ...]``, each ask as TAKEOVER_REQ's body: the takeover requests a
+router makes in one loop turn after its first (which goes at once, as TAKEOVER_REQ) travel in one
+frame; the asked router answers such a frame with one TAKEOVER_ANSWERS ``[answer, ...]``, each
+answer as TAKEOVER_RESP's body, sent after everything it collected while answering (one answer
+alone is a TAKEOVER_RESP). An answer carrying queued copies closes its frame (its TAKEOVER_CHUNK
+frames follow it), so a frame holds at most one chunk of copies (``cluster.mesh.transfer``). A
+connect storm with two workers sent a frame per CONNECT each way.
 """
 
 from __future__ import annotations
@@ -120,12 +127,12 @@ from .message import _QOS0_V3, _QOS0_V4, _QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4,
 # the full one (Message.to_list()); one more value names the shared groups it was chosen for.
 PLAIN, FULL = 5, 9
 
-MESH_VERSION = 21
+MESH_VERSION = 22
 MOVING = "moving"  # TAKEOVER_RESP's fifth value: the session is here, being moved elsewhere (21)
 (HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE,
  RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE, CATCHUP, REPLICATE, REPLICA_ACK, REPLICA_FETCH, REPLICA_CATCHUP,
  REPLICA_PUBLISH, SESSION_STATE, SESSION_GONE, SESSION_CATCHUP, SESSION_COPIES, SESSION_RESTORE,
- SESSION_RESTORED, SESSION_HANDON, HISTORY_FETCH, HISTORY, ECHO) = range(1, 29)
+ SESSION_RESTORED, SESSION_HANDON, HISTORY_FETCH, HISTORY, ECHO, TAKEOVER_ASKS, TAKEOVER_ANSWERS) = range(1, 31)
 KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST_ACK: "interest-ack",
               RETAINED: "retained", TAKEOVER_REQ: "takeover-request", TAKEOVER_RESP: "takeover",
               SYNC_REQ: "sync-request", GOODBYE: "goodbye", RESYNC: "resync",
@@ -135,7 +142,8 @@ KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST
               SESSION_STATE: "session-state", SESSION_GONE: "session-gone", SESSION_CATCHUP: "session-catch-up",
               SESSION_COPIES: "session-copies", SESSION_RESTORE: "session-restore",
               SESSION_RESTORED: "session-restored", SESSION_HANDON: "session-hand-on",
-              HISTORY_FETCH: "history-fetch", HISTORY: "history", ECHO: "echo"}
+              HISTORY_FETCH: "history-fetch", HISTORY: "history", ECHO: "echo",
+              TAKEOVER_ASKS: "takeover-requests", TAKEOVER_ANSWERS: "takeovers"}
 
 # The largest frame a router accepts (ZeroMQ's MAXMSGSIZE on its PULL sockets; a peer sending a
 # bigger one is disconnected by ZeroMQ and reconnects). Senders split publish batches well below it.
@@ -234,6 +242,16 @@ def _takeover_resp(body: Any) -> bool:
     return body[2].__class__ is bool and _session_header(body[1])
 
 
+def _takeover_asks(body: Any) -> bool:
+    """One or more takeover requests, each as TAKEOVER_REQ's body."""
+    return body.__class__ is list and len(body) > 0 and all(_takeover_req(ask) for ask in body)
+
+
+def _takeover_answers(body: Any) -> bool:
+    """One or more takeover answers, each as TAKEOVER_RESP's body."""
+    return body.__class__ is list and len(body) > 0 and all(_takeover_resp(answer) for answer in body)
+
+
 def _takeover_chunk(body: Any) -> bool:
     return (body.__class__ is list and len(body) == 3 and body[0].__class__ is int
             and _queue_items(body[1]) and body[2].__class__ is bool)
@@ -314,6 +332,8 @@ _CHECKS = {
     TAKEOVER_RESP: _takeover_resp,
     TAKEOVER_CHUNK: _takeover_chunk,
     TAKEOVER_DONE: _takeover_done,
+    TAKEOVER_ASKS: _takeover_asks,
+    TAKEOVER_ANSWERS: _takeover_answers,
     SYNC_REQ: lambda b: b is None,
     GOODBYE: lambda b: b is None,
     RESYNC: lambda b: b is None,

@@ -6,8 +6,10 @@ a silent router of another node is not, but with replication its follower answer
 it counts as gone. An offer is confirmed (TAKEOVER_DONE true) once the session is in this
 router's snapshot and its interest is known everywhere (``confirm``), at the latest
 ``CONFIRM_S`` after it arrived; the old owner keeps it until then, and the copies it hands on
-meanwhile wait here (``hold_early``). The answering side, and sessions arriving in chunks, are
-``transfer``; what reaches the old owner after the move, ``handon``.
+meanwhile wait here (``hold_early``). The asks of one loop turn go together at its end, one
+frame a peer (``_send_asks``): a connect storm paid a ZeroMQ send per CONNECT, each way. The
+answering side, and sessions arriving in chunks, are ``transfer``; what reaches the old owner
+after the move, ``handon``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from brokerd.router.mesh_format import TAKEOVER_DONE, TAKEOVER_REQ
+from brokerd.router.mesh_format import TAKEOVER_ASKS, TAKEOVER_DONE, TAKEOVER_REQ
 from brokerd.router.ownership import refused_by
 from brokerd.router.ports import TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE
 from brokerd.router.spool import drop_named
@@ -92,6 +94,8 @@ class Takeovers:
         self._passed: dict[str, tuple[list[offer.Offer], list[str]]] = {}
         # The requests asked and not answered yet, expired on one timer (``_expire``).
         self._deadlines = Deadlines(loop, self._expire)
+        # The asks made in this loop turn, by peer, sent at its end (``_send_asks``); None: none yet.
+        self._asks: dict[str, list[list]] | None = None
 
     @property
     def _replicating(self) -> Replication:
@@ -100,8 +104,8 @@ class Takeovers:
         assert self.replication is not None
         return self.replication
 
-    async def takeover(self, client_id: str, claim: list | None = None,
-                       answered: set[str] | None = None) -> dict | None:
+    def takeover(self, client_id: str, claim: list | None = None,
+                 answered: set[str] | None = None) -> Awaitable[dict | None]:
         """Ask every live peer for ``client_id``'s session, for a CONNECT making ``claim``
         (``[user name, refuse?]``, ``router.ownership``): a live router holding another
         identity's session refuses before it lets anything go, and a copy offered by a replica
@@ -110,20 +114,31 @@ class Takeovers:
         request waits for it, bounded by ``LOCAL_DOWN_WAIT_S``, and is asked again when one fell
         silent instead of answering, since the sessions it restores from its disk would
         otherwise exist twice. Routers of other nodes that are parked are not waited for (a
-        silent node may never come back; docs/guarantees.md: "Not guaranteed yet")."""
+        silent node may never come back; docs/guarantees.md: "Not guaranteed yet").
+
+        The ask is made now, not when the caller first awaits: the asks of one loop turn go
+        together (``_send_asks``)."""
+        first = None if self.closed or self.roster.local_down() else self._ask(client_id, claim)
+        return self._takeover(client_id, claim, answered, first)
+
+    async def _takeover(self, client_id: str, claim: list | None, answered: set[str] | None,
+                        first: tuple[int, Waiter] | None) -> dict | None:
+        """``takeover``'s waits, from its first ask (None: not made yet)."""
         deadline = time.monotonic() + LOCAL_DOWN_WAIT_S
         asked_again = False
         roster = self.roster
         while not self.closed:
-            down = roster.local_down()
-            if down:
-                if not await roster.local_back(deadline):
-                    log.warning("mesh: client %r refused: router(s) %s of this node, which may hold its "
-                                "session, stayed down for %g s", client_id, ", ".join(sorted(down)),
-                                LOCAL_DOWN_WAIT_S)
-                    return TAKEOVER_UNAVAILABLE
-                continue
-            req, waiter = self._ask(client_id, claim)
+            if first is None:
+                down = roster.local_down()
+                if down:
+                    if not await roster.local_back(deadline):
+                        log.warning("mesh: client %r refused: router(s) %s of this node, which may hold its "
+                                    "session, stayed down for %g s", client_id, ", ".join(sorted(down)),
+                                    LOCAL_DOWN_WAIT_S)
+                        return TAKEOVER_UNAVAILABLE
+                    continue
+            req, waiter = first or self._ask(client_id, claim)
+            first = None
             asked = set(waiter.waiting)
             result = await waiter.future
             self._deadlines.discard(req)
@@ -326,24 +341,48 @@ class Takeovers:
 
     def _ask(self, client_id: str, claim: list | None = None) -> tuple[int, Waiter]:
         """Ask every live peer for ``client_id``'s session: the request's number (0: nobody to
-        ask, answered already) and what waits for its answers, bounded (``_expire``)."""
+        ask, answered already) and what waits for its answers, bounded (``_expire``). Sent at the
+        end of this loop turn with the turn's other asks (``_send_asks``)."""
         alive = membership.alive(self.peers)
         waiter = Waiter(self.loop, alive)
         if not alive:
             waiter.future.set_result(None)
             return 0, waiter
         req = self.requests.open(waiter)
-        self._flush()
         # Whether this router spools the copies of a backlog moved to it (``router.spool``: it
         # has a log): then the old router sends all of it, else at most max_queued.
         body = [req, client_id, self.router.commit_log is not None]
-        frame = self._frame(TAKEOVER_REQ, body if claim is None else [*body, claim])
+        if claim is not None:
+            body.append(claim)
+        asks = self._asks
+        if asks is None:
+            asks = self._asks = {}
+            self.loop.call_soon(self._send_asks)
         for rid in alive:
-            link = self.peers[rid].link
-            if link is not None:
-                link.send(frame)
+            asks.setdefault(rid, []).append(body)
         self._deadlines.add(req, ACK_TIMEOUT_S + 1.0)
         return req, waiter
+
+    def _send_asks(self) -> None:
+        """The end of the loop turn: the asks made in it go, one frame a peer (TAKEOVER_REQ for
+        one, TAKEOVER_ASKS for more), after what this tick collected: a message published here
+        before a CONNECT reaches the session before it moves. A peer that fell silent meanwhile
+        is not asked: it counts as missed already (``Requests.peer_gone``)."""
+        asks, self._asks = self._asks, None
+        if not asks or self.closed:
+            return
+        self._flush()
+        last: list = []
+        frame = b""
+        for rid, bodies in asks.items():
+            peer = self.peers.get(rid)
+            if peer is None or not peer.alive or peer.link is None:
+                continue
+            if bodies != last:  # (every peer's are the same asks, but where one fell silent)
+                last = bodies
+                one = len(bodies) == 1
+                frame = self._frame(TAKEOVER_REQ if one else TAKEOVER_ASKS, bodies[0] if one else bodies)
+            peer.link.send(frame)
 
     def _expire(self, req: int) -> None:
         """Takeover ``req`` is past its deadline: whoever has not answered counts as missed."""

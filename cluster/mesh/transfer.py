@@ -1,5 +1,6 @@
 """Session transfers: the old owner's side (``release``: the header, then the copies streamed
-in chunks, one per loop iteration; kept until TAKEOVER_DONE, in doubt if never confirmed) and
+in chunks, one per loop iteration; kept until TAKEOVER_DONE, in doubt if never confirmed; the
+answers of one loop turn in one frame a peer, ``_answer``) and
 the new owner's (``_arrived``: chunks into a spool file or the queue; ``_take``: a whole session
 is an offer for ``Takeovers._settle``). A transfer that stops (no progress for ``ACK_TIMEOUT_S``,
 or either side falls silent) fails: the session stays where it was.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from brokerd.router.mesh_format import MOVING, TAKEOVER_CHUNK, TAKEOVER_DONE, TAKEOVER_RESP
+from brokerd.router.mesh_format import MOVING, TAKEOVER_ANSWERS, TAKEOVER_CHUNK, TAKEOVER_DONE, TAKEOVER_RESP
 from brokerd.router.ownership import refusal
 from brokerd.router.ports import TAKEOVER_FAILED
 from brokerd.router.spool import SpoolWriter, drop_named
@@ -27,6 +28,19 @@ if TYPE_CHECKING:
     from ..replication import Replication
     from .peer import Peer
     from .waiter import Requests
+
+
+def _each(items: list, handle: Callable[[Any], None]) -> Exception | None:
+    """``handle`` each of a batch's items (a frame's asks or answers); the first exception, if
+    any, returned once all were handled: one item that cannot be handled leaves the others
+    handled, as when each came in a frame of its own."""
+    failed: Exception | None = None
+    for item in items:
+        try:
+            handle(item)
+        except Exception as exc:  # noqa: BLE001 - raised by the caller, after the others
+            failed = failed or exc
+    return failed
 
 
 class Transfer:
@@ -66,6 +80,10 @@ class Transfers:
         # Moves given up unconfirmed (the new owner fell silent): key as ``_moves`` → (client id,
         # when); a confirmation that comes later settles them (``Router.moved_after_all``).
         self._in_doubt: dict[tuple[str, int], tuple[str, float]] = {}
+        # The answers of this loop turn to asks read from frames, by asker, sent at its end
+        # (``_answer``); None: none yet. ``_reading``: an ask from a frame is being released.
+        self._answers: dict[str, tuple[Peer, list[list]]] | None = None
+        self._reading = False
 
     def release(self, peer: Peer, req: int, client_id: str, spools: bool = False, claim: list | None = None,
                  until: float | None = None) -> None:
@@ -86,20 +104,19 @@ class Transfers:
             if now < until:
                 self.loop.call_later(0.01, self.release, peer, req, client_id, spools, claim, until)
                 return
-            self._send(peer, TAKEOVER_RESP, [req, None, False, None, MOVING])
+            self._answer(peer, [req, None, False, None, MOVING])
             return
         if claim is not None:  # the asker's CONNECT is another identity's: nothing is let go
             owner = self.router.claim_refused(client_id, claim[0], claim[1])
             if owner is not None:
-                self._send(peer, TAKEOVER_RESP, [req, None, False, owner])
+                self._answer(peer, [req, None, False, owner])
                 return
         limit = None if spools else -1
         released = self.router.release_session(client_id, peer.node_id == self.node_id, limit)
         if released is None and self.replication is not None:
             released = self.replication.release_replica(client_id, limit)  # its router is silent
-        self._flush()
         if released is None:
-            self._send(peer, TAKEOVER_RESP, [req, None, False])
+            self._answer(peer, [req, None, False], flush=True)
             return
         header, chunks = released
         if not header.get("replica"):
@@ -123,9 +140,52 @@ class Transfers:
         key = (peer.router_id, req)
         self._moves[key] = client_id
         self.loop.call_later(MOVE_TIMEOUT_S, self.move_expired, key)
-        self._send(peer, TAKEOVER_RESP, [req, header, following is not None])
+        self._answer(peer, [req, header, following is not None], flush=True,
+                     alone=bool(header["queue"]) or following is not None)
         if following is not None:
             self._stream(peer, key, chunks, following)
+
+    def _answer(self, peer: Peer, answer: list, flush: bool = False, alone: bool = False) -> None:
+        """Answer a takeover request. One read from a frame waits for the end of this loop turn
+        and goes with the turn's other answers to ``peer``, in one frame (``_answer_all``); one
+        called for directly (a session that was moving, asked again) goes at once, after what
+        this tick collected where ``flush`` (what this router sent before the session left goes
+        first: so do the answers of a turn). An answer that carries copies (``alone``) goes at
+        once with those before it: a frame then holds at most one chunk of copies, and its
+        TAKEOVER_CHUNK frames follow it."""
+        if not self._reading:
+            if flush:
+                self._flush()
+            self._send(peer, TAKEOVER_RESP, answer)
+            return
+        turn = self._answers
+        if turn is None:
+            turn = self._answers = {}
+            self.loop.call_soon(self._answer_all)
+        answers = turn.get(peer.router_id)
+        if answers is None:
+            answers = turn[peer.router_id] = (peer, [])
+        answers[1].append(answer)
+        if alone:
+            self._answer_now(peer, answers[1])
+
+    def _answer_all(self) -> None:
+        """The end of the loop turn: its answers, one frame a peer, after what it collected."""
+        turn, self._answers = self._answers, None
+        if turn and not self.closed:
+            for peer, answers in turn.values():
+                self._answer_now(peer, answers)
+
+    def _answer_now(self, peer: Peer, answers: list[list]) -> None:
+        """``answers`` to ``peer`` in one frame (emptied), after what this tick collected."""
+        if not answers:
+            return
+        self._flush()
+        if len(answers) == 1:
+            self._send(peer, TAKEOVER_RESP, answers[0])
+        else:
+            self._send(peer, TAKEOVER_ANSWERS, list(answers))
+        answers.clear()
 
     def _stream(self, peer: Peer, key: tuple[str, int], chunks: Any, chunk: list) -> None:
         if key not in self._moves or not peer.alive or peer.link is None or self.closed:
@@ -252,7 +312,26 @@ class Transfers:
     # -- frames received ------------------------------------------------------------------------
 
     def on_takeover_req(self, peer: Peer, body: Any, size: int) -> None:
-        self.release(peer, *body)
+        self.on_takeover_asks(peer, [body], size)
+
+    def on_takeover_asks(self, peer: Peer, body: Any, size: int) -> None:
+        """Asks of ``peer`` (``Takeovers``: those of one of its loop turns): each released, the
+        answers sent at the end of this loop turn (``_answer``). One that cannot be handled
+        leaves the others answered; it is raised after them, to be logged as a bad frame."""
+        self._reading = True
+        try:
+            failed = _each(body, lambda ask: self.release(peer, *ask))
+        finally:
+            self._reading = False
+        if failed is not None:
+            raise failed
+
+    def on_takeover_answers(self, peer: Peer, body: Any, size: int) -> None:
+        """The answers to a TAKEOVER_ASKS frame, each read as a TAKEOVER_RESP is (one that
+        cannot be handled is raised after the others)."""
+        failed = _each(body, lambda answer: self.on_takeover_resp(peer, answer, size))
+        if failed is not None:
+            raise failed
 
     def on_takeover_resp(self, peer: Peer, body: Any, size: int) -> None:
         sender = peer.router_id
