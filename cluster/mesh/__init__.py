@@ -160,11 +160,12 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin):
         self.members = Members(config, index, loop, router, self.incarnation, peers, self.transport, hooks, frame,
                                send, flush, self._keep, self._unconfirmed, self._start_replay)
         members = self.members
-        self.transfers = Transfers(config, loop, router, peers, self.requests, send, flush, members.silent_since)
+        self.transfers = Transfers(config, loop, router, peers, self.requests, send, flush, members.silent_since,
+                                   end_of_tick)
         self.handons = Handons(config, router, peers, frame, send, self._keep)
         roster = Roster(members.local_down, members.local_back, members.just_parked, members.gone)
         self.takeovers = Takeovers(config, loop, router, peers, self.requests, roster, self.transfers, self.handons,
-                                   frame, send, flush)
+                                   frame, send, flush, end_of_tick)
         self.handons.hold_early = self.takeovers.hold_early
         self._parts = (self.members, self.interest, self.transfers, self.handons, self.takeovers)
         self._handlers = dispatch.bind(self)  # kind -> (handler, who may send it)

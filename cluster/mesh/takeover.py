@@ -34,6 +34,7 @@ AGREED_READ_S = 0.5  # how long a takeover with several offers waits for its agr
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from brokerd.connection.batching import EndOfTick
     from brokerd.router.router import Router
 
     from ..config import Config
@@ -63,7 +64,7 @@ class Takeovers:
     def __init__(self, config: Config, loop: asyncio.AbstractEventLoop, router: Router, peers: dict[str, Peer],
                  requests: Requests, roster: Roster, transfers: Transfers, handons: Handons,
                  frame: Callable[[int, Any], bytes], send: Callable[[Peer, int, Any], None],
-                 flush: Callable[[], None]) -> None:
+                 flush: Callable[[], None], tick: EndOfTick) -> None:
         self.config = config
         self.loop = loop
         self.router = router
@@ -76,6 +77,7 @@ class Takeovers:
         self._frame = frame  # (framing) a frame of ours, packed
         self._send = send  # (framing) a frame to one peer
         self._flush = flush  # (forwarding) what this tick collected goes first
+        self._tick = tick  # the worker's end-of-iteration pass: the turn's asks are an end-only item
         self.replication: Replication | None = None  # set with the ``Mesh``'s
         self.closed = False
         # Takeovers this router confirmed to a live router: its id → {request: when}. Said again
@@ -357,11 +359,15 @@ class Takeovers:
         asks = self._asks
         if asks is None:
             asks = self._asks = {}
-            self.loop.call_soon(self._send_asks)
+            self._tick.mark_end(self)
         for rid in alive:
             asks.setdefault(rid, []).append(body)
         self._deadlines.add(req, ACK_TIMEOUT_S + 1.0)
         return req, waiter
+
+    def flush(self) -> None:
+        """(An end-only item of the worker's ``EndOfTick``) ``_send_asks``."""
+        self._send_asks()
 
     def _send_asks(self) -> None:
         """The end of the loop turn: the asks made in it go, one frame a peer (TAKEOVER_REQ for

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import asyncio
     from collections.abc import Callable
 
+    from brokerd.connection.batching import EndOfTick
     from brokerd.router.router import Router
 
     from ..config import Config
@@ -61,7 +62,8 @@ class Transfers:
 
     def __init__(self, config: Config, loop: asyncio.AbstractEventLoop, router: Router, peers: dict[str, Peer],
                  requests: Requests, send: Callable[[Peer, int, Any], None], flush: Callable[[], None],
-                 silent_since: Callable[[Peer], float], clock: Callable[[], float] = time.monotonic) -> None:
+                 silent_since: Callable[[Peer], float], tick: EndOfTick,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self._clock = clock  # the monotonic clock: a test's own moves a transfer's time
         self.loop = loop
@@ -72,6 +74,7 @@ class Transfers:
         self.requests = requests
         self._send = send  # (framing) a frame to one peer
         self._flush = flush  # (forwarding) what this tick collected goes first
+        self._tick = tick  # the worker's end-of-iteration pass: the turn's answers are an end-only item
         self._silent_since = silent_since  # (members) when a parked peer fell silent
         self.replication: Replication | None = None  # set with the ``Mesh``'s
         self.closed = False
@@ -147,7 +150,7 @@ class Transfers:
 
     def _answer(self, peer: Peer, answer: list, flush: bool = False, alone: bool = False) -> None:
         """Answer a takeover request. One read from a frame waits for the end of this loop turn
-        and goes with the turn's other answers to ``peer``, in one frame (``_answer_all``); one
+        and goes with the turn's other answers to ``peer``, in one frame (``flush``); one
         called for directly (a session that was moving, asked again) goes at once, after what
         this tick collected where ``flush`` (what this router sent before the session left goes
         first: so do the answers of a turn). An answer that carries copies (``alone``) goes at
@@ -161,7 +164,7 @@ class Transfers:
         turn = self._answers
         if turn is None:
             turn = self._answers = {}
-            self.loop.call_soon(self._answer_all)
+            self._tick.mark_end(self)
         answers = turn.get(peer.router_id)
         if answers is None:
             answers = turn[peer.router_id] = (peer, [])
@@ -169,8 +172,9 @@ class Transfers:
         if alone:
             self._answer_now(peer, answers[1])
 
-    def _answer_all(self) -> None:
-        """The end of the loop turn: its answers, one frame a peer, after what it collected."""
+    def flush(self) -> None:
+        """(An end-only item of the worker's ``EndOfTick``) the end of the loop turn: its answers,
+        one frame a peer, after what it collected (``_answer``)."""
         turn, self._answers = self._answers, None
         if turn and not self.closed:
             for peer, answers in turn.values():

@@ -17,6 +17,7 @@ from brokerd.cluster.config import Config
 from brokerd.cluster.mesh import Peer
 from brokerd.cluster.mesh.transfer import Transfers
 from brokerd.cluster.mesh.waiter import Requests, Waiter
+from brokerd.connection.batching import EndOfTick
 from brokerd.router.mesh_format import (
     TAKEOVER_ANSWERS,
     TAKEOVER_ASKS,
@@ -118,7 +119,8 @@ def answering(held: dict[str, list[list]]) -> tuple[Transfers, Peer, list, async
     transfers = Transfers(Config(workers=1, node_id="u", listen=("127.0.0.1", 1)), loop,
                           FakeRouter(held), {OLD: asker}, Requests(),  # type: ignore[arg-type]
                           send=lambda peer, kind, body: sent.append((kind, body)),
-                          flush=lambda: sent.append(FLUSH), silent_since=lambda peer: 0.0, clock=lambda: 100.0)
+                          flush=lambda: sent.append(FLUSH), silent_since=lambda peer: 0.0, tick=EndOfTick(loop),
+                          clock=lambda: 100.0)
     return transfers, asker, sent, loop
 
 

@@ -14,6 +14,7 @@ from brokerd.cluster.mesh.handon import Handons
 from brokerd.cluster.mesh.takeover import Roster, Takeovers
 from brokerd.cluster.mesh.transfer import Transfers
 from brokerd.cluster.mesh.waiter import Requests
+from brokerd.connection.batching import EndOfTick
 from brokerd.router.mesh_format import TAKEOVER_DONE, TAKEOVER_REQ
 
 OLD = "x/w0"
@@ -67,12 +68,13 @@ def parts(loop: asyncio.AbstractEventLoop) -> tuple[Takeovers, Handons, Transfer
     def send(peer: Peer, kind: int, body) -> None:
         sent.append((kind, body))
 
+    tick = EndOfTick(loop)
     transfers = Transfers(config, loop, router, peers, requests, send, lambda: None,  # type: ignore[arg-type]
-                          lambda peer: 0.0)
+                          lambda peer: 0.0, tick)
     handons = Handons(config, router, peers, frame, send, lambda peer, data, n: None)  # type: ignore[arg-type]
     roster = Roster(local_down=set, local_back=_back, just_parked=list, gone=lambda routers: _none())
     takeovers = Takeovers(config, loop, router, peers, requests, roster, transfers, handons,  # type: ignore[arg-type]
-                          frame, send, lambda: None)  # type: ignore[arg-type]
+                          frame, send, lambda: None, tick)  # type: ignore[arg-type]
     handons.hold_early = takeovers.hold_early
     return takeovers, handons, transfers, router, old, sent
 

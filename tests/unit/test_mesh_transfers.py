@@ -16,6 +16,7 @@ from brokerd.cluster.mesh import Peer
 from brokerd.cluster.mesh.limits import ACK_TIMEOUT_S
 from brokerd.cluster.mesh.transfer import Transfers
 from brokerd.cluster.mesh.waiter import Requests, Waiter
+from brokerd.connection.batching import EndOfTick
 from brokerd.router.mesh_format import MOVING, TAKEOVER_DONE, TAKEOVER_RESP
 from brokerd.router.ports import TAKEOVER_FAILED
 
@@ -56,7 +57,7 @@ class Part:
             Config(workers=1, node_id="u", listen=("127.0.0.1", 1)), self.loop, self.router,  # type: ignore[arg-type]
             {OLD: self.old}, self.requests,
             send=lambda peer, kind, body: self.sent.append((peer.router_id, kind, body)),
-            flush=lambda: None, silent_since=lambda peer: 0.0, clock=lambda: self.now)
+            flush=lambda: None, silent_since=lambda peer: 0.0, tick=EndOfTick(self.loop), clock=lambda: self.now)
 
     def ask(self) -> tuple[int, Waiter]:
         """A takeover request waiting for the old owner's answer."""
