@@ -61,9 +61,10 @@ class CatchupPart(Part):
         # for) → (the router asked, the body, when first asked).
         self.open_asks: dict[tuple[str, str], tuple[str, list, float]] = {}
         # SESSION_CATCHUPs for a silent router answered by a replica of its log (``_ask_catchup``):
-        # (session, that router) → (the body, when asked). Asked of the router itself once it is
-        # heard again (``returned``).
-        self.via_replica: dict[tuple[str, str], tuple[list, float]] = {}
+        # (session, that router, start, end) → (the body, when asked). Asked of the router itself
+        # once it is heard again (``returned``). One session may ask one router for several
+        # ranges (to its log's end, and a span of copies its old router held): each is kept.
+        self.via_replica: dict[tuple[str, str, int, int], tuple[list, float]] = {}
 
     def adopted(self, session: Session, state: dict) -> None:
         """A session came here from the replica of a silent router: make it the only one, and ask
@@ -182,10 +183,13 @@ class CatchupPart(Part):
         healed one way first), may go on logging messages for the session that it sends nobody:
         its old router's copy hands on and unsubscribes, and this router's interest has not
         reached it yet. Asked of the router itself once it is heard again (``returned``), after
-        this router's interest (partition seed 315, second run: 3 acknowledged messages lost)."""
+        this router's interest (partition seed 315, second run: 3 acknowledged messages lost).
+        Keyed by the range too: a takeover from a replica asks the same router to its log's end
+        and for the span of copies the old router held (``adopted``), and the span, kept alone,
+        left out what the router logged after its replica's end (partition seed 851: 1 lost)."""
         asks = self.via_replica
         now = time.monotonic()
-        asks[(body[0], rid)] = (body, now)
+        asks[(body[0], rid, body[2], body[6])] = (body, now)
         if len(asks) > 4096:  # (a bound: the rest age out with the mesh's forget)
             for key in [k for k, (_, t) in asks.items() if now - t > self.config.mesh_forget]:
                 del asks[key]
