@@ -26,6 +26,7 @@ from brokerd.router.spool import drop_named
 from ..agreement.owners import SessionOwners
 from ..agreement.state import SESSION
 from . import membership, offer
+from .framing import one_or_batch
 from .limits import ACK_TIMEOUT_S, CONFIRM_S, LOCAL_DOWN_WAIT_S, drop_older, log
 from .waiter import Deadlines, Requests, Waiter
 
@@ -386,8 +387,7 @@ class Takeovers:
                 continue
             if bodies != last:  # (every peer's are the same asks, but where one fell silent)
                 last = bodies
-                one = len(bodies) == 1
-                frame = self._frame(TAKEOVER_REQ if one else TAKEOVER_ASKS, bodies[0] if one else bodies)
+                frame = self._frame(*one_or_batch(TAKEOVER_REQ, TAKEOVER_ASKS, bodies))
             peer.link.send(frame)
 
     def _expire(self, req: int) -> None:

@@ -16,6 +16,7 @@ from brokerd.router.ownership import refusal
 from brokerd.router.ports import TAKEOVER_FAILED
 from brokerd.router.spool import SpoolWriter, drop_named
 
+from .framing import one_or_batch
 from .limits import ACK_TIMEOUT_S, MOVE_TIMEOUT_S, drop_older, log
 
 if TYPE_CHECKING:
@@ -185,10 +186,7 @@ class Transfers:
         if not answers:
             return
         self._flush()
-        if len(answers) == 1:
-            self._send(peer, TAKEOVER_RESP, answers[0])
-        else:
-            self._send(peer, TAKEOVER_ANSWERS, list(answers))
+        self._send(peer, *one_or_batch(TAKEOVER_RESP, TAKEOVER_ANSWERS, answers))
         answers.clear()
 
     def _stream(self, peer: Peer, key: tuple[str, int], chunks: Any, chunk: list) -> None:
