@@ -95,15 +95,23 @@ def test_a_walk_consumed_in_slices_survives_sets_and_clears_meanwhile(ts, f, dat
         assert sorted(m.topic for m in store.match(f)) == sorted(m.topic for m in store if filter_matches(f, m.topic))
 
 
-def _held(build) -> tuple[int, object]:  # noqa: ANN001
-    gc.collect()
-    tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    kept = build()
-    gc.collect()
-    held = tracemalloc.get_traced_memory()[0] - before
-    tracemalloc.stop()
-    return held, kept
+def _held(build, tries: int = 3) -> tuple[int, object]:  # noqa: ANN001
+    """The least memory ``build`` left allocated over ``tries`` builds: tracemalloc counts every
+    thread's allocations, and a thread an earlier test left behind (in a full unit run) adds its
+    own to one build now and then, never takes from it."""
+    least, kept = None, None
+    for _ in range(tries):
+        kept = None
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        kept = build()
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        least = held if least is None else min(least, held)
+    assert least is not None
+    return least, kept
 
 
 def test_a_retained_message_is_charged_what_it_holds():
