@@ -10,7 +10,6 @@ variable); the CLI prints it and exits 2.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import socket
 import tomllib
@@ -24,6 +23,20 @@ from brokerd.router.limits import ClientLimits
 from . import __version__
 from . import listeners as _listeners
 from .cpus import usable_cpus
+from .option_values import (
+    AGREEMENT_OFF,
+    EXPECTED,
+    address,
+    agreement_address,
+    at_least,
+    host_port,
+    host_port_or_off,
+    on_off,
+    port_number,
+    positive,
+    size,
+    word,
+)
 
 # The limits a client cannot get around have their defaults in one home, the router's.
 _LIMITS = ClientLimits()
@@ -31,57 +44,6 @@ _LIMITS = ClientLimits()
 
 class ConfigError(Exception):
     """A bad option: the message names it."""
-
-
-def _host_port(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():  # the port's range is the option's check (_address)
-        raise ValueError("expected HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
-AGREEMENT_OFF = ("off", 0)  # ``--agreement off``: the operator's explicit choice of the lease rules
-
-
-def _host_port_or_off(value: str) -> tuple[str, int]:
-    """``--agreement`` takes an address or, said in so many words, ``off``."""
-    return AGREEMENT_OFF if value.strip().lower() == "off" else _host_port(value)
-
-
-def _agreement_address(v: tuple[str, int]) -> str | None:
-    return None if v == AGREEMENT_OFF else _address(v)
-
-
-def _size(value: str | int) -> int:
-    """Sizes accept plain bytes or a K/M/G suffix (powers of 1024): '64M', '1G'."""
-    if isinstance(value, int):
-        return value
-    v = value.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(v[-1:], 1)
-    if mult != 1:
-        v = v[:-1]
-    return int(float(v) * mult)
-
-
-def _word(value: str) -> str:
-    """A choice as typed, in any case: ``--log-level DEBUG`` is ``debug``."""
-    return str(value).strip().lower()
-
-
-# What a value of each type looks like, for errors in an operator's words (not "invalid literal for int()").
-_EXPECTED: dict[Any, str] = {int: "expected a whole number", float: "expected a number",
-                             _size: "expected a size in bytes, such as 65536, 64M or 1G"}
-
-
-def _on_off(value: str | bool) -> bool:
-    if isinstance(value, bool):
-        return value
-    v = value.lower()
-    if v in ("on", "true", "yes", "1"):
-        return True
-    if v in ("off", "false", "no", "0"):
-        return False
-    raise ValueError("expected on or off")
 
 
 @dataclass(frozen=True)
@@ -100,25 +62,8 @@ class Option:
         return "--" + self.name.replace("_", "-")
 
 
-def _at_least(n: int) -> Callable[[Any], str | None]:
-    return lambda v: None if v >= n else f"must be at least {n}"
-
-
-def _port(v: int) -> str | None:
-    """A TCP port a broker binds or connects to (0 would be a random one nobody can find)."""
-    return None if 1 <= v <= 65535 else "must be a port number (1-65535)"
-
-
-def _address(v: tuple[str, int]) -> str | None:
-    return _port(v[1])
-
-
-def _positive(v: float) -> str | None:
-    return None if math.isfinite(v) and v > 0 else "must be positive"
-
-
 OPTIONS: tuple[Option, ...] = (
-    Option("workers", int, usable_cpus(), "worker processes (one router each)", "N", check=_at_least(1)),
+    Option("workers", int, usable_cpus(), "worker processes (one router each)", "N", check=at_least(1)),
     Option("listen", _listeners.parse, (_listeners.DEFAULT,), "MQTT listener, repeatable: mqtt://HOST:PORT "
            "(plain; HOST:PORT alone too), mqtts://HOST:PORT (TLS), ws://HOST:PORT/mqtt or wss://HOST:PORT/mqtt "
            "(WebSockets); TOML: also [[listener]] tables (see Listeners)", "URL", repeat=True),
@@ -126,115 +71,115 @@ OPTIONS: tuple[Option, ...] = (
     Option("keyfile", str, None, "TLS listeners' private key (PEM)", "FILE"),
     Option("cafile", str, None, "CA certificates (PEM) that client certificates of TLS listeners are checked "
            "against", "FILE"),
-    Option("require_certificate", _on_off, False, "TLS listeners refuse clients without a certificate signed "
+    Option("require_certificate", on_off, False, "TLS listeners refuse clients without a certificate signed "
            "by --cafile", "on|off"),
-    Option("use_identity_as_username", _on_off, False, "the client certificate's CN (or first SAN) is the "
+    Option("use_identity_as_username", on_off, False, "the client certificate's CN (or first SAN) is the "
            "username (needs --require-certificate)", "on|off"),
-    Option("tls_version", _word, "tlsv1.2", "lowest TLS version TLS listeners accept", choices=TLS_VERSIONS),
+    Option("tls_version", word, "tlsv1.2", "lowest TLS version TLS listeners accept", choices=TLS_VERSIONS),
     Option("node_id", str, socket.gethostname().split(".")[0], "this node's name in the cluster", "ID"),
-    Option("mesh", _host_port, None, "where this node accepts mesh traffic from other nodes (enables multi-host)",
-           "HOST:PORT", check=_address),
-    Option("mesh_advertise", _host_port, None, "the address other nodes reach this node's mesh at, when it is "
-           "not --mesh's (NAT, containers, a proxy in front); router i at PORT+i", "HOST:PORT", check=_address),
-    Option("peer", _host_port, (), "another node's --mesh address (repeatable; one live peer is enough)",
-           "HOST:PORT", repeat=True, check=_address),
+    Option("mesh", host_port, None, "where this node accepts mesh traffic from other nodes (enables multi-host)",
+           "HOST:PORT", check=address),
+    Option("mesh_advertise", host_port, None, "the address other nodes reach this node's mesh at, when it is "
+           "not --mesh's (NAT, containers, a proxy in front); router i at PORT+i", "HOST:PORT", check=address),
+    Option("peer", host_port, (), "another node's --mesh address (repeatable; one live peer is enough)",
+           "HOST:PORT", repeat=True, check=address),
     Option("mesh_key", str, None, "CURVE secret key file of the cluster (from `brokerd keygen`; the same on "
            "every node): authenticated, encrypted mesh traffic; needed with --mesh", "FILE"),
-    Option("mesh_insecure", _on_off, False, "allow --mesh without --mesh-key (unauthenticated, unencrypted "
+    Option("mesh_insecure", on_off, False, "allow --mesh without --mesh-key (unauthenticated, unencrypted "
            "mesh: any process that reaches it, local ones too, can read and inject messages)", "on|off"),
     Option("mesh_hwm", int, 10_000, "mesh high-water mark in frames per peer (backpressure beyond it)", "N",
-           check=_at_least(1)),
+           check=at_least(1)),
     Option("mesh_timeout", float, 3.0, "seconds of silence after which a peer router counts as gone", "SECONDS",
            check=lambda v: None if v > 0 else "must be positive"),
-    Option("mesh_backlog", _size, 64 << 20, "bytes of frames kept for a silent peer router, delivered when it "
-           "is heard again (beyond: dropped and counted as mesh_peer_gone)", "BYTES", check=_at_least(0)),
+    Option("mesh_backlog", size, 64 << 20, "bytes of frames kept for a silent peer router, delivered when it "
+           "is heard again (beyond: dropped and counted as mesh_peer_gone)", "BYTES", check=at_least(0)),
     Option("mesh_forget", float, 300.0, "seconds a silent peer router's interest and backlog are kept before "
            "it is forgotten", "SECONDS", check=lambda v: None if v > 0 else "must be positive"),
-    Option("agreement", _host_port_or_off, None, "where this node's Raft member listens (TCP; the address the "
+    Option("agreement", host_port_or_off, None, "where this node's Raft member listens (TCP; the address the "
            "other nodes reach, its name in the cluster): who serves each persistent session and which followers "
            "are in sync, agreed by a majority; needs --mesh-key; --mesh needs it, or `off` (heartbeat leases, "
-           "which can lose acknowledged messages in a network partition)", "HOST:PORT|off", check=_agreement_address),
-    Option("agreement_peer", _host_port, (), "another node's --agreement address (repeatable: every other "
+           "which can lose acknowledged messages in a network partition)", "HOST:PORT|off", check=agreement_address),
+    Option("agreement_peer", host_port, (), "another node's --agreement address (repeatable: every other "
            "member; the members are this node and these; this node's own, given too, is left out, so that "
-           "every node can be given one list)", "HOST:PORT", repeat=True, check=_address),
+           "every node can be given one list)", "HOST:PORT", repeat=True, check=address),
     Option("agreement_timeout", float, 5.0, "seconds a proposal may wait for a majority before what needed it "
-           "is refused", "SECONDS", check=_positive),
+           "is refused", "SECONDS", check=positive),
     Option("replication_factor", int, None, "nodes that hold each router's commit log (its own and R-1 "
-           "followers on other nodes); default 1 alone, 2 with --mesh", "R", check=_at_least(1)),
+           "followers on other nodes); default 1 alone, 2 with --mesh", "R", check=at_least(1)),
     Option("min_insync", int, None, "nodes (counting the router's own) that must hold a QoS 1/2 message "
            "before it is acknowledged (Kafka's min.insync.replicas); default min(2, R); capped at the live "
-           "nodes", "M", check=_at_least(1)),
+           "nodes", "M", check=at_least(1)),
     Option("replica_lag", float, 5.0, "seconds a follower may leave a batch unacknowledged before it counts "
-           "as out of sync (it no longer holds acknowledgements back)", "SECONDS", check=_positive),
+           "as out of sync (it no longer holds acknowledgements back)", "SECONDS", check=positive),
     Option("replica_timeout", float, 10.0, "seconds a QoS 1/2 acknowledgement waits for --min-insync nodes "
-           "before it is refused (the connection closes; the client resends)", "SECONDS", check=_positive),
+           "before it is refused (the connection closes; the client resends)", "SECONDS", check=positive),
     Option("data_dir", str, "./data", "commit log directory (one log per router under DATA/<node>/<router>)",
            "DIR"),
-    Option("log", _on_off, True, "commit log on/off", "on|off"),
-    Option("fsync", _word, "interval", "fsync policy of the commit log", choices=("always", "interval", "never")),
-    Option("fsync_interval_ms", int, 1000, "fsync period with --fsync interval (sooner once 4 MiB wait for it)", "MS", check=_at_least(1)),
-    Option("segment_bytes", _size, 64 << 20, "commit log segment size", "BYTES", check=_at_least(4096)),
-    Option("retention_bytes", _size, 10 << 30, "delete old segments beyond this total size per router, so "
-           "that a flood to topics nobody reads cannot fill the disk (0: no limit)", "BYTES", check=_at_least(0)),
+    Option("log", on_off, True, "commit log on/off", "on|off"),
+    Option("fsync", word, "interval", "fsync policy of the commit log", choices=("always", "interval", "never")),
+    Option("fsync_interval_ms", int, 1000, "fsync period with --fsync interval (sooner once 4 MiB wait for it)", "MS", check=at_least(1)),
+    Option("segment_bytes", size, 64 << 20, "commit log segment size", "BYTES", check=at_least(4096)),
+    Option("retention_bytes", size, 10 << 30, "delete old segments beyond this total size per router, so "
+           "that a flood to topics nobody reads cannot fill the disk (0: no limit)", "BYTES", check=at_least(0)),
     Option("retention_hours", float, 168.0, "delete segments older than this (0: keep forever)", "HOURS",
-           check=_at_least(0)),
-    Option("max_packet_size", _size, 1 << 20, "largest MQTT packet accepted (bigger: connection closed)",
-           "BYTES", check=_at_least(64)),
+           check=at_least(0)),
+    Option("max_packet_size", size, 1 << 20, "largest MQTT packet accepted (bigger: connection closed)",
+           "BYTES", check=at_least(64)),
     Option("max_topic_levels", int, 128, "most levels in a topic name or filter (deeper: a PUBLISH or will "
-           "closes the connection, a SUBSCRIBE filter is refused in the SUBACK)", "N", check=_at_least(1)),
+           "closes the connection, a SUBSCRIBE filter is refused in the SUBACK)", "N", check=at_least(1)),
     Option("max_inflight", int, 20, "unacknowledged QoS 1/2 messages per client on the wire", "N",
-           check=_at_least(1)),
+           check=at_least(1)),
     Option("max_queued", int, 1000, "QoS 1/2 messages queued per offline or slow session (newer are dropped)",
-           "N", check=_at_least(0)),
+           "N", check=at_least(0)),
     Option("max_connections", int, 100_000, "client connections per node (beyond: CONNACK server unavailable)",
-           "N", check=_at_least(1)),
-    Option("max_client_buffer", _size, 1 << 20, "outgoing bytes buffered per client before QoS 0 messages "
-           "to it are dropped (slow consumer)", "BYTES", check=_at_least(4096)),
+           "N", check=at_least(1)),
+    Option("max_client_buffer", size, 1 << 20, "outgoing bytes buffered per client before QoS 0 messages "
+           "to it are dropped (slow consumer)", "BYTES", check=at_least(4096)),
     Option("max_client_id_length", int, _LIMITS.max_client_id_length, "longest client id accepted (longer: CONNACK 0x02 identifier "
-           "rejected, MQTT 5: 0x85)", "N", check=_at_least(23)),
+           "rejected, MQTT 5: 0x85)", "N", check=at_least(23)),
     Option("max_subscriptions", int, _LIMITS.max_subscriptions, "subscriptions per client (beyond: the new filter gets SUBACK 0x80, "
-           "MQTT 5: 0x97 quota exceeded)", "N", check=_at_least(1)),
+           "MQTT 5: 0x97 quota exceeded)", "N", check=at_least(1)),
     Option("max_retained", int, _LIMITS.max_retained, "retained messages per router (beyond: a new retained topic is "
-           "delivered but not retained)", "N", check=_at_least(1)),
-    Option("max_retained_bytes", _size, _LIMITS.max_retained_bytes, "memory retained messages may take per router, as "
-           "held: ~1 KiB + 4 x topic + 3 x payload each (beyond: delivered but not retained)", "BYTES", check=_at_least(1024)),
+           "delivered but not retained)", "N", check=at_least(1)),
+    Option("max_retained_bytes", size, _LIMITS.max_retained_bytes, "memory retained messages may take per router, as "
+           "held: ~1 KiB + 4 x topic + 3 x payload each (beyond: delivered but not retained)", "BYTES", check=at_least(1024)),
     Option("max_qos2_pending", int, _LIMITS.max_qos2_pending, "received QoS 2 messages per client awaiting PUBREL (beyond: the "
            "connection is closed, MQTT 5: DISCONNECT 0x93; also MQTT 5's Receive Maximum in CONNACK)", "N",
            check=lambda v: None if 1 <= v <= 65535 else "must be 1-65535"),
     Option("qos2_timeout", float, _LIMITS.qos2_timeout, "seconds a received QoS 2 message waits for its PUBREL before its "
-           "packet id is forgotten", "SECONDS", check=_positive),
+           "packet id is forgotten", "SECONDS", check=positive),
     Option("packet_timeout", float, 30.0, "seconds a connection may hold an unfinished packet (longer: "
-           "closed)", "SECONDS", check=_positive),
+           "closed)", "SECONDS", check=positive),
     Option("max_keepalive", int, _LIMITS.max_keepalive, "largest keepalive in seconds (MQTT 5: keepalive 0 or more gets this "
            "as Server Keep Alive; MQTT 3.1.1: more is refused with CONNACK 0x02, 0 is held to it)", "SECONDS",
            check=lambda v: None if 1 <= v <= 65535 else "must be 1-65535"),
     Option("max_session_expiry", float, _LIMITS.max_session_expiry, "seconds an offline persistent session is kept at most, "
            "MQTT 3.1.1 sessions included (MQTT 5: a longer Session Expiry Interval is cut to this)", "SECONDS",
-           check=_positive),
+           check=positive),
     Option("max_topic_alias", int, _LIMITS.max_topic_alias, "topic aliases an MQTT 5 client may set per "
            "connection, sent as Topic Alias Maximum in CONNACK (an alias beyond it: DISCONNECT 0x94; 0: none "
            "allowed, as Mosquitto's max_topic_alias)", "N", check=lambda v: None if 0 <= v <= 65535 else "must be 0-65535"),
-    Option("topic_alias_out", _on_off, False, "send repeated topics to MQTT 5 clients that allow it (Topic Alias "
+    Option("topic_alias_out", on_off, False, "send repeated topics to MQTT 5 clients that allow it (Topic Alias "
            "Maximum in their CONNECT) as topic aliases, saving bandwidth on constrained links", "on|off"),
     Option("max_connection_rate", float, 0.0, "new connections per second per listener, shared by the "
-           "workers (beyond: the socket is closed at once; 0: no limit, as Mosquitto)", "N", check=_at_least(0)),
+           "workers (beyond: the socket is closed at once; 0: no limit, as Mosquitto)", "N", check=at_least(0)),
     Option("max_client_msg_rate", float, 0.0, "packets per second one client may send (beyond: its reads are "
-           "paused, never disconnected; 0: no limit)", "N", check=_at_least(0)),
-    Option("max_client_byte_rate", _size, 0, "bytes per second one client may send (beyond: its reads are "
-           "paused; 0: no limit)", "BYTES", check=_at_least(0)),
+           "paused, never disconnected; 0: no limit)", "N", check=at_least(0)),
+    Option("max_client_byte_rate", size, 0, "bytes per second one client may send (beyond: its reads are "
+           "paused; 0: no limit)", "BYTES", check=at_least(0)),
     Option("read_budget", int, 16, "packets of one client handled per loop iteration before the rest of its "
            "read waits a turn (fairness for quiet clients; higher: more batching, longer tail latency)", "N",
-           check=_at_least(1)),
+           check=at_least(1)),
     Option("turn_budget", int, 32, "packets all clients together get handled per loop iteration before each "
            "busy client is cut to 4 per turn (0: no limit): bounds how long a quiet client waits behind "
-           "many busy ones", "N", check=_at_least(0)),
+           "many busy ones", "N", check=at_least(0)),
     Option("fan_budget", int, 512, "deliveries one client's publishes may cause per loop iteration before the "
            "rest of its read waits a turn, one more per KiB of message (0: no limit): bounds how long others "
-           "wait behind a fan-out", "N", check=_at_least(0)),
-    Option("stats_interval", float, 1.0, "seconds between stats snapshots", "SECONDS", check=_positive),
+           "wait behind a fan-out", "N", check=at_least(0)),
+    Option("stats_interval", float, 1.0, "seconds between stats snapshots", "SECONDS", check=positive),
     Option("stats_port", int, None, "publish stats on tcp://HOST:PORT+i (router i) instead of ipc", "PORT",
-           check=_port),
-    Option("metrics_port", int, None, "serve Prometheus /metrics on this port", "PORT", check=_port),
+           check=port_number),
+    Option("metrics_port", int, None, "serve Prometheus /metrics on this port", "PORT", check=port_number),
     Option("metrics_host", str, "127.0.0.1", "address /metrics listens on (give 0.0.0.0 or an interface's "
            "address for a Prometheus on another host)", "HOST"),
     Option("metrics_password_file", str, None, "require HTTP basic auth on /metrics: users and passwords in "
@@ -243,20 +188,20 @@ OPTIONS: tuple[Option, ...] = (
     Option("metrics_keyfile", str, None, "the private key of --metrics-certfile (PEM)", "FILE"),
     Option("stats_host", str, "127.0.0.1", "address of the tcp stats sockets with --stats-port (give "
            "an interface's address for `brokerd stats` on other hosts; not authenticated)", "HOST"),
-    Option("stats_clients", _on_off, True, "include per-client rows (client ids, addresses) in stats "
+    Option("stats_clients", on_off, True, "include per-client rows (client ids, addresses) in stats "
            "snapshots and `brokerd stats --connections`; off keeps them out of every stats socket", "on|off"),
     Option("sys_interval", float, 10.0, "seconds between $SYS topic updates (0: off)", "SECONDS",
-           check=_at_least(0)),
-    Option("log_level", _word, "info", "logging level", choices=("debug", "info", "warning", "error")),
+           check=at_least(0)),
+    Option("log_level", word, "info", "logging level", choices=("debug", "info", "warning", "error")),
     Option("log_file", str, None, "also write the log to FILE (appended; reopened when logrotate renames it, "
            "and on SIGHUP)", "FILE"),
     Option("password_file", str, None, "Mosquitto password file (`brokerd passwd` or mosquitto_passwd): "
            "clients log in with a user in it (reloaded on SIGHUP)", "FILE"),
     Option("acl_file", str, None, "Mosquitto ACL file (user, topic, pattern lines) checked on SUBSCRIBE, "
            "PUBLISH and delivery (reloaded on SIGHUP)", "FILE"),
-    Option("allow_anonymous", _on_off, None, "clients without a user name may connect (default: off once a "
+    Option("allow_anonymous", on_off, None, "clients without a user name may connect (default: off once a "
            "password file or an auth plugin is configured, else on)", "on|off"),
-    Option("session_owner", _word, "refuse", "a CONNECT of another user with a session's client id: refused "
+    Option("session_owner", word, "refuse", "a CONNECT of another user with a session's client id: refused "
            "(CONNACK not authorized; the session stays its owner's) or given a clean session (the old one ends, "
            "logged)", choices=("refuse", "replace")),
     Option("auth_plugin", str, None, "Python auth plugin MODULE:ATTR with authenticate() and authorize(); "
@@ -357,14 +302,14 @@ def _convert(opt: Option, raw: Any, source: str) -> Any:
             value = opt.type(raw)
         elif opt.type is float and isinstance(raw, (int, float)):
             value = float(raw)
-        elif opt.type is _host_port and isinstance(raw, str):
-            value = _host_port(raw)
+        elif opt.type is host_port and isinstance(raw, str):
+            value = host_port(raw)
         else:
             value = opt.type(raw)
     except (ValueError, TypeError) as exc:
         if opt.repeat and isinstance(raw, (list, tuple)) and len(raw) == 1:
             raw = raw[0]  # one value given: shown as given
-        raise ConfigError(f"{source}: invalid value {raw!r} ({_EXPECTED.get(opt.type) or exc})") from None
+        raise ConfigError(f"{source}: invalid value {raw!r} ({EXPECTED.get(opt.type) or exc})") from None
     if opt.choices and value not in opt.choices:
         raise ConfigError(f"{source}: invalid value {raw!r} (choose from {', '.join(opt.choices)})")
     if opt.check and value is not None:
@@ -397,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   "default": argparse.SUPPRESS}
         if opt.choices:
             kwargs["choices"] = opt.choices
-            kwargs["type"] = opt.type  # _word: any case
+            kwargs["type"] = opt.type  # word: any case
             kwargs.pop("metavar")
         if opt.repeat:
             kwargs["action"] = "append"
@@ -423,7 +368,7 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     port = environ.get(env_name("port"), "").strip()
     if port:  # like --port and TOML's port: short for listen = "127.0.0.1:P"; BROKERD_LISTEN wins
         problem = None if port.isdigit() else "expected a port number"
-        problem = problem or _port(int(port))
+        problem = problem or port_number(int(port))
         if problem:
             raise ConfigError(f"{env_name('port')}: {problem}, got {port!r}")
         values["listen"] = (_listeners.parse(f"127.0.0.1:{port}"),)
@@ -473,9 +418,9 @@ def load(argv: list[str], environ: Mapping[str, str] | None = None) -> Config:
     port = args.pop("port", None)
     if port is not None:
         if not str(port).isdigit():
-            raise ConfigError(f"--port: invalid value {port!r} ({_EXPECTED[int]})")
+            raise ConfigError(f"--port: invalid value {port!r} ({EXPECTED[int]})")
         port = int(port)
-        problem = _port(port)
+        problem = port_number(port)
         if problem:
             raise ConfigError(f"--port: {problem}, got {port!r}")
         values["listen"] = (_listeners.parse(f"127.0.0.1:{port}"),)
@@ -613,6 +558,6 @@ def _shown_default(opt: Option) -> str:
         return ", ".join(x.url for x in d)
     if opt.name == "mesh":
         return f"{d[0]}:{d[1]}"
-    if opt.type is _on_off:
+    if opt.type is on_off:
         return "on" if d else "off"
     return str(d)

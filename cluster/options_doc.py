@@ -19,7 +19,8 @@ import argparse
 import os
 import sys
 
-from .config import OPTIONS, Option, _host_port, _on_off, _size, env_name
+from .config import OPTIONS, Option, env_name
+from .option_values import host_port, on_off, size
 
 START = "<!-- options:start -->"
 END = "<!-- options:end -->"
@@ -50,11 +51,11 @@ def shown_default(opt: Option) -> str:
         return "—"
     if opt.name == "listen":
         return ", ".join(x.url for x in d)
-    if opt.type is _host_port:
+    if opt.type is host_port:
         return f"{d[0]}:{d[1]}"
-    if opt.type is _on_off:
+    if opt.type is on_off:
         return "on" if d else "off"
-    if opt.type is _size:
+    if opt.type is size:
         return _size_text(d)
     if isinstance(d, float):
         return f"{d:g}"

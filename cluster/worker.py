@@ -92,7 +92,7 @@ class Worker:
                               read_budget=self.config.read_budget, turn=self.turn,
                               max_topic_levels=self.config.max_topic_levels, listener=listener,
                               guard=self.guard, keepalive=self.keepalive,
-                              traffic=self.connections.traffic)
+                              traffic=self.connections.traffic, loop=self.loop)
 
     async def start(self) -> None:
         c = self.config

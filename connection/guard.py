@@ -8,8 +8,9 @@ message) and one timer per pause. The unfinished-packet check is one attribute t
 set entry while a connection holds an unfinished packet, and once a second a look at those
 connections only (it was all of the worker's connections: a pause a second at 100k of them).
 
-Time is the loop's (``time()``, ``call_later``), as the keepalive wheel's: nothing here reads
-``time``, so a test gives a ``router.clock.FakeClock`` as the loop and no second passes for real.
+Time is the loop's (``time()``, ``call_later``; ``connection.loop.Loop``), as the keepalive
+wheel's: nothing here reads ``time``, so a test gives a ``router.clock.FakeClock`` as the loop
+and no second passes for real.
 The rates need only a monotonic clock; the unfinished packet's start (``Holder.partial_since``)
 is on the loop's clock too.
 """
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from .listener import Listener
+from .loop import Loop
 
 RATE = "rate"  # the pause_reading cause while a client is over its rate
 
@@ -40,15 +42,6 @@ class Holder(Protocol):
     closing: bool
 
     def unfinished_packet_timeout(self, held: float) -> None: ...
-
-
-class LoopTime(Protocol):
-    """What the guard asks of its event loop: its time (seconds, monotonic) and a timer. An asyncio
-    loop, or a test's ``router.clock.FakeClock``."""
-
-    def time(self) -> float: ...
-
-    def call_later(self, delay: float, callback: Callable[[], object], /) -> object: ...
 
 
 class TokenBucket:
@@ -95,7 +88,7 @@ class ClientRate:
 
 
 class ConnectionGuard:
-    def __init__(self, loop: LoopTime, *, connection_rate: float = 0.0, msg_rate: float = 0.0,
+    def __init__(self, loop: Loop, *, connection_rate: float = 0.0, msg_rate: float = 0.0,
                  byte_rate: float = 0.0, packet_timeout: float = 0.0, stats: GuardStats | None = None,
                  sockets: dict[Listener, int] | None = None) -> None:
         """``connection_rate``: new connections a second per listener for this worker (its share);

@@ -10,6 +10,10 @@ and counted at accept, as a plain one is, and its handshake is bounded by ``HAND
 The TLS layer is the loop's own ``SSLProtocol`` (uvloop's, or asyncio's), put on the socket in
 ``connection_made`` as ``create_server(ssl=...)`` does. Not ``loop.start_tls``: it is a coroutine,
 and uvloop hands a ClientHello that came with the accept to the plain protocol before it runs.
+
+Time: the rate charged at accept is the guard's clock (a ``FakeClock`` in a unit test); the
+handshake's bound is that TLS protocol's own timer, on the event loop that runs it (I/O, as its
+waiter future is: tested on real sockets).
 """
 
 from __future__ import annotations
@@ -81,7 +85,7 @@ class Handshaking(asyncio.Protocol):
             guard.opened(self.listener)
             self._counted = True
         self.inner.admitted = True
-        loop = asyncio.get_event_loop()
+        loop = asyncio.get_running_loop()  # the TLS protocol and its waiter: the loop's I/O
         waiter = loop.create_future()
         waiter.add_done_callback(self._handshake_done)
         tls = _ssl_protocol_class(loop)(loop, self, self.context, waiter, True, None,

@@ -18,10 +18,11 @@ each). A connection holds its bucket's own key object (``_Bucket.key``), not an 
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import math
 from typing import Protocol
+
+from .loop import Loop, Timer
 
 
 class Kept(Protocol):
@@ -40,21 +41,14 @@ class _Bucket(dict[Kept, None]):
         self.key = key
 
 
-class _Timer(Protocol):
-    """The loop's timer handle (a test's fake clock gives its own): compiled, a declared
-    ``asyncio.TimerHandle`` would be checked as one."""
-
-    def cancel(self) -> None: ...
-
-
 class KeepaliveWheel:
     __slots__ = ("_loop", "_buckets", "_keys", "_timer")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: Loop) -> None:
         self._loop = loop
         self._buckets: dict[int, _Bucket] = {}
         self._keys: list[int] = []  # a heap of the buckets' keys
-        self._timer: _Timer | None = None
+        self._timer: Timer | None = None
 
     def __len__(self) -> int:
         return sum(len(b) for b in self._buckets.values())

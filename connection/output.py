@@ -12,6 +12,7 @@ import asyncio
 
 from .batching import EndOfTick
 from .flow import OUTPUT
+from .loop import Loop, Timer
 from .traffic import ConnectionCounters, Traffic
 
 # After a close with something still to say (a DISCONNECT, a refusing CONNACK): how long the
@@ -41,10 +42,10 @@ class Output:
     _gate: int | None  # output held until open_gate(this or more): see gate()
     _lingering: bool  # closed with something to say: see _end()
     _polling: bool  # its output backed up: _drain_check looks until it drained
-    _timer: asyncio.TimerHandle | None  # the linger after a close (``_end``)
+    _timer: Timer | None  # the linger after a close (``_end``)
     # The input half's, which this half pauses while the output backs up, and closes with.
     closing: bool
-    _loop: asyncio.AbstractEventLoop
+    _loop: Loop  # the connection's time and timers (``connection.loop``)
     _reading_paused_by: set[object] | frozenset[object]
 
     def close(self, reason: int | None = None) -> None:

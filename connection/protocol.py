@@ -21,6 +21,7 @@ from .flow import BUDGET, OUTPUT, FlowControl
 from .guard import RATE, ClientRate, ConnectionGuard
 from .keepalive import KeepaliveWheel
 from .listener import Listener
+from .loop import Loop, Timer
 from .output import NOTHING, Output
 from .packets import Connect, Packet
 from .ports import Connection, Handler, Outgoing
@@ -66,6 +67,7 @@ class MQTTConnection(Output, asyncio.Protocol):
         guard: ConnectionGuard | None = None,
         keepalive: KeepaliveWheel | None = None,
         traffic: Traffic | None = None,
+        loop: Loop | None = None,
     ) -> None:
         """``read_budget``: most packets of one connection decoded and handled per loop iteration;
         the rest of a read stays undecoded, with reading paused, until the next iteration. Without
@@ -77,8 +79,13 @@ class MQTTConnection(Output, asyncio.Protocol):
         to refuse deeper SUBSCRIBE filters with a SUBACK failure code.
 
         ``traffic``: the worker's sums, which this connection's counts are added to (a test's
-        connection gets one of its own)."""
-        self._loop = asyncio.get_event_loop()
+        connection gets one of its own).
+
+        ``loop``: its time and timers (``connection.loop``), the worker's (None: the current event
+        loop); the layers in front of it (TLS, WebSocket) use the same one. A unit test gives a
+        ``FakeClock``, with ``keepalive`` on it, and drives the CONNECT timeout and the keepalive
+        with bytes and ``advance``."""
+        self._loop: Loop = loop if loop is not None else asyncio.get_event_loop()
         if keepalive is not None:  # the worker's: shared with its other connections
             self._settings = shared_settings(open_handler, listener, write_buffer_high, keepalive)
         else:  # a test's connection: keepalive deadlines of its own
@@ -103,7 +110,7 @@ class MQTTConnection(Output, asyncio.Protocol):
         self.write_paused = False  # transport above its high-water mark: a slow consumer
         self.closing = False
         self._out = NOTHING
-        self._timer: asyncio.TimerHandle | None = None  # the linger after a close (``_end``)
+        self._timer: Timer | None = None  # the linger after a close (``_end``)
         self._cstate = ConnectionState()  # the connection's rules and keepalive (connection.state)
         self.keepalive_key: int | None = None  # its bucket there
         self._reading_paused_by: set[object] | frozenset[object] = _NOBODY  # a set once paused
@@ -117,6 +124,11 @@ class MQTTConnection(Output, asyncio.Protocol):
         # Charged to its listener's connection rate at accept already (by the TLS or WebSocket
         # layer in front of it, which admits and counts a socket before its handshake).
         self.admitted = False
+
+    @property
+    def loop(self) -> Loop:
+        """Its time and timers, which a TLS or WebSocket layer in front of it uses too."""
+        return self._loop
 
     @property
     def guard(self) -> ConnectionGuard | None:

@@ -29,6 +29,7 @@ from wsproto.utilities import RemoteProtocolError
 
 from .codec import is_tls_client_hello
 from .guard import ConnectionGuard
+from .loop import Loop, Timer
 from .protocol import CONNECT_TIMEOUT_S, MQTTConnection
 
 log = logging.getLogger(__name__)
@@ -47,15 +48,20 @@ class WebSocketConnection(asyncio.Protocol):
         self.open = False  # handshake done: the inner connection has been made
         self.peer = "?"
         self._paused = False  # the inner connection paused reading: events wait in wsproto
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None  # the handshake's timeout
         self.admitted = False  # charged to the connection rate already (by the TLS layer in front)
         self._counted = False  # counted under --max-connections until the upgrade (guard.opened)
-        self._loop = asyncio.get_event_loop()
+        self._loop = inner.loop  # its MQTT connection's time and timers (a test's: a FakeClock)
 
     @property
     def guard(self) -> ConnectionGuard | None:
         """The worker's connection-layer limits, its MQTT connection's (None: a test's, no limits)."""
         return self.inner.guard
+
+    @property
+    def loop(self) -> Loop:
+        """Its MQTT connection's time and timers, which a TLS layer in front of it uses too."""
+        return self._loop
 
     # -- asyncio.Protocol ---------------------------------------------------------------------------
 

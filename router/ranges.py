@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from typing import Any, ClassVar, Literal
 
 from mypy_extensions import mypyc_attr
@@ -36,10 +35,11 @@ class LogRange:
         self._reader: Any = None
         self._stalled = 0.0
 
-    def read(self, batch: int, now: float | None = None) -> list | None:
+    def read(self, batch: int, now: float) -> list | None:
         """The next records of the range (possibly none yet: the other router's writer may not
         have written them), or None once the range is done or cannot be read, or its records
-        stayed missing for STALL_LIMIT_S by ``now`` (its session's clock; None: the monotonic)."""
+        stayed missing for STALL_LIMIT_S by ``now`` (its session's clock, ``Clock.now()``: the
+        range reads none of its own, so the stall is tested with a ``FakeClock``)."""
         if self.start >= self.end:
             self.close()
             return None
@@ -57,8 +57,6 @@ class LogRange:
             self.start = records[-1].offset + 1
             self._stalled = 0.0
             return records
-        if now is None:
-            now = time.monotonic()
         if not self._stalled:
             self._stalled = now
         elif now - self._stalled > STALL_LIMIT_S:

@@ -74,7 +74,7 @@ def export_copies(session: Session, same_node: bool, chunk_bytes: int = 1 << 20,
             return
         yield from session.queue
         for rng in ranges:
-            while (records := rng.read(256)) is not None and records:
+            while (records := rng.read(256, session.clock.now())) is not None and records:
                 if rng.copies:
                     for _, (qos, retain, values) in records:
                         yield Message.from_list(values), qos, retain

@@ -15,6 +15,9 @@ import pytest
 
 from brokerd.connection.guard import ConnectionGuard
 from brokerd.connection.handshake import Handshaking
+from brokerd.router.clock import FakeClock
+
+from .sockets import FakeTransport
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
@@ -110,3 +113,38 @@ def test_a_tls_socket_counts_from_accept_until_its_handshake_ends(kind, cert):
     assert counts == [1, 1, 0]
     assert got == [b"echo:hello%d" % i for i in range(5)] + [b""]
     assert handed
+
+
+def test_the_connection_rate_is_charged_at_accept_before_any_tls_on_the_guards_clock(cert):
+    """--max-connection-rate 1 on a fake clock: the first socket is admitted, counted, and its TLS
+    layer put on it; a second at the same time is aborted with nothing counted and no TLS; a
+    second later the bucket holds one again. (The TLS layer is the loop's own: a loop runs.)"""
+    certfile, keyfile = cert
+
+    async def main() -> None:
+        clock = FakeClock()
+        stats = SimpleNamespace(unconnected=0, limit_connection_rate=0)
+        guard = ConnectionGuard(clock, connection_rate=1, stats=stats)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(certfile, keyfile)
+
+        def accept() -> tuple[FakeTransport, _Inner, Handshaking]:
+            inner = _Inner()
+            handshaking = Handshaking(inner, ctx, guard, None)
+            transport = FakeTransport(("127.0.0.1", 50000))
+            transport.set_protocol(handshaking)
+            handshaking.connection_made(transport)
+            return transport, inner, handshaking
+
+        first, inner, handshaking = accept()
+        assert not first.aborted and inner.admitted and stats.unconnected == 1
+        assert first.get_protocol() is not handshaking  # the TLS layer's, waiting for a ClientHello
+        second, inner, handshaking = accept()
+        assert second.aborted and not inner.admitted and second.get_protocol() is handshaking
+        assert stats.unconnected == 1 and stats.limit_connection_rate == 1
+        clock.advance(0.99)
+        assert accept()[0].aborted
+        clock.advance(0.02)
+        assert not accept()[0].aborted and stats.unconnected == 2
+
+    asyncio.run(main())

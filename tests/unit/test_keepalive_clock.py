@@ -1,20 +1,13 @@
 """The keepalive wheel (``connection.keepalive``) against a fake clock: a connection is checked at
 the first whole second at or after its deadline, never before; one discarded, never; one added
-again when checked, at its new deadline; no timer once nothing waits. The wheel asks its loop for
-``time`` and ``call_at`` only: here a ``FakeClock`` answers both, so no second passes for real."""
+again when checked, at its new deadline; no timer once nothing waits. The wheel asks its loop
+(``connection.loop.Loop``) for ``time`` and ``call_at`` only: here a ``FakeClock`` is the loop, so
+no second passes for real."""
 
 from __future__ import annotations
 
 from brokerd.connection.keepalive import KeepaliveWheel
 from brokerd.router.clock import FakeClock
-
-
-class _Loop:
-    """The two things the wheel asks of its event loop, from a fake clock."""
-
-    def __init__(self, clock: FakeClock) -> None:
-        self.time = clock.now
-        self.call_at = clock.call_at
 
 
 class _Conn:
@@ -32,7 +25,7 @@ class _Conn:
 
 def _wheel(now: float = 1000.25) -> tuple[FakeClock, KeepaliveWheel]:
     clock = FakeClock(now=now)
-    return clock, KeepaliveWheel(_Loop(clock))  # type: ignore[arg-type]
+    return clock, KeepaliveWheel(clock)
 
 
 def test_a_connection_is_checked_at_the_second_its_deadline_falls_in_and_not_before():

@@ -1,5 +1,6 @@
 """A connection whose output backs up: reading pauses until the transport has written everything,
-and the keepalive tells a client that still reads, slowly, from one that takes nothing at all."""
+and the keepalive tells a client that still reads, slowly, from one that takes nothing at all. The
+connection's loop is a ``FakeClock``: the drain polls and the keepalive run on ``advance``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from brokerd.connection.batching import EndOfTick
 from brokerd.connection.flow import OUTPUT
 from brokerd.connection.packets import Connect
 from brokerd.connection.protocol import MQTTConnection
+from brokerd.router.clock import FakeClock
 
 
 class _Transport(asyncio.Transport):
@@ -68,8 +70,8 @@ class _Handler:
         pass
 
 
-def _connected(loop: asyncio.AbstractEventLoop) -> tuple[MQTTConnection, _Transport]:
-    conn = MQTTConnection(_Handler, EndOfTick(loop), max_packet_size=1 << 20)
+def _connected(clock: FakeClock) -> tuple[MQTTConnection, _Transport]:
+    conn = MQTTConnection(_Handler, EndOfTick(clock), max_packet_size=1 << 20, loop=clock)
     transport = _Transport()
     conn.connection_made(transport)
     conn.data_received(b"\x10\x0d\x00\x04MQTT\x04\x02\x00\x01\x00\x01c")
@@ -77,40 +79,29 @@ def _connected(loop: asyncio.AbstractEventLoop) -> tuple[MQTTConnection, _Transp
 
 
 def test_reading_pauses_while_the_output_backs_up_and_resumes_once_written():
-    async def run() -> list[bool]:
-        loop = asyncio.get_running_loop()
-        conn, transport = _connected(loop)
-        seen = [transport.reading]
-        conn.send(b"\xd0\x00")
-        conn.flush()  # the kernel took none of it
-        seen.append(transport.reading)
-        await asyncio.sleep(0.05)
-        seen.append(transport.reading)  # still not written
-        transport.buffered = 0  # written at last
-        for _ in range(100):  # bounded: 1 s
-            if transport.reading:
-                break
-            await asyncio.sleep(0.01)
-        seen.append(transport.reading)
-        seen.append(OUTPUT in conn._reading_paused_by)
-        return seen
-
-    assert asyncio.run(run()) == [True, False, False, True, False]
+    clock = FakeClock()
+    conn, transport = _connected(clock)
+    assert transport.reading
+    conn.send(b"\xd0\x00")
+    conn.flush()  # the kernel took none of it
+    assert not transport.reading
+    clock.advance(0.05)
+    assert not transport.reading  # still not written
+    transport.buffered = 0  # written at last
+    clock.advance(0.03)  # its next look, at 70 ms (at 10, 30, 70 ms: the wait doubles)
+    assert transport.reading and OUTPUT not in conn._reading_paused_by
 
 
 def test_the_keepalive_spares_a_slow_reader_and_closes_one_that_takes_nothing():
-    async def run() -> tuple[bool, bool]:
-        loop = asyncio.get_running_loop()
-        slow, slow_transport = _connected(loop)
-        dead, dead_transport = _connected(loop)
-        for conn in (slow, dead):
-            conn.send(b"\x30\x05\x00\x01tab")
-            conn.flush()
-        for _ in range(40):  # 4 s: more than twice the 1.5 s keepalive, nothing read from either
-            await asyncio.sleep(0.1)
-            slow_transport.buffered -= 1  # the slow one takes a byte now and then
-            slow.send(b"\x30\x05\x00\x01tab")
-            slow.flush()  # and more comes for it
-        return slow.closing, dead.closing
-
-    assert asyncio.run(run()) == (False, True)
+    clock = FakeClock()
+    slow, slow_transport = _connected(clock)
+    dead, dead_transport = _connected(clock)
+    for conn in (slow, dead):
+        conn.send(b"\x30\x05\x00\x01tab")
+        conn.flush()
+    for _ in range(40):  # 4 s: more than twice the 1.5 s keepalive, nothing read from either
+        clock.advance(0.1)
+        slow_transport.buffered -= 1  # the slow one takes a byte now and then
+        slow.send(b"\x30\x05\x00\x01tab")
+        slow.flush()  # and more comes for it
+    assert (slow.closing, dead.closing) == (False, True)

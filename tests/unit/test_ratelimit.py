@@ -1,4 +1,5 @@
-"""LogLimiter: at most N lines a second, then one summary line for the rest of that second."""
+"""LogLimiter: at most N lines a second, then one summary line for the rest of that second, on
+its clock (a ``FakeClock`` here; by default the monotonic clock and the running loop's timer)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,42 @@ import time
 
 from brokerd.connection import ratelimit
 from brokerd.connection.ratelimit import LogLimiter
+from brokerd.router.clock import FakeClock
 
 
-def test_at_most_n_a_second_then_a_summary(monkeypatch, caplog):
-    now = [100.2]
-    monkeypatch.setattr(ratelimit.time, "monotonic", lambda: now[0])
-    limiter = LogLimiter(3, "protocol violation warnings")
+def test_at_most_n_a_second_then_a_summary_at_the_seconds_end(caplog):
+    """On a fake clock: three lines of ten in the second that began at 100, the summary of the
+    other seven by its timer when that second ends (before any next line), a line at 101.5 again."""
+    clock = FakeClock(now=100.2)
+    limiter = LogLimiter(3, "protocol violation warnings", clock=clock)
     logger = logging.getLogger("t")
     with caplog.at_level(logging.WARNING):
         written = [limiter.log(logger, "bad %d", i) for i in range(10)]
         assert written == [True] * 3 + [False] * 7
-        now[0] = 101.5
+        clock.advance(0.79)
+        assert len(caplog.records) == 3
+        clock.advance(0.02)
+        assert caplog.records[-1].getMessage() == "(7 more protocol violation warnings suppressed)"
+        clock.advance(0.5)
         assert limiter.log(logger, "bad %d", 10)
     assert [r.getMessage() for r in caplog.records] == [
         "bad 0", "bad 1", "bad 2", "(7 more protocol violation warnings suppressed)", "bad 10"]
+    assert clock.pending == 0
+
+
+def test_without_a_loop_the_summary_comes_with_the_next_line(monkeypatch, caplog):
+    """The default clock outside a loop (a tool, a test): no timer; the next second's first line
+    writes the summary of the last."""
+    now = [100.2]
+    monkeypatch.setattr(ratelimit.time, "monotonic", lambda: now[0])
+    limiter = LogLimiter(1, "protocol violation warnings")
+    logger = logging.getLogger("t.noloop")
+    with caplog.at_level(logging.WARNING):
+        assert [limiter.log(logger, "bad %d", i) for i in range(3)] == [True, False, False]
+        now[0] = 101.5
+        assert limiter.log(logger, "bad 3")
+    assert [r.getMessage() for r in caplog.records] == [
+        "bad 0", "(2 more protocol violation warnings suppressed)", "bad 3"]
 
 
 def test_a_storms_summary_comes_at_the_end_of_its_second_without_a_next_line(caplog):
