@@ -2,8 +2,8 @@
 
 This module holds the append path and ``CommitLog``, assembled from parts it owns, each in its
 module, all holding the one state they share, the log's segments (``segments.LogSegments``):
-``loader`` (recovery at open), ``active`` (where batches are placed), ``handoff`` (requests to
-the writer), ``durability``, ``reads``, ``retention``, ``history``. ``writer`` is the thread that
+``config`` (its options), ``loader`` (recovery at open), ``active`` (where batches are placed),
+``handoff`` (requests to the writer), ``durability``, ``reads``, ``retention``, ``history``. ``writer`` is the thread that
 does the I/O (``messages``: what passes to it and back), ``segment`` and ``format`` the bytes.
 The append path reads the log's own attributes, with no hop through a part.
 
@@ -45,9 +45,10 @@ import msgpack
 
 from . import fields
 from .active import ActiveSegment
+from .config import LogConfig
 from .durability import Durability
 from .errors import LogUnavailable
-from .format import FORMAT_VERSION, MAX_SEGMENT_POSITION, Record
+from .format import FORMAT_VERSION, Record
 from .handoff import Handoff
 from .history import HistoryJoin
 from .loader import load
@@ -67,32 +68,9 @@ __all__ = ["CommitLog", "DeletedSegment", "SegmentState"]
 class CommitLog:
     """A directory of segments, appended to from one event loop (or synchronously without one).
 
-    Parameters (all but ``directory`` keyword-only):
-
-    * ``router_id``: default ``origin_router`` of records appended here.
-    * ``loop``: the event loop the log belongs to; ``None`` selects synchronous mode.
-    * ``fsync``: ``"always"`` | ``"interval"`` | ``"never"`` (see ``FsyncPolicy``);
-      ``fsync_interval_ms``: the ``interval`` period.
-    * ``segment_bytes``: roll to a new segment once the next record would pass this size.
-    * ``index_interval_bytes``: one index entry per this many bytes of records.
-    * ``retention_bytes`` / ``retention_hours``: limits applied by ``enforce_retention``.
-    * ``max_batch_bytes``: flush as soon as a batch reaches this size, even mid-iteration.
-    * ``max_unsynced_bytes``: with ``interval``, also fsync once this many bytes wait for it.
-    * ``page_cache_bytes``: how much of the newest written data stays in the page cache; the writer
-      hands older pages back to the kernel (see ``WriterCore``). ``None``: leave it to the kernel.
-    * ``autoflush``: with a loop, schedule ``flush`` after the first append of a batch: ``linger_ms``
-      later, or with ``call_soon`` (the batch is one loop iteration's worth of appends).
-    * ``linger_ms``: with a loop and fsync ``interval``/``never``, the automatic flush comes this long
-      after the first append of a batch (sooner once ``max_batch_bytes`` wait), not at the end of
-      that loop iteration; ``0``: at the end of the iteration (what ``always`` does anyway: acks
-      wait for the write). Why: each flush costs the same whatever its size (a msgpack call, a
-      header, a batch to place, a writer round: a thread wake-up, a GIL round trip, a ``pwritev``
-      and a report to the loop), and a busy loop iteration holds only tens of PUBLISHes; one flush
-      per couple of milliseconds spreads that over hundreds. Appended records are readable from
-      memory meanwhile.
-    * ``format_version``: 2, the only version written (one CRC and one msgpack body per batch, see
-      FORMAT.md). Version 1 segments (an older log) are read; an active segment of version 1 is
-      closed and the next flush starts a new segment.
+    ``router_id``: default ``origin_router`` of records appended here. ``loop``: the event loop the
+    log belongs to; ``None`` selects synchronous mode. The other keyword arguments are the log's
+    options (``config.LogConfig``: what each means and its range).
 
     Opening recovers the directory (see ``FORMAT.md``): blocking work, so an async caller should use
     ``await CommitLog.open_async(...)``.
@@ -117,24 +95,11 @@ class CommitLog:
         format_version: int = FORMAT_VERSION,
         linger_ms: float = 2.0,
     ) -> None:
-        try:
-            self._policy = FsyncPolicy(fsync)
-        except ValueError:
-            raise ValueError(f"fsync must be one of always, interval, never; not {fsync!r}") from None
-        for ok, wrong in (
-                (1 <= fsync_interval_ms <= 3_600_000, "fsync_interval_ms must be between 1 and 3600000"),
-                (4096 <= segment_bytes <= MAX_SEGMENT_POSITION,
-                 f"segment_bytes must be between 4096 and {MAX_SEGMENT_POSITION}"),
-                (index_interval_bytes >= 1, "index_interval_bytes must be positive"),
-                (retention_bytes is None or retention_bytes >= 0, "retention_bytes must be >= 0"),
-                (retention_hours is None or retention_hours >= 0, "retention_hours must be >= 0"),
-                (max_unsynced_bytes >= 1, "max_unsynced_bytes must be positive"),
-                (page_cache_bytes is None or page_cache_bytes >= 0, "page_cache_bytes must be >= 0"),
-                (format_version == FORMAT_VERSION,
-                 f"format_version must be {FORMAT_VERSION} (version 1 logs are read, not written)"),
-                (0 <= linger_ms <= 1000, "linger_ms must be between 0 and 1000")):
-            if not ok:
-                raise ValueError(wrong)
+        self.config = config = LogConfig(
+            LogConfig.policy(fsync), fsync_interval_ms, segment_bytes, index_interval_bytes, retention_bytes,
+            retention_hours, max_batch_bytes, max_unsynced_bytes, page_cache_bytes, autoflush, format_version,
+            linger_ms).checked()
+        self._policy = config.fsync
         self._version = format_version
         self._dir = os.fspath(directory)
         self.router_id = router_id
@@ -154,8 +119,7 @@ class CommitLog:
         self._active = ActiveSegment(self._dir, segment_bytes, index_interval_bytes, segments, self._pack)
         self._buf_first = 0
         self._inflight: deque[Batch] = deque()  # flushed, not yet reported written
-        linger_s = linger_ms / 1000.0 if self._policy is not FsyncPolicy.ALWAYS else 0.0
-        self._linger_s = linger_s
+        self._linger_s = linger_s = config.linger_s
         # What the first append of a batch calls to have the batch flushed (no method call between).
         self._armed = False  # a flush is scheduled (_autoflush_cb clears it; ``at_iteration_end`` too)
         self._loop = loop

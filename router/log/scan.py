@@ -222,7 +222,8 @@ def write_index(directory: str, base: int, entries: bytes | bytearray, *, fsync:
         data = pack_file_header(MAGIC_INDEX, base, version) + bytes(entries)
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            n = os.write(fd, view)  # not inside the slice: mypyc evaluates a memoryview slice's start twice
+            view = view[n:]
         if fsync:
             os.fsync(fd)
     finally:

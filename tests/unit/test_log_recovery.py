@@ -20,6 +20,7 @@ from brokerd.router.log import (
     segment_name,
 )
 from brokerd.router.log.format import FILE_HEADER_SIZE, INDEX_ENTRY, RECORD_HEADER, RECORD_HEADER_SIZE
+from brokerd.router.log.scan import write_index
 from tests.log_v1_fixture import V1LogWriter
 
 T0 = 1_700_000_000_000
@@ -304,3 +305,13 @@ def test_check_reports_an_incomplete_tail_without_failing(tmp_path):
     with LogReader(tmp_path) as reader:  # a live reader treats it as "not written yet"
         assert reader.end_offset == 30
         assert len(reader.read(0, 1000, 1 << 30)) == 30
+
+
+def test_a_rebuilt_index_is_written_once_header_and_entries(tmp_path):
+    """``write_index`` writes the header and the entries exactly once. Compiled with mypyc, a
+    write inside a memoryview slice's start (``view[os.write(fd, view):]``) ran twice, and a
+    rebuilt index held every entry twice."""
+    entries = b"".join(INDEX_ENTRY.pack(i, FILE_HEADER_SIZE + 100 * i, T0 + i) for i in range(15))
+    write_index(str(tmp_path), 67, entries, fsync=False)
+    data = (tmp_path / index_name(67)).read_bytes()
+    assert len(data) == FILE_HEADER_SIZE + len(entries) and data[FILE_HEADER_SIZE:] == entries
