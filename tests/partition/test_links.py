@@ -1,6 +1,8 @@
 """The mesh's links come back soon after a cut heals (issue 41; partition seed 315: node a's link
-was down 2.6 s and its mesh links came back 17 to 23 s after the heal), and the lab heals a cut
-when its time is up, whatever its clients are doing (the link-down outage: docs/partition.md).
+was down "2.6 s" and its mesh links came back 17 to 23 s after the heal, most likely the lab's
+late heal below), sessions are served on and from a node soon after its link is up, and the lab
+heals a cut when its time is up, whatever its clients are doing (the link-down outage:
+docs/partition.md).
 
 Node a's link is set down, with traffic on the mesh; once it is up again, a publisher and a
 subscriber connect to a (fresh connections, so that no client connection's own retransmissions
