@@ -216,7 +216,8 @@ class PatchedSyncObj(SyncObj):
 
     def _bound_connects(self) -> None:
         """Upstream connects without a bound: a connection stays *connecting* until the kernel gives
-        up its SYN retries (1, 3, 7, 15, 31 s after the attempt), and its time-out is checked only
+        up its SYN retries (1, 3, 7, 15, 31 s after the attempt; 1, 2, 3, 4, 6, 10 ... on Linux 6.5
+        and later, ``tcp_syn_linear_timeouts``), and its time-out is checked only
         when the socket has an event or a message is sent on it, neither of which happens while it
         connects. A peer cut off (link down, packets dropped) past ``connectionTimeout`` is tried
         again every ``connectionRetryTime``, each attempt's SYN lost; back, it is reached at the
