@@ -10,12 +10,15 @@ rule of the Raft paper (Ongaro and Ousterhout) it restores. Import PySyncObj thr
    servers, updated on stable storage before responding to RPCs").
 3. A candidate asks again for the votes it has not had (section 5.1: "servers retry RPCs if they
    do not receive a response in a timely manner").
+4. A connect attempt is bounded (``CONNECT_ATTEMPT_S``): a peer back from a cut is reached at the
+   next retry, not after TCP's growing SYN retries (the same rule as section 5.1's).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import select
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -24,12 +27,18 @@ from pysyncobj import SyncObj
 from pysyncobj import pickle as sync_pickle
 from pysyncobj.journal import MetaStorer
 from pysyncobj.syncobj import _RAFT_STATE
+from pysyncobj.tcp_connection import CONNECTION_STATE
 
 if TYPE_CHECKING:
     from pysyncobj import SyncObjConf
     from pysyncobj.node import Node
 
-__all__ = ["PatchedSyncObj"]
+__all__ = ["CONNECT_ATTEMPT_S", "PatchedSyncObj"]
+
+# Fix 4: a connect attempt not established within this is given up and made again. A SYN on a
+# healthy link is answered in well under it (1 s is also TCP's own first SYN retry), so only an
+# attempt whose SYN was lost waits this long.
+CONNECT_ATTEMPT_S = 1.0
 
 _keeping = threading.local()  # set while upstream handles an append that fix 1 keeps whole
 
@@ -172,11 +181,12 @@ class PatchedSyncObj(SyncObj):
     def _onTick(self, timeToWait: float = 0.0) -> None:
         """A leader counts its own log towards a majority in the tick's commit step: its new entries
         are synced first (they left for the followers already: Raft lets the two overlap). A
-        candidate asks again for votes (fix 3)."""
+        candidate asks again for votes (fix 3). Connect attempts are bounded (fix 4)."""
         if self._isLeader():
             self._sync_log()
         elif self._SyncObj__raftState == _RAFT_STATE.CANDIDATE:
             self._ask_votes_again()
+        self._bound_connects()
         super()._onTick(timeToWait)
 
     # -- 3. vote requests are sent again ----------------------------------------------------------
@@ -201,6 +211,36 @@ class PatchedSyncObj(SyncObj):
         request = {"type": "request_vote", "term": term, "last_log_index": log[-1][1], "last_log_term": log[-1][2]}
         for node in self._SyncObj__otherNodes:
             self._SyncObj__transport.send(node, request)
+
+    # -- 4. connect attempts are bounded ------------------------------------------------------------
+
+    def _bound_connects(self) -> None:
+        """Upstream connects without a bound: a connection stays *connecting* until the kernel gives
+        up its SYN retries (1, 3, 7, 15, 31 s after the attempt; 1, 2, 3, 4, 6, 10 ... on Linux 6.5
+        and later, ``tcp_syn_linear_timeouts``), and its time-out is checked only
+        when the socket has an event or a message is sent on it, neither of which happens while it
+        connects. A peer cut off (link down, packets dropped) past ``connectionTimeout`` is tried
+        again every ``connectionRetryTime``, each attempt's SYN lost; back, it is reached at the
+        attempt's next SYN retry, up to 15 s later (a node whose link was down 12 s took
+        persistent sessions in again 3 to 29 s after its link was up, 4 runs). An attempt older
+        than ``CONNECT_ATTEMPT_S`` whose socket is not writable yet (no answer to its SYN: a socket
+        connected or refused is, and this tick's poll takes it) is given up here, in the engine's
+        thread; the transport's disconnect handler makes the next one at once (its retry time has
+        passed too), with a new SYN."""
+        transport = self._SyncObj__transport
+        attempts = getattr(transport, "_lastConnectAttempt", None)
+        connections = getattr(transport, "_connections", None)
+        if not attempts or not connections:
+            return
+        now = time.monotonic()  # PySyncObj's monotonicTime, the clock of its attempts
+        for node, conn in list(connections.items()):
+            began = attempts.get(node)
+            if began is None or conn.state != CONNECTION_STATE.CONNECTING or now - began <= CONNECT_ATTEMPT_S:
+                continue
+            sock = getattr(conn, "_TcpConnection__socket", None)
+            if sock is not None and select.select([], [sock], [], 0)[1]:
+                continue  # answered meanwhile (this thread was late): upstream's poll handles it
+            conn.disconnect()
 
     def _sync_log(self) -> None:
         """msync the journal (``mmap.flush``: on Linux, a data sync of the file) if it changed since.

@@ -22,7 +22,24 @@ from tests.partition.scenario import FAULTS, PartitionScenario, partition_seed, 
 # Session ownership agreed through Raft (--agreement): the default; TEST_AGREEMENT=0 runs the lease rules.
 AGREEMENT = os.environ.get("TEST_AGREEMENT", "1") == "1"
 PERIOD = 0.13  # each of six publishers: about 45 QoS 1 publishes a second in all
-CAP_S = 60.0  # the faults' wall-clock cap (a run: about 90 s with start-up and the checks)
+# The faults' wall-clock cap (a run: about 90 s with start-up and the checks); PARTITION_CAP_S
+# raises it for a schedule of more faults (PARTITION_FAULTS).
+CAP_S = float(os.environ.get("PARTITION_CAP_S", "60"))
+
+
+def schedule() -> list[str]:
+    """The faults of a run: ``FAULTS``, or ``PARTITION_FAULTS`` ("link-down:8": eight link-downs
+    under the same load, to make a rare outcome of one kind of fault common; "kind:count,...")."""
+    value = os.environ.get("PARTITION_FAULTS")
+    if not value:
+        return list(FAULTS)
+    kinds = []
+    for part in value.split(","):
+        kind, _, count = part.strip().partition(":")
+        if kind not in PartitionScenario.fault_kinds:
+            raise ValueError(f"PARTITION_FAULTS: {kind!r} is none of {', '.join(PartitionScenario.fault_kinds)}")
+        kinds += [kind] * int(count or 1)
+    return kinds
 
 
 def summary(seed: int, report: Report) -> str:
@@ -58,7 +75,7 @@ def test_partition_on_real_links(lab: Lab, start_broker: Callable[..., Broker], 
     sc = PartitionScenario("partition", seed, nodes, credentials)
     sc.populate(nodes, period=PERIOD)
     sc.start()
-    sc.run(FAULTS, CAP_S)  # each fault heals what it cut, also when it fails half way
+    sc.run(schedule(), CAP_S)  # each fault heals what it cut, also when it fails half way
     report = sc.finish()
     line = summary(seed, report)
     print(line)
