@@ -384,12 +384,12 @@ _CHECKS = {
 
 def check_envelope(frame: Any) -> str | None:
     """What is wrong with a decoded frame's envelope (5 values, or 7 with a number), or None."""
-    if frame.__class__ is not list or len(frame) not in (5, 7):
+    n = len(frame) if frame.__class__ is list else 0
+    if n != 5 and n != 7:
         return "not a 5- or 7-element list"
-    _version, kind, sender, inc = frame[:4]
-    if kind.__class__ is not int or sender.__class__ is not str or inc.__class__ is not int:
+    if frame[1].__class__ is not int or frame[2].__class__ is not str or frame[3].__class__ is not int:
         return "bad envelope types"
-    if len(frame) == 7 and not (frame[5].__class__ is int and frame[5] > 0 and frame[6].__class__ is int):
+    if n == 7 and not (frame[5].__class__ is int and frame[5] > 0 and frame[6].__class__ is int):
         return "bad frame number"
     return None
 
