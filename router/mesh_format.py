@@ -112,6 +112,14 @@ answer as TAKEOVER_RESP's body, sent after everything it collected while answeri
 alone is a TAKEOVER_RESP). An answer carrying queued copies closes its frame (its TAKEOVER_CHUNK
 frames follow it), so a frame holds at most one chunk of copies (``cluster.mesh.transfer``). A
 connect storm with two workers sent a frame per CONNECT each way.
+23: frames of the ``NUMBERED`` kinds are ``[MESH_VERSION, kind, sender, incarnation, body, seq,
+to]``: ``seq`` in the same series as the sender's PUBLISH frames to that receiver (found missing
+and sent again as they are: ``cluster.mesh.delivery``), ``to`` the receiver's incarnation it was
+meant for. A receiver acts on them in their order (one that follows a missed number waits for
+it), and another incarnation of it takes the number and acts only on the kinds that carry state
+rather than name its requests (``SURVIVE``). Before, a frame of these kinds lost with a
+connection was lost for good: a SESSION_HANDON's copies, a TAKEOVER_CHUNK's (the transfer ended
+without them), an INTEREST's filter.
 """
 
 from __future__ import annotations
@@ -127,7 +135,7 @@ from .message import _QOS0_V3, _QOS0_V4, _QOS1_V3, _QOS1_V4, _QOS2_V3, _QOS2_V4,
 # the full one (Message.to_list()); one more value names the shared groups it was chosen for.
 PLAIN, FULL = 5, 9
 
-MESH_VERSION = 22
+MESH_VERSION = 23
 MOVING = "moving"  # TAKEOVER_RESP's fifth value: the session is here, being moved elsewhere (21)
 (HELLO, PUBLISH, INTEREST, INTEREST_ACK, RETAINED, TAKEOVER_REQ, TAKEOVER_RESP, SYNC_REQ, GOODBYE,
  RESYNC, TAKEOVER_CHUNK, TAKEOVER_DONE, CATCHUP, REPLICATE, REPLICA_ACK, REPLICA_FETCH, REPLICA_CATCHUP,
@@ -144,6 +152,21 @@ KIND_NAMES = {HELLO: "hello", PUBLISH: "publish", INTEREST: "interest", INTEREST
               SESSION_RESTORED: "session-restored", SESSION_HANDON: "session-hand-on",
               HISTORY_FETCH: "history-fetch", HISTORY: "history", ECHO: "echo",
               TAKEOVER_ASKS: "takeover-requests", TAKEOVER_ANSWERS: "takeovers"}
+
+# The kinds numbered per receiver (mesh version 23): found missing and sent again, acted on in
+# order. The others need no number: HELLO and ECHO come again each beat, GOODBYE's loss is a
+# silence, PUBLISH numbers its body, and the replication's log stream repairs its own gaps
+# (REPLICATE, REPLICA_ACK and REPLICA_FETCH: ``tell_end``, a fetch asked again; HISTORY_FETCH and
+# HISTORY: asked again after a wait). docs/design.md ("Frames lost with a connection") says what
+# the loss of each kind cost before.
+NUMBERED = frozenset((RETAINED, SYNC_REQ, CATCHUP, INTEREST, INTEREST_ACK, RESYNC, TAKEOVER_REQ,
+                      TAKEOVER_RESP, TAKEOVER_ASKS, TAKEOVER_ANSWERS, TAKEOVER_CHUNK, TAKEOVER_DONE,
+                      SESSION_HANDON, SESSION_GONE, SESSION_STATE, SESSION_CATCHUP, SESSION_COPIES,
+                      SESSION_RESTORE, SESSION_RESTORED, REPLICA_CATCHUP, REPLICA_PUBLISH))
+# Numbered kinds that another incarnation of their receiver than the one they were meant for
+# (frames sent again to a receiver that restarted) still acts on: they carry state, not answers
+# or asks that name the old incarnation's request numbers or work.
+SURVIVE = frozenset((RETAINED, SESSION_HANDON, SESSION_GONE, SESSION_STATE))
 
 # The largest frame a router accepts (ZeroMQ's MAXMSGSIZE on its PULL sockets; a peer sending a
 # bigger one is disconnected by ZeroMQ and reconnects). Senders split publish batches well below it.
@@ -360,12 +383,14 @@ _CHECKS = {
 
 
 def check_envelope(frame: Any) -> str | None:
-    """What is wrong with a decoded frame's envelope, or None."""
-    if frame.__class__ is not list or len(frame) != 5:
-        return "not a 5-element list"
-    _version, kind, sender, inc, _body = frame
-    if kind.__class__ is not int or sender.__class__ is not str or inc.__class__ is not int:
+    """What is wrong with a decoded frame's envelope (5 values, or 7 with a number), or None."""
+    n = len(frame) if frame.__class__ is list else 0
+    if n != 5 and n != 7:
+        return "not a 5- or 7-element list"
+    if frame[1].__class__ is not int or frame[2].__class__ is not str or frame[3].__class__ is not int:
         return "bad envelope types"
+    if n == 7 and not (frame[5].__class__ is int and frame[5] > 0 and frame[6].__class__ is int):
+        return "bad frame number"
     return None
 
 

@@ -32,7 +32,8 @@ announcement that replaces the last (``reset``), asked for with RESYNC. A router
 was paused does not blame its peers for the silence it did not hear: it gives them a fresh
 timeout.
 
-PUBLISH frames are numbered per peer, and every HELLO says up to which number it has received
+PUBLISH frames are numbered per peer (and, in the same series, every frame of the other kinds
+whose loss nothing else repairs: ``mesh_format.NUMBERED``), and every HELLO says up to which number it has received
 each peer's frames and its log has written the copies it made of them (durable with --fsync
 always). Until then a frame stays in the sender's ring of unconfirmed frames (bounded
 by ``--mesh-backlog`` bytes too; a frame kept for a silent peer enters it when it is sent at
@@ -155,17 +156,17 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin):
         self.closed = False  # after stop(): whatever the router still says goes nowhere
         peers, frame, send, flush = self.peers, self._frame, self._send, self._flush
         self.requests = Requests()  # numbered requests every live peer answers
-        self.interest = Interest(loop, router, peers, self.requests, frame, send, self._mark, self._flush_collected)
+        self.interest = Interest(loop, router, peers, self.requests, send, self._mark, self._flush_collected)
         hooks = Hooks(self.interest.announce_all, self._peer_gone, self._peer_restarted, self._peer_back)
         self.members = Members(config, index, loop, router, self.incarnation, peers, self.transport, hooks, frame,
                                send, flush, self._keep, self._unconfirmed, self._start_replay)
         members = self.members
         self.transfers = Transfers(config, loop, router, peers, self.requests, send, flush, members.silent_since,
                                    end_of_tick)
-        self.handons = Handons(config, router, peers, frame, send, self._keep)
+        self.handons = Handons(config, router, peers, send, self._keep_frame)
         roster = Roster(members.local_down, members.local_back, members.just_parked, members.gone)
         self.takeovers = Takeovers(config, loop, router, peers, self.requests, roster, self.transfers, self.handons,
-                                   frame, send, flush, end_of_tick)
+                                   send, flush, end_of_tick)
         self.handons.hold_early = self.takeovers.hold_early
         self._parts = (self.members, self.interest, self.transfers, self.handons, self.takeovers)
         self._handlers = dispatch.bind(self)  # kind -> (handler, who may send it)
@@ -276,8 +277,13 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin):
         self.interest.peer_gone(router_id)
 
     def _peer_restarted(self, router_id: str) -> None:
-        """``router_id`` is a new incarnation: its request numbers start again, so what was in
-        doubt with the old one, and what we confirmed to it, cannot be told from the new one's."""
+        """``router_id`` is a new incarnation: the frames of the old one held behind a missed
+        number are acted on now (that number died with it); its request numbers start again, so
+        what was in doubt with the old one, and what we confirmed to it, cannot be told from the
+        new one's."""
+        peer = self.peers.get(router_id)
+        if peer is not None and peer.held:
+            self._act_held(peer, every=True)
         self.transfers.peer_restarted(router_id)
         self.takeovers.forget_confirmed(router_id)
 

@@ -17,6 +17,13 @@ which numbers it has sent (``sent``: below ``base`` nothing is coming any more, 
 everything went out before that HELLO on the same socket), so a gap at the tail of a quiet
 link is found too.
 
+Frames of the other ``NUMBERED`` kinds (``router.mesh_format``: a hand-on, a session's chunk, an
+interest change ...) take their numbers from the same series, stay in the same ring and are sent
+again the same way. Unlike a PUBLISH frame, such a frame is acted on in order: one that follows
+a missed number waits (``hold``) until that number arrives or is given up (``released``). A
+resend thus never brings a session's chunk after its last one, a hand-on after the frames that
+followed it, or an interest change after a later one.
+
 A shared group's copy is for one member of its group: where the router chosen for it is
 forgotten, or its backlog overflowed (what follows is read back from our log by its plain
 interest alone), the QoS 1/2 group copies it never confirmed are taken out (``group_copies``)
@@ -26,6 +33,7 @@ for another router of their group.
 from __future__ import annotations
 
 import itertools
+from bisect import insort
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -34,7 +42,7 @@ import msgpack
 
 from brokerd.router.mesh_format import FULL, PLAIN, PUBLISH, from_mesh_shared
 
-from .limits import MISSING_MAX, NAMED_MAX, RESEND_AFTER_S, UNWRITTEN_MAX
+from .limits import HELD_MAX, MISSING_MAX, NAMED_MAX, RESEND_AFTER_S, UNWRITTEN_MAX
 
 if TYPE_CHECKING:
     from brokerd.router.message import Message
@@ -109,6 +117,49 @@ def _take_mark(peer: Peer, mark: int) -> None:
     peer.held_mark = -1
     if mark > peer.origin_mark:
         peer.origin_mark = mark
+
+
+def hold(peer: Peer, seq: int, frame: Any) -> bool:
+    """Whether ``peer``'s numbered ``frame`` (received, number ``seq``) waits to be acted on: a
+    lower number is missed, to be sent again. Held in number order; beyond ``HELD_MAX`` held,
+    the missed numbers below the oldest are given up (a peer whose ring let them go)."""
+    missing = peer.missing
+    if not missing or next(iter(missing)) > seq:
+        return False
+    held = peer.held
+    insort(held, (seq, frame), key=_number)
+    if len(held) > HELD_MAX:
+        _give_up(peer, held[0][0])
+    return True
+
+
+def released(peer: Peer, every: bool = False) -> list[Any]:
+    """The held frames of ``peer`` no missed number comes before any more (``every``: all, its
+    incarnation ended and the numbers it missed will not come), in order, no longer held."""
+    held = peer.held
+    if not held:
+        return []
+    first = next(iter(peer.missing), None)
+    n = len(held)
+    if not every and first is not None:
+        n = 0
+        while n < len(held) and held[n][0] < first:
+            n += 1
+    taken = held[:n]
+    del held[:n]
+    return [frame for _seq, frame in taken]
+
+
+def _number(entry: tuple[int, Any]) -> int:
+    return entry[0]
+
+
+def _give_up(peer: Peer, below: int) -> None:
+    missing = peer.missing
+    while missing and next(iter(missing)) < below:
+        del missing[next(iter(missing))]
+    if not missing:
+        _take_mark(peer, -1)
 
 
 def contiguous(peer: Peer) -> int:

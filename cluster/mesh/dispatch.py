@@ -6,6 +6,11 @@ anyone (a HELLO introduces its sender), a peer met in this incarnation, or such 
 router replicates (R > 1: otherwise the frame is ``ignored``; the replication's handlers are its
 own, ``cluster.replication.frames``). A kind not in the table is refused as a bad frame. Handlers
 take ``(peer, body, size)``, HELLO ``(sender, incarnation, body)``.
+
+A numbered frame of another kind than PUBLISH (``mesh_format.NUMBERED``) counts as received first
+(``delivery.first_receipt``: one received already is dropped); one meant for another incarnation
+of this router is acted on only where its kind carries state (``SURVIVE``); and one that follows a
+missed number is held until that number arrives, then acted on in order (``delivery.hold``).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from brokerd.router.mesh_format import (
     SESSION_RESTORE,
     SESSION_RESTORED,
     SESSION_STATE,
+    SURVIVE,
     SYNC_REQ,
     TAKEOVER_ANSWERS,
     TAKEOVER_ASKS,
@@ -53,6 +59,7 @@ from brokerd.router.mesh_format import (
     check_envelope,
 )
 
+from . import delivery
 from .limits import RECV_BATCH, RECV_MSGS, log
 
 if TYPE_CHECKING:
@@ -135,8 +142,9 @@ class Refused(NamedTuple):
     version: Any = None
 
 
-def read(data: bytes) -> tuple[int, str, int, Any] | Refused:
-    """``data`` as a checked frame, (kind, sender, incarnation, body), or why it is refused."""
+def read(data: bytes) -> tuple[int, str, int, Any, int, int] | Refused:
+    """``data`` as a checked frame, (kind, sender, incarnation, body, number, the incarnation
+    it is for; both 0 where it has no number), or why it is refused."""
     try:
         frame = msgpack.unpackb(data, raw=False, strict_map_key=False)
     except (ValueError, TypeError, msgpack.UnpackException):
@@ -144,13 +152,17 @@ def read(data: bytes) -> tuple[int, str, int, Any] | Refused:
     problem = check_envelope(frame)
     if problem is not None:
         return Refused("?", problem)
-    version, kind, sender, inc, body = frame
+    if len(frame) == 5:
+        version, kind, sender, inc, body = frame
+        seq = to = 0
+    else:
+        version, kind, sender, inc, body, seq, to = frame
     if version != MESH_VERSION:
         return Refused(sender, f"mesh version {version}", version)
     problem = check_body(kind, body)
     if problem is not None:
         return Refused(sender, problem)
-    return kind, sender, inc, body
+    return kind, sender, inc, body, seq, to
 
 
 class DispatchMixin:
@@ -159,6 +171,7 @@ class DispatchMixin:
     loop: asyncio.AbstractEventLoop
     router: Router
     router_id: str
+    incarnation: int
     peers: dict[str, Peer]
     replication: Replication | None
     members: Members
@@ -188,11 +201,11 @@ class DispatchMixin:
                 if got.__class__ is Refused:
                     self._refused(got)
                     continue
-                kind, sender, inc, body = got  # type: ignore[misc]
+                kind, sender, inc, body, seq, to = got  # type: ignore[misc]
                 if kind == PUBLISH:
                     msgs += len(body[1])
                 try:
-                    self._handle(kind, sender, inc, body, len(data))
+                    self._handle(kind, sender, inc, body, len(data), seq, to)
                 except Exception as exc:  # noqa: BLE001 - a peer's frame must not stop the mesh
                     self._bad(sender, f"{KIND_NAMES[kind]} frame could not be handled: {exc!r}")
         except zmq.ZMQError:
@@ -217,7 +230,9 @@ class DispatchMixin:
             log.error("mesh: dropped a bad frame from %s: %s (further ones from it are counted as "
                       "mesh bad_frames, not logged)", sender, problem)
 
-    def _handle(self, kind: int, sender: str, inc: int, body: Any, size: int) -> None:
+    def _handle(self, kind: int, sender: str, inc: int, body: Any, size: int, seq: int = 0, to: int = 0) -> None:
+        """Act on a checked frame (``seq``, ``to``: its number and the incarnation of ours it is
+        for, 0 where it has none)."""
         entry = self._handlers.get(kind)
         if entry is None:
             self._bad(sender, f"unknown kind {kind}")
@@ -225,6 +240,9 @@ class DispatchMixin:
         handler, who = entry
         if who is ANYONE:
             handler(sender, inc, body)
+            known = self.peers.get(sender)
+            if known is not None and known.held:  # (its HELLO may give up what they wait for)
+                self._act_held(known)
             return
         peer = self.peers.get(sender)
         if peer is None or peer.incarnation != inc:
@@ -236,7 +254,33 @@ class DispatchMixin:
         peer.last_seen = time.monotonic()
         if not peer.alive and kind != GOODBYE:
             self.members.rejoin(peer, "heard again")
+        if seq and not self._numbered_in(peer, kind, body, size, seq, to):
+            return
         handler(peer, body, size)
+        if peer.held:
+            self._act_held(peer)
+
+    def _numbered_in(self, peer: Peer, kind: int, body: Any, size: int, seq: int, to: int) -> bool:
+        """A numbered frame of ``peer``: whether it is acted on now. Not one received already,
+        nor one meant for another incarnation of ours whose kind names that incarnation's
+        requests (its number counts all the same), nor one after a missed number (held)."""
+        if not delivery.first_receipt(peer, seq, -1):
+            return False  # twice, or sent again after it had come
+        if to != self.incarnation and kind not in SURVIVE:
+            if peer.held:
+                self._act_held(peer)
+            return False
+        return not delivery.hold(peer, seq, (kind, body, size))
+
+    def _act_held(self, peer: Peer, every: bool = False) -> None:
+        """Act, in order, on ``peer``'s held frames no missed number comes before any more
+        (``every``: all of them, its incarnation ended); one that cannot be handled is dropped as
+        a bad frame, the others acted on."""
+        for kind, body, size in delivery.released(peer, every):
+            try:
+                self._handlers[kind][0](peer, body, size)
+            except Exception as exc:  # noqa: BLE001 - a peer's frame must not stop the mesh
+                self._bad(peer.router_id, f"{KIND_NAMES[kind]} frame could not be handled: {exc!r}")
 
     # -- SESSION_GONE: also before the replication is set up at a start ------------------------
 

@@ -75,10 +75,10 @@ class ForwardingMixin:
     _groups_low: int | None = None
 
     if TYPE_CHECKING:  # the other parts' methods this one calls (the ``Mesh`` is their union)
-        def _frame(self, kind: int, body: Any) -> bytes: ...
         def _send(self, peer: Peer, kind: int, body: Any) -> None: ...
         def _publish_frames(self, peer: Peer, batch: list, mark: int, packed: bool = False
                             ) -> list[tuple[int, bytes, int]]: ...
+        def _numbered(self, peer: Peer, kind: int, body: Any) -> tuple[int, bytes]: ...
 
     def forward(self, router_id: str, msg: Message, source: Any = None, groups: list[str] | None = None,
                 only: bool = False) -> None:
@@ -122,12 +122,12 @@ class ForwardingMixin:
         if self.closed:
             return
         self._flush_collected()  # retained updates travel after this tick's publishes, in order
-        frame = self._frame(RETAINED, [msg.to_list()])
+        body = [msg.to_list()]
         for peer in self.peers.values():
-            if peer.alive and peer.link is not None:
-                peer.link.send(frame)
+            if peer.alive:
+                self._send(peer, RETAINED, body)  # (numbered for each peer: ``framing``)
             elif peer.parked:
-                self._keep(peer, frame, 1)
+                self._keep_frame(peer, RETAINED, body, 1)
 
     def _flush_collected(self) -> None:
         """What this loop iteration collected goes now, before a frame that must follow it."""
@@ -200,6 +200,12 @@ class ForwardingMixin:
     def _unconfirmed(self, peer: Peer, seq: int, frame: bytes) -> None:
         """A numbered frame handed to ``peer``'s link: in its ring until confirmed (``delivery``)."""
         delivery.unconfirmed(peer, seq, frame, self.config.mesh_backlog)
+
+    def _keep_frame(self, peer: Peer, kind: int, body: Any, n: int) -> None:
+        """A frame of a ``NUMBERED`` kind for a parked peer, numbered and kept with its publishes,
+        in order (``_keep``): it enters the peer's ring when it is sent at last."""
+        seq, frame = self._numbered(peer, kind, body)
+        self._keep(peer, frame, n, seq)
 
     def _keep(self, peer: Peer, frame: bytes, n: int, seq: int = 0) -> None:
         """A frame for a parked peer: into its backlog; once that is full, left to this router's

@@ -1,9 +1,11 @@
 """Framing: a frame is ``[MESH_VERSION, kind, sender, incarnation, body]`` packed by msgpack.
 
 The formats themselves, the kinds and the one history of mesh versions live in
-``router.mesh_format``; this part packs this router's frames: any kind (``_frame``), a peer's
-PUBLISH batch as numbered frames split to fit the receivers' limit (``_publish_frames``), and the
-replication's frames by name (``send_replication``).
+``router.mesh_format``; this part packs this router's frames: any kind (``_frame``), a frame of a
+``NUMBERED`` kind for one peer (``_numbered``: ``[..., body, seq, to]``, in the series of its
+PUBLISH frames, kept in its ring like them until confirmed), a peer's PUBLISH batch as numbered
+frames split to fit the receivers' limit (``_publish_frames``), and the replication's frames by
+name (``send_replication``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from brokerd.router.mesh_format import (
     HISTORY,
     HISTORY_FETCH,
     MESH_VERSION,
+    NUMBERED,
     PUBLISH,
     REPLICA_ACK,
     REPLICA_CATCHUP,
@@ -30,7 +33,10 @@ from brokerd.router.mesh_format import (
     SESSION_STATE,
 )
 
+from . import delivery
+
 if TYPE_CHECKING:
+    from ..config import Config
     from .peer import Peer
 
 
@@ -44,6 +50,7 @@ def one_or_batch(one: int, batch: int, bodies: list) -> tuple[int, Any]:
 class FramingMixin:
     """The ``Mesh``'s frames: packed once, sent on a peer's link."""
 
+    config: Config
     router_id: str
     incarnation: int
     max_frame: int
@@ -55,9 +62,26 @@ class FramingMixin:
         frame: bytes = self._packer.pack([MESH_VERSION, kind, self.router_id, self.incarnation, body])
         return frame
 
+    def _numbered(self, peer: Peer, kind: int, body: Any) -> tuple[int, bytes]:
+        """A frame of ``kind`` for ``peer`` alone, with the next number of its series (and the
+        incarnation of ``peer`` it is for); the caller sends it, or keeps it for a silent peer."""
+        seq = peer.seq_out = peer.seq_out + 1
+        frame: bytes = self._packer.pack([MESH_VERSION, kind, self.router_id, self.incarnation, body, seq,
+                                          peer.incarnation or 0])
+        return seq, frame
+
     def _send(self, peer: Peer, kind: int, body: Any) -> None:
-        if peer.link is not None:
+        """A frame to ``peer``'s link; one of a ``NUMBERED`` kind stays in its ring until the
+        peer confirms it, so that it is sent again if the peer names it missed: ZeroMQ drops
+        what a broken connection held (``delivery``)."""
+        if peer.link is None:
+            return
+        if kind not in NUMBERED:
             peer.link.send(self._frame(kind, body))
+            return
+        seq, frame = self._numbered(peer, kind, body)
+        delivery.unconfirmed(peer, seq, frame, self.config.mesh_backlog)
+        peer.link.send(frame)
 
     _REPLICATION_KINDS = {"replicate": REPLICATE, "ack": REPLICA_ACK, "fetch": REPLICA_FETCH,
                           "catchup": REPLICA_CATCHUP, "publish": REPLICA_PUBLISH, "sessions": SESSION_STATE,

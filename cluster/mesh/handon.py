@@ -32,15 +32,14 @@ class Handons:
     """The ``Mesh``'s hand-on of sessions moved, owned: the marks that filter the copies handed
     on (``_marks``) and the hand-ons still due from old owners (``_due``)."""
 
-    def __init__(self, config: Config, router: Router, peers: dict[str, Peer], frame: Callable[[int, Any], bytes],
-                 send: Callable[[Peer, int, Any], None], keep: Callable[[Peer, bytes, int], None]) -> None:
+    def __init__(self, config: Config, router: Router, peers: dict[str, Peer],
+                 send: Callable[[Peer, int, Any], None], keep: Callable[[Peer, int, Any, int], None]) -> None:
         self.config = config
         self.router = router
         self.router_id = router.router_id
         self.peers = peers
-        self._frame = frame  # (framing) a frame of ours, packed
         self._send = send  # (framing) a frame to one peer
-        self._keep = keep  # (forwarding) a frame kept for a parked peer, in order with its publishes
+        self._keep = keep  # (forwarding) a frame (kind, body) kept for a parked peer, in order with its publishes
         # (takeover) copies for a session whose takeover here is pending: held there (True), or
         # not (False: none is); set by the ``Mesh`` once both parts exist.
         self.hold_early: Callable[[str, list], bool] = lambda client_id, items: False
@@ -137,7 +136,7 @@ class Handons:
                 continue
             # Silent here (a fenced copy hands on as the partition heals, before the mesh hears
             # the new owner again): kept for it, with the publishes it is owed, in order.
-            self._keep(peer, self._frame(SESSION_HANDON, body), len(body[1]))
+            self._keep(peer, SESSION_HANDON, body, len(body[1]))
             if peer.replay_from is not None and body[1]:
                 log.warning("mesh: %d message(s) for session %s not handed on: the backlog kept for its new "
                             "router %s is full", len(body[1]), client_id, router_id)

@@ -37,14 +37,12 @@ class Interest:
     the tick's publishes (``flush``)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, router: Router, peers: dict[str, Peer],
-                 requests: Requests, frame: Callable[[int, Any], bytes],
-                 send: Callable[[Peer, int, Any], None], mark: Callable[[], None],
+                 requests: Requests, send: Callable[[Peer, int, Any], None], mark: Callable[[], None],
                  flush_collected: Callable[[], None]) -> None:
         self.loop = loop
         self.router = router
         self.peers = peers
         self.requests = requests
-        self._frame = frame  # (framing) a frame of ours, packed
         self._send = send  # (framing) a frame to one peer
         self._mark = mark  # (forwarding) something to send at the end of this tick
         self._flush_collected = flush_collected  # (forwarding) send what this tick collected, now
@@ -102,7 +100,8 @@ class Interest:
             self._send(*frame)
 
     def flush(self) -> None:
-        """This loop iteration's interest changes (or a barrier): one frame for every live peer."""
+        """This loop iteration's interest changes (or a barrier): one frame to each live peer
+        (numbered for each: ``framing``)."""
         waiter, self.waiter = self.waiter, None
         seq = None
         if waiter is not None:
@@ -111,11 +110,10 @@ class Interest:
             self.loop.call_later(ACK_TIMEOUT_S, self.requests.expire, seq, "interest")
         adds = any(add for _, add in self.core.batch)
         out = self.core.out(seq)
-        frame = self._frame(out.kind, out.body)
         sent: list[str] = []
         for peer in self.peers.values():
             if peer.alive and peer.link is not None:
-                peer.link.send(frame)
+                self._send(peer, out.kind, out.body)
                 sent.append(peer.router_id)
         if adds:
             self.floors.added(seq, sent, self.peers.keys() - sent)

@@ -28,6 +28,7 @@ LOCAL_DOWN_WAIT_S = 5.0  # a CONNECT waits this long for a router of this node t
 MISSING_MAX = 65536
 NAMED_MAX = 256
 RESEND_AFTER_S = 1.0
+HELD_MAX = 4096  # numbered frames of a peer held behind a missed one at most (``delivery.hold``)
 UNWRITTEN_MAX = 4096  # received frames whose copies our log has not written, remembered per peer
 # A session taken over from a live router is confirmed (TAKEOVER_DONE) once the interest its
 # subscriptions announced is acknowledged; at the latest this long after it arrived.

@@ -21,7 +21,7 @@ class Peer:
                  "batch", "batch_sources", "stats", "parked", "parked_at", "backlog", "backlog_bytes",
                  "backlog_msgs", "dropped", "log_mark", "replay_from", "seq_out", "seq_in", "acked",
                  "ring", "ring_bytes", "resend", "stats_tcp", "origin_mark", "replaying", "replicas",
-                 "claim_floor", "interest_known", "seen_of_me", "missing", "unsure", "held_mark", "resent", "unwritten", "left", "hears",
+                 "claim_floor", "interest_known", "seen_of_me", "missing", "unsure", "held_mark", "held", "resent", "unwritten", "left", "hears",
                  "beat_epoch", "fence", "since", "batch_packed")
 
     def __init__(self, router_id: str, node_id: str, ipc: str | None, tcp: str | None) -> None:
@@ -59,6 +59,9 @@ class Peer:
         # held back meanwhile (``delivery.first_receipt``).
         self.missing: dict[int, None] = {}
         self.held_mark = -1
+        # Its numbered frames of kinds other than PUBLISH received after a missed number, waiting
+        # to be acted on in order: (number, (kind, body, size)) (``delivery.hold``).
+        self.held: list[tuple[int, Any]] = []
         # Frames of it may have been lost on the way without our knowing yet: since it was parked
         # here (its connection may have dropped what it held), until a frame numbered beyond them
         # or its HELLO's last number tells which (``delivery``).

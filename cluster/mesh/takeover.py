@@ -64,8 +64,7 @@ class Takeovers:
 
     def __init__(self, config: Config, loop: asyncio.AbstractEventLoop, router: Router, peers: dict[str, Peer],
                  requests: Requests, roster: Roster, transfers: Transfers, handons: Handons,
-                 frame: Callable[[int, Any], bytes], send: Callable[[Peer, int, Any], None],
-                 flush: Callable[[], None], tick: EndOfTick) -> None:
+                 send: Callable[[Peer, int, Any], None], flush: Callable[[], None], tick: EndOfTick) -> None:
         self.config = config
         self.loop = loop
         self.router = router
@@ -75,7 +74,6 @@ class Takeovers:
         self.roster = roster
         self.transfers = transfers  # (``transfer``) sessions arriving: a request waits for them
         self.handons = handons  # (``handon``) a confirmed session's hand-on
-        self._frame = frame  # (framing) a frame of ours, packed
         self._send = send  # (framing) a frame to one peer
         self._flush = flush  # (forwarding) what this tick collected goes first
         self._tick = tick  # the worker's end-of-iteration pass: the turn's asks are an end-only item
@@ -379,16 +377,11 @@ class Takeovers:
         if not asks or self.closed:
             return
         self._flush()
-        last: list = []
-        frame = b""
         for rid, bodies in asks.items():
             peer = self.peers.get(rid)
-            if peer is None or not peer.alive or peer.link is None:
+            if peer is None or not peer.alive:
                 continue
-            if bodies != last:  # (every peer's are the same asks, but where one fell silent)
-                last = bodies
-                frame = self._frame(*one_or_batch(TAKEOVER_REQ, TAKEOVER_ASKS, bodies))
-            peer.link.send(frame)
+            self._send(peer, *one_or_batch(TAKEOVER_REQ, TAKEOVER_ASKS, bodies))  # (numbered for each)
 
     def _expire(self, req: int) -> None:
         """Takeover ``req`` is past its deadline: whoever has not answered counts as missed."""

@@ -65,6 +65,8 @@ class FakeRouter:
         self.pushes: dict[str, zmq.Socket] = {}  # router id (as the test names it) -> its socket
         self.connect(target, target_id)
         self.frames: list[tuple[int, str, int, object]] = []  # (kind, sender, incarnation, body)
+        # The numbered ones among them (mesh version 23): (kind, sender, number, for whom, body).
+        self.numbered: list[tuple[int, str, int, int, object]] = []
         self._next_hello = 0.0
         self.quiet = False  # says no HELLO (falls silent) while set; still reads
 
@@ -78,9 +80,11 @@ class FakeRouter:
         self.pushes[router_id or target] = push
         return push
 
-    def send(self, kind: int, body: object, to: str | None = None) -> None:
-        """A frame to every router connected (``to``: the one of that router id)."""
-        frame = msgpack.packb([self.version, kind, self.name, self.inc, body], use_bin_type=True)
+    def send(self, kind: int, body: object, to: str | None = None, number: tuple[int, int] | None = None) -> None:
+        """A frame to every router connected (``to``: the one of that router id); ``number``:
+        (its number, the receiver's incarnation it is for), as a frame of a numbered kind."""
+        envelope = [self.version, kind, self.name, self.inc, body, *(number or ())]
+        frame = msgpack.packb(envelope, use_bin_type=True)
         for push in self.pushes.values() if to is None else [self.pushes[to]]:
             push.send(frame)
 
@@ -102,8 +106,12 @@ class FakeRouter:
             self._next_hello = now + 0.3
         new = []
         while self.pull.poll(wait_ms):
-            _, kind, sender, inc, body = msgpack.unpackb(self.pull.recv(), raw=False)
+            # (a frame of a numbered kind carries its number and the incarnation it is for after
+            # the body: mesh version 23; this router confirms none of them)
+            _, kind, sender, inc, body, *numbered = msgpack.unpackb(self.pull.recv(), raw=False)
             new.append((kind, sender, inc, body))
+            if numbered:
+                self.numbered.append((kind, sender, numbered[0], numbered[1], body))
             wait_ms = 0
         self.frames += new
         return new

@@ -147,7 +147,7 @@ def test_a_full_announcement_is_numbered_and_its_acknowledgement_gives_the_peer_
     try:
         sent: list = []
         peers = {rid: Peer(rid, rid[0], None, None) for rid in ("x/w0", "y/w0")}
-        interest = Interest(loop, router, peers, Requests(), frame=lambda kind, body: b"",
+        interest = Interest(loop, router, peers, Requests(),
                             send=lambda p, kind, body: sent.append((p.router_id, kind, body)),
                             mark=lambda: None, flush_collected=lambda: None)
         interest.floors.floors.update({"x/w0": 10, "y/w0": 20})

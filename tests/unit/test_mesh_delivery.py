@@ -164,3 +164,35 @@ def test_without_a_log_what_the_full_backlog_cannot_take_is_dropped_and_counted(
     assert (p.dropped, p.replay_from, p.backlog_msgs) == (7, None, 2)
     delivery.parked(p, log_end=None)  # parked again: a new count
     assert p.dropped == 0
+
+
+def test_a_numbered_frame_after_a_missed_one_waits_and_all_go_in_order_once_it_came():
+    """Frames of other kinds than PUBLISH are acted on in the order sent: one sent again comes
+    after those that followed it (``hold``, ``released``)."""
+    p = peer()
+    assert delivery.first_receipt(p, 1, -1) and not delivery.hold(p, 1, "one"), "nothing missed: at once"
+    delivery.first_receipt(p, 4, -1)  # 2 and 3 lost with a connection
+    assert delivery.hold(p, 4, "four")
+    delivery.first_receipt(p, 3, -1)  # sent again first
+    assert delivery.hold(p, 3, "three"), "acted on with 2 still missed"
+    assert delivery.released(p) == [] and [seq for seq, _ in p.held] == [3, 4], "not held in number order"
+    delivery.first_receipt(p, 2, -1)
+    assert not delivery.hold(p, 2, "two")
+    assert delivery.released(p) == ["three", "four"] and p.held == []
+
+
+def test_frames_held_are_bounded_by_giving_up_the_numbers_they_wait_for(monkeypatch):
+    monkeypatch.setattr(delivery, "HELD_MAX", 2)
+    p = peer()
+    for seq in (3, 4, 5):  # 1 and 2 lost, never sent again
+        delivery.first_receipt(p, seq, -1)
+        assert delivery.hold(p, seq, seq)
+    assert not p.missing, "held beyond the bound"
+    assert delivery.released(p) == [3, 4, 5]
+
+
+def test_the_frames_held_of_an_incarnation_that_ended_all_go():
+    p = peer()
+    delivery.first_receipt(p, 3, -1)
+    delivery.hold(p, 3, "three")
+    assert delivery.released(p) == [] and delivery.released(p, every=True) == ["three"]

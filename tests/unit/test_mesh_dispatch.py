@@ -67,9 +67,13 @@ def test_a_replication_frame_without_a_replication_still_tells_that_its_sender_i
 
 
 def test_bytes_become_a_checked_frame_or_say_why_they_are_refused():
-    assert dispatch.read(frame(ECHO, [1, 2, 3])) == (ECHO, "x/w0", 7, [1, 2, 3])
+    assert dispatch.read(frame(ECHO, [1, 2, 3])) == (ECHO, "x/w0", 7, [1, 2, 3], 0, 0)
+    numbered = msgpack.packb([MESH_VERSION, SESSION_GONE, "x/w0", 7, ["u/w0", []], 4, 9])
+    assert dispatch.read(numbered) == (SESSION_GONE, "x/w0", 7, ["u/w0", []], 4, 9), "a frame's number, and for whom"
     assert dispatch.read(b"\xc1") == dispatch.Refused("?", "undecodable frame of 1 bytes")
-    assert dispatch.read(msgpack.packb([1, 2])).problem == "not a 5-element list"
+    assert dispatch.read(msgpack.packb([1, 2])).problem == "not a 5- or 7-element list"
+    assert dispatch.read(msgpack.packb([MESH_VERSION, SESSION_GONE, "x/w0", 7, ["u/w0", []], 0, 9])).problem \
+        == "bad frame number"
     other = dispatch.read(frame(ECHO, [1, 2, 3], version=MESH_VERSION + 1))
     assert other.sender == "x/w0" and other.version == MESH_VERSION + 1
     assert dispatch.read(frame(999, None)) == dispatch.Refused("x/w0", "unknown kind 999")

@@ -64,7 +64,6 @@ class Part:
             self.peers[rid] = peer
         self.requests = Requests()
         self.interest = Interest(self.loop, FakeRouter(self.log), self.peers, self.requests,  # type: ignore[arg-type]
-                                 frame=lambda kind, body: (kind, body),  # type: ignore[arg-type, return-value]
                                  send=lambda peer, kind, body: self.log.append(("to", peer.router_id, kind, body)),
                                  mark=lambda: self.log.append("mark"),
                                  flush_collected=lambda: self.log.append("flushed"))
@@ -83,9 +82,10 @@ def test_an_added_filter_waits_for_every_live_peer_and_completes_with_their_log_
     assert future is not None and part.log == ["mark", "mark"]
     part.interest.flush()
     frames = part.log[2:]
-    seq = frames[0][1][0]
-    assert seq is not None and frames == [(INTEREST, [seq, [("a/#", True), ("b", False)]])] * 2, \
-        "one frame with the tick's changes, to each live peer and no other"
+    seq = frames[0][3][0]
+    assert seq is not None and frames == [("to", rid, INTEREST, [seq, [("a/#", True), ("b", False)]])
+                                          for rid in ("x/w0", "y/w0")], \
+        "one frame with the tick's changes, to each live peer (numbered for each) and no other"
     part.interest.on_interest_ack(part.peers["x/w0"], [seq, 10], 0)
     assert not future.done()
     part.interest.on_interest_ack(part.peers["y/w0"], [seq, 20], 0)
@@ -97,12 +97,12 @@ def test_a_peer_that_falls_silent_counts_as_an_answer_before_and_after_the_flush
     future = part.interest.barrier()
     part.interest.peer_gone("y/w0")  # before the flush: this tick's request
     part.interest.flush()
-    [seq] = {body[0] for kind, body in part.log[1:]}
+    [seq] = {body[0] for _to, _rid, _kind, body in part.log[1:]}
     part.interest.on_interest_ack(part.peers["x/w0"], [seq, 5], 0)
     assert future.done() and future.result() == {"x/w0": 5}
     future = part.interest.barrier()
     part.interest.flush()
-    seq = part.log[-1][1][0]
+    seq = part.log[-1][3][0]
     part.requests.peer_gone("x/w0")  # after: the numbered request
     part.requests.peer_gone("y/w0")
     assert future.done() and future.result() == {}

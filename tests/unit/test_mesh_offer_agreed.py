@@ -10,7 +10,7 @@ import asyncio
 
 from brokerd.cluster.agreement.owners import SessionOwners
 from brokerd.router.mesh_format import TAKEOVER_DONE
-from tests.unit.test_mesh_takeovers import HOLDER, OLD, FakeReplication, live_holder, parts
+from tests.unit.test_mesh_takeovers import HOLDER, OLD, FakeReplication, asked, live_holder, parts
 
 OWNER = "z/w0"  # silent: HOLDER offers its replica's copy
 
@@ -47,7 +47,7 @@ def take(owner: str | None) -> tuple[dict, list, FakeAgreement]:
         takeovers.replication = FakeReplication()  # type: ignore[assignment]
         asking = asyncio.ensure_future(takeovers.takeover("c"))
         await asyncio.sleep(0)
-        req = sent[0][1][0]
+        req = asked(to)
         transfers.on_takeover_resp(old, [req, {"client_id": "c", "queue": [], "epoch": 3}, False], 0)
         transfers.on_takeover_resp(takeovers.peers[HOLDER], [req, {"client_id": "c", "queue": [], "epoch": 4, "replica": OWNER}, False], 0)
         state = await asyncio.wait_for(asking, 5)

@@ -52,15 +52,15 @@ def test_the_asks_of_one_turn_go_in_one_frame_at_its_end_after_what_the_tick_col
 def test_a_peer_silent_by_the_turns_end_is_not_asked_and_a_turns_one_ask_goes_as_a_request():
     async def main() -> list:
         takeovers, _handons, _transfers, _router, old, sent = parts(asyncio.get_running_loop())
-        live_holder(takeovers, sent)  # two live peers: each frame lands in ``sent`` once a peer
+        to = live_holder(takeovers, sent)  # two live peers: each frame lands in ``to``, with its peer
         task = asyncio.ensure_future(takeovers.takeover("c"))
         takeovers.peers[HOLDER].alive = False  # parked before the turn's end (its ask counts as missed)
         await asyncio.sleep(0)
         task.cancel()
-        return sent
+        return to
 
-    [(kind, body)] = asyncio.run(main())
-    assert (kind, body[1]) == (TAKEOVER_REQ, "c"), "a silent peer asked, or one ask sent as a batch"
+    [(rid, kind, body)] = asyncio.run(main())
+    assert (rid, kind, body[1]) == (OLD, TAKEOVER_REQ, "c"), "a silent peer asked, or one ask sent as a batch"
 
 
 def test_a_batched_ask_nobody_answers_is_still_bounded(monkeypatch):

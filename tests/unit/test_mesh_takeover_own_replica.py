@@ -12,7 +12,7 @@ from brokerd.cluster.agreement.owners import SessionOwners
 from brokerd.cluster.mesh import offer
 from brokerd.router.mesh_format import TAKEOVER_DONE
 from tests.unit.test_mesh_offer_agreed import OWNER, FakeAgreement
-from tests.unit.test_mesh_takeovers import OLD, parts
+from tests.unit.test_mesh_takeovers import OLD, asked, parts
 
 
 class FakeRestorer:
@@ -62,7 +62,7 @@ def take(owner: str | None, held: list[str]) -> tuple[dict, list, FakeAgreement,
         takeovers.handons.moved_here = lambda *args: None  # type: ignore[method-assign]
         asking = asyncio.ensure_future(takeovers.takeover("c"))
         await asyncio.sleep(0)
-        req = sent[0][1][0]
+        req = asked(to)
         transfers.on_takeover_resp(old, [req, {"client_id": "c", "queue": [], "epoch": 3}, False], 0)
         state = await asyncio.wait_for(asking, 5)
         assert [t for t in to if t[1] == TAKEOVER_DONE] == [], "an offer dropped before the move was settled"

@@ -62,19 +62,16 @@ def parts(loop: asyncio.AbstractEventLoop) -> tuple[Takeovers, Handons, Transfer
     peers = {OLD: old}
     requests = Requests()
 
-    def frame(kind: int, body) -> tuple:
-        return kind, body
-
     def send(peer: Peer, kind: int, body) -> None:
         sent.append((kind, body))
 
     tick = EndOfTick(loop)
     transfers = Transfers(config, loop, router, peers, requests, send, lambda: None,  # type: ignore[arg-type]
                           lambda peer: 0.0, tick)
-    handons = Handons(config, router, peers, frame, send, lambda peer, data, n: None)  # type: ignore[arg-type]
+    handons = Handons(config, router, peers, send, lambda peer, kind, body, n: None)  # type: ignore[arg-type]
     roster = Roster(local_down=set, local_back=_back, just_parked=list, gone=lambda routers: _none())
     takeovers = Takeovers(config, loop, router, peers, requests, roster, transfers, handons,  # type: ignore[arg-type]
-                          frame, send, lambda: None, tick)  # type: ignore[arg-type]
+                          send, lambda: None, tick)  # type: ignore[arg-type]
     handons.hold_early = takeovers.hold_early
     return takeovers, handons, transfers, router, old, sent
 
@@ -128,8 +125,8 @@ class FakeReplication:
 
 
 def live_holder(takeovers: Takeovers, sent: list) -> list:
-    """Router HOLDER live beside the old owner; the frames the takeover sends it by ``_send``
-    land in the list returned (those by its link in ``sent``)."""
+    """Router HOLDER live beside the old owner; the frames the takeover sends from now on (each
+    numbered for its peer by ``_send``) land in the list returned, as (to whom, kind, body)."""
     holder = Peer(HOLDER, "z", None, None)
     holder.alive = True
     holder.link = FakeLink(sent)  # type: ignore[assignment]
@@ -137,6 +134,12 @@ def live_holder(takeovers: Takeovers, sent: list) -> list:
     to: list = []
     takeovers._send = lambda peer, kind, body: to.append((peer.router_id, kind, body))  # type: ignore[method-assign]
     return to
+
+
+def asked(to: list) -> int:
+    """The request number of the one takeover asked (in ``live_holder``'s list)."""
+    [req] = {body[0] for _rid, kind, body in to if kind == TAKEOVER_REQ}
+    return req
 
 
 def take_beside_a_replica(confirm: bool) -> tuple[list, FakeReplication]:
@@ -152,7 +155,7 @@ def take_beside_a_replica(confirm: bool) -> tuple[list, FakeReplication]:
         takeovers.replication = replication  # type: ignore[assignment]
         asking = asyncio.ensure_future(takeovers.takeover("c"))
         await asyncio.sleep(0)
-        req = sent[0][1][0]
+        req = asked(to)
         transfers.on_takeover_resp(old, [req, {"client_id": "c", "queue": []}, False], 0)
         transfers.on_takeover_resp(takeovers.peers[HOLDER], [req, {"client_id": "c", "queue": [], "replica": "z/w0"}, False], 0)
         state = await asyncio.wait_for(asking, 5)

@@ -158,4 +158,4 @@ def test_a_takeover_from_a_peer_of_the_previous_mesh_version_is_refused_not_misr
     refused = dispatch.read(frame(18, HEADER_V18))
     assert isinstance(refused, dispatch.Refused) and refused.version == 18 and MESH_VERSION >= 19
     header = plain(full_session(router()).export_header(False))
-    assert dispatch.read(frame(MESH_VERSION, header)) == (TAKEOVER_RESP, "old/w0", 1, [1, header, False])
+    assert dispatch.read(frame(MESH_VERSION, header)) == (TAKEOVER_RESP, "old/w0", 1, [1, header, False], 0, 0)
