@@ -77,13 +77,16 @@ def connected(fake: FakeRouter, port: int, client_id: str) -> Client:
 
 def test_a_numbered_frame_after_a_missed_one_waits_for_it(met):
     """The fake's second interest frame arrives before its first: the broker names the first
-    missed and acts on neither; once it comes, on both, in order (the publishes matching the
-    second filter reach the fake from then on)."""
-    from brokerd.router.mesh_format import HELLO, INTEREST
+    missed and acts on neither; once it comes, on both, in order (each asks for an
+    acknowledgement, sent once it is applied; then the publishes matching the second filter reach
+    the fake). The publish after waits for the acknowledgements: the client's socket and the mesh's
+    are read in no set order."""
+    from brokerd.router.mesh_format import HELLO, INTEREST, INTEREST_ACK
 
     broker, fake, inc = met
     u = uuid.uuid4().hex[:6]
-    fake.send(INTEREST, [None, [[f"late{u}/#", True]]], number=(2, inc))
+    first, second = 9001, 9002  # the fake's request numbers: the broker's acknowledgements name them
+    fake.send(INTEREST, [second, [[f"late{u}/#", True]]], number=(2, inc))
     fake.read(lambda: any(k == HELLO and body.get("missing", {}).get(fake.name) == [fake.inc, [1]]
                           for k, _s, _i, body in fake.frames), "the broker's HELLO naming frame 1 missed")
     pub = connected(fake, broker.port, f"p{u}")
@@ -92,6 +95,9 @@ def test_a_numbered_frame_after_a_missed_one_waits_for_it(met):
     while time.monotonic() < deadline:
         fake.step(50)
     assert not fake.publishes(b"held"), "the frame after the missed one acted on before it"
-    fake.send(INTEREST, [None, [[f"first{u}/#", True]]], number=(1, inc))
+    assert not fake.kinds(INTEREST_ACK), "the frame after the missed one acknowledged before it came"
+    fake.send(INTEREST, [first, [[f"first{u}/#", True]]], number=(1, inc))
+    fake.read(lambda: len(fake.kinds(INTEREST_ACK)) >= 2, "both interest frames acknowledged")
+    assert [ack[0] for ack in fake.kinds(INTEREST_ACK)] == [first, second], "not acted on in order"
     pub.publish(f"late{u}/x", b"after", qos=1)
-    fake.read(lambda: bool(fake.publishes(b"after")), "the held frame acted on once the missed one came")
+    fake.read(lambda: bool(fake.publishes(b"after")), "the held frame's filter applied")
