@@ -104,6 +104,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--device-rate", type=float, default=d.device_rate, help="fleet: messages a second per device")
     g.add_argument("--latency-rate", type=float, default=d.latency_rate, help="side-channel messages per second")
     g.add_argument("--latency-load", type=float, default=d.latency_load, help="latency: p2p msg/s offered meanwhile")
+    g.add_argument("--drain-quiet", type=float, default=d.drain_quiet,
+                   help="after the window, what has not arrived once deliveries stopped this long counts as "
+                   "lost (the tests give 5 s: a busy machine may hold a broker that long)")
     g.add_argument("--probe-with-load", action="store_true",
                    help="time the side channel in generator process 0, among the load's clients, instead of "
                    "in a process of its own (its arrivals then also wait for that process's event loop)")
@@ -116,8 +119,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.placement == "cross" and min(args.workers) < 2 or args.placement == "same" and max(args.workers) < 2:
         ap.error(f"--placement {args.placement} needs --workers 2 or more (one worker holds every connection)")
     if min(args.pairs, args.subscribers, args.publishers, args.members, args.connections, args.window,
-           args.inflight, args.devices) < 1 or args.per_write < 0 or not 0 < args.device_rate <= 1000:
-        ap.error("sizes must be positive (--per-write 0 or more, 0 < --device-rate <= 1000)")
+           args.inflight, args.devices) < 1 or args.per_write < 0 or args.drain_quiet <= 0 or not 0 < args.device_rate <= 1000:
+        ap.error("sizes must be positive (--per-write 0 or more, 0 < --device-rate <= 1000, --drain-quiet > 0)")
     return args
 
 
@@ -180,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         window=args.window, inflight=args.inflight, per_write=args.per_write,
         devices=args.devices, device_rate=args.device_rate,
         latency_rate=args.latency_rate, latency_load=args.latency_load,
-        probe_alone=not args.probe_with_load,
+        probe_alone=not args.probe_with_load, drain_quiet=args.drain_quiet,
     )
     fd_limit = raise_fd_limit()
     if "conn" in args.scenarios and fd_limit < sizes.connections + 256:

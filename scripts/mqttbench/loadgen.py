@@ -35,8 +35,6 @@ MANY_PUBLISHERS = 200  # beyond this many publishers in a process (a fleet), the
 MAX_MISSES = 16  # reads whose packets differ in size before a subscriber stops trying count_same
 PLACE_ROUNDS_PER_WORKER = 40  # reconnect rounds (per broker worker) to place clients for --placement
 STALL_S = 0.5  # no delivery for this long while blocked: count the window as lost and go on
-DRAIN_QUIET_S = 0.3
-DRAIN_MAX_S = 3.0
 CONNECT_TIMEOUT_S = 10.0
 RECONNECT_WINDOW_S = 30.0  # a client closed before its CONNACK tries again this long at most ...
 RECONNECT_PAUSE_S = 0.1  # ... this long after each attempt
@@ -703,7 +701,7 @@ class Worker:
 
     async def drain(self) -> None:
         """After the window: wait until deliveries (and QoS 1 acks) caught up, or went quiet."""
-        deadline = time.monotonic() + DRAIN_MAX_S
+        deadline = time.monotonic() + self.plan.drain_max
         last = -1
         last_change = time.monotonic()
         while time.monotonic() < deadline:
@@ -722,7 +720,7 @@ class Worker:
             now = time.monotonic()
             if total != last:
                 last, last_change = total, now
-            elif now - last_change > DRAIN_QUIET_S:
+            elif now - last_change > self.plan.drain_quiet:
                 return
             await asyncio.sleep(0.02)
 

@@ -154,7 +154,7 @@ def run_load(plan: Plan, broker: RunningBroker, timing: Timing, result: RunResul
         _sleep_until(w1)
         cpu1, tw1 = broker.cpu_seconds(), time.monotonic()
         result.broker_rss_mb = broker.rss_bytes() / 2**20
-        reports = gens.gather("result", loadgen.DRAIN_MAX_S + 30.0)
+        reports = gens.gather("result", plan.drain_max + 30.0)
     finally:
         gens.close()
     _reduce_load(plan, reports, cpu1 - cpu0, tw1 - tw0, result)

@@ -42,6 +42,7 @@ class Sizes:
     latency_rate: float = 100.0
     latency_load: float = 10_000.0
     probe_alone: bool = True  # the side channel in a generator process of its own
+    drain_quiet: float = 0.3  # after the window, a run ends once deliveries stop this long
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,13 @@ class Plan:
     # worker, "cross" on another one (what cross-worker delivery costs); "any": where the kernel puts it.
     placement: str = "any"
     broker_pids: tuple[int, ...] = ()
+    # After the window, what has not arrived once deliveries stopped this long counts as lost.
+    drain_quiet: float = 0.3
+
+    @property
+    def drain_max(self) -> float:
+        """The drain's bound: ten quiet spells, at least 3 s."""
+        return max(3.0, 10 * self.drain_quiet)
 
     @property
     def is_conn(self) -> bool:
@@ -156,7 +164,7 @@ def build(scenario: str, payload: int, procs: int, sizes: Sizes) -> Plan:
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     plan = Plan(scenario, payload if scenario in PAYLOAD_SCENARIOS else 0, max(1, procs), inflight=sizes.inflight,
-                per_write=sizes.per_write)
+                per_write=sizes.per_write, drain_quiet=sizes.drain_quiet)
     if scenario == "p2p":
         _p2p(plan, sizes, qos=0, total_rate=0.0)
     elif scenario == "qos1":
