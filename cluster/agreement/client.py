@@ -42,11 +42,18 @@ class AgreementClient:
 
     ``on_owned``: called on the loop with each batch of changed records (``[kind, key, owner,
     epoch]``; owner None once released). ``on_majority``: called on the loop when ``majority``
-    changes (False until the service is heard; False again when it falls silent)."""
+    changes (False until the service is heard; False again when it falls silent).
 
-    def __init__(self, config: Config, loop: asyncio.AbstractEventLoop) -> None:
+    ``clock``: monotonic seconds, for the service's silence (``SILENT_S``) and a proposal's
+    deadline, so a test drives the silence rule with a ``FakeClock``'s ``now``. The host's
+    monotonic clock in a broker: the deadline travels to the service, another process of the
+    same host, which compares it with its own."""
+
+    def __init__(self, config: Config, loop: asyncio.AbstractEventLoop,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.loop = loop
+        self._clock = clock
         self.majority = False
         self.on_owned: Callable[[list[list]], None] | None = None
         self.on_majority: Callable[[bool], None] | None = None
@@ -100,7 +107,7 @@ class AgreementClient:
         """One batch of commands (state.py's), committed as a whole entry or not: their results.
         Raises ``NoAgreement`` when no majority committed it within ``timeout``."""
         timeout = self.config.agreement_timeout if timeout is None else timeout
-        answer = await self._ask(["propose", list(commands), timeout, time.monotonic() + timeout], timeout)
+        answer = await self._ask(["propose", list(commands), timeout, self._clock() + timeout], timeout)
         results: list = answer[0]
         return results
 
@@ -152,7 +159,7 @@ class AgreementClient:
                 continue
             what, body = msg
             if what == "majority":
-                self._heard = time.monotonic()
+                self._heard = self._clock()
                 self._set_majority(bool(body))
             elif what == "owned" and self.on_owned is not None:
                 try:
@@ -171,7 +178,7 @@ class AgreementClient:
         self._timer = self.loop.call_later(CHECK_S, self._check)
         self._on_answers()
         self._on_published()
-        if self.majority and time.monotonic() - self._heard > SILENT_S:
+        if self.majority and self._clock() - self._heard > SILENT_S:
             self._set_majority(False)
 
 

@@ -89,6 +89,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -111,7 +112,7 @@ from .transport import Transport
 from .waiter import Requests
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable
+    from collections.abc import Awaitable, Callable
 
     from brokerd.connection.batching import EndOfTick
     from brokerd.router.router import Router
@@ -131,16 +132,25 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin):
     object's attributes, no hop more per message."""
 
     def __init__(self, config: Config, index: int, router: Router, loop: asyncio.AbstractEventLoop,
-                 end_of_tick: EndOfTick) -> None:
+                 end_of_tick: EndOfTick, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
         """``end_of_tick``: the worker's end-of-iteration pass, shared with its connections and its
-        log; the mesh's frames are an end-only item of it (``ForwardingMixin.flush``)."""
+        log; the mesh's frames are an end-only item of it (``ForwardingMixin.flush``).
+
+        ``clock`` (monotonic seconds) and ``wall`` (Unix seconds): the one time of the mesh and
+        of every part of it, read by each rule with a time in it (a peer's silence, a takeover's
+        wait, the hand-on's young window, what is forgotten), so a test drives them with a
+        ``FakeClock``'s ``now`` and ``unix``. The host's clocks, not the loop's: the replication
+        compares the times the mesh notes (``Peer.last_seen``, ``pause_deadline``) with
+        ``time.monotonic()``, which uvloop's ``time()``, cached for a turn in milliseconds, is not."""
         self.config = config
+        self._clock = clock
         self.router = router
         self.loop = loop
         self.end_of_tick = end_of_tick
         self.router_id = router.router_id
         self.incarnation = int.from_bytes(os.urandom(6), "big")
-        self.transport = Transport(config, index, loop, router, self._on_readable)  # the sockets
+        self.transport = Transport(config, index, loop, router, self._on_readable, clock)  # the sockets
         self.peers: dict[str, Peer] = {}  # every part's record of each peer (``peer``)
         self._dirty = False
         self._lingered = False
@@ -159,14 +169,14 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin):
         self.interest = Interest(loop, router, peers, self.requests, send, self._mark, self._flush_collected)
         hooks = Hooks(self.interest.announce_all, self._peer_gone, self._peer_restarted, self._peer_back)
         self.members = Members(config, index, loop, router, self.incarnation, peers, self.transport, hooks, frame,
-                               send, flush, self._keep, self._unconfirmed, self._start_replay)
+                               send, flush, self._keep, self._unconfirmed, self._start_replay, clock, wall)
         members = self.members
         self.transfers = Transfers(config, loop, router, peers, self.requests, send, flush, members.silent_since,
-                                   end_of_tick)
-        self.handons = Handons(config, router, peers, send, self._keep_frame)
+                                   end_of_tick, clock, wall)
+        self.handons = Handons(config, router, peers, send, self._keep_frame, clock)
         roster = Roster(members.local_down, members.local_back, members.just_parked, members.gone)
         self.takeovers = Takeovers(config, loop, router, peers, self.requests, roster, self.transfers, self.handons,
-                                   send, flush, end_of_tick)
+                                   send, flush, end_of_tick, clock)
         self.handons.hold_early = self.takeovers.hold_early
         self._parts = (self.members, self.interest, self.transfers, self.handons, self.takeovers)
         self._handlers = dispatch.bind(self)  # kind -> (handler, who may send it)

@@ -15,7 +15,6 @@ missed number is held until that number arrives, then acted on in order (``deliv
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgpack
@@ -176,6 +175,7 @@ class DispatchMixin:
     replication: Replication | None
     members: Members
     _handlers: dict[int, tuple[Callable[..., None], str]]
+    _clock: Callable[[], float]  # the mesh's monotonic clock (``Mesh``)
     _version_warned: set[str]
     _bad_logged: set[str]
 
@@ -184,7 +184,7 @@ class DispatchMixin:
         frames) were handled: then the loop's other work (client reads under the turn budget,
         writes) runs before the next frames, so a backlog of frames cannot stall every client of
         this router for the time of thousands of deliveries."""
-        now = time.monotonic()
+        now = self._clock()
         if now >= self.members.pause_deadline or (
                 self.replication is not None and now >= self.replication.recount_at):
             self.members.check_paused()
@@ -251,7 +251,7 @@ class DispatchMixin:
                 # other side sends first on every new link.
                 log.debug("mesh: %s frame from unknown %s; ignored", KIND_NAMES.get(kind), sender)
             return
-        peer.last_seen = time.monotonic()
+        peer.last_seen = self._clock()
         if not peer.alive and kind != GOODBYE:
             self.members.rejoin(peer, "heard again")
         if seq and not self._numbered_in(peer, kind, body, size, seq, to):

@@ -33,8 +33,10 @@ class Handons:
     on (``_marks``) and the hand-ons still due from old owners (``_due``)."""
 
     def __init__(self, config: Config, router: Router, peers: dict[str, Peer],
-                 send: Callable[[Peer, int, Any], None], keep: Callable[[Peer, int, Any, int], None]) -> None:
+                 send: Callable[[Peer, int, Any], None], keep: Callable[[Peer, int, Any, int], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        self._clock = clock  # the mesh's monotonic clock: the young window, how long marks and dues are kept
         self.router = router
         self.router_id = router.router_id
         self.peers = peers
@@ -50,7 +52,7 @@ class Handons:
         # as its link comes up (``hand_on``). A first start has nothing to be sent again.
         log_ = router.commit_log
         ran_before = log_ is not None and log_.next_offset > 0
-        self.young_until = time.monotonic() + HANDON_YOUNG_S if ran_before else 0.0
+        self.young_until = self._clock() + HANDON_YOUNG_S if ran_before else 0.0
         # Sessions that moved here: client id → ({router: offset of its log from which its
         # messages reach this router directly}, until when): what the old owner hands on from
         # there is here already (``_handed_on``).
@@ -72,7 +74,7 @@ class Handons:
         commit_log = self.router.commit_log
         marks = directly_from(((rid, p.origin_mark) for rid, p in self.peers.items()), acked,
                               (self.router_id, commit_log.next_offset) if commit_log is not None else None)
-        now = time.monotonic()
+        now = self._clock()
         kept = self._marks
         for cid in [c for c, (_, until) in kept.items() if until < now]:
             del kept[cid]
@@ -123,7 +125,7 @@ class Handons:
         unheard: dict[str, int | None] | None = None
         if answered is not None:
             unheard = named_unheard(answered, ((rid, p.origin_mark, in_doubt(p)) for rid, p in self.peers.items()),
-                                    router_id, time.monotonic() < self.young_until)
+                                    router_id, self._clock() < self.young_until)
         for i in range(0, max(len(items), 1), HANDON_ITEMS):
             last = i + HANDON_ITEMS >= len(items)
             body: list[Any] = [client_id, items[i:i + HANDON_ITEMS], last]
@@ -159,7 +161,7 @@ class Handons:
 
     def _read_handons(self, router_id: str, back: bool) -> None:
         due = self._due
-        now = time.monotonic()
+        now = self._clock()
         for cid in [c for c, entry in due.items() if entry[0] == router_id and entry[4] == back]:
             entry = due.pop(cid)
             _, (since_ms, seen), marks, until, _ = entry

@@ -62,9 +62,10 @@ class Members:
                  flush: Callable[[], None], keep: Callable[[Peer, bytes, int], None],
                  unconfirmed: Callable[[Peer, int, bytes], None],
                  start_replay: Callable[[Peer, int, str], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.config = config
-        self._clock = clock  # the monotonic clock: a test's own moves the heartbeat's time
+        self._clock = clock  # the mesh's monotonic clock: a test's own moves the heartbeat's time
+        self._wall = wall  # the mesh's Unix clock: when a peer fell silent, as the others are told
         self.index = index
         self.loop = loop
         self.router = router
@@ -135,7 +136,7 @@ class Members:
     def silent_since(self, peer: Peer) -> float:
         """When ``peer`` fell silent, as a Unix time: a mesh timeout before it was parked here
         (now, if it is not parked)."""
-        return membership.silent_since(peer, self._clock(), time.time(), self.config.mesh_timeout)
+        return membership.silent_since(peer, self._clock(), self._wall(), self.config.mesh_timeout)
 
     def just_parked(self) -> list[Peer]:
         """Routers of other nodes parked so recently that the other routers may not count them
@@ -390,7 +391,7 @@ class Members:
         self.hooks.back(peer, restarted)
         if was_parked and not restarted and self.replication is not None:
             # (A restarted router's own catch-up reads its log back by our interest as it is now.)
-            self._replication_hook(self.replication.moved_in_catchup, peer, time.time() - silent_for)
+            self._replication_hook(self.replication.moved_in_catchup, peer, self._wall() - silent_for)
 
     def _replay(self, effect: membership.Replay) -> None:
         self._start_replay(effect.peer, effect.offset, "its backlog here was full")

@@ -64,8 +64,10 @@ class Takeovers:
 
     def __init__(self, config: Config, loop: asyncio.AbstractEventLoop, router: Router, peers: dict[str, Peer],
                  requests: Requests, roster: Roster, transfers: Transfers, handons: Handons,
-                 send: Callable[[Peer, int, Any], None], flush: Callable[[], None], tick: EndOfTick) -> None:
+                 send: Callable[[Peer, int, Any], None], flush: Callable[[], None], tick: EndOfTick,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        self._clock = clock  # the mesh's monotonic clock: the wait for this node's routers, confirmations' age
         self.loop = loop
         self.router = router
         self.node_id = config.node_id
@@ -125,7 +127,7 @@ class Takeovers:
     async def _takeover(self, client_id: str, claim: list | None, answered: set[str] | None,
                         first: tuple[int, Waiter] | None) -> dict | None:
         """``takeover``'s waits, from its first ask (None: not made yet)."""
-        deadline = time.monotonic() + LOCAL_DOWN_WAIT_S
+        deadline = self._clock() + LOCAL_DOWN_WAIT_S
         asked_again = False
         roster = self.roster
         while not self.closed:
@@ -398,7 +400,7 @@ class Takeovers:
         if peer is None:
             return
         if ok:
-            now = time.monotonic()
+            now = self._clock()
             sent = self._confirmed.setdefault(peer.router_id, {})
             drop_older(sent, now - self.config.mesh_forget, lambda when: when)
             sent[req] = now
@@ -418,6 +420,6 @@ class Takeovers:
         sent = self._confirmed.get(peer.router_id)
         if not sent:
             return
-        drop_older(sent, time.monotonic() - self.config.mesh_forget, lambda when: when)
+        drop_older(sent, self._clock() - self.config.mesh_forget, lambda when: when)
         for req in sent:
             self._send(peer, TAKEOVER_DONE, [req, True])

@@ -64,9 +64,10 @@ class Transfers:
     def __init__(self, config: Config, loop: asyncio.AbstractEventLoop, router: Router, peers: dict[str, Peer],
                  requests: Requests, send: Callable[[Peer, int, Any], None], flush: Callable[[], None],
                  silent_since: Callable[[Peer], float], tick: EndOfTick,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self.config = config
-        self._clock = clock  # the monotonic clock: a test's own moves a transfer's time
+        self._clock = clock  # the mesh's monotonic clock: a test's own moves a transfer's time
+        self._wall = wall  # the mesh's Unix clock: when a session left, as its new owner is told
         self.loop = loop
         self.router = router
         self.router_id = router.router_id
@@ -138,7 +139,7 @@ class Transfers:
             commit_log = self.router.commit_log
             if commit_log is not None:
                 seen[self.router_id] = commit_log.next_offset
-            header["handon_from"] = [int(time.time() * 1000), seen]
+            header["handon_from"] = [int(self._wall() * 1000), seen]
         header["queue"] = next(chunks, [])
         following = next(chunks, None)
         key = (peer.router_id, req)

@@ -155,8 +155,9 @@ class Transport:
     called when a PULL socket has frames."""
 
     def __init__(self, config: Config, index: int, loop: asyncio.AbstractEventLoop, router: Router,
-                 on_readable: Callable[[zmq.Socket], None]) -> None:
+                 on_readable: Callable[[zmq.Socket], None], clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        self._clock = clock  # the mesh's monotonic clock: how long a peer's handshakes have failed
         self.index = index
         self.loop = loop
         self.router = router  # (its stats count the frames dropped for backpressure)
@@ -227,7 +228,7 @@ class Transport:
         says each refusal (an outsider may try once), as a warning naming both causes."""
         from zmq.utils.monitor import recv_monitor_message
 
-        now = time.monotonic()
+        now = self._clock()
         for mon, what, peer in self.monitors:
             while True:
                 try:

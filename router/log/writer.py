@@ -113,6 +113,9 @@ class WriterCore:
     max_unsynced_bytes: int = 4 << 20
     version: int = FORMAT_VERSION  # of the segments (and indexes) this core creates
     error: OSError | None = None
+    # Monotonic seconds, for the ``interval`` fsync's period: a test's own moves it. The host's in
+    # a broker: the thread waits for the period on it (``sync_deadline``), and no loop runs there.
+    clock: Callable[[], float] = time.monotonic
     _backlog: deque[Batch] = field(default_factory=deque)   # not yet written (or to rewrite)
     _unsynced: list[Batch] = field(default_factory=list)     # written, not yet fsynced
     _fds: dict[int, _SegFds] = field(default_factory=dict)
@@ -120,9 +123,12 @@ class WriterCore:
     _active: int | None = None
     _dir_dirty: bool = False
     _dirty: bool = False                                      # data written since the last fsync
-    _last_sync: float = field(default_factory=time.monotonic)
+    _last_sync: float = 0.0                                   # when last fsynced (made: ``__post_init__``)
     _unsynced_bytes: int = 0                                  # size of the batches in _unsynced
     rounds: int = 0                                           # process() calls so far
+
+    def __post_init__(self) -> None:
+        self._last_sync = self.clock()  # the first period runs from the core's making, as each from an fsync
 
     def process(self, batches: list[Batch], *, force_sync: bool = False, recover: bool = False,
                 deletes: list[int] | None = None, stop: bool = False, may_sync: bool = True) -> Report:
@@ -189,13 +195,13 @@ class WriterCore:
             return True
         return self.policy is FsyncPolicy.INTERVAL and (
             self._unsynced_bytes >= self.max_unsynced_bytes
-            or time.monotonic() - self._last_sync >= self.interval_s)
+            or self.clock() - self._last_sync >= self.interval_s)
 
     def sync_deadline(self) -> float | None:
         """Seconds until an ``interval`` fsync is due (None: nothing to wait for)."""
         if self.policy is not FsyncPolicy.INTERVAL or not self._dirty or self.error is not None:
             return None
-        return max(0.0, self._last_sync + self.interval_s - time.monotonic())
+        return max(0.0, self._last_sync + self.interval_s - self.clock())
 
     # -- internals
 
@@ -316,7 +322,7 @@ class WriterCore:
         self._dirty = False
         if self.page_cache_bytes is not None:
             self._release_behind(self.page_cache_bytes)  # everything written is clean now
-        self._last_sync = time.monotonic()
+        self._last_sync = self.clock()
         self.durable_offset = self.written_offset
 
     def _close_retired(self, sync: bool) -> None:
