@@ -83,7 +83,9 @@ def test_a_loud_test_runs_beside_companions_only(tmp_path, monkeypatch):
 def test_a_test_is_marked_by_its_directory_and_by_the_lists():
     assert conftest._marks("tests/unit/test_codec.py::test_x") == ["unit"]
     assert conftest._marks("tests/chaos/test_chaos.py::test_chaos_three_nodes") == ["chaos", "slow", "loud"]
-    assert conftest._marks("tests/integration/test_bench.py::test_x") == ["integration", "slow", "alone"]
+    assert conftest._marks("tests/integration/test_bench.py::test_x") == ["integration", "slow"]
+    name = "tests/integration/test_bench.py::test_fleet_delivers_each_devices_message_to_both_backend_subscribers"
+    assert conftest._marks(name) == ["integration", "slow", "alone"]
     assert conftest._marks("tests/partition/test_patterns.py::test_x") == ["slow", "alone"]
     name = "tests/cluster/test_replication.py::test_a_persistent_session_survives_its_nodes_death[b-c]"
     assert conftest._marks(name) == ["cluster", "slow"]
