@@ -1,9 +1,10 @@
 """The replication's rules with a time in them, on one ``FakeClock`` given to its mesh: a
 follower out of sync ``--replica-lag`` after the batch it lacks and back in once it holds it (the
-leader's count, and the agreed in-sync set proposed again ``RETRY_S`` after a failure); an
-acknowledgement refused ``--replica-timeout`` after it was held, by the followers or while cut
-off from the majority; the majority judged only after the start's grace, counted again when the
-lease ends, and a pause of the loop that discounts the peers heard before it; a held will
+leader's count, and the agreed in-sync set proposed again ``RETRY_S`` after a failure), and sent
+the last record again after ``TAIL_AGAIN_S``; an acknowledgement refused ``--replica-timeout``
+after it was held, by the followers or while cut off from the majority; the majority judged only
+after the start's grace, counted again when the lease ends (on the tick, or before a hold), and a
+pause of the loop that discounts the peers heard before it; a held will
 published at its due time; a catch-up asked again within ``ASK_KEEP_S`` and ``--mesh-forget``;
 a fetch asked again after ``FETCH_AGAIN_S``; the agreement service's restarts counted in
 ``CRASH_WINDOW_S``.
@@ -30,6 +31,7 @@ from brokerd.cluster.replication import Replication
 from brokerd.cluster.replication.catchup import ASK_KEEP_S
 from brokerd.cluster.replication.follower import FETCH_AGAIN_S
 from brokerd.cluster.replication.insync import RETRY_S
+from brokerd.cluster.replication.leader import TAIL_AGAIN_S
 from brokerd.connection.codec import PUBACK, success_ack
 from brokerd.router.client import Client
 from brokerd.router.clock import FakeClock
@@ -77,6 +79,7 @@ class RecordingMesh:
         self.sent: list[tuple[str, str, Any]] = []
         self.pause_deadline = float("inf")
         self.lease: Any = None
+        self.checked: list[float] = []  # when it was asked to look for a pause of its own (``check_paused``)
 
     def add(self, rid: str, **fields: Any) -> Any:
         peer = SimpleNamespace(router_id=rid, node_id=rid.split("/")[0], incarnation=1, claim_floor=-1, alive=True,
@@ -104,7 +107,7 @@ class RecordingMesh:
         return silent_since(peer, self.clock(), self.wall(), TIMEOUT)
 
     def check_paused(self) -> None:
-        pass
+        self.checked.append(self.clock())
 
     def frames(self, what: str, to: str) -> list[Any]:
         return [body for rid, kind, body in self.sent if kind == what and rid == to]
@@ -192,6 +195,22 @@ def test_a_follower_is_out_of_sync_replica_lag_after_the_batch_it_lacks_and_back
     assert in_sync() and client.conn.chunks == [success_ack(PUBACK, 1)] and client.held_acks == 0
 
 
+def test_a_follower_behind_is_sent_the_last_record_again_once_nothing_went_out_for_tail_again_s(make, loop):
+    repl, mesh = make()
+    repl.heartbeat()
+    repl.log.append("t/x", b"m", qos=1)  # offset 0, in the log's current batch
+    repl.lead.on_batch(0, 0, b"")  # ... gone out live to b/w0
+    tick(repl)
+    sent = loop.now()
+    assert len(mesh.frames("replicate", "b/w0")) == 1
+    loop.at(sent + TAIL_AGAIN_S - 0.25)
+    tick(repl)
+    assert len(mesh.frames("replicate", "b/w0")) == 1
+    loop.at(sent + TAIL_AGAIN_S)
+    tick(repl)
+    assert [body[1:3] for body in mesh.frames("replicate", "b/w0")] == [[0, 0], [0, 0]]
+
+
 def test_an_acknowledgement_no_follower_answers_is_refused_replica_timeout_after_it_was_held(make, loop):
     repl, mesh = make()
     repl.heartbeat()
@@ -273,7 +292,9 @@ def test_the_majority_is_judged_a_mesh_timeout_and_a_second_after_the_start_not_
     assert repl.in_minority
 
 
-def test_the_majority_is_counted_again_on_the_tick_at_the_leases_end(make, loop):
+def leased(make: Callable[..., tuple[Replication, RecordingMesh]],
+           loop: FakeLoop) -> tuple[Replication, RecordingMesh, float]:
+    """Router a/w0 of three nodes past its start, its lease backed by b until the time returned."""
     repl, mesh = make(peers=("b/w0", "c/w0"))
     repl.heartbeat()
     loop.at(loop.now() + 2 * TIMEOUT + 1.0)  # the lease rules now (its first one was awaited until here)
@@ -282,12 +303,27 @@ def test_the_majority_is_counted_again_on_the_tick_at_the_leases_end(make, loop)
     repl.heartbeat()
     end = loop.now() + lease.period
     assert not repl.in_minority and lease.until == end and repl.recount_at == end
+    return repl, mesh, end
+
+
+def test_the_majority_is_counted_again_on_the_tick_at_the_leases_end(make, loop):
+    repl, mesh, end = leased(make, loop)
     loop.at(end - 0.25)  # nothing more echoed
     tick(repl)
     assert not repl.in_minority
     loop.at(end)
     tick(repl)
     assert repl.in_minority and repl.recount_at == float("inf")
+
+
+def test_an_acknowledgement_from_the_leases_end_on_has_the_mesh_look_for_a_pause_first(make, loop):
+    repl, mesh, end = leased(make, loop)
+    loop.at(end - 0.25)
+    held_ack(repl, 0)
+    assert mesh.checked == []
+    loop.at(end)
+    held_ack(repl, 1)
+    assert mesh.checked == [end]
 
 
 def test_a_pause_of_the_loop_discounts_the_peers_heard_before_it_once_past_the_start(make, loop):
