@@ -519,15 +519,17 @@ def service_main(config: Config, supervisor_pid: int, ready_fd: int | None = Non
 class AgreementProcess:
     """The supervisor's handle on the agreement service: fork, restart within limits, stop."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock``: monotonic seconds, for the restarts counted in ``CRASH_WINDOW_S``."""
         self.config = config
+        self.clock = clock
         self.pid: int | None = None
         self.starts: deque[float] = collections.deque()
 
     def start(self, wait: bool = False) -> bool:
         """Fork the service; with ``wait``, until it serves its workers (bounded). False once it
         keeps dying (``CRASH_LIMIT`` starts in ``CRASH_WINDOW_S``)."""
-        now = time.monotonic()
+        now = self.clock()
         self.starts.append(now)
         while self.starts and now - self.starts[0] > CRASH_WINDOW_S:
             self.starts.popleft()

@@ -140,11 +140,12 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin):
         ``clock`` (monotonic seconds) and ``wall`` (Unix seconds): the one time of the mesh and
         of every part of it, read by each rule with a time in it (a peer's silence, a takeover's
         wait, the hand-on's young window, what is forgotten), so a test drives them with a
-        ``FakeClock``'s ``now`` and ``unix``. The host's clocks, not the loop's: the replication
-        compares the times the mesh notes (``Peer.last_seen``, ``pause_deadline``) with
-        ``time.monotonic()``, which uvloop's ``time()``, cached for a turn in milliseconds, is not."""
+        ``FakeClock``'s ``now`` and ``unix``. The replication reads these two as well (``MeshAdapter``):
+        it compares its times with those the mesh notes (``Peer.last_seen``, ``pause_deadline``). The
+        host's clocks, not the loop's: uvloop's ``time()`` is cached for a turn, in milliseconds."""
         self.config = config
-        self._clock = clock
+        self.clock = clock  # (read by dispatch per frame, and by the replication: ``MeshAdapter``)
+        self.wall = wall
         self.router = router
         self.loop = loop
         self.end_of_tick = end_of_tick

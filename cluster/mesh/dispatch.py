@@ -175,7 +175,7 @@ class DispatchMixin:
     replication: Replication | None
     members: Members
     _handlers: dict[int, tuple[Callable[..., None], str]]
-    _clock: Callable[[], float]  # the mesh's monotonic clock (``Mesh``)
+    clock: Callable[[], float]  # the mesh's monotonic clock (``Mesh``)
     _version_warned: set[str]
     _bad_logged: set[str]
 
@@ -184,7 +184,7 @@ class DispatchMixin:
         frames) were handled: then the loop's other work (client reads under the turn budget,
         writes) runs before the next frames, so a backlog of frames cannot stall every client of
         this router for the time of thousands of deliveries."""
-        now = self._clock()
+        now = self.clock()
         if now >= self.members.pause_deadline or (
                 self.replication is not None and now >= self.replication.recount_at):
             self.members.check_paused()
@@ -251,7 +251,7 @@ class DispatchMixin:
                 # other side sends first on every new link.
                 log.debug("mesh: %s frame from unknown %s; ignored", KIND_NAMES.get(kind), sender)
             return
-        peer.last_seen = self._clock()
+        peer.last_seen = self.clock()
         if not peer.alive and kind != GOODBYE:
             self.members.rejoin(peer, "heard again")
         if seq and not self._numbered_in(peer, kind, body, size, seq, to):

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -68,7 +67,8 @@ class Replication(Part):
     """The replication of one router: leader of its own log, follower of what is placed here.
 
     It owns its parts (module docstring) and is what the mesh, the router and the worker talk to:
-    each call goes to the part whose it is."""
+    each call goes to the part whose it is. Its time is the mesh's (``MeshLink.clock``, ``wall``),
+    handed to every part: its rules compare their times with those the mesh notes of its peers."""
 
     def __init__(self, config: Config, router: Router, mesh: Mesh, loop: asyncio.AbstractEventLoop) -> None:
         assert router.commit_log is not None
@@ -82,7 +82,8 @@ class Replication(Part):
         self.min_insync = config.min_insync or 1
         self.always = config.fsync == "always"
         self._timer: asyncio.TimerHandle | None = None
-        self._started = time.monotonic()
+        self.clock, self.wall = self.net.clock, self.net.wall  # the mesh's: one time with its ``last_seen``
+        self._started = self.clock()
         self._ticks = 0
         # The parts, each with its own state; then what each calls of the others.
         self.lead = LeaderPart(self)
@@ -145,7 +146,7 @@ class Replication(Part):
                 if deleted:
                     log.info("retention deleted %d segment(s) of the replica of %s", len(deleted), rep.partition)
         released, refused = self.lead.leader.tick()
-        if time.monotonic() >= self.quorum.recount_at:
+        if self.clock() >= self.quorum.recount_at:
             self.quorum.count_majority()  # a lease that ends is noticed within a tick if nothing else looked
         self.lead.release(released)
         if self.quorum.cut_off and self.quorum.in_minority:
@@ -154,7 +155,7 @@ class Replication(Part):
             self.lead.refused += len(refused)
             self.router.refuse_acks([h.token for h in refused],
                                     f"not on {self.lead.leader.min_insync} node(s) within {self.config.replica_timeout:g} s")
-        now = time.monotonic()
+        now = self.clock()
         for rep in self.follow.replicas.values():
             if rep.fetch_sent and now - rep.fetch_sent > FETCH_AGAIN_S:
                 rep.fetch_sent = 0.0  # the next batch asks again
@@ -195,7 +196,7 @@ class Replication(Part):
             "majority": self.quorum.members.has_majority if self.quorum.agreed is None else self.quorum.agreed.majority,
             "members": len(self.quorum.members.nodes),
             # The lease: its epoch (one more at each end), and the member nodes backing it now.
-            "lease": {"epoch": self.quorum.lease.epoch, "backing": len(self.quorum.lease.backers(time.monotonic()))},
+            "lease": {"epoch": self.quorum.lease.epoch, "backing": len(self.quorum.lease.backers(self.clock()))},
             # Per router of another node: the offset of its log below which this router has what
             # it wanted (a read-back from a replica after its death starts there).
             "origin_marks": {rid: p.origin_mark for rid, p in self.net.items()

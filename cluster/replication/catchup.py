@@ -13,7 +13,6 @@ a partition kept for a session's old router (``moved_past_silence``, ``moved_in_
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from brokerd.router.log import CommitLog, LogReader
@@ -188,7 +187,7 @@ class CatchupPart(Part):
         and for the span of copies the old router held (``adopted``), and the span, kept alone,
         left out what the router logged after its replica's end (partition seed 851: 1 lost)."""
         asks = self.via_replica
-        now = time.monotonic()
+        now = self.clock()
         asks[(body[0], rid, body[2], body[6])] = (body, now)
         if len(asks) > 4096:  # (a bound: the rest age out with the mesh's forget)
             for key in [k for k, (_, t) in asks.items() if now - t > self.config.mesh_forget]:
@@ -199,7 +198,7 @@ class CatchupPart(Part):
         its log answered for it while it was silent is asked of it, from the same offsets to its
         log's end now (at least once: the replica's part comes twice)."""
         asks = self.via_replica
-        now = time.monotonic()
+        now = self.clock()
         again = [(key, body, t) for key, (body, t) in asks.items() if key[1] == peer.router_id]
         for key, body, t in again:
             del asks[key]
@@ -216,7 +215,7 @@ class CatchupPart(Part):
         after a heal never answered the session that had just moved)."""
         self.net.send(target, "session_catchup", body)
         asks = self.open_asks
-        now = time.monotonic()
+        now = self.clock()
         asks[(body[0], body[1])] = (target.router_id, body, now if first is None else first)
         if len(asks) > 4096:  # (a bound: those answered drop out, the rest age out in ASK_KEEP_S)
             for key in [k for k, (_, _, t) in asks.items() if now - t > ASK_KEEP_S]:
@@ -231,7 +230,7 @@ class CatchupPart(Part):
         answered is asked again, of it or of its replica's holder (at least once: the session
         takes copies twice rather than none)."""
         asks = self.open_asks
-        now = time.monotonic()
+        now = self.clock()
         again = [(key, body, t) for key, (target, body, t) in asks.items() if target == peer.router_id]
         for key, body, t in again:
             del asks[key]
@@ -277,7 +276,7 @@ class CatchupPart(Part):
         partition can deliver it there after they left. Ask it for those messages
         (SESSION_CATCHUP, from ``CATCHUP_MARGIN_MS`` before the silence): at least once."""
         moved = self.router.moved_in
-        horizon = time.time() - self.config.mesh_forget  # a peer silent longer is forgotten
+        horizon = self.wall() - self.config.mesh_forget  # a peer silent longer is forgotten
         for cid in [c for c, t in moved.items() if t < horizon]:
             del moved[cid]
         since_ms = int(silent_since * 1000) - CATCHUP_MARGIN_MS

@@ -174,7 +174,7 @@ class FollowerPart(Part):
                 self.histories.fetch_history(partition, rep.log)
         if action == FollowerState.FETCH:
             if not rep.fetch_sent:
-                rep.fetch_sent = time.monotonic()
+                rep.fetch_sent = self.clock()
                 self.net.send(peer, "fetch", [partition, rep.state.next_offset])
             return
         if action == FollowerState.APPEND:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from ..agreement.state import OK, insync, move
@@ -64,7 +63,7 @@ class InsyncPart(Part):
         wanted = lead.wanted()
         if wanted == lead.agreed and self.leader_epoch is not None and not lead.pending:
             return
-        now = time.monotonic()
+        now = self.clock()
         if now < self._isr_after or not self.quorum.agreed.majority:
             return
         self._isr_busy = True
@@ -103,7 +102,7 @@ class InsyncPart(Part):
             # Not committed, or unknown: a set that may still commit is one the leader already
             # counted while it was proposed, so dropping it from the count is safe only once the
             # next proposal (which replaces it) commits. It stays counted until then.
-            self._isr_after = time.monotonic() + RETRY_S
+            self._isr_after = self.clock() + RETRY_S
             log.debug("replication: the in-sync set of %s not agreed yet: %s", self.partition, exc)
 
     def insync_published(self, router: str, epoch: int, followers: Any) -> None:

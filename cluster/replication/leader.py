@@ -23,7 +23,6 @@ and ``placement.Placement`` (who follows); this part moves their frames.
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -60,7 +59,7 @@ class LeaderPart(Part):
         super().__init__(shared)
         config = self.config
         end = self.log.durable_offset if self.always else self.log.written_offset
-        self.leader = LeaderState([], 1, config.replica_lag, config.replica_timeout, time.monotonic, end)
+        self.leader = LeaderState([], 1, config.replica_lag, config.replica_timeout, self.clock, end)
         self.placement = Placement(self.partition, self.config.node_id, self.factor, self.min_insync)
         self.flushed = self.log.next_offset - 1  # the last offset handed to followers in a live batch
         self.tail = TailRepair(self.flushed, TAIL_AGAIN_S)  # the gap repair (``tell_end``)
@@ -74,7 +73,7 @@ class LeaderPart(Part):
     def hold(self, offset: int, client: Any, ack: bytes) -> bool:
         """Whether the acknowledgement of the record at ``offset`` must wait for the followers
         (or for the majority, on a node cut off from it)."""
-        now = time.monotonic()
+        now = self.clock()
         if now >= self.net.pause_deadline() or now >= self.quorum.recount_at:
             self.net.check_paused()  # after a pause, or the lease's end, the majority is counted again first
         if self.leader.hold(offset, (client, ack)):
@@ -127,7 +126,7 @@ class LeaderPart(Part):
         hw = self.leader.high_water if start == offset else -2
         self.net.send(peer, "replicate", [self.partition, records[0].offset, records[-1].offset,
                                           body, hw])
-        self.tail.told(peer.router_id, time.monotonic())
+        self.tail.told(peer.router_id, self.clock())
         if records[-1].offset < self.flushed:  # more to fetch: the follower asks at once, not at the next tick
             self._send_last(peer)
 
@@ -137,7 +136,7 @@ class LeaderPart(Part):
         them (``FollowerState.arrived``), one that holds it acknowledges again. Without it, a
         follower back from a cut, or whose fetch went unanswered, waits for the next write. A
         frame every follower already reads: no new kind. Nothing is sent to followers in sync."""
-        now = time.monotonic()
+        now = self.clock()
         for rid in self.tail.due(self.flushed, self.leader.acked, self.followers, now):
             peer = self.net.peer(rid)
             if peer is not None and peer.alive:
@@ -158,7 +157,7 @@ class LeaderPart(Part):
             return
         seen = [PeerSeen(rid, p.node_id, p.alive, p.incarnation, self.partition in p.replicas)
                 for rid, p in self.net.items()]
-        starting = time.monotonic() - self._started < 2 * self.config.mesh_timeout + 1.0  # peers still joining
+        starting = self.clock() - self._started < 2 * self.config.mesh_timeout + 1.0  # peers still joining
         # Cut off from the majority, it acknowledges nothing at all (said by ``count_majority``): the
         # shortfall is told once the majority is back, if it still holds.
         placed = self.placement.place(seen, starting, self.quorum.members.has_majority,

@@ -8,7 +8,7 @@ attributes, so that a change of the mesh's insides changes one class here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -21,6 +21,13 @@ HERE: Any = object()
 class MeshLink(Protocol):
     """What replication needs from the mesh: peers by router id or node, frames out, and the
     mesh's clock of silence and pauses."""
+
+    clock: Callable[[], float]
+    """The mesh's monotonic clock: the one its ``Peer.last_seen``, ``parked_at`` and
+    ``pause_deadline`` are read on, so the replication's rules read it too."""
+
+    wall: Callable[[], float]
+    """The mesh's Unix clock (``silent_since``'s)."""
 
     def peer(self, router_id: str) -> Peer | None:
         """The peer router ``router_id``, heard or silent; None if unknown."""
@@ -62,6 +69,8 @@ class MeshAttributes(Protocol):
     peers: dict[str, Peer]
     pause_deadline: float
     lease: Any
+    clock: Callable[[], float]
+    wall: Callable[[], float]
 
     def send_replication(self, peer: Peer, what: str, body: Any) -> None: ...
 
@@ -73,10 +82,12 @@ class MeshAttributes(Protocol):
 class MeshAdapter:
     """``MeshLink`` over ``cluster.mesh.Mesh``: the only code that reads the mesh's attributes."""
 
-    __slots__ = ("_mesh",)
+    __slots__ = ("_mesh", "clock", "wall")
 
     def __init__(self, mesh: MeshAttributes) -> None:
         self._mesh = mesh
+        self.clock = mesh.clock  # (read once: a per-message rule calls it with no hop)
+        self.wall = mesh.wall
 
     def peer(self, router_id: str) -> Peer | None:
         return self._mesh.peers.get(router_id)

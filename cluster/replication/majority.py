@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -65,7 +64,7 @@ class MajorityPart(Part):
         self._rule_since: float | None = self._started  # since when the majority rule (three members) is on
         if self.factor > 1:
             self.net.carry_lease(self.lease)
-        self.cut_off = CutOffHolds(config.replica_timeout, time.monotonic)  # held while no majority is seen
+        self.cut_off = CutOffHolds(config.replica_timeout, self.clock)  # held while no majority is seen
         self.agreed: Any = None  # cluster.agreement.owners.SessionOwners, with --agreement
         self._agreed_once = False  # its member has had a majority since the start
 
@@ -133,9 +132,9 @@ class MajorityPart(Part):
         replicas. Until a majority of the nodes is heard again, it acts as a node cut off from
         the majority (no QoS 1/2 acknowledgement, its persistent sessions' clients sent
         elsewhere), at once rather than a mesh timeout later."""
-        if time.monotonic() - self._started < self.config.mesh_timeout + 1.0:
+        if self.clock() - self._started < self.config.mesh_timeout + 1.0:
             return  # starting (its restore took the loop): the majority is not counted yet anyway
-        self._resumed_at = time.monotonic()  # (the mesh then stamps every peer heard "now": not counted)
+        self._resumed_at = self.clock()  # (the mesh then stamps every peer heard "now": not counted)
         if self.members.has_majority and self.factor > 1 and len(self.members.nodes) >= MIN_MEMBERS:
             log.warning("replication: this router's loop was paused for %.1f s, beyond what the other nodes "
                         "wait before taking it for gone; nothing more is acknowledged until they are heard "
@@ -185,7 +184,7 @@ class MajorityPart(Part):
             known[peer.node_id] = known.get(peer.node_id, False) or peer.alive or peer.parked
             if peer.alive and peer.last_seen > resumed:
                 live.add(peer.node_id)
-        now = time.monotonic()
+        now = self.clock()
         if now - self._started < self.config.mesh_timeout + 1.0:
             self.members.met(live)  # starting: the other nodes' HELLOs are still on their way
             return

@@ -1,4 +1,4 @@
-"""What every part of ``Replication`` reads: the router it replicates, its log, and the mesh.
+"""What every part of ``Replication`` reads: the router it replicates, its log, the mesh and its clocks.
 
 The parts (leader, follower, history, read-back, sessions, catch-ups, wills, restore, majority,
 in-sync set) are objects ``Replication`` owns, each with its own state; a part calls another
@@ -12,6 +12,8 @@ import asyncio
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from brokerd.router.log import CommitLog
     from brokerd.router.router import Router
 
@@ -31,7 +33,12 @@ class Part:
     factor: int  # --replication-factor (1: this router only follows)
     min_insync: int
     always: bool  # --fsync always: what counts is what is durable, not only written
-    _started: float  # when replication started (monotonic): peers are still joining for a while
+    # The mesh's clocks (``MeshLink.clock``, ``wall``), read by every rule with a time in it: the
+    # rules compare the mesh's ``Peer.last_seen`` and ``pause_deadline`` with ``clock``, and a
+    # test drives both with one ``FakeClock``.
+    clock: Callable[[], float]  # monotonic seconds
+    wall: Callable[[], float]  # Unix seconds: a will's due time, a silence's start, as other routers say them
+    _started: float  # when replication started (``clock``): peers are still joining for a while
 
     def __init__(self, shared: Part) -> None:
         self.config = shared.config
@@ -43,4 +50,6 @@ class Part:
         self.factor = shared.factor
         self.min_insync = shared.min_insync
         self.always = shared.always
+        self.clock = shared.clock
+        self.wall = shared.wall
         self._started = shared._started

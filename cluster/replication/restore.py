@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from typing import TYPE_CHECKING
 
 from brokerd.router.session import recency
@@ -77,7 +76,7 @@ class RestorePart(Part):
             self.log.start_at(start)
             self.lead.flushed = start - 1
             self.lead.leader = LeaderState(self.lead.followers, self.lead.leader.min_insync, self.config.replica_lag,
-                                      self.config.replica_timeout, time.monotonic, start - 1)
+                                      self.config.replica_timeout, self.clock, start - 1)
         holders = [p for p in self.net.peers()
                    if p.alive and p.node_id != own and self.partition in p.replicas]
         if start > 0 and holders:  # its records below ``start`` are fetched back from them (``ready``)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -196,7 +195,7 @@ class SessionsPart(Part):
                         "sync on %s, not on this router", client_id, partition, ", ".join(sorted(in_sync)))
             return None
         due = self.wills.held_will_due(partition, st)
-        if due is not None and time.time() >= due:
+        if due is not None and self.wall() >= due:
             # Its will fell due before this connection came (the will of a connection its
             # router's loss closed, with a Will Delay Interval of 0, at once): it goes out before
             # the session moves, wherever the holders' timers were (they look once a second
@@ -256,7 +255,7 @@ class SessionsPart(Part):
             # Where its replica ends: what the silent router logs beyond it, its stale copy hands on
             # when it is back, or, should it fall silent again first, the new owner reads back
             # (``Mesh.confirm_takeover``, as for a live old owner's ``handon_from``).
-            header["handon_from"] = [int(time.time() * 1000), {partition: rep.log.next_offset}]
+            header["handon_from"] = [int(self.wall() * 1000), {partition: rep.log.next_offset}]
         return header, session.export_copies(False, limit=limit), since_ms
 
     def replica_header(self, client_id: str, partition: str, st: dict) -> tuple[Session, dict, int] | None:
@@ -295,7 +294,7 @@ class SessionsPart(Part):
         a session served from its replica with nothing logged after its position asks the others
         (``adopted``) for what was published since then."""
         peer = self.net.peer(partition)
-        return int((self.net.silent_since(peer) if peer is not None else time.time()) * 1000)
+        return int((self.net.silent_since(peer) if peer is not None else self.wall()) * 1000)
 
     def detached(self, client_id: str, subs: list) -> Session:
         """A session that no router indexes, to read logs with (its subscriptions' QoS, No

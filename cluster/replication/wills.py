@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import TYPE_CHECKING
 
 from brokerd.router.message import Message
@@ -51,7 +50,7 @@ class WillsPart(Part):
         holders = sorted({self.partition, *(p.router_id for p in self.net.peers()
                                             if p.alive and partition in p.replicas)})
         stagger = holders.index(self.partition) * WILL_STAGGER_S
-        now = time.time()
+        now = self.wall()
         for cid, st in held.items():
             due = self.held_will_due(partition, st)
             if due is not None and (partition, cid) not in self.will_timers:

@@ -23,6 +23,8 @@ class FakeMesh:
         self.pause_deadline = 12.5
         self.lease: Any = None
         self.checked = 0
+        self.clock = lambda: 5.0
+        self.wall = lambda: 1_700_000_000.0
 
     def send_replication(self, peer: Any, what: str, body: Any) -> None:
         self.sent.append((peer.router_id, what, body))
@@ -58,6 +60,8 @@ def test_the_adapter_sends_and_asks_through_the_mesh():
     lease = object()
     link.carry_lease(lease)
     assert mesh.checked == 1 and mesh.lease is lease and link.hello_interval() > 0
+    # The mesh's own clocks, the very objects: the replication reads its peers' times on them.
+    assert link.clock is mesh.clock and link.wall is mesh.wall
 
 
 def test_the_adapter_implements_every_method_of_the_link():

@@ -32,6 +32,7 @@ class RecordingMesh:
         self.sent: list[tuple[str, str, Any]] = []
         self.pause_deadline = float("inf")
         self.lease: Any = None
+        self.clock, self.wall = time.monotonic, time.time  # (a broker's mesh's)
 
     def send_replication(self, peer: Any, kind: str, body: Any) -> None:
         self.sent.append((peer.router_id, kind, body))
