@@ -7,9 +7,11 @@ it counts as gone. An offer is confirmed (TAKEOVER_DONE true) once the session i
 router's snapshot and its interest is known everywhere (``confirm``), at the latest
 ``CONFIRM_S`` after it arrived; the old owner keeps it until then, and the copies it hands on
 meanwhile wait here (``hold_early``). The asks of one loop turn go together at its end, one
-frame a peer (``_send_asks``): a connect storm paid a ZeroMQ send per CONNECT, each way. The
-answering side, and sessions arriving in chunks, are ``transfer``; what reaches the old owner
-after the move, ``handon``.
+frame a peer, and while a peer has not answered the last frame the asks of later turns wait for
+its answers (``_send_asks``): a connect storm paid a ZeroMQ send per CONNECT, each way. A
+CONNECT's answer comes to a callback (``takeover_then``): no task unless there is more to wait
+for. The answering side, and sessions arriving in chunks, are ``transfer``; what reaches the old
+owner after the move, ``handon``.
 """
 
 from __future__ import annotations
