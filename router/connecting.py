@@ -150,7 +150,9 @@ class Connecting:
         # this read is held (one read's worth), the rest waits in its socket.
         router.clients[client_id] = client
         self.conn.pause_reading(CONNECTING)
-        asyncio.ensure_future(self._via_cluster(connect, assigned))
+        answered: set[str] = set()
+        router.mesh.takeover_then(client_id, [connect.username, router.config.session_owner == REFUSE], answered,
+                                  lambda state: self._taken(connect, assigned, answered, state))  # bounded
 
     def _claim(self, known: bool, owner: str | None, connect: Connect) -> Claim:
         return decide(known, owner, connect.username, self.router.config.session_owner)
@@ -183,23 +185,48 @@ class Connecting:
                         name(connect.username), self.router.config.session_owner)
         return True
 
-    async def _via_cluster(self, connect: Connect, assigned: bool) -> None:
-        client = self.client
-        router = self.router
-        refuse = router.config.session_owner == REFUSE
-        answered: set[str] = set()
-        state = await router.mesh.takeover(client.client_id, [connect.username, refuse], answered)  # bounded
-        if router.owners is not None:  # (a connection closed meanwhile too: its session is kept here)
-            state = await self._agree(connect, state, answered)
+    def _taken(self, connect: Connect, assigned: bool, answered: set[str], state: dict | None) -> None:
+        """The cluster's answer to this CONNECT's takeover (``MeshPort.takeover_then``): settled
+        now, or, with --agreement, once this router's claim is decided (``_agree``). A connect
+        storm's CONNECTs make no task here: a task and its coroutines cost more than the rest
+        of the settling (docs/benchmarks.md, "A connect with two workers: one ask frame out")."""
+        if self.router.owners is not None:  # (a connection closed meanwhile too: its session is kept here)
+            asyncio.ensure_future(self._agreed(connect, assigned, answered, state))
+            return
+        self._settle(connect, assigned, state)
+
+    async def _agreed(self, connect: Connect, assigned: bool, answered: set[str], state: dict | None) -> None:
+        self._settle(connect, assigned, await self._agree(connect, state, answered))
+
+    def _settle(self, connect: Connect, assigned: bool, state: dict | None) -> None:
+        """``_settle_connect``, then the takeover confirmed (``_settled``): at once, or once what
+        it returned to wait for (a session taken in) is over."""
+        waits: Awaitable[None] | None = None
         try:
-            await self._settle_connect(connect, assigned, state)
-        finally:  # (done already where the session's interest was waited for)
-            router.mesh.confirm_takeover(client.client_id)
-            if isinstance(state, dict) and state.get("spool"):
-                spooled = state["spool"]
-                session = router.sessions.get(client.client_id)
-                if session is None or all(r.directory != spooled[0] for r in session.ranges):
-                    drop_named(state)  # not taken in (a clean start): its backlog ends here
+            waits = self._settle_connect(connect, assigned, state)
+        finally:
+            if waits is None:
+                self._settled(state)
+        if waits is not None:
+            asyncio.ensure_future(self._settle_waits(waits, state))
+
+    async def _settle_waits(self, waits: Awaitable[None], state: dict | None) -> None:
+        try:
+            await waits
+        finally:
+            self._settled(state)
+
+    def _settled(self, state: dict | None) -> None:
+        """The CONNECT is settled: its takeover confirmed (done already where the session's
+        interest was waited for), and a backlog spooled for a session not taken in dropped."""
+        client_id = self.client.client_id
+        router = self.router
+        router.mesh.confirm_takeover(client_id)
+        if isinstance(state, dict) and state.get("spool"):
+            spooled = state["spool"]
+            session = router.sessions.get(client_id)
+            if session is None or all(r.directory != spooled[0] for r in session.ranges):
+                drop_named(state)  # not taken in (a clean start): its backlog ends here
 
     async def _agree(self, connect: Connect, state: dict | None, answered: set[str]) -> dict | None:
         """With agreement on (``--agreement``), the session a takeover brought counts only once
@@ -228,7 +255,9 @@ class Connecting:
             drop_named(state)
         return {NOT_AGREED: why}
 
-    async def _settle_connect(self, connect: Connect, assigned: bool, state: dict | None) -> None:
+    def _settle_connect(self, connect: Connect, assigned: bool, state: dict | None) -> Awaitable[None] | None:
+        """The CONNECT with the takeover's ``state``: refused, or accepted (CONNACK); what is
+        left to wait for where a session is taken in (``_durable``, ``_resume``), else None."""
         client = self.client
         router = self.router
         if state is not None and REFUSED in state:  # another identity's session (router.ownership)
@@ -236,7 +265,7 @@ class Connecting:
                 del router.clients[client.client_id]
             if not self.conn.closing:
                 self._refuse_claim(connect, *state[REFUSED])
-            return
+            return None
         if state is None and not connect.clean_start and router.replication is not None and router.owners is None \
                 and router.replication.undecided():
             state = TAKEOVER_UNDECIDED
@@ -263,18 +292,24 @@ class Connecting:
                 router.rearm_will(session)
                 if state.get("replica") and router.replication is not None:
                     router.replication.adopted(session, state)
-                await self._durable(session)
-            return
+                return self._durable(session)
+            return None
         if (state is not None and not connect.clean_start and self._claim(*state_owner(state), connect) is Claim.RESUME
                 and self._newer_or_only(state)):
-            state = await self._import_announced(state)
-            if state is TAKEOVER_FAILED:
-                return
-        elif state is not None and state.get("replica") and router.replication is not None:
+            return self._resume(connect, assigned, state)
+        if state is not None and state.get("replica") and router.replication is not None:
             # A clean start ends the copy a replica gave: its silent router must drop its own
             # too when it returns, or the old session would come back there.
             router.replication.fence(client.client_id, [state["replica"]])
         self._finish_connect(connect, state, assigned)
+        self.conn.resume_reading(CONNECTING)
+        return None
+
+    async def _resume(self, connect: Connect, assigned: bool, state: dict) -> None:
+        """A session moved here, resumed: taken in (``_import_announced``), then the CONNACK."""
+        if await self._import_announced(state) is TAKEOVER_FAILED:
+            return
+        self._finish_connect(connect, None, assigned)
         self.conn.resume_reading(CONNECTING)
 
     def _newer_or_only(self, state: dict) -> bool:

@@ -111,7 +111,9 @@ frame; the asked router answers such a frame with one TAKEOVER_ANSWERS ``[answer
 answer as TAKEOVER_RESP's body, sent after everything it collected while answering (one answer
 alone is a TAKEOVER_RESP). An answer carrying queued copies closes its frame (its TAKEOVER_CHUNK
 frames follow it), so a frame holds at most one chunk of copies (``cluster.mesh.transfer``). A
-connect storm with two workers sent a frame per CONNECT each way.
+connect storm with two workers sent a frame per CONNECT each way. (Later, with the same format,
+a frame also carries the asks of the turns that waited for the peer's answers to the last one,
+``ACK_HOLD_S`` at most: ``cluster.mesh.takeover``'s ``_send_asks``.)
 23: frames of the ``NUMBERED`` kinds are ``[MESH_VERSION, kind, sender, incarnation, body, seq,
 to]``: ``seq`` in the same series as the sender's PUBLISH frames to that receiver (found missing
 and sent again as they are: ``cluster.mesh.delivery``), ``to`` the receiver's incarnation it was

@@ -7,7 +7,7 @@ gets ``NULL_MESH``, so that the router's code has no "is there a mesh?" branches
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 from mypy_extensions import mypyc_attr
@@ -74,6 +74,11 @@ class MeshPort(Protocol):
         where it is). The port bounds the wait (it goes on while a session arrives, and while a
         router of this node is down). ``answered`` is filled with the routers that answered.
         The session a live router offered names it (``offered_by``)."""
+
+    def takeover_then(self, client_id: str, claim: list | None, answered: set[str] | None,
+                      then: Callable[[dict | None], None]) -> None:
+        """``takeover``, its result handed to ``then`` rather than awaited: a CONNECT that no
+        other router's session concerns is settled from a callback, with no task of its own."""
 
     def abort_takeover(self, client_id: str) -> None:
         """The session ``takeover`` brought is not taken after all (the agreement did not make this
@@ -146,6 +151,10 @@ class NullMesh:
     async def takeover(self, client_id: str, claim: list | None = None,
                        answered: set[str] | None = None) -> dict | None:
         return None  # no other router holds it: answered at once, without a turn of the loop
+
+    def takeover_then(self, client_id: str, claim: list | None, answered: set[str] | None,
+                      then: Callable[[dict | None], None]) -> None:
+        then(None)  # (as ``takeover``: at once)
 
 
 NULL_MESH = NullMesh()

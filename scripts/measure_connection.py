@@ -106,6 +106,25 @@ def _client(port: int, count: int, level: int, clean: bool, go: int, done: int, 
         s.close()
 
 
+def fork_client(run: Callable[[int, int, int], None]) -> tuple[int, int, int, int]:
+    """Fork the client process, which does ``run(go, done, release)`` with the ends of three
+    pipes it reads or writes; returns its pid and the parent's ends (go, done, release). A
+    client that fails says so and writes ``done``: the parent goes on with what connected."""
+    go_r, go_w = os.pipe()
+    done_r, done_w = os.pipe()
+    rel_r, rel_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            run(go_r, done_w, rel_r)
+        except BaseException as exc:  # noqa: BLE001 - reported, and the parent goes on
+            print(f"client: {exc!r}", file=sys.stderr)
+            os.write(done_w, b"0")
+        finally:
+            os._exit(0)
+    return child, go_w, done_r, rel_w
+
+
 def _live(port: int, rate: float, go: int, ready: int, stop: int, out: str) -> None:
     """The child with live traffic: a subscriber and a publisher of QoS 0 messages at ``rate`` a
     second to it, each carrying the time it was sent; writes (sent, latency) in ns to ``out``."""
@@ -279,32 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     port = _free_port()
-    go_r, go_w = os.pipe()
-    done_r, done_w = os.pipe()
-    rel_r, rel_w = os.pipe()
-    child = os.fork()
-    if child == 0:  # before anything is traced or started
-        try:
-            _client(port, args.count, args.level, not args.persistent, go_r, done_w, rel_r,
-                    PASSWORD if args.password else None)
-        except BaseException as exc:  # say so, and let the parent go on: it reads what connected
-            print(f"client: {exc!r}", file=sys.stderr)
-            os.write(done_w, b"0")
-        finally:
-            os._exit(0)
+    child, go_w, done_r, rel_w = fork_client(  # before anything is traced or started
+        lambda go, done, release: _client(port, args.count, args.level, not args.persistent, go, done, release,
+                                          PASSWORD if args.password else None))
     live = None
     fd, samples_file = tempfile.mkstemp(prefix="measure-conn-live-")
     os.close(fd)
     if args.flood:
-        live_go, live_go_w = os.pipe()
-        live_ready_r, live_ready = os.pipe()
-        live_stop, live_stop_w = os.pipe()
-        live = os.fork()
-        if live == 0:
-            try:
-                _live(port, args.live_rate, live_go, live_ready, live_stop, samples_file)
-            finally:
-                os._exit(0)
+        live, live_go_w, live_ready_r, live_stop_w = fork_client(
+            lambda go, ready, stop: _live(port, args.live_rate, go, ready, stop, samples_file))
 
     with tempfile.TemporaryDirectory(prefix="measure-conn-") as data_dir:
         # No connection rate: the child connects as fast as it can (a later option overrides it).

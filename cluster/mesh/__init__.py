@@ -179,6 +179,7 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin):
         self.takeovers = Takeovers(config, loop, router, peers, self.requests, roster, self.transfers, self.handons,
                                    send, flush, end_of_tick, clock)
         self.handons.hold_early = self.takeovers.hold_early
+        self.transfers.heard_answers = self.takeovers.heard_answers
         self._parts = (self.members, self.interest, self.transfers, self.handons, self.takeovers)
         self._handlers = dispatch.bind(self)  # kind -> (handler, who may send it)
 
@@ -205,6 +206,11 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin):
                  answered: set[str] | None = None) -> Awaitable[dict | None]:
         """See ``Takeovers.takeover``."""
         return self.takeovers.takeover(client_id, claim, answered)
+
+    def takeover_then(self, client_id: str, claim: list | None, answered: set[str] | None,
+                      then: Callable[[dict | None], None]) -> None:
+        """See ``Takeovers.takeover_then``."""
+        self.takeovers.takeover_then(client_id, claim, answered, then)
 
     def abort_takeover(self, client_id: str) -> None:
         """See ``Takeovers.abort``."""

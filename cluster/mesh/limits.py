@@ -16,6 +16,9 @@ log = logging.getLogger("brokerd.cluster.mesh")
 
 HELLO_INTERVAL_S = 0.5
 ACK_TIMEOUT_S = 2.0
+# A takeover's asks to a peer that has not answered the frame it has wait this long at most for
+# that answer, to go together (``Takeovers._send_asks``): a round trip between two loaded workers.
+ACK_HOLD_S = 0.002
 MAX_PENDING_FRAMES = 100_000  # per blocked peer, for frames with no connection to pause (wills ...)
 RECV_BATCH = 512  # frames handled per readable callback at most
 RECV_MSGS = 128  # forwarded messages after which the rest waits for the next loop iteration

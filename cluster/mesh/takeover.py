@@ -7,9 +7,11 @@ it counts as gone. An offer is confirmed (TAKEOVER_DONE true) once the session i
 router's snapshot and its interest is known everywhere (``confirm``), at the latest
 ``CONFIRM_S`` after it arrived; the old owner keeps it until then, and the copies it hands on
 meanwhile wait here (``hold_early``). The asks of one loop turn go together at its end, one
-frame a peer (``_send_asks``): a connect storm paid a ZeroMQ send per CONNECT, each way. The
-answering side, and sessions arriving in chunks, are ``transfer``; what reaches the old owner
-after the move, ``handon``.
+frame a peer, and while a peer has not answered the last frame the asks of later turns wait for
+its answers (``_send_asks``): a connect storm paid a ZeroMQ send per CONNECT, each way. A
+CONNECT's answer comes to a callback (``takeover_then``): no task unless there is more to wait
+for. The answering side, and sessions arriving in chunks, are ``transfer``; what reaches the old
+owner after the move, ``handon``.
 """
 
 from __future__ import annotations
@@ -27,13 +29,13 @@ from ..agreement.owners import SessionOwners
 from ..agreement.state import SESSION
 from . import membership, offer
 from .framing import one_or_batch
-from .limits import ACK_TIMEOUT_S, CONFIRM_S, LOCAL_DOWN_WAIT_S, drop_older, log
+from .limits import ACK_HOLD_S, ACK_TIMEOUT_S, CONFIRM_S, LOCAL_DOWN_WAIT_S, drop_older, log
 from .waiter import Deadlines, Requests, Waiter
 
 AGREED_READ_S = 0.5  # how long a takeover with several offers waits for its agreed owner's name
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Coroutine
 
     from brokerd.connection.batching import EndOfTick
     from brokerd.router.router import Router
@@ -99,6 +101,11 @@ class Takeovers:
         self._deadlines = Deadlines(loop, self._expire)
         # The asks made in this loop turn, by peer, sent at its end (``_send_asks``); None: none yet.
         self._asks: dict[str, list[list]] | None = None
+        # Peers with an ask frame out and no answer frame from them since: router id -> when it
+        # went (the loop's clock). The asks of later turns wait for that answer (``_held``).
+        self._out: dict[str, float] = {}
+        self._held: dict[str, list[list]] = {}
+        self._hold_timer: asyncio.TimerHandle | None = None
 
     @property
     def _replicating(self) -> Replication:
@@ -121,11 +128,49 @@ class Takeovers:
 
         The ask is made now, not when the caller first awaits: the asks of one loop turn go
         together (``_send_asks``)."""
-        first = None if self.closed or self.roster.local_down() else self._ask(client_id, claim)
+        first = None if self.closed or self.roster.local_down() else self._asked(client_id, claim)
         return self._takeover(client_id, claim, answered, first)
 
+    def takeover_then(self, client_id: str, claim: list | None, answered: set[str] | None,
+                      then: Callable[[dict | None], None]) -> None:
+        """``takeover``, its result handed to ``then`` instead of awaited. Where the first asks'
+        answers settle it (every peer answered, none offered a session or refused, no replica
+        to look into: a client id no other router holds, a connect storm's every CONNECT),
+        ``then`` runs from their future's callback, and no task or coroutine is made for it;
+        otherwise ``takeover``'s waits go on from those answers in a task."""
+        if self.closed or self.roster.local_down():
+            self._then(self._takeover(client_id, claim, answered, None), then)
+            return
+        first = self._asked(client_id, claim)
+        first[1].future.add_done_callback(lambda _: self._first_answers(client_id, claim, answered, then, first))
+
+    def _first_answers(self, client_id: str, claim: list | None, answered: set[str] | None,
+                       then: Callable[[dict | None], None], first: tuple[int, Waiter, set[str]]) -> None:
+        """(``takeover_then``) the first asks are answered: ``_takeover``'s last return where
+        nothing more is to be done, else ``_takeover`` from here, in a task."""
+        req, waiter, asked = first
+        if waiter.result is None and not waiter.offers and not waiter.missed and self.replication is None \
+                and not self.closed:
+            self._deadlines.discard(req)
+            if answered is not None:
+                answered |= asked
+            then(None)
+            return
+        self._then(self._takeover(client_id, claim, answered, first), then)
+
+    def _then(self, waits: Coroutine[Any, Any, dict | None], then: Callable[[dict | None], None]) -> None:
+        """``waits`` in a task, whose result goes to ``then`` (not where the task is cancelled:
+        the loop is closing)."""
+        task = self.loop.create_task(waits)
+        task.add_done_callback(lambda done: None if done.cancelled() else then(done.result()))
+
+    def _asked(self, client_id: str, claim: list | None) -> tuple[int, Waiter, set[str]]:
+        """``_ask``, with the peers asked (its waiter's ``waiting`` empties as they answer)."""
+        req, waiter = self._ask(client_id, claim)
+        return req, waiter, set(waiter.waiting)
+
     async def _takeover(self, client_id: str, claim: list | None, answered: set[str] | None,
-                        first: tuple[int, Waiter] | None) -> dict | None:
+                        first: tuple[int, Waiter, set[str]] | None) -> dict | None:
         """``takeover``'s waits, from its first ask (None: not made yet)."""
         deadline = self._clock() + LOCAL_DOWN_WAIT_S
         asked_again = False
@@ -140,9 +185,9 @@ class Takeovers:
                                     LOCAL_DOWN_WAIT_S)
                         return TAKEOVER_UNAVAILABLE
                     continue
-            req, waiter = first or self._ask(client_id, claim)
+                first = self._asked(client_id, claim)
+            req, waiter, asked = first
             first = None
-            asked = set(waiter.waiting)
             result = await waiter.future
             self._deadlines.discard(req)
             if answered is not None:
@@ -374,16 +419,75 @@ class Takeovers:
         """The end of the loop turn: the asks made in it go, one frame a peer (TAKEOVER_REQ for
         one, TAKEOVER_ASKS for more), after what this tick collected: a message published here
         before a CONNECT reaches the session before it moves. A peer that fell silent meanwhile
-        is not asked: it counts as missed already (``Requests.peer_gone``)."""
+        is not asked: it counts as missed already (``Requests.peer_gone``).
+
+        One ask frame a peer is out at a time, as Nagle's rule has one small segment out: while
+        a peer has not answered the last frame, for at most ``ACK_HOLD_S``, the asks of later
+        turns wait and go together when its answers come (``heard_answers``). A connect storm's
+        asks then fill frames however the CONNECTs fall into loop turns: every frame costs both
+        workers a wake-up and ZeroMQ's threads two hand-offs; a lone CONNECT waits for nothing."""
         asks, self._asks = self._asks, None
         if not asks or self.closed:
             return
-        self._flush()
+        flushed = False
+        now = self.loop.time()
+        out = self._out
         for rid, bodies in asks.items():
             peer = self.peers.get(rid)
             if peer is None or not peer.alive:
                 continue
+            sent = out.get(rid)
+            if sent is not None and now - sent < ACK_HOLD_S:
+                self._hold(rid, bodies, sent + ACK_HOLD_S)
+                continue
+            if not flushed:
+                self._flush()
+                flushed = True
             self._send(peer, *one_or_batch(TAKEOVER_REQ, TAKEOVER_ASKS, bodies))  # (numbered for each)
+            out[rid] = now
+
+    def _hold(self, rid: str, bodies: list[list], until: float) -> None:
+        """``bodies`` wait for ``rid``'s answers to the frame it has, until ``until`` at most."""
+        held = self._held.get(rid)
+        if held is None:
+            self._held[rid] = bodies
+        else:
+            held += bodies
+        if self._hold_timer is None:
+            self._hold_timer = self.loop.call_at(until, self._hold_over)
+
+    def heard_answers(self, peer: Peer) -> None:
+        """A frame of answers from ``peer`` (``Transfers``): the asks that waited for it go at the
+        end of this loop turn, with the turn's own."""
+        rid = peer.router_id
+        if self._out.pop(rid, None) is not None:
+            self._release(rid)
+
+    def _hold_over(self) -> None:
+        """``ACK_HOLD_S`` passed without an answer frame from a peer whose asks wait: they go at
+        the end of this loop turn (a slow or silent peer holds them no longer)."""
+        self._hold_timer = None
+        for rid in list(self._held):
+            self._out.pop(rid, None)
+            self._release(rid)
+
+    def _release(self, rid: str) -> None:
+        held = self._held.pop(rid, None)
+        if not held:
+            return
+        asks = self._asks
+        if asks is None:
+            asks = self._asks = {}
+            self._tick.mark_end(self)
+        mine = asks.get(rid)
+        if mine is None:
+            asks[rid] = held
+        else:
+            held += mine
+            asks[rid] = held  # (the asks held first: a peer reads asks in the order they were made)
+        if not self._held and self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
 
     def _expire(self, req: int) -> None:
         """Takeover ``req`` is past its deadline: whoever has not answered counts as missed."""

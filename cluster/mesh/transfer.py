@@ -89,6 +89,8 @@ class Transfers:
         # (``_answer``); None: none yet. ``_reading``: an ask from a frame is being released.
         self._answers: dict[str, tuple[Peer, list[list]]] | None = None
         self._reading = False
+        # (``Takeovers.heard_answers``, wired by the ``Mesh``) a frame of answers came from a peer.
+        self.heard_answers: Callable[[Peer], None] = lambda peer: None
 
     def release(self, peer: Peer, req: int, client_id: str, spools: bool = False, claim: list | None = None,
                  until: float | None = None) -> None:
@@ -332,11 +334,18 @@ class Transfers:
     def on_takeover_answers(self, peer: Peer, body: Any, size: int) -> None:
         """The answers to a TAKEOVER_ASKS frame, each read as a TAKEOVER_RESP is (one that
         cannot be handled is raised after the others)."""
-        failed = _each(body, lambda answer: self.on_takeover_resp(peer, answer, size))
+        self.heard_answers(peer)
+        failed = _each(body, lambda answer: self._answered(peer, answer))
         if failed is not None:
             raise failed
 
     def on_takeover_resp(self, peer: Peer, body: Any, size: int) -> None:
+        self.heard_answers(peer)
+        self._answered(peer, body)
+
+    def _answered(self, peer: Peer, body: Any) -> None:
+        """One answer of ``peer`` to a takeover request: none there, another identity's,
+        moving there, or the session's header and first chunk (``release``)."""
         sender = peer.router_id
         req, state, more = body[:3]
         if state is None:  # none there, or (a fourth value, [owner]) another identity's, or moving there

@@ -73,6 +73,7 @@ def parts(loop: asyncio.AbstractEventLoop) -> tuple[Takeovers, Handons, Transfer
     takeovers = Takeovers(config, loop, router, peers, requests, roster, transfers, handons,  # type: ignore[arg-type]
                           send, lambda: None, tick)  # type: ignore[arg-type]
     handons.hold_early = takeovers.hold_early
+    transfers.heard_answers = takeovers.heard_answers
     return takeovers, handons, transfers, router, old, sent
 
 
