@@ -476,6 +476,10 @@ class SessionLife:
         self.in_doubt.pop(client_id, None)
         finish_walks(session)  # the retained messages its SUBSCRIBEs still owe it go with it
         session.detach()
+        if session.shared:
+            # What its groups send here from now on goes to their other members: the session
+            # takes what it holds now, and nothing that reaches it later (``SharedRoutes.leave``).
+            self.shared.leave(session)
         # A delayed will goes with the session: the new connection publishes it if it starts
         # clean, drops it if it resumes the session; here it waits no more.
         self.wills.stop_timer(client_id)
@@ -499,6 +503,8 @@ class SessionLife:
         self.stale_moving.discard(client_id)
         if session is None or self.sessions.get(client_id) is not session:
             return
+        if not ok and session.shared:
+            self.shared.rejoin(session)  # (left at the export: ``release_session``)
         if ok:
             self.undone.pop(client_id, None)
             self.stats.takeovers += 1

@@ -225,13 +225,34 @@ class SharedRoutes:
         if session.shared.pop(key, None) is None:
             return False
         self._session_changed(session)
+        self._leave_group(session, key)
+        return True
+
+    def leave(self, session: Session) -> None:
+        """``session`` is leaving this router (another router takes it over): out of its groups
+        here now, its memberships kept (they travel with it, and come back here if the move
+        fails: ``rejoin``). A group's copy that reaches this router from then on finds no member
+        here and goes on to another router of the group (``deliver_remote``). Picked as an
+        offline member instead, it waited in the leaving session, which a move drops (a clean
+        one) or empties (a persistent one: its log is handed on, and group copies are in no log):
+        partition seed 1224 lost two acknowledged messages so, chosen for the old router of a
+        member just as its client connected on the publisher's router."""
+        for key in session.shared:
+            self._leave_group(session, key)
+
+    def rejoin(self, session: Session) -> None:
+        """A move of ``session`` failed: it stays here, a member of its groups again."""
+        for sub in list(session.shared.values()):
+            self.subscribe(session, sub)
+
+    def _leave_group(self, session: Session, key: str) -> None:
+        """``session`` out of this router's members of group ``key``; the presence follows."""
         group = self.local.get(key)
         if group is not None:
             group.remove(session)
             if not group.members:
                 del self.local[key]
         self._local_presence(key)
-        return True
 
     def presence(self, session: Session) -> None:
         """``session`` connected or went offline: the presence in its groups changes."""
