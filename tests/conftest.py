@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import itertools
 import json
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -191,6 +193,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         _name_units(items)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The ``alone`` tests that will run (after every deselection), which the tests of the
+    other units wait for under xdist (``_wait_for_alone``)."""
+    items = session.items
+    alone_units = {_group(i) for i in items if _kind(i) == "alone"}
+    session.config.stash[ALONE_TOTAL] = sum(1 for i in items if _kind(i) == "alone")
+    for item in items:
+        item.stash[AFTER_ALONE] = _group(item) not in alone_units
+
+
 def _name_units(items: list[pytest.Item]) -> None:
     """Under ``loadgroup`` the controller makes a test's work unit from the ``@group`` at the end
     of its id, which an xdist worker appends to ``item._nodeid``. pytest 9 keeps the id in
@@ -365,14 +377,43 @@ tests cannot keep the lock shared for ever. The room is taken before the side ro
 room exclusive only by a test that holds the room exclusive: no two tests wait on each other."""
 
 
+# Under xdist, a test of a unit without an ``alone`` test starts once every ``alone`` test of the
+# run is done. The workers get the units in order, ``alone`` ones first, but not at one pace: one
+# that had finished its own went on to a Spark test (a JVM's start, 18 s), and an ``alone`` test
+# of another worker, waiting for the room, held every other worker's next test at the turnstile
+# behind it: one test ran on four workers for 37 s of a CI run. An ``alone`` test says it is done
+# with a file of its own; a worker whose ``alone`` test never ends (it crashed) holds the others
+# back ALONE_WAIT_S at most.
+ALONE_TOTAL = pytest.StashKey[int]()
+AFTER_ALONE = pytest.StashKey[bool]()
+ALONE_WAIT_S = 600.0
+
+
+def _alone_done(run: str) -> Path:
+    return _turn_dir(run) / "alone-done"
+
+
+def _wait_for_alone(run: str, total: int) -> None:
+    """Until the run's ``total`` ``alone`` tests are done (bounded)."""
+    done = _alone_done(run)
+    deadline = time.monotonic() + ALONE_WAIT_S
+    while time.monotonic() < deadline:
+        if done.is_dir() and sum(1 for _ in done.iterdir()) >= total:
+            return
+        time.sleep(0.1)
+    print(f"brokerd tests: {total} alone tests not all done after {ALONE_WAIT_S:.0f} s; going on")
+
+
 @contextlib.contextmanager
-def _turn(kind: str) -> Iterator[None]:
+def _turn(kind: str, after_alone: bool = False, alone_total: int = 0) -> Iterator[None]:
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if not run:
         yield
         return
     directory = _turn_dir(run)
     directory.mkdir(exist_ok=True)
+    if after_alone and alone_total:
+        _wait_for_alone(run, alone_total)
     with contextlib.ExitStack() as held:
         for name, how in zip(("room", "side"), TURNS[kind], strict=True):
             if how is not None:
@@ -397,8 +438,16 @@ def _taken(directory: Path, name: str, how: int) -> Iterator[None]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Each test's setup, call and teardown (module fixtures' too) inside its turn."""
-    with _turn(_kind(item)):
-        return (yield)
+    kind = _kind(item)
+    try:
+        with _turn(kind, item.stash.get(AFTER_ALONE, False), item.config.stash.get(ALONE_TOTAL, 0)):
+            return (yield)
+    finally:
+        run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+        if kind == "alone" and run:
+            done = _alone_done(run)
+            done.mkdir(parents=True, exist_ok=True)
+            (done / hashlib.sha1(item.nodeid.encode()).hexdigest()).touch()
 
 
 @pytest.fixture(scope="session")

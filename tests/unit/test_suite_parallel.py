@@ -71,6 +71,43 @@ def test_an_alone_test_runs_with_no_other_test_beside_it(tmp_path, monkeypatch):
     assert not any(_overlap(alone, s) for s in got if s is not alone), got
 
 
+def _after_alone(run: str, total: int, entered: multiprocessing.Event) -> None:
+    import os
+
+    os.environ["PYTEST_XDIST_TESTRUNUID"] = run
+    with conftest._turn("companion", after_alone=True, alone_total=total):
+        entered.set()
+
+
+def test_the_other_units_tests_wait_until_every_alone_test_is_done(tmp_path, monkeypatch):
+    """A test whose unit has no ``alone`` test starts once the run's ``alone`` tests are all done,
+    each one's file written (a companion beside no running test waited for 37 s in a CI run)."""
+    monkeypatch.setattr(conftest.tempfile, "gettempdir", lambda: str(tmp_path))
+    done = conftest._alone_done("r")
+    done.mkdir(parents=True)
+    (done / "first").touch()
+    ctx = multiprocessing.get_context("fork")
+    entered = ctx.Event()
+    proc = ctx.Process(target=_after_alone, args=("r", 2, entered))
+    proc.start()
+    try:
+        assert not entered.wait(0.5), "started with one alone test of two done"
+        (done / "second").touch()
+        assert entered.wait(10), "not started once both were done"
+    finally:
+        proc.join(10)
+    assert proc.exitcode == 0
+
+
+def test_a_wait_for_alone_tests_that_never_end_is_bounded(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(conftest.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(conftest, "ALONE_WAIT_S", 0.3)
+    start = time.monotonic()
+    conftest._wait_for_alone("r", 1)
+    assert 0.3 <= time.monotonic() - start < 5
+    assert "1 alone tests not all done" in capsys.readouterr().out
+
+
 def test_a_loud_test_runs_beside_companions_only(tmp_path, monkeypatch):
     monkeypatch.setattr(conftest.tempfile, "gettempdir", lambda: str(tmp_path))
     # the loud one first; a plain test waits for it, a companion runs beside it
