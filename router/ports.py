@@ -40,7 +40,7 @@ NOT_AGREED = "not_agreed"
 class Source(Protocol):
     """The client connection a publish came from, as the mesh sees it: reading from it pauses
     while a peer's link is full (a ``connection.ports.Connection`` is one). A Protocol, not that
-    class: compiled code checks nothing at run time for it, on the path of every message."""
+    class: the compiled publish path, on which every message goes, checks nothing for it."""
 
     def pause_reading(self, by: object) -> None: ...
 
