@@ -62,21 +62,24 @@ def install_auth(router: Router, auth: Auth | None) -> None:
         router._routes.clear()  # folded with the old rules
     if auth is not None and auth.passwords is not None and auth.plugin is None:
         for client in list(router.clients.values()):
-            if user_removed(client, auth.passwords):
+            user = removed_user(client, auth.passwords)
+            if user is not None:
                 log.warning("client %s disconnected: user %r is no longer in the password file", client.client_id,
-                            client.session.username)
-                client.identity_revoked()  # type: ignore[attr-defined]  # a Client's, not the port's
+                            user)
+                client.identity_revoked()
 
 
-def user_removed(client: ClientHandle, passwords: dict[str, str]) -> bool:
-    """Whether a connected client's user is no longer in the password file: it is disconnected,
-    as Mosquitto does on a reload (the identity it proved is gone). Not one whose certificate is
-    its login, nor one closing already."""
+def removed_user(client: ClientHandle, passwords: dict[str, str]) -> str | None:
+    """A connected client's user when it is no longer in the password file: the client is
+    disconnected, as Mosquitto does on a reload (the identity it proved is gone). None for one
+    whose user is there, one whose certificate is its login, and one closing already."""
     session = client.session
     user = session.username if session is not None and session.conn is client.conn else None
     listener = getattr(client.conn, "listener", None)
-    return not (user is None or user in passwords or client.conn.closing or (
-        listener is not None and listener.use_identity_as_username))
+    if user is None or user in passwords or client.conn.closing or (
+            listener is not None and listener.use_identity_as_username):
+        return None
+    return user
 
 
 def anonymous_check(auth: Auth | None, conn: Connection, connect: Connect) -> Access:

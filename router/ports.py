@@ -8,11 +8,17 @@ gets ``NULL_MESH``, so that the router's code has no "is there a mesh?" branches
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from mypy_extensions import mypyc_attr
 
 from .message import Message
+
+if TYPE_CHECKING:
+    from brokerd.connection.ports import Connection
+
+    from .client import Client
+    from .session import Session
 
 # What ``MeshPort.takeover`` answers when a session was being moved here and the transfer broke
 # off: the session stayed with its old owner, and the CONNECT is refused (the client retries).
@@ -31,10 +37,20 @@ TAKEOVER_UNDECIDED: dict = {"undecided": True}
 NOT_AGREED = "not_agreed"
 
 
+class Source(Protocol):
+    """The client connection a publish came from, as the mesh sees it: reading from it pauses
+    while a peer's link is full (a ``connection.ports.Connection`` is one). A Protocol, not that
+    class: the compiled publish path, on which every message goes, checks nothing for it."""
+
+    def pause_reading(self, by: object) -> None: ...
+
+    def resume_reading(self, by: object) -> None: ...
+
+
 class MeshPort(Protocol):
     """What a router needs from the cluster: implemented by ``cluster.mesh.Mesh``."""
 
-    def forward(self, router_id: str, msg: Message, source: Any = None, groups: list[str] | None = None,
+    def forward(self, router_id: str, msg: Message, source: Source | None = None, groups: list[str] | None = None,
                 only: bool = False) -> None:
         """Queue ``msg`` for one peer router (batched per loop iteration). ``source`` is the client
         connection it came from: the mesh pauses reading from it while that peer is backed up.
@@ -42,7 +58,7 @@ class MeshPort(Protocol):
         (a message handed on from a member whose session ended: that router's normal subscribers
         and its log had their copy already)."""
 
-    def forward_to(self, router_ids: tuple[str, ...], msg: Message, source: Any = None) -> None:
+    def forward_to(self, router_ids: tuple[str, ...], msg: Message, source: Source | None = None) -> None:
         """``forward`` to each of ``router_ids`` (no shared subscriptions), the message encoded for
         the mesh once for all of them."""
 
@@ -109,11 +125,11 @@ class MeshPort(Protocol):
 class NullMesh:
     """The mesh of a router alone: nobody to forward to, announce to, or wait for."""
 
-    def forward(self, router_id: str, msg: Message, source: Any = None, groups: list[str] | None = None,
+    def forward(self, router_id: str, msg: Message, source: Source | None = None, groups: list[str] | None = None,
                 only: bool = False) -> None:
         return None
 
-    def forward_to(self, router_ids: tuple[str, ...], msg: Message, source: Any = None) -> None:
+    def forward_to(self, router_ids: tuple[str, ...], msg: Message, source: Source | None = None) -> None:
         for router_id in router_ids:  # one at a time: what a mesh made for a test records
             self.forward(router_id, msg, source)
 
@@ -169,7 +185,7 @@ class ReplicationPort(Protocol):
         """Whether no majority of the cluster backs this router now: no QoS 1/2 acknowledgement,
         no session taken in."""
 
-    def hold(self, offset: int, client: Any, ack: bytes) -> bool:
+    def hold(self, offset: int, client: Client, ack: bytes) -> bool:
         """Whether the acknowledgement ``ack`` of the record at ``offset`` must wait for the
         followers (or the majority); then it comes back through ``Router.release_acks`` or
         ``Router.refuse_acks``."""
@@ -186,28 +202,32 @@ class ReplicationPort(Protocol):
         """The router's persistent sessions as its snapshot holds them: the changes go to the
         followers."""
 
-    def adopted(self, session: Any, state: dict) -> None:
+    def adopted(self, session: Session, state: dict) -> None:
         """A session came here from the replica of a silent router: make it the only one, and ask
         the other routers for what it may have missed."""
 
     def fence(self, client_id: str, partitions: Iterable[str]) -> None:
         """``client_id``'s session is here now, not with the silent routers ``partitions``."""
 
-    def moved_past_silence(self, session: Any, silent: Any) -> None:
+    def moved_past_silence(self, session: Session, silent: object) -> None:
         """A session moved here from a router to which others were silent: ask them for what
-        they published meanwhile."""
+        they published meanwhile. ``silent`` is what the old router sent ({router id: when its
+        silence began, Unix ms}), unchecked: the port checks it."""
 
 
 class ClientHandle(Protocol):
     """What a router needs from the handler of one client connection (``router.client.Client``)."""
 
     client_id: str
-    conn: Any  # a connection.protocol.Connection
-    session: Any  # the router.session.Session it is attached to (None before CONNECT is settled)
-    will: Any  # its will (a router.message.Message), until the connection ends or DISCONNECT drops it
+    conn: Connection
+    session: Session | None  # the session it is attached to (None before CONNECT is settled)
+    will: Message | None  # its will, until the connection ends or DISCONNECT drops it
 
     def taken_over(self) -> None:
         """The same client id connected elsewhere: close this connection (its will fires)."""
+
+    def identity_revoked(self) -> None:
+        """Its user left the password file (a reload): close (its will does not fire)."""
 
     def move_away(self) -> None:
         """This node is cut off from the cluster's majority: close, asking the client to connect

@@ -38,7 +38,7 @@ from .limits import ClientLimits, Qos2Sweeper, may_retain
 from .log.errors import LogUnavailable
 from .mesh_format import FULL, PLAIN
 from .message import Message
-from .ports import NULL_MESH, TAKEOVER_FAILED, ClientHandle, MeshPort, ReplicationPort
+from .ports import NULL_MESH, TAKEOVER_FAILED, ClientHandle, MeshPort, ReplicationPort, Source
 from .retained import SYS_PREFIX, RetainedStore
 from .session import Session, SessionLimits
 from .session_life import SessionLife
@@ -196,7 +196,7 @@ class Router:
 
     # -- publishing ---------------------------------------------------------------------------------
 
-    def publish(self, msg: Message, source: Any = None) -> None:
+    def publish(self, msg: Message, source: Source | None = None) -> None:
         """A message published by a client of this router (or a will): log, retain, deliver, forward.
 
         Raises ``LogUnavailable`` for a QoS 1/2 message the log cannot take (full or unwritable

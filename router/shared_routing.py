@@ -24,9 +24,8 @@ from .shared import NONE, SharedGroup, SharedRoute, parse_share
 from .topics import TopicIndex
 
 if TYPE_CHECKING:
-    from typing import Any
-
     from .clock import Clock
+    from .ports import Source
     from .stats import RouterStats
     from .wiring import Wiring
 
@@ -72,7 +71,7 @@ class SharedRoutes:
         self.cache[topic] = routes
         return routes
 
-    def publish(self, msg: Message, routes: tuple[SharedRoute, ...], source: Any) -> None:
+    def publish(self, msg: Message, routes: tuple[SharedRoute, ...], source: Source | None) -> None:
         """Pick one router per group; each peer still gets one copy, naming its groups if any."""
         picked = self._pick_routers(msg, routes)
         mesh = self.wiring.mesh

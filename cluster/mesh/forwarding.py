@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import msgpack
 
     from brokerd.connection.batching import EndOfTick
+    from brokerd.router.ports import Source
     from brokerd.router.router import Router
 
     from ..config import Config
@@ -80,7 +81,7 @@ class ForwardingMixin:
                             ) -> list[tuple[int, bytes, int]]: ...
         def _numbered(self, peer: Peer, kind: int, body: Any) -> tuple[int, bytes]: ...
 
-    def forward(self, router_id: str, msg: Message, source: Any = None, groups: list[str] | None = None,
+    def forward(self, router_id: str, msg: Message, source: Source | None = None, groups: list[str] | None = None,
                 only: bool = False) -> None:
         if groups is None:
             self.forward_to((router_id,), msg, source)
@@ -94,7 +95,7 @@ class ForwardingMixin:
         if not self._dirty:
             self._mark()
 
-    def forward_to(self, router_ids: tuple[str, ...], msg: Message, source: Any = None) -> None:
+    def forward_to(self, router_ids: tuple[str, ...], msg: Message, source: Source | None = None) -> None:
         """Once per publish that other routers want. For one router the message's values join
         its batch, packed with the whole frame by one msgpack call; for several it is packed
         once and every one of those frames takes the same bytes (a fan-out over eight workers

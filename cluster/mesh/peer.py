@@ -11,7 +11,9 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .transport import Link, Reader
+    from brokerd.router.ports import Source
+
+    from .transport import Link
 
 
 class Peer:
@@ -37,7 +39,7 @@ class Peer:
         # peers and was packed once for all of them (then ``batch_packed``).
         self.batch: list[Any] = []
         self.batch_packed = False
-        self.batch_sources: set[Reader] = set()
+        self.batch_sources: set[Source] = set()
         self.stats = [0, 0, 0, 0]  # msgs out, bytes out, msgs in, bytes in
         # Silent (see the module docstring): interest kept, frames kept for its return.
         self.parked = False

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from zmq.auth.asyncio import AsyncioAuthenticator
 
+    from brokerd.router.ports import Source
     from brokerd.router.router import Router
 
     from ..config import Config
@@ -65,14 +66,6 @@ def tcp_link_options(mesh_timeout: float) -> dict[int, int]:
     }
 
 
-class Reader(Protocol):
-    """A client connection whose reads a blocked link pauses (``connection.ports.Connection``)."""
-
-    def pause_reading(self, by: object) -> None: ...
-
-    def resume_reading(self, by: object) -> None: ...
-
-
 class Link:
     """One PUSH socket to one endpoint, with the frames waiting for it to drain."""
 
@@ -82,10 +75,10 @@ class Link:
         self.transport = transport
         self.endpoint = endpoint
         self.pending: list[bytes] = []
-        self.paused: set[Reader] = set()  # client connections not read until this link drains
+        self.paused: set[Source] = set()  # client connections not read until this link drains
         self.sock = transport._push(endpoint)
 
-    def send(self, frame: bytes, sources: Iterable[Reader] = ()) -> bool:
+    def send(self, frame: bytes, sources: Iterable[Source] = ()) -> bool:
         """Send or keep ``frame``; False if the link is blocked (frame kept, ``sources`` paused).
 
         A frame with no client connection behind it (a will, a control frame) is dropped and

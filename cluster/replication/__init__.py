@@ -49,6 +49,7 @@ from .sessions import SessionsPart
 from .wills import WillsPart
 
 if TYPE_CHECKING:
+    from brokerd.router.client import Client
     from brokerd.router.router import Router
     from brokerd.router.session import Session
 
@@ -226,7 +227,7 @@ class Replication(Part):
 
     # -- what the mesh, the router and the worker read and call (the parts' own) -------------
 
-    def hold(self, offset: int, client: Any, ack: bytes) -> bool:
+    def hold(self, offset: int, client: Client, ack: bytes) -> bool:
         return self.lead.hold(offset, client, ack)
 
     @property
@@ -300,7 +301,7 @@ class Replication(Part):
     def read_back_unheard(self, session: Session, since_ms: int, unheard: dict, marks: dict[str, int]) -> list[str]:
         return self.catchups.read_back_unheard(session, since_ms, unheard, marks)
 
-    def moved_past_silence(self, session: Session, silent: Any) -> None:
+    def moved_past_silence(self, session: Session, silent: object) -> None:
         self.catchups.moved_past_silence(session, silent)
 
     def moved_in_catchup(self, peer: Peer, silent_since: float) -> None:

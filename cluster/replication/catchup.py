@@ -240,7 +240,7 @@ class CatchupPart(Part):
             log.info("replication: %d read-back(s) asked of %s and not answered asked again", len(again),
                      peer.router_id)
 
-    def moved_past_silence(self, session: Session, silent: Any) -> None:
+    def moved_past_silence(self, session: Session, silent: object) -> None:
         """A session moved here from a live router to which other routers were silent
         (``silent``: {router: when its silence began, Unix ms}, as the old router saw it). What
         they published for the session meanwhile they kept for the old router, which gets it
@@ -249,7 +249,7 @@ class CatchupPart(Part):
         Ask each that is alive here for its own messages since (SESSION_CATCHUP, from
         ``CATCHUP_MARGIN_MS`` before the silence): at least once. One silent here too is asked
         when it is heard again (``moved_in_catchup``)."""
-        if silent.__class__ is not dict:
+        if type(silent) is not dict:  # (as the old router sent it)
             return
         cid = session.client_id
         asked = []

@@ -23,7 +23,7 @@ and ``placement.Placement`` (who follows); this part moves their frames.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgpack
 
@@ -34,6 +34,7 @@ from .placement import PeerSeen, Placement
 from .rules import Held, LeaderState, TailRepair
 
 if TYPE_CHECKING:
+    from brokerd.router.client import Client
 
     from ..mesh import Peer
     from .majority import MajorityPart
@@ -70,7 +71,7 @@ class LeaderPart(Part):
         """The routers that follow this router's log now (``Placement``)."""
         return self.placement.followers
 
-    def hold(self, offset: int, client: Any, ack: bytes) -> bool:
+    def hold(self, offset: int, client: Client, ack: bytes) -> bool:
         """Whether the acknowledgement of the record at ``offset`` must wait for the followers
         (or for the majority, on a node cut off from it)."""
         now = self.clock()
