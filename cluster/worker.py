@@ -254,6 +254,7 @@ class Worker:
     def _start_stats(self) -> None:
         """Start this router's stats publisher (PUB socket, snapshots, $SYS topics)."""
         # (called at the end of start(), which made the router)
+        # (mypy: start() made the router before this (mypy sees ``Router | None``))
         self.stats_publisher: StatsPublisher | None = StatsPublisher(
             self.config, self.index, self.router, self.connections, self.loop)  # type: ignore[arg-type]
         self.stats_publisher.replication = self.replication

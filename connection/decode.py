@@ -208,6 +208,7 @@ class Decoder:
                     self._buf = b""
             pos = self._decode(data, pos, out)
         except ProtocolError as exc:
+            # (mypy: what was decoded before the error travels with it)
             exc.packets = out  # type: ignore[attr-defined]
             raise
         if pos < len(data):
@@ -229,6 +230,7 @@ class Decoder:
         try:
             pos = self._decode(data, pos, out)
         except ProtocolError as exc:
+            # (mypy: what was decoded before the error travels with it)
             exc.packets = out  # type: ignore[attr-defined]
             raise
         if pos < len(data):

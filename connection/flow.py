@@ -52,6 +52,7 @@ class FlowControl:
         return self.turn is not None and bool(self.turn.fan_budget)
 
     def delivered(self) -> int:
+        # (mypy: called only where ``counts`` found a turn budget)
         return self.turn.delivered()  # type: ignore[union-attr, misc]
 
     def fanned(self, before: int, n: int, mean_size: int) -> None:

@@ -286,6 +286,7 @@ class MQTTConnection(Output, asyncio.Protocol):
         if self._decoder.buffered:
             if not self.partial_since:
                 self.partial_since = self._loop.time()  # the guard's clock
+                # (mypy: a buffered partial packet is watched only on a guarded connection)
                 self._guard.holding(self)  # type: ignore[union-attr]
         elif self.partial_since:
             self.partial_since = 0.0
@@ -294,6 +295,7 @@ class MQTTConnection(Output, asyncio.Protocol):
             wait = rate.charge(packets, nbytes)
             if wait > 0 and RATE not in self._reading_paused_by:
                 self.pause_reading(RATE)
+                # (mypy: a rate is set only on a guarded connection)
                 self._guard.paused_for_rate()  # type: ignore[union-attr]
                 self._loop.call_later(wait, self._rate_paid)
 
@@ -404,6 +406,7 @@ class MQTTConnection(Output, asyncio.Protocol):
 
     def resume_reading(self, by: object) -> None:
         if by in self._reading_paused_by:
+            # (mypy: a set once paused (``_NOBODY``, the frozenset, is empty))
             self._reading_paused_by.remove(by)  # type: ignore[union-attr]
         if self._held is not None and self._reading_paused_by <= _OWN_PAUSES:
             self._loop.call_soon(self._release_held)  # the handler has answered the CONNECT

@@ -177,6 +177,7 @@ class ConnectionState:
         if rule.then is not None:
             self._enter(rule.then)
         if rule.action is Action.DISCONNECT:
+            # (mypy: the DISCONNECT row's packet is a Disconnect)
             self.graceful = packet.reason_code != Reason.DISCONNECT_WITH_WILL  # type: ignore[union-attr]
         return rule
 

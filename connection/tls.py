@@ -76,6 +76,7 @@ def reload_context(ctx: ssl.SSLContext, listener: Listener) -> None:
             for name, copy in copies.items():
                 message = message.replace(copy, getattr(listener, name))
             raise ValueError(message) from None
+        # (mypy: the listener's certificate paths, checked above)
         ctx.load_cert_chain(staged.certfile, staged.keyfile)  # type: ignore[arg-type]
         if staged.cafile:
             ctx.load_verify_locations(cafile=staged.cafile)

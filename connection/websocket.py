@@ -66,6 +66,7 @@ class WebSocketConnection(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (mypy: uvloop's stream transports lack asyncio.Transport's base class)
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         if peer:

@@ -109,6 +109,7 @@ def anonymous_check(auth: Auth | None, conn: Connection, connect: Connect) -> Ac
                       "file or auth plugin checks user names: every client is refused")
     if connect.username is not None or allowed:
         return ALLOWED
+    # (mypy: a listener was given (no listener returned above))
     return Access(Reason.NOT_AUTHORIZED, f"anonymous clients not allowed on {listener.url} "  # type: ignore[union-attr]
                   "(--allow-anonymous on, or allow_anonymous = true for the listener, to allow them)")
 
@@ -156,6 +157,7 @@ def publish_refusal(client_id: str, level: int, p: Publish) -> bytes | None:
     if p.qos == 0:
         return None
     ack = Puback if p.qos == 1 else Pubrec
+    # (mypy: a QoS 1/2 PUBLISH has a packet id)
     return encode(ack(p.packet_id, Reason.NOT_AUTHORIZED if level >= MQTT_5 else 0), level)  # type: ignore[arg-type]
 
 

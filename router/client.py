@@ -261,6 +261,7 @@ class Client:
                 router.publish(msg, conn)
             elif qos == 1:
                 if self.held_acks:  # only --fsync always and replication hold PUBACKs back
+                    # (mypy: held acks come after CONNECT: a session is attached)
                     self._receive_maximum(self.held_acks + len(self.session.inbound_qos2))  # type: ignore[union-attr]
                 router.publish(msg, conn)
                 self._acknowledge(success_ack(PUBACK, p.packet_id), msg)  # type: ignore[arg-type]
@@ -270,6 +271,7 @@ class Client:
                 if pid in session.inbound_qos2:  # type: ignore[union-attr]  # a DUP we already took
                     conn.send(success_ack(PUBREC, pid))  # type: ignore[arg-type]
                     return
+                # (mypy: below, a session is attached (after CONNECT) and a QoS 2 PUBLISH has a packet id)
                 ids = session.inbound_qos2  # type: ignore[union-attr]
                 if not ids:
                     router.qos2_sweeper.track(session)  # type: ignore[arg-type]
@@ -330,6 +332,7 @@ class Client:
         if self.level >= MQTT_5:
             ack = Puback if p.qos == 1 else Pubrec
             why = {Prop.REASON_STRING: "commit log unavailable"} if self.problem_info else {}
+            # (mypy: a QoS 1/2 PUBLISH has a packet id)
             self.conn.send(encode(ack(p.packet_id, Reason.IMPLEMENTATION_SPECIFIC_ERROR, why),  # type: ignore[arg-type]
                                   self.level))
             return

@@ -385,6 +385,7 @@ class Session:
         """Where a catch-up must start to lose nothing unacknowledged (for snapshots)."""
         if self.log is None:
             return None
+        # (mypy: the inflight entries of a logged session carry their messages)
         offsets = [e.msg.log_offset for e in self.inflight.values()  # type: ignore[union-attr]
                    if e.state == AWAIT_ACK]  # (AWAIT_ACK: its message is kept)
         offsets += [m.log_offset for m, _, _ in self.queue]
@@ -429,6 +430,7 @@ class Session:
         """PUBREL for a QoS 2 message received: its packet id is free again."""
         ids = self.inbound_qos2
         if pid in ids:
+            # (mypy: a set once an id is in it (``NO_IDS``, the frozenset, is empty))
             ids.remove(pid)  # type: ignore[union-attr]
             self.stats.state_moves += 1
 

@@ -201,6 +201,7 @@ class DispatchMixin:
                 if got.__class__ is Refused:
                     self._refused(got)
                     continue
+                # (mypy: a frame's tuple: ``__class__ is Refused`` above does not narrow ``got`` for mypy)
                 kind, sender, inc, body, seq, to = got  # type: ignore[misc]
                 if kind == PUBLISH:
                     msgs += len(body[1])

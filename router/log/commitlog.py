@@ -325,6 +325,7 @@ class CommitLog:
         if not self._buf:
             self._armed = False
         elif self._timer is None and not self._closed:
+            # (mypy: armed only where a loop runs the log (``_autoflush``))
             self._timer = self._loop.call_later(self._linger_s, self._autoflush_cb)  # type: ignore[union-attr]
 
     # --------------------------------------------------------------------------------------- flush
