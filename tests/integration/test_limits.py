@@ -25,7 +25,7 @@ from brokerd.connection.packets import (
     Unsubscribe,
 )
 from tests.cluster.conftest import client_worker
-from tests.helpers import WAIT, Client, RawClient, cid, connect_packet, subscribe_packet, wait_for
+from tests.helpers import WAIT, Client, RawClient, cid, connect_packet, freeze, subscribe_packet, wait_for
 
 
 def test_max_connections_refuses_with_server_unavailable(start_broker):
@@ -108,7 +108,7 @@ def test_a_subscriber_that_does_not_read_does_not_stall_others(start_broker):
         if i % 10 == 0 and i > LEAD:
             healthy.wait_messages(i - LEAD)
         if i == n // 2:
-            os.kill(worker, signal.SIGSTOP)
+            freeze(worker)  # (stopped in every thread before the timer starts)
             threading.Timer(0.3, os.kill, (worker, signal.SIGCONT)).start()
         pub.publish("slow/t", i.to_bytes(4, "big") + payload, qos=1)  # each one acknowledged
     msgs = healthy.wait_messages(n)
