@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from brokerd.connection.codec import PUBACK
 from brokerd.connection.reasons import Reason
@@ -20,26 +20,14 @@ if TYPE_CHECKING:
     from brokerd.connection.batching import EndOfTick
 
     from .client import Client
-    from .clock import Clock, Timer
     from .log import CommitLog
     from .ports import ReplicationPort
 
 log = logging.getLogger("brokerd.router.router")  # (where these lines were always logged)
 
 
-SPACING_S: Final = 0.00025
-"""The least time between two writes of the log that acknowledgements wait for (``_WriteSoon``):
-a fraction of a millisecond, what a held-back PUBACK waits at most while traffic goes on."""
-
-BACKSTOP_S: Final = 0.001
-"""The longest a write held back by the spacing waits when no later pass ends it (traffic
-stopped): the loop's timers have millisecond resolution (uvloop rounds a shorter delay to none,
-a ``call_soon``)."""
-
-
 class AckWaits:
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock  # the router's: when the log was last written (``_WriteSoon``)
+    def __init__(self) -> None:
         self.log: CommitLog | None = None
         self.ack_when_durable = False
         # Replication (cluster.replication.Replication, when --replication-factor > 1): it holds
@@ -60,7 +48,7 @@ class AckWaits:
         log's linger (without it: at the linger)."""
         self.log = log_
         self.ack_when_durable = ack_when_durable
-        self._write_soon = _WriteSoon(log_, end_of_tick, self.clock) if end_of_tick is not None and not ack_when_durable \
+        self._write_soon = _WriteSoon(log_, end_of_tick) if end_of_tick is not None and not ack_when_durable \
             else None
         if self._write_soon is not None:
             log_.use_iteration_end(self._write_soon.begun)
@@ -84,7 +72,7 @@ class AckWaits:
                 if ack[0] == PUBACK:
                     client.held_acks += 1
                 soon = self._write_soon
-                if soon is not None and not (soon.marked and soon.queued):
+                if soon is not None and not soon.marked:
                     soon.mark()
             else:
                 client.conn.send(ack)
@@ -98,7 +86,7 @@ class AckWaits:
                     client.held_acks += 1
                 self._gates.append((offset, client, ack))
                 soon = self._write_soon
-                if soon is not None and not (soon.marked and soon.queued):
+                if soon is not None and not soon.marked:
                     soon.mark()
             conn.send(ack)
             return
@@ -177,29 +165,17 @@ class _WriteSoon:
     (the iteration's acknowledgements then wait for its end; what the publishes delivered still
     goes early).
 
-    Spaced (``SPACING_S``): within the spacing of the last such write, the pass leaves the batch
-    (and the acknowledgements gated on it) to the first pass past the spacing that another
-    acknowledgement's wait brings, or to a timer ``BACKSTOP_S`` on, whichever comes first. At a
-    fixed rate a fleet's publishes reach a worker in iterations tens of microseconds apart, and
-    each iteration wrote the log (a write costs the loop ~36 us cold): now they share one write
-    a spacing. A lone message (the log not written for the spacing) is written in its own pass,
-    as before. Nothing spins: an iteration that brings no acknowledgement runs no pass for the
-    log; and a timer is one per write at most, never one per message.
-
     It also stands for the log's linger timer (``CommitLog.use_iteration_end``): a batch begun in
     an iteration is looked at in its pass (``begun``), and only one nothing waits for gets the
     timer."""
 
-    __slots__ = ("log", "tick", "clock", "marked", "queued", "last", "timer")
+    __slots__ = ("log", "tick", "marked", "queued")
 
-    def __init__(self, log_: CommitLog, tick: EndOfTick, clock: Clock) -> None:
+    def __init__(self, log_: CommitLog, tick: EndOfTick) -> None:
         self.log = log_
         self.tick = tick
-        self.clock = clock
-        self.marked = False  # an acknowledgement waits for the batch
+        self.marked = False  # an acknowledgement waits for the batch: write it in this pass
         self.queued = False  # in this iteration's pass
-        self.last = -1e18  # when the log was last written for an acknowledgement (``clock.now()``)
-        self.timer: Timer | None = None  # the write waits: its latest time
 
     def mark(self) -> None:
         self.marked = True
@@ -212,31 +188,8 @@ class _WriteSoon:
             self.tick.mark_end(self)
 
     def flush(self) -> None:
-        """The pass: write the batch an acknowledgement waits for, unless the spacing is not up
-        since the last such write (then at a later pass, or the timer); give a QoS 0 batch the
-        linger's timer."""
         self.queued = False
         if self.marked:
-            now = self.clock.now()
-            if now - self.last < SPACING_S:
-                if self.timer is None:
-                    self.timer = self.clock.call_later(BACKSTOP_S, self._due)
-                return  # (no linger's timer meanwhile: this one stands for it)
-            self._write(now)
+            self.marked = False
+            self.log.flush()
         self.log.at_iteration_end()
-
-    def _write(self, now: float) -> None:
-        self.marked = False
-        self.last = now
-        timer = self.timer
-        if timer is not None:
-            self.timer = None
-            timer.cancel()
-        self.log.flush()
-
-    def _due(self) -> None:
-        """No pass wrote the batch within ``BACKSTOP_S`` of its wait's start: write it now."""
-        self.timer = None
-        if self.marked:
-            self._write(self.clock.now())
-            self.log.at_iteration_end()

@@ -128,7 +128,7 @@ class Router:
                                             self._session_changed, self._interest_ack)
         self.life = life = SessionLife(config, self.stats, clock, self.wiring, self.clients, self, shared,
                                        self.publish)
-        self.acks = acks = AckWaits(clock)
+        self.acks = acks = AckWaits()
         self.sessions = life.sessions
         self.moving, self.stale_moving, self.in_doubt, self.moved_in = (life.moving, life.stale_moving,
                                                                         life.in_doubt, life.moved_in)

@@ -10,7 +10,6 @@ import asyncio
 
 from brokerd.connection.batching import EndOfTick
 from brokerd.connection.codec import PUBACK, success_ack
-from brokerd.router.acks import SPACING_S
 from brokerd.router.client import Client
 from brokerd.router.log import CommitLog
 from brokerd.router.log.messages import Report
@@ -71,7 +70,6 @@ def test_a_batch_the_iterations_pass_writes_arms_no_linger_timer_and_one_nothing
             r.attach_log(log_, False, EndOfTick(loop))
             device = Client(r, FakeConn())
             for i in range(3):
-                await asyncio.sleep(2 * SPACING_S)  # a fixed rate's gap: written in its pass (spacing)
                 msg = Message("fleet/1", b"m", 1, False, "d1", "t/w0")
                 r.publish(msg)
                 r.defer_ack(msg.log_offset, device, success_ack(PUBACK, i + 1))
