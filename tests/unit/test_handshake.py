@@ -5,6 +5,7 @@ reaches the listener's protocol in order."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import socket
 import ssl
@@ -16,6 +17,7 @@ import pytest
 from brokerd.connection.guard import ConnectionGuard
 from brokerd.connection.handshake import Handshaking
 from brokerd.router.clock import FakeClock
+from tests.helpers import wait_for
 
 from .sockets import FakeTransport
 
@@ -62,8 +64,23 @@ def _run(kind: str, main) -> object:
     return asyncio.run(main())
 
 
+# The handshake bound of the test's sockets: the silent one is counted this long, while the test
+# reads the count with the other sockets done. 0.5 s was too short on a loaded box: five handshakes
+# took longer now and then, and the silent one was closed (uncounted) before the count was read.
+HANDSHAKE_S = 2.0
+
+
+def _until_closed(sock: socket.socket) -> None:
+    """Read (a TLS alert, maybe) until the server closes ``sock``; bounded by its timeout."""
+    while sock.recv(100):
+        pass
+
+
 @pytest.mark.parametrize("kind", _loops())
 def test_a_tls_socket_counts_from_accept_until_its_handshake_ends(kind, cert):
+    """Each count is read once what it follows has happened on the server (the garbage socket
+    closed, the echoes back, the silent socket closed), not after a sleep: the loop is another
+    thread, late on a loaded box."""
     certfile, keyfile = cert
 
     async def main() -> tuple[list[int], list[bytes], bool]:
@@ -76,33 +93,37 @@ def test_a_tls_socket_counts_from_accept_until_its_handshake_ends(kind, cert):
 
         def factory() -> Handshaking:
             inners.append(_Inner())
-            return Handshaking(inners[-1], ctx, guard, None, timeout=0.5)
+            return Handshaking(inners[-1], ctx, guard, None, timeout=HANDSHAKE_S)
 
         server = await loop.create_server(factory, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         counts: list[int] = []
 
-        def clients() -> list[bytes]:
-            import time
+        def count(expected: int, what: str) -> None:
+            """The count once it is ``expected`` (bounded): the loop applies each change a moment
+            after the client sees its effect."""
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda: stats.unconnected == expected, 5.0, what)
+            counts.append(stats.unconnected)
 
+        def clients() -> list[bytes]:
             got = []
-            silent = socket.create_connection(("127.0.0.1", port), timeout=5)
-            garbage = socket.create_connection(("127.0.0.1", port), timeout=5)
+            silent = socket.create_connection(("127.0.0.1", port), timeout=HANDSHAKE_S + 10)
+            garbage = socket.create_connection(("127.0.0.1", port), timeout=10)
             garbage.sendall(b"GET / HTTP/1.1\r\n\r\n")
-            time.sleep(0.2)
-            counts.append(stats.unconnected)  # the silent one; the garbage one failed its handshake
+            _until_closed(garbage)  # its handshake failed
+            count(1, "the silent socket alone counted")
             client = ssl.create_default_context(cafile=certfile)
             for i in range(5):  # the CONNECT-like bytes go with the handshake's last flight
-                with client.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=5),
+                with client.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10),
                                         server_hostname="127.0.0.1") as s:
                     s.sendall(b"hello%d" % i)
                     got.append(s.recv(100))
             counts.append(stats.unconnected)  # the handed-over ones are the handler's to count
-            got.append(silent.recv(1))  # closed after the 0.5 s handshake timeout
+            got.append(silent.recv(1))  # closed after the handshake timeout
             silent.close()
             garbage.close()
-            time.sleep(0.1)
-            counts.append(stats.unconnected)
+            count(0, "the silent socket uncounted")
             return got
 
         got = await loop.run_in_executor(None, clients)
