@@ -213,18 +213,26 @@ def test_takeover_of_a_live_connection_on_another_worker_closes_it(cluster):
     raw.close()
 
 
+def started_at(pid: int) -> float:
+    """When ``pid`` started, in seconds of CLOCK_BOOTTIME (its ``starttime`` in /proc, in clock ticks)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+
+
 def test_killed_worker_is_restarted_and_serves_again(own_cluster):
     cluster = own_cluster
     before = set(cluster.workers())
     assert len(before) == 3
     victim = sorted(before)[1]
-    t0 = time.monotonic()
+    t0 = time.clock_gettime(time.CLOCK_BOOTTIME)  # the clock of a process's start time in /proc
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: len(set(cluster.workers()) - before) == 1 and len(cluster.workers()) == 3, 5.0,
              "a new worker")
-    restarted_in = time.monotonic() - t0
-    assert restarted_in < 1.0, restarted_in
     new_pid = (set(cluster.workers()) - before).pop()
+    # When the supervisor forked it, not when this test's polling (a pgrep each time, slow on a
+    # loaded box) saw it: the restart's own delay, within a second (docs/design.md).
+    restarted_in = started_at(new_pid) - t0
+    assert restarted_in < 1.0, restarted_in
     cluster.wait_log("joined")
     # The restarted worker serves: connect until a client lands on it, then pub/sub across workers.
     u = uid()
