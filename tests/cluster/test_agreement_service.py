@@ -27,6 +27,7 @@ from brokerd.cluster.agreement.state import OK, SESSION, STALE  # noqa: E402
 from brokerd.cluster.config import Config, load  # noqa: E402
 from tests.helpers import (  # noqa: E402
     BROKERD,
+    WAIT,
     Broker,
     child_pids,
     free_port,
@@ -266,7 +267,7 @@ def test_the_proposals_of_one_poll_round_are_one_entry_and_each_caller_gets_its_
         try:
             await client.propose([S.get(SESSION, "warm-up")])
             running.clear()
-            await until(parked.is_set, 5.0, "the service's loop held")
+            await until(parked.is_set, WAIT, "the service's loop held")
             service.entries.clear()
             # Each request's own bound starts when it is sent, and the last is sent seconds after
             # the first on a busy machine: this test counts rounds, the bound only ends a hang.
