@@ -40,6 +40,10 @@ from tests.helpers import (  # noqa: E402
 
 COMMIT = 15.0  # bound on one commit, an election included
 ROUNDS_BOUND = 60.0  # bound on 20,000 held requests' answers
+# How late a request's refusal by timeout may come on a loaded box (its loop, PySyncObj's thread and
+# the test's share two cores with other work) before it counts as a stall: a refusal that waited
+# out COMMIT, or for ever, is far beyond. The lower bound (not before the timeout) stays exact.
+LATE_S = 4.0
 
 
 @pytest.fixture
@@ -169,7 +173,7 @@ def test_a_node_cut_off_from_the_two_others_refuses_proposals_and_has_no_majorit
             started = time.monotonic()
             with pytest.raises(NoAgreement):
                 await ca.propose([S.move(SESSION, "cut", None, 0, "a/w0")], 2.0)
-            assert 1.9 < time.monotonic() - started < 4.0
+            assert 1.9 < time.monotonic() - started < 2.0 + LATE_S
             await until(lambda: not ca.majority, 5.0, "the majority lost")
             assert (await ca.status())["majority"] is False
         finally:
@@ -332,7 +336,9 @@ def test_a_client_started_before_its_service_refuses_by_timeout_then_uses_it_onc
             started = time.monotonic()
             with pytest.raises(NoAgreement):
                 await client.propose([S.move(SESSION, "early", None, 0, "r")])  # --agreement-timeout 0.5
-            assert 0.45 < time.monotonic() - started < 2.0 and ticks >= 10
+            # Its loop ran meanwhile: 3 ticks of 20 ms, not the 20 an idle box gives, where the
+            # loop waits for a core (a blocked loop ticks once at most).
+            assert 0.45 < time.monotonic() - started < 0.5 + LATE_S and ticks >= 3
             with pytest.raises(NoAgreement):
                 await client.read(SESSION, "early", timeout=0.3)
             assert client.majority is False
