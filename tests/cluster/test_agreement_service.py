@@ -376,9 +376,9 @@ def test_a_member_whose_port_is_taken_says_so_and_commits_once_it_is_free(tmp_pa
     runner.start()
     try:
         said = f"agreement: cannot listen on 127.0.0.1:{port} yet (its port taken on this host?)"
-        wait_for(lambda: said in caplog.text, UNBOUND_GRACE_S + 5.0, "the warning")
+        wait_for(lambda: said in caplog.text, UNBOUND_GRACE_S + WAIT, "the warning")
         holder.close()
-        wait_for(lambda: f"agreement: listening on 127.0.0.1:{port} now" in caplog.text, 5.0, "the member bound")
+        wait_for(lambda: f"agreement: listening on 127.0.0.1:{port} now" in caplog.text, WAIT, "the member bound")
 
         async def main() -> None:
             (client,) = await clients_of(cfg)
