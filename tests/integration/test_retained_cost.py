@@ -60,31 +60,56 @@ def test_deep_retained_topics_are_charged_what_they_hold(start_broker):
 
 class _Probe:
     """Another client of the same worker: PINGREQ round trips, one after another, until closed.
-    A raw socket in a thread of its own, blocked in recv (no GIL held) while it waits."""
+    A raw socket in a thread of its own, blocked in recv (no GIL held) while it waits.
 
-    def __init__(self, port: int) -> None:
+    Each round trip is measured twice. Its wall time is printed: on a loaded machine it holds the
+    time the worker waited for a core (a two-core box shared with other work gave it a quarter of
+    one, and the wall bound failed one run in several). The CPU time the worker's loop thread ran
+    meanwhile is asserted: what one turn of that loop holds the worker's other clients up, which
+    no neighbour's load changes; one long turn shows there whatever the load."""
+
+    def __init__(self, port: int, worker: int) -> None:
         self.raw, self.decoder = _raw_connect(port, 4, "probe")
-        self.worst = 0.0
+        self._runtime = f"/proc/{worker}/task/{worker}/schedstat"  # the loop's thread: the main one
+        self.worst = 0.0  # seconds, wall
+        self.worst_cpu = 0.0  # seconds the worker's loop ran during one round trip
         self.count = 0
+        self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    def _cpu(self) -> float:
+        with open(self._runtime) as f:
+            return int(f.read().split()[0]) / 1e9  # nanoseconds on a CPU
+
     def _run(self) -> None:
         ping = encode(Pingreq(), 4)
-        while not self._stop.is_set():
-            start = time.monotonic()
-            self.raw.send(ping)
-            [pong] = _read(self.raw, self.decoder, 1)  # bounded by the socket's timeout
-            assert type(pong) is Pingresp
-            self.worst = max(self.worst, time.monotonic() - start)
-            self.count += 1
-            time.sleep(0.002)
+        try:
+            while not self._stop.is_set():
+                start, cpu = time.monotonic(), self._cpu()
+                self.raw.send(ping)
+                [pong] = _read(self.raw, self.decoder, 1)  # bounded by the socket's timeout
+                assert type(pong) is Pingresp
+                self.worst_cpu = max(self.worst_cpu, self._cpu() - cpu)
+                self.worst = max(self.worst, time.monotonic() - start)
+                self.count += 1
+                time.sleep(0.002)
+        except BaseException as exc:  # noqa: BLE001 - raised in the test's thread by ``close``
+            self.error = exc
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(10)
         assert not self._thread.is_alive()
+        if self.error is not None:
+            raise self.error
+        print(f"probe: {self.count} round trips, the longest {self.worst * 1000:.0f} ms, "
+              f"{self.worst_cpu * 1000:.0f} ms of them the worker's loop on a CPU")
+
+    def held_up_at_most(self, seconds: float) -> None:
+        """The longest round trip held the worker's loop on a CPU under ``seconds``."""
+        assert self.count >= 3 and self.worst_cpu < seconds, (self.count, self.worst_cpu, self.worst)
 
 
 def test_one_subscribe_of_150000_invalid_filters_floods_no_log_and_holds_nobody_up(start_broker):
@@ -96,7 +121,7 @@ def test_one_subscribe_of_150000_invalid_filters_floods_no_log_and_holds_nobody_
     one packet (~85 ms, the longest turn) and garbage collections' pauses. One worker: the stall
     asserted is the worker's."""
     broker = start_broker("--max-packet-size", "2M", workers=1)
-    probe = _Probe(broker.port)
+    probe = _Probe(broker.port, broker.workers()[0])
     raw, decoder = _raw_connect(broker.port, 4, "flood")
     time.sleep(0.2)
     lines = broker.log_text(this_run=True).count("\n")
@@ -109,7 +134,7 @@ def test_one_subscribe_of_150000_invalid_filters_floods_no_log_and_holds_nobody_
     wait_for(lambda: "more refused topic filter lines suppressed" in broker.log_text(), what="the summary line")
     grown = broker.log_text(this_run=True).count("\n") - lines
     assert grown < 200, f"{grown} log lines for one SUBSCRIBE"
-    assert probe.count >= 3 and probe.worst < 0.4, (probe.count, probe.worst)
+    probe.held_up_at_most(0.4)
 
 
 def test_a_subscribe_to_100000_retained_messages_sends_them_all_and_holds_nobody_up(start_broker):
@@ -117,8 +142,9 @@ def test_a_subscribe_to_100000_retained_messages_sends_them_all_and_holds_nobody
     default limit); they go out a slice per loop turn now, all of them, once each, while another
     client's round trips stay short (100,000 here: the old stall, ~220 ms, beyond the bound; ~30
     ms now, a garbage collection's pause among them, and up to ~105 ms with the machine's two
-    cores loaded: a bound of 100 ms failed one run in eight). One worker: the stall asserted is
-    the worker's."""
+    cores loaded: a bound of 100 ms failed one run in eight; 150 ms of wall time failed beside
+    other work, 220-590 ms, where the loop's CPU in the longest round trip was 45-70 ms: that is
+    bound now, ``_Probe``). One worker: the stall asserted is the worker's."""
     broker = start_broker("--max-client-buffer", "16M", workers=1)
     n = 100_000
     filler, fdec = _raw_connect(broker.port, 4, "filler")
@@ -126,7 +152,7 @@ def test_a_subscribe_to_100000_retained_messages_sends_them_all_and_holds_nobody
     filler.send(b"".join(packets) + encode(Publish("r/end", b"v", 1, retain=True, packet_id=1), 4))
     [puback] = _read(filler, fdec, 1)  # the broker handles a client's packets in order: all are set
     assert type(puback) is Puback
-    probe = _Probe(broker.port)
+    probe = _Probe(broker.port, broker.workers()[0])
     sub, sdec = _raw_connect(broker.port, 4, "everything")
     expected = sum(len(p) for p in packets) + len(encode(Publish("r/end", b"v", 0, retain=True), 4))
     sub.send(encode(Subscribe(1, [Subscription("#", 0)]), 4))
@@ -142,7 +168,7 @@ def test_a_subscribe_to_100000_retained_messages_sends_them_all_and_holds_nobody
     assert type(received[0]) is Suback
     topics = [p.topic for p in received[1:]]  # type: ignore[attr-defined]
     assert len(topics) == n + 1 and set(topics) == {f"r/{i}" for i in range(n)} | {"r/end"}
-    assert probe.count >= 3 and probe.worst < 0.15, (probe.count, probe.worst)
+    probe.held_up_at_most(0.15)
 
 
 def test_one_subscribe_of_100000_filters_is_taken_in_slices_and_what_follows_it_waits_its_turn(start_broker):
@@ -155,7 +181,7 @@ def test_one_subscribe_of_100000_filters_is_taken_in_slices_and_what_follows_it_
     SUBACK, and so does the answer to its PINGREQ. One worker: the stall asserted is the
     worker's."""
     broker = start_broker("--max-packet-size", "2M", "--max-subscriptions", "200000", workers=1)
-    probe = _Probe(broker.port)
+    probe = _Probe(broker.port, broker.workers()[0])
     raw, decoder = _raw_connect(broker.port, 4, "many")
     time.sleep(0.2)
     n = 100_000
@@ -168,7 +194,7 @@ def test_one_subscribe_of_100000_filters_is_taken_in_slices_and_what_follows_it_
     assert sorted(type(p).__name__ for p in got[1:]) == ["Pingresp", "Puback", "Publish"], got[1:]
     back = next(p for p in got if type(p) is Publish)
     assert back.topic == f"v/{n - 1}" and back.payload == b"last"
-    assert probe.count >= 3 and probe.worst < 0.4, (probe.count, probe.worst)
+    probe.held_up_at_most(0.4)
 
 
 def _fill_retained(port: int, n: int) -> None:
