@@ -26,6 +26,7 @@ from tests.helpers import free_port, wait_for  # noqa: E402
 PASSWORD = "test-" + os.urandom(16).hex()
 FAST = {"election_timeout": (0.2, 0.5), "heartbeat": 0.05, "connect_timeout": 1.0}
 COMMIT = 15.0  # bound on one commit, elections included
+LATE_S = 4.0  # how late a refusal by timeout may come on a loaded box (test_agreement_service.py's)
 
 
 @pytest.fixture
@@ -80,7 +81,7 @@ def test_one_member_of_three_alone_commits_nothing_and_says_no_agreement(members
     started = time.monotonic()
     with pytest.raises(NoAgreement):
         group[0].propose_wait([S.move(SESSION, "c1", "a/0", 1, "b/0")], 2.0)
-    assert 1.9 < time.monotonic() - started < 5.0
+    assert 1.9 < time.monotonic() - started < 2.0 + LATE_S
     assert group[0].state.owner(SESSION, "c1") == ("a/0", 1)
 
 
@@ -104,7 +105,9 @@ def test_no_agreement_does_not_block_the_event_loop(members):
         ticker.cancel()
 
     asyncio.run(main())
-    assert ticks >= 15  # the loop ran all along (a blocking wait would leave it at 0)
+    # The loop ran all along (a blocking wait would leave it at 0): 3 ticks of 50 ms, not the 30
+    # of an idle box, where the members' threads and the loop share two loaded cores.
+    assert ticks >= 3
 
 
 def test_a_stale_owners_move_is_refused_after_a_newer_one_from_any_member(members):
