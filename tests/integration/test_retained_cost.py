@@ -150,6 +150,7 @@ def test_a_subscribe_to_100000_retained_messages_sends_them_all_and_holds_nobody
     filler, fdec = _raw_connect(broker.port, 4, "filler")
     packets = [encode(Publish(f"r/{i}", b"v", 0, retain=True), 4) for i in range(n)]
     filler.send(b"".join(packets) + encode(Publish("r/end", b"v", 1, retain=True, packet_id=1), 4))
+    filler.sock.settimeout(60)  # 100,000 PUBLISHes first: seconds idle, beyond 10 s on a loaded box
     [puback] = _read(filler, fdec, 1)  # the broker handles a client's packets in order: all are set
     assert type(puback) is Puback
     probe = _Probe(broker.port, broker.workers()[0])
