@@ -104,8 +104,8 @@ class _Probe:
         assert not self._thread.is_alive()
         if self.error is not None:
             raise self.error
-        print(f"probe: {self.count} round trips, the longest {self.worst * 1000:.0f} ms, "
-              f"{self.worst_cpu * 1000:.0f} ms of them the worker's loop on a CPU")
+        print(f"probe: {self.count} round trips, the longest {self.worst * 1000:.0f} ms; the most the worker's "
+              f"loop ran during one, {self.worst_cpu * 1000:.0f} ms")
 
     def held_up_at_most(self, seconds: float) -> None:
         """The longest round trip held the worker's loop on a CPU under ``seconds``."""
@@ -143,8 +143,8 @@ def test_a_subscribe_to_100000_retained_messages_sends_them_all_and_holds_nobody
     client's round trips stay short (100,000 here: the old stall, ~220 ms, beyond the bound; ~30
     ms now, a garbage collection's pause among them, and up to ~105 ms with the machine's two
     cores loaded: a bound of 100 ms failed one run in eight; 150 ms of wall time failed beside
-    other work, 220-590 ms, where the loop's CPU in the longest round trip was 45-70 ms: that is
-    bound now, ``_Probe``). One worker: the stall asserted is the worker's."""
+    other work, 220-590 ms, while the most the loop ran during one round trip was 44-77 ms:
+    that is bound now, ``_Probe``). One worker: the stall asserted is the worker's."""
     broker = start_broker("--max-client-buffer", "16M", workers=1)
     n = 100_000
     filler, fdec = _raw_connect(broker.port, 4, "filler")
