@@ -67,14 +67,21 @@ def snapshots(node: NsNode, until: Callable[[dict], bool], what: str, routers: i
     replication part satisfies ``until``."""
     reader, _ = stats_reader(node.broker)
     seen: set[str] = set()
+    last: dict[str, object] = {}  # each router's latest replication part, for the failure's message
 
     def enough() -> bool:
         for topic, body in reader.receive(0.5):
-            if topic == b"snap" and body.get("replication") and until(body["replication"]):
-                seen.add(body["router"])
+            if topic == b"snap":
+                last[body["router"]] = body.get("replication")
+                if body.get("replication") and until(body["replication"]):
+                    seen.add(body["router"])
         return len(seen) >= (routers or node.workers)
     try:
         wait_for(enough, 15, f"{node.name}'s routers {what}")
+    except AssertionError as exc:
+        shown = {r: {k: rep.get(k) for k in ("members", "majority", "lease", "sessions")} if isinstance(rep, dict)
+                 else rep for r, rep in last.items()}
+        raise AssertionError(f"{exc}; seen: {sorted(seen)}; the latest snapshots' replication: {shown}") from None
     finally:
         reader.close()
 
