@@ -64,28 +64,38 @@ _RECENT = 64
 _ports_lock = threading.Lock()  # nodes start in threads (``in_parallel``), each picking its port
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
     """A free port below the kernel's ephemeral range: a port bound to 0 comes from that range,
     where every client connection also takes its local port, and one could take it between now
     and the broker's bind (a broker of two workers binds after its mesh has joined). Not one of
-    the latest handed out (not bound yet, perhaps) nor another xdist worker's (``worker_ports``)."""
+    the latest handed out (not bound yet, perhaps) nor another xdist worker's (``worker_ports``).
+    ``count``: the first of that many free ports in a row (a node's routers bind P, P+1 ...)."""
     if len(_PORTS) > 1000:
         with _ports_lock:
             for _ in range(100):
                 port = random.choice(_PORTS)
-                if port in _recent:
+                run = range(port, port + count)
+                if run[-1] not in _PORTS or any(p in _recent for p in run) or not all(_bindable(host, p) for p in run):
                     continue
-                with socket.socket() as s:
-                    try:
-                        s.bind((host, port))
-                    except OSError:
-                        continue
-                _recent.append(port)
+                _recent.extend(run)
                 del _recent[:-_RECENT]
                 return port
+    for _ in range(50):  # no range of our own: the kernel's pick, and the ports after it
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if all(_bindable(host, p) for p in range(port + 1, port + count)):
+            return port
+    raise AssertionError(f"no {count} free ports in a row on {host}")
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def in_parallel(*calls: Callable[[], object]) -> list:
