@@ -29,6 +29,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from brokerd.connection.protocol import CONNECT_TIMEOUT_S
 from tests.cluster.conftest import client_worker, worker_of
 from tests.helpers import WAIT, Broker, Client, cid, free_port, wait_for
 
@@ -478,8 +479,12 @@ def raw_on(broker: Broker, *, on: int | None = None, off: int | None = None, lev
     serves, the search once made that reconnect seem to take 4-8 s."""
     for _ in range(80):
         raw = Raw(broker.port, broker.host, level)
+        opened = time.monotonic()
         w = _worker_of(broker, raw.sock)
-        if (on is None or w == on) and (off is None or w != off):
+        # A scan that took half the broker's 10 s for a CONNECT (a loaded box, thousands of sockets
+        # to read) leaves the caller too little: the broker closed such a socket before its CONNECT.
+        fresh = time.monotonic() - opened < CONNECT_TIMEOUT_S / 2
+        if fresh and (on is None or w == on) and (off is None or w != off):
             raw.worker = w
             return raw
         raw.close()
