@@ -168,7 +168,13 @@ class MajorityPart(Part):
 
     def count_majority(self) -> None:
         if self.agreed is not None:
-            return  # the agreement's member says whether this node has the majority
+            # The agreement's member says whether this node has the majority. The members are
+            # still the nodes met, for the rule on silent routers (``gone_for_majority``: a will
+            # of a replica, a session served from one); met only while starting, a router whose
+            # peers were heard a moment late kept one or two members for good, the rule off, and
+            # took every silent router for gone, one that only its own node could not hear too.
+            self.members.met({p.node_id for p in self.net.peers() if p.alive})
+            return
         self._lease_majority()
 
     def _lease_majority(self) -> None:

@@ -480,3 +480,28 @@ def test_the_agreement_service_counts_its_starts_within_crash_window_s(monkeypat
     assert not process.start() and process.starts[0] == first  # a window ago: still counted
     clock.advance(0.25)
     assert not process.start() and process.starts[0] == first + 1.0  # older: forgotten
+
+
+def test_with_agreement_a_node_heard_after_the_start_is_a_member_for_the_rule_on_silent_routers(make, loop):
+    """With ``--agreement`` the agreement's member says whether this node has the majority, but
+    the members (who votes on a silent router) are still the nodes met. They were met only while
+    starting: a router that heard its peers 2.4 s late (a loaded machine) kept one member, the
+    rule off, and took a silent router of c for gone although b still heard it: its will would
+    go out, its sessions be served from a replica (the patterns' start found such a count)."""
+    repl, mesh = make(peers=("b/w0", "c/w0"))
+    repl.agreed = SimpleNamespace(majority=True, client=None)  # type: ignore[assignment]
+    mesh.silence("b/w0")
+    mesh.silence("c/w0")
+    started = loop.now()
+    repl.heartbeat()
+    assert repl.quorum.members.nodes == {"a"}
+    loop.at(started + TIMEOUT + 1.5)  # past the start: b and c are heard now
+    mesh.hear("b/w0")
+    mesh.hear("c/w0")
+    repl.heartbeat()
+    assert repl.quorum.members.nodes == {"a", "b", "c"}
+    mesh.silence("c/w0")
+    mesh.peers["b/w0"].hears = {"c/w0"}  # b still hears c's router: not gone for the majority
+    assert not repl.quorum.gone_for_majority("c/w0")
+    mesh.peers["b/w0"].hears = set()
+    assert repl.quorum.gone_for_majority("c/w0")
