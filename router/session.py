@@ -13,6 +13,7 @@ import logging
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from brokerd.connection.codec import encode, with_dup
@@ -489,15 +490,20 @@ class Session:
             self.cursor = min(m.log_offset for m, _, _ in self.queue) if self.queue else log.next_offset
         self.queue = NO_QUEUE
 
-    def group_orphans(self) -> list[tuple[Message, str]]:
+    def group_orphans(self, since: int = -1) -> list[tuple[Message, str]]:
         """The QoS 1/2 messages sent or queued to this session as a group member and not yet
         received (no PUBACK / PUBREC), with their group, for handing on when the session ends.
+        ``since``: only those queued from that index of the queue on (a move in doubt settled
+        late: ``SessionLife.moved_after_all``).
 
         Group deliveries are not marked (that would cost every delivery): a message counts as a
         group's when no normal subscription of this session matches it, so that a normal copy is
         never handed to a group; each (message, group) pair is taken once per copy held."""
-        held = [e.msg for e in self.inflight.values() if e.state == AWAIT_ACK and e.msg is not None]
-        held += [m for m, qos, _ in self.queue if qos]
+        if since >= 0:
+            held = [m for m, qos, _ in islice(self.queue, since, None) if qos]
+        else:
+            held = [e.msg for e in self.inflight.values() if e.state == AWAIT_ACK and e.msg is not None]
+            held += [m for m, qos, _ in self.queue if qos]
         out: list[tuple[Message, str]] = []
         taken: set[tuple[int, str]] = set()
         for msg in held:
