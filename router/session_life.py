@@ -442,6 +442,9 @@ class SessionLife:
         # drop as come to it directly (its marks), and a session of groups alone is just dropped.
         # They go to the new owner for their groups instead (once, as a member left them).
         orphans = session.group_orphans(mark) if session.shared else []
+        if orphans:
+            log.info("session %s: %d group message(s) it got while its move was in doubt go to %s for their groups",
+                     client_id, len(orphans), to)
         if orphans and session.log is None:
             sent = {id(msg) for msg, _ in orphans}
             queue = list(session.queue)

@@ -245,6 +245,9 @@ class SharedRoutes:
         its presence recomputed (a failed move rejoined it first: ``rejoin``); returns the group
         copies kept for it meanwhile (``_for_moving``), for the caller to send on."""
         kept = self.kept.pop(session.client_id, [])
+        if kept:
+            log.info("session %s: %d group message(s) that found no other member while it moved kept for it",
+                     session.client_id, len(kept))
         for key in [k for k, sessions in self.moving.items() if session in sessions]:
             sessions = self.moving[key]
             sessions.remove(session)
