@@ -258,9 +258,12 @@ def _queue_items(items: Any) -> bool:
 
 
 def _takeover_resp(body: Any) -> bool:
-    """[request, header or None, more, [owner]?]: with ``[owner]``, no header: the claim is refused."""
-    if body.__class__ is not list or len(body) not in (3, 4) or body[0].__class__ is not int:
+    """[request, header or None, more, [owner]?, MOVING?]: with ``[owner]``, no header: the claim
+    is refused; ``[request, None, False, None, MOVING]``: the session is being moved from there (21)."""
+    if body.__class__ is not list or len(body) not in (3, 4, 5) or body[0].__class__ is not int:
         return False
+    if len(body) == 5:
+        return body[1] is None and body[2] is False and body[3] is None and body[4] == MOVING
     if len(body) == 4 and not (body[1] is None and body[3].__class__ is list and len(body[3]) == 1
                                and _user(body[3][0])):
         return False

@@ -492,23 +492,37 @@ class Session:
 
     def group_orphans(self, since: int = -1) -> list[tuple[Message, str]]:
         """The QoS 1/2 messages sent or queued to this session as a group member and not yet
-        received (no PUBACK / PUBREC), with their group, for handing on when the session ends.
+        received (no PUBACK / PUBREC), with their group, for handing on when the session ends:
+        in flight, queued, or in a spool its move brought (read here, once: the session ends).
         ``since``: only those queued from that index of the queue on (a move in doubt settled
         late: ``SessionLife.moved_after_all``).
 
         Group deliveries are not marked (that would cost every delivery): a message counts as a
         group's when no normal subscription of this session matches it, so that a normal copy is
-        never handed to a group; each (message, group) pair is taken once per copy held."""
+        never handed to a group; each (message, group) pair is taken once per copy held (one
+        message held twice, for two groups, goes to both)."""
         if since >= 0:
-            held = [m for m, qos, _ in islice(self.queue, since, None) if qos]
-        else:
-            held = [e.msg for e in self.inflight.values() if e.state == AWAIT_ACK and e.msg is not None]
-            held += [m for m, qos, _ in self.queue if qos]
-        out: list[tuple[Message, str]] = []
+            return self._groups_of([m for m, qos, _ in islice(self.queue, since, None) if qos], set())
+        held = [e.msg for e in self.inflight.values() if e.state == AWAIT_ACK and e.msg is not None]
+        held += [m for m, qos, _ in self.queue if qos]
         taken: set[tuple[int, str]] = set()
+        out = self._groups_of(held, taken)
+        for rng in self.ranges:
+            if rng.copies:  # a move's queue, spooled by the new owner (``router.spool``): a clean
+                # start ends the session it brought, and group copies are in no log to read again
+                while (entries := rng.read(256)) is not None and entries:
+                    out += self._groups_of([Message.from_list(values) for _, (qos, _, values) in entries if qos],
+                                           taken)
+        return out
+
+    def _groups_of(self, held: list[Message], taken: set[tuple[int, str]]) -> list[tuple[Message, str]]:
+        """``group_orphans`` of these copies: each with the first of this session's groups it
+        matches not ``taken`` for it yet, unless a normal subscription matches it too."""
+        out: list[tuple[Message, str]] = []
+        subscriptions = self.subscriptions
         for msg in held:
             topic = msg.topic
-            if any(filter_matches(f, topic) for f in self.subscriptions):
+            if any(filter_matches(f, topic) for f in subscriptions):
                 continue
             for key in self.shared:
                 if (id(msg), key) not in taken and filter_matches(key.split("/", 2)[2], topic):

@@ -121,14 +121,14 @@ def test_takeover_moves_a_shared_membership_to_the_new_router(start_broker):
     first = connect()
     first.subscribe("$share/g/tk/t", 1)
     home = client_worker(broker, first)
-    last = first
+    # Each connection taken over has its network thread stopped first: paho would connect it again
+    # a second later, taking the session back (under load, before the messages below arrived).
+    first.stop_loop()
     for _ in range(40):  # reconnect (a takeover each time) until the kernel picks the other worker
-        # The connection taken over stops its network thread first: paho would connect it again
-        # (a takeover back, a second later), and the test's session would move on without it.
-        last.stop_loop()
-        again = last = connect()
+        again = connect()
         if client_worker(broker, again) != home:
             break
+        again.stop_loop()
     else:
         raise AssertionError("every reconnect landed on the same worker")
     assert again.session_present

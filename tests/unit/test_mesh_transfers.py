@@ -17,7 +17,7 @@ from brokerd.cluster.mesh.limits import ACK_TIMEOUT_S
 from brokerd.cluster.mesh.transfer import Transfers
 from brokerd.cluster.mesh.waiter import Requests, Waiter
 from brokerd.connection.batching import EndOfTick
-from brokerd.router.mesh_format import MOVING, TAKEOVER_DONE, TAKEOVER_RESP
+from brokerd.router.mesh_format import MOVING, TAKEOVER_ANSWERS, TAKEOVER_DONE, TAKEOVER_RESP, check_body
 from brokerd.router.ports import TAKEOVER_FAILED
 
 OLD = "x/w0"
@@ -137,6 +137,8 @@ def test_a_session_still_moving_elsewhere_is_answered_as_moving_and_the_asker_re
     part.loop.run_until_complete(asyncio.sleep(0.05))  # its next look, past its wait
     [(to, kind, body)] = part.sent
     assert (to, kind, body) == (OLD, TAKEOVER_RESP, [7, None, False, None, MOVING])
+    assert check_body(kind, body) is None, "the asker's check refuses the answer: it is dropped as a bad frame"
+    assert check_body(TAKEOVER_ANSWERS, [[6, None, False], body]) is None
     req, waiter = part.ask()  # the asker's side: that answer refuses, it is no "no session"
     part.transfers.on_takeover_resp(part.old, [req, None, False, None, MOVING], 0)
     assert waiter.future.done() and waiter.future.result() is TAKEOVER_FAILED and waiter.offers == []
