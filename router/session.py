@@ -13,6 +13,7 @@ import logging
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from brokerd.connection.codec import encode, with_dup
@@ -489,15 +490,19 @@ class Session:
             self.cursor = min(m.log_offset for m, _, _ in self.queue) if self.queue else log.next_offset
         self.queue = NO_QUEUE
 
-    def group_orphans(self) -> list[tuple[Message, str]]:
+    def group_orphans(self, since: int = -1) -> list[tuple[Message, str]]:
         """The QoS 1/2 messages sent or queued to this session as a group member and not yet
         received (no PUBACK / PUBREC), with their group, for handing on when the session ends:
         in flight, queued, or in a spool its move brought (read here, once: the session ends).
+        ``since``: only those queued from that index of the queue on (a move in doubt settled
+        late: ``SessionLife.moved_after_all``).
 
         Group deliveries are not marked (that would cost every delivery): a message counts as a
         group's when no normal subscription of this session matches it, so that a normal copy is
         never handed to a group; each (message, group) pair is taken once per copy held (one
         message held twice, for two groups, goes to both)."""
+        if since >= 0:
+            return self._groups_of([m for m, qos, _ in islice(self.queue, since, None) if qos], set())
         held = [e.msg for e in self.inflight.values() if e.state == AWAIT_ACK and e.msg is not None]
         held += [m for m, qos, _ in self.queue if qos]
         taken: set[tuple[int, str]] = set()

@@ -71,8 +71,9 @@ class SessionLife:
         self.moving_from: dict[str, int] = {}  # of those, this router's log end when they were exported
         self.stale_moving: set[str] = set()  # of those, the ones found stale meanwhile (a fence)
         # Exported, then kept: the new owner fell silent before confirming. Client id → (session,
-        # that router, this log's end at the export), until it confirms or a client resumes here.
-        self.in_doubt: dict[str, tuple[Session, str, int]] = {}
+        # that router, this log's end at the export, its queue's length when the move was given
+        # up), until it confirms or a client resumes here.
+        self.in_doubt: dict[str, tuple[Session, str, int, int]] = {}
         self.moved_in: dict[str, float] = {}  # sessions taken over from another router: when (Unix time)
         # With agreement: client id -> the router whose takeover of it was undone here (its claim
         # was refused or timed out), until the session moves or a fence naming that router comes.
@@ -430,13 +431,26 @@ class SessionLife:
         if entry is None or entry[1] != to:
             return
         del self.in_doubt[client_id]
-        session, _, start = entry
+        session, _, start, mark = entry
         if self.sessions.get(client_id) is not session or session.conn is not None or client_id in self.moving:
             return
         log.warning("session %s: router %s confirms it took the session over after all; the copy kept here "
                     "goes, with what reached it meanwhile", client_id, to)
         self.stats.takeovers += 1
+        # The group copies it was given meanwhile (a member again while in doubt) are in no log:
+        # the hand-on reads the log, or the queue (without one) whose copies the new owner may
+        # drop as come to it directly (its marks), and a session of groups alone is just dropped.
+        # They go to the new owner for their groups instead (once, as a member left them).
+        orphans = session.group_orphans(mark) if session.shared else []
+        if orphans:
+            log.info("session %s: %d group message(s) it got while its move was in doubt go to %s for their groups",
+                     client_id, len(orphans), to)
+        if orphans and session.log is None:
+            sent = {id(msg) for msg, _ in orphans}
+            queue = list(session.queue)
+            session.queue = deque(queue[:mark] + [item for item in queue[mark:] if id(item[0]) not in sent])
         self._moved_away(session, to, start, late=True)
+        self.shared.send_kept(orphans, to)
         self._mark_soon()
 
     def import_session(self, client_id: str, state: dict) -> Session:
@@ -501,14 +515,23 @@ class SessionLife:
         start = self.moving_from.pop(client_id, -1)
         stale = client_id in self.stale_moving
         self.stale_moving.discard(client_id)
-        if session is None or self.sessions.get(client_id) is not session:
+        if session is None:
             return
-        if not ok and session.shared:
+        ours = self.sessions.get(client_id) is session
+        mark = len(session.queue)  # (what a late confirmation finds beyond came while in doubt)
+        if ours and not ok and session.shared:
             self.shared.rejoin(session)  # (left at the export: ``release_session``)
+        # The group copies kept for it while it moved (``SharedRoutes.leave``): to its new router,
+        # or to its groups here again (itself first).
+        kept = self.shared.settled(session)
+        if not ours:
+            self.shared.send_kept(kept, None)
+            return
         if ok:
             self.undone.pop(client_id, None)
             self.stats.takeovers += 1
             self._moved_away(session, to, start)
+            self.shared.send_kept(kept, to)
             return
         if to is not None and not doubt and self.wiring.owners is not None:
             undone = self.undone
@@ -518,16 +541,18 @@ class SessionLife:
                 del undone[next(iter(undone))]
         if stale and session.conn is None:
             self._drop_stale(session)
+            self.shared.send_kept(kept, None)
             return
         if doubt and to is not None and session.conn is None:
             log.warning("session %s: its new router %s did not confirm the transfer; it stays here until that "
                         "router says it has it", client_id, to)
             doubts = self.in_doubt
-            doubts[client_id] = (session, to, start)
+            doubts[client_id] = (session, to, start, mark)
             while len(doubts) > MOVED_IN_MAX:
                 del doubts[next(iter(doubts))]
         else:
             log.warning("session %s: its transfer to another router failed; it stays here", client_id)
+        self.shared.send_kept(kept, None)
         if session.conn is None:
             if session.persistent or session.expiry_s:
                 self.cancel_expiry(client_id)

@@ -61,6 +61,11 @@ class SharedRoutes:
         # after the frames they send again): key -> (until when, the copies).
         self.held: dict[str, tuple[float, list[Message]]] = {}
         self._held_count = 0
+        # Members exported to another router, their move not settled yet (``leave``): key -> the
+        # sessions; and the group copies kept for each (client id -> (copy, key)), which found no
+        # member here and no other router of their group (``_for_moving``). Empty but during moves.
+        self.moving: dict[str, list[Session]] = {}
+        self.kept: dict[str, list[tuple[Message, str]]] = {}
 
     # -- shared subscriptions: publishing -------------------------------------------------------------
 
@@ -88,7 +93,7 @@ class SharedRoutes:
         for route in routes:
             rid = route.choose()
             if rid == me:
-                if not self._to_member(msg, route.key):
+                if not self._to_member(msg, route.key) and not (self.moving and self._for_moving(msg, route.key)):
                     self.stats.shared_no_member += 1
             elif rid is not None:
                 picked.setdefault(rid, []).append(route.key)
@@ -106,8 +111,9 @@ class SharedRoutes:
         return len(routes)
 
     def _deliver_shared(self, msg: Message, key: str) -> None:
-        """One local member of shared subscription ``key`` gets ``msg`` (none left: nobody)."""
-        if not self._to_member(msg, key):
+        """One local member of shared subscription ``key`` gets ``msg`` (none left: one moving
+        away keeps it; else nobody)."""
+        if not self._to_member(msg, key) and not (self.moving and self._for_moving(msg, key, True)):
             self.stats.shared_no_member += 1
 
     def _to_member(self, msg: Message, key: str) -> bool:
@@ -138,8 +144,11 @@ class SharedRoutes:
         yet): then it goes on to another router of the group, once (``only``: it was handed on
         already, and is not handed back and forth while the routers' views of the group differ).
         Where this router knows no router of the group and ``sender``'s full interest has not
-        reached it yet (it just met that router: its announcement follows), it waits (``_hold``)."""
+        reached it yet (it just met that router: its announcement follows), it waits (``_hold``).
+        One whose last member here is moving away meanwhile is kept for it (``_for_moving``)."""
         if not self._to_member(msg, key):
+            if self.moving and self._for_moving(msg, key, only):
+                return
             if only:
                 self.stats.shared_no_member += 1
             elif key not in self.routes and sender is not None and not self.wiring.mesh.interest_known(sender):
@@ -204,6 +213,59 @@ class SharedRoutes:
         else:
             self.stats.shared_no_member += 1
 
+    def _for_moving(self, msg: Message, key: str, only: bool = False) -> bool:
+        """``msg`` for group ``key`` found no member here, where a member of the group is moving
+        away (exported, its move not settled): True when it is taken care of. Another router of
+        the group gets it (not ``only``: once), as after the member's export; where there is none
+        (the group's only member is the one moving: the new router has not announced it yet), it
+        is kept for the moving member (``settled``), up to its ``max_queued``. Dropped instead,
+        it reached nobody, though the member's session and subscription exist throughout (MQTT 5
+        4.8.2: a message is owed to a member)."""
+        sessions = self.moving.get(key)
+        if not sessions or not msg.qos:
+            return False
+        if not only:
+            route = self.routes.get(key)
+            me = self.router_id
+            rid = next((r for r in (route.choose() for _ in route.schedule) if r != me), None) \
+                if route is not None else None
+            if rid is not None:
+                self.wiring.mesh.forward(rid, msg, None, [key], True)
+                return True
+        session = sessions[0]
+        kept = self.kept.setdefault(session.client_id, [])
+        if len(kept) >= session.limits.max_queued:
+            self.stats.drop_queue_full += 1
+            return True
+        kept.append((msg, key))
+        return True
+
+    def settled(self, session: Session) -> list[tuple[Message, str]]:
+        """The move of ``session`` is settled (confirmed, failed or in doubt): no longer moving,
+        its presence recomputed (a failed move rejoined it first: ``rejoin``); returns the group
+        copies kept for it meanwhile (``_for_moving``), for the caller to send on."""
+        kept = self.kept.pop(session.client_id, [])
+        if kept:
+            log.info("session %s: %d group message(s) that found no other member while it moved kept for it",
+                     session.client_id, len(kept))
+        for key in [k for k, sessions in self.moving.items() if session in sessions]:
+            sessions = self.moving[key]
+            sessions.remove(session)
+            if not sessions:
+                del self.moving[key]
+            self._local_presence(key)
+        return kept
+
+    def send_kept(self, kept: list[tuple[Message, str]], to: str | None) -> None:
+        """Group copies kept for a member while it moved go to its new router ``to``, for the group
+        there (once); None (the move failed, or the session ended): to a member of each group,
+        wherever the choice falls (this router's members first)."""
+        for msg, key in kept:
+            if to is not None:
+                self.wiring.mesh.forward(to, msg, None, [key], True)
+            elif not self._to_member(msg, key):
+                self.to_another_member(msg, key, self.router_id)
+
     # -- shared subscriptions: membership and presence ------------------------------------------------
 
     def subscribe(self, session: Session, sub: Subscription) -> bool:
@@ -235,8 +297,13 @@ class SharedRoutes:
         offline member instead, it waited in the leaving session, which a move drops (a clean
         one) or empties (a persistent one: its log is handed on, and group copies are in no log):
         partition seed 1224 lost two acknowledged messages so, chosen for the old router of a
-        member just as its client connected on the publisher's router."""
+        member just as its client connected on the publisher's router. Until its move is settled
+        (``settled``) it counts here as an offline member (the presence: chosen only where nobody
+        is connected anywhere), and a copy that finds no member here and no other router is kept
+        for it (``_for_moving``): the group's only member moving, the group had no router at all
+        until its new one announced it, and such a copy was dropped."""
         for key in session.shared:
+            self.moving.setdefault(key, []).append(session)
             self._leave_group(session, key)
 
     def rejoin(self, session: Session) -> None:
@@ -262,6 +329,8 @@ class SharedRoutes:
         """Recompute this router's presence in group ``key``; announce it if it changed."""
         group = self.local.get(key)
         presence = group.presence() if group is not None else NONE
+        if presence == NONE and self.moving and key in self.moving:
+            presence = -len(self.moving[key])  # its members moving away: offline ones (``leave``)
         route = self.routes.get(key)
         if presence == (route.routers.get(self.router_id, NONE) if route is not None else NONE):
             return
