@@ -248,11 +248,15 @@ class Broker:
         """SIGKILL the supervisor and every child: workers, brokerd-stats, brokerd-agree (a crash of
         the whole broker: its Raft member too, not a graceful stop of it)."""
         pids = [self.pid, *child_pids(self.pid)]
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        # All stopped first: a worker told of its supervisor's death (its parent-death signal)
+        # before its own SIGKILL came could stop gracefully in between, and say goodbye on the
+        # mesh, where a test waits for its silence (CI, once).
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
         self._wait_exit(10.0)
         for pid in pids[1:]:
             wait_for(lambda p=pid: not _alive(p), 10.0, f"worker {pid} gone")
