@@ -171,6 +171,15 @@ class SharedRoute:
         self._turn = turn + 1
         return schedule[turn % len(schedule)]
 
+    def choose_other(self, not_to: str | None) -> str | None:
+        """``choose``, passing over router ``not_to`` (for at most one cycle of the schedule);
+        None when no other router is in it."""
+        for _ in self.schedule:
+            rid = self.choose()
+            if rid != not_to:
+                return rid
+        return None
+
 
 def smooth_schedule(weights: dict[str, int], limit: int = SCHEDULE_MAX) -> tuple[str, ...]:
     """One cycle of smooth weighted round robin (as nginx does it): each key appears ``weight``

@@ -202,10 +202,7 @@ class SharedRoutes:
         never chosen (the one the copy was for, which will not get it: ``Mesh``'s copies for a
         forgotten router, or beyond its backlog)."""
         route = self.routes.get(key)
-        rid = route.choose() if route is not None else None
-        if rid is not None and rid == not_to:
-            assert route is not None
-            rid = next((r for r in (route.choose() for _ in route.schedule) if r != not_to), None)
+        rid = route.choose_other(not_to) if route is not None else None
         if rid == self.router_id:
             self._deliver_shared(msg, key)
         elif rid is not None:
@@ -226,9 +223,7 @@ class SharedRoutes:
             return False
         if not only:
             route = self.routes.get(key)
-            me = self.router_id
-            rid = next((r for r in (route.choose() for _ in route.schedule) if r != me), None) \
-                if route is not None else None
+            rid = route.choose_other(self.router_id) if route is not None else None
             if rid is not None:
                 self.wiring.mesh.forward(rid, msg, None, [key], True)
                 return True
