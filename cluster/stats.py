@@ -94,6 +94,7 @@ class StatsPublisher:
         self.replication: Any = None  # cluster.replication.Replication, set by the worker
         self.process = psutil.Process()
         self.process.cpu_percent(None)  # the first call only starts the measurement
+        self.process_figures: tuple[int, float, float] = (0, 0.0, 0.0)  # the last read: RSS, CPU s, CPU %
         self.ctx: zmq.Context | None = None
         self.pub: zmq.Socket | None = None
         self.node_sub: zmq.Socket | None = None
@@ -380,12 +381,14 @@ class StatsPublisher:
             for peer, s in router.peer_stats().items()
         }
         try:
-            mem = self.process.memory_info().rss
             cpu_times = self.process.cpu_times()
-            cpu_seconds = cpu_times.user + cpu_times.system
-            cpu_percent = self.process.cpu_percent(None)
-        except psutil.Error:
-            mem, cpu_seconds, cpu_percent = 0, 0.0, 0.0
+            self.process_figures = (self.process.memory_info().rss, cpu_times.user + cpu_times.system,
+                                    self.process.cpu_percent(None))
+        except (psutil.Error, OSError):
+            # A worker holding as many clients as its open files allow cannot open /proc (EMFILE):
+            # the snapshot goes out with the last figures read, not without its counts.
+            pass
+        mem, cpu_seconds, cpu_percent = self.process_figures
         self.seq += 1
         return {
             "v": SCHEMA_VERSION,

@@ -62,6 +62,7 @@ SETTLE_S = 2.0  # after the broker's start and after the storm, before memory is
 # searches the ephemeral range for a free port, a cost that grows with the ports taken (measured:
 # 2.5 ms of the generator's CPU a connect at 16,000 sockets an address, the storm held by it).
 FIRST_PORT = 10_000
+SHOWN_LOG_LINES = 30  # of the broker's warnings and errors, with their tracebacks
 
 
 class Device(asyncio.Protocol):
@@ -220,6 +221,20 @@ def clients_of(pid: int, port: int) -> int:
                and c.status == psutil.CONN_ESTABLISHED)
 
 
+def warning_lines(log: list[str]) -> list[str]:
+    """The broker's log lines at WARNING or above, each with the traceback lines that follow it."""
+    out: list[str] = []
+    inside = False
+    for line in log:
+        if re.search(r"\b(WARNING|ERROR|CRITICAL)\b", line):
+            inside = True
+        elif re.match(r"\d{4}-\d\d-\d\d ", line):
+            inside = False
+        if inside:
+            out.append(line)
+    return out
+
+
 @dataclass
 class Run:
     storm_s: float
@@ -309,7 +324,7 @@ def one_run(args: argparse.Namespace) -> Run:
                 lost += pipe.recv().lost_idle
         alive = broker.alive()
         log = (broker.dir / "broker.log").read_text(errors="replace").splitlines()
-        warnings = [line for line in log if re.search(r"\b(WARNING|ERROR|CRITICAL|Traceback)\b", line)]
+        warnings = warning_lines(log)
         if not alive:
             warnings.append(f"the broker exited: {broker.log_tail()}")
         return Run(
@@ -352,10 +367,10 @@ def report(run: Run, label: str) -> None:
           f"SYNs sent again {run.tcp['TCPSynRetrans']:,}")
     if len(run.per_worker) > 1:
         print(f"  clients per worker: {', '.join(f'{n:,}' for n in run.per_worker)}")
-    for line in run.log_warnings[:5]:
+    for line in run.log_warnings[:SHOWN_LOG_LINES]:
         print(f"  log: {line[:200]}")
-    if len(run.log_warnings) > 5:
-        print(f"  log: ... {len(run.log_warnings) - 5} more warning lines")
+    if len(run.log_warnings) > SHOWN_LOG_LINES:
+        print(f"  log: ... {len(run.log_warnings) - SHOWN_LOG_LINES} more lines of warnings and errors")
 
 
 def main(argv: list[str] | None = None) -> int:
