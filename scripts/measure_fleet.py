@@ -13,8 +13,8 @@ after ``RETRY_PAUSE_S``, as a device's client library does.
 
 Why several generators: the open-files limit is per process (20,000 on the VM this was written
 on, and no process may raise its hard limit), so each generator holds at most ``PER_GENERATOR``
-sockets, from its own source address in 127.0.0.0/8 (an address has 28,000 ephemeral ports to one
-destination). brokerd spreads them over its workers (SO_REUSEPORT); Mosquitto is one process and
+sockets, from its own source address in 127.0.0.0/8 and source ports it picks itself (``FIRST_PORT``
+up: 55,000 an address). brokerd spreads them over its workers (SO_REUSEPORT); Mosquitto is one process and
 holds no more than its own limit allows.
 
 Prints, per run and as medians: the storm's length (go to the last CONNACK) and connects per
@@ -182,6 +182,14 @@ def generator(source: str, port: int, first: int, count: int, clean: bool, keepa
     pipe.send("done")
 
 
+def source_net() -> str:
+    """The first three parts of the generators' addresses, 127.a.b: this run's own (from its pid),
+    so that two runs at once (the tests, beside another session's) never bind the same
+    address and port."""
+    pid = os.getpid()
+    return f"127.{(pid >> 8) & 255}.{pid & 255}"
+
+
 def node_memory(pids: list[int]) -> tuple[int, int]:
     """(RSS, PSS) of these processes together, in bytes (``smaps_rollup``)."""
     rss = pss = 0
@@ -282,7 +290,7 @@ def one_run(args: argparse.Namespace) -> Run:
             first, n = g * share, min(share, args.count - g * share)
             ours, theirs = ctx.Pipe()
             p = ctx.Process(target=generator, daemon=True,
-                            args=(f"127.0.0.{10 + g}", broker.port, first, n, not args.persistent,
+                            args=(f"{source_net()}.{10 + g}", broker.port, first, n, not args.persistent,
                                   args.keepalive, args.concurrency, args.timeout, theirs))
             p.start()
             procs.append((p, ours))
