@@ -292,13 +292,17 @@ class SessionLife:
         ``--fsync always``), which the session reads as a range after what it has: any number,
         in bounded memory, kept across a restart (what waits in memory is in the snapshot too:
         ``Session.held_copies``). A spool that cannot be written leaves them in memory
-        (logged)."""
+        (logged). A hand-on that comes while a range is pending (the backlog a move brought,
+        still read) is spooled too, after it: delivered at once, it went out ahead of that
+        backlog, older messages of its publishers (a takeover with 3 MiB queued while two
+        publishers went on: about 670 of each one's 800 came after newer ones)."""
         session = self.sessions.get(client_id)
         if session is None:
             return
         # (Not while the session moves: its spool would be read by neither router; in its queue,
         # what it gets then is handed on, ``_hand_on_later``.)
-        if read_back and session.log is not None and session.persistent and client_id not in self.moving:
+        if ((read_back or session.ranges) and session.log is not None and session.persistent
+                and client_id not in self.moving):
             held = [item for item in items if item[0]]
             if held and (session.ranges or len(session.queue) + len(held) > self.config.session.max_queued):
                 try:
@@ -306,7 +310,7 @@ class SessionLife:
                     session.add_range(spooled(session.log.directory, held, sync))
                     items = [item for item in items if not item[0]]
                 except OSError as exc:
-                    log.error("session %s: %d copies read back could not be spooled (%s): kept in memory",
+                    log.error("session %s: %d copies read back or handed on could not be spooled (%s): kept in memory",
                               client_id, len(held), exc)
         now_ms = self.clock.unix() * 1000
         for qos, retain, values in items:

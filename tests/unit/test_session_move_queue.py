@@ -103,3 +103,43 @@ def test_copies_not_in_the_log_that_reach_a_moving_session_are_handed_on(tmp_pat
             log_.close()
 
     assert sorted(asyncio.run(run())) == [b"handed-on-here-while-moving", b"logged-while-moving"]
+
+
+def test_a_hand_on_while_a_moved_backlog_is_read_comes_after_that_backlog(tmp_path):
+    """A session arrived with its backlog as a range (here a spool of 300 copies), read 256 at a
+    time as the client drains it; the old router then hands on what reached it during the move,
+    newer messages of the same publishers. Delivered as it came, the hand-on went out ahead of
+    the rest of the backlog (seen in tests/cluster/test_move_under_load.py: about 670 of each
+    publisher's 800 came after newer ones); spooled after the backlog, it comes in order."""
+    from brokerd.connection.packets import Publish
+    from brokerd.router.log.commitlog import CommitLog
+    from brokerd.router.spool import spooled
+    from tests.unit.conftest import FakeConn
+
+    async def run() -> list[bytes]:
+        log_ = CommitLog(tmp_path, router_id="b/w0", loop=asyncio.get_running_loop())
+        try:
+            r = Router(RouterConfig(router_id="b/w0", session=SessionLimits(max_inflight=2)))
+            r.attach_log(log_, False)
+            s = r.new_session("m", True)
+            r.subscribe(s, Subscription("q/#", 1))
+            backlog = [[1, False, Message("q/x", b"old%d" % i, 1, False, "p", "a/w0").to_list()] for i in range(300)]
+            s.add_range(spooled(log_.directory, backlog, False))
+            conn = FakeConn()
+            s.attach(conn)  # type: ignore[arg-type]
+            newer = Message("q/x", b"new", 1, False, "p", "a/w0")
+            r.take_copies("m", [(1, False, newer.to_list())])  # (a hand-on: not read back)
+            acked: set[int] = set()
+            for _ in range(1000):  # the client acknowledges all it gets
+                pids = [p.packet_id for p in conn.packets() if isinstance(p, Publish) and p.packet_id not in acked]
+                if not pids:
+                    break
+                for pid in pids:
+                    acked.add(pid)
+                    s.puback(pid)
+            return [p.payload for p in conn.packets() if isinstance(p, Publish)]
+        finally:
+            log_.close()
+
+    got = asyncio.run(run())
+    assert got == [b"old%d" % i for i in range(300)] + [b"new"]
