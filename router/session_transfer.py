@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from .inflight import RANGED, Inflight
 from .message import Message
-from .ranges import make_range
+from .ranges import Range, make_range
 from .session_state import common_state, restore_common
 from .spool import SpoolRange, spool_dir
 
@@ -57,22 +57,35 @@ def export_copies(session: Session, same_node: bool, chunk_bytes: int = 1 << 20,
     logs and spools. ``limit``: at most this many copies in all, what is beyond counted as
     dropped (queue full) and logged; -1 (the default): ``max_queued``, the bound of a
     session without a log; None: all of them (a new owner that spools them:
-    ``router.spool``)."""
+    ``router.spool``).
+
+    What it copies is fixed now, at the call: the queue's entries (the first
+    ``len(session.queue)``), the ranges and the log's end (where the hand-on after the move
+    starts). The chunks are read later, one per loop turn (``cluster.mesh.transfer``), and a
+    moving session stays subscribed until its new owner confirms: deliveries go on joining its
+    queue meanwhile. Read from the queue itself, one between two chunks broke the export (a
+    deque changed while read: the transfer failed, the CONNECT was refused); what joins it
+    after this call is handed on instead (``SessionLife._hand_on_later``)."""
     if limit == -1:
         limit = session.limits.max_queued
+    if same_node:  # the logs and spools go as positions (``export_header``); what was read
+        # from a range is read from it again there
+        queued = [item for item in session.queue if item[0].log_offset > RANGED]
+        return _chunks(session, queued, [], None, 0, chunk_bytes, limit)
+    ranges = [r.for_export() for r in session.ranges]
+    at, end = (session.cursor, session.log.next_offset) if session.log is not None else (None, 0)
+    return _chunks(session, list(session.queue), ranges, at, end, chunk_bytes, limit)
+
+
+def _chunks(session: Session, queued: list[tuple[Message, int, bool]], ranges: list[Range], at: int | None,
+            end: int, chunk_bytes: int, limit: int | None) -> Iterator[list]:
+    """``export_copies``' chunks: ``queued``, then ``ranges`` and the log from ``at`` to ``end``."""
     chunk: list = []
     size = 0
     n = 0
 
     def items() -> Iterator[tuple[Message, int, bool]]:
-        # (Runs from the first chunk on, in the tick of the export: the log's end is that
-        # tick's, where the hand-on after the move starts.)
-        ranges = [] if same_node else [r.for_export() for r in session.ranges]
-        at, end = (session.cursor, session.log.next_offset) if session.log is not None else (None, 0)
-        if same_node:  # what was read from a range is read from it again there
-            yield from (item for item in session.queue if item[0].log_offset > RANGED)
-            return
-        yield from session.queue
+        yield from queued
         for rng in ranges:
             while (records := rng.read(256, session.clock.now())) is not None and records:
                 if rng.copies:
@@ -85,9 +98,10 @@ def export_copies(session: Session, same_node: bool, chunk_bytes: int = 1 << 20,
             # Its own log is read through the log, not its files: the last records may still
             # be with the writer thread (a reader of the files would stop short of them, and
             # the hand-on after the move starts at the log's end).
-            while at < end and (records := session.log.read(at, 256)):
+            pos = at
+            while pos < end and (records := session.log.read(pos, 256)):
                 yield from session.matching([r for r in records if r.offset < end])
-                at = records[-1].offset + 1
+                pos = records[-1].offset + 1
 
     dropped = 0
     for msg, qos, retain in items():
