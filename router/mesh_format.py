@@ -409,13 +409,6 @@ def check_body(kind: int, body: Any) -> str | None:
     return None
 
 
-def one_or_batch(one: int, batch: int, bodies: list) -> tuple[int, Any]:
-    """A loop turn's bodies of one kind to one peer, as one frame: alone as kind ``one`` (the
-    same bytes as before batching), several as ``batch`` with the list (TAKEOVER_REQ or
-    TAKEOVER_ASKS, TAKEOVER_RESP or TAKEOVER_ANSWERS)."""
-    return (one, bodies[0]) if len(bodies) == 1 else (batch, list(bodies))
-
-
 # -- a message in a PUBLISH frame ------------------------------------------------------------------
 
 def to_mesh(self: Message) -> list:

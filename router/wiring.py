@@ -25,10 +25,6 @@ class OwnersPort(Protocol):
     def claim(self, client_id: str, source: str | None, answered: Iterable[str]) -> Awaitable[str | None]:
         """Make this router the session's agreed owner: None once it is, else why not."""
 
-    def agreed_owner(self, client_id: str) -> Awaitable[str | None]:
-        """The router the node's agreement names as the session's owner (its member's own view,
-        maybe stale): what a takeover with several offers reads."""
-
     def owns(self, client_id: str) -> bool:
         """Whether this router is the session's agreed owner now."""
 

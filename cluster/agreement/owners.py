@@ -75,11 +75,6 @@ class SessionOwners:
         """Whether this node's agreement member can commit now (its node sees a majority)."""
         return bool(self.client.majority)
 
-    async def agreed_owner(self, client_id: str) -> str | None:
-        """The router this node's member names as ``client_id``'s owner: its own view, maybe stale."""
-        owner, _ = await self.client.read(SESSION, client_id)
-        return owner
-
     async def claim(self, client_id: str, source: str | None, answered: Iterable[str]) -> str | None:
         """Make this router the agreed owner of ``client_id``'s session, which the takeover found
         at ``source`` (the router that offered it, the silent router whose replica did, this

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from brokerd.router.mesh_format import INTEREST_ACK
 
-from . import announcements, effects, waiter
+from . import announcements, effects, membership
 from .announcements import Floors, InterestCore
 from .limits import ACK_TIMEOUT_S
 from .waiter import Waiter
@@ -80,7 +80,7 @@ class Interest:
 
     def _wait(self) -> asyncio.Future | None:
         """The future of this tick's request, which every live peer answers; None with none."""
-        alive = waiter.alive(self.peers)
+        alive = membership.alive(self.peers)
         if not alive:
             return None
         if self.waiter is None:

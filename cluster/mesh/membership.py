@@ -25,6 +25,11 @@ PARK = "park"  # alive, and silent for a mesh timeout
 FORGET = "forget"  # parked for --mesh-forget
 
 
+def alive(peers: dict[str, Peer]) -> set[str]:
+    """The ids of the peers that count as alive now: those a request waits for."""
+    return {rid for rid, p in peers.items() if p.alive}
+
+
 def due(peer: Peer, now: float, timeout: float, forget: float) -> str | None:
     """What the heartbeat at ``now`` does to ``peer``: ``PARK``, ``FORGET``, or nothing."""
     if peer.alive and now - peer.last_seen > timeout:

@@ -20,15 +20,17 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from brokerd.router.mesh_format import TAKEOVER_ASKS, TAKEOVER_DONE, TAKEOVER_REQ, one_or_batch
+from brokerd.router.mesh_format import TAKEOVER_ASKS, TAKEOVER_DONE, TAKEOVER_REQ
 from brokerd.router.ownership import refused_by
 from brokerd.router.ports import TAKEOVER_FAILED, TAKEOVER_UNAVAILABLE
 from brokerd.router.spool import drop_named
 
-from . import offer
+from ..agreement.owners import SessionOwners
+from ..agreement.state import SESSION
+from . import membership, offer
+from .framing import one_or_batch
 from .limits import ACK_HOLD_S, ACK_TIMEOUT_S, CONFIRM_S, LOCAL_DOWN_WAIT_S, drop_older, log
 from .waiter import Deadlines, Requests, Waiter
-from .waiter import alive as alive_peers
 
 AGREED_READ_S = 0.5  # how long a takeover with several offers waits for its agreed owner's name
 
@@ -36,12 +38,13 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
 
     from brokerd.connection.batching import EndOfTick
+    from brokerd.router.router import Router
 
     from ..config import Config
     from ..replication import Replication
     from .handon import Handons
     from .peer import Peer
-    from .transfer import TakeoverRouter, Transfers
+    from .transfer import Transfers
 
 
 class Roster(NamedTuple):
@@ -61,7 +64,7 @@ class Takeovers:
     and not confirmed yet (``_unconfirmed``), the copies handed on for them meanwhile
     (``_early``), and the confirmations said (``_confirmed``)."""
 
-    def __init__(self, config: Config, loop: asyncio.AbstractEventLoop, router: TakeoverRouter, peers: dict[str, Peer],
+    def __init__(self, config: Config, loop: asyncio.AbstractEventLoop, router: Router, peers: dict[str, Peer],
                  requests: Requests, roster: Roster, transfers: Transfers, handons: Handons,
                  send: Callable[[Peer, int, Any], None], flush: Callable[[], None], tick: EndOfTick,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -185,7 +188,7 @@ class Takeovers:
                 first = self._asked(client_id, claim)
             req, waiter, asked = first
             first = None
-            result: dict | None = await waiter.future
+            result = await waiter.future
             self._deadlines.discard(req)
             if answered is not None:
                 answered |= asked - waiter.missed - waiter.waiting
@@ -215,12 +218,13 @@ class Takeovers:
         one offer, or no answer within ``AGREED_READ_S`` (the choice is then the rule without it).
         The member's own view, maybe stale: the claim that follows checks it with a majority."""
         owners = self.router.owners
-        if owners is None or (len(offers) < 2 and not self._replicas_of(client_id)):
+        if not isinstance(owners, SessionOwners) or (len(offers) < 2 and not self._replicas_of(client_id)):
             return None  # (this router's own replica of a silent owner's session counts as an offer)
         try:
-            return await asyncio.wait_for(owners.agreed_owner(client_id), AGREED_READ_S)
+            owner, _ = await asyncio.wait_for(owners.client.read(SESSION, client_id), AGREED_READ_S)
         except Exception:  # noqa: BLE001 - NoAgreement, a timeout, the service restarting: not known
             return None
+        return owner
 
     def _replicas_of(self, client_id: str) -> list[str]:
         """The silent routers whose session ``client_id`` this router holds a replica of."""
@@ -387,7 +391,7 @@ class Takeovers:
         """Ask every live peer for ``client_id``'s session: the request's number (0: nobody to
         ask, answered already) and what waits for its answers, bounded (``_expire``). Sent at the
         end of this loop turn with the turn's other asks (``_send_asks``)."""
-        alive = alive_peers(self.peers)
+        alive = membership.alive(self.peers)
         waiter = Waiter(self.loop, alive)
         if not alive:
             waiter.future.set_result(None)

@@ -9,30 +9,22 @@ or either side falls silent) fails: the session stays where it was.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from brokerd.router.mesh_format import (
-    MOVING,
-    TAKEOVER_ANSWERS,
-    TAKEOVER_CHUNK,
-    TAKEOVER_DONE,
-    TAKEOVER_RESP,
-    one_or_batch,
-)
+from brokerd.router.mesh_format import MOVING, TAKEOVER_ANSWERS, TAKEOVER_CHUNK, TAKEOVER_DONE, TAKEOVER_RESP
 from brokerd.router.ownership import refusal
 from brokerd.router.ports import TAKEOVER_FAILED
 from brokerd.router.spool import SpoolWriter, drop_named
 
+from .framing import one_or_batch
 from .limits import ACK_TIMEOUT_S, MOVE_TIMEOUT_S, drop_older, log
 
 if TYPE_CHECKING:
     import asyncio
-    from collections.abc import Callable, Container, Iterator
+    from collections.abc import Callable
 
     from brokerd.connection.batching import EndOfTick
-    from brokerd.router.log import CommitLog
-    from brokerd.router.stats import RouterStats
-    from brokerd.router.wiring import OwnersPort
+    from brokerd.router.router import Router
 
     from ..config import Config
     from ..replication import Replication
@@ -65,38 +57,11 @@ class Transfer:
         self.spool: SpoolWriter | None = None
 
 
-class TakeoverRouter(Protocol):
-    """What a takeover's two sides (``Takeovers``, ``Transfers``) need of their router
-    (``router.Router`` is one). A Protocol, not that class: compiled, an annotation naming a
-    class is checked at run time, and the unit tests hand in routers that record what the
-    takeover did."""
-
-    router_id: str
-    commit_log: CommitLog | None
-    owners: OwnersPort | None
-    stats: RouterStats
-
-    @property
-    def moving(self) -> Container[str]:
-        """The client ids of the sessions exported and not confirmed yet."""
-
-    def take_copies(self, client_id: str, items: list, read_back: bool = False) -> None: ...
-
-    def claim_refused(self, client_id: str, claimant: str | None, refuse: bool) -> list | None: ...
-
-    def release_session(self, client_id: str, same_node: bool,
-                        limit: int | None = -1) -> tuple[dict, Iterator[list]] | None: ...
-
-    def moved(self, client_id: str, ok: bool, to: str | None = None, doubt: bool = False) -> None: ...
-
-    def moved_after_all(self, client_id: str, to: str) -> None: ...
-
-
 class Transfers:
     """The ``Mesh``'s sessions leaving (``_moves``, ``_in_doubt``) and arriving (``_incoming``),
     owned; the requests they answer are ``requests``'."""
 
-    def __init__(self, config: Config, loop: asyncio.AbstractEventLoop, router: TakeoverRouter, peers: dict[str, Peer],
+    def __init__(self, config: Config, loop: asyncio.AbstractEventLoop, router: Router, peers: dict[str, Peer],
                  requests: Requests, send: Callable[[Peer, int, Any], None], flush: Callable[[], None],
                  silent_since: Callable[[Peer], float], tick: EndOfTick,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:

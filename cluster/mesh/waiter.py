@@ -15,15 +15,8 @@ from .limits import log
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .peer import Peer
-
 # A timer may run this much before its time (asyncio runs what is due within the clock's resolution).
 _EARLY = time.get_clock_info("monotonic").resolution
-
-
-def alive(peers: dict[str, Peer]) -> set[str]:
-    """The ids of the peers that count as alive now: those a request waits for."""
-    return {rid for rid, p in peers.items() if p.alive}
 
 
 class Waiter:
@@ -129,18 +122,13 @@ class Deadlines:
         finds nothing to do when it runs and is set for the next)."""
         self._at.pop(req, None)
 
-    def _fired(self) -> None:
-        """The timer ran: none is set. A method, not a line of ``_fire``: there, mypy would take
-        the timer for None after ``due``, which may set it again, and compiled code would raise."""
-        self._timer = None
-
     def _arm(self, when: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
         self._timer = self._loop.call_at(when, self._fire)
 
     def _fire(self) -> None:
-        self._fired()
+        self._timer = None
         at = self._at
         now = self._loop.time() + _EARLY
         due = [req for req, when in at.items() if when <= now]

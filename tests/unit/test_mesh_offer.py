@@ -1,7 +1,6 @@
 """The takeover's choice among offers (cluster/mesh/offer.py): a live router's copy is the
 session, the most recent of two; among replicas' copies the most recent; the replicas passed
-over are named for fencing. Values in, a choice out (an offer compared by value: compiled, a
-tuple of a fixed shape is made anew where it is returned)."""
+over are named for fencing. Values in, a choice out."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from brokerd.cluster.mesh import offer
 def test_a_live_routers_copy_is_the_session_whatever_the_replicas_hold():
     offers = [("b/w0", 1, {"epoch": 5, "replica": "c/w0"}), ("a/w0", 2, {"epoch": 3})]
     assert offer.live(offers) == [offers[1]]
-    assert offer.newest(offer.live(offers) or offers) == offers[1]
+    assert offer.newest(offer.live(offers) or offers) is offers[1]
 
 
 def test_of_two_live_copies_the_higher_epoch_then_the_later_arrival_is_taken():
@@ -38,17 +37,17 @@ def test_the_agreed_owners_copy_is_taken_before_a_stale_live_one():
     owners = {"epoch": 4, "replica": "a/w0"}
     offers = [("b/w1", 1, stale), ("c/w0", 2, owners)]
     assert offer.source(offers[0]) == "b/w1" and offer.source(offers[1]) == "a/w0"
-    assert offer.choose(offers, "a/w0") == offers[1]
+    assert offer.choose(offers, "a/w0") is offers[1]
     assert offer.passed_over(offers, owners) == [], "the live copy passed over is dropped, not fenced as a replica"
-    assert offer.choose(offers, None) == offers[0], "the owner not known: a live router's copy wins, as before"
-    assert offer.choose(offers, "x/w0") == offers[0], "the owner offered nothing: the rule without it"
+    assert offer.choose(offers, None) is offers[0], "the owner not known: a live router's copy wins, as before"
+    assert offer.choose(offers, "x/w0") is offers[0], "the owner offered nothing: the rule without it"
 
 
 def test_the_agreed_owners_own_copy_wins_over_a_more_recent_live_one_and_over_replicas():
     owner, other = {"epoch": 2, "arrived": 1}, {"epoch": 5, "arrived": 9}
     replica_old, replica_new = {"epoch": 1, "replica": "a/w0"}, {"epoch": 2, "replica": "a/w0", "arrived": 2}
     offers = [("b/w0", 1, other), ("a/w0", 2, owner), (None, 0, replica_old), ("c/w1", 3, replica_new)]
-    assert offer.choose(offers, "a/w0") == offers[1], "the owner's own copy before the replicas' of it"
-    assert offer.choose([offers[0], *offers[2:]], "a/w0") == offers[3], "of the replicas' copies, the most recent"
-    assert offer.choose(offers, "b/w0") == offers[0]
-    assert offer.choose(offers[2:], None) == offers[3], "replicas only: the most recent"
+    assert offer.choose(offers, "a/w0") is offers[1], "the owner's own copy before the replicas' of it"
+    assert offer.choose([offers[0], *offers[2:]], "a/w0") is offers[3], "of the replicas' copies, the most recent"
+    assert offer.choose(offers, "b/w0") is offers[0]
+    assert offer.choose(offers[2:], None) is offers[3], "replicas only: the most recent"
