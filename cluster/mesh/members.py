@@ -39,6 +39,17 @@ if TYPE_CHECKING:
     from .transport import Link, Transport
 
 
+# An idle link (its HELLO the same as the last one sent there: no new frames, confirmations,
+# log end, membership or lease beat) hears a HELLO this often instead of every ``HELLO_INTERVAL_S``:
+# the routers of one node HELLO each other all to all, and on an idle node those HELLOs were most
+# of its CPU (docs/benchmarks.md, "An idle node's CPU by its workers"). A silent peer is parked as
+# soon as before (each router still checks every beat); a live one is heard at least every
+# second, a third of the default --mesh-timeout.
+_QUIET_HELLO_S = 1.0
+# The core's effects that leave membership as it was: the others reset ``Members._said``.
+_QUIET_KEEPS = frozenset({membership.Beat, membership.Echo, membership.Echoed})
+
+
 class Hooks(NamedTuple):
     """What the other parts do when membership changes (the ``Mesh`` wires them): a peer
     ``joined`` (it gets our interest), is ``gone`` (silent, left or restarted: nothing waits for
@@ -89,6 +100,11 @@ class Members:
         self._local_ids = {f"{self.node_id}/w{j}" for j in range(config.workers)} - {self.router_id}
         self._local_joined: asyncio.Future | None = None
         self._timer: asyncio.TimerHandle | None = None
+        # Per link endpoint: the last HELLO a beat sent there, and when (``_beat``). A link whose
+        # HELLO would say the same again hears it every ``_quiet_gap`` instead of every beat; a
+        # mesh timeout under 3 s keeps every beat (the gap is under two intervals).
+        self._said: dict[str, tuple[bytes, float]] = {}
+        self._quiet_gap = min(_QUIET_HELLO_S, config.mesh_timeout / 3)
         # The membership itself (who is alive, parked, forgotten; the heartbeat's clock): the
         # core decides, with the time given; this shell acts (``_actions``).
         self.core = membership.MembersCore(self.router_id, self.node_id, incarnation, peers, config.mesh_timeout,
@@ -222,11 +238,12 @@ class Members:
         done = commit_log.durable_offset if self.config.fsync == "always" else commit_log.written_offset
         return delivery.confirmable(peer, done)
 
-    def _send_hello(self, link: Link) -> None:
+    def _send_hello(self, link: Link, frame: bytes | None = None) -> bool:
         try:
-            link.sock.send(self._frame(HELLO, self._hello_body()), zmq.NOBLOCK)
+            link.sock.send(frame if frame is not None else self._frame(HELLO, self._hello_body()), zmq.NOBLOCK)
         except zmq.Again:
-            pass  # a blocked or absent peer: the next heartbeat tries again
+            return False  # a blocked or absent peer: the next heartbeat tries again
+        return True
 
     # -- the core's transitions, and the shell's actions on its effects --------------------------
 
@@ -234,7 +251,10 @@ class Members:
         """Act on each effect the core yields, before it goes on (``membership.MembersCore``)."""
         actions = self._actions
         for effect in yielded:
-            actions[effect.__class__](self, effect)
+            cls = effect.__class__
+            if cls not in _QUIET_KEEPS:
+                self._said.clear()  # membership moved: every link hears the next beat's HELLO
+            actions[cls](self, effect)
 
     def on_hello(self, sender: str, inc: int, body: dict) -> None:
         self._act(self.core.hello(sender, inc, body, self._clock()))
@@ -436,8 +456,19 @@ class Members:
         if self.replication is not None:
             self._replication_hook(self.replication.heartbeat)
         transport = self.transport
-        for link in transport.links.values():
-            self._send_hello(link)
+        if transport.links:
+            # One HELLO for every link (it names no link), and none on a link whose last one said
+            # the same less than ``_quiet_gap`` ago (``_QUIET_HELLO_S``).
+            frame = self._frame(HELLO, self._hello_body())
+            now = self._clock()
+            said = self._said
+            skip_below = self._quiet_gap - HELLO_INTERVAL_S / 2
+            for endpoint, link in transport.links.items():
+                last = said.get(endpoint)
+                if last is not None and last[0] == frame and now - last[1] < skip_below:
+                    continue
+                if self._send_hello(link, frame):
+                    said[endpoint] = (frame, now)
         if transport.monitors:
             transport.poll_monitors()
         self._timer = self.loop.call_later(HELLO_INTERVAL_S, self.heartbeat)

@@ -210,3 +210,40 @@ def test_an_incarnation_restarted_on_its_log_is_young_for_handon_young_s(clock):
     assert _named(part, sent) == {"x/w0": None}, "still young HANDON_YOUNG_S after a restart"
     first, sent = _handons(clock, log_end=0)
     assert _named(first, sent) == {"x/w0": None}, "a first start (an empty log) counted as young"
+
+
+def _hello_times(mesh: Mesh, clock: FakeClock) -> list[float]:
+    """A link on ``mesh`` whose sends are timed: the list of their times."""
+    times: list[float] = []
+    link = FakeLink()
+    link.sock = SimpleNamespace(send=lambda data, flags=0: times.append(clock.now()))
+    mesh.transport.links[link.endpoint] = link  # type: ignore[assignment]
+    return times
+
+
+def test_an_idle_link_hears_a_hello_each_second_and_a_changed_hello_at_the_next_beat(clock, loop):
+    """The routers of a node HELLO each other all to all: on an idle node, a HELLO that says the
+    same as the last goes out once a second (a third of the mesh timeout), not every beat; one
+    that says something new (a peer heard, here) goes at the next beat."""
+    mesh = mesh_on(clock, loop, workers=2)
+    times = _hello_times(mesh, clock)
+    start = clock.now()
+    beats(mesh, clock, 4.0)
+    assert [t - start for t in times] == [0.5, 1.5, 2.5, 3.5], "an idle link's HELLO not once a second"
+    peer = Peer("u/w1", "u", "ipc://fake", None)
+    peer.incarnation, peer.alive = 3, True
+    mesh.peers["u/w1"] = peer  # the next HELLO names it
+    beats(mesh, clock, HELLO_INTERVAL_S)
+    assert times[-1] == clock.now(), "a HELLO with news waited for the quiet gap"
+    mesh.members.stop()
+
+
+def test_with_a_short_mesh_timeout_every_beat_says_hello(clock, loop):
+    """A mesh timeout under 3 s leaves no room for a second's gap: every beat goes out, idle or not."""
+    config = Config(workers=2, node_id="u", listen=("127.0.0.1", 1), mesh_timeout=1.0, mesh_forget=FORGET)
+    mesh = Mesh(config, 0, Router(RouterConfig(router_id="u/w0", node_id="u")), loop, EndOfTick(loop),
+                clock=clock.now, wall=clock.unix)
+    times = _hello_times(mesh, clock)
+    beats(mesh, clock, 2.0)
+    assert len(times) == 4, "a beat's HELLO skipped under a 1 s mesh timeout"
+    mesh.members.stop()
