@@ -79,6 +79,18 @@ class FakeMesh(NullMesh):
         self.announced.append((topic_filter, add))
 
 
+class HandOnMesh(NullMesh):
+    """Records the router's hand-ons of a moved session's copies (no peers: no barrier, so a
+    hand-on follows the confirmation at once)."""
+
+    def __init__(self) -> None:
+        self.handed: list[tuple[str, str, list]] = []
+
+    def hand_on(self, router_id: str, client_id: str, items: list, answered: object = None,
+                stale: bool = False) -> None:
+        self.handed.append((router_id, client_id, items))
+
+
 class PeerStatsMesh(NullMesh):
     """A mesh with nobody to talk to that reports fixed per-peer traffic."""
 

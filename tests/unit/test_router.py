@@ -422,15 +422,7 @@ def test_a_move_in_doubt_is_settled_by_a_late_confirmation_unless_resumed_here()
     keeps the session here; a confirmation from that router later drops it and hands on what it
     got meanwhile (its log is off here: its queue). One from another router, or after a client
     resumed the session here, changes nothing: the copy here is the client's."""
-    from brokerd.router.ports import NullMesh
-
-    class Mesh(NullMesh):
-        def __init__(self) -> None:
-            self.handed: list[tuple[str, str, list]] = []
-
-        def hand_on(self, router_id: str, client_id: str, items: list, answered: object = None,
-                    stale: bool = False) -> None:
-            self.handed.append((router_id, client_id, items))
+    from tests.unit.conftest import HandOnMesh as Mesh
 
     async def run() -> tuple[Router, Mesh]:
         mesh = Mesh()

@@ -11,22 +11,11 @@ import pytest
 
 from brokerd.connection.packets import Subscription
 from brokerd.router.message import Message
-from brokerd.router.ports import NullMesh
 from brokerd.router.router import Router, RouterConfig
 from brokerd.router.session import SessionLimits
+from tests.unit.conftest import HandOnMesh as Mesh
 
 PAD = b"x" * 1024
-
-
-class Mesh(NullMesh):
-    """Records hand-ons (no peers: no barrier, the hand-on follows the confirmation at once)."""
-
-    def __init__(self) -> None:
-        self.handed: list[tuple[str, str, list]] = []
-
-    def hand_on(self, router_id: str, client_id: str, items: list, answered: object = None,
-                stale: bool = False) -> None:
-        self.handed.append((router_id, client_id, items))
 
 
 def name_of(payload: bytes) -> bytes:
