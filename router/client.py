@@ -165,9 +165,7 @@ class Client:
     def connection_lost(self, graceful: bool) -> None:
         router = self.router
         router.live_connections.discard(self.conn)
-        if self.unconnected:
-            self.unconnected = False
-            router.stats.unconnected -= 1
+        self.counted_connected()
         if self.listener is not None:
             listener_closed(router, self.listener)
             self.listener = None
@@ -194,7 +192,16 @@ class Client:
 
     # -- CONNECT --------------------------------------------------------------------------------------
 
+    def counted_connected(self) -> None:
+        """No longer one of ``stats.unconnected``: connected, refused or gone. A CONNECT counts
+        there until its answer, the other routers' answers about its session awaited included,
+        so that a burst of CONNECTs cannot pass ``--max-connections`` while none is counted."""
+        if self.unconnected:
+            self.unconnected = False
+            self.router.stats.unconnected -= 1
+
     def refuse(self, reason: Reason, why: str) -> None:
+        self.counted_connected()  # its socket is closing: it holds no place
         self.will = None  # a refused CONNECT made no session: its will is never published (MQTT-3.1.2-8)
         CONNECTIONS.log(log, "client %r (%s) refused: %s", self.client_id, self.conn.peer, why)
         self.conn.send(encode(Connack(False, connack_code(reason, self.level)), self.level))

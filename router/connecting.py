@@ -95,9 +95,6 @@ class Connecting:
         client.level = connect.protocol_level
         client_id = connect.client_id
         assigned = False
-        if client.unconnected:
-            client.unconnected = False
-            router.stats.unconnected -= 1
         if connect_refused(client, connect, router.config.limits, router.stats):
             return
         if client.level >= MQTT_5 and Prop.AUTHENTICATION_METHOD in connect.properties:
@@ -117,7 +114,10 @@ class Connecting:
             assigned = True
         client.client_id = client_id
         self.conn.client_id = client_id
-        if router.stats.connections + router.stats.unconnected >= router.config.max_connections:
+        # A CONNECT counts as unconnected until it is answered (``Client.counted_connected``).
+        # Its own place is not held against it.
+        others = router.stats.unconnected - (1 if client.unconnected else 0)
+        if router.stats.connections + others >= router.config.max_connections:
             router.stats.refused_connections += 1
             client.refuse(Reason.SERVER_BUSY, f"max connections ({router.config.max_connections}) reached")
             return
@@ -415,6 +415,7 @@ class Connecting:
         session.username = client.username = connect.username
         session.owner_known = True
         router.clients[client_id] = client
+        client.counted_connected()
         router.stats.connections += 1
         router.stats.connects_total += 1
         props: dict = {}

@@ -509,6 +509,24 @@ def test_sockets_not_yet_connected_count_against_max_connections(start_broker):
     wait_for(lambda: _connects(broker.port), what="room again once the idle sockets closed")
 
 
+def test_connects_waiting_on_the_other_workers_count_against_max_connections(start_broker):
+    """Two workers: each CONNECT asks the other router for its session before it is connected, and
+    one waiting for that answer still holds its place. Sent back to back, each on a new socket, none
+    waiting for its CONNACK: the node accepts at most --max-connections of them (12,537 of 12,500
+    got in once, before the CONNECT was counted from its check to its answer)."""
+    limit, sockets = 8, 48
+    broker = start_broker("--max-connections", str(limit), workers=2)
+    raws = []
+    for i in range(sockets):
+        raw = RawClient(broker.port)
+        raw.send(connect_packet(cid(f"burst{i}")))
+        raws.append(raw)
+    answers = [raw.recv_exact(4) for raw in raws]
+    accepted = answers.count(b"\x20\x02\x00\x00")
+    assert accepted + answers.count(b"\x20\x02\x00\x03") == sockets, answers
+    assert 0 < accepted <= limit, f"{accepted} connected against a limit of {limit}"
+
+
 def _connects(port: int) -> bool:
     raw = RawClient(port)
     raw.send(connect_packet(cid("room")))
