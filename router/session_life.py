@@ -192,7 +192,14 @@ class SessionLife:
             timer.cancel()
 
     def _expire(self, session: Session) -> None:
+        """The expiry timer ran out. Not for a moving session (``release_session`` stops the
+        timer; this is for one armed again meanwhile): its new owner has it if the move is
+        confirmed, and one that fails arms the timer again (``moved``). Ended here mid-move, its
+        spool went while the export read it, its delayed will went out though the will had gone
+        with the session, and the confirmation found nothing to hand on."""
         self._expiry.pop(session.client_id, None)
+        if session.client_id in self.moving:
+            return
         if session.conn is None and self.sessions.get(session.client_id) is session:
             log.info("session %s expired", session.client_id)
             will = session.will
@@ -512,6 +519,9 @@ class SessionLife:
         if session is None or client_id in self.moving:
             return None
         self.in_doubt.pop(client_id, None)
+        # Its expiry waits for the move's end: confirmed, the session is the new owner's; failed,
+        # it is offline here again and its interval starts anew (``moved``, ``_expire``).
+        self.cancel_expiry(client_id)
         finish_walks(session)  # the retained messages its SUBSCRIBEs still owe it go with it
         session.detach()
         if session.shared:
