@@ -1,7 +1,8 @@
-"""Edges of a session's move that lost what was acknowledged to its publishers: a session whose
-expiry interval ran out while it moved (its spool removed under the export, the session ended
-before the new owner had it). Real routers, a ``FakeClock`` for the expiry, the ``HandOnMesh``
-recording what is handed on."""
+"""Two edges of a session's move that lost what was acknowledged to its publishers: a move
+confirmed after it was given up (with a log, the copies in no log that reached the session while
+the move was in doubt), and a session whose expiry interval ran out while it moved (its spool
+removed under the export, the session ended before the new owner had it). Real routers, a
+``FakeClock`` for the expiry, the ``HandOnMesh`` recording what is handed on."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from brokerd.router.clock import FakeClock
 from brokerd.router.log.commitlog import CommitLog
 from brokerd.router.message import Message
 from brokerd.router.router import Router, RouterConfig
+from brokerd.router.session import Session, SessionLimits
 from brokerd.router.spool import spooled
 from tests.unit.conftest import HandOnMesh as Mesh
 from tests.unit.conftest import online
@@ -25,6 +27,82 @@ pytestmark = pytest.mark.unit
 def copy(payload: bytes) -> list:
     """A queue entry as a hand-on or a read-back brings it: a copy from another router's log."""
     return [1, False, Message("q/x", payload, 1, False, "p", "c/w0").to_list()]
+
+
+def offline(r: Router, log_: CommitLog) -> Session:
+    """A persistent session ``m`` on ``q/#`` of router ``r`` with ``log_``, offline: what is
+    published for it waits in the log."""
+    r.attach_log(log_, False)
+    s = r.new_session("m", True)
+    r.subscribe(s, Subscription("q/#", 1))
+    s.cursor = log_.next_offset
+    return s
+
+
+def test_a_move_confirmed_late_hands_on_the_copies_in_no_log_it_got_while_in_doubt(tmp_path):
+    """With a log, a move settled late (``moved_after_all``) reads what reached the session from
+    this log (from its end at the export). Copies in no log of this router joined its queue (a
+    hand-on from the router it came from, say) while it moved, and while in doubt, behind the
+    backlog a move brought it (a spool, exported), a spool file of their own: both were dropped,
+    with the queue and the ranges, at the late confirmation (acknowledged to their publishers,
+    lost). Now they are handed on with the logged ones, once; the exported spool is not."""
+    async def run() -> list[bytes]:
+        log_ = CommitLog(tmp_path, router_id="a/w0", loop=asyncio.get_running_loop())
+        try:
+            mesh = Mesh()
+            r = Router(RouterConfig(router_id="a/w0"), mesh)
+            s = offline(r, log_)
+            r.take_copies("m", [copy(b"exported")])  # (in its queue: exported)
+            s.add_range(spooled(log_.directory, [copy(b"spooled-before")], False))  # (exported)
+            r.publish(Message("q/x", b"logged-before", 1, False, "p", "a/w0"))  # (exported)
+            assert r.release_session("m", False, None) is not None
+            r.take_copies("m", [copy(b"handed-on-while-moving")])
+            r.moved("m", False, "b/w0", doubt=True)
+            assert r.sessions.get("m") is s and "m" in r.in_doubt
+            r.publish(Message("q/x", b"logged-in-doubt", 1, False, "p", "a/w0"))
+            r.take_copies("m", [copy(b"handed-on-in-doubt")])  # (spooled behind the backlog)
+            r.take_copies("m", [copy(b"read-back-in-doubt%d" % i) for i in range(3)], read_back=True)
+            assert len(s.ranges) == 3, "not spooled behind the backlog: the test misses that path"
+            spools = [rng.directory for rng in s.ranges]
+            r.moved_after_all("m", "b/w0")
+            assert "m" not in r.sessions
+            assert not any(os.path.exists(p) for p in spools), "a spool stays behind"
+            [(to, cid, items)] = mesh.handed
+            assert (to, cid) == ("b/w0", "m")
+            return [values[1] for _, _, values in items]
+        finally:
+            log_.close()
+
+    handed = asyncio.run(run())
+    assert handed[0] == b"handed-on-while-moving", "what came first is not handed on first"
+    assert sorted(handed) == sorted([b"handed-on-while-moving", b"handed-on-in-doubt", b"logged-in-doubt",
+                                     *(b"read-back-in-doubt%d" % i for i in range(3))]), \
+        "lost, or handed on twice: what reached the session after its export"
+
+
+def test_a_move_confirmed_late_hands_on_all_that_waited_in_the_log_not_max_queued(tmp_path):
+    """What a move in doubt got meanwhile waits in the log; the late hand-on read it bounded
+    by ``--max-queued`` (as an export to a node without a log is) and dropped the rest, counted
+    as ``queue_full``: acknowledged messages lost after a cut of a minute or more. The new
+    owner takes a hand-on unbounded and the mesh frames it: all of it goes now."""
+    async def run() -> tuple[list[bytes], int]:
+        log_ = CommitLog(tmp_path, router_id="a/w0", loop=asyncio.get_running_loop())
+        try:
+            mesh = Mesh()
+            r = Router(RouterConfig(router_id="a/w0", session=SessionLimits(max_queued=10)), mesh)
+            offline(r, log_)
+            assert r.release_session("m", False, None) is not None
+            r.moved("m", False, "b/w0", doubt=True)
+            for i in range(25):
+                r.publish(Message("q/x", b"in-doubt%d" % i, 1, False, "p", "a/w0"))
+            r.moved_after_all("m", "b/w0")
+            [(_, _, items)] = mesh.handed
+            return [values[1] for _, _, values in items], r.stats.drop_queue_full
+        finally:
+            log_.close()
+
+    handed, dropped = asyncio.run(run())
+    assert (handed, dropped) == ([b"in-doubt%d" % i for i in range(25)], 0)
 
 
 @pytest.mark.parametrize("same_node", [False, True])
@@ -43,12 +121,9 @@ def test_a_session_whose_expiry_runs_out_while_it_moves_is_not_ended_under_the_m
         try:
             mesh = Mesh()
             r = Router(RouterConfig(router_id="a/w0"), mesh, clock=clock)
-            r.attach_log(log_, False)
             _, watcher = online(r, "watcher", ("will/#", 1))
-            s = r.new_session("m", True)
+            s = offline(r, log_)
             s.expiry_s = 5
-            r.subscribe(s, Subscription("q/#", 1))
-            s.cursor = log_.next_offset
             s.add_range(spooled(log_.directory, [copy(b"spooled%d" % i) for i in range(3)], False))
             spool = s.ranges[0].directory
             s.will = Message("will/m", b"gone", 1, False, "m", "a/w0")  # (a delayed one: it goes with the session)
