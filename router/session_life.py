@@ -283,6 +283,14 @@ class SessionLife:
         # new owner routed every publish since the move was confirmed to the new owner too (its
         # interest was taken in here first; the new owner held the session). Not after a late move:
         # its queue holds what came before. Nor for ``held``: it came before the confirmation.
+        # So without a log what a router published between the export and the moment it learned
+        # of the new owner's interest comes after its newer messages that went there directly,
+        # and what it published after that moment comes twice (docs/guarantees.md: at least
+        # once). ``held`` is not cut where the new owner's interest reached this router: an
+        # announcement names a filter, not the session (another session there may have
+        # announced it before this one arrived: what was cut would reach nobody), and one
+        # already announced arrives not at all; this router's own publishers would be the
+        # only ones spared.
         direct = (self.config.router_id, to) if session.log is None and not late else ()
         barrier = self.wiring.mesh.barrier()
         if barrier is None:
