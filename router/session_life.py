@@ -14,7 +14,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterator
 from itertools import islice
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from brokerd.connection.packets import Subscription
 from brokerd.connection.ratelimit import CONNECTIONS
@@ -56,6 +56,18 @@ class Subscriptions(Protocol):
     def unsubscribe(self, session: Session, topic_filter: str) -> bool: ...
 
 
+class Doubt(NamedTuple):
+    """A move given up without an answer (``SessionLife.moved``, ``doubt``): what a late
+    confirmation hands on from (``moved_after_all``)."""
+
+    session: Session
+    to: str  # the router it went to
+    start: int  # this log's end at the export (-1: no log)
+    queued: int  # its queue's length at the export: what joined after it was not exported
+    mark: int  # its queue's length when the move was given up: beyond, what came while in doubt
+    ranges: int  # its ranges then: those added later (read-backs spooled while in doubt) were not exported
+
+
 class SessionLife:
     def __init__(self, config: RouterConfig, stats: RouterStats, clock: Clock, wiring: Wiring,
                  clients: dict[str, ClientHandle], subscriptions: Subscriptions, shared: SharedRoutes,
@@ -73,10 +85,9 @@ class SessionLife:
         # reaches them from there on, logged or queued, is handed on (``_hand_on_later``).
         self.moving_from: dict[str, tuple[int, int]] = {}
         self.stale_moving: set[str] = set()  # of those, the ones found stale meanwhile (a fence)
-        # Exported, then kept: the new owner fell silent before confirming. Client id → (session,
-        # that router, this log's end at the export, its queue's length when the move was given
-        # up), until it confirms or a client resumes here.
-        self.in_doubt: dict[str, tuple[Session, str, int, int]] = {}
+        # Exported, then kept: the new owner fell silent before confirming (``Doubt``), until it
+        # confirms or a client resumes here.
+        self.in_doubt: dict[str, Doubt] = {}
         self.moved_in: dict[str, float] = {}  # sessions taken over from another router: when (Unix time)
         # With agreement: client id -> the router whose takeover of it was undone here (its claim
         # was refused or timed out), until the session moves or a fence naming that router comes.
@@ -192,7 +203,14 @@ class SessionLife:
             timer.cancel()
 
     def _expire(self, session: Session) -> None:
+        """The expiry timer ran out. Not for a moving session (``release_session`` stops the
+        timer; this is for one armed again meanwhile): its new owner has it if the move is
+        confirmed, and one that fails arms the timer again (``moved``). Ended here mid-move, its
+        spool went while the export read it, its delayed will went out though the will had gone
+        with the session, and the confirmation found nothing to hand on."""
         self._expiry.pop(session.client_id, None)
+        if session.client_id in self.moving:
+            return
         if session.conn is None and self.sessions.get(session.client_id) is session:
             log.info("session %s expired", session.client_id)
             will = session.will
@@ -215,7 +233,8 @@ class SessionLife:
                         "another router (--session-owner refuse)", client_id, name(session.username), name(claimant))
         return [session.username]
 
-    def _hand_on_later(self, session: Session, to: str, start: int, late: bool = False, queued: int = -1) -> None:
+    def _hand_on_later(self, session: Session, to: str, start: int, late: bool = False, queued: int = -1,
+                       ranges: int = -1) -> None:
         """A persistent session moved to router ``to``. Messages for it may still reach this
         router: routed here by routers that did not know of its move yet, or frames sent again
         to this router after a restart. Its new owner confirmed only once every router had
@@ -235,25 +254,43 @@ class SessionLife:
         (hand-ons, read-backs). Dropped with the queue at the confirmation, these were lost
         (acknowledged to their publishers): what this router, or any other not yet told of the
         new owner's interest, sent the session after its last chunk left. Some of them may have
-        reached the new owner directly too (once its interest was known here): at least once."""
-        self._forget(session)
+        reached the new owner directly too (once its interest was known here): at least once.
+        After a late move with a log, the same: they were dropped with the queue
+        (``moved_after_all``). Without a log a late move hands on its whole queue instead.
+
+        ``ranges``: after a late move, how many ranges it had when the move was given up. Those
+        added later are spools of copies read back or handed on to it while in doubt
+        (``take_copies``), exported nowhere: the hand-on reads them, then they go. Discarded
+        with the others, they were lost."""
+        later = list(session.ranges[ranges:]) if late and ranges >= 0 else []
+        if later:
+            session.ranges = list(session.ranges[:ranges])
+        self._forget(session)  # (its ranges' spools go: the move took them)
         session.will = None  # it went with the session
         for key in list(session.shared):  # a group's messages go to its other members
             self.shared.unsubscribe(session, key)
         held: list[tuple[Message, int, bool]] = []
-        if not late and queued >= 0:
+        if queued >= 0 and (session.log is not None or not late):
             held = [item for item in islice(session.queue, queued, None)
                     if session.log is None or item[0].log_offset < 0]
         if session.log is not None or not late:
             session.queue = ()
         session.inflight = {}
-        session.ranges = ()
+        session.ranges = later
         session.cursor = start if session.log is not None and start >= 0 else None
         # Without a log the new owner has no offsets to tell a copy that also came to it directly
         # (``Mesh.confirm_takeover``'s marks); two origins are known to have: this router and the
         # new owner routed every publish since the move was confirmed to the new owner too (its
         # interest was taken in here first; the new owner held the session). Not after a late move:
         # its queue holds what came before. Nor for ``held``: it came before the confirmation.
+        # So without a log what a router published between the export and the moment it learned
+        # of the new owner's interest comes after its newer messages that went there directly,
+        # and what it published after that moment comes twice (docs/guarantees.md: at least
+        # once). ``held`` is not cut where the new owner's interest reached this router: an
+        # announcement names a filter, not the session (another session there may have
+        # announced it before this one arrived: what was cut would reach nobody), and one
+        # already announced arrives not at all; this router's own publishers would be the
+        # only ones spared.
         direct = (self.config.router_id, to) if session.log is None and not late else ()
         barrier = self.wiring.mesh.barrier()
         if barrier is None:
@@ -268,12 +305,22 @@ class SessionLife:
         its subscriptions here end (and with them, maybe, this router's interest). ``answered``:
         the routers that answered the barrier (their log ends); what the others sent here before
         they knew of the move may still be on its way (a cut link): the new owner asks them
-        (``Mesh.hand_on``). ``held``: what it got while it moved, not exported, first."""
+        (``Mesh.hand_on``). ``held``: what it got while it moved, not exported, first.
+
+        Its ranges still here (a stale copy's, spools a late move's session got while in doubt)
+        are read into it, then their spools go. Not bounded by ``--max-queued``: every copy was
+        acknowledged to its publisher, the new owner takes them unbounded (``take_copies``), and
+        the mesh sends them in frames of ``HANDON_ITEMS``; bounded, a move confirmed late with
+        more than that waiting in this log lost the rest."""
         if self.wiring.commit_log is not None:
             self.wiring.commit_log.flush()  # read from the disk
         items = [(qos, retain, msg.to_list()) for msg, qos, retain in held or ()]
-        items += [item for chunk in session.export_copies(False) for item in chunk
+        items += [item for chunk in session.export_copies(False, limit=None) for item in chunk
                   if item[2][5] not in direct]  # (``direct``: origins whose copies reached ``to`` too)
+        for rng in session.ranges:
+            if rng.copies:
+                rng.discard()
+        session.ranges = ()
         for topic_filter in list(session.subscriptions):
             self.subscriptions.unsubscribe(session, topic_filter)
         if items:
@@ -399,10 +446,7 @@ class SessionLife:
             self.shared.unsubscribe(session, key)
 
         def hand_on(f: Any = None) -> None:
-            self.hand_on(session, to, _answered(f), stale=True)
-            for rng in ranges:
-                if rng.copies:
-                    rng.discard()
+            self.hand_on(session, to, _answered(f), stale=True)  # (its spools go once read)
 
         def when_heard(deadline: float) -> None:
             # The copy stays subscribed (offline: what reaches it waits in the log) until this
@@ -436,12 +480,12 @@ class SessionLife:
         self.drop_session(session)
 
     def _moved_away(self, session: Session, to: str | None, start: int, late: bool = False,
-                    queued: int = -1) -> None:
+                    queued: int = -1, ranges: int = -1) -> None:
         """``session`` is router ``to``'s now: what reaches it here from ``start`` (this log's
         offset) or its queue's entry ``queued`` on is handed on (``_hand_on_later``); one with
         nothing to hand on just goes."""
         if to is not None and session.persistent and session.subscriptions:
-            self._hand_on_later(session, to, start, late, queued)
+            self._hand_on_later(session, to, start, late, queued, ranges)
         else:
             self.drop_session(session)
 
@@ -452,10 +496,10 @@ class SessionLife:
         unless a client resumed the session here in between (then each keeps its own, as the
         two sides of a partition do until the next takeover weighs them)."""
         entry = self.in_doubt.get(client_id)
-        if entry is None or entry[1] != to:
+        if entry is None or entry.to != to:
             return
         del self.in_doubt[client_id]
-        session, _, start, mark = entry
+        session, mark = entry.session, entry.mark
         if self.sessions.get(client_id) is not session or session.conn is not None or client_id in self.moving:
             return
         log.warning("session %s: router %s confirms it took the session over after all; the copy kept here "
@@ -469,11 +513,11 @@ class SessionLife:
         if orphans:
             log.info("session %s: %d group message(s) it got while its move was in doubt go to %s for their groups",
                      client_id, len(orphans), to)
-        if orphans and session.log is None:
+        if orphans:  # (with a log too: the hand-on takes the queue's copies in no log)
             sent = {id(msg) for msg, _ in orphans}
             queue = list(session.queue)
             session.queue = deque(queue[:mark] + [item for item in queue[mark:] if id(item[0]) not in sent])
-        self._moved_away(session, to, start, late=True)
+        self._moved_away(session, to, entry.start, late=True, queued=entry.queued, ranges=entry.ranges)
         self.shared.send_kept(orphans, to)
         self._mark_soon()
 
@@ -512,6 +556,9 @@ class SessionLife:
         if session is None or client_id in self.moving:
             return None
         self.in_doubt.pop(client_id, None)
+        # Its expiry waits for the move's end: confirmed, the session is the new owner's; failed,
+        # it is offline here again and its interval starts anew (``moved``, ``_expire``).
+        self.cancel_expiry(client_id)
         finish_walks(session)  # the retained messages its SUBSCRIBEs still owe it go with it
         session.detach()
         if session.shared:
@@ -573,7 +620,7 @@ class SessionLife:
             log.warning("session %s: its new router %s did not confirm the transfer; it stays here until that "
                         "router says it has it", client_id, to)
             doubts = self.in_doubt
-            doubts[client_id] = (session, to, start, mark)
+            doubts[client_id] = Doubt(session, to, start, queued, mark, len(session.ranges))
             while len(doubts) > MOVED_IN_MAX:
                 del doubts[next(iter(doubts))]
         else:
