@@ -1,0 +1,67 @@
+"""Limits and identity checks attacked where features meet: several workers, a session moving
+between them (takeover), a reconnect, a reload, MQTT 5 properties.
+
+Each test is an attack a client with valid credentials of its own can make against a real
+two-worker brokerd over loopback. One that the broker does not yet withstand is marked
+``xfail(strict=True)`` with the file and reason that let it through: it passes once that is fixed,
+and then fails as an unexpected pass until the mark goes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.helpers import cid
+from tests.integration.test_mqtt5 import (
+    PUBLISH,
+    RECEIVE_MAXIMUM,
+    SESSION_EXPIRY,
+    Closed,
+    paho_on,
+    raw_on,
+)
+
+
+def publishes_within(raw, seconds: float) -> list:
+    """Every PUBLISH the broker sends ``raw`` within ``seconds``, none acknowledged (bounded)."""
+    got = []
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            pkt = raw.recv(left)
+        except Closed:
+            break
+        except AssertionError:  # the time is up
+            break
+        if pkt.kind == PUBLISH:
+            got.append(pkt)
+    return got
+
+
+@pytest.mark.xfail(strict=True, reason="router/session.py Session.attach resends every unacknowledged "
+                   "message of the session on the new connection, not at most its Receive Maximum")
+def test_a_resumed_session_sends_no_more_than_the_new_connections_receive_maximum(start_broker):
+    """MQTT-4.9.0-2 and 3.1.2.11.3: the server sends at most the client's Receive Maximum of QoS 1/2
+    PUBLISHes unacknowledged. A device that left with 10 in flight (Receive Maximum 20, the
+    broker's --max-inflight) comes back, on the other worker, saying it can take 2: the rest of the
+    window must wait until it acknowledges (as Mosquitto moves them back to its queue), or a small
+    device is flooded by what it asked not to get (paho answers DISCONNECT 0x93)."""
+    broker = start_broker()
+    client_id, topic = cid("rm-dev"), cid("rm") + "/t"
+    first = raw_on(broker)
+    first.connect(client_id, clean=True, props=[(SESSION_EXPIRY, 300)])
+    first.subscribe([(topic, 1)])
+    pub = paho_on(broker, "rm-pub")
+    for i in range(10):
+        pub.publish(topic, f"m{i}".encode(), qos=1)
+    sent = publishes_within(first, 3.0)
+    assert len(sent) == 10, f"the first connection got {len(sent)} of 10 (its window is 20)"
+    first.close()  # none acknowledged: the 10 stay in flight in the session
+    again = raw_on(broker, off=first.worker)  # the takeover: the session moves to the other worker
+    connack = again.connect(client_id, clean=False, props=[(SESSION_EXPIRY, 300), (RECEIVE_MAXIMUM, 2)])
+    assert connack.session_present
+    resent = publishes_within(again, 2.0)
+    assert resent, "nothing of the session came back"
+    assert len(resent) <= 2, f"{len(resent)} unacknowledged PUBLISHes to a client with Receive Maximum 2"
