@@ -13,15 +13,21 @@ import time
 
 import pytest
 
-from tests.helpers import cid
+from tests.cluster.conftest import client_worker
+from tests.helpers import Client, cid
 from tests.integration.test_mqtt5 import (
+    CONNACK,
     PUBLISH,
     RECEIVE_MAXIMUM,
     SESSION_EXPIRY,
+    WILL_DELAY,
     Closed,
+    connect_bytes,
     paho_on,
     raw_on,
 )
+
+NOT_AUTHORIZED = 0x87
 
 
 def publishes_within(raw, seconds: float) -> list:
@@ -65,3 +71,37 @@ def test_a_resumed_session_sends_no_more_than_the_new_connections_receive_maximu
     resent = publishes_within(again, 2.0)
     assert resent, "nothing of the session came back"
     assert len(resent) <= 2, f"{len(resent)} unacknowledged PUBLISHes to a client with Receive Maximum 2"
+
+
+@pytest.mark.parametrize("delay", [0, 2])
+def test_a_will_never_publishes_into_sys(start_broker, delay):
+    """Clients never publish into ``$SYS/`` (docs/security.md), an ACL or not: the broker's own
+    numbers live there, and a retained forgery would be what every monitoring client reads. A will
+    is a publish made later on the client's behalf, so its topic is held to the same rule: a CONNECT
+    whose will is on ``$SYS/`` is refused (CONNACK not authorized, as Mosquitto), never published
+    when the connection drops, delayed or not."""
+    broker = start_broker()
+    topic = f"$SYS/broker/{cid('forged')}"
+    watcher = paho_on(broker, "sys-watch")
+    assert watcher.subscribe("$SYS/broker/#", 0) == [0]
+    will_props = [(WILL_DELAY, delay)] if delay else []
+    raw = raw_on(broker, off=client_worker(broker, watcher))
+    raw.send(connect_bytes(cid("sys-will"), props=[(SESSION_EXPIRY, 60)],
+                           will=(topic, b"forged", 1, True, will_props)))
+    connack = raw.expect(CONNACK)
+    raw.close()  # no DISCONNECT: where it was accepted, its will is due
+    if connack.reason == 0:
+        time.sleep(delay + 1.5)
+    late = paho_on(broker, "sys-late")
+    assert late.subscribe(topic, 0) == [0]
+    time.sleep(0.5)  # a retained forgery comes with the SUBACK's turn
+    forged = [m for m in watcher.messages + late.messages if m.topic == topic]
+    assert not forged, f"a client's will was published into $SYS: {forged[0].payload!r}"
+    assert connack.reason == NOT_AUTHORIZED, connack
+
+
+def test_an_mqtt311_will_on_sys_is_refused(start_broker):
+    broker = start_broker()
+    Client(broker.port, cid("sys-will"), will=("$SYS/broker/version", b"forged", 0, True)).connect(
+        expect_rc=NOT_AUTHORIZED)  # paho reports 3.1.1's CONNACK 5 as MQTT 5's 0x87
+    assert "clients never publish into $SYS/" in broker.log_text()
