@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.cluster.conftest import client_worker
-from tests.helpers import Client, cid
+from tests.helpers import Client, RawClient, cid, connect_packet
 from tests.integration.test_mqtt5 import (
     CONNACK,
     PUBLISH,
@@ -24,6 +24,7 @@ from tests.integration.test_mqtt5 import (
     Closed,
     connect_bytes,
     paho_on,
+    publish_bytes,
     raw_on,
 )
 
@@ -105,3 +106,35 @@ def test_an_mqtt311_will_on_sys_is_refused(start_broker):
     Client(broker.port, cid("sys-will"), will=("$SYS/broker/version", b"forged", 0, True)).connect(
         expect_rc=NOT_AUTHORIZED)  # paho reports 3.1.1's CONNACK 5 as MQTT 5's 0x87
     assert "clients never publish into $SYS/" in broker.log_text()
+
+
+@pytest.mark.xfail(strict=True, reason="connection/protocol.py gives each connection a fresh ClientRate "
+                   "(connection/guard.py): the debt a client ran up goes with its connection, so a "
+                   "reconnect with the same client id starts with a full bucket and no debt")
+def test_a_client_does_not_escape_its_message_rate_by_reconnecting(start_broker):
+    """--max-client-msg-rate is one client's (docs/limits.md): its reads pause until the debt of
+    what it sent is paid. A client that closes its connection once it is paused and connects again
+    with the same client id must not find the debt gone, or the limit bounds nothing: each
+    connection gets a read's worth through. One worker: the reconnect is the seam, not the workers."""
+    rate, per_connection, connections = 10, 100, 10
+    broker = start_broker("--max-client-msg-rate", str(rate), workers=1)
+    topic = cid("rate") + "/t"
+    sub = Client(broker.port, cid("rate-sub")).connect()
+    assert sub.subscribe(topic, 0) == [0]
+    client_id = cid("rate-dev")
+    publish = publish_bytes(topic, b"x", level=4)
+    started = time.monotonic()
+    for _ in range(connections):
+        raw = RawClient(broker.port)
+        raw.send(connect_packet(client_id) + publish * per_connection)
+        assert raw.recv_exact(4) == b"\x20\x02\x00\x00"
+        time.sleep(0.2)  # its read was handled; it is paused now
+        raw.close()
+    time.sleep(1.0)
+    elapsed = time.monotonic() - started
+    got = len(sub.messages)
+    # What one connection that stayed would get through: the first slice of its read (--read-budget,
+    # 16), then a second's burst and the rate. 5 connections got 91 through in 2.1 s.
+    allowed = 16 + rate * (elapsed + 1)
+    assert got <= allowed, (f"{got} messages in {elapsed:.1f} s from one client id at "
+                            f"--max-client-msg-rate {rate} (at most {allowed:.0f} if it had stayed)")
