@@ -20,6 +20,8 @@ from tests.integration.test_mqtt5 import (
     PUBLISH,
     RECEIVE_MAXIMUM,
     SESSION_EXPIRY,
+    TOPIC_ALIAS,
+    TOPIC_ALIAS_MAXIMUM,
     WILL_DELAY,
     Closed,
     connect_bytes,
@@ -138,3 +140,25 @@ def test_a_client_does_not_escape_its_message_rate_by_reconnecting(start_broker)
     allowed = 16 + rate * (elapsed + 1)
     assert got <= allowed, (f"{got} messages in {elapsed:.1f} s from one client id at "
                             f"--max-client-msg-rate {rate} (at most {allowed:.0f} if it had stayed)")
+
+
+@pytest.mark.xfail(strict=True, reason="router/connecting.py gives Outbound the client's Topic Alias Maximum "
+                   "as it asked (up to 65535): router/outbound.py keeps a topic string per alias for the "
+                   "connection's life, with no bound of the broker's own")
+def test_outgoing_topic_aliases_are_bounded_by_the_broker_not_only_by_the_client(start_broker):
+    """--topic-alias-out on: each alias given holds its topic (up to 64 KiB) until the connection
+    ends, and the client says how many it takes (up to 65535). A subscriber to ``#`` asking for
+    65535 makes the broker hold every distinct topic it forwards, 4 GiB at worst per connection,
+    outside every limit of docs/limits.md. The broker's side needs its own maximum (Mosquitto:
+    ``max_topic_alias_broker``): here --max-topic-alias (10), as for the aliases a client sends."""
+    broker = start_broker("--topic-alias-out", "on", workers=1)
+    u = cid("ta")
+    sub = raw_on(broker)
+    sub.connect(cid("ta-sub"), props=[(TOPIC_ALIAS_MAXIMUM, 65535)])
+    sub.subscribe([(f"{u}/#", 0)])
+    pub = Client(broker.port, cid("ta-pub")).connect()
+    for i in range(50):
+        pub.publish(f"{u}/{i}", b"x", qos=0)
+    got = sub.messages(lambda g: len(g) == 50)
+    aliases = {m.prop(TOPIC_ALIAS) for m in got} - {None}
+    assert len(aliases) <= 10, f"{len(aliases)} topic aliases held for one connection"
