@@ -218,3 +218,32 @@ def test_a_connect_waiting_on_the_other_worker_when_its_user_is_removed_is_not_l
             return
         time.sleep(0.1)
     pytest.fail("user 'alice' left the password file before her CONNECT was answered, and she is connected")
+
+
+@pytest.mark.xfail(strict=True, reason="router/client.py connection_lost publishes the will a CONNECT "
+                   "brought (set in router/connecting.py before the other workers are asked) although "
+                   "no CONNACK accepted it, and with no user name (client.username is set on acceptance)")
+def test_a_connect_that_was_never_answered_never_publishes_its_will(start_broker):
+    """MQTT-3.1.2-8: a will is stored only once its CONNECT is accepted. A client whose CONNECT
+    waits for the other worker's answer about its session (which may yet refuse it: another
+    user's session, a minority side) and that hangs up before the answer was never accepted: its
+    will must not go out. The other worker is frozen to hold the CONNECT there."""
+    broker = start_broker()
+    topic = cid("unanswered") + "/will"
+    raw = raw_on(broker)
+    watcher = paho_on(broker, "will-watch", on=raw.worker)
+    assert watcher.subscribe(topic, 0) == [0]
+    other = next(p for p in broker.workers() if p != raw.worker)
+    freeze(other)
+    try:
+        raw.send(connect_bytes(cid("will-dev"), will=(topic, b"never accepted", 0, False, [])))
+        with pytest.raises(AssertionError, match="timed out"):
+            raw.recv(1.0)  # no CONNACK: it waits for the frozen worker
+        raw.close()
+        time.sleep(1.0)
+    finally:
+        os.kill(other, signal.SIGCONT)
+    marker = paho_on(broker, "will-marker", on=raw.worker)
+    marker.publish(topic, b"marker", qos=1)
+    watcher.wait_payload(b"marker")
+    assert [m.payload for m in watcher.messages] == [b"marker"], "the will of a CONNECT never accepted went out"
