@@ -247,3 +247,35 @@ def test_a_connect_that_was_never_answered_never_publishes_its_will(start_broker
     marker.publish(topic, b"marker", qos=1)
     watcher.wait_payload(b"marker")
     assert [m.payload for m in watcher.messages] == [b"marker"], "the will of a CONNECT never accepted went out"
+
+
+@pytest.mark.xfail(strict=True, reason="router/router.py peer_retained applies --max-retained again to "
+                   "what another router retained: at the limit each router keeps its own clients' "
+                   "message and refuses the other's, and they never agree again")
+def test_routers_at_the_retained_limit_keep_the_same_retained_messages(start_broker):
+    """--max-retained is per router and every router holds every retained message
+    (docs/limits.md). Two clients on two workers, each retaining a new topic at the limit at about
+    the same time: each worker accepted its own and refuses the other's, so a subscriber sees one
+    message or the other by the worker the kernel gives it, for as long as they stay retained."""
+    broker = start_broker("--max-retained", "1")
+    a = paho_on(broker, "ret-a")
+    b = paho_on(broker, "ret-b", off=client_worker(broker, a))
+    u = cid("ret")
+    workers = broker.workers()
+    for pid in workers:  # both publishes wait in their sockets: each worker reads its own first
+        freeze(pid)
+    try:
+        a.c.publish(f"{u}/a", b"A", qos=0, retain=True)
+        b.c.publish(f"{u}/b", b"B", qos=0, retain=True)
+        time.sleep(0.3)  # written by paho's threads
+    finally:
+        for pid in workers:
+            os.kill(pid, signal.SIGCONT)
+    time.sleep(1.0)  # the updates crossed between the workers
+    views = []
+    for pub in (a, b):
+        sub = paho_on(broker, "ret-sub", on=client_worker(broker, pub))
+        assert sub.subscribe(f"{u}/#", 0) == [0]
+        time.sleep(0.5)  # retained messages come with the SUBACK's turn
+        views.append(sorted(m.topic for m in sub.messages))
+    assert views[0] == views[1], f"the workers keep different retained messages: {views}"
