@@ -16,7 +16,18 @@ import time
 import pytest
 
 from tests.cluster.conftest import client_worker
-from tests.helpers import WAIT, Client, RawClient, add_user, cid, connect_packet, freeze, wait_for
+from tests.helpers import (
+    WAIT,
+    Broker,
+    Client,
+    RawClient,
+    add_user,
+    cid,
+    connect_packet,
+    free_port,
+    freeze,
+    wait_for,
+)
 from tests.integration.test_mqtt5 import (
     CONNACK,
     PUBLISH,
@@ -279,3 +290,31 @@ def test_routers_at_the_retained_limit_keep_the_same_retained_messages(start_bro
         time.sleep(0.5)  # retained messages come with the SUBACK's turn
         views.append(sorted(m.topic for m in sub.messages))
     assert views[0] == views[1], f"the workers keep different retained messages: {views}"
+
+
+def test_a_listeners_max_connections_holds_for_back_to_back_connects_on_two_workers(xprocess, tmp_path):
+    """A [[listener]] table's max_connections with two workers, CONNECTs sent back to back on
+    new sockets, none waiting for its CONNACK (as --max-connections was passed, 48 of 48 against
+    8): each worker takes its share, counted from accept, so the node takes at most the limit."""
+    port = free_port(count=2)
+    limited = port + 1
+    limit, sockets = 8, 48
+    toml = tmp_path / "listeners.toml"
+    toml.write_text(f'listen = "127.0.0.1:{port}"\n\n[[listener]]\nlisten = "mqtt://127.0.0.1:{limited}"\n'
+                    f'max_connections = {limit}\n')
+    # Not start_broker: its --listen would replace the file's listeners.
+    broker = Broker(xprocess, f"brokerd-attack-lim-{port}", ["--workers", "2", "--node-id", "t", "--data-dir",
+                    str(tmp_path / "data"), "--config", str(toml)], "127.0.0.1", port)
+    broker.start()
+    try:
+        raws = []
+        for i in range(sockets):
+            raw = RawClient(limited)
+            raw.send(connect_packet(cid(f"lim{i}")))
+            raws.append(raw)
+        answers = [raw.recv_exact(4) for raw in raws]
+        accepted = answers.count(b"\x20\x02\x00\x00")
+        assert accepted + answers.count(b"\x20\x02\x00\x03") == sockets, answers
+        assert 0 < accepted <= limit, f"{accepted} connected against a listener's max_connections of {limit}"
+    finally:
+        xprocess.getinfo(broker.name).terminate(timeout=15)
