@@ -31,14 +31,18 @@ from tests.helpers import (
 from tests.integration.test_mqtt5 import (
     CONNACK,
     PUBLISH,
+    Props,
     RECEIVE_MAXIMUM,
     SESSION_EXPIRY,
     TOPIC_ALIAS,
     TOPIC_ALIAS_MAXIMUM,
     WILL_DELAY,
     Closed,
+    _str,
     connect_bytes,
+    packet,
     paho_on,
+    props_bytes,
     publish_bytes,
     raw_on,
 )
@@ -177,12 +181,20 @@ def test_outgoing_topic_aliases_are_bounded_by_the_broker_not_only_by_the_client
     assert len(aliases) <= 10, f"{len(aliases)} topic aliases held for one connection"
 
 
-def _login(client_id: str, user: str, password: str) -> bytes:
-    """MQTT 3.1.1 CONNECT with a user name and password, clean session."""
-    def s(v: str) -> bytes:
-        return len(v.encode()).to_bytes(2, "big") + v.encode()
-    body = s("MQTT") + bytes([4, 0xC2]) + (60).to_bytes(2, "big") + s(client_id) + s(user) + s(password)
-    return bytes([0x10, len(body)]) + body
+def _login(client_id: str, user: str, password: str, *, level: int = 4, props: Props = (),
+           will: tuple | None = None) -> bytes:
+    """CONNECT with a user name and password, clean start; ``will``: (topic, payload, qos,
+    retain, will properties), as ``connect_bytes`` takes it."""
+    flags = 0xC2
+    payload = _str(client_id)
+    if will is not None:
+        topic, message, qos, retain, will_props = will
+        flags |= 0x04 | (qos << 3) | (0x20 if retain else 0)
+        if level == 5:
+            payload += props_bytes(will_props)
+        payload += _str(topic) + _str(message)
+    var = _str(b"MQTT") + bytes([level, flags]) + (60).to_bytes(2, "big") + (props_bytes(props) if level == 5 else b"")
+    return packet(0x10, var + payload + _str(user) + _str(password))
 
 
 @pytest.mark.xfail(strict=True, reason="router/access.py removed_user passes over a client without a session "
@@ -318,3 +330,39 @@ def test_a_listeners_max_connections_holds_for_back_to_back_connects_on_two_work
         assert 0 < accepted <= limit, f"{accepted} connected against a listener's max_connections of {limit}"
     finally:
         xprocess.getinfo(broker.name).terminate(timeout=15)
+
+
+@pytest.mark.xfail(strict=True, reason="router/access.py install_auth drops the will of a connected client "
+                   "whose user left the password file (Client.identity_revoked), but not the delayed will "
+                   "waiting with that user's offline session (router/wills.py checks the ACL only)")
+def test_a_delayed_will_of_a_user_removed_by_a_reload_is_not_published(start_broker, tmp_path):
+    """SIGHUP drops a removed user's connected client and its will: "nobody may publish as that
+    user now" (router/client.py ``identity_revoked``). The same user's will waiting with its
+    offline session (MQTT 5 Will Delay Interval) is a publish as that user too, made later."""
+    pw = tmp_path / "passwd"
+    add_user(pw, "alice", "alices-pw")
+    add_user(pw, "keep", "keeps-pw")
+    broker = start_broker("--password-file", str(pw))
+    topic = cid("gone") + "/will"
+    watcher = Client(broker.port, cid("watch"))
+    watcher.c.username_pw_set("keep", "keeps-pw")
+    watcher.connect()
+    assert watcher.subscribe(topic, 0) == [0]
+    raw = raw_on(broker)
+    raw.send(_login(cid("alice-dev"), "alice", "alices-pw", level=5, props=[(SESSION_EXPIRY, 60)],
+                    will=(topic, b"as alice", 0, False, [(WILL_DELAY, 3)])))
+    assert raw.expect(CONNACK).reason == 0
+    raw.close()  # the will waits 3 s with the session
+    reloads = broker.log_text().count("password and ACL files reloaded")
+    (tmp_path / "passwd.new").unlink(missing_ok=True)
+    add_user(tmp_path / "passwd.new", "keep", "keeps-pw")
+    os.replace(tmp_path / "passwd.new", pw)
+    os.kill(broker.pid, signal.SIGHUP)
+    wait_for(lambda: broker.log_text().count("password and ACL files reloaded") >= reloads + 2,
+             what="both workers reloaded")
+    time.sleep(4.0)  # past the will's delay
+    marker = Client(broker.port, cid("marker"))
+    marker.c.username_pw_set("keep", "keeps-pw")
+    marker.connect().publish(topic, b"marker", qos=1)
+    watcher.wait_payload(b"marker")
+    assert [m.payload for m in watcher.messages] == [b"marker"], "a removed user's delayed will went out"
