@@ -30,7 +30,10 @@ from tests.helpers import (
 )
 from tests.integration.test_mqtt5 import (
     CONNACK,
+    PUBCOMP,
     PUBLISH,
+    PUBREC,
+    PUBREL,
     RECEIVE_MAXIMUM,
     SESSION_EXPIRY,
     TOPIC_ALIAS,
@@ -39,6 +42,7 @@ from tests.integration.test_mqtt5 import (
     Closed,
     Props,
     _str,
+    ack_bytes,
     connect_bytes,
     packet,
     paho_on,
@@ -366,3 +370,40 @@ def test_a_delayed_will_of_a_user_removed_by_a_reload_is_not_published(start_bro
     marker.connect().publish(topic, b"marker", qos=1)
     watcher.wait_payload(b"marker")
     assert [m.payload for m in watcher.messages] == [b"marker"], "a removed user's delayed will went out"
+
+
+@pytest.mark.parametrize("where", [
+    "same",
+    pytest.param("other", marks=pytest.mark.xfail(
+        strict=True, reason="router/client.py tracks a session in the router's Qos2Sweeper "
+        "(router/limits.py) only when its first QoS 2 id arrives there: a session taken over with "
+        "ids (or restored from a snapshot) is never swept, and its later ids neither")),
+])
+def test_qos2_ids_without_pubrel_are_forgotten_after_a_takeover_too(start_broker, where):
+    """--qos2-timeout: a QoS 2 packet id whose PUBREL never comes is forgotten 1 to 2 timeouts
+    later, so its reuse is a new message (docs/limits.md). A device that left such an id and
+    reconnects on the other worker brings it along; there it must expire as well, or every id
+    it leaves counts for good toward --max-qos2-pending and each reuse of one is dropped as a
+    duplicate."""
+    broker = start_broker("--qos2-timeout", "1")
+    topic, client_id = cid("q2") + "/t", cid("q2-dev")
+    watcher = paho_on(broker, "q2-watch")
+    assert watcher.subscribe(topic, 0) == [0]
+    first = raw_on(broker, level=4)
+    first.send(connect_packet(client_id, clean=False))
+    assert first.expect(CONNACK).reason == 0
+    first.send(publish_bytes(topic, b"first", qos=2, pid=7, level=4))
+    first.expect(PUBREC)  # and no PUBREL: id 7 stays taken
+    first.close()
+    again = raw_on(broker, level=4, on=first.worker) if where == "same" else raw_on(broker, level=4, off=first.worker)
+    again.send(connect_packet(client_id, clean=False))
+    assert again.expect(CONNACK).session_present
+    time.sleep(3.0)  # more than two --qos2-timeout: id 7 is forgotten
+    again.publish(topic, b"second", qos=2)  # id 1 ...
+    again.send(publish_bytes(topic, b"reused", qos=2, pid=7, level=4))  # a new message, not a DUP
+    again.expect(PUBREC)
+    again.send(ack_bytes(PUBREL, 7, level=4))
+    again.expect(PUBCOMP)
+    watcher.wait_payload(b"second")
+    time.sleep(0.5)
+    assert [m.payload for m in watcher.messages] == [b"first", b"second", b"reused"]
