@@ -186,10 +186,10 @@ def test_outgoing_topic_aliases_are_bounded_by_the_broker_not_only_by_the_client
 
 
 def _login(client_id: str, user: str, password: str, *, level: int = 4, props: Props = (),
-           will: tuple | None = None) -> bytes:
-    """CONNECT with a user name and password, clean start; ``will``: (topic, payload, qos,
-    retain, will properties), as ``connect_bytes`` takes it."""
-    flags = 0xC2
+           will: tuple | None = None, persistent: bool = False) -> bytes:
+    """CONNECT with a user name and password, a clean start unless ``persistent``; ``will``:
+    (topic, payload, qos, retain, will properties), as ``connect_bytes`` takes it."""
+    flags = 0xC0 if persistent else 0xC2
     payload = _str(client_id)
     if will is not None:
         topic, message, qos, retain, will_props = will
@@ -407,3 +407,43 @@ def test_qos2_ids_without_pubrel_are_forgotten_after_a_takeover_too(start_broker
     watcher.wait_payload(b"second")
     time.sleep(0.5)
     assert [m.payload for m in watcher.messages] == [b"first", b"second", b"reused"]
+
+
+@pytest.mark.xfail(strict=True, reason="router/connecting.py _start_connect closes the client waiting "
+                   "under the client id here (router.clients: local.taken_over()) before the other "
+                   "workers have said whose session it is; the owner's CONNECT is not yet a session "
+                   "here for _not_the_owner to see")
+def test_another_users_claim_does_not_close_the_owners_connect_in_progress(start_broker, tmp_path):
+    """--session-owner refuse: another user's CONNECT with a client id is refused and the owner's
+    connection is not touched (docs/security.md). The owner's own CONNECT, waiting for the other
+    worker that holds its session, is its connection too: a claim by another user arriving
+    meanwhile on the same worker must be refused without closing it. The worker holding the
+    session is frozen to hold the owner's CONNECT."""
+    pw = tmp_path / "passwd"
+    add_user(pw, "alice", "alices-pw")
+    add_user(pw, "bob", "bobs-pw")
+    broker = start_broker("--password-file", str(pw))
+    alice_id = cid("alice-dev")
+    first = raw_on(broker, level=4)
+    first.send(_login(alice_id, "alice", "alices-pw", persistent=True))
+    assert first.expect(CONNACK).reason == 0
+    first.send(b"\xe0\x00")  # DISCONNECT: the session stays on this worker
+    first.close()
+    holder = first.worker
+    alice = raw_on(broker, level=4, off=holder)
+    bob = raw_on(broker, level=4, on=alice.worker)
+    freeze(holder)
+    try:
+        alice.send(_login(alice_id, "alice", "alices-pw", persistent=True))
+        with pytest.raises(AssertionError, match="timed out"):
+            alice.recv(1.0)  # no CONNACK: it waits for the frozen worker
+        bob.send(_login(alice_id, "bob", "bobs-pw", persistent=True))
+        time.sleep(0.5)
+    finally:
+        os.kill(holder, signal.SIGCONT)
+    assert bob.expect(CONNACK).reason == 0x05, "bob got alice's client id"
+    try:
+        connack = alice.expect(CONNACK)
+    except Closed:
+        pytest.fail("bob's refused claim closed alice's CONNECT in progress")
+    assert connack.reason == 0 and connack.session_present
