@@ -77,7 +77,8 @@ def test_a_resumed_session_sends_no_more_than_the_new_connections_receive_maximu
     PUBLISHes unacknowledged. A device that left with 10 in flight (Receive Maximum 20, the
     broker's --max-inflight) comes back, on the other worker, saying it can take 2: the rest of the
     window must wait until it acknowledges (as Mosquitto moves them back to its queue), or a small
-    device is flooded by what it asked not to get (paho answers DISCONNECT 0x93)."""
+    device is flooded by what it asked not to get (a client may answer DISCONNECT 0x93, and then
+    the same resend comes at its next connect)."""
     broker = start_broker()
     client_id, topic = cid("rm-dev"), cid("rm") + "/t"
     first = raw_on(broker)
