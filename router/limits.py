@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from brokerd.connection.packets import Prop
 from brokerd.connection.reasons import Reason
 
+from .auth import is_sys
 from .clock import LOOP_CLOCK, Clock, Timer
 from .retained import SYS_PREFIX, held_bytes
 
@@ -134,7 +135,8 @@ class Qos2Sweeper:
 
 
 def connect_refused(client: Client, connect: Connect, limits: ClientLimits, stats: RouterStats) -> bool:
-    """Refuse a CONNECT over a limit (True when refused): an MQTT 3.1 client id outside 1-23
+    """Refuse a CONNECT over a limit (True when refused): a will on a ``$SYS/`` topic (CONNACK
+    not authorized, as Mosquitto), an MQTT 3.1 client id outside 1-23
     characters (CONNACK 0x02), a client id longer than
     --max-client-id-length (CONNACK 0x02, MQTT 5: 0x85 client identifier not valid), or an MQTT
     3.1/3.1.1 keepalive above --max-keepalive, which that protocol cannot be told to lower
@@ -151,6 +153,15 @@ def connect_refused(client: Client, connect: Connect, limits: ClientLimits, stat
         client.client_id = client_id[:32] + "..."
         client.refuse(Reason.CLIENT_IDENTIFIER_NOT_VALID, f"client id of {len(client_id)} characters, "
                        f"more than --max-client-id-length {limits.max_client_id_length}")
+        return True
+    if connect.will is not None and is_sys(connect.will.topic):
+        # Clients never publish into $SYS/ (``auth.may_publish``), and a will is a publish made
+        # later on the client's behalf: without an ACL nothing else would check its topic, and a
+        # retained will there would forge the broker's own numbers for every monitoring client.
+        stats.acl_denied += 1
+        client.client_id = client_id
+        client.refuse(Reason.NOT_AUTHORIZED, f"will topic {connect.will.topic[:200]!r}: clients never "
+                      "publish into $SYS/")
         return True
     if connect.protocol_level < 5 and connect.keepalive > limits.max_keepalive:
         stats.limit_keepalive += 1
