@@ -62,7 +62,7 @@ def _no_entries() -> dict[Any, Any]:
         raise TypeError("a session's shared empty table written to: write to Session.own_...() instead")
 
     adders = ("__setitem__", "__ior__", "setdefault", "update")
-    empty: dict[Any, Any] = type("NoEntries", (dict,), {"__slots__": (), **dict.fromkeys(adders, refuse)})()
+    empty: dict[Any, Any] = type("NoEntries", (dict,), {"__slots__": (), "__module__": __name__, **dict.fromkeys(adders, refuse)})()
     return empty
 
 

@@ -184,7 +184,6 @@ def census(worker: Worker) -> list[tuple[str, float]]:
         ("transport (uvloop TCPTransport)", lambda c: [c.transport]),
         ("Decoder", lambda c: [c._decoder]),
         ("Decoder._buf (bytearray)", lambda c: [c._decoder._buf]),
-        ("FlowControl", lambda c: [c._flow]),
         ("ConnectionState", lambda c: [c._cstate]),
         ("ConnectionCounters", lambda c: [c.counters]),
         ("_out (list)", lambda c: [c._out]),

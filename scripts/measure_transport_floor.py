@@ -147,8 +147,9 @@ def one(mode: str, count: int, traced: bool) -> dict:
         tracemalloc.start()
     snap0 = tracemalloc.take_snapshot() if traced else None
     os.write(go_w, b"1")
-    loop.run_until_complete(asyncio.wait_for(everything_in, 60))
-    loop.run_until_complete(asyncio.wait_for(loop.run_in_executor(None, os.read, done_r, 1), 60))
+    patience = 30 + count / 50  # (a full listen queue drops SYNs, which come again seconds later)
+    loop.run_until_complete(asyncio.wait_for(everything_in, patience))
+    loop.run_until_complete(asyncio.wait_for(loop.run_in_executor(None, os.read, done_r, 1), patience))
     loop.run_until_complete(asyncio.sleep(0.2))
     out = {"mode": mode, "count": accepted}
     if snap0 is not None:
@@ -170,7 +171,7 @@ def measure(modes: list[str], count: int) -> list[dict]:
         for traced in (True, False):
             args = [sys.executable, os.path.abspath(__file__), "--one", mode, "--count", str(count)]
             proc = subprocess.run(args + (["--traced"] if traced else []), capture_output=True, text=True,
-                                  timeout=120, check=True)
+                                  timeout=60 + count / 25, check=True)
             row.update(json.loads(proc.stdout.splitlines()[-1]))
         rows.append(row)
     return rows
