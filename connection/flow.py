@@ -20,21 +20,24 @@ OUTPUT = "output"  # the pause cause while the client's output buffer is above -
 
 
 class FlowControl:
-    __slots__ = ("cap", "turn", "fan", "packets")
+    """The budgets of every connection with the same read budget in one worker: one object they
+    share (``shared_flow``). What each connection measures of its own traffic (its fan, its
+    packets) it keeps itself and passes in: a FlowControl of its own cost 64 bytes a connection
+    for two references every connection of its worker holds alike."""
+
+    __slots__ = ("cap", "turn")
 
     def __init__(self, read_budget: int, turn: TurnBudget | None) -> None:
         self.cap = max(1, read_budget)
         self.turn = turn  # the worker's budget for all connections in one turn, if any
-        self.fan = 0.0  # deliveries per packet of the last turn's packets, a large one counting more
-        self.packets = 0  # packets decoded (with a fan budget)
 
-    def limit(self) -> int | None:
-        """Packets this connection may decode now (None: the decoder's own limit, no turn budget)."""
+    def limit(self, fan: float) -> int | None:
+        """Packets a connection may decode now (None: the decoder's own limit, no turn budget).
+        ``fan``: its deliveries per packet of its last turn (``fanned``; 0.0: none measured)."""
         turn = self.turn
         if turn is None:
             return None
         limit = turn.share(self.cap)
-        fan = self.fan
         if fan:  # its packets were delivered last turn: at most fan_budget deliveries this one
             per = int(turn.fan_budget / fan)
             if per < limit:
@@ -48,15 +51,31 @@ class FlowControl:
 
     @property
     def measures_fan(self) -> bool:
-        """Whether the deliveries of this connection's packets are to be counted (a fan budget)."""
+        """Whether the deliveries of a connection's packets are to be counted (a fan budget)."""
         return self.turn is not None and bool(self.turn.fan_budget)
 
     def delivered(self) -> int:
         # (mypy: called only where ``counts`` found a turn budget)
         return self.turn.delivered()  # type: ignore[union-attr, misc]
 
-    def fanned(self, before: int, n: int, mean_size: int) -> None:
-        """``n`` packets caused ``delivered() - before`` deliveries; a delivery counts once more per
-        FAN_BYTES of the connection's mean packet size (measured: 1 KiB fan-outs need half the
-        deliveries per turn for the same tail)."""
-        self.fan = (self.delivered() - before) * (1 + mean_size // FAN_BYTES) / n
+    def fanned(self, before: int, n: int, mean_size: int) -> float:
+        """The fan of a connection whose ``n`` packets caused ``delivered() - before``
+        deliveries: a delivery counts once more per FAN_BYTES of its mean packet size (measured:
+        1 KiB fan-outs need half the deliveries per turn for the same tail)."""
+        return (self.delivered() - before) * (1 + mean_size // FAN_BYTES) / n
+
+
+_shared: dict[tuple[int, int], FlowControl] = {}
+KEPT = 64  # budgets remembered at most (a worker has one or two; tests make many)
+
+
+def shared_flow(read_budget: int, turn: TurnBudget | None) -> FlowControl:
+    """The FlowControl of this read budget and turn budget, made once."""
+    key = (read_budget, id(turn))
+    flow = _shared.get(key)
+    if flow is not None and flow.turn is turn:
+        return flow
+    if len(_shared) >= KEPT:
+        _shared.clear()
+    flow = _shared[key] = FlowControl(read_budget, turn)
+    return flow

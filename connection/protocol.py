@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from .batching import EndOfTick, TurnBudget
 from .codec import DEFAULT_MAX_TOPIC_LEVELS, Decoder
-from .flow import BUDGET, OUTPUT, FlowControl
+from .flow import BUDGET, OUTPUT, shared_flow
 from .guard import RATE, ClientRate, ConnectionGuard
 from .keepalive import KeepaliveWheel
 from .listener import Listener
@@ -49,7 +49,7 @@ class MQTTConnection(Output, asyncio.Protocol):
     # One per client, so no instance dict (``Output`` has the output half's slots): with 31
     # attributes the dict outgrew CPython's shared keys (30) and cost 1.5 KB a connection. What
     # every connection of its listener shares is one object (``_settings``), not a slot each.
-    __slots__ = ("_settings", "_flow", "_decoder", "_guard", "_rate", "partial_since", "tls_identity",
+    __slots__ = ("_settings", "_flow", "_fan", "_packets", "_decoder", "_guard", "_rate", "partial_since", "tls_identity",
                  "handler", "peer", "client_id", "protocol_level", "outbound", "closing", "_cstate", "_loop",
                  "keepalive_key", "_reading_paused_by", "_held", "admitted")
 
@@ -91,7 +91,9 @@ class MQTTConnection(Output, asyncio.Protocol):
         else:  # a test's connection: keepalive deadlines of its own
             self._settings = ConnectionSettings(open_handler, listener, write_buffer_high,
                                                 KeepaliveWheel(self._loop))
-        self._flow = FlowControl(read_budget, turn)
+        self._flow = shared_flow(read_budget, turn)  # the budgets, shared with its worker's others
+        self._fan = 0.0  # its deliveries per packet last turn, with a fan budget (``FlowControl.fanned``)
+        self._packets = 0  # packets it decoded (with a fan budget: the mean packet size's divisor)
         self._batcher = batcher
         self._decoder = Decoder(max_packet_size=max_packet_size, limit=max(1, read_budget),
                                 max_topic_levels=max_topic_levels)
@@ -197,7 +199,7 @@ class MQTTConnection(Output, asyncio.Protocol):
         """Decode (at most the budget), handle the packets, and pause reading while more of the
         read is waiting: ``_read_more`` goes on with it in the next loop iteration."""
         flow = self._flow
-        limit = flow.limit()
+        limit = flow.limit(self._fan)
         if limit is not None:
             self._decoder.limit = limit
         try:
@@ -226,7 +228,7 @@ class MQTTConnection(Output, asyncio.Protocol):
             mark = batcher.pending()
             self._dispatch(packets)
             batcher.flush_since(mark)
-            flow.packets += 1  # the fan budget's mean packet size counts it
+            self._packets += 1  # the fan budget's mean packet size counts it
             return
         if not packets or not flow.measures_fan:
             self._dispatch(packets)
@@ -234,8 +236,8 @@ class MQTTConnection(Output, asyncio.Protocol):
         before = flow.delivered()
         self._dispatch(packets)
         n = len(packets)
-        flow.packets += n
-        flow.fanned(before, n, (self.counters.bytes_in - self._decoder.undecoded) // flow.packets)
+        self._packets += n
+        self._fan = flow.fanned(before, n, (self.counters.bytes_in - self._decoder.undecoded) // self._packets)
 
     def _dispatch(self, packets: list[Packet]) -> None:
         """Each packet by its rule in the connection's state: the handler's, or ``_EFFECTS``'s."""

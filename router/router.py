@@ -436,7 +436,7 @@ class Router:
     def subscribe(self, session: Session, sub: Subscription) -> bool:
         """Index one subscription; True if it is new for this session (not a replacement)."""
         new = sub.topic_filter not in session.subscriptions
-        session.subscriptions[sub.topic_filter] = sub
+        session.own_subscriptions()[sub.topic_filter] = sub
         self._session_changed(session)
         self.subs.add(sub.topic_filter, session, sub)
         self._routes.clear()

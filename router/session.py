@@ -52,6 +52,26 @@ NO_QUEUE: tuple[()] = ()
 NO_IDS: frozenset[int] = frozenset()
 
 
+def _no_entries() -> dict[Any, Any]:
+    """``NO_ENTRIES``: an empty dict that refuses entries, so that a writer which did not make
+    the session's own table first (``Session.own_subscriptions``...) raises TypeError instead of
+    giving every idle session its entry. Made by ``type()``: mypyc compiles this module, and
+    a compiled class cannot subclass dict; its compiled dict operations fall back to the
+    methods of a dict that is not exactly a dict, so these refusals hold there too."""
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise TypeError("a session's shared empty table written to: write to Session.own_...() instead")
+
+    adders = ("__setitem__", "__ior__", "setdefault", "update")
+    empty: dict[Any, Any] = type("NoEntries", (dict,), {"__slots__": (), "__module__": __name__, **dict.fromkeys(adders, refuse)})()
+    return empty
+
+
+# An idle session's subscriptions, shared subscriptions and in-flight window until their first
+# entry: this one empty table, not three dicts of its own (64 bytes each). Readers read it as
+# any dict; writers write to ``Session.own_subscriptions()``, ``own_shared()``, ``own_inflight()``.
+NO_ENTRIES: dict[Any, Any] = _no_entries()
+
+
 def recency(state: dict) -> tuple[int, int]:
     """Which of two copies of a session (a takeover header, or its state in a snapshot) is the
     current one: the higher (ownership epoch, arrival time at its router). The epoch orders
@@ -70,9 +90,9 @@ class Session:
                  clock: Clock = LOOP_CLOCK) -> None:
         self.client_id = client_id
         self.persistent = persistent
-        self.subscriptions: dict[str, Subscription] = {}
+        self.subscriptions: dict[str, Subscription] = NO_ENTRIES  # own_subscriptions() to add
         self.conn: Connection | None = None
-        self.inflight: dict[int, Inflight] = {}
+        self.inflight: dict[int, Inflight] = NO_ENTRIES  # own_inflight() to add
         self.queue: deque[tuple[Message, int, bool]] | tuple[()] = NO_QUEUE  # a deque once used
         # QoS 2 packet ids received, PUBREL not yet seen: a set once used
         self.inbound_qos2: set[int] | frozenset[int] = NO_IDS
@@ -96,7 +116,7 @@ class Session:
         self.cursor: int | None = None
         # Shared subscriptions ($share/group/filter → subscription), apart from ``subscriptions``
         # so that catching up from the log never replays a group's messages: other members got them.
-        self.shared: dict[str, Subscription] = {}
+        self.shared: dict[str, Subscription] = NO_ENTRIES  # own_shared() to add
         # Ranges of other routers' logs (this node) still to read, before ``cursor``: a session
         # moved here by a takeover brings its backlog as positions.
         self.ranges: list[Range] | tuple[()] = ()
@@ -187,6 +207,27 @@ class Session:
         queue = self.queue = deque()
         return queue
 
+    def own_subscriptions(self) -> dict[str, Subscription]:
+        """``subscriptions`` to add to: made at the first (reading needs no dict of its own)."""
+        subs = self.subscriptions
+        if subs is NO_ENTRIES:
+            subs = self.subscriptions = {}
+        return subs
+
+    def own_shared(self) -> dict[str, Subscription]:
+        """``shared`` to add to: made at the first."""
+        shared = self.shared
+        if shared is NO_ENTRIES:
+            shared = self.shared = {}
+        return shared
+
+    def own_inflight(self) -> dict[int, Inflight]:
+        """``inflight`` to add to: made at the first message sent at QoS 1 or 2."""
+        inflight = self.inflight
+        if inflight is NO_ENTRIES:
+            inflight = self.inflight = {}
+        return inflight
+
     def qos2_ids(self) -> set[int]:
         """The set of inbound QoS 2 ids awaiting PUBREL, made on first use (to add to it; reading
         ``inbound_qos2`` needs no set)."""
@@ -230,8 +271,11 @@ class Session:
                 self.stats.drop_too_large += 1
                 return
             head, tail = parts
+        inflight = self.inflight
+        if inflight is NO_ENTRIES:  # (``own_inflight``, inline: once per QoS 1/2 message)
+            inflight = self.inflight = {}
         pid = self._alloc_pid()
-        self.inflight[pid] = Inflight(msg, qos, retain)
+        inflight[pid] = Inflight(msg, qos, retain)
         # Three shared/tiny chunks; the connection joins a tick's chunks once, so the payload is
         # copied once, on its way to the socket.
         conn.send(head)

@@ -58,6 +58,8 @@ def restore_common(session: Session, st: dict) -> None:
     if st.get("qos2_in"):
         session.qos2_ids().update(st["qos2_in"])
     session.restore_will(st.get("will"))
+    if st.get("inflight"):  # a takeover's window, which ``session_transfer.import_state`` writes in
+        session.own_inflight()
 
 
 def snapshot_state(s: Session, live: Message | None, log_: Any) -> dict:
@@ -101,4 +103,4 @@ def restore_state(session: Session, st: dict) -> None:
     for pid in st.get("pubrel", ()):  # PUBREL must be sent again on reconnect
         entry = Inflight(None, 2, False)
         entry.state = AWAIT_COMP
-        session.inflight[pid] = entry
+        session.own_inflight()[pid] = entry

@@ -268,7 +268,7 @@ class SharedRoutes:
         ``$share/group/filter``); True if it was not one already."""
         key = sub.topic_filter
         new = key not in session.shared
-        session.shared[key] = sub
+        session.own_shared()[key] = sub
         self._session_changed(session)
         group = self.local.get(key)
         if group is None:

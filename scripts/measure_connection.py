@@ -45,6 +45,7 @@ import psutil  # noqa: E402
 from brokerd.cluster import config as broker_config  # noqa: E402
 from brokerd.cluster.worker import Worker, tune_gc  # noqa: E402
 from brokerd.router.auth import hash_password  # noqa: E402
+from brokerd.router.session import NO_ENTRIES  # noqa: E402
 
 BATCH = 200  # connects the child has in flight at once
 USER = "device"  # --password: every client's user name in the password file made for the run
@@ -183,7 +184,6 @@ def census(worker: Worker) -> list[tuple[str, float]]:
         ("transport (uvloop TCPTransport)", lambda c: [c.transport]),
         ("Decoder", lambda c: [c._decoder]),
         ("Decoder._buf (bytearray)", lambda c: [c._decoder._buf]),
-        ("FlowControl", lambda c: [c._flow]),
         ("ConnectionState", lambda c: [c._cstate]),
         ("ConnectionCounters", lambda c: [c.counters]),
         ("_out (list)", lambda c: [c._out]),
@@ -194,9 +194,9 @@ def census(worker: Worker) -> list[tuple[str, float]]:
         ("Client", lambda c: [c.handler]),
         ("Client._aliases", lambda c: [c.handler._aliases] if c.handler._aliases is not None else []),
         ("Session", lambda c: [c.handler.session]),
-        ("Session.subscriptions (dict)", lambda c: _made(c.handler.session, "subscriptions")),
-        ("Session.inflight (dict)", lambda c: _made(c.handler.session, "inflight")),
-        ("Session.shared (dict)", lambda c: _made(c.handler.session, "shared")),
+        ("Session.subscriptions (dict)", lambda c: [c.handler.session.subscriptions]),
+        ("Session.inflight (dict)", lambda c: [c.handler.session.inflight]),
+        ("Session.shared (dict)", lambda c: [c.handler.session.shared]),
         ("Session.queue", lambda c: [c.handler.session.queue] if c.handler.session.queue != () else []),
     ]
     out = []
@@ -212,18 +212,9 @@ def census(worker: Worker) -> list[tuple[str, float]]:
     return out
 
 
-def _made(obj: Any, name: str) -> list[Any]:
-    """A slot made at first use (``Session.subscriptions``...): its value, or nothing while it is
-    unset; read through the slot's descriptor, as reading the attribute would make it."""
-    try:
-        return [type(obj).__dict__[name].__get__(obj)]
-    except AttributeError:
-        return []
-
-
 def _shared(o: Any) -> bool:
     """Objects every connection points to (interned or module-level): not per connection."""
-    return o is None or o == () or (isinstance(o, frozenset) and not o)
+    return o is None or o is NO_ENTRIES or o == () or (isinstance(o, frozenset) and not o)
 
 
 def tables(worker: Worker) -> dict[str, int]:

@@ -277,7 +277,7 @@ class SessionsPart(Part):
         restore_state(session, st)
         for values in st.get("shared", ()):
             sub = Subscription.from_values(values)
-            session.shared[sub.topic_filter] = sub
+            session.own_shared()[sub.topic_filter] = sub
         rep = self.follow.replicas.get(partition)
         if rep is None:  # its router had logged nothing when it fell silent: nothing to read
             return session, self.silent_since_ms(partition)
@@ -303,7 +303,7 @@ class SessionsPart(Part):
         session.acl = self.router.acl
         for values in subs:
             sub = Subscription.from_values(values)
-            session.subscriptions[sub.topic_filter] = sub
+            session.own_subscriptions()[sub.topic_filter] = sub
         return session
 
     def replica_moved(self, client_id: str, ok: bool) -> None:

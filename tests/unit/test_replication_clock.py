@@ -437,7 +437,7 @@ def test_what_a_replica_answered_for_a_silent_router_is_asked_of_it_within_mesh_
 def test_a_session_moved_in_asks_a_router_back_from_a_silence_until_mesh_forget_after_it_came(make, loop):
     repl, mesh = make(peers=("b/w0",))
     session = session_here(repl)
-    session.subscriptions["t/#"] = SimpleNamespace(to_values=lambda: ["t/#", 1, False, False, 0])
+    session.own_subscriptions()["t/#"] = SimpleNamespace(to_values=lambda: ["t/#", 1, False, False, 0])
     came = loop.unix()
     repl.router.moved_in["roamer"] = came
     loop.at(loop.now() + FORGET)

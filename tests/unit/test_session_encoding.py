@@ -64,7 +64,7 @@ def full_session(r: Router) -> Session:
 def with_pubrel(s: Session, pid: int = 5) -> Session:
     entry = Inflight(None, 2, False)
     entry.state = AWAIT_COMP
-    s.inflight[pid] = entry
+    s.own_inflight()[pid] = entry
     return s
 
 
@@ -77,10 +77,10 @@ def placed(st: dict) -> Session:
     """A session restored from the snapshot's form, its subscriptions placed as a caller does."""
     s = router().new_session("dev", True)
     restore_state(s, st)
-    for key, values in (("subscriptions", st["subs"]), ("shared", st["shared"])):
+    for table, values in ((s.own_subscriptions, st["subs"]), (s.own_shared, st["shared"])):
         for v in values:
             sub = Subscription.from_values(v)
-            getattr(s, key)[sub.topic_filter] = sub
+            table()[sub.topic_filter] = sub
     return s
 
 
@@ -112,7 +112,7 @@ def test_a_moved_session_reads_back_as_it_was_written_one_epoch_on():
     s = full_session(router())
     sent = Inflight(Message("a/1", b"in flight", qos=1, timestamp_ms=1_700_000_000_000), 1, False)
     sent.state = AWAIT_ACK
-    s.inflight[9] = sent
+    s.own_inflight()[9] = sent
     s.next_pid = 10
     s.deliver(Message("a/2", b"queued", qos=1, timestamp_ms=1_700_000_000_000), 1, False)
     state = plain(s.export_state())

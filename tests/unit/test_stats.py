@@ -82,7 +82,7 @@ def test_snapshot_counts_live_and_closed_connections_and_sessions():
     carried(conns, gone)
     conns.discard(gone)  # type: ignore[arg-type]
     router.sessions["big"]._queue().extend([(None, 1, False)] * 3)  # type: ignore[list-item]
-    router.sessions["small"].inflight[1] = None  # type: ignore[assignment]
+    router.sessions["small"].own_inflight()[1] = None  # type: ignore[assignment]
     router.stats.drop_queue_full = 2
     router.attach_mesh(PeerStatsMesh({"n/w1": [4, 400, 1, 100]}))  # type: ignore[arg-type]
     router.stats.mesh_msgs_out, router.stats.mesh_bytes_out = 4, 400
@@ -170,7 +170,7 @@ def test_many_sessions_are_counted_a_slice_per_loop_iteration(monkeypatch):
         for i in range(10):
             add_client(router, conns, f"c{i}")
             router.sessions[f"c{i}"]._queue().extend([(None, 1, False)] * i)  # type: ignore[list-item]
-            router.sessions[f"c{i}"].inflight[1] = None  # type: ignore[assignment]
+            router.sessions[f"c{i}"].own_inflight()[1] = None  # type: ignore[assignment]
         snap = pub.snapshot()
         assert (snap["queued"], snap["inflight"]) == (0, 0)  # under way: the last count (none yet)
         assert pub._counting is not None
