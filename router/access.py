@@ -74,7 +74,10 @@ def removed_user(client: ClientHandle, passwords: dict[str, str]) -> str | None:
     disconnected, as Mosquitto does on a reload (the identity it proved is gone). None for one
     whose user is there, one whose certificate is its login, and one closing already."""
     session = client.session
-    user = session.username if session is not None and session.conn is client.conn else None
+    if session is None:  # its CONNECT still waits for the other routers' answer: it proved this identity
+        user = client.username
+    else:
+        user = session.username if session.conn is client.conn else None
     listener = getattr(client.conn, "listener", None)
     if user is None or user in passwords or client.conn.closing or (
             listener is not None and listener.use_identity_as_username):

@@ -123,16 +123,20 @@ class Connecting:
             return
         if client.listener is not None and listener_refused(client, client.listener):
             return
-        if connect.will is not None:
-            w = connect.will
-            client.will = Message(w.topic, w.payload, w.qos, w.retain, client_id, router.router_id,
-                                  properties=w.properties or None)
         if client.pending is None:  # else it holds what came while a plugin was asked
             client.pending = []
         if self._not_the_owner(connect, router.sessions.get(client_id)):
             return  # before its owner's connection is closed: the session stays as it is
         local = router.clients.get(client_id)
         if local is not None:
+            if local.session is None and self._claim(True, local.username, connect) is Claim.REFUSE:
+                # Another identity's CONNECT with this client id still waits for the other
+                # routers' answer: whose the session is is not known yet, and closing it would let
+                # any user knock its owner off. This one may try again once that one is settled.
+                router.stats.refused_connections += 1
+                client.refuse(Reason.SERVER_UNAVAILABLE, f"user {name(local.username)} is connecting with "
+                              "this client id (--session-owner refuse); the client may retry")
+                return
             local.taken_over()
         if not router.clustered:
             self._finish_connect(connect, None, assigned)
@@ -148,6 +152,7 @@ class Connecting:
         # Another router may hold this client id: ask the cluster first (bounded wait). Until the
         # CONNACK, nothing more is read from the client: what it pipelined behind the CONNECT in
         # this read is held (one read's worth), the rest waits in its socket.
+        client.username = connect.username  # the identity it proved (``access.removed_user``, the claim above)
         router.clients[client_id] = client
         self.conn.pause_reading(CONNECTING)
         answered: set[str] = set()
@@ -414,6 +419,10 @@ class Connecting:
         # Its owner (a resumed session is this identity's already): it goes where the session goes.
         session.username = client.username = connect.username
         session.owner_known = True
+        if connect.will is not None:  # stored once the CONNECT is accepted (MQTT-3.1.2-8), not while it waits
+            w = connect.will
+            client.will = Message(w.topic, w.payload, w.qos, w.retain, client_id, router.router_id,
+                                  properties=w.properties or None)
         router.clients[client_id] = client
         client.counted_connected()
         router.stats.connections += 1

@@ -222,6 +222,7 @@ class ClientHandle(Protocol):
     conn: Connection
     session: Session | None  # the session it is attached to (None before CONNECT is settled)
     will: Message | None  # its will, until the connection ends or DISCONNECT drops it
+    username: str | None  # the identity it proved, from its CONNECT's wait for the other routers on
 
     def taken_over(self) -> None:
         """The same client id connected elsewhere: close this connection (its will fires)."""
