@@ -51,8 +51,9 @@ ANONYMOUS = Access(anonymous=True)
 
 def install_auth(router: Router, auth: Auth | None) -> None:
     """Make ``auth`` the router's (at start, and on reload: connected clients stay, unless their
-    user left the password file; the new rules apply to what they do and get from now on:
-    routes are folded again, and what sessions hold is checked as it goes out)."""
+    user left the password file, and then their wills and that user's delayed wills go too; the
+    new rules apply to what they do and get from now on: routes are folded again, and what
+    sessions hold is checked as it goes out)."""
     before = router.auth.passwords if router.auth is not None else None
     router.auth = auth if auth is not None and (auth.authenticates or auth.authorizes) else None
     acl = auth if auth is not None and auth.authorizes else None
@@ -83,6 +84,7 @@ def drop_removed_users_wills(router: Router, before: dict[str, str], now: dict[s
             log.warning("delayed will of %s dropped: user %r is no longer in the password file", session.client_id,
                         user)
             router.cancel_will(session.client_id)
+            router.stats.state_moves += 1  # the snapshot is written again without it
 
 
 def removed_user(client: ClientHandle, passwords: dict[str, str]) -> str | None:
