@@ -161,6 +161,10 @@ OPTIONS: tuple[Option, ...] = (
            "allowed, as Mosquitto's max_topic_alias)", "N", check=lambda v: None if 0 <= v <= 65535 else "must be 0-65535"),
     Option("topic_alias_out", on_off, False, "send repeated topics to MQTT 5 clients that allow it (Topic Alias "
            "Maximum in their CONNECT) as topic aliases, saving bandwidth on constrained links", "on|off"),
+    Option("max_topic_alias_out", int, _LIMITS.max_topic_alias_out, "topic aliases the broker gives one "
+           "connection's topics with --topic-alias-out on, each holding its topic for the connection's life: "
+           "the client's Topic Alias Maximum is cut to this (as Mosquitto's max_topic_alias_broker)", "N",
+           check=lambda v: None if 0 <= v <= 65535 else "must be 0-65535"),
     Option("max_connection_rate", float, 0.0, "new connections per second per listener, shared by the "
            "workers (beyond: the socket is closed at once; 0: no limit, as Mosquitto)", "N", check=at_least(0)),
     Option("max_client_msg_rate", float, 0.0, "packets per second one client may send (beyond: its reads are "
@@ -266,6 +270,7 @@ class Config:
     max_session_expiry: float = _LIMITS.max_session_expiry
     max_topic_alias: int = _LIMITS.max_topic_alias
     topic_alias_out: bool = False
+    max_topic_alias_out: int = _LIMITS.max_topic_alias_out
     max_connection_rate: float = 0.0
     max_client_msg_rate: float = 0.0
     max_client_byte_rate: int = 0

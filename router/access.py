@@ -51,8 +51,10 @@ ANONYMOUS = Access(anonymous=True)
 
 def install_auth(router: Router, auth: Auth | None) -> None:
     """Make ``auth`` the router's (at start, and on reload: connected clients stay, unless their
-    user left the password file; the new rules apply to what they do and get from now on:
-    routes are folded again, and what sessions hold is checked as it goes out)."""
+    user left the password file, and then their wills and that user's delayed wills go too; the
+    new rules apply to what they do and get from now on: routes are folded again, and what
+    sessions hold is checked as it goes out)."""
+    before = router.auth.passwords if router.auth is not None else None
     router.auth = auth if auth is not None and (auth.authenticates or auth.authorizes) else None
     acl = auth if auth is not None and auth.authorizes else None
     if router.acl is not acl:
@@ -67,6 +69,22 @@ def install_auth(router: Router, auth: Auth | None) -> None:
                 log.warning("client %s disconnected: user %r is no longer in the password file", client.client_id,
                             user)
                 client.identity_revoked()
+        if before is not None:
+            drop_removed_users_wills(router, before, auth.passwords)
+
+
+def drop_removed_users_wills(router: Router, before: dict[str, str], now: dict[str, str]) -> None:
+    """The delayed wills waiting with offline sessions of users this reload removed: dropped, as
+    a connected client's (``identity_revoked``): each would be a publish as that user, later.
+    Only a user that was in the previous file counts as removed: an offline session does not say
+    which listener it came from, and a certificate's identity is never in the file."""
+    for session in router.sessions.values():
+        user = session.username
+        if session.will is not None and session.conn is None and user in before and user not in now:
+            log.warning("delayed will of %s dropped: user %r is no longer in the password file", session.client_id,
+                        user)
+            router.cancel_will(session.client_id)
+            router.stats.state_moves += 1  # the snapshot is written again without it
 
 
 def removed_user(client: ClientHandle, passwords: dict[str, str]) -> str | None:

@@ -447,7 +447,9 @@ class Connecting:
             if assigned:
                 props[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id
             # What it accepts of what is sent to it: a Maximum Packet Size, topic aliases.
-            alias_max = cp.get(Prop.TOPIC_ALIAS_MAXIMUM, 0) if router.config.topic_alias_out else 0
+            # (the client's Topic Alias Maximum, cut to the broker's own: each alias holds a topic)
+            alias_max = min(cp.get(Prop.TOPIC_ALIAS_MAXIMUM, 0), limits.max_topic_alias_out) \
+                if router.config.topic_alias_out else 0
             if Prop.MAXIMUM_PACKET_SIZE in cp or alias_max:
                 self.conn.outbound = Outbound(cp.get(Prop.MAXIMUM_PACKET_SIZE, NO_LIMIT), alias_max)
         self.conn.accept(server_keepalive(connect.keepalive, limits), level)

@@ -45,6 +45,9 @@ class ClientLimits:
     max_keepalive: int = 65535
     max_session_expiry: float = 604800.0
     max_topic_alias: int = 10
+    # Aliases the broker gives a client's topics (--topic-alias-out on): each holds its topic for
+    # the connection's life, so a client's Topic Alias Maximum (up to 65535) is cut to this.
+    max_topic_alias_out: int = 10
 
     @classmethod
     def from_config(cls, config: Any) -> ClientLimits:
@@ -90,9 +93,10 @@ def session_expiry(level: int, persistent: bool, asked: int, limits: ClientLimit
 class Qos2Sweeper:
     """Forgets received QoS 2 packet ids whose PUBREL has not come within --qos2-timeout.
 
-    A session is tracked when its first id arrives; every ``timeout`` seconds, the ids that were
-    already there at the previous sweep are dropped (so an id goes after one to two timeouts).
-    The timer runs only while some session is tracked."""
+    A session is tracked when its first id arrives, or when it arrives with ids (a takeover, a
+    restart: ``arrived``); every ``timeout`` seconds, the ids that were already there at the
+    previous sweep are dropped (so an id goes after one to two timeouts from then). The timer
+    runs only while some session is tracked."""
 
     def __init__(self, sessions: dict[str, Session], stats: RouterStats, timeout: float,
                  clock: Clock = LOOP_CLOCK) -> None:
@@ -108,6 +112,13 @@ class Qos2Sweeper:
             self.tracked[session.client_id] = (session, frozenset())
             if self._timer is None:
                 self._timer = self.clock.call_later(self.timeout, self.sweep)
+
+    def arrived(self, session: Session) -> None:
+        """A session that came with ids (taken over from another router, restored from a
+        snapshot): its ids are timed from here, as if they had just arrived. Its next ids find
+        the set not empty and do not track it (``Client``), so it is tracked now or never."""
+        if session.inbound_qos2:
+            self.track(session)
 
     def sweep(self) -> None:
         self._timer = None

@@ -35,6 +35,7 @@ from .topics import filter_matches
 
 if TYPE_CHECKING:
     from .clock import Clock, Timer
+    from .limits import Qos2Sweeper
     from .log import CommitLog
     from .ports import ClientHandle, ReplicationPort
     from .retained import RetainedStore
@@ -54,8 +55,9 @@ class StateView(Protocol):
     """The router as its snapshot store sees it, and all it reads: what a snapshot holds
     (persistent sessions and the wills of their connections, retained messages, fences, the
     log's written end), where the sessions' state also goes (``replication``), what tells it
-    that sessions moved (``session_moves``), where a restored session goes (``life``), and
-    whose time the writes are timed by (``clock``)."""
+    that sessions moved (``session_moves``), where a restored session goes (``life``; its QoS 2
+    ids awaiting PUBREL are timed from its restore: ``qos2_sweeper``), and whose time the writes
+    are timed by (``clock``)."""
 
     router_id: str
     commit_log: CommitLog | None
@@ -67,6 +69,7 @@ class StateView(Protocol):
     replication: ReplicationPort | None
     stats: RouterStats
     life: SessionLife
+    qos2_sweeper: Qos2Sweeper
     clock: Clock
 
     def session_moves(self) -> tuple[int, ...]: ...
@@ -238,7 +241,7 @@ class StateStore:
         router.stats.retained_count = len(router.retained)
         start = log_.start_offset if log_ is not None else None
         for cid, st in state.get("sessions", {}).items():
-            router.life.restore(cid, st, start, will_grace)
+            router.qos2_sweeper.arrived(router.life.restore(cid, st, start, will_grace))
         return len(state.get("sessions", {})), len(router.retained)
 
 

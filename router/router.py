@@ -148,8 +148,7 @@ class Router:
         self.fenced_wills: dict[str, set[str]] = {}
         # What cluster/, connection/ and the tests call on the router, answered by its parts.
         self.new_session, self.end_session, self.drop_session = life.new_session, life.end_session, life.drop_session
-        self.yield_to_newer, self.import_session, self.release_session = (life.yield_to_newer, life.import_session,
-                                                                         life.release_session)
+        self.yield_to_newer, self.release_session = life.yield_to_newer, life.release_session
         self.moved, self.moved_after_all, self.claim_refused = life.moved, life.moved_after_all, life.claim_refused
         self.schedule_expiry, self.cancel_expiry = life.schedule_expiry, life.cancel_expiry
         wills = life.wills
@@ -353,6 +352,13 @@ class Router:
                 st.state_moves, st.drop_expired, st.connects_total, st.connections, st.takeovers,
                 st.wills_published, len(self.sessions))
 
+    def import_session(self, client_id: str, state: dict) -> Session:
+        """A session handed over by another router (``SessionLife.import_session``); QoS 2 ids it
+        brings whose PUBREL never comes are forgotten here (``Qos2Sweeper.arrived``)."""
+        session = self.life.import_session(client_id, state)
+        self.qos2_sweeper.arrived(session)
+        return session
+
     def attach_mesh(self, mesh: MeshPort) -> None:
         """Join a cluster: the mesh is made after the router (it needs the router to call back)."""
         self.mesh = self.wiring.mesh = mesh
@@ -513,10 +519,13 @@ class Router:
 
     def peer_retained(self, msg: Message) -> None:
         """A retained update from another router: kept if it is a newer version of its topic than
-        this router's (``retained.version``: all routers keep the same one)."""
+        this router's (``retained.version``: all routers keep the same one). Kept as its origin
+        took it: --max-retained and --max-retained-bytes are checked once, where the message was
+        published (``may_retain``). Checked again here, two routers at the limit would each keep
+        their own clients' message and refuse the other's, and never agree again; so a router may
+        hold more than the limit for a while, by the updates that crossed, and refuses new topics
+        of its own clients until some are cleared."""
         if not self.retained.newer(msg):
-            return
-        if not may_retain(self.retained, msg, self.config.limits, self.stats):
             return
         self.retained.set(msg)
         self.stats.retained_count = len(self.retained)

@@ -165,15 +165,12 @@ def test_a_client_does_not_escape_its_message_rate_by_reconnecting(start_broker)
                             f"--max-client-msg-rate {rate} (at most {allowed:.0f} if it had stayed)")
 
 
-@pytest.mark.xfail(strict=True, reason="router/connecting.py gives Outbound the client's Topic Alias Maximum "
-                   "as it asked (up to 65535): router/outbound.py keeps a topic string per alias for the "
-                   "connection's life, with no bound of the broker's own")
 def test_outgoing_topic_aliases_are_bounded_by_the_broker_not_only_by_the_client(start_broker):
     """--topic-alias-out on: each alias given holds its topic (up to 64 KiB) until the connection
     ends, and the client says how many it takes (up to 65535). A subscriber to ``#`` asking for
     65535 makes the broker hold every distinct topic it forwards, 4 GiB at worst per connection,
     outside every limit of docs/limits.md. The broker's side needs its own maximum (Mosquitto:
-    ``max_topic_alias_broker``): here --max-topic-alias (10), as for the aliases a client sends."""
+    ``max_topic_alias_broker``): here --max-topic-alias-out (10)."""
     broker = start_broker("--topic-alias-out", "on", workers=1)
     u = cid("ta")
     sub = raw_on(broker)
@@ -282,9 +279,6 @@ def test_a_connect_closed_before_its_connack_never_publishes_its_will(start_brok
     assert [m.payload for m in watcher.messages] == [b"marker"], "the will of a CONNECT never accepted went out"
 
 
-@pytest.mark.xfail(strict=True, reason="router/router.py peer_retained applies --max-retained again to "
-                   "what another router retained: at the limit each router keeps its own clients' "
-                   "message and refuses the other's, and they never agree again")
 def test_routers_at_the_retained_limit_keep_the_same_retained_messages(start_broker):
     """--max-retained is per router and every router holds every retained message
     (docs/limits.md). Two clients on two workers, each retaining a new topic at the limit at about
@@ -342,9 +336,6 @@ def test_a_listeners_max_connections_holds_for_back_to_back_connects_on_two_work
         xprocess.getinfo(broker.name).terminate(timeout=15)
 
 
-@pytest.mark.xfail(strict=True, reason="router/access.py install_auth drops the will of a connected client "
-                   "whose user left the password file (Client.identity_revoked), but not the delayed will "
-                   "waiting with that user's offline session (router/wills.py checks the ACL only)")
 def test_a_delayed_will_of_a_user_removed_by_a_reload_is_not_published(start_broker, tmp_path):
     """SIGHUP drops a removed user's connected client and its will: "nobody may publish as that
     user now" (router/client.py ``identity_revoked``). The same user's will waiting with its
@@ -378,13 +369,7 @@ def test_a_delayed_will_of_a_user_removed_by_a_reload_is_not_published(start_bro
     assert [m.payload for m in watcher.messages] == [b"marker"], "a removed user's delayed will went out"
 
 
-@pytest.mark.parametrize("where", [
-    "same",
-    pytest.param("other", marks=pytest.mark.xfail(
-        strict=True, reason="router/client.py tracks a session in the router's Qos2Sweeper "
-        "(router/limits.py) only when its first QoS 2 id arrives there: a session taken over with "
-        "ids (or restored from a snapshot) is never swept, and its later ids neither")),
-])
+@pytest.mark.parametrize("where", ["same", "other"])
 def test_qos2_ids_without_pubrel_are_forgotten_after_a_takeover_too(start_broker, where):
     """--qos2-timeout: a QoS 2 packet id whose PUBREL never comes is forgotten 1 to 2 timeouts
     later, so its reuse is a new message (docs/limits.md). A device that left such an id and

@@ -37,3 +37,37 @@ def test_an_id_released_in_time_is_not_counted():
     s.inbound_qos2.discard(3)  # its PUBREL came
     clock.advance(30)
     assert r.stats.limit_qos2_expired == 0 and clock.pending == 0
+
+
+def test_ids_a_session_brings_are_forgotten_where_it_arrives():
+    """A session taken over (or restored) with ids awaiting PUBREL: its next ids find the set not
+    empty and do not track it, so it is tracked when it arrives, and its ids go 1 to 2 timeouts
+    from then."""
+    old = Router(RouterConfig(router_id="r1"))
+    s = old.new_session("q", True)
+    s.qos2_ids().add(7)
+    clock = FakeClock()
+    r = Router(RouterConfig(router_id="r2", limits=ClientLimits(qos2_timeout=10)), clock=clock)
+    moved = r.import_session("q", s.export_state())
+    assert moved.inbound_qos2 == {7}
+    moved.qos2_ids().add(8)  # as its next QoS 2 PUBLISH adds it (not tracking it)
+    clock.advance(20.1)
+    assert not moved.inbound_qos2 and r.stats.limit_qos2_expired == 2 and clock.pending == 0
+    none = r.import_session("n", old.new_session("n", True).export_state())
+    assert none.client_id not in r.qos2_sweeper.tracked  # nothing to time: no timer
+
+
+def test_ids_restored_from_a_snapshot_are_forgotten(tmp_path):
+    from brokerd.router.persistence import StateStore
+
+    first = Router(RouterConfig(router_id="r1"))
+    s = first.new_session("q", True)
+    s.expiry_s = 3600
+    s.qos2_ids().add(7)
+    StateStore(first, str(tmp_path)).write_now()
+    clock = FakeClock()
+    second = Router(RouterConfig(router_id="r1", limits=ClientLimits(qos2_timeout=10)), clock=clock)
+    StateStore(second, str(tmp_path)).load()
+    assert second.sessions["q"].inbound_qos2 == {7}
+    clock.advance(20.1)
+    assert not second.sessions["q"].inbound_qos2 and second.stats.limit_qos2_expired == 1

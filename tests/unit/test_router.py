@@ -392,6 +392,24 @@ def test_the_brokers_own_sys_topics_take_no_clients_room_in_the_retained_limits(
     assert router.retained.sys_count == 2 and router.retained.count == 4
 
 
+def test_routers_at_the_retained_limit_take_each_others_updates_as_their_origin_did():
+    """--max-retained 1 on two routers, each taking a new topic from its own client at once: the
+    limit is checked where a message is published, so each takes the other's update too and both
+    hold the same two; then both are full, and refuse a third topic from their own clients."""
+    from brokerd.router.limits import ClientLimits
+
+    a, b = (Router(RouterConfig(router_id=rid, limits=ClientLimits(max_retained=1))) for rid in ("a/w0", "b/w0"))
+    from_a, from_b = Message("r/a", b"A", 0, True, "ca", "a/w0"), Message("r/b", b"B", 0, True, "cb", "b/w0")
+    a.publish(from_a)
+    b.publish(from_b)
+    a.peer_retained(from_b)
+    b.peer_retained(from_a)
+    assert [_retained(r, t) for r in (a, b) for t in ("r/a", "r/b")] == [b"A", b"B"] * 2
+    assert a.stats.retained_count == b.stats.retained_count == 2
+    a.publish(Message("r/c", b"C", 0, True, "ca", "a/w0"))
+    assert _retained(a, "r/c") is None and a.stats.limit_retained == 1
+
+
 def test_a_stale_session_being_handed_over_is_dropped_when_the_transfer_fails():
     """A router back from the dead restores a session that was taken over elsewhere meanwhile; a
     takeover request that was on its way to its previous incarnation starts handing it over just

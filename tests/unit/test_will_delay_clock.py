@@ -90,3 +90,25 @@ def test_a_rearmed_will_waits_for_the_rest_of_its_delay_and_at_least_the_grace()
     assert r.stats.wills_published == 1
     clock.advance(0.2)
     assert r.stats.wills_published == 2
+
+
+def test_a_reload_that_removes_a_user_drops_its_delayed_wills_only():
+    """A delayed will is a publish as its user, later: one whose user a reload removed is
+    dropped. A user that was not in the previous file either (a certificate's identity) keeps
+    its will, and so does one still in the file."""
+    from brokerd.router.access import install_auth
+    from brokerd.router.auth import Auth
+
+    clock, r, s, watcher = setup()
+    install_auth(r, Auth(passwords={"alice": "x", "keep": "y"}))
+    s.username = "alice"
+    others = {}
+    for user in ("keep", "cert-dev"):
+        others[user] = o = r.new_session(user, True)
+        o.username = user
+        r.delay_will(o, Message(f"will/{user}", b"bye", client_id=user), 5)
+    r.delay_will(s, Message("will/gone", b"bye", client_id="gone"), 5)
+    install_auth(r, Auth(passwords={"keep": "y"}))
+    assert s.will is None and others["keep"].will is not None and others["cert-dev"].will is not None
+    clock.advance(6)
+    assert sorted(wills(watcher)) == ["will/cert-dev", "will/keep"]
