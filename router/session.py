@@ -84,7 +84,7 @@ class Session:
     __slots__ = ("client_id", "persistent", "subscriptions", "conn", "inflight", "queue",
                  "inbound_qos2", "limits", "stats", "next_pid", "receive_max", "expiry_s",
                  "will", "will_due_ms", "dropped", "log", "cursor", "shared", "ranges", "username", "acl",
-                 "arrived_ms", "epoch", "owner_known", "clock")
+                 "arrived_ms", "epoch", "owner_known", "clock", "unsent")
 
     def __init__(self, client_id: str, persistent: bool, limits: SessionLimits, stats: RouterStats,
                  clock: Clock = LOOP_CLOCK) -> None:
@@ -125,6 +125,10 @@ class Session:
         # highest epoch is the current state, the later arrival among equals (``recency``).
         self.epoch = 0
         self.arrived_ms = 0
+        # What a resume found in flight beyond the new connection's Receive Maximum (``attach``):
+        # (packet id, entry) in order, still in ``inflight`` but not sent again yet. They go out,
+        # before the queue, as acknowledgements free the window (``pump``). A list once used.
+        self.unsent: list[tuple[int, Inflight]] | tuple[()] = ()
 
     # -- delivery -------------------------------------------------------------------------------------
 
@@ -285,8 +289,11 @@ class Session:
         conn.traffic.msgs_out += 1
 
     def pump(self) -> None:
-        """Move queued messages (then log records, when catching up) into the inflight window."""
+        """Move queued messages (then log records, when catching up) into the inflight window,
+        after what a resume held back (``unsent``)."""
         conn = self.conn
+        if self.unsent and (conn is None or not self._resend_unsent(conn)):
+            return
         queue = self.queue
         refills = 0
         while conn is not None and len(self.inflight) < self.receive_max:
@@ -484,45 +491,73 @@ class Session:
         state changed without the log growing (``RouterStats.state_moves``: the snapshot's cue)."""
         del self.inflight[pid]
         self.stats.state_moves += 1
-        if self.queue or self.cursor is not None:
+        if self.queue or self.cursor is not None or self.unsent:
             self.pump()
 
     # -- connection changes ---------------------------------------------------------------------------
 
     def attach(self, conn: Connection, receive_max: int | None = None) -> None:
-        """A connection takes this session: resend what is unacknowledged (DUP), then the queue."""
+        """A connection takes this session: resend what is unacknowledged (DUP, its packet id),
+        then the queue. At most its Receive Maximum of PUBLISHes go out unacknowledged
+        (MQTT-4.9.0-2): a PUBREL is always resent (its PUBLISH was received; it holds a place
+        until PUBCOMP), and the PUBLISHes beyond the window wait, in order, before the queue
+        (``unsent``), as Mosquitto puts them back in its queue: each goes out as an
+        acknowledgement frees a place, keeping its packet id, since the client may have it (a
+        QoS 2 one received before the connection broke must not be delivered twice)."""
         self.conn = conn
         self.receive_max = min(self.limits.max_inflight, receive_max or self.limits.max_inflight)
         level = conn.protocol_level
-        outbound = conn.outbound
-        for pid, entry in list(self.inflight.items()):
+        unsent: list[tuple[int, Inflight]] = []
+        for pid, entry in self.inflight.items():
             if entry.state == AWAIT_ACK:
-                msg = entry.msg
-                assert msg is not None  # kept until its PUBREC
-                # Expired or too large for this connection: dropped, as Mosquitto drops expired
-                # messages from the inflight window when it resends.
-                parts = msg.encoded(level, entry.qos, entry.retain, self.clock) if outbound is None else \
-                    outbound.parts(msg, entry.qos, entry.retain, self.clock)
-                if parts is None or (msg.expires_ms and msg.expired(self.clock.unix() * 1000)):
-                    del self.inflight[pid]
-                    if parts is None:
-                        self.stats.drop_too_large += 1
-                    else:
-                        self.stats.drop_expired += 1
-                    continue
-                if self.acl is not None and not self.readable(msg):
-                    del self.inflight[pid]  # its read grant was revoked since it was sent
-                    continue
-                head, tail = parts
-                conn.send(with_dup(head) + pid.to_bytes(2, "big") + tail)
+                unsent.append((pid, entry))
             else:
                 conn.send(encode(Pubrel(pid), level))
+        self.unsent = unsent or ()
         self.pump()
+
+    def _resend_unsent(self, conn: Connection) -> bool:
+        """Resend (DUP) what a resume held back while the window has room; whether it all went
+        (the window may take more). An entry no longer in flight as held (acknowledged from an
+        earlier connection, moved away) is passed over; one expired, too large for this
+        connection or no longer readable is dropped, as Mosquitto drops expired messages from
+        the window when it resends."""
+        inflight = self.inflight
+        unsent = self.unsent
+        held = [item for item in unsent if inflight.get(item[0]) is item[1] and item[1].state == AWAIT_ACK]
+        sending = len(inflight) - len(held)  # in the window on this connection
+        level = conn.protocol_level
+        outbound = conn.outbound
+        done = 0
+        for pid, entry in held:
+            if sending >= self.receive_max:
+                break
+            done += 1
+            msg = entry.msg
+            assert msg is not None  # kept until its PUBREC
+            parts = msg.encoded(level, entry.qos, entry.retain, self.clock) if outbound is None else \
+                outbound.parts(msg, entry.qos, entry.retain, self.clock)
+            if parts is None or (msg.expires_ms and msg.expired(self.clock.unix() * 1000)):
+                del inflight[pid]
+                if parts is None:
+                    self.stats.drop_too_large += 1
+                else:
+                    self.stats.drop_expired += 1
+                continue
+            if self.acl is not None and not self.readable(msg):
+                del inflight[pid]  # its read grant was revoked since it was sent
+                continue
+            head, tail = parts
+            conn.send(with_dup(head) + pid.to_bytes(2, "big") + tail)
+            sending += 1
+        self.unsent = held[done:] or ()
+        return not self.unsent
 
     def detach(self) -> None:
         """The connection is gone. A persistent session with a healthy log drops its queue and
         keeps a log position instead, so what it can catch up on is bounded by log retention."""
         self.conn = None
+        self.unsent = ()  # (still in flight: the next connection resends them)
         log = self.log
         if not self.persistent or log is None or log.error is not None:
             return

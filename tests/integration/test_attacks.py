@@ -70,8 +70,6 @@ def publishes_within(raw, seconds: float) -> list:
     return got
 
 
-@pytest.mark.xfail(strict=True, reason="router/session.py Session.attach resends every unacknowledged "
-                   "message of the session on the new connection, not at most its Receive Maximum")
 def test_a_resumed_session_sends_no_more_than_the_new_connections_receive_maximum(start_broker):
     """MQTT-4.9.0-2 and 3.1.2.11.3: the server sends at most the client's Receive Maximum of QoS 1/2
     PUBLISHes unacknowledged. A device that left with 10 in flight (Receive Maximum 20, the
@@ -132,9 +130,6 @@ def test_an_mqtt311_will_on_sys_is_refused(start_broker):
     assert "clients never publish into $SYS/" in broker.log_text()
 
 
-@pytest.mark.xfail(strict=True, reason="connection/protocol.py gives each connection a fresh ClientRate "
-                   "(connection/guard.py): the debt a client ran up goes with its connection, so a "
-                   "reconnect with the same client id starts with a full bucket and no debt")
 def test_a_client_does_not_escape_its_message_rate_by_reconnecting(start_broker):
     """--max-client-msg-rate is one client's (docs/limits.md): its reads pause until the debt of
     what it sent is paid. A client that closes its connection once it is paused and connects again
