@@ -10,7 +10,7 @@ does not read therefore costs a bounded amount of memory and never slows anyone 
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -125,10 +125,11 @@ class Session:
         # highest epoch is the current state, the later arrival among equals (``recency``).
         self.epoch = 0
         self.arrived_ms = 0
-        # What a resume found in flight beyond the new connection's Receive Maximum (``attach``):
-        # (packet id, entry) in order, still in ``inflight`` but not sent again yet. They go out,
-        # before the queue, as acknowledgements free the window (``pump``). A list once used.
-        self.unsent: list[tuple[int, Inflight]] | tuple[()] = ()
+        # What a resume found in flight and has not sent again yet (``attach``): packet id →
+        # entry, in order, each still in ``inflight``. They go out, before the queue, as
+        # acknowledgements free the window (``pump``); one the client acknowledges meanwhile
+        # leaves it (``_done``, ``pubrec``). An OrderedDict while any waits (each step O(1)).
+        self.unsent: OrderedDict[int, Inflight] | tuple[()] = ()
 
     # -- delivery -------------------------------------------------------------------------------------
 
@@ -465,6 +466,8 @@ class Session:
             self._done(pid)
             return True
         entry.state = AWAIT_COMP
+        if self.unsent:
+            self.unsent.pop(pid, None)  # (it had it from before: in the window now, as PUBREL)
         self.stats.state_moves += 1  # no longer awaiting its acknowledgement: the position moves
         entry.msg = None  # the payload is no longer needed
         if self.conn is not None:
@@ -491,7 +494,11 @@ class Session:
         state changed without the log growing (``RouterStats.state_moves``: the snapshot's cue)."""
         del self.inflight[pid]
         self.stats.state_moves += 1
-        if self.queue or self.cursor is not None or self.unsent:
+        unsent = self.unsent
+        if unsent:
+            unsent.pop(pid, None)  # (a PUBACK for one it had before: not to be sent again)
+            self.pump()
+        elif self.queue or self.cursor is not None:
             self.pump()
 
     # -- connection changes ---------------------------------------------------------------------------
@@ -507,32 +514,30 @@ class Session:
         self.conn = conn
         self.receive_max = min(self.limits.max_inflight, receive_max or self.limits.max_inflight)
         level = conn.protocol_level
-        unsent: list[tuple[int, Inflight]] = []
+        unsent: OrderedDict[int, Inflight] = OrderedDict()
         for pid, entry in self.inflight.items():
             if entry.state == AWAIT_ACK:
-                unsent.append((pid, entry))
+                unsent[pid] = entry
             else:
                 conn.send(encode(Pubrel(pid), level))
         self.unsent = unsent or ()
         self.pump()
 
     def _resend_unsent(self, conn: Connection) -> bool:
-        """Resend (DUP) what a resume held back while the window has room; whether it all went
-        (the window may take more). An entry no longer in flight as held (acknowledged from an
-        earlier connection, moved away) is passed over; one expired, too large for this
-        connection or no longer readable is dropped, as Mosquitto drops expired messages from
-        the window when it resends."""
+        """Resend (DUP) what a resume held back, oldest first, while the window has room; whether
+        it all went (the window may take more). One expired, too large for this connection or no
+        longer readable is dropped, as Mosquitto drops expired messages from the window when it
+        resends; one no longer in ``inflight`` as it was (the window replaced: a move away) is
+        passed over."""
         inflight = self.inflight
         unsent = self.unsent
-        held = [item for item in unsent if inflight.get(item[0]) is item[1] and item[1].state == AWAIT_ACK]
-        sending = len(inflight) - len(held)  # in the window on this connection
+        assert unsent.__class__ is OrderedDict  # (the caller saw it not empty)
         level = conn.protocol_level
         outbound = conn.outbound
-        done = 0
-        for pid, entry in held:
-            if sending >= self.receive_max:
-                break
-            done += 1
+        while unsent and len(inflight) - len(unsent) < self.receive_max:
+            pid, entry = unsent.popitem(last=False)
+            if inflight.get(pid) is not entry or entry.state != AWAIT_ACK:
+                continue
             msg = entry.msg
             assert msg is not None  # kept until its PUBREC
             parts = msg.encoded(level, entry.qos, entry.retain, self.clock) if outbound is None else \
@@ -549,9 +554,10 @@ class Session:
                 continue
             head, tail = parts
             conn.send(with_dup(head) + pid.to_bytes(2, "big") + tail)
-            sending += 1
-        self.unsent = held[done:] or ()
-        return not self.unsent
+        if unsent:
+            return False
+        self.unsent = ()
+        return True
 
     def detach(self) -> None:
         """The connection is gone. A persistent session with a healthy log drops its queue and

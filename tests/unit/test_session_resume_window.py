@@ -102,3 +102,21 @@ def test_a_detach_with_some_held_back_resends_them_all_at_the_next_resume(router
     conn = FakeConn(5)
     s.attach(conn)  # type: ignore[arg-type]  # (no Receive Maximum: --max-inflight, 6)
     assert [p.packet_id for p in _publishes(conn)] == pids
+
+
+def test_a_qos2_one_the_client_had_from_before_is_released_not_resent(router):
+    """A PUBREC for one held back (the client got it before the connection broke): its PUBREL
+    goes, it takes a place in the window until PUBCOMP, and it is never sent again (a second
+    PUBLISH of it would be a second delivery to a QoS 2 subscriber)."""
+    s = _left_with_six_in_flight(router, qos=2)
+    pids = list(s.inflight)
+    conn = FakeConn(5)
+    s.attach(conn, receive_max=2)  # type: ignore[arg-type]
+    assert s.pubrec(pids[4])
+    assert s.pubrec(pids[0]) and s.pubcomp(pids[0])
+    assert [p.packet_id for p in _publishes(conn)] == pids[:2]  # pids[1] and pids[4] fill it
+    assert s.pubcomp(pids[4])
+    assert s.pubrec(pids[1]) and s.pubcomp(pids[1])
+    assert s.pubrec(pids[2]) and s.pubcomp(pids[2])
+    assert [p.packet_id for p in _publishes(conn)] == [*pids[:4], pids[5]]
+    assert [p.packet_id for p in conn.packets() if type(p) is Pubrel] == [pids[4], pids[0], pids[1], pids[2]]
