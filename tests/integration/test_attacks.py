@@ -30,6 +30,7 @@ from tests.helpers import (
 )
 from tests.integration.test_mqtt5 import (
     CONNACK,
+    PUBACK,
     PUBCOMP,
     PUBLISH,
     PUBREC,
@@ -94,6 +95,19 @@ def test_a_resumed_session_sends_no_more_than_the_new_connections_receive_maximu
     resent = publishes_within(again, 2.0)
     assert resent, "nothing of the session came back"
     assert len(resent) <= 2, f"{len(resent)} unacknowledged PUBLISHes to a client with Receive Maximum 2"
+    # The rest come as it acknowledges, never more than 2 outstanding, in order, none lost, each
+    # with the packet id it had on the first connection.
+    got, outstanding = list(resent), list(resent)
+    deadline = time.monotonic() + WAIT
+    while (outstanding or len(got) < 10) and time.monotonic() < deadline:
+        if outstanding:
+            again.send(ack_bytes(PUBACK, outstanding.pop(0).pid))
+        more = publishes_within(again, 0.3)
+        assert len(outstanding) + len(more) <= 2, f"{len(outstanding) + len(more)} outstanding after a PUBACK"
+        got += more
+        outstanding += more
+    assert [p.payload for p in got] == [f"m{i}".encode() for i in range(10)]
+    assert [p.pid for p in got] == [p.pid for p in sent]
 
 
 @pytest.mark.parametrize("delay", [0, 2])
