@@ -24,6 +24,10 @@ from .listener import Listener
 from .loop import Loop
 
 RATE = "rate"  # the pause_reading cause while a client is over its rate
+# Client ids whose rates a worker keeps, the most recently connected: a reconnect within them
+# finds the debt its client left (``ConnectionGuard.client_rate_of``). About 300 bytes each with
+# both rates on (measured, compiled), and the id string of a client gone.
+RECENT_CLIENT_RATES = 10_000
 
 
 class GuardStats(Protocol):
@@ -86,6 +90,26 @@ class ClientRate:
             wait = max(wait, self.bytes.take(nbytes, now))
         return wait
 
+    def due(self) -> float:
+        """The seconds until the debt is paid (0: none)."""
+        now = self.clock()
+        wait = 0.0
+        if self.msgs is not None:
+            wait = self.msgs.take(0, now)
+        if self.bytes is not None:
+            wait = max(wait, self.bytes.take(0, now))
+        return wait
+
+    def take_on(self, other: ClientRate) -> None:
+        """Charge what ``other`` (a new connection's budgets, full when it began) has spent and not
+        earned back yet: its reads before its CONNECT was accepted count for its client."""
+        now = self.clock()
+        for mine, theirs in ((self.msgs, other.msgs), (self.bytes, other.bytes)):
+            if mine is not None and theirs is not None:
+                spent = theirs.burst - min(theirs.burst, theirs.tokens + (now - theirs.stamp) * theirs.rate)
+                if spent > 0:
+                    mine.take(spent, now)
+
 
 class ConnectionGuard:
     def __init__(self, loop: Loop, *, connection_rate: float = 0.0, msg_rate: float = 0.0,
@@ -105,6 +129,9 @@ class ConnectionGuard:
         self.sockets = sockets
         self._accepts: dict[Listener | None, TokenBucket] = {}
         self._partial: set[Holder] = set()  # connections that held an unfinished packet at a read
+        # The rates of the RECENT_CLIENT_RATES client ids accepted last, oldest first: a client's
+        # rate is its own, not its connection's (``client_rate_of``).
+        self._rates: dict[str, ClientRate] = {}
         self._sweeping = False
 
     def holding(self, conn: Holder) -> None:
@@ -158,6 +185,24 @@ class ConnectionGuard:
         if self.msg_rate > 0 or self.byte_rate > 0:
             return ClientRate(self.msg_rate, self.byte_rate, self.loop.time)
         return None
+
+    def client_rate_of(self, client_id: str, own: ClientRate) -> ClientRate:
+        """The rate of ``client_id``, whose CONNECT was accepted on a connection with the rate
+        ``own``: the one of its last connection, if among the recent, with what ``own`` spent
+        taken on, else ``own``. Kept for its next connection, or one that takes this one over
+        (sharing it meanwhile): a reconnect does not clear the debt of what it sent, as it would
+        if each connection had its own. Accepted only (an identity checked): a CONNECT refused
+        never charges another client's rate. Once a CONNECT, never per message."""
+        rates = self._rates
+        kept = rates.pop(client_id, None)
+        if kept is None:
+            kept = own
+            if len(rates) >= RECENT_CLIENT_RATES:
+                del rates[next(iter(rates))]  # the least recently connected
+        elif kept is not own:
+            kept.take_on(own)
+        rates[client_id] = kept
+        return kept
 
     def paused_for_rate(self) -> None:
         if self.stats is not None:

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 _NOBODY: frozenset[object] = frozenset()  # no pause_reading causes yet (an empty set is 216 bytes)
 _OWN_PAUSES = frozenset({BUDGET, RATE, OUTPUT})  # the connection's own pause causes; any other is the handler's
+_RELEASING = _OWN_PAUSES - {RATE}  # held packets go once only these are left: not while over the rate
 
 
 class MQTTConnection(Output, asyncio.Protocol):
@@ -302,7 +303,12 @@ class MQTTConnection(Output, asyncio.Protocol):
                 self._loop.call_later(wait, self._rate_paid)
 
     def _rate_paid(self) -> None:
-        """The client's rate debt is paid: read again, and decode what its last read still holds."""
+        """The client's rate debt is paid: read again, and decode what its last read still holds.
+        A debt its client brought at CONNECT (``_client_rate``) may outlast this pause: on, then."""
+        wait = self._rate.due()  # type: ignore[union-attr]  # (a rate set: it paused for it)
+        if wait > 0:
+            self._loop.call_later(wait, self._rate_paid)
+            return
         self.resume_reading(RATE)
         if self._decoder.has_more and not self.closing:
             self._loop.call_soon(self._read_more)
@@ -355,6 +361,27 @@ class MQTTConnection(Output, asyncio.Protocol):
             self._settings.keepalive.add(self, deadline)  # in place of the CONNECT timeout
         else:
             self._settings.keepalive.discard(self)
+        if self._rate is not None and self.client_id:
+            self._client_rate()
+
+    def _client_rate(self) -> None:
+        """Its client's rate from here on, as its recent connections left it
+        (``ConnectionGuard.client_rate_of``). In debt, it reads nothing more until the debt is
+        paid, and what came behind its CONNECT waits too: else each reconnect would get a read's
+        worth through."""
+        own = self._rate
+        # (mypy: a rate is set only on a guarded connection, and a client id at an accept)
+        rate = self._rate = self._guard.client_rate_of(self.client_id, own)  # type: ignore[union-attr,arg-type]
+        if rate is own:
+            return
+        wait = rate.due()
+        if wait > 0:
+            if self._held is None:
+                self._held = []
+            if RATE not in self._reading_paused_by:
+                self.pause_reading(RATE)
+                self._guard.paused_for_rate()  # type: ignore[union-attr]  # (as above)
+                self._loop.call_later(wait, self._rate_paid)
 
     def close(self, reason: int | None = None) -> None:
         """Close after flushing what is queued. MQTT 5 clients get DISCONNECT with ``reason``."""
@@ -410,8 +437,8 @@ class MQTTConnection(Output, asyncio.Protocol):
         if by in self._reading_paused_by:
             # (mypy: a set once paused (``_NOBODY``, the frozenset, is empty))
             self._reading_paused_by.remove(by)  # type: ignore[union-attr]
-        if self._held is not None and self._reading_paused_by <= _OWN_PAUSES:
-            self._loop.call_soon(self._release_held)  # the handler has answered the CONNECT
+        if self._held is not None and self._reading_paused_by <= _RELEASING:
+            self._loop.call_soon(self._release_held)  # the handler has answered; no rate debt
         if not self._reading_paused_by and self.transport is not None and not self.closing:
             self.transport.resume_reading()
 

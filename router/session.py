@@ -10,7 +10,7 @@ does not read therefore costs a bounded amount of memory and never slows anyone 
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -84,7 +84,7 @@ class Session:
     __slots__ = ("client_id", "persistent", "subscriptions", "conn", "inflight", "queue",
                  "inbound_qos2", "limits", "stats", "next_pid", "receive_max", "expiry_s",
                  "will", "will_due_ms", "dropped", "log", "cursor", "shared", "ranges", "username", "acl",
-                 "arrived_ms", "epoch", "owner_known", "clock")
+                 "arrived_ms", "epoch", "owner_known", "clock", "unsent")
 
     def __init__(self, client_id: str, persistent: bool, limits: SessionLimits, stats: RouterStats,
                  clock: Clock = LOOP_CLOCK) -> None:
@@ -125,6 +125,11 @@ class Session:
         # highest epoch is the current state, the later arrival among equals (``recency``).
         self.epoch = 0
         self.arrived_ms = 0
+        # What a resume found in flight and has not sent again yet (``attach``): packet id →
+        # entry, in order, each still in ``inflight``. They go out, before the queue, as
+        # acknowledgements free the window (``pump``); one the client acknowledges meanwhile
+        # leaves it (``_done``, ``pubrec``). An OrderedDict while any waits (each step O(1)).
+        self.unsent: OrderedDict[int, Inflight] | tuple[()] = ()
 
     # -- delivery -------------------------------------------------------------------------------------
 
@@ -285,8 +290,11 @@ class Session:
         conn.traffic.msgs_out += 1
 
     def pump(self) -> None:
-        """Move queued messages (then log records, when catching up) into the inflight window."""
+        """Move queued messages (then log records, when catching up) into the inflight window,
+        after what a resume held back (``unsent``)."""
         conn = self.conn
+        if self.unsent and (conn is None or not self._resend_unsent(conn)):
+            return
         queue = self.queue
         refills = 0
         while conn is not None and len(self.inflight) < self.receive_max:
@@ -458,6 +466,8 @@ class Session:
             self._done(pid)
             return True
         entry.state = AWAIT_COMP
+        if self.unsent:
+            self.unsent.pop(pid, None)  # (it had it from before: in the window now, as PUBREL)
         self.stats.state_moves += 1  # no longer awaiting its acknowledgement: the position moves
         entry.msg = None  # the payload is no longer needed
         if self.conn is not None:
@@ -484,45 +494,76 @@ class Session:
         state changed without the log growing (``RouterStats.state_moves``: the snapshot's cue)."""
         del self.inflight[pid]
         self.stats.state_moves += 1
-        if self.queue or self.cursor is not None:
+        unsent = self.unsent
+        if unsent:
+            unsent.pop(pid, None)  # (a PUBACK for one it had before: not to be sent again)
+            self.pump()
+        elif self.queue or self.cursor is not None:
             self.pump()
 
     # -- connection changes ---------------------------------------------------------------------------
 
     def attach(self, conn: Connection, receive_max: int | None = None) -> None:
-        """A connection takes this session: resend what is unacknowledged (DUP), then the queue."""
+        """A connection takes this session: resend what is unacknowledged (DUP, its packet id),
+        then the queue. At most its Receive Maximum of PUBLISHes go out unacknowledged
+        (MQTT-4.9.0-2): a PUBREL is always resent (its PUBLISH was received; it holds a place
+        until PUBCOMP), and the PUBLISHes beyond the window wait, in order, before the queue
+        (``unsent``), as Mosquitto puts them back in its queue: each goes out as an
+        acknowledgement frees a place, keeping its packet id, since the client may have it (a
+        QoS 2 one received before the connection broke must not be delivered twice)."""
         self.conn = conn
         self.receive_max = min(self.limits.max_inflight, receive_max or self.limits.max_inflight)
         level = conn.protocol_level
-        outbound = conn.outbound
-        for pid, entry in list(self.inflight.items()):
+        unsent: OrderedDict[int, Inflight] = OrderedDict()
+        for pid, entry in self.inflight.items():
             if entry.state == AWAIT_ACK:
-                msg = entry.msg
-                assert msg is not None  # kept until its PUBREC
-                # Expired or too large for this connection: dropped, as Mosquitto drops expired
-                # messages from the inflight window when it resends.
-                parts = msg.encoded(level, entry.qos, entry.retain, self.clock) if outbound is None else \
-                    outbound.parts(msg, entry.qos, entry.retain, self.clock)
-                if parts is None or (msg.expires_ms and msg.expired(self.clock.unix() * 1000)):
-                    del self.inflight[pid]
-                    if parts is None:
-                        self.stats.drop_too_large += 1
-                    else:
-                        self.stats.drop_expired += 1
-                    continue
-                if self.acl is not None and not self.readable(msg):
-                    del self.inflight[pid]  # its read grant was revoked since it was sent
-                    continue
-                head, tail = parts
-                conn.send(with_dup(head) + pid.to_bytes(2, "big") + tail)
+                unsent[pid] = entry
             else:
                 conn.send(encode(Pubrel(pid), level))
+        self.unsent = unsent or ()
         self.pump()
+
+    def _resend_unsent(self, conn: Connection) -> bool:
+        """Resend (DUP) what a resume held back, oldest first, while the window has room; whether
+        it all went (the window may take more). One expired, too large for this connection or no
+        longer readable is dropped, as Mosquitto drops expired messages from the window when it
+        resends; one no longer in ``inflight`` as it was (the window replaced: a move away) is
+        passed over."""
+        inflight = self.inflight
+        unsent = self.unsent
+        assert unsent.__class__ is OrderedDict  # (the caller saw it not empty)
+        level = conn.protocol_level
+        outbound = conn.outbound
+        while unsent and len(inflight) - len(unsent) < self.receive_max:
+            pid, entry = unsent.popitem(last=False)
+            if inflight.get(pid) is not entry or entry.state != AWAIT_ACK:
+                continue
+            msg = entry.msg
+            assert msg is not None  # kept until its PUBREC
+            parts = msg.encoded(level, entry.qos, entry.retain, self.clock) if outbound is None else \
+                outbound.parts(msg, entry.qos, entry.retain, self.clock)
+            if parts is None or (msg.expires_ms and msg.expired(self.clock.unix() * 1000)):
+                del inflight[pid]
+                if parts is None:
+                    self.stats.drop_too_large += 1
+                else:
+                    self.stats.drop_expired += 1
+                continue
+            if self.acl is not None and not self.readable(msg):
+                del inflight[pid]  # its read grant was revoked since it was sent
+                continue
+            head, tail = parts
+            conn.send(with_dup(head) + pid.to_bytes(2, "big") + tail)
+        if unsent:
+            return False
+        self.unsent = ()
+        return True
 
     def detach(self) -> None:
         """The connection is gone. A persistent session with a healthy log drops its queue and
         keeps a log position instead, so what it can catch up on is bounded by log retention."""
         self.conn = None
+        self.unsent = ()  # (still in flight: the next connection resends them)
         log = self.log
         if not self.persistent or log is None or log.error is not None:
             return
