@@ -35,7 +35,8 @@ CORE_ROOTS = [
 """The codec, the topic index and the commit log's writer: the small group, compiled alone with
 ``BROKERD_ROUTER_PATH=0``."""
 
-ROUTER_PATH_ROOTS = ["brokerd.connection.protocol", "brokerd.router.client", "brokerd.router.router"]
+ROUTER_PATH_ROOTS = ["brokerd.connection.protocol", "brokerd.router.client", "brokerd.router.router",
+                     "brokerd.cluster.mesh.path"]
 """The per-message path from the connection to the session (53 modules with the core's: 1.3-1.6x
 messages per CPU-second, docs/benchmarks.md, "Compiled router path"). It gains only whole: a
 line between compiled and Python code on that path costs more than the compiled side saves.

@@ -105,6 +105,7 @@ from .handon import Handons
 from .interest import Interest
 from .limits import HELLO_INTERVAL_S, LOCAL_DOWN_WAIT_S, park_skew
 from .members import Hooks, Members
+from .path import Inbound, Outbound
 from .peer import Peer
 from .takeover import Roster, Takeovers
 from .transfer import Transfers
@@ -153,18 +154,20 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin):
         self.incarnation = int.from_bytes(os.urandom(6), "big")
         self.transport = Transport(config, index, loop, router, self._on_readable, clock)  # the sockets
         self.peers: dict[str, Peer] = {}  # every part's record of each peer (``peer``)
-        self._dirty = False
-        self._lingered = False
         self._replication: Replication | None = None  # with --replication-factor > 1
         self._version_warned: set[str] = set()
         self._bad_logged: set[str] = set()
-        self.max_frame = max_frame(config.max_packet_size)
         self._packer = msgpack.Packer(use_bin_type=True)
-        # What every PUBLISH frame of this incarnation starts with (``_publish_frames``).
-        self._publish_head = (self._packer.pack_array_header(5) + self._packer.pack(MESH_VERSION)
-                              + self._packer.pack(PUBLISH) + self._packer.pack(self.router_id)
-                              + self._packer.pack(self.incarnation))
-        self.closed = False  # after stop(): whatever the router still says goes nowhere
+        # What every PUBLISH frame of this incarnation starts with (``Outbound.publish_frames``).
+        publish_head = (self._packer.pack_array_header(5) + self._packer.pack(MESH_VERSION)
+                        + self._packer.pack(PUBLISH) + self._packer.pack(self.router_id)
+                        + self._packer.pack(self.incarnation))
+        # The per-message path, compiled (``path``): the router calls ``forward_to`` of it directly.
+        self.outbound = Outbound(self.peers, self._packer, publish_head, max_frame(config.max_packet_size),
+                                 config.mesh_backlog, end_of_tick, self)
+        self.forward_to = self.outbound.forward_to
+        self.inbound = Inbound(router, self.peers, loop, clock, self._handle, self._refused, self._bad,
+                               self._check_paused)
         peers, frame, send, flush = self.peers, self._frame, self._send, self._flush
         self.requests = Requests()  # numbered requests every live peer answers
         self.interest = Interest(loop, router, peers, self.requests, send, self._mark, self._flush_collected)
@@ -182,6 +185,15 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin):
         self.transfers.heard_answers = self.takeovers.heard_answers
         self._parts = (self.members, self.interest, self.transfers, self.handons, self.takeovers)
         self._handlers = dispatch.bind(self)  # kind -> (handler, who may send it)
+
+    @property
+    def closed(self) -> bool:
+        """After ``stop()``: whatever the router still says goes nowhere."""
+        return self.outbound.closed
+
+    @closed.setter
+    def closed(self, closed: bool) -> None:
+        self.outbound.closed = closed
 
     # The transport's, as others read them: where this router listens, its links, its refusals.
     ipc = property(lambda self: self.transport.ipc)
