@@ -246,9 +246,11 @@ class Inbound:
                     if kind == PUBLISH:
                         msgs += len(body[1])
                         peer = peers.get(sender)
-                        # A live peer of this incarnation with nothing held back: here; the
-                        # rest (parked, unknown, held frames) as the dispatch does it.
-                        if peer is not None and peer.incarnation == inc and peer.alive and not peer.held:
+                        # A live peer of this incarnation with nothing held back, the frame's
+                        # number in its body (no sender numbers its envelope): here; the rest
+                        # (parked, unknown, held frames) as the dispatch does it.
+                        if (peer is not None and peer.incarnation == inc and peer.alive and not peer.held
+                                and not seq):
                             peer.last_seen = self.clock()
                             self.on_publish(peer, body, len(data))
                             continue

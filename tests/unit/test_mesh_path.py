@@ -83,7 +83,8 @@ def test_a_live_peers_publish_frame_is_delivered_in_the_turn_and_the_rest_go_to_
 
 def test_a_publish_frame_of_a_peer_not_plainly_live_is_the_dispatchs_and_not_delivered_here():
     """Parked (the dispatch takes it back first), of another incarnation or unknown (ignored
-    there), with frames held behind a missed number (acted on after it, in order)."""
+    there), with frames held behind a missed number (acted on after it, in order), or with a
+    number in its envelope, which no sender gives a PUBLISH frame (the dispatch's rules)."""
     inbound, router, peer, calls = setup()
     _session, conn = online(router, "s", ("m/#", 0))
     peer.alive = False
@@ -92,9 +93,12 @@ def test_a_publish_frame_of_a_peer_not_plainly_live_is_the_dispatchs_and_not_del
     peer.alive, peer.held = True, [(9, (ECHO, [1], 1))]
     inbound.on_readable(FakeSocket([data]))
     peer.held = []
-    inbound.on_readable(FakeSocket([frame(PUBLISH, [1, [], -1], inc=8), frame(PUBLISH, [1, [], -1], sender="y/w0")]))
+    numbered = msgpack.packb([MESH_VERSION, PUBLISH, "x/w0", 7, [1, [], -1], 3, 9])
+    inbound.on_readable(FakeSocket([frame(PUBLISH, [1, [], -1], inc=8), frame(PUBLISH, [1, [], -1], sender="y/w0"),
+                                    numbered]))
     assert [(c[0], c[1], c[2]) for c in calls["handle"]] == [
-        (PUBLISH, "x/w0", 7), (PUBLISH, "x/w0", 7), (PUBLISH, "x/w0", 8), (PUBLISH, "y/w0", 7)]
+        (PUBLISH, "x/w0", 7), (PUBLISH, "x/w0", 7), (PUBLISH, "x/w0", 8), (PUBLISH, "y/w0", 7), (PUBLISH, "x/w0", 7)]
+    assert calls["handle"][-1][-2:] == (3, 9)
     assert received(conn) == [] and peer.seq_in == 0 and router.stats.mesh_frames_in == 0
 
 
