@@ -65,11 +65,12 @@ The package, one part a module. The ``Mesh`` holds the transport and the parts, 
 owns its state and reaches the others only through what the ``Mesh`` hands it (a reference to a
 part, a callback); the pure rules take values and time in and are tested without sockets:
 - ``transport`` (the one part that owns sockets: CURVE, monitors, backpressure);
-- the publish path, still the ``Mesh``'s own methods so that a message costs no hop more:
-  ``framing`` (packing frames; the formats are ``router.mesh_format``), ``dispatch`` (reading and
-  checking a frame, the one table of handlers by kind and the part that has each), ``forwarding``
-  (publishes out and in, replay from the log) and ``delivery`` (rules: numbering, the ring, the
-  backlog);
+- the publish path, the ``Mesh``'s own methods: ``framing`` (packing frames; the formats are
+  ``router.mesh_format``), ``dispatch`` (reading and checking a frame, the one table of handlers
+  by kind and the part that has each), ``forwarding`` (publishes out and in, replay from the
+  log) and ``delivery`` (rules: numbering, the ring, the backlog); its per-message half is
+  ``path`` (``Outbound``, ``Inbound``), compiled with the router's path, which a class of mixins
+  cannot be;
 - ``members`` (``Members``: the peers, HELLO, heartbeat, park, rejoin, forget; what the others do
   as a peer comes and goes is its ``Hooks``), the shell of ``membership`` (the rules: parking,
   forgetting, echoing, pauses; and ``MembersCore``, the sans-IO core: time and frames in, frames
@@ -129,8 +130,9 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin):
     """Implements ``router.ports.MeshPort`` for one router: it holds the ``Transport`` (its
     sockets) and the parts that own their state (``members``, ``requests``, ``interest``,
     ``takeovers``, ``transfers``, ``handons``), wired here to each other by narrow references
-    and callbacks. Framing, dispatch and forwarding, the publish path, stay its own: one
-    object's attributes, no hop more per message."""
+    and callbacks. Framing, dispatch and forwarding, the publish path, are its own; their
+    per-message half is ``outbound`` and ``inbound`` (``path``, compiled), whose
+    ``forward_to`` is this mesh's, so the router calls the compiled one directly."""
 
     def __init__(self, config: Config, index: int, router: Router, loop: asyncio.AbstractEventLoop,
                  end_of_tick: EndOfTick, clock: Callable[[], float] = time.monotonic,
