@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..config import Config
+if TYPE_CHECKING:  # (an annotation only: this module is compiled with the mesh's path, ``path``)
+    from ..config import Config
 
 log = logging.getLogger("brokerd.cluster.mesh")
 
