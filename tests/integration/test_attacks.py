@@ -28,6 +28,7 @@ from tests.helpers import (
     freeze,
     wait_for,
 )
+from tests.integration.test_limits import connects_back_to_back
 from tests.integration.test_mqtt5 import (
     CONNACK,
     DISCONNECT,
@@ -43,12 +44,9 @@ from tests.integration.test_mqtt5 import (
     WILL_DELAY,
     Closed,
     Props,
-    _str,
     ack_bytes,
     connect_bytes,
-    packet,
     paho_on,
-    props_bytes,
     publish_bytes,
     raw_on,
 )
@@ -197,16 +195,8 @@ def _login(client_id: str, user: str, password: str, *, level: int = 4, props: P
            will: tuple | None = None, persistent: bool = False) -> bytes:
     """CONNECT with a user name and password, a clean start unless ``persistent``; ``will``:
     (topic, payload, qos, retain, will properties), as ``connect_bytes`` takes it."""
-    flags = 0xC0 if persistent else 0xC2
-    payload = _str(client_id)
-    if will is not None:
-        topic, message, qos, retain, will_props = will
-        flags |= 0x04 | (qos << 3) | (0x20 if retain else 0)
-        if level == 5:
-            payload += props_bytes(will_props)
-        payload += _str(topic) + _str(message)
-    var = _str(b"MQTT") + bytes([level, flags]) + (60).to_bytes(2, "big") + (props_bytes(props) if level == 5 else b"")
-    return packet(0x10, var + payload + _str(user) + _str(password))
+    return connect_bytes(client_id, level=level, clean=not persistent, props=props, will=will,
+                         login=(user, password))
 
 
 def test_a_connect_waiting_on_the_other_worker_when_its_user_is_removed_is_not_let_in(start_broker, tmp_path):
@@ -332,14 +322,7 @@ def test_a_listeners_max_connections_holds_for_back_to_back_connects_on_two_work
                     str(tmp_path / "data"), "--config", str(toml)], "127.0.0.1", port)
     broker.start()
     try:
-        raws = []
-        for i in range(sockets):
-            raw = RawClient(limited)
-            raw.send(connect_packet(cid(f"lim{i}")))
-            raws.append(raw)
-        answers = [raw.recv_exact(4) for raw in raws]
-        accepted = answers.count(b"\x20\x02\x00\x00")
-        assert accepted + answers.count(b"\x20\x02\x00\x03") == sockets, answers
+        accepted = connects_back_to_back(limited, sockets)
         assert 0 < accepted <= limit, f"{accepted} connected against a listener's max_connections of {limit}"
     finally:
         xprocess.getinfo(broker.name).terminate(timeout=15)

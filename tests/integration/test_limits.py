@@ -514,17 +514,24 @@ def test_connects_waiting_on_the_other_workers_count_against_max_connections(sta
     one waiting for that answer still holds its place. Sent back to back, each on a new socket, none
     waiting for its CONNACK: the node accepts at most --max-connections of them (12,537 of 12,500
     got in once, before the CONNECT was counted from its check to its answer)."""
-    limit, sockets = 8, 48
+    limit = 8
     broker = start_broker("--max-connections", str(limit), workers=2)
+    accepted = connects_back_to_back(broker.port, 48)
+    assert 0 < accepted <= limit, f"{accepted} connected against a limit of {limit}"
+
+
+def connects_back_to_back(port: int, sockets: int) -> int:
+    """A CONNECT on each of ``sockets`` new sockets, none waiting for its CONNACK: how many were
+    accepted (each answered, accepted or refused with server unavailable)."""
     raws = []
     for i in range(sockets):
-        raw = RawClient(broker.port)
+        raw = RawClient(port)
         raw.send(connect_packet(cid(f"burst{i}")))
         raws.append(raw)
     answers = [raw.recv_exact(4) for raw in raws]
     accepted = answers.count(b"\x20\x02\x00\x00")
     assert accepted + answers.count(b"\x20\x02\x00\x03") == sockets, answers
-    assert 0 < accepted <= limit, f"{accepted} connected against a limit of {limit}"
+    return accepted
 
 
 def _connects(port: int) -> bool:

@@ -240,9 +240,10 @@ def packet(first: int, body: bytes) -> bytes:
 
 def connect_bytes(client_id: str, *, level: int = 5, clean: bool = True, keepalive: int = 60,
                   props: Props = (), will: tuple[str, bytes, int, bool, Props] | None = None,
-                  name: bytes | None = None) -> bytes:
-    """CONNECT (spec 3.1); ``will``: (topic, payload, qos, retain, will properties)."""
-    flags = 0x02 if clean else 0
+                  name: bytes | None = None, login: tuple[str, str] | None = None) -> bytes:
+    """CONNECT (spec 3.1); ``will``: (topic, payload, qos, retain, will properties); ``login``:
+    (user name, password)."""
+    flags = (0x02 if clean else 0) | (0xC0 if login is not None else 0)
     payload = _str(client_id)
     if will is not None:
         topic, message, qos, retain, will_props = will
@@ -253,6 +254,8 @@ def connect_bytes(client_id: str, *, level: int = 5, clean: bool = True, keepali
     var = _str(name or (b"MQIsdp" if level == 3 else b"MQTT")) + bytes([level, flags]) + keepalive.to_bytes(2, "big")
     if level == 5:
         var += props_bytes(props)
+    if login is not None:
+        payload += _str(login[0]) + _str(login[1])
     return packet(0x10, var + payload)
 
 
