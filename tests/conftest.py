@@ -144,6 +144,13 @@ ALONE_TESTS = {
 # at 0e66e87 and c01a029); it must pass on a loaded machine, which .ci/run checks on its own,
 # beside a CPU hog, and the JVMs and pure computations beside it here are such a load.
 LOUD_FILES = {"tests/chaos/test_chaos.py"}
+# ``quiet``: in a run of more than tests/unit, the unit tests (no processes, fake clocks) are one
+# work unit, first in the order, that takes no turn: one worker runs them from the start, beside
+# the ``alone`` tests and then the ``loud`` ones. Before, the ``alone`` tests held three workers
+# idle for a minute and a half, and the unit tests then took two minutes of workers beside the
+# chaos suite and at the run's end. One worker of unit tests loads one core, where other tests
+# beside an ``alone`` one started several processes each.
+QUIET_GROUP = "unit"
 # ``companion``: tests that wait on nothing timed tightly (fake clocks; Spark's generous bounds),
 # which run beside a ``loud`` test (a minute of two cores otherwise idle while it ran alone).
 COMPANION_DIRECTORIES = {"unit", "pipeline"}
@@ -181,11 +188,12 @@ def _marks(nodeid: str) -> list[str]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Markers by directory and by the lists above; under xdist, tests that share something costly
     stay on one worker, so that it is made once (``_shared``), and the longest go first."""
+    mixed = any(not item.nodeid.startswith("tests/unit/") for item in items)
     for item in items:
         for mark in _marks(item.nodeid):
             item.add_marker(mark)
-        group = _shared(item)
-        if group and item.get_closest_marker("xdist_group") is None:
+        group = QUIET_GROUP if mixed and item.nodeid.startswith("tests/unit/") else _shared(item)
+        if group == QUIET_GROUP or (group and item.get_closest_marker("xdist_group") is None):
             item.add_marker(pytest.mark.xdist_group(group))
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and DURATIONS_KEY in workerinput:
@@ -201,7 +209,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     alone_units = {_group(i) for i in items if _kind(i) == "alone"}
     session.config.stash[ALONE_TOTAL] = sum(1 for i in items if _kind(i) == "alone")
     for item in items:
-        item.stash[AFTER_ALONE] = _group(item) not in alone_units
+        item.stash[AFTER_ALONE] = _group(item) not in alone_units and _kind(item) != "quiet"
 
 
 def _name_units(items: list[pytest.Item]) -> None:
@@ -233,10 +241,12 @@ def _guess(item: pytest.Item, durations: dict[str, float]) -> float:
 
 
 def _kind(item: pytest.Item) -> str:
-    """How a test shares the machine under xdist (``_turn``): alone, loud, companion or plain."""
+    """How a test shares the machine under xdist (``_turn``): alone, loud, quiet, companion or plain."""
     for kind in ("alone", "loud"):
         if item.get_closest_marker(kind):
             return kind
+    if _group(item) == QUIET_GROUP:
+        return "quiet"
     return "companion" if any(item.get_closest_marker(d) for d in COMPANION_DIRECTORIES) else "plain"
 
 
@@ -255,6 +265,7 @@ def _longest_first(items: list[pytest.Item], durations: dict[str, float]) -> lis
     seconds = {name: sum(_guess(i, durations) for i in unit) for name, unit in units.items()}
     kinds = {name: min((_kind(i) for i in unit), key=KINDS.index) for name, unit in units.items()}
     by_time = sorted(units, key=lambda n: -seconds[n])
+    quiet = [n for n in by_time if kinds[n] == "quiet"]
     alone = [n for n in by_time if kinds[n] == "alone"]
     loud = [n for n in by_time if kinds[n] == "loud"]
     companions = [n for n in by_time if kinds[n] == "companion"]
@@ -264,10 +275,10 @@ def _longest_first(items: list[pytest.Item], durations: dict[str, float]) -> lis
         beside += [name, *companions[i::len(loud)]]
     if not loud:
         rest = sorted(companions + rest, key=lambda n: -seconds[n])
-    return [i for name in alone + beside + rest for i in units[name]]
+    return [i for name in quiet + alone + beside + rest for i in units[name]]
 
 
-KINDS = ("alone", "loud", "companion", "plain")
+KINDS = ("alone", "loud", "quiet", "companion", "plain")
 
 
 def _test_id(nodeid: str) -> str:
@@ -365,6 +376,7 @@ def _turn_dir(run: str) -> Path:
 
 
 TURNS = {  # kind: how it takes the room and the side room (None: not at all)
+    "quiet": (None, None),
     "plain": (fcntl.LOCK_SH, None),
     "companion": (None, fcntl.LOCK_SH),
     "loud": (fcntl.LOCK_EX, fcntl.LOCK_SH),
