@@ -1,7 +1,7 @@
 """The compiled hot path's build; pyproject.toml holds everything else about the package.
 
 mypyc compiles the hot path (``hot_path()``: the codec, the topic index, the log's writer and the
-router's and the mesh's per-message path, plain typed Python that stays the reference and runs wherever nothing
+router's per-message path, plain typed Python that stays the reference and runs wherever nothing
 was compiled) into a ``__compiled__`` folder beside each package's sources, and
 writes ``connection/__compiled__/manifest.json``: the compiler, the extension suffix and the
 SHA-256 of every source compiled. ``connection/_compiled.py`` reads it and decides, per process,
@@ -35,15 +35,10 @@ CORE_ROOTS = [
 """The codec, the topic index and the commit log's writer: the small group, compiled alone with
 ``BROKERD_ROUTER_PATH=0``."""
 
-ROUTER_PATH_ROOTS = ["brokerd.connection.protocol", "brokerd.router.client", "brokerd.router.router",
-                     "brokerd.cluster.mesh.path"]
-"""The per-message path from the connection to the session (1.3-1.6x messages per CPU-second,
-docs/benchmarks.md, "Compiled router path"), and the mesh's per-message half between two routers
-(``cluster.mesh.path``: a publish into a peer's batch, the batches' frames, a received PUBLISH
-frame to the router; with ``delivery`` and ``limits``, 57 modules with the core's). It gains
-only whole: a line between compiled and Python code on that path costs more than the compiled
-side saves. What the mesh's part imports for annotations only (``Peer``, the configuration, the
-agreement) stays Python, read by mypy for its types.
+ROUTER_PATH_ROOTS = ["brokerd.connection.protocol", "brokerd.router.client", "brokerd.router.router"]
+"""The per-message path from the connection to the session (53 modules with the core's: 1.3-1.6x
+messages per CPU-second, docs/benchmarks.md, "Compiled router path"). It gains only whole: a
+line between compiled and Python code on that path costs more than the compiled side saves.
 
 Compiled, every declared type is checked at run time: an annotation that is not true of what
 flows in (from msgpack, the mesh, a log record, the standard library where typeshed is wrong)

@@ -65,12 +65,11 @@ The package, one part a module. The ``Mesh`` holds the transport and the parts, 
 owns its state and reaches the others only through what the ``Mesh`` hands it (a reference to a
 part, a callback); the pure rules take values and time in and are tested without sockets:
 - ``transport`` (the one part that owns sockets: CURVE, monitors, backpressure);
-- the publish path, the ``Mesh``'s own methods: ``framing`` (packing frames; the formats are
-  ``router.mesh_format``), ``dispatch`` (reading and checking a frame, the one table of handlers
-  by kind and the part that has each), ``forwarding`` (publishes out and in, replay from the
-  log) and ``delivery`` (rules: numbering, the ring, the backlog); its per-message half is
-  ``path`` (``Outbound``, ``Inbound``), compiled with the router's path, which a class of mixins
-  cannot be;
+- the publish path, still the ``Mesh``'s own methods so that a message costs no hop more:
+  ``framing`` (packing frames; the formats are ``router.mesh_format``), ``dispatch`` (reading and
+  checking a frame, the one table of handlers by kind and the part that has each), ``forwarding``
+  (publishes out and in, replay from the log) and ``delivery`` (rules: numbering, the ring, the
+  backlog);
 - ``members`` (``Members``: the peers, HELLO, heartbeat, park, rejoin, forget; what the others do
   as a peer comes and goes is its ``Hooks``), the shell of ``membership`` (the rules: parking,
   forgetting, echoing, pauses; and ``MembersCore``, the sans-IO core: time and frames in, frames
@@ -106,7 +105,6 @@ from .handon import Handons
 from .interest import Interest
 from .limits import HELLO_INTERVAL_S, LOCAL_DOWN_WAIT_S, park_skew
 from .members import Hooks, Members
-from .path import Inbound, Outbound
 from .peer import Peer
 from .takeover import Roster, Takeovers
 from .transfer import Transfers
@@ -130,9 +128,8 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin):
     """Implements ``router.ports.MeshPort`` for one router: it holds the ``Transport`` (its
     sockets) and the parts that own their state (``members``, ``requests``, ``interest``,
     ``takeovers``, ``transfers``, ``handons``), wired here to each other by narrow references
-    and callbacks. Framing, dispatch and forwarding, the publish path, are its own; their
-    per-message half is ``outbound`` and ``inbound`` (``path``, compiled), whose
-    ``forward_to`` is this mesh's, so the router calls the compiled one directly."""
+    and callbacks. Framing, dispatch and forwarding, the publish path, stay its own: one
+    object's attributes, no hop more per message."""
 
     def __init__(self, config: Config, index: int, router: Router, loop: asyncio.AbstractEventLoop,
                  end_of_tick: EndOfTick, clock: Callable[[], float] = time.monotonic,
@@ -156,20 +153,18 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin):
         self.incarnation = int.from_bytes(os.urandom(6), "big")
         self.transport = Transport(config, index, loop, router, self._on_readable, clock)  # the sockets
         self.peers: dict[str, Peer] = {}  # every part's record of each peer (``peer``)
+        self._dirty = False
+        self._lingered = False
         self._replication: Replication | None = None  # with --replication-factor > 1
         self._version_warned: set[str] = set()
         self._bad_logged: set[str] = set()
+        self.max_frame = max_frame(config.max_packet_size)
         self._packer = msgpack.Packer(use_bin_type=True)
-        # What every PUBLISH frame of this incarnation starts with (``Outbound.publish_frames``).
-        publish_head = (self._packer.pack_array_header(5) + self._packer.pack(MESH_VERSION)
-                        + self._packer.pack(PUBLISH) + self._packer.pack(self.router_id)
-                        + self._packer.pack(self.incarnation))
-        # The per-message path, compiled (``path``): the router calls ``forward_to`` of it directly.
-        self.outbound = Outbound(self.peers, self._packer, publish_head, max_frame(config.max_packet_size),
-                                 config.mesh_backlog, end_of_tick, self)
-        self.forward_to = self.outbound.forward_to
-        self.inbound = Inbound(router, self.peers, loop, clock, self._handle, self._refused, self._bad,
-                               self._check_paused)
+        # What every PUBLISH frame of this incarnation starts with (``_publish_frames``).
+        self._publish_head = (self._packer.pack_array_header(5) + self._packer.pack(MESH_VERSION)
+                              + self._packer.pack(PUBLISH) + self._packer.pack(self.router_id)
+                              + self._packer.pack(self.incarnation))
+        self.closed = False  # after stop(): whatever the router still says goes nowhere
         peers, frame, send, flush = self.peers, self._frame, self._send, self._flush
         self.requests = Requests()  # numbered requests every live peer answers
         self.interest = Interest(loop, router, peers, self.requests, send, self._mark, self._flush_collected)
@@ -187,15 +182,6 @@ class Mesh(FramingMixin, DispatchMixin, ForwardingMixin):
         self.transfers.heard_answers = self.takeovers.heard_answers
         self._parts = (self.members, self.interest, self.transfers, self.handons, self.takeovers)
         self._handlers = dispatch.bind(self)  # kind -> (handler, who may send it)
-
-    @property
-    def closed(self) -> bool:
-        """After ``stop()``: whatever the router still says goes nowhere."""
-        return self.outbound.closed
-
-    @closed.setter
-    def closed(self, closed: bool) -> None:
-        self.outbound.closed = closed
 
     # The transport's, as others read them: where this router listens, its links, its refusals.
     ipc = property(lambda self: self.transport.ipc)

@@ -1,7 +1,6 @@
 """Receiving: a frame read, checked, and handed to its kind's handler through one table.
 
-``read`` turns bytes into a checked frame or a refusal (``router.mesh_format`` holds the checks;
-the turns of reading, and a live peer's PUBLISH frames, are the compiled ``path.Inbound``'s);
+``read`` turns bytes into a checked frame or a refusal (``router.mesh_format`` holds the checks);
 ``FRAMES`` names each kind's handler, the part of the ``Mesh`` that has it, and who may send it:
 anyone (a HELLO introduces its sender), a peer met in this incarnation, or such a peer while this
 router replicates (R > 1: otherwise the frame is ``ignored``; the replication's handlers are its
@@ -16,7 +15,10 @@ missed number is held until that number arrives, then acted on in order (``deliv
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import msgpack
+import zmq
 
 from brokerd.router.mesh_format import (
     CATCHUP,
@@ -52,24 +54,21 @@ from brokerd.router.mesh_format import (
     TAKEOVER_DONE,
     TAKEOVER_REQ,
     TAKEOVER_RESP,
+    check_body,
+    check_envelope,
 )
 
 from . import delivery
-from .limits import log
-from .path import Refused as Refused  # (made compiled in ``path``; named here as before)
-from .path import read as read
+from .limits import RECV_BATCH, RECV_MSGS, log
 
 if TYPE_CHECKING:
     import asyncio
     from collections.abc import Callable
 
-    import zmq
-
     from brokerd.router.router import Router
 
     from ..replication import Replication
     from .members import Members
-    from .path import Inbound
     from .peer import Peer
 
 ANYONE = "anyone"
@@ -83,7 +82,7 @@ FRAMES: dict[int, tuple[str, str, str]] = {
     HELLO: ("on_hello", ANYONE, "members"),
     ECHO: ("on_echo", MET, "members"),
     GOODBYE: ("on_goodbye", MET, "members"),
-    PUBLISH: ("on_publish", MET, "inbound"),  # (a live peer's: ``Inbound.on_readable`` acts on it first)
+    PUBLISH: ("_on_publish", MET, ""),
     RETAINED: ("_on_retained", MET, ""),
     SYNC_REQ: ("_on_sync_req", MET, ""),
     CATCHUP: ("_on_catchup", MET, ""),
@@ -133,6 +132,38 @@ def ignored(peer: Peer, body: Any, size: int) -> None:
     this router acts on it."""
 
 
+class Refused(NamedTuple):
+    """A frame not acted on: from ``sender`` ("?" where the envelope is unreadable), with what
+    is wrong; ``version`` where it is of another mesh version (logged once, not counted)."""
+
+    sender: str
+    problem: str
+    version: Any = None
+
+
+def read(data: bytes) -> tuple[int, str, int, Any, int, int] | Refused:
+    """``data`` as a checked frame, (kind, sender, incarnation, body, number, the incarnation
+    it is for; both 0 where it has no number), or why it is refused."""
+    try:
+        frame = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return Refused("?", f"undecodable frame of {len(data)} bytes")
+    problem = check_envelope(frame)
+    if problem is not None:
+        return Refused("?", problem)
+    if len(frame) == 5:
+        version, kind, sender, inc, body = frame
+        seq = to = 0
+    else:
+        version, kind, sender, inc, body, seq, to = frame
+    if version != MESH_VERSION:
+        return Refused(sender, f"mesh version {version}", version)
+    problem = check_body(kind, body)
+    if problem is not None:
+        return Refused(sender, problem)
+    return kind, sender, inc, body, seq, to
+
+
 class DispatchMixin:
     """The ``Mesh``'s receiving end: frames read in turns, dispatched by kind."""
 
@@ -143,22 +174,45 @@ class DispatchMixin:
     peers: dict[str, Peer]
     replication: Replication | None
     members: Members
-    inbound: Inbound
     _handlers: dict[int, tuple[Callable[..., None], str]]
     clock: Callable[[], float]  # the mesh's monotonic clock (``Mesh``)
     _version_warned: set[str]
     _bad_logged: set[str]
 
     def _on_readable(self, sock: zmq.Socket) -> None:
-        """Frames waiting on ``sock``: ``Inbound.on_readable`` (compiled) reads them in turns and
-        hands back to ``_handle`` every frame but a live peer's PUBLISH."""
-        self.inbound.on_readable(sock)
-
-    def _check_paused(self, now: float) -> None:
-        """Once per turn of frames: whether this process was paused (``Members.check_paused``)."""
+        """Frames waiting on ``sock``, until ``RECV_MSGS`` forwarded messages (or ``RECV_BATCH``
+        frames) were handled: then the loop's other work (client reads under the turn budget,
+        writes) runs before the next frames, so a backlog of frames cannot stall every client of
+        this router for the time of thousands of deliveries."""
+        now = self.clock()
         if now >= self.members.pause_deadline or (
                 self.replication is not None and now >= self.replication.recount_at):
             self.members.check_paused()
+        n = 0
+        msgs = 0
+        try:
+            while n < RECV_BATCH and msgs < RECV_MSGS:
+                try:
+                    data = sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    return
+                n += 1
+                got = read(data)
+                if got.__class__ is Refused:
+                    self._refused(got)
+                    continue
+                # (mypy: a frame's tuple: ``__class__ is Refused`` above does not narrow ``got`` for mypy)
+                kind, sender, inc, body, seq, to = got  # type: ignore[misc]
+                if kind == PUBLISH:
+                    msgs += len(body[1])
+                try:
+                    self._handle(kind, sender, inc, body, len(data), seq, to)
+                except Exception as exc:  # noqa: BLE001 - a peer's frame must not stop the mesh
+                    self._bad(sender, f"{KIND_NAMES[kind]} frame could not be handled: {exc!r}")
+        except zmq.ZMQError:
+            return
+        # More may be waiting: ZeroMQ's descriptor is edge-triggered, so come back without it.
+        self.loop.call_soon(self._on_readable, sock)
 
     def _refused(self, refused: Refused) -> None:
         sender = refused.sender

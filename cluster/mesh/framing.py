@@ -3,9 +3,9 @@
 The formats themselves, the kinds and the one history of mesh versions live in
 ``router.mesh_format``; this part packs this router's frames: any kind (``_frame``), a frame of a
 ``NUMBERED`` kind for one peer (``_numbered``: ``[..., body, seq, to]``, in the series of its
-PUBLISH frames, kept in its ring like them until confirmed), and the replication's frames by
-name (``send_replication``). A peer's PUBLISH batch as numbered frames split to fit the
-receivers' limit is the compiled ``path.Outbound.publish_frames``.
+PUBLISH frames, kept in its ring like them until confirmed), a peer's PUBLISH batch as numbered
+frames split to fit the receivers' limit (``_publish_frames``), and the replication's frames by
+name (``send_replication``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from brokerd.router.mesh_format import (
     HISTORY_FETCH,
     MESH_VERSION,
     NUMBERED,
+    PUBLISH,
     REPLICA_ACK,
     REPLICA_CATCHUP,
     REPLICA_FETCH,
@@ -36,7 +37,6 @@ from . import delivery
 
 if TYPE_CHECKING:
     from ..config import Config
-    from .path import Outbound
     from .peer import Peer
 
 
@@ -53,9 +53,10 @@ class FramingMixin:
     config: Config
     router_id: str
     incarnation: int
+    max_frame: int
     closed: bool
     _packer: msgpack.Packer
-    outbound: Outbound
+    _publish_head: bytes
 
     def _frame(self, kind: int, body: Any) -> bytes:
         frame: bytes = self._packer.pack([MESH_VERSION, kind, self.router_id, self.incarnation, body])
@@ -96,5 +97,22 @@ class FramingMixin:
 
     def _publish_frames(self, peer: Peer, batch: list, mark: int, packed: bool = False
                         ) -> list[tuple[int, bytes, int]]:
-        """See ``Outbound.publish_frames`` (a replay's frames are made the same way)."""
-        return self.outbound.publish_frames(peer, batch, mark, packed)
+        """``batch`` as one PUBLISH frame numbered for ``peer`` (seq, frame, messages), or split
+        in halves until each frame is at most half the receivers' limit (a tick's batch of large
+        messages; the length check is all it costs otherwise). Only the last frame carries the
+        ``mark``: the others claim nothing (-1). ``packed``: some messages are bytes packed
+        already (``forward_to``); the frame is built around them, byte for byte what packing
+        their values would give."""
+        seq = peer.seq_out + 1
+        if not packed:
+            frame = self._frame(PUBLISH, [seq, batch, mark])  # one msgpack call for the whole tick
+        else:
+            pack = self._packer.pack
+            frame = b"".join((self._publish_head, b"\x93", pack(seq), self._packer.pack_array_header(len(batch)),
+                              *[m if m.__class__ is bytes else pack(m) for m in batch], pack(mark)))
+        if len(frame) <= self.max_frame // 2 or len(batch) == 1:
+            peer.seq_out = seq
+            return [(seq, frame, len(batch))]
+        half = len(batch) // 2
+        return (self._publish_frames(peer, batch[:half], -1, packed)
+                + self._publish_frames(peer, batch[half:], mark, packed))

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # (an annotation only: this module is compiled with the mesh's path, ``path``)
-    from ..config import Config
+from ..config import Config
 
 log = logging.getLogger("brokerd.cluster.mesh")
 

@@ -97,7 +97,7 @@ def test_a_message_for_several_routers_is_packed_once_and_framed_as_msgpack_woul
             mixed = [m._packer.pack(v) if i % 3 else v for i, v in enumerate(values)]
             [(seq, frame, n)] = m._publish_frames(live, mixed, 42, True)
             assert (seq, n) == (1, 50) and frame == m._frame(PUBLISH, [1, values, 42])
-            m.outbound.max_frame = len(frame) + 100  # a frame over half the limit is split in halves
+            m.max_frame = len(frame) + 100  # a frame over half the limit is split in halves
             frames = m._publish_frames(live, mixed, 43, True)
             assert [(s, n) for s, _, n in frames] == [(2, 25), (3, 25)]
             assert frames[0][1] == m._frame(PUBLISH, [2, values[:25], -1])
