@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from brokerd.connection.codec import encode, with_dup
+from brokerd.connection.codec import encode
 from brokerd.connection.packets import MQTT_5, Pubrel, Subscription
 
 from . import session_transfer
 from .clock import LOOP_CLOCK, Clock
 from .inflight import AWAIT_ACK as AWAIT_ACK
 from .inflight import AWAIT_COMP as AWAIT_COMP
-from .inflight import RANGED
+from .inflight import RANGED, held_back, resend_held_back
 from .inflight import Inflight as Inflight
 from .message import Message
 from .ranges import LogRange as LogRange
@@ -293,7 +293,7 @@ class Session:
         """Move queued messages (then log records, when catching up) into the inflight window,
         after what a resume held back (``unsent``)."""
         conn = self.conn
-        if self.unsent and (conn is None or not self._resend_unsent(conn)):
+        if self.unsent and (conn is None or not resend_held_back(self, conn)):
             return
         queue = self.queue
         refills = 0
@@ -504,60 +504,13 @@ class Session:
     # -- connection changes ---------------------------------------------------------------------------
 
     def attach(self, conn: Connection, receive_max: int | None = None) -> None:
-        """A connection takes this session: resend what is unacknowledged (DUP, its packet id),
-        then the queue. At most its Receive Maximum of PUBLISHes go out unacknowledged
-        (MQTT-4.9.0-2): a PUBREL is always resent (its PUBLISH was received; it holds a place
-        until PUBCOMP), and the PUBLISHes beyond the window wait, in order, before the queue
-        (``unsent``), as Mosquitto puts them back in its queue: each goes out as an
-        acknowledgement frees a place, keeping its packet id, since the client may have it (a
-        QoS 2 one received before the connection broke must not be delivered twice)."""
+        """A connection takes this session: resend what is unacknowledged, then the queue, at
+        most its Receive Maximum of PUBLISHes unacknowledged (MQTT-4.9.0-2): a PUBREL goes again
+        at once, the PUBLISHes beyond the window wait in ``unsent`` (``inflight.held_back``)."""
         self.conn = conn
         self.receive_max = min(self.limits.max_inflight, receive_max or self.limits.max_inflight)
-        level = conn.protocol_level
-        unsent: OrderedDict[int, Inflight] = OrderedDict()
-        for pid, entry in self.inflight.items():
-            if entry.state == AWAIT_ACK:
-                unsent[pid] = entry
-            else:
-                conn.send(encode(Pubrel(pid), level))
-        self.unsent = unsent or ()
+        self.unsent = held_back(self.inflight, conn)
         self.pump()
-
-    def _resend_unsent(self, conn: Connection) -> bool:
-        """Resend (DUP) what a resume held back, oldest first, while the window has room; whether
-        it all went (the window may take more). One expired, too large for this connection or no
-        longer readable is dropped, as Mosquitto drops expired messages from the window when it
-        resends; one no longer in ``inflight`` as it was (the window replaced: a move away) is
-        passed over."""
-        inflight = self.inflight
-        unsent = self.unsent
-        assert unsent.__class__ is OrderedDict  # (the caller saw it not empty)
-        level = conn.protocol_level
-        outbound = conn.outbound
-        while unsent and len(inflight) - len(unsent) < self.receive_max:
-            pid, entry = unsent.popitem(last=False)
-            if inflight.get(pid) is not entry or entry.state != AWAIT_ACK:
-                continue
-            msg = entry.msg
-            assert msg is not None  # kept until its PUBREC
-            parts = msg.encoded(level, entry.qos, entry.retain, self.clock) if outbound is None else \
-                outbound.parts(msg, entry.qos, entry.retain, self.clock)
-            if parts is None or (msg.expires_ms and msg.expired(self.clock.unix() * 1000)):
-                del inflight[pid]
-                if parts is None:
-                    self.stats.drop_too_large += 1
-                else:
-                    self.stats.drop_expired += 1
-                continue
-            if self.acl is not None and not self.readable(msg):
-                del inflight[pid]  # its read grant was revoked since it was sent
-                continue
-            head, tail = parts
-            conn.send(with_dup(head) + pid.to_bytes(2, "big") + tail)
-        if unsent:
-            return False
-        self.unsent = ()
-        return True
 
     def detach(self) -> None:
         """The connection is gone. A persistent session with a healthy log drops its queue and
