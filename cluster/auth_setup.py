@@ -4,6 +4,8 @@ start (a bad file is an error naming it), reload it on SIGHUP, and ``brokerd pas
 SIGHUP reaches the supervisor only (``cluster.process.child_signals``); it sends SIGUSR1 to each
 worker, which reads the files again on its loop: connected clients stay, and the new rules apply
 to what they do from then on. A file that no longer reads keeps the old configuration (logged).
+An auth plugin's answers, which the router keeps per user, client and topic, are forgotten at the
+same reload (with or without files), so a grant the plugin revoked applies from then on.
 """
 
 from __future__ import annotations
@@ -102,9 +104,15 @@ def install(router: Any, config: Config) -> None:
                  "allowed" if auth.allow_anonymous else "refused")
 
 
+def reloads(config: Config) -> bool:
+    """Whether a SIGHUP has anything to reload in the workers' access rules: a password or ACL
+    file to read again, or an auth plugin whose kept answers to forget."""
+    return bool(config.password_file or config.acl_file or config.auth_plugin)
+
+
 def reload(router: Any, config: Config) -> None:
-    """SIGUSR1 in a worker (the supervisor's SIGHUP): read the files again; on an error keep the
-    configuration in force."""
+    """SIGUSR1 in a worker (the supervisor's SIGHUP): read the files again and forget a plugin's
+    kept answers; on an error keep the configuration in force."""
     from brokerd.router.access import install_auth
 
     old = router.auth if router.auth is not None else router.acl
@@ -114,15 +122,19 @@ def reload(router: Any, config: Config) -> None:
         log.error("reload failed, the previous password/ACL configuration stays in force: %s", exc)
         return
     install_auth(router, auth)
+    if not (config.password_file or config.acl_file):
+        log.info("auth plugin's kept answers forgotten")
+        return
     log.info("password and ACL files reloaded (%s)",
              f"{len(auth.passwords)} user(s)" if auth is not None and auth.passwords is not None else "no password file")
 
 
 def forward_reload(config: Config, pids: dict[int, int]) -> bool:
-    """In the supervisor, on SIGHUP: tell every worker to reload its password and ACL files and its
-    TLS listeners' certificates. False when there is nothing of the kind."""
+    """In the supervisor, on SIGHUP: tell every worker to reload its password and ACL files (and
+    forget an auth plugin's kept answers) and its TLS listeners' certificates. False when there is
+    nothing of the kind."""
     tls = any(x.tls for x in config.listeners)
-    if not (config.password_file or config.acl_file or tls):
+    if not (reloads(config) or tls):
         return False
     for pid in pids:
         try:
@@ -131,6 +143,7 @@ def forward_reload(config: Config, pids: dict[int, int]) -> bool:
             pass
     log.info("SIGHUP: workers reload %s", " and ".join(
         (["the password and ACL files"] if config.password_file or config.acl_file else [])
+        + (["the auth plugin's answers"] if config.auth_plugin else [])
         + (["the TLS certificates"] if tls else [])))
     return True
 

@@ -174,8 +174,11 @@ class Worker:
         owners.check_restored(restored, lambda cid: cid in router.clients)
 
     def _reload(self, reload_auth: Any) -> None:
-        """SIGUSR1 (the supervisor's SIGHUP): the password and ACL files, and the TLS certificates."""
-        if self.config.password_file or self.config.acl_file:
+        """SIGUSR1 (the supervisor's SIGHUP): the password and ACL files (an auth plugin's kept
+        answers forgotten), and the TLS certificates."""
+        from .auth_setup import reloads
+
+        if reloads(self.config):
             reload_auth(self.router, self.config)
         reload_tls(self.tls_contexts)
 
