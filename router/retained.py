@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 SYS_PREFIX = "$SYS/"  # the broker's own topics (router.sys_topics)
 TOMBSTONES = 100_000  # cleared topics whose clearing is remembered (to order late updates), newest kept
+# ... and at most this many characters of their topics: a clear is always allowed and counts
+# against no quota, so one client clearing distinct long topics that held nothing (up to 64 KiB
+# each) would otherwise make every router hold 100,000 of them.
+TOMBSTONE_CHARS = 8 << 20
 PAUSE_NODES = 256  # a walk yields None after this many nodes without a match: a point to pause at
 
 
@@ -108,6 +112,7 @@ class RetainedStore:
         # Cleared topics: {topic: the version of the clearing}, so a set that the clear
         # superseded and that arrives late does not bring the topic back (bounded: TOMBSTONES).
         self.cleared: OrderedDict[str, tuple[int, str]] = OrderedDict()
+        self.cleared_chars = 0  # the characters of ``cleared``'s topics (TOMBSTONE_CHARS)
         self._walks = 0  # iter_match generators open
         self._untidy: list[str] = []  # topics cleared while a walk was open: pruned once none is
 
@@ -117,10 +122,13 @@ class RetainedStore:
         topic = msg.topic
         if not msg.payload:
             cleared = self.cleared
+            if topic in cleared:
+                cleared.move_to_end(topic)
+            else:
+                self.cleared_chars += len(topic)
             cleared[topic] = version(msg)
-            cleared.move_to_end(topic)
-            if len(cleared) > TOMBSTONES:
-                cleared.popitem(last=False)
+            while len(cleared) > TOMBSTONES or self.cleared_chars > TOMBSTONE_CHARS:
+                self.cleared_chars -= len(cleared.popitem(last=False)[0])
             self.clear(topic)
             return
         size = held_bytes(msg)

@@ -45,7 +45,7 @@ from .session_life import SessionLife
 from .shared import is_shared
 from .shared_routing import SharedRoutes
 from .stats import RouterStats
-from .topics import TopicIndex
+from .topics import CACHED_TOPIC_MAX, TopicIndex
 from .wiring import OwnersPort, Wiring
 
 if TYPE_CHECKING:
@@ -414,6 +414,8 @@ class Router:
             _, cap, no_local, rap, _ = folded[session]
             folded[session] = (session, cap, no_local, rap, sub_ids)
         routes = list(folded.values())
+        if len(topic) > CACHED_TOPIC_MAX:
+            return routes
         if len(self._routes) > 65536:
             self._routes.clear()
         self._routes[topic] = routes
@@ -426,6 +428,8 @@ class Router:
 
     def _fold_peers(self, topic: str) -> tuple[str, ...]:
         peers = tuple(dict.fromkeys(router_id for router_id, _ in self.interest.match(topic)))
+        if len(topic) > CACHED_TOPIC_MAX:
+            return peers
         if len(self._peer_routes) > 65536:
             self._peer_routes.clear()
         self._peer_routes[topic] = peers

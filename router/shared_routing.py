@@ -21,7 +21,7 @@ from brokerd.connection.packets import Subscription
 from .message import Message
 from .session import Session
 from .shared import NONE, SharedGroup, SharedRoute, parse_share
-from .topics import TopicIndex
+from .topics import CACHED_TOPIC_MAX, TopicIndex
 
 if TYPE_CHECKING:
     from .clock import Clock
@@ -71,6 +71,8 @@ class SharedRoutes:
 
     def fold(self, topic: str) -> tuple[SharedRoute, ...]:
         routes = tuple(route for _, route in self.index.match(topic))
+        if len(topic) > CACHED_TOPIC_MAX:
+            return routes
         if len(self.cache) > 65536:
             self.cache.clear()
         self.cache[topic] = routes
@@ -87,15 +89,22 @@ class SharedRoutes:
 
     def _pick_routers(self, msg: Message, routes: tuple[SharedRoute, ...]) -> dict[str, list[str]]:
         """One router per group of ``routes``: a member here gets ``msg`` now; returns the other
-        routers picked, with their groups."""
+        routers picked, with their groups. Where this router is picked and none of its members
+        may read ``msg`` (a reload revoked their grant: ``_to_member``), another router of the
+        group is picked instead, whose members' grants may differ (MQTT 4.8.2: the message is
+        owed to one member of the group); it hands the copy on once more at most."""
         me = self.router_id
         picked: dict[str, list[str]] = {}
         for route in routes:
             rid = route.choose()
             if rid == me:
-                if not self._to_member(msg, route.key) and not (self.moving and self._for_moving(msg, route.key)):
+                if self._to_member(msg, route.key) or (self.moving and self._for_moving(msg, route.key)):
+                    continue
+                rid = route.choose_other(me)
+                if rid is None:
                     self.stats.shared_no_member += 1
-            elif rid is not None:
+                    continue
+            if rid is not None:
                 picked.setdefault(rid, []).append(route.key)
         return picked
 

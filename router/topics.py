@@ -18,6 +18,11 @@ V = TypeVar("V")
 
 MAX_TOPIC_BYTES = 65535
 _CACHE_LIMIT = 65536
+# The per-topic caches (this index's matches, the router's folded routes and peers, the shared
+# groups' routes) keep topics up to this many characters (AWS IoT's limit on a topic's length);
+# a longer one is matched each time. A topic may have 65,535 bytes, and a client publishing to
+# distinct long topics nobody reads made every cache hold them: 65,536 of 64 KiB, 4 GiB a cache.
+CACHED_TOPIC_MAX = 256
 
 
 def valid_topic_name(topic: str) -> bool:
@@ -167,11 +172,14 @@ class TopicIndex(Generic[K, V]):
         return node.entries.get(key)
 
     def match(self, topic: str) -> list[tuple[K, V]]:
-        """Every (key, value) of every filter matching ``topic``; cached per topic."""
+        """Every (key, value) of every filter matching ``topic``; cached per topic (up to
+        ``CACHED_TOPIC_MAX`` characters)."""
         hit = self._cache.get(topic)
         if hit is not None:
             return hit
         out = self._walk(topic)
+        if len(topic) > CACHED_TOPIC_MAX:
+            return out
         if len(self._cache) >= _CACHE_LIMIT:
             self._cache.clear()
         self._cache[topic] = out

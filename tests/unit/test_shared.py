@@ -10,6 +10,8 @@ import pytest
 
 from brokerd.connection.codec import Decoder
 from brokerd.connection.packets import Publish, Subscription
+from brokerd.router.access import install_auth
+from brokerd.router.auth import Acl, Auth
 from brokerd.router.mesh_format import from_mesh_shared, to_mesh, to_mesh_shared
 from brokerd.router.message import Message
 from brokerd.router.router import Router, RouterConfig
@@ -352,3 +354,28 @@ def test_a_group_copy_reaching_a_router_that_knows_no_member_waits_for_the_group
     r.peer_interest("n/w1", key, NONE)
     r.deliver_forwarded([to_mesh_shared(Message("seed", b"known", qos=1), [key])], "n/w1")
     assert r.stats.shared_no_member == 2
+
+
+def test_a_copy_picked_here_that_no_member_here_may_read_goes_to_another_router_of_the_group():
+    """The publisher's router picks itself for a group, but its only member's read grant was
+    revoked (a reload): the copy goes to another router of the group, whose members' grants may
+    differ, rather than to nobody (MQTT 4.8.2: one member is owed it); a topic the member may
+    read stays here."""
+    r = Router(RouterConfig(router_id="n/w0"), FakeMesh())  # type: ignore[arg-type]
+    mesh: FakeMesh = r.mesh  # type: ignore[assignment]
+    install_auth(r, Auth(acl=Acl.parse("user bob\ntopic read a/public\n")))
+    bob, here = member(r, "bob", "$share/g/a/#", qos=1)
+    bob.username = "bob"
+    r.peer_interest("n/w1", "$share/g/a/#", 1)  # alice's router: one connected member
+    for _ in range(6):
+        r.publish(Message("a/secret", b"s", qos=1))
+    assert received(here) == []
+    assert mesh.forwards == [("n/w1", "a/secret", ["$share/g/a/#"])] * 6
+    assert r.stats.shared_no_member == 0
+    mesh.forwards.clear()
+    for _ in range(6):
+        r.publish(Message("a/public", b"p", qos=1))
+    assert len(received(here)) == 3 and len(mesh.forwards) == 3  # shared by connected members
+    r.peer_left("n/w1")
+    r.publish(Message("a/secret", b"s", qos=1))
+    assert r.stats.shared_no_member == 1  # no other router of the group: nobody may read it

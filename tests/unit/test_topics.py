@@ -7,8 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from brokerd.router.message import Message
-from brokerd.router.retained import RetainedStore
-from brokerd.router.topics import TopicIndex, filter_matches, valid_topic_filter, valid_topic_name
+from brokerd.router.retained import TOMBSTONE_CHARS, RetainedStore
+from brokerd.router.topics import (
+    CACHED_TOPIC_MAX,
+    TopicIndex,
+    filter_matches,
+    valid_topic_filter,
+    valid_topic_name,
+)
 
 SPEC = [
     ("sport/tennis/player1/#", "sport/tennis/player1", True),
@@ -200,3 +206,36 @@ def test_retained_set_here_after_a_mark_is_left_out_of_a_match_since_it():
     assert store.match("a/new", mark) == [] and [m.payload for m in store.match("a/new")] == [b"3"]
     store.set(Message("a/old", b"5", retain=True), local=True)  # replaced here after the mark
     assert store.match("a/old", mark) == []
+
+
+def test_a_topic_longer_than_the_cache_takes_is_matched_each_time_and_not_held():
+    """A topic may have 65,535 bytes: one past ``CACHED_TOPIC_MAX`` characters is matched every
+    time and not kept, so distinct long topics cannot fill the cache; a short one is kept."""
+    idx: TopicIndex[str, int] = TopicIndex()
+    idx.add("a/#", "x", 1)
+    long_topic = "a/" + "l" * CACHED_TOPIC_MAX
+    for _ in range(2):
+        assert idx.match(long_topic) == [("x", 1)]
+    assert long_topic not in idx._cache
+    assert idx.match("a/b") == [("x", 1)] and "a/b" in idx._cache
+
+
+def test_the_clears_remembered_are_bounded_by_their_topics_characters():
+    """A clear is always allowed and counts against no quota: its tombstone (which orders a late
+    update) is kept for at most ``TOMBSTONE_CHARS`` characters of topics, the oldest forgotten
+    first, while the latest still orders a late update."""
+    store = RetainedStore()
+    length = 60_000
+    n = TOMBSTONE_CHARS // length + 10
+    for i in range(n):
+        store.set(Message(f"{i:08d}/" + "c" * length, b"", retain=True), local=True)
+    assert store.cleared_chars <= TOMBSTONE_CHARS
+    assert store.cleared_chars == sum(len(t) for t in store.cleared)
+    assert len(store.cleared) < n
+    last = f"{n - 1:08d}/" + "c" * length
+    assert store.current_version(last) is not None
+    assert store.current_version(f"{0:08d}/" + "c" * length) is None  # the oldest forgotten
+    # Clearing a topic again moves it, without counting its characters twice.
+    before = store.cleared_chars
+    store.set(Message(last, b"", retain=True), local=True)
+    assert store.cleared_chars == before
