@@ -232,16 +232,23 @@ class Acl:
         own = self.anonymous if username is None else self.users.get(username, [])
         out = list(own)
         for access, f in self.patterns:
-            if "%u" in f:
-                if username is None or not _safe(username):
-                    continue
-                f = f.replace("%u", username)
-            if "%c" in f:
-                if not _safe(client_id):
-                    continue
-                f = f.replace("%c", client_id)
+            has_u, has_c = "%u" in f, "%c" in f
+            if has_u and (username is None or not _safe(username)):
+                continue
+            if has_c and not _safe(client_id):
+                continue
+            if has_u or has_c:
+                f = _substitute(f, username or "", client_id)
             out.append((access, f))
         return out
+
+
+def _substitute(pattern: str, username: str, client_id: str) -> str:
+    """``%u`` and ``%c`` replaced in one pass over the pattern, as Mosquitto reads it: replaced one
+    after the other, a user named ``%c`` had its name replaced by its client id, which it chooses
+    (``users/%u/#`` became ``users/bob/#`` for a client calling itself bob)."""
+    parts = pattern.split("%u")
+    return username.join(part.replace("%c", client_id) for part in parts)
 
 
 def _safe(value: str) -> bool:
