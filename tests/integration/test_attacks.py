@@ -56,6 +56,7 @@ from tests.integration.test_mqtt5 import (
 )
 
 NOT_AUTHORIZED = 0x87
+AUTHENTICATION_METHOD, AUTHENTICATION_DATA = 0x15, 0x16
 
 
 def publishes_within(raw, seconds: float) -> list:
@@ -623,3 +624,22 @@ def test_user_properties_are_bounded_per_packet_not_only_by_the_packet_size(star
         raw.close()
     grown = psutil.Process(worker).memory_info().rss - before
     assert grown < 40_000_000, f"the worker grew by {grown / 1e6:.0f} MB for 20 MiB of User Properties"
+
+
+def test_enhanced_authentication_is_refused_not_ignored(start_broker, tmp_path):
+    """brokerd has no enhanced authentication (MQTT 5 4.12). A CONNECT naming a method (SCRAM,
+    say), valid password or not, is refused with CONNACK 0x8C bad authentication method: let in,
+    its client would take the server for authenticated by the method it asked for. An AUTH packet
+    on a connection that named none is a protocol error (MQTT-4.12.0-6: DISCONNECT 0x82)."""
+    pw = tmp_path / "passwd"
+    add_user(pw, "alice", "alices-pw")
+    broker = start_broker("--password-file", str(pw), workers=1)
+    raw = raw_on(broker)
+    raw.send(_login(cid("scram"), "alice", "alices-pw", level=5,
+                    props=[(AUTHENTICATION_METHOD, "SCRAM-SHA-256"), (AUTHENTICATION_DATA, b"client-first")]))
+    assert raw.expect(CONNACK).reason == 0x8C
+    raw = raw_on(broker)
+    raw.send(_login(cid("plain"), "alice", "alices-pw", level=5))
+    assert raw.expect(CONNACK).reason == 0
+    raw.send(packet(0xF0, bytes([0x19, 0])))  # AUTH: re-authenticate
+    assert raw.expect(DISCONNECT).reason == 0x82
