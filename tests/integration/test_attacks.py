@@ -643,3 +643,50 @@ def test_enhanced_authentication_is_refused_not_ignored(start_broker, tmp_path):
     assert raw.expect(CONNACK).reason == 0
     raw.send(packet(0xF0, bytes([0x19, 0])))  # AUTH: re-authenticate
     assert raw.expect(DISCONNECT).reason == 0x82
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_a_client_id_cannot_write_lines_into_the_brokers_log(start_broker, level):
+    """Client ids go into log lines as they are (user names and topics go quoted). A client id
+    holding a line feed wrote a line of the client's making into the log: a forged warning that
+    some user left the password file, for the operator or the tool that reads the log. MQTT 1.5.4
+    lets a receiver take the control characters (U+0001-U+001F, U+007F-U+009F) for a Malformed
+    Packet; Mosquitto closes such a CONNECT unanswered, and so does brokerd now. Other characters
+    outside ASCII stay welcome."""
+    broker = start_broker(workers=1)
+    forged = "2026-01-01 00:00:00,000 WARNING [t/w0] brokerd.router.access: client x disconnected: " \
+             f"user {cid('root')!r} is no longer in the password file"
+    for bad in ("dev\n" + forged, "dev\r" + forged, "dev\x85" + forged, "dev\x1b[2K"):
+        raw = raw_on(broker, level=level)
+        raw.send(connect_bytes(bad, level=level))
+        with pytest.raises(Closed):
+            raw.recv(WAIT)
+    assert not [line for line in broker.log_text().splitlines() if line.startswith(forged[:19])]
+    raw = raw_on(broker, level=level)
+    raw.send(connect_bytes(cid("gerät-ü\u2028"), level=level))
+    assert raw.expect(CONNACK).reason == 0
+
+
+def test_a_sessions_held_messages_obey_a_reload_when_it_resumes_on_the_other_worker(start_broker, tmp_path):
+    """alice's session leaves with 20 messages in flight (unacknowledged, --max-inflight) and 5
+    queued behind them; a reload revokes her read grant on their topic; she resumes on the other
+    worker (a takeover: the session and what it holds move, read back from the log). Nothing of
+    the revoked topic comes, neither the resend nor the queue."""
+    acl = "user alice\ntopic readwrite a/#\nuser pub\ntopic readwrite #\n"
+    broker = _acl_broker(start_broker, tmp_path, acl, {"alice": "alices-pw", "pub": "pubs-pw"})
+    alice_id = cid("alice")
+    first = raw_on(broker, level=4)
+    first.send(_login(alice_id, "alice", "alices-pw", persistent=True))
+    assert first.expect(CONNACK).reason == 0
+    first.subscribe([("a/#", 1)])
+    pub = _logged_in(broker, "pub", "pubs-pw")
+    for i in range(25):
+        pub.publish("a/secret", f"s{i}", 1)
+    assert len(publishes_within(first, 2.0)) == 20
+    first.close()  # none acknowledged
+    _reload_acl(broker, tmp_path, acl.replace("topic readwrite a/#", "topic readwrite a/open"))
+    again = raw_on(broker, level=4, off=first.worker)
+    again.send(_login(alice_id, "alice", "alices-pw", persistent=True))
+    assert again.expect(CONNACK).session_present
+    pub.publish("a/open", "marker", 1)
+    assert [m.payload for m in again.until_payload(b"marker")] == [b"marker"]
