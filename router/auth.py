@@ -21,7 +21,9 @@ and ``router.acl`` (SUBSCRIBE, PUBLISH, delivery) is None unless an ACL file or 
 A plugin is any object with ``authenticate(client_id, username, password, peer)`` returning True,
 False or None (no opinion), or an awaitable of one, and optionally ``authorize(client_id,
 username, topic, access)`` (access ``"read"``, ``"write"`` or ``"subscribe"``; a filter for
-subscribe) returning True, False or None, synchronously (it runs per message).
+subscribe) returning True, False or None, synchronously (it is asked on the message path). Its
+answers are kept per (user, client, topic, access), and the routes folded with them per topic,
+until the next reload (SIGHUP): a plugin that revokes a grant has the broker reloaded.
 """
 
 from __future__ import annotations
