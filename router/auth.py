@@ -48,6 +48,9 @@ _ACCESS = {"read": READ, "write": WRITE, "readwrite": READ | WRITE, "deny": 0}
 ITERATIONS = 101  # mosquitto_passwd's default
 SALT_BYTES = 12
 CACHE_MAX = 4096  # ACL answers kept per Auth (client, topic, access); cleared when full
+# ... or when their topics hold this many characters: a topic may have 65,535 bytes, and 4096
+# answers on distinct long topics (each publish refused) held 268 MB of them.
+CACHE_TOPIC_CHARS = 4 << 20
 VERIFIED_MAX = 16384  # (user, password) pairs a password file verified, kept per Auth; the oldest goes first
 
 
@@ -323,6 +326,7 @@ class Auth:
         self._authorize = getattr(plugin, "authorize", None)
         self._rules: dict[tuple[str | None, str], list] = {}
         self._cache: dict[tuple, bool] = {}
+        self._cache_chars = 0  # the topics' characters ``_cache`` holds (``CACHE_TOPIC_CHARS``)
         # Pairs the password file verified (``_verified``), by a keyed hash of this Auth's own
         # random key: never the password, and nothing an outsider can compute.
         self._pair_key = os.urandom(32)
@@ -421,7 +425,7 @@ class Auth:
             answer = self._ask_plugin(client_id, username, topic, name)
             if answer is None:
                 answer = self.acl is None or check_rules(self._client_rules(username, client_id), topic, access)
-            self._remember(key, answer)
+            self._remember(key, answer, len(topic))
         return answer
 
     def may_subscribe(self, username: str | None, client_id: str, topic_filter: str, shared: bool) -> bool:
@@ -432,10 +436,12 @@ class Auth:
             return True
         return check_subscribe(self._client_rules(username, client_id), topic_filter, shared)
 
-    def _remember(self, key: tuple, answer: bool) -> None:
+    def _remember(self, key: tuple, answer: bool, chars: int) -> None:
         cache = self._cache
-        if len(cache) >= CACHE_MAX:
+        self._cache_chars += chars
+        if len(cache) >= CACHE_MAX or self._cache_chars > CACHE_TOPIC_CHARS:
             cache.clear()
+            self._cache_chars = chars
         cache[key] = answer
 
 

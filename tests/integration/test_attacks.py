@@ -740,3 +740,49 @@ def test_a_plugins_revoked_read_grant_applies_after_the_reload(start_broker, tmp
     pub.publish("a/open", "marker", 1)
     alice.wait_payload(b"marker")
     assert b"after" not in [m.payload for m in alice.messages], "a read grant the plugin revoked still delivers"
+
+
+@pytest.mark.xfail(strict=True, reason="router/topics.py TopicIndex.match (_CACHE_LIMIT), router/router.py "
+                   "_fold_routes (_routes) and router/shared_routing.py fold (cache) keep a result per topic, up to "
+                   "65536 topics each, bounded by count, not bytes: topics of up to 64 KiB")
+def test_distinct_long_topics_are_not_held_after_their_messages_are_gone(start_broker):
+    """A topic name may have 65,535 bytes (--max-topic-levels bounds its levels, not its length).
+    The router keeps its matching results per topic, up to 65,536 topics, and each result holds
+    its topic: one client publishing QoS 0 to distinct long topics that nobody reads made the
+    worker hold every one of them after the messages were gone (2,000 topics of 58 KB: +118 MB
+    RSS), up to 4 GiB of topic names a worker. Measured without the commit log, which would hold
+    them on disk, not in memory."""
+    broker = start_broker("--log", "off", workers=1)
+    pub = raw_on(broker)
+    pub.connect(cid("long-topics"))
+    (worker,) = broker.workers()
+    time.sleep(0.5)
+    before = psutil.Process(worker).memory_info().rss
+    u = cid("lt")
+    for i in range(2000):
+        pub.send(publish_bytes(f"{u}/{i}/" + "/".join(["x" * 460] * 126), b"p", 0))
+    pub.publish(f"{u}/end", b"e", 1)  # acknowledged: every publish before it was read
+    grown = psutil.Process(worker).memory_info().rss - before
+    assert grown < 40_000_000, f"the worker grew by {grown / 1e6:.0f} MB for 116 MB of topics nobody reads"
+
+
+def test_refused_publishes_to_distinct_long_topics_are_not_held(start_broker, tmp_path):
+    """The ACL's answers are kept per (user, client, topic, access), up to 4096 of them, and each
+    holds its topic (up to 64 KiB): a client publishing to distinct long topics it may not write
+    made the worker hold them after every publish was refused (2,000 topics of 58 KB: +118 MB
+    RSS; 4096 of 64 KiB: 268 MB). The answers are now bounded by their topics' bytes too."""
+    broker = _acl_broker(start_broker, tmp_path, "user alice\ntopic readwrite a/#\n", {"alice": "alices-pw"},
+                         "--log", "off", workers=1)
+    alice = raw_on(broker)
+    alice.send(_login(cid("alice"), "alice", "alices-pw", level=5))
+    assert alice.expect(CONNACK).reason == 0
+    (worker,) = broker.workers()
+    time.sleep(0.5)
+    before = psutil.Process(worker).memory_info().rss
+    u = cid("lt")
+    for i in range(2000):
+        alice.send(publish_bytes(f"{u}/{i}/" + "/".join(["x" * 460] * 126), b"p", 0))
+    alice.send(publish_bytes(f"{u}/end", b"e", 1, pid=1))
+    assert alice.expect(PUBACK).reason == NOT_AUTHORIZED  # every publish before it was read
+    grown = psutil.Process(worker).memory_info().rss - before
+    assert grown < 40_000_000, f"the worker grew by {grown / 1e6:.0f} MB for 116 MB of refused topics"
