@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 
 import psutil
@@ -52,6 +53,7 @@ from tests.integration.test_mqtt5 import (
     paho_on,
     publish_bytes,
     raw_on,
+    subscribe_bytes,
     vbi,
 )
 
@@ -804,3 +806,31 @@ def test_clearing_distinct_long_topics_is_not_held(start_broker):
     pub.connect(cid("clears"))
     grown = _growth_from_long_topics(broker, pub, clear=True)
     assert grown < 40_000_000, f"the worker grew by {grown / 1e6:.0f} MB for clearing 116 MB of topics that held nothing"
+
+
+def test_subscribers_that_do_not_read_a_retained_flood_hold_no_more_than_their_bounds(start_broker):
+    """SUBSCRIBE ``#`` over 30 MB of retained messages (3,000 of 10 KB, QoS 1), then never read:
+    each such subscriber holds at most its output buffer (--max-client-buffer, 1 MiB) and its
+    window and queue of messages the store holds anyway, not a copy of the store. Five of them
+    grew the worker by 13 MB."""
+    broker = start_broker(workers=1)
+    pub = raw_on(broker)
+    pub.connect(cid("flood-pub"))
+    u = cid("flood")
+    for i in range(3000):
+        pub.send(publish_bytes(f"{u}/{i}", b"x" * 10_000, 1, pid=i % 65535 + 1, retain=True))
+    pub.publish(f"{u}/end", b"e", 1, retain=True)  # acknowledged after every one before it
+    (worker,) = broker.workers()
+    before = psutil.Process(worker).memory_info().rss
+    readers = []
+    for _ in range(5):
+        raw = raw_on(broker)
+        raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.send(connect_bytes(cid("flood-sub")) + subscribe_bytes(1, [("#", 1)]))
+        readers.append(raw)  # and never read
+    time.sleep(3.0)
+    grown = psutil.Process(worker).memory_info().rss - before
+    assert grown < 5 * 8_000_000, f"5 subscribers that do not read grew the worker by {grown / 1e6:.0f} MB"
+    reader = readers[0]
+    assert reader.expect(CONNACK).reason == 0
+    assert publishes_within(reader, 2.0), "the flood never reached the subscribers"  # (its window: 20)
