@@ -9,6 +9,7 @@ table as the decoder's methods were.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -73,6 +74,12 @@ _PROTOCOLS = {("MQTT", MQTT_3_1_1), ("MQTT", MQTT_5), ("MQIsdp", MQTT_3_1)}
 
 _AckT = TypeVar("_AckT", Puback, Pubrec, Pubrel, Pubcomp)
 
+# The control characters MQTT 1.5.4 lets a receiver take for a Malformed Packet. A client id holding
+# one is refused, as Mosquitto refuses it (closed, no CONNACK): the id goes into log lines as it
+# is, and a line feed in it wrote lines of the client's making into the broker's log, a forged
+# "user ... is no longer in the password file" warning among them.
+_CONTROL = re.compile("[\x01-\x1f\x7f-\x9f]")
+
 
 def _read_pid_props(data: bytes, p: int, stop: int, v5: bool, allowed: PropTable,
                     required: bool = True) -> tuple[int, Properties, int]:
@@ -133,6 +140,8 @@ def _connect(dec: Decoder, data: bytes, p: int, stop: int, v5: bool) -> Connect:
         props, p = _read_props(data, p, stop, _CONNECT_PROPS)
         _check_auth_props(props)
     client_id, p = _read_str(data, p, stop)
+    if not (client_id.isascii() and client_id.isprintable()) and _CONTROL.search(client_id):
+        raise ProtocolError(f"MQTT-1.5.4 client id {client_id[:64]!r} holds a control character", _MALFORMED)
     will = None
     if will_flag:
         will_props: Properties = {}

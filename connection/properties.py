@@ -63,6 +63,14 @@ _RESPONSE_TOPIC = int(Prop.RESPONSE_TOPIC)
 _AUTH_METHOD = int(Prop.AUTHENTICATION_METHOD)
 _AUTH_DATA = int(Prop.AUTHENTICATION_DATA)
 
+MAX_USER_PROPERTIES = 1024
+"""User Properties one packet may carry; one more closes the connection (DISCONNECT 0x97 quota
+exceeded; a CONNECT is closed unanswered, as any CONNECT the broker cannot read). The standard sets
+no number, and each pair is held decoded, a tuple and two strings (about 64 bytes for the 5 of an
+empty pair on the wire): a 1 MiB PUBLISH of empty pairs held 17 MB, and a subscriber that does not
+read keeps up to --max-inflight plus --max-queued such messages (the queue's bound is a count).
+With this bound a packet's pairs hold at most about 170 KB more than their bytes."""
+
 _LIST_PROPS = frozenset({_USER, _SUBID})
 """Decoded as a list in wire order wherever they appear (see ``connection.packets``), so a packet
 type that allows them once and one that allows them many times give the same shape. Every property
@@ -205,7 +213,11 @@ def _read_props(data: bytes, p: int, stop: int, allowed: PropTable) -> tuple[Pro
         if pid in props:
             if not many:
                 raise ProtocolError(f"MQTT-2.2.2 property 0x{pid:02x} included more than once", _PROTOCOL_ERROR)
-            props[pid].append(value)
+            values = props[pid]
+            values.append(value)
+            if len(values) > MAX_USER_PROPERTIES and pid == _USER:
+                raise ProtocolError(f"more than {MAX_USER_PROPERTIES} User Properties in one packet",
+                                    Reason.QUOTA_EXCEEDED)
         else:
             props[pid] = [value] if pid in _LIST_PROPS else value
     return props, end

@@ -21,7 +21,9 @@ and ``router.acl`` (SUBSCRIBE, PUBLISH, delivery) is None unless an ACL file or 
 A plugin is any object with ``authenticate(client_id, username, password, peer)`` returning True,
 False or None (no opinion), or an awaitable of one, and optionally ``authorize(client_id,
 username, topic, access)`` (access ``"read"``, ``"write"`` or ``"subscribe"``; a filter for
-subscribe) returning True, False or None, synchronously (it runs per message).
+subscribe) returning True, False or None, synchronously (it is asked on the message path). Its
+answers are kept per (user, client, topic, access), and the routes folded with them per topic,
+until the next reload (SIGHUP): a plugin that revokes a grant has the broker reloaded.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ _ACCESS = {"read": READ, "write": WRITE, "readwrite": READ | WRITE, "deny": 0}
 ITERATIONS = 101  # mosquitto_passwd's default
 SALT_BYTES = 12
 CACHE_MAX = 4096  # ACL answers kept per Auth (client, topic, access); cleared when full
+# ... or when their topics hold this many characters: a topic may have 65,535 bytes, and 4096
+# answers on distinct long topics (each publish refused) held 268 MB of them.
+CACHE_TOPIC_CHARS = 4 << 20
 VERIFIED_MAX = 16384  # (user, password) pairs a password file verified, kept per Auth; the oldest goes first
 
 
@@ -232,16 +237,23 @@ class Acl:
         own = self.anonymous if username is None else self.users.get(username, [])
         out = list(own)
         for access, f in self.patterns:
-            if "%u" in f:
-                if username is None or not _safe(username):
-                    continue
-                f = f.replace("%u", username)
-            if "%c" in f:
-                if not _safe(client_id):
-                    continue
-                f = f.replace("%c", client_id)
+            has_u, has_c = "%u" in f, "%c" in f
+            if has_u and (username is None or not _safe(username)):
+                continue
+            if has_c and not _safe(client_id):
+                continue
+            if has_u or has_c:
+                f = _substitute(f, username or "", client_id)
             out.append((access, f))
         return out
+
+
+def _substitute(pattern: str, username: str, client_id: str) -> str:
+    """``%u`` and ``%c`` replaced in one pass over the pattern, as Mosquitto reads it: replaced one
+    after the other, a user named ``%c`` had its name replaced by its client id, which it chooses
+    (``users/%u/#`` became ``users/bob/#`` for a client calling itself bob)."""
+    parts = pattern.split("%u")
+    return username.join(part.replace("%c", client_id) for part in parts)
 
 
 def _safe(value: str) -> bool:
@@ -314,6 +326,7 @@ class Auth:
         self._authorize = getattr(plugin, "authorize", None)
         self._rules: dict[tuple[str | None, str], list] = {}
         self._cache: dict[tuple, bool] = {}
+        self._cache_chars = 0  # the topics' characters ``_cache`` holds (``CACHE_TOPIC_CHARS``)
         # Pairs the password file verified (``_verified``), by a keyed hash of this Auth's own
         # random key: never the password, and nothing an outsider can compute.
         self._pair_key = os.urandom(32)
@@ -412,7 +425,7 @@ class Auth:
             answer = self._ask_plugin(client_id, username, topic, name)
             if answer is None:
                 answer = self.acl is None or check_rules(self._client_rules(username, client_id), topic, access)
-            self._remember(key, answer)
+            self._remember(key, answer, len(topic))
         return answer
 
     def may_subscribe(self, username: str | None, client_id: str, topic_filter: str, shared: bool) -> bool:
@@ -423,10 +436,12 @@ class Auth:
             return True
         return check_subscribe(self._client_rules(username, client_id), topic_filter, shared)
 
-    def _remember(self, key: tuple, answer: bool) -> None:
+    def _remember(self, key: tuple, answer: bool, chars: int) -> None:
         cache = self._cache
-        if len(cache) >= CACHE_MAX:
+        self._cache_chars += chars
+        if len(cache) >= CACHE_MAX or self._cache_chars > CACHE_TOPIC_CHARS:
             cache.clear()
+            self._cache_chars = chars
         cache[key] = answer
 
 
