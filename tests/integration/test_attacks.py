@@ -559,15 +559,13 @@ def test_a_wildcard_subscription_wider_than_the_grant_gets_only_what_is_granted(
     assert got == {(f"a/{u}", b"retained"), (f"a/{u}", b"live"), (f"a/{u}-end", b"end")}, got
 
 
-@pytest.mark.xfail(strict=True, reason="router/shared_routing.py _pick_routers: a group copy the publisher's router "
-                   "picked for itself is dropped (shared_no_member) when no member there may read it, though "
-                   "a member on another router may")
 def test_a_shared_group_message_reaches_the_member_that_may_read_it_on_another_worker(start_broker, tmp_path):
     """Two users in one shared group ``$share/g/a/#``; a reload denies bob ``a/secret``. Each message
     on it must go to alice, who may read it (MQTT 4.8.2: one member gets it), never to bob. One
     worker finds her among its members (``_readable_member``); with bob and the publisher on one
-    worker and alice on the other, the publisher's router drops every copy it picked for itself:
-    QoS 1 messages acknowledged to the publisher reach nobody."""
+    worker and alice on the other, the publisher's router dropped every copy it picked for itself
+    (QoS 1 messages acknowledged to the publisher reached nobody): it now hands them to another
+    router of the group (``SharedRoutes._pick_routers``)."""
     acl = "user alice\ntopic read a/#\nuser bob\ntopic read a/#\nuser pub\ntopic readwrite #\n"
     users = {"alice": "alices-pw", "bob": "bobs-pw", "pub": "pubs-pw"}
     broker = _acl_broker(start_broker, tmp_path, acl, users)
@@ -716,15 +714,12 @@ class Revoking:
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="cluster/auth_setup.py forward_reload: SIGHUP reaches no worker when only an "
-                   "auth plugin is configured (no password, ACL or TLS file), and router/auth.py Auth._may and "
-                   "router/router.py _fold_routes keep the plugin's answers until a reload")
 def test_a_plugins_revoked_read_grant_applies_after_the_reload(start_broker, tmp_path, monkeypatch):
     """An auth plugin's ``authorize`` decides every delivery (docs/security.md). The broker keeps
     its answers (per user, client and topic; the routes folded with them, per topic) until a
     reload, and SIGHUP is the reload that applies revoked grants at once. With a plugin alone
-    (no password or ACL file) SIGHUP reloads nothing: a subscriber keeps getting a topic the
-    plugin now refuses it, for as long as the worker's answers stay under 4096."""
+    (no password or ACL file) SIGHUP reloaded nothing, and a subscriber kept getting a topic the
+    plugin now refuses it (``cluster.auth_setup.reloads``)."""
     (tmp_path / "revoking_plugin.py").write_text(_REVOKING_PLUGIN)
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     revoked = tmp_path / "revoked"
@@ -760,16 +755,13 @@ def _growth_from_long_topics(broker: Broker, raw, refused: bool = False, clear: 
     return psutil.Process(worker).memory_info().rss - before
 
 
-@pytest.mark.xfail(strict=True, reason="router/topics.py TopicIndex.match (_CACHE_LIMIT), router/router.py "
-                   "_fold_routes (_routes) and router/shared_routing.py fold (cache) keep a result per topic, up to "
-                   "65536 topics each, bounded by count, not bytes: topics of up to 64 KiB")
 def test_distinct_long_topics_are_not_held_after_their_messages_are_gone(start_broker):
     """A topic name may have 65,535 bytes (--max-topic-levels bounds its levels, not its length).
     The router keeps its matching results per topic, up to 65,536 topics, and each result holds
     its topic: one client publishing QoS 0 to distinct long topics that nobody reads made the
     worker hold every one of them after the messages were gone (2,000 topics of 58 KB: +118 MB
-    RSS), up to 4 GiB of topic names a worker. Measured without the commit log, which would hold
-    them on disk, not in memory."""
+    RSS), up to 4 GiB of topic names a worker; topics past ``CACHED_TOPIC_MAX`` are no longer
+    kept. Measured without the commit log, which would hold them on disk, not in memory."""
     broker = start_broker("--log", "off", workers=1)
     pub = raw_on(broker)
     pub.connect(cid("long-topics"))
@@ -791,16 +783,14 @@ def test_refused_publishes_to_distinct_long_topics_are_not_held(start_broker, tm
     assert grown < 40_000_000, f"the worker grew by {grown / 1e6:.0f} MB for 116 MB of refused topics"
 
 
-@pytest.mark.xfail(strict=True, reason="router/retained.py RetainedStore.set: a clear's tombstone (cleared, up to "
-                   "TOMBSTONES = 100,000 topics) is kept for any topic, also one that held nothing, bounded by "
-                   "count, not bytes; and the routers' per-topic caches, as for any publish (the test above)")
 def test_clearing_distinct_long_topics_is_not_held(start_broker):
     """An empty retained PUBLISH clears a topic (MQTT-3.3.1-10), always allowed, never counted
     against --max-retained(-bytes). Each router remembers the clearing of its last 100,000 topics
     (to order a late update), whether the topic held a retained message or not: 2,000 clears of
     distinct 58 KB topics that held nothing made the worker hold them (+118 MB RSS measured as
     the other long-topic tests; 100,000 of 64 KiB: 6.5 GB a router, every router of the cluster
-    taking the clear)."""
+    taking the clear); the clears remembered are bounded by their topics' characters too
+    (``TOMBSTONE_CHARS``)."""
     broker = start_broker("--log", "off", workers=1)
     pub = raw_on(broker)
     pub.connect(cid("clears"))
