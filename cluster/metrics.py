@@ -275,6 +275,11 @@ class SnapshotCollector:
             for reason, n in s["drops"].items():
                 drops.add_metric([s["node"], s["router"], reason], n)
         yield drops
+        # Which sessions drop is for the stats socket (its ``droppers``: client ids), not for a
+        # label here: a series per client id would grow without bound with a fleet's churn.
+        yield gauge("brokerd_sessions_dropping", "sessions held that had a message dropped for them "
+                    "(queue full, too large, slow consumer, expired, read grant revoked)",
+                    lambda s: s.get("sessions_dropping", 0))
         hits = CounterMetricFamily("brokerd_limit_hits", "times a client hit a limit, by limit "
                                    "(docs/limits.md)", labels=[*lbl, "limit"])
         for s in fresh:

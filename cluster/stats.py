@@ -43,7 +43,7 @@ import zmq
 
 from brokerd.router.stats import LIMITS
 from brokerd.router.sys_topics import SYS_CLIENT_ID, SysTopics, broker_sys_values, router_sys_values
-from brokerd.router.view import RouterView
+from brokerd.router.view import DROPPED, RouterView
 
 from . import __version__
 from .config import Config
@@ -53,7 +53,9 @@ from .stats_figures import ConnectionSet, RateRing, SlicedFold, client_bytes, cl
 from .stats_schema import (
     CONNECTIONS_MAX,
     DROP_REASONS,
+    DROPPERS_N,
     SCHEMA_VERSION,
+    SESSION_DROPS,
     TOP_N,
     TOPIC_CONNECTIONS,
     TOPIC_NODE,
@@ -65,6 +67,7 @@ if TYPE_CHECKING:
 
     from brokerd.router.ports import ClientHandle
     from brokerd.router.router import Router
+    from brokerd.router.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +122,9 @@ class StatsPublisher:
         self._unranked: dict[int, Any] = {}  # moved while a ranking was under way: for the next
         self._pending_key: tuple[int, ...] = ()  # what ``queued_inflight`` was counted at
         self._pending = (0, 0)
+        self._finding: SlicedFold | None = None  # a walk for the sessions that drop most under way
+        self._drops_walked = (0, 0)  # ``SESSION_DROPS`` summed, and the sessions, when the last walk began
+        self._dropping: tuple[int, list[Session]] = (0, [])  # its result: (sessions that dropped, the most)
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -313,6 +319,37 @@ class StatsPublisher:
         self._counting = None
         self._pending = pending
 
+    def _droppers(self) -> list[dict[str, Any]]:
+        """The ``DROPPERS_N`` sessions with the most messages dropped for them (every reason,
+        ``Session.dropped``), connected or not: the operator's answer to which client the drops
+        counters are about. The sessions are walked (a slice per loop iteration, as the count of
+        queued messages) only when a drop of that kind was counted since the last walk began, or
+        sessions came or went while some had dropped: nothing when nothing drops, and each
+        session counts its drops on a drop only. Meanwhile the last walk's sessions show, those
+        still held, with their counts of now."""
+        st = self.router.stats
+        key = (sum(getattr(st, f"drop_{reason}") for reason in SESSION_DROPS), self.router.counts_sessions())
+        walked = self._drops_walked
+        if self._finding is None and (key[0] != walked[0] or (self._dropping[0] and key[1] != walked[1])):
+            self._drops_walked = key
+            self._finding = fold_in_slices(self.loop, self.router.session_list(), (0, []), self._most_dropped,
+                                           self._dropped_found, RANK_SLICE)
+        if not self.config.stats_clients:  # (--stats-clients off: no client ids in the stats)
+            return []
+        session_of = self.router.session
+        live: list[Session] = [s for s in self._dropping[1] if session_of(s.client_id) is s]
+        live.sort(key=DROPPED, reverse=True)
+        return [{"client_id": s.client_id, "dropped": s.dropped, "connected": s.conn is not None,
+                 "queued": len(s.queue)} for s in live]
+
+    def _most_dropped(self, sessions: list[Any], acc: tuple[int, list[Session]]) -> tuple[int, list[Session]]:
+        dropping = self.router.dropping(sessions)
+        return acc[0] + len(dropping), heapq.nlargest(DROPPERS_N, [*acc[1], *dropping], key=DROPPED)
+
+    def _dropped_found(self, acc: tuple[int, list[Session]]) -> None:
+        self._finding = None
+        self._dropping = acc
+
     def _best(self, conns: Iterable[Any], best: list[ClientHandle]) -> list[ClientHandle]:
         """The ``TOP_N`` of ``best`` and the connected clients of ``conns``."""
         client_of = self.router.client
@@ -435,6 +472,8 @@ class StatsPublisher:
             "refused_log_unavailable_total": st.refused_log_unavailable,
             "queued": queued,
             "drops": {reason: getattr(st, f"drop_{reason}") for reason in DROP_REASONS},
+            "droppers": self._droppers(),  # (first: it sets the count below)
+            "sessions_dropping": self._dropping[0],
             "limits": {name: getattr(st, f"limit_{name}") for name in LIMITS},
             "process": {"cpu_percent": cpu_percent, "cpu_seconds": cpu_seconds, "rss_bytes": mem},
             "loop_lag": lag,

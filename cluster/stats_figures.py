@@ -85,7 +85,8 @@ def client_row(client: ClientHandle) -> dict[str, Any]:
     return {"client_id": client.client_id, "peer": conn.peer, "protocol": conn.protocol_level,
             "bytes_in": c.bytes_in, "bytes_out": c.bytes_out, "msgs_in": c.msgs_in, "msgs_out": c.msgs_out,
             "queued": len(session.queue) if session is not None else 0,
-            "inflight": len(session.inflight) if session is not None else 0}
+            "inflight": len(session.inflight) if session is not None else 0,
+            "dropped": session.dropped if session is not None else 0}
 
 
 # -- folds across loop turns ------------------------------------------------------------------------

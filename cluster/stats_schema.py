@@ -47,14 +47,18 @@ with a restarted worker: ``pid`` changes); rates are per second; sizes are bytes
     auth           {failures_total, denied_total}: CONNECTs refused by authentication (bad user
                    name or password, anonymous not allowed, not authorized), and PUBLISH packets and
                    SUBSCRIBE filters refused by the ACL (or $SYS/)
-    drops          {queue_full, too_large, slow_consumer, mesh_backpressure, expired}
+    drops          {queue_full, too_large, slow_consumer, mesh_backpressure, mesh_peer_gone, expired, revoked}
+    droppers       up to 10 sessions with the most messages dropped for them, every reason (the
+                   router's counters of the reasons in ``SESSION_DROPS``): [{client_id, dropped,
+                   connected, queued}], most first; empty with --stats-clients off
+    sessions_dropping  sessions held that had a message dropped for them
     process        {cpu_percent, cpu_seconds, rss_bytes} of the worker process (psutil);
                    cpu_percent over the last interval, 100 = one core
     loop_lag       how late this snapshot's timer fired, seconds
     mesh_refused   {peer endpoint: why}: the peers this router cannot join (its CURVE handshake with
                    them fails: another --mesh-key); absent in a snapshot of an older brokerd
     top            up to 10 connections with the most bytes in + out: [{client_id, peer, protocol,
-                   bytes_in, bytes_out, msgs_in, msgs_out, queued, inflight}]
+                   bytes_in, bytes_out, msgs_in, msgs_out, queued, inflight, dropped}]
 
 Connection list (topic ``conns``)::
 
@@ -74,4 +78,9 @@ TOPIC_CONNECTIONS = b"conns"
 TOPIC_NODE = b"node"
 TOP_N = 10  # connections in a snapshot's ``top``
 CONNECTIONS_MAX = 10_000  # connections in a connection list
-DROP_REASONS = ("queue_full", "too_large", "slow_consumer", "mesh_backpressure", "mesh_peer_gone", "expired")
+DROP_REASONS = ("queue_full", "too_large", "slow_consumer", "mesh_backpressure", "mesh_peer_gone", "expired",
+                "revoked")
+SESSION_DROPS = ("queue_full", "too_large", "slow_consumer", "expired", "revoked")
+"""The reasons a message is dropped for one session, counted on it too (``Session.dropped``): when
+their sum moved, the sessions are walked again for those that drop most (``droppers``)."""
+DROPPERS_N = 10  # sessions in a snapshot's ``droppers``

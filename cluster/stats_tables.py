@@ -117,6 +117,7 @@ CONNECTION_COLUMNS = [
     Column("MSGS OUT", lambda r: human_count(r["msgs_out"]), 2),
     Column("QUEUED", lambda r: human_count(r["queued"]), 3),
     Column("INFLIGHT", lambda r: human_count(r["inflight"]), 3),
+    Column("DROPPED", lambda r: human_count(r.get("dropped", 0)), 3),
 ]
 
 # --sort KEY: what it sorts by (descending; names ascending).
@@ -144,6 +145,7 @@ CONNECTION_SORTS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "msgs-out": lambda r: r["msgs_out"],
     "queued": lambda r: r["queued"],
     "inflight": lambda r: r["inflight"],
+    "dropped": lambda r: r.get("dropped", 0),
 }
 NAME_SORTS = ("router", "node", "client")
 
@@ -258,8 +260,22 @@ def routers_view(snaps: list[dict[str, Any]], missing: Iterable[str] = (), *, wi
     missing = list(missing)
     notes = [f"no snapshot from: {', '.join(missing)}"] if missing else []
     notes += refused_lines(snaps)
+    notes += dropper_lines(snaps, multi)
     notes += replication_lines(sorted(snaps, key=lambda s: (s["node"], s["index"])))
     return _render(_summary(snaps, total, routers, what), make_table(ROUTER_COLUMNS, rows, width), notes)
+
+
+def dropper_lines(snaps: Iterable[dict[str, Any]], multi: bool = False, most: int = 5) -> list[str]:
+    """The sessions with the most messages dropped for them (the routers' ``droppers``), ``most``
+    of them on one line: which client the drops are about."""
+    rows = [(d["dropped"], d["client_id"], s["router_id"] if multi else s["router"], d)
+            for s in snaps for d in s.get("droppers") or ()]
+    rows.sort(key=lambda r: (-r[0], r[1]))
+    if not rows:
+        return []
+    return ["dropped most for: " + ", ".join(
+        f"{cid} {human_count(n)} ({router}, {'connected' if d['connected'] else 'offline'}, queued "
+        f"{human_count(d['queued'])})" for n, cid, router, d in rows[:most])]
 
 
 def refused_lines(snaps: Iterable[dict[str, Any]]) -> list[str]:

@@ -3,13 +3,18 @@ typed against these and tested with fakes of them, not against the other's class
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .listener import Listener
 from .packets import Packet
 from .reasons import ProtocolError
 
 if TYPE_CHECKING:
+    # Named for their types only, never imported at run time: the one thing this layer takes from
+    # the router is the message it sends (dependencies point one way, cluster -> router -> connection).
+    from brokerd.router.clock import Clock
+    from brokerd.router.message import Message
+
     from .traffic import ConnectionCounters, Traffic
 
 
@@ -26,10 +31,9 @@ class Outgoing(Protocol):
     """What an MQTT 5 client asked of the PUBLISHes sent to it (a Maximum Packet Size, topic
     aliases): the router's ``router.outbound.Outbound``."""
 
-    def parts(self, msg: Any, qos: int, retain: bool, clock: Any = ...) -> tuple[bytes, bytes] | None:
-        """``msg`` (the router's message, a type this layer does not know) as (head, tail) for
-        this client, its expiry interval left by ``clock`` (the sender's); None: too large for
-        it, not sent."""
+    def parts(self, msg: Message, qos: int, retain: bool, clock: Clock = ...) -> tuple[bytes, bytes] | None:
+        """``msg`` (the router's message) as (head, tail) for this client, its expiry interval
+        left by ``clock`` (the sender's); None: too large for it, not sent."""
 
 
 class Connection(Protocol):

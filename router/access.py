@@ -77,14 +77,21 @@ def drop_removed_users_wills(router: Router, before: dict[str, str], now: dict[s
     """The delayed wills waiting with offline sessions of users this reload removed: dropped, as
     a connected client's (``identity_revoked``): each would be a publish as that user, later.
     Only a user that was in the previous file counts as removed: an offline session does not say
-    which listener it came from, and a certificate's identity is never in the file."""
+    which listener it came from, and a certificate's identity is never in the file.
+
+    The snapshot is written again at once, not within the second: it is what tells the log's
+    followers (cluster.replication sends them each session's state as the snapshot holds it), and
+    a follower whose copy still had the will would publish it if this node died meanwhile."""
+    dropped = False
     for session in router.sessions.values():
         user = session.username
         if session.will is not None and session.conn is None and user in before and user not in now:
             log.warning("delayed will of %s dropped: user %r is no longer in the password file", session.client_id,
                         user)
             router.cancel_will(session.client_id)
-            router.stats.state_moves += 1  # the snapshot is written again without it
+            dropped = True
+    if dropped and router.state is not None:
+        router.state.mark(soon=True)
 
 
 def removed_user(client: ClientHandle, passwords: dict[str, str]) -> str | None:

@@ -83,9 +83,12 @@ def resend_held_back(session: Session, conn: Connection) -> bool:
                 session.stats.drop_too_large += 1
             else:
                 session.stats.drop_expired += 1
+            session.dropped += 1
             continue
         if session.acl is not None and not session.readable(msg):
             del inflight[pid]  # its read grant was revoked since it was sent
+            session.stats.drop_revoked += 1
+            session.dropped += 1
             continue
         head, tail = parts
         conn.send(with_dup(head) + pid.to_bytes(2, "big") + tail)

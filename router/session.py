@@ -109,7 +109,7 @@ class Session:
         # version that did not record it, which no identity may resume.
         self.owner_known = True
         self.acl: Auth | None = None  # the router's when topics are restricted (router.acl)
-        self.dropped = 0
+        self.dropped = 0  # messages dropped for it, every reason (the stats' sessions that drop most)
         # With the commit log on, a persistent session that is offline (or catching up) keeps a
         # position in its router's log instead of copies: ``cursor`` is the next offset to read.
         self.log: Any = None
@@ -152,6 +152,7 @@ class Session:
                 parts = outbound.parts(msg, 0, retain, self.clock)
                 if parts is None:
                     self.stats.drop_too_large += 1
+                    self.dropped += 1
                     return
                 conn.send(parts[0])
             conn.counters.msgs_out += 1
@@ -274,6 +275,7 @@ class Session:
             parts = outbound.parts(msg, qos, retain, self.clock)
             if parts is None:  # beyond the client's Maximum Packet Size: discarded for it
                 self.stats.drop_too_large += 1
+                self.dropped += 1
                 return
             head, tail = parts
         inflight = self.inflight
@@ -313,9 +315,12 @@ class Session:
             msg, qos, retain = queue.popleft()
             if msg.expires_ms and msg.expired(self.clock.unix() * 1000):  # MQTT-3.3.2-5: not delivered once expired
                 self.stats.drop_expired += 1
+                self.dropped += 1
                 continue
             if self.acl is not None and not self.readable(msg):
-                continue  # queued before a read grant was revoked (SIGHUP), or from another owner
+                self.stats.drop_revoked += 1  # queued before a read grant was revoked (SIGHUP), or from another owner
+                self.dropped += 1
+                continue
             self._send_new(conn, msg, qos, retain)
 
     def _refill(self, batch: int = 256) -> bool:

@@ -38,6 +38,9 @@ class RouterStats:
     drop_mesh_backpressure: int = 0
     drop_expired: int = 0
     drop_mesh_peer_gone: int = 0
+    # drop_revoked: queued or in flight for a session whose identity may no longer read it (a
+    # reload took the grant away). Each drop counts on its session too (``Session.dropped``).
+    drop_revoked: int = 0
     mesh_bad_frames: int = 0
     refused_connections: int = 0
     refused_log_unavailable: int = 0

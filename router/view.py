@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .ports import ClientHandle
     from .router import Router
+    from .session import Session
     from .stats import RouterStats
 
 _QUEUE = attrgetter("queue")
 _INFLIGHT = attrgetter("inflight")
+DROPPED = attrgetter("dropped")  # a session's count of messages dropped for it
 
 
 class RouterView:
@@ -67,6 +69,19 @@ class RouterView:
         """QoS 1/2 messages queued behind ``sessions``' windows (a slice of ``session_list``),
         and unacknowledged on the wire. Walked in C (``map``)."""
         return sum(map(len, map(_QUEUE, sessions))), sum(map(len, map(_INFLIGHT, sessions)))
+
+    def dropping(self, sessions: Iterable[Any]) -> list[Session]:
+        """Those of ``sessions`` (a slice of ``session_list``) that dropped a message for their
+        client (``Session.dropped``). Walked in C (``filter``)."""
+        return list(filter(DROPPED, sessions))
+
+    def counts_sessions(self) -> int:
+        """How many sessions are held (``counts``'s first, alone)."""
+        return len(self._router.sessions)
+
+    def session(self, client_id: str) -> Session | None:
+        """The session of that client id held here, if any."""
+        return self._router.sessions.get(client_id)
 
     def client(self, client_id: str) -> ClientHandle | None:
         """The connected client of that id, if any."""

@@ -711,3 +711,47 @@ def test_stats_cluster_leaves_out_a_broker_of_another_cluster_on_the_same_host(s
     r = stats_cli("--cluster", "--run-dir", run, "--node-id", "x")
     assert r.returncode == 0, r.stderr
     assert set(row[0] for row in _rows(r.stdout, "NODE")) == {"x", "TOTAL"}, r.stdout
+
+
+def test_the_session_that_drops_is_named_in_snapshots_tables_and_metrics(start_broker):
+    """Drops are counted per router by reason; the operator needs the client. An MQTT 5 client
+    with a Maximum Packet Size of 128 bytes subscribes at QoS 1 and gets three messages too
+    large for it, and two that fit: the snapshot of its router names it among the sessions that
+    dropped (three, connected), the connection list counts them on its row, `brokerd stats`
+    says it under the table, and /metrics counts one session dropping (no client id there)."""
+    import paho.mqtt.client as mqtt
+
+    from tests.integration.test_mqtt5 import v5_props
+
+    mport = free_port()
+    broker = start_broker(*FAST, "--metrics-port", str(mport), workers=WORKERS)
+    view = Snapshots(broker)
+    try:
+        small = Client(broker.port, "small-sub", protocol=mqtt.MQTTv5,
+                       properties=v5_props(mqtt.PacketTypes.CONNECT, MaximumPacketSize=128)).connect()
+        small.subscribe("drop/t", 1)
+        pub = Client(broker.port, "pub").connect()
+        pub.publish("drop/t", b"ready", qos=1)
+        small.wait_payload(b"ready")  # the route is there (the other router knows the subscription)
+        for payload in (b"a" * 200, b"ok1", b"b" * 200, b"c" * 200, b"ok2"):
+            pub.publish("drop/t", payload, qos=1)
+        small.wait_payload(b"ok2")
+        assert [m.payload for m in small.messages] == [b"ready", b"ok1", b"ok2"]
+        def droppers(snaps: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+            return [d for s in snaps.values() for d in s.get("droppers") or ()]
+
+        # (a snapshot taken between two of the drops may come first: its count is lower)
+        snaps = view.until(lambda s: [d["dropped"] for d in droppers(s)] == [3], "the session's three drops")
+        assert droppers(snaps) == [{"client_id": "small-sub", "dropped": 3, "connected": True, "queued": 0}]
+        assert sum(s["drops"]["too_large"] for s in snaps.values()) == 3
+        assert sum(s["sessions_dropping"] for s in snaps.values()) == 1
+        view.until(lambda _: any(c["client_id"] == "small-sub" and c["dropped"] == 3
+                                 for cl in view.lists.values() for c in cl["connections"]), "its row's count")
+        table = stats_cli(*locator(broker))
+        assert table.returncode == 0, table.stderr
+        assert "dropped most for: small-sub 3 (w" in table.stdout and ", connected, queued 0)" in table.stdout
+        m = wait_for(lambda: (got := scrape_or_none(mport)) and sum(got.get("brokerd_sessions_dropping", {}).values())
+                     and got, what="/metrics to count the session")
+        assert sum(m["brokerd_sessions_dropping"].values()) == 1
+    finally:
+        view.close()

@@ -97,7 +97,7 @@ def test_snapshot_counts_live_and_closed_connections_and_sessions():
     assert snap["clients"]["sessions"] == 2
     assert (snap["queued"], snap["inflight"]) == (3, 1)
     assert snap["drops"]["queue_full"] == 2 and set(snap["drops"]) == {
-        "queue_full", "too_large", "slow_consumer", "mesh_backpressure", "mesh_peer_gone", "expired"}
+        "queue_full", "too_large", "slow_consumer", "mesh_backpressure", "mesh_peer_gone", "expired", "revoked"}
     assert [c["client_id"] for c in snap["top"]] == ["big", "small"]
     assert snap["top"][0]["queued"] == 3 and snap["top"][1]["inflight"] == 1
     assert snap["loop_lag"] == 0.003 and snap["process"]["rss_bytes"] > 0
@@ -384,6 +384,28 @@ def test_render_tables():
     text = render_connections(lists)
     rows = [line for line in text.splitlines() if line.startswith("client-")]
     assert rows[0].split()[:2] == ["client-1", "w1"] and rows[1].split()[:2] == ["client-0", "w0"]
+    assert not any(line.startswith("dropped most for:") for line in lines)  # nothing dropped: no line
+
+
+def test_tables_name_the_sessions_that_dropped_most():
+    """`brokerd stats`: a line under the routers names the sessions with the most drops across
+    them (five at most); `--connections --sort dropped` puts the connected ones first."""
+    snaps, lists = [], []
+    for i in range(2):
+        pub, router, conns = publisher(index=i)
+        for j in range(4):
+            conn = add_client(router, conns, f"c{i}{j}", bytes_in=100 - j)
+            session = router.sessions[f"c{i}{j}"]
+            session.conn, session.dropped = conn, 10 * i + j  # type: ignore[assignment]
+        router.stats.drop_queue_full = 1
+        snaps.append(pub.snapshot())
+        lists.append(pub.connection_list())
+    (line,) = [line for line in render_routers(snaps).splitlines() if line.startswith("dropped most for:")]
+    assert line == ("dropped most for: c13 13 (w1, connected, queued 0), c12 12 (w1, connected, queued 0), "
+                    "c11 11 (w1, connected, queued 0), c10 10 (w1, connected, queued 0), "
+                    "c03 3 (w0, connected, queued 0)")
+    rows = [line.split() for line in render_connections(lists, sort="dropped").splitlines() if line.startswith("c")]
+    assert [r[0] for r in rows[:3]] == ["c13", "c12", "c11"] and rows[0][-1] == "13"
 
 
 def test_replication_line_says_a_node_is_cut_off_and_counts_the_sessions_held():
@@ -456,3 +478,72 @@ def test_queued_and_inflight_follow_every_change_though_not_recounted_at_rest():
     router.take_copies("offline", [[1, False, copy.to_list()]])
     assert pub.snapshot()["queued"] == 2
     assert [pub.snapshot()["queued"] for _ in range(3)] == [2, 2, 2]
+
+
+def test_the_sessions_that_drop_most_are_named_and_walked_for_only_when_something_dropped(monkeypatch):
+    """Drops are counted per router by reason; an operator needs the client too. Each session
+    counts the messages dropped for it (every reason); the snapshot names the ten that dropped
+    most, connected or offline, and how many sessions dropped at all. The sessions are walked for
+    them only when a drop was counted (and, once some dropped, when sessions come or go): at
+    rest, and while nothing drops, never."""
+    from brokerd.connection.packets import Subscription
+
+    pub, router, conns = publisher()
+    router.config.session.max_queued = 2
+    walks = []
+    fold = stats_module.fold_in_slices
+
+    def counted(loop, items, acc, step, done, size):  # type: ignore[no-untyped-def]
+        if step == pub._most_dropped:
+            walks.append(len(items))
+        return fold(loop, items, acc, step, done, size)
+
+    monkeypatch.setattr(stats_module, "fold_in_slices", counted)
+    add_client(router, conns, "busy", bytes_in=100)
+    quiet = router.new_session("quiet", True)
+    router.subscribe(quiet, Subscription("q/#", 1))
+    for i in range(12):
+        s = router.new_session(f"slow{i}", True)
+        router.subscribe(s, Subscription(f"s/{i}", 1))
+    first = pub.snapshot()
+    assert (first["droppers"], first["sessions_dropping"], walks) == ([], 0, [])
+    for i in range(12):
+        for _ in range(2 + i):  # slow<i> holds 2, drops i
+            router.publish(Message(f"s/{i}", b"x", 1, False, "p", "n/w0"))
+    router.publish(Message("q/a", b"1", 1, False, "p", "n/w0"))
+    snap = pub.snapshot()
+    assert snap["drops"]["queue_full"] == sum(range(12)) and len(walks) == 1
+    assert [(d["client_id"], d["dropped"]) for d in snap["droppers"]] == [(f"slow{i}", i) for i in range(11, 1, -1)]
+    assert snap["droppers"][0] == {"client_id": "slow11", "dropped": 11, "connected": False, "queued": 2}
+    assert snap["sessions_dropping"] == 11  # slow0 dropped nothing
+    assert [c["dropped"] for c in snap["top"]] == [0]  # the connection list's column too
+    assert [pub.snapshot()["droppers"] == snap["droppers"] for _ in range(3)] == [True] * 3
+    assert len(walks) == 1, "walked again with nothing dropped since"
+    router.end_session(router.sessions["slow11"])
+    after = pub.snapshot()
+    assert after["droppers"][0]["client_id"] == "slow10" and after["sessions_dropping"] == 10 and len(walks) == 2
+    pub.config.stats_clients = False  # no client ids in the stats: the count only
+    assert (pub.snapshot()["droppers"], pub.snapshot()["sessions_dropping"]) == ([], 10)
+
+
+def test_a_message_a_reload_made_unreadable_counts_as_a_drop_of_its_session():
+    """A message queued for a session whose read grant a reload then took away is not delivered
+    (router.session ``pump``): counted as ``revoked``, on the router and on the session."""
+    from brokerd.connection.packets import Subscription
+    from brokerd.router.access import install_auth
+    from brokerd.router.auth import Acl, Auth
+
+    pub, router, conns = publisher()
+    install_auth(router, Auth(acl=Acl.parse("user alice\ntopic read a/#\n")))
+    session = router.new_session("alice-dev", True)
+    session.username = "alice"
+    router.subscribe(session, Subscription("a/#", 1))
+    router.publish(Message("a/x", b"1", 1, False, "p", "n/w0"))
+    assert len(session.queue) == 1
+    install_auth(router, Auth(acl=Acl.parse("user alice\ntopic read b/#\n")))
+    conn = fake_conn()
+    session.conn = conn  # type: ignore[assignment]
+    session.pump()
+    snap = pub.snapshot()
+    assert snap["drops"]["revoked"] == 1 and session.dropped == 1 and not conn.chunks
+    assert [(d["client_id"], d["dropped"]) for d in snap["droppers"]] == [("alice-dev", 1)]
