@@ -137,8 +137,8 @@ OPTIONS: tuple[Option, ...] = (
            "to it are dropped (slow consumer)", "BYTES", check=at_least(4096)),
     Option("max_client_id_length", int, _LIMITS.max_client_id_length, "longest client id accepted (longer: CONNACK 0x02 identifier "
            "rejected, MQTT 5: 0x85)", "N", check=at_least(23)),
-    Option("max_subscriptions", int, _LIMITS.max_subscriptions, "subscriptions per client (beyond: the new filter gets SUBACK 0x80, "
-           "MQTT 5: 0x97 quota exceeded)", "N", check=at_least(1)),
+    Option("max_subscriptions", int, _LIMITS.max_subscriptions, "subscriptions per client, their filters 256 characters each "
+           "on average (beyond: the new filter gets SUBACK 0x80, MQTT 5: 0x97 quota exceeded)", "N", check=at_least(1)),
     Option("max_retained", int, _LIMITS.max_retained, "retained messages per router (beyond: a new retained topic is "
            "delivered but not retained)", "N", check=at_least(1)),
     Option("max_retained_bytes", size, _LIMITS.max_retained_bytes, "memory retained messages may take per router, as "

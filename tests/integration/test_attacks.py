@@ -824,3 +824,22 @@ def test_subscribers_that_do_not_read_a_retained_flood_hold_no_more_than_their_b
     reader = readers[0]
     assert reader.expect(CONNACK).reason == 0
     assert publishes_within(reader, 2.0), "the flood never reached the subscribers"  # (its window: 20)
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_a_clients_filters_are_bounded_by_their_characters_not_only_by_their_count(start_broker, level):
+    """A filter may have 65,535 bytes and --max-subscriptions bounds their count: each is held by
+    the session, its router's index and every other router's view of the interest, so ten offline
+    sessions of 112 filters of 60 KB grew one worker by 223 MB and the other by 63 MB. A client's
+    filters now hold at most --max-subscriptions x ``FILTER_CHARS_EACH`` characters: past that a
+    long filter gets SUBACK 0x80 (MQTT 5: 0x97 quota exceeded), as one past the count does, and
+    short ones still go in."""
+    broker = start_broker("--max-subscriptions", "10")  # 10 x 256 = 2,560 characters of long filters
+    c = Client(broker.port, cid(f"long-filters-{level}"), protocol=level)
+    c.connect()
+    long = [("a/" + str(i) * 1000 + "/#", 1) for i in range(4)]  # 1,004 characters each
+    refused = 0x80 if level == 4 else 0x97
+    assert c.subscribe(long) == [1, 1, refused, refused]
+    assert c.subscribe([(f"short/{i}", 1) for i in range(8)]) == [1] * 8  # ten in all, then the count
+    assert c.subscribe(long[0][0], 1) == [1]  # replacing a filter it has is always allowed
+    assert c.subscribe("short/8", 1) == [refused]
