@@ -10,8 +10,9 @@ password. Anything else (another status, a body that is not that JSON, no answer
 ``timeout_s``) is a failure: the client is refused as not authorized, the failure is logged, and it is
 not cached. Allowing on an answer nobody wrote would let in whoever a broken service lets in.
 
-Answers are cached for ``cache_s`` seconds per client id, user and password hash, so reconnect
-storms do not hammer the service; a cached answer is given at once, with no request and no wait.
+Answers are cached for ``cache_s`` seconds per client id, user, the client's address (not its
+port: the service may decide by address) and password hash, so reconnect storms do not hammer the
+service; a cached answer is given at once, with no request and no wait.
 A request runs in one of the plugin's own ``max_concurrent`` threads per worker (never the loop's
 default executor, which writes snapshots and replicated files): the worker's loop keeps running and
 the client's reading is paused meanwhile. ``timeout_s`` bounds the whole wait, for a free thread
@@ -57,7 +58,7 @@ class HttpAuth:
     def authenticate(self, client_id: str, username: str | None, password: bytes | None,
                      peer: Any) -> bool | None | Awaitable[bool | None]:
         """A cached answer at once, else an awaitable of the service's."""
-        key = (client_id, username, hashlib.sha256(password or b"").digest())
+        key = (client_id, username, str(peer).rpartition(":")[0], hashlib.sha256(password or b"").digest())
         hit = self._cache.get(key)
         if hit is not None and hit[0] > time.monotonic():
             return hit[1]

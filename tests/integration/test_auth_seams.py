@@ -290,7 +290,7 @@ def test_slow_http_answers_are_bounded_and_delay_no_one_else(start_broker, servi
     b = start_broker("--password-file", str(pw), "--auth-plugin", "brokerd.cluster.auth_http:HttpAuth",
                      "--auth-plugin-opt", f"url={service}", "--auth-plugin-opt", f"timeout_s={timeout_s}",
                      "--auth-plugin-opt", "max_concurrent=2", workers=1)
-    fast_id = cid("fast")  # the cache is per client id, user and password
+    fast_id = cid("fast")  # the cache is per client id, user, address and password
     _client(b.port, "fast", "pw", client_id=fast_id).connect().disconnect()
     asked = len(_Service.asked)
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -235,3 +238,18 @@ def test_start_up_names_each_listener_where_every_client_is_refused() -> None:
     assert "anonymous clients allowed (loopback); user names are not checked" in lines("--port", "1883")[0]
     assert lines("--password-file", "pw")[0].endswith("anonymous clients refused (the node authenticates its clients)")
     assert "refused" not in lines("--listen", "0.0.0.0:1883", "--allow-anonymous", "on")[0]
+
+
+def test_http_auths_cached_answer_is_for_the_address_it_was_given_to() -> None:
+    """The service is told the client's address and may decide by it: an answer cached for one
+    address is not given to the same client id, user and password from another (the port, new at
+    each connection, does not count)."""
+    from brokerd.cluster.auth_http import HttpAuth
+
+    plugin = HttpAuth({"url": "http://127.0.0.1:9/auth"})
+    key = ("c", "alice", "127.0.0.2", hashlib.sha256(b"pw").digest())
+    plugin._cache[key] = (time.monotonic() + 60, True)
+    assert plugin.authenticate("c", "alice", b"pw", "127.0.0.2:50001") is True  # another port: cached
+    asked = plugin.authenticate("c", "alice", b"pw", "127.0.0.3:50001")
+    assert asked is not True and inspect.isawaitable(asked)  # another address: the service is asked
+    asked.close()  # (not awaited: no service here)
