@@ -92,6 +92,10 @@ def drop_removed_users_wills(router: Router, before: dict[str, str], now: dict[s
             dropped = True
     if dropped and router.state is not None:
         router.state.mark(soon=True)
+    if router.replication is not None:  # the wills held here with other routers' sessions
+        for partition, cid in router.replication.drop_users_wills(before.keys() - now.keys()):
+            log.warning("delayed will of %s (a session of %s held here) dropped: its user is no longer in the "
+                        "password file", cid, partition)
 
 
 def removed_user(client: ClientHandle, passwords: dict[str, str]) -> str | None:

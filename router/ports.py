@@ -202,6 +202,10 @@ class ReplicationPort(Protocol):
         """The router's persistent sessions as its snapshot holds them: the changes go to the
         followers."""
 
+    def drop_users_wills(self, users: set[str]) -> list[tuple[str, str]]:
+        """The wills held with other routers' sessions of ``users`` (a reload removed them):
+        dropped. Returns the (partition, client id) of each."""
+
     def adopted(self, session: Session, state: dict) -> None:
         """A session came here from the replica of a silent router: make it the only one, and ask
         the other routers for what it may have missed."""

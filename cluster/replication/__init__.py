@@ -268,6 +268,9 @@ class Replication(Part):
     def sessions_changed(self, sessions: dict[str, dict]) -> None:
         self.session_part.sessions_changed(sessions)
 
+    def drop_users_wills(self, users: set[str]) -> list[tuple[str, str]]:
+        return self.wills.drop_users_wills(users)
+
     def session_state(self, peer: Peer, partition: str, full: bool, updates: dict) -> None:
         self.session_part.session_state(peer, partition, full, updates)
 

@@ -66,6 +66,20 @@ class WillsPart(Part):
         live = st.get("live_will")
         return self.session_part.silent_since_ms(partition) / 1000 + live[1] if live else None
 
+    def drop_users_wills(self, users: set[str]) -> list[tuple[str, str]]:
+        """The wills held here with other routers' sessions of ``users`` (a reload removed them
+        from the password file): dropped, as the router's own are (``router.access``); each is a
+        publish as that user, later. Returns the (partition, client id) of each."""
+        dropped = []
+        for partition, held in self.session_part.sessions.items():
+            for cid, st in held.items():
+                if st.get("username") in users and (st.get("will") or st.get("live_will")):
+                    st["will"] = st["live_will"] = None
+                    self.disarm_will(partition, cid)
+                    self.session_part.replica_changed(partition)
+                    dropped.append((partition, cid))
+        return dropped
+
     def disarm_will(self, partition: str, cid: str) -> None:
         timer = self.will_timers.pop((partition, cid), None)
         if timer is not None:

@@ -7,7 +7,7 @@ when due if the node is silent then (cluster/replication/wills.py). The copy mus
 soon as the node's does, not at the next routine snapshot (up to two seconds later): a node killed
 in between would leave the follower to publish, as a user that no longer exists, a will its own
 node had dropped. And a reload on the follower itself must drop the wills it holds of that user
-(not yet: the second test's xfail).
+(``Replication.drop_users_wills``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import time
 import uuid
 
 import paho.mqtt.client as mqtt
-import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -94,8 +93,6 @@ def test_a_will_dropped_by_a_reload_is_not_published_by_the_replica_when_its_nod
     no_will_from_c(nodes, u, watcher, dropped_at)
 
 
-@pytest.mark.xfail(strict=True, reason="a reload drops the delayed wills of its own router's sessions only, not "
-                   "those held with the replicas of a dead router's sessions (cluster/replication)")
 def test_a_reload_on_the_replica_drops_the_held_will_of_a_removed_user(start_broker, tmp_path):
     """a dies first (c holds the will of its offline session, to publish when due); then a reload
     on c removes ``dev``. The held will is a publish as ``dev``, later, as the will of one of c's
