@@ -519,7 +519,13 @@ class Session:
 
     def detach(self) -> None:
         """The connection is gone. A persistent session with a healthy log drops its queue and
-        keeps a log position instead, so what it can catch up on is bounded by log retention."""
+        keeps a log position instead, so what it can catch up on is bounded by log retention.
+
+        The position is the lowest of the cursor and the queue's records: a queue can hold
+        records below a cursor that is already set, read ahead by a catch-up (``_refill``) or
+        queued live before a read-back's spool set the cursor (``add_range``). Dropped with the
+        queue and the cursor kept, they were lost (chaos: a session moved on its node, or sent
+        away, while it caught up). Retained messages queue in their walk's order, not the log's."""
         self.conn = None
         self.unsent = ()  # (still in flight: the next connection resends them)
         log = self.log
@@ -529,8 +535,11 @@ class Session:
             return  # group messages are in no catch-up: keep copies (bounded by max_queued)
         if any(m.log_offset < 0 for m, _, _ in self.queue):
             return  # something not in the log (written while it failed): keep the copies
-        if self.cursor is None:  # the lowest: retained messages queue in their walk's order, not the log's
-            self.cursor = min(m.log_offset for m, _, _ in self.queue) if self.queue else log.next_offset
+        lowest = log.next_offset if self.cursor is None else self.cursor
+        for m, _, _ in self.queue:
+            if m.log_offset < lowest:
+                lowest = m.log_offset
+        self.cursor = lowest
         self.queue = NO_QUEUE
 
     def group_orphans(self, since: int = -1) -> list[tuple[Message, str]]:
