@@ -45,7 +45,7 @@ from .session_life import SessionLife
 from .shared import is_shared
 from .shared_routing import SharedRoutes
 from .stats import RouterStats
-from .topics import CACHED_TOPIC_MAX, TopicIndex
+from .topics import TopicIndex, remember
 from .wiring import OwnersPort, Wiring
 
 if TYPE_CHECKING:
@@ -414,11 +414,7 @@ class Router:
             _, cap, no_local, rap, _ = folded[session]
             folded[session] = (session, cap, no_local, rap, sub_ids)
         routes = list(folded.values())
-        if len(topic) > CACHED_TOPIC_MAX:
-            return routes
-        if len(self._routes) > 65536:
-            self._routes.clear()
-        self._routes[topic] = routes
+        remember(self._routes, topic, routes)
         return routes
 
     def _peers(self, topic: str) -> tuple[str, ...]:
@@ -428,11 +424,7 @@ class Router:
 
     def _fold_peers(self, topic: str) -> tuple[str, ...]:
         peers = tuple(dict.fromkeys(router_id for router_id, _ in self.interest.match(topic)))
-        if len(topic) > CACHED_TOPIC_MAX:
-            return peers
-        if len(self._peer_routes) > 65536:
-            self._peer_routes.clear()
-        self._peer_routes[topic] = peers
+        remember(self._peer_routes, topic, peers)
         return peers
 
     def interest_announcements(self) -> list[tuple[str, bool | int]]:

@@ -21,7 +21,7 @@ from brokerd.connection.packets import Subscription
 from .message import Message
 from .session import Session
 from .shared import NONE, SharedGroup, SharedRoute, parse_share
-from .topics import CACHED_TOPIC_MAX, TopicIndex
+from .topics import TopicIndex, remember
 
 if TYPE_CHECKING:
     from .clock import Clock
@@ -71,11 +71,7 @@ class SharedRoutes:
 
     def fold(self, topic: str) -> tuple[SharedRoute, ...]:
         routes = tuple(route for _, route in self.index.match(topic))
-        if len(topic) > CACHED_TOPIC_MAX:
-            return routes
-        if len(self.cache) > 65536:
-            self.cache.clear()
-        self.cache[topic] = routes
+        remember(self.cache, topic, routes)
         return routes
 
     def publish(self, msg: Message, routes: tuple[SharedRoute, ...], source: Source | None) -> None:

@@ -25,6 +25,17 @@ _CACHE_LIMIT = 65536
 CACHED_TOPIC_MAX = 256
 
 
+def remember(cache: dict[str, V], topic: str, value: V) -> None:
+    """``value`` kept in ``cache`` for ``topic``, the one rule of every per-topic cache: a topic
+    up to ``CACHED_TOPIC_MAX`` characters, and a full cache (``_CACHE_LIMIT`` topics) emptied
+    first."""
+    if len(topic) > CACHED_TOPIC_MAX:
+        return
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[topic] = value
+
+
 def valid_topic_name(topic: str) -> bool:
     """A topic a PUBLISH may name: non-empty, no wildcards (MQTT-3.3.2-2), fits a UTF-8 string."""
     if not topic or "+" in topic or "#" in topic or "\x00" in topic:
@@ -178,11 +189,7 @@ class TopicIndex(Generic[K, V]):
         if hit is not None:
             return hit
         out = self._walk(topic)
-        if len(topic) > CACHED_TOPIC_MAX:
-            return out
-        if len(self._cache) >= _CACHE_LIMIT:
-            self._cache.clear()
-        self._cache[topic] = out
+        remember(self._cache, topic, out)
         return out
 
     def _walk(self, topic: str) -> list[tuple[K, V]]:
